@@ -1,0 +1,134 @@
+//===- BmtOps.td - bmt dialect operations ------------------*- tablegen -*-===//
+
+#ifndef BMT_OPS_TD
+#define BMT_OPS_TD
+
+include "bmt/Dialect/BmtDialect.td"
+include "bmt/Dialect/BmtTypes.td"
+include "bmt/Dialect/BmtAttrs.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/IR/BuiltinAttributeInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+
+//===----------------------------------------------------------------------===//
+// Module-level state
+//===----------------------------------------------------------------------===//
+
+def Bmt_ParameterOp : Bmt_Op<"parameter", [Symbol, HasParent<"::mlir::ModuleOp">]> {
+  let summary = "a trainable parameter of the model";
+  let description = [{
+    One parameter tensor. `type` gives its shape and dtype (f32, f16, bf16,
+    f64, i64, ...). Tied parameters (one storage reachable under several
+    names, such as GPT-2's `transformer.wte.weight` and `lm_head.weight`) are
+    one symbol: the first name in module order is `sym_name`, the others are
+    listed in `aliases`.
+
+    ```mlir
+    bmt.parameter @transformer.wte.weight : tensor<1000x64xf32> {aliases = ["lm_head.weight"], requires_grad}
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       TypeAttrOf<AnyRankedTensor>:$type,
+                       UnitAttr:$requires_grad,
+                       OptionalAttr<StrArrayAttr>:$aliases);
+  let assemblyFormat = "$sym_name `:` $type attr-dict";
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// Number of elements of the parameter.
+    int64_t getNumElements();
+  }];
+}
+
+def Bmt_BufferOp : Bmt_Op<"buffer", [Symbol, HasParent<"::mlir::ModuleOp">]> {
+  let summary = "a non-trainable tensor of the model (a registered buffer or a traced constant)";
+  let description = [{
+    A buffer as registered with `register_buffer`. `persistent` buffers are
+    part of the state dict. Ties are handled as for `bmt.parameter`.
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       TypeAttrOf<AnyRankedTensor>:$type,
+                       UnitAttr:$persistent,
+                       OptionalAttr<StrArrayAttr>:$aliases);
+  let assemblyFormat = "$sym_name `:` $type attr-dict";
+  let hasVerifier = 1;
+}
+
+def Bmt_GetGlobalOp : Bmt_Op<"get_global", [Pure,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "the value of a parameter or buffer";
+  let arguments = (ins FlatSymbolRefAttr:$global);
+  let results = (outs Bmt_TensorType:$result);
+  let assemblyFormat = "$global attr-dict `:` type($result)";
+}
+
+//===----------------------------------------------------------------------===//
+// Computation
+//===----------------------------------------------------------------------===//
+
+def Bmt_AtenOp : Bmt_Op<"aten"> {
+  let summary = "a call of a PyTorch operator through its schema";
+  let description = [{
+    Calls the operator `name` (qualified name and overload, e.g.
+    `aten::softmax.int`) with every schema argument in order. Constant
+    arguments are attributes in `args`; arguments computed at run time are
+    operands, marked in `args` by `#bmt.operand`. Lists (`int[]`, `Tensor[]`)
+    are nested arrays whose elements may be constants or operands. Integers
+    are i64, floats f64, `None` is `#bmt.none`.
+
+    A schema that returns a list (`Tensor[]`) has as many results as the
+    list has elements where the program uses them; the list itself is never a
+    value.
+
+    ```mlir
+    %1 = bmt.aten "aten::softmax.int"(%0, -1, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %2 = bmt.aten "aten::view"(%1, [%n, -1, 64]) : (!bmt.tensor, i64) -> !bmt.tensor
+    ```
+
+    The operator must be in bmt's operator registry (include/bmt/Dialect/
+    AtenOps.def), which also gives its argument and result counts.
+  }];
+  let arguments = (ins StrAttr:$name, ArrayAttr:$args,
+                       Variadic<Bmt_AnyValue>:$operands);
+  let results = (outs Variadic<Bmt_AnyValue>:$results);
+  let hasCustomAssemblyFormat = 1;
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The operator's qualified name without overload, e.g. "aten::softmax".
+    ::llvm::StringRef getOperatorName();
+    /// The overload name, e.g. "int"; empty for the default overload.
+    ::llvm::StringRef getOverloadName();
+  }];
+}
+
+def Bmt_ConstantOp : Bmt_Op<"constant", [Pure, ConstantLike,
+    DeclareOpInterfaceMethods<InferTypeOpInterface>]> {
+  let summary = "a constant value where one is needed as an SSA value";
+  let description = [{
+    Constants are attributes of the ops that use them; this op makes one a
+    value where it flows into a call or a function result. `value` is an
+    i64, f64 or bool attribute, `#bmt.none`, a string, a `#bmt.device` or an
+    elements attribute (a constant tensor, whose value is `!bmt.tensor`).
+    The result type follows from the attribute.
+
+    ```mlir
+    %0 = bmt.constant 3 : i64
+    %1 = bmt.constant #bmt.none
+    %2 = bmt.constant dense<[1.0, 2.0]> : tensor<2xf32>
+    ```
+  }];
+  let arguments = (ins AnyAttr:$value);
+  let results = (outs Bmt_AnyValue:$result);
+  let assemblyFormat = "$value attr-dict";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+def Bmt_NumToTensorOp : Bmt_Op<"num_to_tensor", [Pure]> {
+  let summary = "a 0-dimensional tensor holding a scalar (TorchScript prim::NumToTensor)";
+  let arguments = (ins AnyTypeOf<[I64, F64, I1, Bmt_NumberType]>:$input);
+  let results = (outs Bmt_TensorType:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+}
+
+#endif // BMT_OPS_TD

@@ -1,0 +1,868 @@
+//===- TorchScriptImporter.cpp - TorchScript archive -> bmt dialect -------===//
+//
+// Walks a loaded torch::jit::Module from `forward` through every
+// prim::CallMethod and emits one func.func per (submodule, method). Each
+// TorchScript value maps to an `Entry`: an MLIR value, or a compile-time
+// structure (constant, list, tuple, dict, submodule) that prim:: nodes build
+// and take apart; only ATen nodes, calls and returns turn entries into IR.
+//
+// All LibTorch calls happen inside `importTorchScript`'s try block; errors
+// travel as ImportError (or c10::Error) and become exactly one diagnostic.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bmt/Import/TorchScript.h"
+
+#include "bmt/Dialect/AtenRegistry.h"
+#include "bmt/Dialect/BmtDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/Diagnostics.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+#include <ATen/core/function_schema.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/serialization/import.h>
+
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+using namespace mlir;
+namespace jit = torch::jit;
+
+namespace {
+
+/// An import failure: where and what. Caught once, in importTorchScript.
+struct ImportError {
+  Location loc;
+  std::string message;
+};
+
+/// What a TorchScript value stands for while its function is imported.
+struct Entry {
+  enum class Kind { Value, Constant, List, Tuple, Dict, Module, NumTensor };
+  Kind kind = Kind::Value;
+  Value value;                   // Value; NumTensor: the scalar
+  Attribute constant;            // Constant
+  std::vector<Entry> elements;   // List, Tuple, Dict (values)
+  std::vector<std::string> keys; // Dict
+  std::string modulePath;        // Module: dotted path ("" for the root)
+  std::shared_ptr<jit::Module> module;
+
+  static Entry ofValue(Value v) {
+    Entry e;
+    e.value = v;
+    return e;
+  }
+  static Entry ofConstant(Attribute a) {
+    Entry e;
+    e.kind = Kind::Constant;
+    e.constant = a;
+    return e;
+  }
+};
+
+/// How a function's flat result list folds back into tuples and dicts.
+struct ResultShape {
+  enum class Kind { Leaf, Tuple, List, Dict } kind = Kind::Leaf;
+  std::vector<ResultShape> children;
+  std::vector<std::string> keys;
+};
+
+struct ImportedFunction {
+  func::FuncOp op;
+  ResultShape resultShape;
+};
+
+std::string firstLine(const std::string &text) {
+  size_t eol = text.find('\n');
+  return eol == std::string::npos ? text : text.substr(0, eol);
+}
+
+std::string join(const std::string &prefix, const std::string &name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+/// "__torch__.transformers.models.gpt2.modeling_gpt2.___torch_mangle_3.GPT2Block"
+/// -> "transformers.models.gpt2.modeling_gpt2.GPT2Block".
+std::string demangleClassName(std::string name) {
+  const std::string prefix = "__torch__.";
+  if (name.rfind(prefix, 0) == 0)
+    name = name.substr(prefix.size());
+  size_t pos;
+  while ((pos = name.find("___torch_mangle_")) != std::string::npos) {
+    size_t end = name.find('.', pos);
+    name.erase(pos, end == std::string::npos ? std::string::npos
+                                             : end - pos + 1);
+  }
+  return name;
+}
+
+/// The name TorchScript gives a value, without its uniquing suffix: "x.1" -> "x".
+std::string baseName(const jit::Value *v) {
+  std::string name = v->debugNameBase();
+  return name.empty() ? "%" + std::to_string(v->unique()) : name;
+}
+
+/// One line describing a node: "%y : Tensor = aten::erfinv(%x)".
+std::string describeNode(const jit::Node *node) {
+  std::ostringstream os;
+  for (size_t i = 0; i < node->outputs().size(); ++i)
+    os << (i ? ", " : "") << "%" << node->outputs()[i]->debugName() << " : "
+       << node->outputs()[i]->type()->repr_str();
+  os << (node->outputs().empty() ? "" : " = ") << node->kind().toQualString()
+     << "(";
+  for (size_t i = 0; i < node->inputs().size(); ++i)
+    os << (i ? ", " : "") << "%" << node->inputs()[i]->debugName();
+  os << ")";
+  return os.str();
+}
+
+class TorchScriptImporter {
+public:
+  TorchScriptImporter(MLIRContext &context, std::string path)
+      : context(context), builder(&context), path(std::move(path)) {}
+
+  OwningOpRef<ModuleOp> run(const jit::Module &root);
+
+private:
+  // --- module state ---------------------------------------------------------
+  void collectGlobals(const jit::Module &root);
+  std::string globalForTensorAttribute(const std::string &attrPath,
+                                       const at::Tensor &tensor, Location loc);
+
+  // --- functions ------------------------------------------------------------
+  ImportedFunction &importMethod(const jit::Module &module,
+                                 const std::string &modulePath,
+                                 const std::string &method, Location callLoc);
+  void importNode(jit::Node *node, const std::string &functionName);
+  void importAtenNode(jit::Node *node, const std::string &functionName);
+  void importCall(jit::Node *node, const std::string &functionName);
+
+  // --- entries --------------------------------------------------------------
+  Entry &lookup(const jit::Value *v);
+  void bind(const jit::Value *v, Entry entry) { entries[v] = std::move(entry); }
+  Value materialize(Entry &entry, Location loc);
+  Attribute toArgument(Entry &entry, SmallVectorImpl<Value> &operands,
+                       Location loc);
+  void flatten(Entry &entry, SmallVectorImpl<Value> &values,
+               std::vector<std::string> &names, const std::string &name,
+               ResultShape &shape, Location loc);
+  Entry unflatten(const ResultShape &shape, ValueRange values, size_t &next);
+  void flattenInputType(const c10::TypePtr &type, SmallVectorImpl<Type> &types,
+                        Location loc);
+  Entry bindInput(const c10::TypePtr &type, Block::BlockArgListType args,
+                  size_t &next, Location loc);
+
+  // --- conversions ----------------------------------------------------------
+  Type convertType(const c10::TypePtr &type, Location loc);
+  RankedTensorType convertTensorType(const at::Tensor &tensor, Location loc);
+  Attribute convertConstant(const c10::IValue &value, Location loc);
+  Location locationOf(const jit::Node *node);
+
+  [[noreturn]] void fail(Location loc, const std::string &message) {
+    throw ImportError{loc, message};
+  }
+  [[noreturn]] void failAt(const jit::Node *node, const std::string &function,
+                           const std::string &message) {
+    fail(locationOf(node), path + ": " + message + " in '" + function +
+                               "': " + describeNode(node));
+  }
+
+  MLIRContext &context;
+  OpBuilder builder;
+  std::string path;
+  ModuleOp moduleOp;
+
+  /// Attribute path ("lm_head.weight") -> symbol name of its global.
+  llvm::StringMap<std::string> globalOfAttribute;
+  /// Storage identity of each global, to find ties.
+  using TensorKey = std::tuple<const void *, int64_t, std::vector<int64_t>,
+                               std::vector<int64_t>, int>;
+  std::map<TensorKey, Operation *> globalOfTensor;
+  Block *globalsBlock = nullptr;
+  Operation *lastGlobal = nullptr;
+
+  std::map<std::string, ImportedFunction> functions; // by symbol name
+  std::map<const jit::Value *, Entry> entries;
+};
+
+//===----------------------------------------------------------------------===//
+// Conversions
+//===----------------------------------------------------------------------===//
+
+Location TorchScriptImporter::locationOf(const jit::Node *node) {
+  c10::optional<jit::SourceRange> range = node->sourceRange();
+  if (auto generated = node->sourceRange().findSourceRangeThatGenerated())
+    range = generated;
+  if (range && range->source()) {
+    if (auto flc = range->file_line_col()) {
+      auto [file, line, col] = *flc;
+      return FileLineColLoc::get(&context, file, line, col + 1);
+    }
+  }
+  return FileLineColLoc::get(&context, path, 0, 0);
+}
+
+RankedTensorType TorchScriptImporter::convertTensorType(const at::Tensor &t,
+                                                        Location loc) {
+  Type element;
+  switch (t.scalar_type()) {
+  case at::kFloat: element = builder.getF32Type(); break;
+  case at::kHalf: element = builder.getF16Type(); break;
+  case at::kBFloat16: element = builder.getBF16Type(); break;
+  case at::kDouble: element = builder.getF64Type(); break;
+  case at::kLong: element = builder.getI64Type(); break;
+  case at::kInt: element = builder.getI32Type(); break;
+  case at::kShort: element = builder.getIntegerType(16); break;
+  case at::kChar: element = builder.getIntegerType(8); break;
+  case at::kByte: element = builder.getIntegerType(8, /*isSigned=*/false); break;
+  case at::kBool: element = builder.getI1Type(); break;
+  default:
+    fail(loc, path + ": tensor of unsupported dtype " +
+                  std::string(c10::toString(t.scalar_type())));
+  }
+  return RankedTensorType::get(t.sizes().vec(), element);
+}
+
+Type TorchScriptImporter::convertType(const c10::TypePtr &type, Location loc) {
+  switch (type->kind()) {
+  case c10::TypeKind::TensorType: return bmt::TensorType::get(&context);
+  case c10::TypeKind::IntType: return builder.getI64Type();
+  case c10::TypeKind::FloatType: return builder.getF64Type();
+  case c10::TypeKind::BoolType: return builder.getI1Type();
+  case c10::TypeKind::NumberType: return bmt::NumberType::get(&context);
+  case c10::TypeKind::NoneType: return bmt::NoneType::get(&context);
+  case c10::TypeKind::StringType: return bmt::StringType::get(&context);
+  case c10::TypeKind::DeviceObjType: return bmt::DeviceType::get(&context);
+  default:
+    fail(loc, path + ": values of TorchScript type '" + type->repr_str() +
+                  "' are not supported");
+  }
+}
+
+Attribute TorchScriptImporter::convertConstant(const c10::IValue &value,
+                                               Location loc) {
+  if (value.isNone())
+    return bmt::NoneAttr::get(&context);
+  if (value.isBool())
+    return builder.getBoolAttr(value.toBool());
+  if (value.isInt())
+    return builder.getI64IntegerAttr(value.toInt());
+  if (value.isDouble())
+    return builder.getF64FloatAttr(value.toDouble());
+  if (value.isString())
+    return builder.getStringAttr(value.toStringRef());
+  if (value.isDevice())
+    return bmt::DeviceAttr::get(&context, value.toDevice().str());
+  if (value.isList()) {
+    SmallVector<Attribute> elements;
+    for (const c10::IValue &element : value.toListRef())
+      elements.push_back(convertConstant(element, loc));
+    return builder.getArrayAttr(elements);
+  }
+  if (value.isTuple()) {
+    SmallVector<Attribute> elements;
+    for (const c10::IValue &element : value.toTupleRef().elements())
+      elements.push_back(convertConstant(element, loc));
+    return builder.getArrayAttr(elements);
+  }
+  if (value.isTensor()) {
+    at::Tensor t = value.toTensor().contiguous().cpu();
+    RankedTensorType type = convertTensorType(t, loc);
+    if (t.scalar_type() == at::kBool) {
+      const bool *data = t.data_ptr<bool>();
+      SmallVector<bool> bits(data, data + t.numel());
+      return DenseElementsAttr::get(type, ArrayRef<bool>(bits));
+    }
+    ArrayRef<char> raw(static_cast<const char *>(t.data_ptr()), t.nbytes());
+    return DenseElementsAttr::getFromRawBuffer(type, raw);
+  }
+  fail(loc, path + ": constant of TorchScript type '" +
+                value.type()->repr_str() + "' is not supported");
+}
+
+//===----------------------------------------------------------------------===//
+// Parameters and buffers
+//===----------------------------------------------------------------------===//
+
+void TorchScriptImporter::collectGlobals(const jit::Module &root) {
+  Location loc = FileLineColLoc::get(&context, path, 0, 0);
+  auto add = [&](const std::string &name, const at::Tensor &tensor,
+                 bool isParameter) {
+    TensorKey key{tensor.storage().unsafeGetStorageImpl(),
+                  tensor.storage_offset(), tensor.sizes().vec(),
+                  tensor.strides().vec(), static_cast<int>(tensor.scalar_type())};
+    auto it = globalOfTensor.find(key);
+    if (it != globalOfTensor.end()) {
+      // A tie: the same storage under a second name.
+      Operation *global = it->second;
+      auto aliases = global->getAttrOfType<ArrayAttr>("aliases");
+      SmallVector<Attribute> names(aliases ? aliases.getValue()
+                                           : ArrayRef<Attribute>());
+      names.push_back(builder.getStringAttr(name));
+      global->setAttr("aliases", builder.getArrayAttr(names));
+      globalOfAttribute[name] =
+          SymbolTable::getSymbolName(global).getValue().str();
+      return;
+    }
+    builder.setInsertionPointToEnd(globalsBlock);
+    RankedTensorType type = convertTensorType(tensor, loc);
+    Operation *global;
+    if (isParameter)
+      global = bmt::ParameterOp::create(builder, 
+          loc, name, type, tensor.requires_grad(), /*aliases=*/nullptr);
+    else
+      global = bmt::BufferOp::create(builder, loc, name, type,
+                                             /*persistent=*/true,
+                                             /*aliases=*/nullptr);
+    globalOfTensor[key] = global;
+    globalOfAttribute[name] = name;
+    lastGlobal = global;
+  };
+  for (const auto &p : root.named_parameters(/*recurse=*/true))
+    add(p.name, p.value, /*isParameter=*/true);
+  for (const auto &b : root.named_buffers(/*recurse=*/true))
+    add(b.name, b.value, /*isParameter=*/false);
+}
+
+std::string
+TorchScriptImporter::globalForTensorAttribute(const std::string &attrPath,
+                                              const at::Tensor &tensor,
+                                              Location loc) {
+  auto it = globalOfAttribute.find(attrPath);
+  if (it != globalOfAttribute.end())
+    return it->second;
+  // A plain tensor attribute (neither parameter nor buffer): a non-persistent
+  // buffer, unless it shares storage with a global already.
+  TensorKey key{tensor.storage().unsafeGetStorageImpl(),
+                tensor.storage_offset(), tensor.sizes().vec(),
+                tensor.strides().vec(), static_cast<int>(tensor.scalar_type())};
+  if (auto tied = globalOfTensor.find(key); tied != globalOfTensor.end()) {
+    std::string symbol =
+        SymbolTable::getSymbolName(tied->second).getValue().str();
+    globalOfAttribute[attrPath] = symbol;
+    return symbol;
+  }
+  OpBuilder::InsertionGuard guard(builder);
+  if (lastGlobal)
+    builder.setInsertionPointAfter(lastGlobal);
+  else
+    builder.setInsertionPointToStart(globalsBlock);
+  auto buffer = bmt::BufferOp::create(builder, 
+      loc, attrPath, convertTensorType(tensor, loc), /*persistent=*/false,
+      /*aliases=*/nullptr);
+  lastGlobal = buffer;
+  globalOfTensor[key] = buffer;
+  globalOfAttribute[attrPath] = attrPath;
+  return attrPath;
+}
+
+//===----------------------------------------------------------------------===//
+// Entries
+//===----------------------------------------------------------------------===//
+
+Entry &TorchScriptImporter::lookup(const jit::Value *v) {
+  auto it = entries.find(v);
+  if (it == entries.end())
+    fail(FileLineColLoc::get(&context, path, 0, 0),
+         path + ": internal error: value %" + v->debugName() +
+             " used before it is defined");
+  return it->second;
+}
+
+/// Turns an entry into one SSA value, creating a bmt.constant or
+/// bmt.num_to_tensor where needed.
+Value TorchScriptImporter::materialize(Entry &entry, Location loc) {
+  switch (entry.kind) {
+  case Entry::Kind::Value:
+    return entry.value;
+  case Entry::Kind::Constant:
+    if (isa<ArrayAttr>(entry.constant))
+      fail(loc, path + ": a constant list cannot be used as a single value");
+    return bmt::ConstantOp::create(builder, loc, entry.constant);
+  case Entry::Kind::NumTensor: {
+    Value tensor = bmt::NumToTensorOp::create(builder, 
+        loc, bmt::TensorType::get(&context), entry.value);
+    entry = Entry::ofValue(tensor);
+    return tensor;
+  }
+  default:
+    fail(loc, path + ": a list, tuple, dict or module cannot be used as a "
+                     "single value here");
+  }
+}
+
+/// Turns an entry into a bmt.aten argument: a constant attribute, a
+/// #bmt.operand marker (appending the operand), or a nested list of those.
+Attribute TorchScriptImporter::toArgument(Entry &entry,
+                                          SmallVectorImpl<Value> &operands,
+                                          Location loc) {
+  switch (entry.kind) {
+  case Entry::Kind::Constant:
+    if (!isa<ElementsAttr>(entry.constant))
+      return entry.constant;
+    break;
+  case Entry::Kind::List: {
+    SmallVector<Attribute> elements;
+    for (Entry &element : entry.elements)
+      elements.push_back(toArgument(element, operands, loc));
+    return builder.getArrayAttr(elements);
+  }
+  default:
+    break;
+  }
+  operands.push_back(materialize(entry, loc));
+  return bmt::OperandAttr::get(&context);
+}
+
+void TorchScriptImporter::flatten(Entry &entry, SmallVectorImpl<Value> &values,
+                                  std::vector<std::string> &names,
+                                  const std::string &name, ResultShape &shape,
+                                  Location loc) {
+  auto flattenChildren = [&](ResultShape::Kind kind) {
+    shape.kind = kind;
+    for (size_t i = 0; i < entry.elements.size(); ++i) {
+      shape.children.emplace_back();
+      std::string childName =
+          kind == ResultShape::Kind::Dict ? entry.keys[i] : std::to_string(i);
+      flatten(entry.elements[i], values, names, join(name, childName),
+              shape.children.back(), loc);
+    }
+    shape.keys = entry.keys;
+  };
+  switch (entry.kind) {
+  case Entry::Kind::Tuple: flattenChildren(ResultShape::Kind::Tuple); return;
+  case Entry::Kind::List: flattenChildren(ResultShape::Kind::List); return;
+  case Entry::Kind::Dict: flattenChildren(ResultShape::Kind::Dict); return;
+  default:
+    shape.kind = ResultShape::Kind::Leaf;
+    values.push_back(materialize(entry, loc));
+    names.push_back(name);
+  }
+}
+
+Entry TorchScriptImporter::unflatten(const ResultShape &shape,
+                                     ValueRange values, size_t &next) {
+  if (shape.kind == ResultShape::Kind::Leaf)
+    return Entry::ofValue(values[next++]);
+  Entry e;
+  e.kind = shape.kind == ResultShape::Kind::Tuple ? Entry::Kind::Tuple
+           : shape.kind == ResultShape::Kind::List ? Entry::Kind::List
+                                                   : Entry::Kind::Dict;
+  e.keys = shape.keys;
+  for (const ResultShape &child : shape.children)
+    e.elements.push_back(unflatten(child, values, next));
+  return e;
+}
+
+void TorchScriptImporter::flattenInputType(const c10::TypePtr &type,
+                                           SmallVectorImpl<Type> &types,
+                                           Location loc) {
+  if (auto tuple = type->cast<c10::TupleType>()) {
+    for (const c10::TypePtr &element : tuple->elements())
+      flattenInputType(element, types, loc);
+    return;
+  }
+  types.push_back(convertType(type, loc));
+}
+
+Entry TorchScriptImporter::bindInput(const c10::TypePtr &type,
+                                     Block::BlockArgListType args, size_t &next,
+                                     Location loc) {
+  if (auto tuple = type->cast<c10::TupleType>()) {
+    Entry e;
+    e.kind = Entry::Kind::Tuple;
+    for (const c10::TypePtr &element : tuple->elements())
+      e.elements.push_back(bindInput(element, args, next, loc));
+    return e;
+  }
+  return Entry::ofValue(args[next++]);
+}
+
+//===----------------------------------------------------------------------===//
+// Functions and nodes
+//===----------------------------------------------------------------------===//
+
+ImportedFunction &TorchScriptImporter::importMethod(
+    const jit::Module &module, const std::string &modulePath,
+    const std::string &method, Location callLoc) {
+  std::string symbol = join(modulePath, method);
+  if (auto it = functions.find(symbol); it != functions.end())
+    return it->second;
+
+  c10::optional<jit::Method> m = module.find_method(method);
+  if (!m)
+    fail(callLoc, path + ": module '" + modulePath + "' has no method '" +
+                      method + "'");
+  std::shared_ptr<jit::Graph> graph = m->graph();
+
+  // Signature: every graph input but `self`, tuples flattened.
+  Location loc = FileLineColLoc::get(&context, path, 0, 0);
+  SmallVector<Type> argTypes;
+  for (size_t i = 1; i < graph->inputs().size(); ++i)
+    flattenInputType(graph->inputs()[i]->type(), argTypes, loc);
+
+  OpBuilder::InsertionGuard guard(builder);
+  builder.setInsertionPointToEnd(moduleOp.getBody());
+  auto func = func::FuncOp::create(builder, 
+      NameLoc::get(builder.getStringAttr(symbol)), symbol,
+      builder.getFunctionType(argTypes, {}));
+  if (!modulePath.empty() || method != "forward")
+    func.setPrivate();
+  func->setAttr("bmt.module_path", builder.getStringAttr(modulePath));
+  func->setAttr("bmt.module_type",
+                builder.getStringAttr(
+                    demangleClassName(module.type()->name()->qualifiedName())));
+  ImportedFunction &imported = functions[symbol];
+  imported.op = func;
+
+  Block *body = func.addEntryBlock();
+  builder.setInsertionPointToStart(body);
+
+  // Bind inputs.
+  Entry self;
+  self.kind = Entry::Kind::Module;
+  self.modulePath = modulePath;
+  self.module = std::make_shared<jit::Module>(module);
+  bind(graph->inputs()[0], self);
+  size_t next = 0;
+  for (size_t i = 1; i < graph->inputs().size(); ++i) {
+    jit::Value *input = graph->inputs()[i];
+    size_t first = next;
+    bind(input, bindInput(input->type(), body->getArguments(), next, loc));
+    for (size_t a = first; a < next; ++a)
+      func.setArgAttr(a, "bmt.name",
+                      builder.getStringAttr(
+                          next - first == 1
+                              ? baseName(input)
+                              : baseName(input) + "." + std::to_string(a - first)));
+  }
+
+  for (jit::Node *node : graph->nodes())
+    importNode(node, symbol);
+
+  // Results: flatten tuples and dicts, remembering their shape for callers.
+  SmallVector<Value> results;
+  std::vector<std::string> names;
+  ResultShape shape;
+  Location retLoc = locationOf(graph->return_node());
+  if (graph->outputs().size() == 1) {
+    flatten(lookup(graph->outputs()[0]), results, names, "", shape, retLoc);
+  } else {
+    shape.kind = ResultShape::Kind::Tuple;
+    for (size_t i = 0; i < graph->outputs().size(); ++i) {
+      shape.children.emplace_back();
+      flatten(lookup(graph->outputs()[i]), results, names, std::to_string(i),
+              shape.children.back(), retLoc);
+    }
+  }
+  func::ReturnOp::create(builder, retLoc, results);
+  func.setType(builder.getFunctionType(argTypes, ValueRange(results).getTypes()));
+  for (size_t i = 0; i < names.size(); ++i)
+    if (!names[i].empty())
+      func.setResultAttr(i, "bmt.name", builder.getStringAttr(names[i]));
+
+  // Entries of this graph are no longer needed.
+  for (const jit::Value *v : graph->inputs())
+    entries.erase(v);
+  for (jit::Node *node : graph->nodes())
+    for (const jit::Value *v : node->outputs())
+      entries.erase(v);
+  imported.resultShape = std::move(shape);
+  return imported;
+}
+
+void TorchScriptImporter::importCall(jit::Node *node,
+                                     const std::string &functionName) {
+  Location loc = locationOf(node);
+  Entry &object = lookup(node->inputs()[0]);
+  if (object.kind != Entry::Kind::Module)
+    failAt(node, functionName, "prim::CallMethod on something not a submodule");
+  std::string method = node->s(c10::attr::name);
+  jit::Module callee = *object.module;
+  std::string calleePath = object.modulePath;
+  ImportedFunction &target = importMethod(callee, calleePath, method, loc);
+
+  SmallVector<Value> args;
+  std::vector<std::string> unusedNames;
+  for (size_t i = 1; i < node->inputs().size(); ++i) {
+    ResultShape unusedShape;
+    flatten(lookup(node->inputs()[i]), args, unusedNames, "", unusedShape, loc);
+  }
+  FunctionType type = target.op.getFunctionType();
+  if (args.size() != type.getNumInputs())
+    failAt(node, functionName,
+           "call passes " + std::to_string(args.size()) + " values to '" +
+               target.op.getSymName().str() + "', which takes " +
+               std::to_string(type.getNumInputs()));
+  auto call = func::CallOp::create(builder, loc, target.op, args);
+  size_t next = 0;
+  if (node->outputs().size() == 1) {
+    bind(node->output(), unflatten(target.resultShape, call.getResults(), next));
+  } else {
+    for (size_t i = 0; i < node->outputs().size(); ++i)
+      bind(node->outputs()[i],
+           unflatten(target.resultShape.children.at(i), call.getResults(), next));
+  }
+}
+
+void TorchScriptImporter::importAtenNode(jit::Node *node,
+                                         const std::string &functionName) {
+  Location loc = locationOf(node);
+  const c10::FunctionSchema *schema = node->maybeSchema();
+  if (!schema)
+    failAt(node, functionName, "operator without a registered schema");
+  std::string name = schema->name();
+  if (!schema->overload_name().empty())
+    name += "." + schema->overload_name();
+  const bmt::AtenOpInfo *info = bmt::lookupAtenOp(name);
+  if (!info)
+    failAt(node, functionName,
+           "unsupported operator '" + name + "' (not in bmt's operator registry)");
+  if (node->inputs().size() != info->numArgs)
+    failAt(node, functionName,
+           "operator '" + name + "' has " + std::to_string(node->inputs().size()) +
+               " inputs, the registry expects " + std::to_string(info->numArgs));
+
+  // Scalar conversions of a NumToTensor fold away: aten::Int(NumToTensor(n)) = n.
+  if ((name == "aten::Int.Tensor" || name == "aten::Float.Tensor" ||
+       name == "aten::ScalarImplicit") &&
+      lookup(node->input(0)).kind == Entry::Kind::NumTensor) {
+    bind(node->output(), Entry::ofValue(lookup(node->input(0)).value));
+    return;
+  }
+
+  SmallVector<Value> operands;
+  SmallVector<Attribute> args;
+  for (jit::Value *input : node->inputs())
+    args.push_back(toArgument(lookup(input), operands, loc));
+
+  // Results. A list result is spread over as many results as its unpacking
+  // prim::ListUnpack has outputs.
+  SmallVector<Type> resultTypes;
+  int listLength = -1;
+  for (jit::Value *output : node->outputs()) {
+    if (auto list = output->type()->cast<c10::ListType>()) {
+      if (node->outputs().size() != 1 ||
+          list->getElementType()->kind() != c10::TypeKind::TensorType)
+        failAt(node, functionName, "list results other than one Tensor[] are not supported");
+      for (const jit::Use &use : output->uses()) {
+        if (use.user->kind() != c10::prim::ListUnpack)
+          failAt(node, functionName,
+                 "the Tensor[] result is used by " +
+                     std::string(use.user->kind().toQualString()) +
+                     "; only prim::ListUnpack is supported");
+        int n = static_cast<int>(use.user->outputs().size());
+        if (listLength >= 0 && n != listLength)
+          failAt(node, functionName, "the Tensor[] result is unpacked to different lengths");
+        listLength = n;
+      }
+      if (listLength < 0)
+        listLength = 0;
+      resultTypes.append(listLength, bmt::TensorType::get(&context));
+    } else {
+      resultTypes.push_back(convertType(output->type(), loc));
+    }
+  }
+  auto op = bmt::AtenOp::create(builder, loc, resultTypes,
+                                        builder.getStringAttr(name),
+                                        builder.getArrayAttr(args), operands);
+  if (listLength >= 0) {
+    Entry list;
+    list.kind = Entry::Kind::List;
+    for (Value v : op.getResults())
+      list.elements.push_back(Entry::ofValue(v));
+    bind(node->output(), list);
+    return;
+  }
+  for (size_t i = 0; i < node->outputs().size(); ++i)
+    bind(node->outputs()[i], Entry::ofValue(op.getResult(i)));
+}
+
+void TorchScriptImporter::importNode(jit::Node *node,
+                                     const std::string &functionName) {
+  Location loc = locationOf(node);
+  c10::Symbol kind = node->kind();
+
+  if (kind == c10::prim::Constant) {
+    c10::optional<c10::IValue> value = jit::toIValue(node->output());
+    if (!value)
+      failAt(node, functionName, "constant without a value");
+    bind(node->output(), Entry::ofConstant(convertConstant(*value, loc)));
+    return;
+  }
+  if (kind == c10::prim::GetAttr) {
+    Entry &object = lookup(node->input());
+    if (object.kind != Entry::Kind::Module)
+      failAt(node, functionName, "prim::GetAttr on something not a module");
+    std::string name = node->s(c10::attr::name);
+    std::string attrPath = join(object.modulePath, name);
+    c10::IValue attr = object.module->attr(name);
+    if (attr.isModule()) {
+      Entry sub;
+      sub.kind = Entry::Kind::Module;
+      sub.modulePath = attrPath;
+      sub.module = std::make_shared<jit::Module>(attr.toModule());
+      bind(node->output(), sub);
+    } else if (attr.isTensor()) {
+      std::string symbol =
+          globalForTensorAttribute(attrPath, attr.toTensor(), loc);
+      bind(node->output(),
+           Entry::ofValue(bmt::GetGlobalOp::create(builder, 
+               loc, bmt::TensorType::get(&context),
+               FlatSymbolRefAttr::get(&context, symbol))));
+    } else {
+      bind(node->output(), Entry::ofConstant(convertConstant(attr, loc)));
+    }
+    return;
+  }
+  if (kind == c10::prim::CallMethod) {
+    importCall(node, functionName);
+    return;
+  }
+  if (kind == c10::prim::ListConstruct || kind == c10::prim::TupleConstruct) {
+    Entry e;
+    e.kind = kind == c10::prim::ListConstruct ? Entry::Kind::List
+                                              : Entry::Kind::Tuple;
+    for (jit::Value *input : node->inputs())
+      e.elements.push_back(lookup(input));
+    bind(node->output(), e);
+    return;
+  }
+  if (kind == c10::prim::DictConstruct) {
+    Entry e;
+    e.kind = Entry::Kind::Dict;
+    for (size_t i = 0; i + 1 < node->inputs().size(); i += 2) {
+      Entry &key = lookup(node->inputs()[i]);
+      if (key.kind != Entry::Kind::Constant || !isa<StringAttr>(key.constant))
+        failAt(node, functionName, "dict keys must be constant strings");
+      e.keys.push_back(cast<StringAttr>(key.constant).getValue().str());
+      e.elements.push_back(lookup(node->inputs()[i + 1]));
+    }
+    bind(node->output(), e);
+    return;
+  }
+  if (kind == c10::prim::ListUnpack || kind == c10::prim::TupleUnpack) {
+    Entry container = lookup(node->input());
+    if ((container.kind != Entry::Kind::List &&
+         container.kind != Entry::Kind::Tuple) ||
+        container.elements.size() != node->outputs().size())
+      failAt(node, functionName,
+             "unpacks a value whose length is not known at compile time");
+    for (size_t i = 0; i < node->outputs().size(); ++i)
+      bind(node->outputs()[i], container.elements[i]);
+    return;
+  }
+  if (kind == c10::prim::TupleIndex || kind == c10::aten::__getitem__) {
+    Entry container = lookup(node->inputs()[0]);
+    Entry &index = lookup(node->inputs()[1]);
+    if (index.kind != Entry::Kind::Constant)
+      failAt(node, functionName, "indexing with a run-time index is not supported");
+    if (container.kind == Entry::Kind::Dict) {
+      auto key = dyn_cast<StringAttr>(index.constant);
+      for (size_t i = 0; key && i < container.keys.size(); ++i)
+        if (container.keys[i] == key.getValue()) {
+          bind(node->output(), container.elements[i]);
+          return;
+        }
+      failAt(node, functionName, "dict lookup of a key the dict does not hold");
+    }
+    auto i = dyn_cast<IntegerAttr>(index.constant);
+    if ((container.kind != Entry::Kind::List &&
+         container.kind != Entry::Kind::Tuple) || !i)
+      failAt(node, functionName, "indexing of a value that is not a list or tuple");
+    int64_t n = static_cast<int64_t>(container.elements.size());
+    int64_t at = i.getInt() < 0 ? i.getInt() + n : i.getInt();
+    if (at < 0 || at >= n)
+      failAt(node, functionName, "index out of range");
+    bind(node->output(), container.elements[at]);
+    return;
+  }
+  if (kind == c10::prim::NumToTensor) {
+    Entry &scalar = lookup(node->input());
+    Entry e;
+    e.kind = Entry::Kind::NumTensor;
+    e.value = materialize(scalar, loc);
+    bind(node->output(), e);
+    return;
+  }
+  if (kind.is_aten()) {
+    importAtenNode(node, functionName);
+    return;
+  }
+  if (kind == c10::prim::If || kind == c10::prim::Loop)
+    failAt(node, functionName,
+           "control flow (" + std::string(kind.toQualString()) +
+               ") is not supported; trace the model with torch.jit.trace or "
+               "export it with torch.export");
+  failAt(node, functionName,
+         "unsupported TorchScript node '" + std::string(kind.toQualString()) + "'");
+}
+
+OwningOpRef<ModuleOp> TorchScriptImporter::run(const jit::Module &root) {
+  Location loc = FileLineColLoc::get(&context, path, 0, 0);
+  OwningOpRef<ModuleOp> owned = ModuleOp::create(loc);
+  moduleOp = *owned;
+  moduleOp->setAttr("bmt.source", builder.getStringAttr(path));
+  moduleOp->setAttr("bmt.source_format", builder.getStringAttr("torchscript"));
+  globalsBlock = moduleOp.getBody();
+  collectGlobals(root);
+  importMethod(root, "", "forward", loc);
+  return owned;
+}
+
+} // namespace
+
+bool bmt::looksLikeZipArchive(llvm::StringRef path) {
+  auto buffer = llvm::MemoryBuffer::getFileSlice(path, 4, 0);
+  if (!buffer)
+    return false;
+  return (*buffer)->getBuffer() == llvm::StringRef("PK\x03\x04", 4);
+}
+
+OwningOpRef<ModuleOp> bmt::importTorchScript(llvm::StringRef pathRef,
+                                             MLIRContext &context) {
+  context.loadDialect<bmt::BmtDialect, func::FuncDialect>();
+  std::string path = pathRef.str();
+  Location fileLoc = FileLineColLoc::get(&context, path, 0, 0);
+  if (!llvm::sys::fs::exists(path)) {
+    emitError(fileLoc) << path << ": no such file";
+    return nullptr;
+  }
+  if (llvm::sys::fs::is_directory(path)) {
+    emitError(fileLoc) << path << ": is a directory, not a TorchScript archive";
+    return nullptr;
+  }
+  if (!looksLikeZipArchive(path)) {
+    emitError(fileLoc) << path
+                       << ": not a zip archive (TorchScript archives are "
+                          "written by torch.jit.save)";
+    return nullptr;
+  }
+  try {
+    jit::Module root = jit::load(path);
+    TorchScriptImporter importer(context, path);
+    return importer.run(root);
+  } catch (const ImportError &error) {
+    emitError(error.loc) << error.message;
+  } catch (const c10::Error &error) {
+    emitError(fileLoc) << path << ": cannot load the TorchScript archive: "
+                       << firstLine(error.what_without_backtrace());
+  } catch (const std::exception &error) {
+    emitError(fileLoc) << path << ": cannot load the TorchScript archive: "
+                       << firstLine(error.what());
+  }
+  return nullptr;
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Installs what bmt needs on a Debian 12 (bookworm) machine, idempotently:
+# Debian packages (LLVM/MLIR 22, Ninja, ccache, nlohmann-json, GoogleTest) and
+# pinned pip packages (see scripts/requirements.txt). A second run does nothing
+# that is already done. Run as root (apt-get) or with sudo available.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+APT_PACKAGES=(
+  libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools
+  ninja-build ccache cmake g++ nlohmann-json3-dev libgtest-dev
+  zlib1g-dev libzstd-dev libedit-dev libxml2-dev libcurl4-openssl-dev
+  fortunes-min fortune-mod
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[setup] apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "[setup] Debian packages: all present"
+fi
+
+PY="${PYTHON:-python3}"
+if "$PY" - "$here/requirements.txt" <<'PYEOF'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+ok = True
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if not line:
+        continue
+    name, _, want = line.partition("==")
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        have = None
+    if have is None or (want and have.split("+")[0] != want):
+        ok = False
+sys.exit(0 if ok else 1)
+PYEOF
+then
+  echo "[setup] pip packages: all pinned versions present"
+else
+  echo "[setup] pip install -r scripts/requirements.txt"
+  "$PY" -m pip install -q --disable-pip-version-check -r "$here/requirements.txt"
+fi

@@ -1,0 +1,79 @@
+//===- bmt-opt.cpp - the bmt compiler driver ------------------------------===//
+//
+// Behaves like mlir-opt, with one addition: an input that is a PyTorch
+// archive (a zip: TorchScript `.pt`) is first imported into the bmt dialect.
+// Everything else (--pass-pipeline, --mlir-print-ir-after-all,
+// --verify-diagnostics, --split-input-file, -o) is MlirOptMain's.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Import/TorchScript.h"
+#include "bmt/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/OperationSupport.h"
+#include "mlir/Support/FileUtilities.h"
+#include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "mlir/Transforms/Passes.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace mlir;
+
+/// True for inputs the TorchScript importer reads rather than the MLIR parser.
+static bool isArchiveInput(llvm::StringRef path) {
+  return path.ends_with(".pt") || path.ends_with(".pth") ||
+         (path != "-" && bmt::looksLikeZipArchive(path));
+}
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM init(argc, argv);
+  DialectRegistry registry;
+  registry.insert<bmt::BmtDialect, func::FuncDialect>();
+  bmt::registerBmtPasses();
+  registerTransformsPasses(); // canonicalize, cse, symbol-dce, inline, ...
+
+  auto [inputFilename, outputFilename] = registerAndParseCLIOptions(
+      argc, argv,
+      "bmt-opt: compiles a PyTorch model (TorchScript .pt or bmt MLIR) for "
+      "distributed training\n",
+      registry);
+  MlirOptMainConfig config = MlirOptMainConfig::createFromCLOptions();
+
+  std::unique_ptr<llvm::MemoryBuffer> input;
+  std::string errorMessage;
+  if (isArchiveInput(inputFilename)) {
+    MLIRContext context(registry);
+    OwningOpRef<ModuleOp> module = bmt::importTorchScript(inputFilename, context);
+    if (!module)
+      return 1;
+    // Hand the module to MlirOptMain as text with its locations, so that
+    // every option behaves exactly as on a .mlir input.
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    module->print(os, OpPrintingFlags().enableDebugInfo(/*enable=*/true,
+                                                        /*prettyForm=*/false));
+    input = llvm::MemoryBuffer::getMemBufferCopy(text, inputFilename);
+  } else {
+    input = openInputFile(inputFilename, &errorMessage);
+    if (!input) {
+      llvm::errs() << "error: " << errorMessage << "\n";
+      return 1;
+    }
+  }
+
+  std::unique_ptr<llvm::ToolOutputFile> output =
+      openOutputFile(outputFilename, &errorMessage);
+  if (!output) {
+    llvm::errs() << "error: " << errorMessage << "\n";
+    return 1;
+  }
+  if (failed(MlirOptMain(output->os(), std::move(input), registry, config)))
+    return 1; // the output file is removed: ToolOutputFile was not kept
+  output->keep();
+  return 0;
+}
