@@ -12,6 +12,7 @@
 #include "bmt/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/OperationSupport.h"
 #include "mlir/Support/FileUtilities.h"
@@ -28,6 +29,25 @@ using namespace mlir;
 static bool isArchiveInput(llvm::StringRef path) {
   return path.ends_with(".pt") || path.ends_with(".pth") ||
          (path != "-" && bmt::looksLikeZipArchive(path));
+}
+
+/// Prints an importer diagnostic as one line, compiler style:
+/// "file.py:12:8: error: model.pt: ..." where the node has a Python source
+/// location, "error: model.pt: ..." where it has none.
+static LogicalResult printImportDiagnostic(Diagnostic &diag) {
+  llvm::raw_ostream &os = llvm::errs();
+  if (auto loc = dyn_cast<FileLineColLoc>(diag.getLocation());
+      loc && loc.getLine() > 0)
+    os << loc.getFilename().getValue() << ":" << loc.getLine() << ":"
+       << loc.getColumn() << ": ";
+  switch (diag.getSeverity()) {
+  case DiagnosticSeverity::Error: os << "error: "; break;
+  case DiagnosticSeverity::Warning: os << "warning: "; break;
+  case DiagnosticSeverity::Note: os << "note: "; break;
+  case DiagnosticSeverity::Remark: os << "remark: "; break;
+  }
+  os << diag << "\n";
+  return success();
 }
 
 int main(int argc, char **argv) {
@@ -48,6 +68,7 @@ int main(int argc, char **argv) {
   std::string errorMessage;
   if (isArchiveInput(inputFilename)) {
     MLIRContext context(registry);
+    ScopedDiagnosticHandler handler(&context, printImportDiagnostic);
     OwningOpRef<ModuleOp> module = bmt::importTorchScript(inputFilename, context);
     if (!module)
       return 1;

@@ -43,8 +43,10 @@ def Bmt_ParameterOp : Bmt_Op<"parameter", [Symbol, HasParent<"::mlir::ModuleOp">
 def Bmt_BufferOp : Bmt_Op<"buffer", [Symbol, HasParent<"::mlir::ModuleOp">]> {
   let summary = "a non-trainable tensor of the model (a registered buffer or a traced constant)";
   let description = [{
-    A buffer as registered with `register_buffer`. `persistent` buffers are
-    part of the state dict. Ties are handled as for `bmt.parameter`.
+    A buffer as registered with `register_buffer`, or a plain tensor
+    attribute of a module. `persistent` marks buffers known to be part of the
+    state dict (TorchScript archives do not record this, so their buffers
+    never carry it). Ties are handled as for `bmt.parameter`.
   }];
   let arguments = (ins SymbolNameAttr:$sym_name,
                        TypeAttrOf<AnyRankedTensor>:$type,

@@ -176,8 +176,9 @@ private:
   }
   [[noreturn]] void failAt(const jit::Node *node, const std::string &function,
                            const std::string &message) {
-    fail(locationOf(node), path + ": " + message + " in '" + function +
-                               "': " + describeNode(node));
+    fail(locationOf(node), path + ": " + message + " (node `" +
+                               describeNode(node) + "` in function '" +
+                               function + "')");
   }
 
   MLIRContext &context;
@@ -324,9 +325,11 @@ void TorchScriptImporter::collectGlobals(const jit::Module &root) {
       global = bmt::ParameterOp::create(builder, 
           loc, name, type, tensor.requires_grad(), /*aliases=*/nullptr);
     else
+      // TorchScript keeps every buffer, persistent or not, and does not
+      // record which; so none is marked persistent.
       global = bmt::BufferOp::create(builder, loc, name, type,
-                                             /*persistent=*/true,
-                                             /*aliases=*/nullptr);
+                                     /*persistent=*/false,
+                                     /*aliases=*/nullptr);
     globalOfTensor[key] = global;
     globalOfAttribute[name] = name;
     lastGlobal = global;
@@ -550,6 +553,14 @@ ImportedFunction &TorchScriptImporter::importMethod(
                               : baseName(input) + "." + std::to_string(a - first)));
   }
 
+  // Control flow is reported before anything else it contains (a scripted
+  // `if` first shows up as aten::Bool, which would be a less useful error).
+  for (jit::Node *node : graph->nodes())
+    if (node->kind() == c10::prim::If || node->kind() == c10::prim::Loop)
+      failAt(node, symbol,
+             "control flow (" + std::string(node->kind().toQualString()) +
+                 ") is not supported; trace the model with torch.jit.trace "
+                 "or export it with torch.export");
   for (jit::Node *node : graph->nodes())
     importNode(node, symbol);
 
@@ -802,11 +813,6 @@ void TorchScriptImporter::importNode(jit::Node *node,
     importAtenNode(node, functionName);
     return;
   }
-  if (kind == c10::prim::If || kind == c10::prim::Loop)
-    failAt(node, functionName,
-           "control flow (" + std::string(kind.toQualString()) +
-               ") is not supported; trace the model with torch.jit.trace or "
-               "export it with torch.export");
   failAt(node, functionName,
          "unsupported TorchScript node '" + std::string(kind.toQualString()) + "'");
 }
