@@ -10,7 +10,6 @@ APT_PACKAGES=(
   libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools
   ninja-build ccache cmake g++ nlohmann-json3-dev libgtest-dev
   zlib1g-dev libzstd-dev libedit-dev libxml2-dev libcurl4-openssl-dev
-  fortunes-min fortune-mod
 )
 
 missing=()
@@ -50,6 +49,11 @@ PYEOF
 then
   echo "[setup] pip packages: all pinned versions present"
 else
-  echo "[setup] pip install -r scripts/requirements.txt"
-  "$PY" -m pip install -q --disable-pip-version-check -r "$here/requirements.txt"
+  echo "[setup] pip install -r scripts/requirements.txt (torch is large: minutes on a fresh machine)"
+  pip_flags=(-q --disable-pip-version-check)
+  # Debian's own python3 refuses pip installs (PEP 668) unless told otherwise.
+  if "$PY" -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)'; then
+    pip_flags+=(--break-system-packages)
+  fi
+  "$PY" -m pip install "${pip_flags[@]}" -r "$here/requirements.txt"
 fi

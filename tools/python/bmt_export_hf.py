@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""bmt-export-hf: export a Hugging Face transformers model to a TorchScript
+archive that `bmt-opt` imports, the way a transformers-5 user does it:
+
+    model.eval()
+    traced = torch.jit.trace(model, example_kwarg_inputs={...}, strict=False)
+    traced.save(OUT)
+
+The model comes from a config, never from a hub (no network here):
+  --config gpt2            the architecture's default config in transformers
+                           (for gpt2: GPT-2 small, 124 M parameters)
+  --config path/config.json  a config file (e.g. from a local checkpoint)
+  --checkpoint DIR         a local checkpoint directory (config + weights)
+Config fields can be overridden: --set n_layer=4 --set n_embd=256.
+Weights are random (seeded) unless --checkpoint gives them.
+
+Examples:
+  bmt-export-hf --config gpt2 -o gpt2.pt
+  bmt-export-hf --config llama --set num_hidden_layers=2 --set hidden_size=64 -o llama.pt
+
+Exit status 0 on success; on bad input (unknown architecture, unreadable
+config, a model that cannot be traced) one "error: ..." line and status 1,
+and no output file (the archive is written to a temporary name and renamed).
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+# The model class used for each architecture's config (`model_type`).
+TASK_CLASS = {
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "opt": "OPTForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
+    "bloom": "BloomForCausalLM",
+    "falcon": "FalconForCausalLM",
+    "phi": "PhiForCausalLM",
+    "gptj": "GPTJForCausalLM",
+    "bert": "BertForMaskedLM",
+}
+
+
+def error(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def parse_value(text):
+    """'4' -> 4, '0.1' -> 0.1, 'true' -> True, anything else stays a string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def build_config(args, transformers):
+    if args.checkpoint:
+        try:
+            config = transformers.AutoConfig.from_pretrained(args.checkpoint, local_files_only=True)
+        except Exception as e:  # noqa: BLE001 - report any loader failure as one line
+            error(f"cannot read the checkpoint config in {args.checkpoint}: {str(e).splitlines()[0]}")
+    elif args.config.endswith(".json") or os.path.sep in args.config:
+        try:
+            with open(args.config) as f:
+                fields = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            error(f"cannot read config {args.config}: {e}")
+        if "model_type" not in fields:
+            error(f"config {args.config} has no model_type")
+        config = transformers.AutoConfig.for_model(**fields)
+    else:
+        try:
+            config = transformers.AutoConfig.for_model(args.config)
+        except ValueError:
+            error(f"unknown architecture '{args.config}'; known: {', '.join(sorted(TASK_CLASS))}")
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            error(f"--set expects KEY=VALUE, got '{item}'")
+        if not hasattr(config, key):
+            error(f"config of {config.model_type} has no field '{key}'")
+        setattr(config, key, parse_value(value))
+    if hasattr(config, "use_cache"):
+        config.use_cache = False
+    config._attn_implementation = "eager"
+    return config
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="bmt-export-hf", description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="architecture name (gpt2, llama, ...) or config.json path")
+    source.add_argument("--checkpoint", help="local checkpoint directory (config.json + weights)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field (repeatable)")
+    parser.add_argument("-o", "--output", required=True, help="output archive (.pt)")
+    parser.add_argument("--seq-len", type=int, default=8, help="example sequence length (tokens)")
+    parser.add_argument("--batch", type=int, default=2, help="example batch size")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    args = parser.parse_args(argv)
+    if not args.output.endswith((".pt", ".pth")):
+        error(f"output {args.output} must end in .pt (TorchScript archive)")
+
+    warnings.filterwarnings("ignore")
+    import torch
+    import transformers
+
+    config = build_config(args, transformers)
+    class_name = TASK_CLASS.get(config.model_type)
+    if class_name is None:
+        error(f"no model class known for architecture '{config.model_type}'")
+    cls = getattr(transformers, class_name)
+    torch.manual_seed(args.seed)
+    start = time.time()
+    if args.checkpoint:
+        model = cls.from_pretrained(args.checkpoint, local_files_only=True, config=config)
+    else:
+        model = cls(config)
+    model.eval()
+
+    vocab = config.vocab_size
+    inputs = {
+        "input_ids": torch.randint(0, vocab, (args.batch, args.seq_len)),
+        "attention_mask": torch.ones(args.batch, args.seq_len, dtype=torch.long),
+    }
+    try:
+        with torch.no_grad():
+            traced = torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
+    except Exception as e:  # noqa: BLE001 - tracing failures are user errors here
+        error(f"cannot trace {class_name}: {str(e).splitlines()[0]}")
+
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    os.makedirs(out_dir, exist_ok=True)
+    # torch.jit.save names the archive's top folder after the file, so save
+    # under the final name inside a temporary directory, then move it.
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        tmp_path = os.path.join(tmp, os.path.basename(args.output))
+        traced.save(tmp_path)
+        os.replace(tmp_path, args.output)
+
+    params = sum(p.numel() for p in model.parameters())
+    print(f"exported {class_name} ({config.model_type}, {params / 1e6:.1f} M parameters, "
+          f"{config.num_hidden_layers} layers) to {args.output} in {time.time() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
