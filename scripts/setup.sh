@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools
   ninja-build ccache cmake g++ nlohmann-json3-dev libgtest-dev
   zlib1g-dev libzstd-dev libedit-dev libxml2-dev libcurl4-openssl-dev
+  fortunes
 )
 
 missing=()

@@ -1,0 +1,505 @@
+#!/usr/bin/env python3
+"""bmt-prepare-data: turn text into token files that bmt-run memory-maps.
+
+    bmt-prepare-data --input /usr/share/games/fortunes --split-on % \\
+                     --train-bpe 4096 --output data/fortunes
+
+Inputs (--input PATH..., repeatable) are text files or directories (walked
+recursively in name order; hidden entries skipped; a file reached twice,
+e.g. through a symlink such as fortune's NAME.u8 -> NAME, is read once).
+Binary files (a NUL byte, or not valid UTF-8, e.g. fortune's .dat indexes)
+are skipped with a note on stderr.  Documents are separated by a blank line,
+or with --split-on LINE by a line consisting only of LINE (`%` for fortune
+cookie files); leading/trailing blank lines of a document are dropped and
+empty documents are ignored.
+
+Tokenizer, exactly one of:
+  --train-bpe VOCAB_SIZE  train a byte-level BPE (HF tokenizers) on the
+                          training documents, special tokens <|endoftext|>
+                          (id 0), [MASK] (1), [PAD] (2); saved as
+                          PREFIX.tokenizer.json
+  --tokenizer FILE        an existing tokenizer.json
+  --hf-tokenizer DIR      a local transformers tokenizer directory
+The end-of-text token is looked up by name (<|endoftext|>, </s>, <eos>, ...;
+override with --eos-token); text that spells a special token is tokenized as
+plain text, so only the appended separators carry the end-of-text id.
+
+Documents are shuffled with --seed and split by --val-fraction (at least one
+document per split).  Outputs, for each SPLIT in train, val:
+  PREFIX.SPLIT.bin   flat little-endian token ids (uint16 when the vocabulary
+                     has <= 65536 ids, else uint32; --dtype forces one), each
+                     document's tokens followed by the end-of-text id
+  PREFIX.SPLIT.json  {"format": "bmt-tokens", "version": 1, "dtype",
+                     "num_tokens", "num_documents", "vocab_size", "eos_id",
+                     "mask_id", "pad_id", "tokenizer", "source"}
+                     (num_tokens * itemsize(dtype) == size of the .bin;
+                     "tokenizer" and "source" are absolute paths)
+
+Exit status 0 on success; on bad input (missing or empty input, unreadable
+tokenizer, unwritable output, too small a vocabulary, ...) one "error: ..."
+line and status 1, and no output files (all are written under temporary
+names and renamed at the end).
+"""
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+FORMAT = "bmt-tokens"
+VERSION = 1
+BPE_SPECIALS = ["<|endoftext|>", "[MASK]", "[PAD]"]
+EOS_NAMES = ["<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "[SEP]", "<|im_end|>"]
+MASK_NAMES = ["[MASK]", "<mask>", "<|mask|>"]
+PAD_NAMES = ["[PAD]", "<pad>", "<|pad|>", "<|padding|>"]
+BINARY_PROBE = 8192          # bytes looked at for a NUL before decoding
+ENCODE_CHUNK = 2048          # documents per encode call (progress granularity)
+
+
+class UserError(Exception):
+    """Bad input: reported as one 'error: ...' line, exit status 1."""
+
+
+def error(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def note(message):
+    print(f"note: {message}", file=sys.stderr)
+
+
+class Progress:
+    """A '\\r' counter on stderr, only when stderr is a terminal."""
+
+    def __init__(self, label, total=None):
+        self.enabled = sys.stderr.isatty()
+        self.label, self.total, self.last = label, total, 0.0
+
+    def update(self, count, force=False):
+        now = time.monotonic()
+        if self.enabled and (force or now - self.last > 0.2):
+            self.last = now
+            total = f"/{self.total}" if self.total else ""
+            print(f"\r{self.label}: {count}{total}", end="", file=sys.stderr, flush=True)
+
+    def done(self):
+        if self.enabled:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------
+# Reading documents
+
+def list_files(inputs):
+    """Input files in order, each real file once."""
+    files, seen = [], set()
+
+    def add(path):
+        real = os.path.realpath(path)
+        if real not in seen:
+            seen.add(real)
+            files.append(path)
+
+    for path in inputs:
+        if not os.path.exists(path):
+            raise UserError(f"input {path} does not exist")
+        if os.path.isdir(path):
+            for root, dirs, names in os.walk(path, followlinks=True):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for name in sorted(names):
+                    full = os.path.join(root, name)
+                    if not name.startswith(".") and os.path.isfile(full):
+                        add(full)
+        elif os.path.isfile(path):
+            add(path)
+        else:
+            raise UserError(f"input {path} is not a regular file or directory")
+    return files
+
+
+def read_text(path):
+    """(text, None), or (None, reason) for a binary file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from e
+    if b"\0" in data[:BINARY_PROBE]:
+        return None, "binary"
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    return text.replace("\r\n", "\n").replace("\r", "\n"), None
+
+
+def split_documents(text, split_on=None):
+    """Documents of a text: separated by lines equal to split_on (trailing
+    whitespace ignored), or by blank lines when split_on is None."""
+    docs, lines = [], []
+
+    def flush():
+        doc = "\n".join(lines)
+        if doc.strip():
+            # Drop blank lines around the document, keep its indentation.
+            body = doc.split("\n")
+            while not body[0].strip():
+                body.pop(0)
+            while not body[-1].strip():
+                body.pop()
+            docs.append("\n".join(body))
+        lines.clear()
+
+    for line in text.split("\n"):
+        if (line.rstrip() == split_on) if split_on is not None else not line.strip():
+            flush()
+        else:
+            lines.append(line)
+    flush()
+    return docs
+
+
+def read_documents(inputs, split_on):
+    files = list_files(inputs)
+    docs, used, skipped = [], 0, {}
+    progress = Progress("reading files", len(files))
+    for i, path in enumerate(files):
+        progress.update(i)
+        text, reason = read_text(path)
+        if text is None:
+            skipped.setdefault(reason, []).append(path)
+            continue
+        found = split_documents(text, split_on)
+        if found:
+            used += 1
+        docs.extend(found)
+    progress.done()
+    for reason, paths in skipped.items():   # one note per kind, not per file
+        shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        note(f"skipped {len(paths)} {reason} file{'s' if len(paths) > 1 else ''}: {shown}")
+    if not docs:
+        shown = ", ".join(inputs)
+        raise UserError(f"no documents in {shown} ({len(files)} files, none with text)")
+    return docs, used, len(files)
+
+
+def shuffle_split(docs, seed, val_fraction):
+    """(train, val) document lists: shuffled with seed, val first."""
+    n = len(docs)
+    if n < 2:
+        raise UserError(f"need at least 2 documents to make a train and a val split, found {n}")
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    n_val = min(max(1, round(n * val_fraction)), n - 1)
+    val = [docs[i] for i in order[:n_val]]
+    train = [docs[i] for i in order[n_val:]]
+    return train, val
+
+
+# --------------------------------------------------------------------------
+# Tokenizers: a uniform view (encode a list of texts, vocab, special ids)
+
+def find_id(vocab, names):
+    for name in names:
+        if name in vocab:
+            return vocab[name]
+    return None
+
+
+class TokTokenizer:
+    """An HF `tokenizers` Tokenizer (trained here or from tokenizer.json)."""
+
+    def __init__(self, tok, path, eos_token=None):
+        self.tok, self.path = tok, path
+        tok.encode_special_tokens = True   # text "<|endoftext|>" is not an EOS
+        vocab = tok.get_vocab(with_added_tokens=True)
+        self.vocab_size = max(vocab.values()) + 1
+        specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+        special_vocab = {k: v for k, v in vocab.items() if k in specials}
+        if eos_token is not None:
+            if eos_token not in vocab:
+                raise UserError(f"--eos-token {eos_token} is not in the vocabulary of {path}")
+            self.eos_id = vocab[eos_token]
+        else:
+            # Special tokens first: a plain vocabulary entry of the same name
+            # is a fallback only.
+            self.eos_id = find_id(special_vocab, EOS_NAMES)
+            if self.eos_id is None:
+                self.eos_id = find_id(vocab, EOS_NAMES)
+            if self.eos_id is None:
+                raise UserError(f"tokenizer {path} has no end-of-text token "
+                                f"({', '.join(EOS_NAMES)}); name one with --eos-token")
+        self.mask_id = find_id(special_vocab, MASK_NAMES)
+        if self.mask_id is None:
+            self.mask_id = find_id(vocab, MASK_NAMES)
+        self.pad_id = find_id(special_vocab, PAD_NAMES)
+        if self.pad_id is None:
+            self.pad_id = find_id(vocab, PAD_NAMES)
+
+    def encode(self, texts):
+        encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
+        return [e.ids for e in encode(texts, add_special_tokens=False)]
+
+
+class HFTokenizer:
+    """A transformers tokenizer loaded from a local directory."""
+
+    def __init__(self, tok, path, eos_token=None):
+        self.tok, self.path = tok, path
+        vocab = tok.get_vocab()
+        self.vocab_size = max(max(vocab.values()) + 1, len(tok))
+        if eos_token is not None:
+            if eos_token not in vocab:
+                raise UserError(f"--eos-token {eos_token} is not in the vocabulary of {path}")
+            self.eos_id = vocab[eos_token]
+        else:
+            self.eos_id = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
+            if self.eos_id is None:
+                raise UserError(f"tokenizer {path} has no eos (or sep) token; name one with --eos-token")
+        self.mask_id = tok.mask_token_id
+        self.pad_id = tok.pad_token_id
+
+    def encode(self, texts):
+        return self.tok(texts, add_special_tokens=False)["input_ids"]
+
+
+def train_bpe(docs, vocab_size):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=BPE_SPECIALS, show_progress=sys.stderr.isatty(),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(docs, trainer=trainer, length=len(docs))
+    return tok
+
+
+def load_tokenizer_file(path, eos_token):
+    from tokenizers import Tokenizer
+
+    if not os.path.isfile(path):
+        raise UserError(f"tokenizer file {path} does not exist")
+    try:
+        tok = Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - any parse failure is a user error
+        raise UserError(f"cannot read tokenizer {path}: {str(e).splitlines()[0]}") from e
+    return TokTokenizer(tok, os.path.abspath(path), eos_token)
+
+
+def load_hf_tokenizer(path, eos_token):
+    if not os.path.isdir(path):
+        raise UserError(f"tokenizer directory {path} does not exist")
+    import warnings
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import transformers
+
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True,
+                                                         split_special_tokens=True)
+    except Exception as e:  # noqa: BLE001 - any loader failure is a user error
+        raise UserError(f"cannot load tokenizer from {path}: {str(e).splitlines()[0]}") from e
+    return HFTokenizer(tok, os.path.abspath(path), eos_token)
+
+
+def tokenize(tokenizer, docs, dtype, label):
+    """All documents' ids, each followed by eos, as one array; and seconds."""
+    start = time.perf_counter()
+    parts = []
+    progress = Progress(f"tokenizing {label}", len(docs))
+    for i in range(0, len(docs), ENCODE_CHUNK):
+        progress.update(i)
+        for ids in tokenizer.encode(docs[i:i + ENCODE_CHUNK]):
+            parts.append(np.asarray(ids, dtype=np.int64))
+    progress.done()
+    eos = np.array([tokenizer.eos_id], dtype=np.int64)
+    flat = np.concatenate([x for ids in parts for x in (ids, eos)])
+    if flat.size and (flat.min() < 0 or flat.max() >= np.iinfo(dtype).max + 1):
+        raise UserError(f"token id {flat.max()} does not fit {np.dtype(dtype).name}")
+    return flat.astype(np.dtype(dtype).newbyteorder("<")), time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------
+# Output
+
+def check_output_dir(prefix):
+    """Fail early if the output directory (or its nearest existing ancestor,
+    which would hold the created directories) cannot take new files."""
+    directory = os.path.dirname(os.path.abspath(prefix))
+    probe = directory
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise UserError(f"output directory {directory} cannot be created: {probe} is not a directory")
+    try:
+        fd, name = tempfile.mkstemp(dir=probe, prefix=".bmt-probe-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        raise UserError(f"output directory {probe} is not writable: {e.strerror}") from e
+    if os.path.basename(prefix) == "":
+        raise UserError(f"output prefix {prefix} names a directory; give PREFIX as DIR/NAME")
+
+
+class AtomicWriter:
+    """Files written under temporary names, renamed together by commit()."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.pending = []   # (temporary path, final path)
+
+    def path_for(self, final):
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{os.path.basename(final)}.",
+                                   suffix=".tmp")
+        os.close(fd)
+        self.pending.append((tmp, final))
+        return tmp
+
+    def write_bytes(self, final, data):
+        with open(self.path_for(final), "wb") as f:
+            f.write(data)
+
+    def commit(self):
+        for tmp, final in self.pending:
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, final)
+        self.pending = []
+
+    def abort(self):
+        for tmp, _ in self.pending:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        self.pending = []
+
+
+def human_bytes(n):
+    for unit in ["B", "KiB", "MiB", "GiB"]:
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        error(f"{message} (see {self.prog} --help)")
+
+
+def main(argv=None):
+    parser = Parser(prog="bmt-prepare-data", description=__doc__.splitlines()[0])
+    parser.add_argument("--input", nargs="+", action="extend", required=True, metavar="PATH",
+                        help="text file or directory (repeatable)")
+    parser.add_argument("--split-on", metavar="LINE",
+                        help="a line consisting only of LINE separates documents "
+                             "(default: a blank line)")
+    tokenizer_group = parser.add_mutually_exclusive_group(required=True)
+    tokenizer_group.add_argument("--train-bpe", type=int, metavar="VOCAB_SIZE",
+                                 help="train a byte-level BPE with this vocabulary size")
+    tokenizer_group.add_argument("--tokenizer", metavar="FILE", help="an existing tokenizer.json")
+    tokenizer_group.add_argument("--hf-tokenizer", metavar="DIR",
+                                 help="a local transformers tokenizer directory")
+    parser.add_argument("--eos-token", help="end-of-text token (default: looked up by name)")
+    parser.add_argument("-o", "--output", required=True, metavar="PREFIX",
+                        help="writes PREFIX.{train,val}.{bin,json}")
+    parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    parser.add_argument("--val-fraction", type=float, default=0.05,
+                        help="fraction of documents for validation (default 0.05)")
+    parser.add_argument("--dtype", choices=["uint16", "uint32"],
+                        help="token id type (default: uint16 if the vocabulary fits)")
+    args = parser.parse_args(argv)
+
+    try:
+        return run(args)
+    except UserError as e:
+        error(str(e))
+
+
+def run(args):
+    if not 0.0 < args.val_fraction < 1.0:
+        raise UserError(f"--val-fraction must be between 0 and 1, got {args.val_fraction}")
+    if args.split_on is not None and (args.split_on.strip() == "" or "\n" in args.split_on):
+        raise UserError("--split-on needs a non-blank single line (the default splits on blank lines)")
+    if args.train_bpe is not None and args.train_bpe < 256 + len(BPE_SPECIALS):
+        raise UserError(f"--train-bpe {args.train_bpe} is too small: a byte-level BPE needs at "
+                        f"least 256 byte tokens + {len(BPE_SPECIALS)} special tokens = "
+                        f"{256 + len(BPE_SPECIALS)}")
+    check_output_dir(args.output)
+
+    # The tokenizer first when it is given, so a bad one fails before the reading.
+    tokenizer = None
+    if args.tokenizer:
+        tokenizer = load_tokenizer_file(args.tokenizer, args.eos_token)
+    elif args.hf_tokenizer:
+        tokenizer = load_hf_tokenizer(args.hf_tokenizer, args.eos_token)
+
+    start = time.perf_counter()
+    docs, used_files, num_files = read_documents(args.input, args.split_on)
+    print(f"read {len(docs)} documents from {used_files} of {num_files} files "
+          f"in {time.perf_counter() - start:.2f} s")
+    train, val = shuffle_split(docs, args.seed, args.val_fraction)
+
+    prefix = os.path.abspath(args.output)
+    out_dir = os.path.dirname(prefix)
+    tokenizer_json = None
+    if tokenizer is None:
+        start = time.perf_counter()
+        tok = train_bpe(train, args.train_bpe)
+        tokenizer_json = tok.to_str(pretty=True)   # before TokTokenizer changes its settings
+        tokenizer = TokTokenizer(tok, prefix + ".tokenizer.json", args.eos_token)
+        print(f"trained byte-level BPE: vocabulary {tok.get_vocab_size()} (asked {args.train_bpe}) "
+              f"on {len(train)} train documents in {time.perf_counter() - start:.2f} s")
+
+    dtype = args.dtype or ("uint16" if tokenizer.vocab_size <= 65536 else "uint32")
+    if dtype == "uint16" and tokenizer.vocab_size > 65536:
+        raise UserError(f"--dtype uint16 cannot hold a vocabulary of {tokenizer.vocab_size} ids")
+
+    splits = []
+    for name, split_docs in [("train", train), ("val", val)]:
+        ids, seconds = tokenize(tokenizer, split_docs, dtype, name)
+        splits.append((name, split_docs, ids, seconds))
+
+    os.makedirs(out_dir, exist_ok=True)
+    writer = AtomicWriter(out_dir)
+    try:
+        if tokenizer_json is not None:
+            writer.write_bytes(prefix + ".tokenizer.json", tokenizer_json.encode())
+        for name, split_docs, ids, _ in splits:
+            writer.write_bytes(f"{prefix}.{name}.bin", ids.tobytes())
+        for name, split_docs, ids, _ in splits:  # metadata last: it vouches for the .bin
+            meta = {
+                "format": FORMAT, "version": VERSION, "dtype": dtype,
+                "num_tokens": int(ids.size), "num_documents": len(split_docs),
+                "vocab_size": int(tokenizer.vocab_size), "eos_id": int(tokenizer.eos_id),
+                "mask_id": None if tokenizer.mask_id is None else int(tokenizer.mask_id),
+                "pad_id": None if tokenizer.pad_id is None else int(tokenizer.pad_id),
+                "tokenizer": tokenizer.path,
+                "source": [os.path.abspath(p) for p in args.input],
+            }
+            writer.write_bytes(f"{prefix}.{name}.json", (json.dumps(meta, indent=2) + "\n").encode())
+        writer.commit()
+    except OSError as e:
+        writer.abort()
+        raise UserError(f"cannot write {args.output}.*: {e.strerror or e}") from e
+    except BaseException:
+        writer.abort()
+        raise
+
+    for name, split_docs, ids, seconds in splits:
+        rate = ids.size / seconds if seconds > 0 else float("inf")
+        print(f"{name}: {len(split_docs)} documents, {ids.size} tokens "
+              f"({ids.size / len(split_docs):.1f}/document), tokenized at {rate / 1e6:.2f} M tokens/s "
+              f"-> {args.output}.{name}.bin ({dtype}, {human_bytes(ids.size * ids.itemsize)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
