@@ -1,13 +1,16 @@
 //===- bmt-opt.cpp - the bmt compiler driver ------------------------------===//
 //
-// Behaves like mlir-opt, with one addition: an input that is a PyTorch
-// archive (a zip: TorchScript `.pt`) is first imported into the bmt dialect.
+// Behaves like mlir-opt, with two additions: an input that is a PyTorch
+// archive (a zip: TorchScript `.pt`) is first imported into the bmt dialect,
+// and an output ending in `.pt` is written as a sharded.pt archive (the
+// runtime plan, the program and the weights) instead of MLIR text.
 // Everything else (--pass-pipeline, --mlir-print-ir-after-all,
 // --verify-diagnostics, --split-input-file, -o) is MlirOptMain's.
 //
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Export/ShardedArchive.h"
 #include "bmt/Import/TorchScript.h"
 #include "bmt/Passes.h"
 
@@ -15,6 +18,7 @@
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/OperationSupport.h"
+#include "mlir/Parser/Parser.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
@@ -85,6 +89,29 @@ int main(int argc, char **argv) {
       llvm::errs() << "error: " << errorMessage << "\n";
       return 1;
     }
+  }
+
+  // `-o sharded.pt`: run the passes, then export the result as an archive.
+  if (isArchiveInput(outputFilename) && outputFilename != "-") {
+    if (!config.inputSplitMarker().empty())
+      return llvm::errs() << "error: --split-input-file cannot write an archive\n", 1;
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    if (failed(MlirOptMain(os, std::move(input), registry, config)))
+      return 1;
+    MLIRContext context(registry);
+    ScopedDiagnosticHandler handler(&context, printImportDiagnostic);
+    OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(text, &context);
+    if (!module)
+      return 1;
+    bmt::ExportStats stats;
+    if (failed(bmt::exportShardedArchive(*module, outputFilename, text, &stats)))
+      return 1;
+    llvm::errs() << "wrote " << outputFilename << ": " << stats.numTensors
+                 << " tensors (" << stats.weightBytes << " bytes), "
+                 << stats.numFunctions << " functions, " << stats.numInstructions
+                 << " instructions\n";
+    return 0;
   }
 
   std::unique_ptr<llvm::ToolOutputFile> output =

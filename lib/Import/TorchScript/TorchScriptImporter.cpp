@@ -821,7 +821,10 @@ OwningOpRef<ModuleOp> TorchScriptImporter::run(const jit::Module &root) {
   Location loc = FileLineColLoc::get(&context, path, 0, 0);
   OwningOpRef<ModuleOp> owned = ModuleOp::create(loc);
   moduleOp = *owned;
-  moduleOp->setAttr("bmt.source", builder.getStringAttr(path));
+  // Absolute, so that the exporter finds the weights from anywhere.
+  llvm::SmallString<256> absolute(path);
+  llvm::sys::fs::make_absolute(absolute);
+  moduleOp->setAttr("bmt.source", builder.getStringAttr(absolute));
   moduleOp->setAttr("bmt.source_format", builder.getStringAttr("torchscript"));
   globalsBlock = moduleOp.getBody();
   collectGlobals(root);

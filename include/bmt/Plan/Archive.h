@@ -1,0 +1,70 @@
+//===- Archive.h - read and write sharded.pt --------------------*- C++ -*-===//
+//
+// sharded.pt is a PyTorch zip container (caffe2::serialize::
+// PyTorchStreamWriter: records 64-byte aligned, uncompressed, mmap-able)
+// holding:
+//   bmt/version       "bmt-sharded <kPlanFormatVersion>\n"
+//   bmt/program.mlir  the compiled program as MLIR text (bmt-opt reads it back)
+//   bmt/plan.pkl      the plan (Plan.h), torch::jit::pickle_save format
+//   bmt/weights/<i>   raw bytes of tensor i of the plan (little-endian,
+//                     row-major), at the offset the plan gives
+// docs/sharded-format.md describes it for readers outside bmt.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BMT_PLAN_ARCHIVE_H
+#define BMT_PLAN_ARCHIVE_H
+
+#include "bmt/Plan/Plan.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace caffe2::serialize {
+class PyTorchStreamReader;
+} // namespace caffe2::serialize
+
+namespace bmt::plan {
+
+/// Writes `plan`, `programText` and the weights to `path` atomically: the
+/// archive is written to a temporary file beside `path` and renamed, so a
+/// failure leaves no file. `weightOf(i)` returns tensor i's value (any
+/// device, any layout; converted to contiguous CPU bytes of the plan's dtype
+/// and shape, which must match: a mismatch throws PlanError). Sets each
+/// TensorInfo's record and offset. Throws PlanError (or c10::Error from
+/// LibTorch) on failure.
+void writeArchive(const std::string &path, Plan &plan,
+                  const std::string &programText,
+                  const std::function<at::Tensor(size_t)> &weightOf);
+
+/// An opened sharded.pt. Construction reads and checks the version record
+/// and the plan; it throws PlanError naming the file for: a missing file, a
+/// file that is not a bmt archive, another format version, a corrupt plan.
+class Archive {
+public:
+  explicit Archive(const std::string &path);
+  ~Archive();
+
+  const Plan &plan() const { return plan_; }
+  const std::string &path() const { return path_; }
+  /// The compiled program as MLIR text.
+  std::string programText();
+  /// Reads tensor `index` of the plan into a new CPU tensor (its dtype and
+  /// shape). Throws PlanError if the record is missing or too short.
+  at::Tensor readTensor(size_t index);
+  /// Bytes read from the file by readTensor so far.
+  int64_t bytesRead() const { return bytesRead_; }
+
+private:
+  std::string path_;
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader_;
+  Plan plan_;
+  int64_t bytesRead_ = 0;
+};
+
+} // namespace bmt::plan
+
+#endif // BMT_PLAN_ARCHIVE_H

@@ -1,0 +1,328 @@
+//===- ShardedArchive.cpp - bmt IR -> plan + weights -> sharded.pt --------===//
+//
+// Numbers every SSA value of a function as a register (block arguments
+// first, then op results in order), turns each op into a plan instruction,
+// converts constant attributes to IValues, and writes the archive with the
+// weights of the source model.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bmt/Export/ShardedArchive.h"
+
+#include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Plan/Archive.h"
+#include "bmt/Plan/Plan.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/Diagnostics.h"
+#include "llvm/ADT/DenseMap.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
+
+#include <map>
+
+using namespace mlir;
+namespace plan = bmt::plan;
+
+namespace {
+
+/// An export failure at an op; caught once in exportShardedArchive.
+struct ExportError {
+  Location loc;
+  std::string message;
+};
+
+std::string locationString(Location loc) {
+  if (auto flc = dyn_cast<FileLineColLoc>(loc))
+    return flc.getFilename().str() + ":" + std::to_string(flc.getLine()) + ":" +
+           std::to_string(flc.getColumn());
+  return "";
+}
+
+c10::ScalarType scalarTypeOf(Type t, Location loc) {
+  if (t.isF32()) return c10::ScalarType::Float;
+  if (t.isF16()) return c10::ScalarType::Half;
+  if (t.isBF16()) return c10::ScalarType::BFloat16;
+  if (t.isF64()) return c10::ScalarType::Double;
+  if (t.isSignlessInteger(64)) return c10::ScalarType::Long;
+  if (t.isSignlessInteger(32)) return c10::ScalarType::Int;
+  if (t.isSignlessInteger(16)) return c10::ScalarType::Short;
+  if (t.isSignlessInteger(8)) return c10::ScalarType::Char;
+  if (t.isUnsignedInteger(8)) return c10::ScalarType::Byte;
+  if (t.isSignlessInteger(1)) return c10::ScalarType::Bool;
+  std::string name;
+  llvm::raw_string_ostream os(name);
+  os << t;
+  throw ExportError{loc, "element type " + name + " has no PyTorch dtype"};
+}
+
+at::Tensor tensorOf(DenseElementsAttr attr, Location loc) {
+  auto type = cast<RankedTensorType>(attr.getType());
+  c10::ScalarType dtype = scalarTypeOf(type.getElementType(), loc);
+  std::vector<int64_t> shape(type.getShape().begin(), type.getShape().end());
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(dtype));
+  if (dtype == c10::ScalarType::Bool) {
+    bool *data = out.data_ptr<bool>();
+    int64_t i = 0;
+    for (bool b : attr.getValues<bool>())
+      data[i++] = b;
+    return out;
+  }
+  ArrayRef<char> raw = attr.getRawData();
+  size_t elementBytes = c10::elementSize(dtype);
+  if (attr.isSplat()) {
+    // One element stored; repeat it.
+    for (int64_t i = 0; i < out.numel(); ++i)
+      std::memcpy(static_cast<char *>(out.data_ptr()) + i * elementBytes,
+                  raw.data(), elementBytes);
+  } else {
+    std::memcpy(out.data_ptr(), raw.data(), out.nbytes());
+  }
+  return out;
+}
+
+c10::IValue constantOf(Attribute attr, Location loc) {
+  if (isa<bmt::NoneAttr>(attr))
+    return c10::IValue();
+  if (auto b = dyn_cast<BoolAttr>(attr))
+    return b.getValue();
+  if (auto i = dyn_cast<IntegerAttr>(attr)) {
+    if (i.getType().isInteger(1))
+      return i.getValue().getBoolValue();
+    return i.getValue().getSExtValue();
+  }
+  if (auto f = dyn_cast<FloatAttr>(attr))
+    return f.getValueAsDouble();
+  if (auto s = dyn_cast<StringAttr>(attr))
+    return s.getValue().str();
+  if (auto d = dyn_cast<bmt::DeviceAttr>(attr))
+    return c10::Device(d.getName().str());
+  if (auto e = dyn_cast<DenseElementsAttr>(attr))
+    return tensorOf(e, loc);
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << attr;
+  throw ExportError{loc, "constant " + text + " cannot be put in a plan"};
+}
+
+class PlanBuilder {
+public:
+  explicit PlanBuilder(ModuleOp module) : module(module) {}
+
+  plan::Plan build() {
+    plan::Plan p;
+    if (auto source = module->getAttrOfType<StringAttr>("bmt.source"))
+      p.source = source.str();
+    for (Operation &op : module.getBody()->getOperations()) {
+      if (auto param = dyn_cast<bmt::ParameterOp>(op))
+        addTensor(p, op, param.getSymName(), cast<RankedTensorType>(param.getType()),
+                  param.getAliases(), /*isParameter=*/true, param.getRequiresGrad());
+      else if (auto buffer = dyn_cast<bmt::BufferOp>(op))
+        addTensor(p, op, buffer.getSymName(), cast<RankedTensorType>(buffer.getType()),
+                  buffer.getAliases(), /*isParameter=*/false, /*requiresGrad=*/false);
+    }
+    // Function indices: the entry ("forward") first, then module order.
+    SmallVector<func::FuncOp> funcs;
+    if (auto entry = module.lookupSymbol<func::FuncOp>("forward"))
+      funcs.push_back(entry);
+    else
+      throw ExportError{module.getLoc(), "the module has no 'forward' function"};
+    for (auto f : module.getOps<func::FuncOp>())
+      if (f.getSymName() != "forward")
+        funcs.push_back(f);
+    for (size_t i = 0; i < funcs.size(); ++i)
+      functionIndex[funcs[i].getSymName()] = static_cast<int64_t>(i);
+    for (func::FuncOp f : funcs)
+      p.functions.push_back(buildFunction(f));
+    p.entry = 0;
+    if (auto type = funcs[0]->getAttrOfType<StringAttr>("bmt.module_type"))
+      p.modelType = type.str();
+    p.objective = plan::objectiveForModelType(p.modelType);
+    return p;
+  }
+
+private:
+  void addTensor(plan::Plan &p, Operation &op, StringRef name, RankedTensorType type,
+                 std::optional<ArrayAttr> aliases, bool isParameter, bool requiresGrad) {
+    plan::TensorInfo t;
+    t.name = name.str();
+    if (aliases)
+      for (Attribute a : *aliases)
+        t.aliases.push_back(cast<StringAttr>(a).str());
+    t.isParameter = isParameter;
+    t.requiresGrad = requiresGrad;
+    t.dtype = scalarTypeOf(type.getElementType(), op.getLoc());
+    t.shape.assign(type.getShape().begin(), type.getShape().end());
+    tensorIndex[name] = static_cast<int64_t>(p.tensors.size());
+    p.tensors.push_back(std::move(t));
+  }
+
+  plan::Arg argOf(Attribute attr, OperandRange::iterator &nextOperand,
+                  Location loc) {
+    if (isa<bmt::OperandAttr>(attr))
+      return plan::Arg::ofRegister(reg(*nextOperand++));
+    if (auto list = dyn_cast<ArrayAttr>(attr)) {
+      plan::Arg a;
+      a.kind = plan::Arg::Kind::List;
+      for (Attribute e : list)
+        a.elements.push_back(argOf(e, nextOperand, loc));
+      return a;
+    }
+    return plan::Arg::ofConstant(constantOf(attr, loc));
+  }
+
+  int64_t reg(Value v) {
+    auto it = registers.find(v);
+    if (it == registers.end()) {
+      int64_t r = static_cast<int64_t>(registers.size());
+      registers[v] = r;
+      return r;
+    }
+    return it->second;
+  }
+
+  std::vector<int64_t> regs(ValueRange values) {
+    std::vector<int64_t> out;
+    for (Value v : values)
+      out.push_back(reg(v));
+    return out;
+  }
+
+  plan::Function buildFunction(func::FuncOp f) {
+    registers.clear();
+    plan::Function out;
+    out.name = f.getSymName().str();
+    if (auto path = f->getAttrOfType<StringAttr>("bmt.module_path"))
+      out.modulePath = path.str();
+    if (f.getBody().getBlocks().size() != 1)
+      throw ExportError{f.getLoc(), "function " + out.name + " must have one block"};
+    Block &body = f.getBody().front();
+    out.params = regs(body.getArguments());
+    for (unsigned i = 0; i < f.getNumArguments(); ++i) {
+      auto name = f.getArgAttrOfType<StringAttr>(i, "bmt.name");
+      out.paramNames.push_back(name ? name.str() : "");
+    }
+    for (unsigned i = 0; i < f.getNumResults(); ++i) {
+      auto name = f.getResultAttrOfType<StringAttr>(i, "bmt.name");
+      out.resultNames.push_back(name ? name.str() : "");
+    }
+    for (Operation &op : body.getOperations()) {
+      plan::Instruction inst;
+      inst.location = locationString(op.getLoc());
+      if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+        out.returns = regs(ret.getOperands());
+        continue;
+      }
+      if (auto aten = dyn_cast<bmt::AtenOp>(op)) {
+        inst.kind = plan::Instruction::Kind::Aten;
+        inst.op = aten.getName().str();
+        OperandRange::iterator next = aten.getOperands().begin();
+        for (Attribute a : aten.getArgs())
+          inst.args.push_back(argOf(a, next, op.getLoc()));
+      } else if (auto call = dyn_cast<func::CallOp>(op)) {
+        inst.kind = plan::Instruction::Kind::Call;
+        auto it = functionIndex.find(call.getCallee());
+        if (it == functionIndex.end())
+          throw ExportError{op.getLoc(), "call of unknown function " + call.getCallee().str()};
+        inst.target = it->second;
+        for (Value v : call.getOperands())
+          inst.args.push_back(plan::Arg::ofRegister(reg(v)));
+      } else if (auto global = dyn_cast<bmt::GetGlobalOp>(op)) {
+        inst.kind = plan::Instruction::Kind::Global;
+        auto it = tensorIndex.find(global.getGlobal());
+        if (it == tensorIndex.end())
+          throw ExportError{op.getLoc(), "unknown global " + global.getGlobal().str()};
+        inst.target = it->second;
+      } else if (auto constant = dyn_cast<bmt::ConstantOp>(op)) {
+        inst.kind = plan::Instruction::Kind::Constant;
+        inst.args.push_back(plan::Arg::ofConstant(constantOf(constant.getValue(), op.getLoc())));
+      } else if (auto n = dyn_cast<bmt::NumToTensorOp>(op)) {
+        inst.kind = plan::Instruction::Kind::NumToTensor;
+        inst.args.push_back(plan::Arg::ofRegister(reg(n.getInput())));
+      } else {
+        throw ExportError{op.getLoc(), "op '" + op.getName().getStringRef().str() +
+                                           "' cannot be put in a runtime plan"};
+      }
+      inst.results = regs(op.getResults());
+      out.body.push_back(std::move(inst));
+    }
+    out.numRegisters = static_cast<int64_t>(registers.size());
+    return out;
+  }
+
+  ModuleOp module;
+  llvm::DenseMap<Value, int64_t> registers;
+  llvm::StringMap<int64_t> tensorIndex;
+  llvm::StringMap<int64_t> functionIndex;
+};
+
+/// Every tensor of a TorchScript archive by dotted name: parameters,
+/// buffers and plain tensor attributes of all submodules.
+std::map<std::string, at::Tensor> loadTorchScriptTensors(const std::string &path) {
+  std::map<std::string, at::Tensor> out;
+  torch::jit::Module root = torch::jit::load(path);
+  for (const auto &p : root.named_parameters(/*recurse=*/true))
+    out[p.name] = p.value;
+  for (const auto &b : root.named_buffers(/*recurse=*/true))
+    out[b.name] = b.value;
+  for (const auto &a : root.named_attributes(/*recurse=*/true))
+    if (a.value.isTensor() && !out.count(a.name))
+      out[a.name] = a.value.toTensor();
+  return out;
+}
+
+} // namespace
+
+LogicalResult bmt::exportShardedArchive(ModuleOp module, llvm::StringRef path,
+                                        llvm::StringRef programText,
+                                        ExportStats *stats) {
+  try {
+    plan::Plan p = PlanBuilder(module).build();
+    auto format = module->getAttrOfType<StringAttr>("bmt.source_format");
+    if (p.source.empty() || !format)
+      throw ExportError{module.getLoc(),
+                        "the module names no source model (bmt.source) to take the weights from"};
+    if (format.getValue() != "torchscript")
+      throw ExportError{module.getLoc(), "weights of source format '" + format.str() +
+                                             "' cannot be read yet"};
+    std::map<std::string, at::Tensor> weights;
+    try {
+      weights = loadTorchScriptTensors(p.source);
+    } catch (const c10::Error &e) {
+      std::string what = e.what_without_backtrace();
+      throw ExportError{module.getLoc(), "cannot read the weights from " + p.source +
+                                             ": " + what.substr(0, what.find('\n'))};
+    }
+    auto weightOf = [&](size_t i) -> at::Tensor {
+      const plan::TensorInfo &info = p.tensors[i];
+      auto it = weights.find(info.name);
+      if (it == weights.end())
+        throw plan::PlanError("the source model " + p.source + " has no tensor " + info.name);
+      return it->second;
+    };
+    plan::writeArchive(path.str(), p, programText.str(), weightOf);
+    if (stats) {
+      stats->numTensors = static_cast<int64_t>(p.tensors.size());
+      for (const auto &t : p.tensors)
+        stats->weightBytes += t.nbytes();
+      stats->numFunctions = static_cast<int64_t>(p.functions.size());
+      for (const auto &f : p.functions)
+        stats->numInstructions += static_cast<int64_t>(f.body.size());
+    }
+    return success();
+  } catch (const ExportError &e) {
+    emitError(e.loc) << path << ": " << e.message;
+  } catch (const plan::PlanError &e) {
+    emitError(module.getLoc()) << path << ": " << e.what();
+  } catch (const c10::Error &e) {
+    std::string what = e.what_without_backtrace();
+    emitError(module.getLoc()) << path << ": " << what.substr(0, what.find('\n'));
+  } catch (const std::exception &e) {
+    emitError(module.getLoc()) << path << ": " << e.what();
+  }
+  return failure();
+}

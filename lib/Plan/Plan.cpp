@@ -1,0 +1,367 @@
+//===- Plan.cpp - Plan <-> IValue -----------------------------------------===//
+//
+// Encoding (read by docs/sharded-format.md's readers too):
+//   plan       dict  {version, source, model_type, objective, entry, tensors, functions}
+//   tensor     dict  {name, aliases, is_parameter, requires_grad, dtype, shape, record, offset}
+//   function   dict  {name, module_path, num_registers, params, returns,
+//                     param_names, result_names, body}
+//   instruction tuple (kind, op, args, target, results, location)
+//   arg        tuple ("r", register) | ("c", constant) | ("l", [arg, ...])
+//
+//===----------------------------------------------------------------------===//
+
+#include "bmt/Plan/Plan.h"
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
+#include <c10/util/irange.h>
+
+#include <map>
+
+using c10::IValue;
+
+namespace bmt::plan {
+
+namespace {
+
+const std::map<c10::ScalarType, std::string> &dtypeNames() {
+  static const std::map<c10::ScalarType, std::string> names = {
+      {c10::ScalarType::Float, "float32"},   {c10::ScalarType::Half, "float16"},
+      {c10::ScalarType::BFloat16, "bfloat16"}, {c10::ScalarType::Double, "float64"},
+      {c10::ScalarType::Long, "int64"},      {c10::ScalarType::Int, "int32"},
+      {c10::ScalarType::Short, "int16"},     {c10::ScalarType::Char, "int8"},
+      {c10::ScalarType::Byte, "uint8"},      {c10::ScalarType::Bool, "bool"}};
+  return names;
+}
+
+std::string dtypeName(c10::ScalarType t) {
+  auto it = dtypeNames().find(t);
+  if (it == dtypeNames().end())
+    throw PlanError(std::string("plan: unsupported dtype ") + c10::toString(t));
+  return it->second;
+}
+
+c10::ScalarType dtypeFromName(const std::string &name) {
+  for (const auto &[type, n] : dtypeNames())
+    if (n == name)
+      return type;
+  throw PlanError("plan: unknown dtype '" + name + "'");
+}
+
+c10::impl::GenericList anyList() { return c10::impl::GenericList(c10::AnyType::get()); }
+
+template <typename T> IValue listOf(const std::vector<T> &values) {
+  c10::impl::GenericList list = anyList();
+  for (const T &v : values)
+    list.push_back(IValue(v));
+  return list;
+}
+
+// --- decoding helpers: every mismatch is a PlanError naming the field. ------
+
+const IValue &field(const c10::impl::GenericDict &dict, const char *key) {
+  auto it = dict.find(IValue(std::string(key)));
+  if (it == dict.end())
+    throw PlanError(std::string("plan: missing field '") + key + "'");
+  return it->value();
+}
+
+c10::impl::GenericDict asDict(const IValue &v, const char *what) {
+  if (!v.isGenericDict())
+    throw PlanError(std::string("plan: ") + what + " is not a dict");
+  return v.toGenericDict();
+}
+
+std::vector<IValue> asList(const IValue &v, const char *what) {
+  if (!v.isList())
+    throw PlanError(std::string("plan: ") + what + " is not a list");
+  std::vector<IValue> out;
+  for (const IValue &e : v.toListRef())
+    out.push_back(e);
+  return out;
+}
+
+int64_t asInt(const IValue &v, const char *what) {
+  if (!v.isInt())
+    throw PlanError(std::string("plan: ") + what + " is not an int");
+  return v.toInt();
+}
+
+std::string asString(const IValue &v, const char *what) {
+  if (!v.isString())
+    throw PlanError(std::string("plan: ") + what + " is not a string");
+  return v.toStringRef();
+}
+
+bool asBool(const IValue &v, const char *what) {
+  if (!v.isBool())
+    throw PlanError(std::string("plan: ") + what + " is not a bool");
+  return v.toBool();
+}
+
+std::vector<int64_t> asInts(const IValue &v, const char *what) {
+  std::vector<int64_t> out;
+  for (const IValue &e : asList(v, what))
+    out.push_back(asInt(e, what));
+  return out;
+}
+
+std::vector<std::string> asStrings(const IValue &v, const char *what) {
+  std::vector<std::string> out;
+  for (const IValue &e : asList(v, what))
+    out.push_back(asString(e, what));
+  return out;
+}
+
+// --- args and instructions --------------------------------------------------
+
+IValue encodeArg(const Arg &arg) {
+  switch (arg.kind) {
+  case Arg::Kind::Register:
+    return c10::ivalue::Tuple::create({IValue("r"), IValue(arg.reg)});
+  case Arg::Kind::Constant:
+    return c10::ivalue::Tuple::create({IValue("c"), arg.constant});
+  case Arg::Kind::List: {
+    c10::impl::GenericList elements = anyList();
+    for (const Arg &e : arg.elements)
+      elements.push_back(encodeArg(e));
+    return c10::ivalue::Tuple::create({IValue("l"), IValue(elements)});
+  }
+  }
+  throw PlanError("plan: bad argument kind");
+}
+
+Arg decodeArg(const IValue &v) {
+  if (!v.isTuple() || v.toTupleRef().elements().size() != 2)
+    throw PlanError("plan: an instruction argument is not a (kind, value) pair");
+  const auto &elements = v.toTupleRef().elements();
+  std::string kind = asString(elements[0], "argument kind");
+  if (kind == "r")
+    return Arg::ofRegister(asInt(elements[1], "register"));
+  if (kind == "c")
+    return Arg::ofConstant(elements[1]);
+  if (kind == "l") {
+    Arg list;
+    list.kind = Arg::Kind::List;
+    for (const IValue &e : asList(elements[1], "list argument"))
+      list.elements.push_back(decodeArg(e));
+    return list;
+  }
+  throw PlanError("plan: unknown argument kind '" + kind + "'");
+}
+
+const char *kindName(Instruction::Kind kind) {
+  switch (kind) {
+  case Instruction::Kind::Aten: return "aten";
+  case Instruction::Kind::Call: return "call";
+  case Instruction::Kind::Global: return "global";
+  case Instruction::Kind::Constant: return "constant";
+  case Instruction::Kind::NumToTensor: return "num_to_tensor";
+  }
+  return "?";
+}
+
+Instruction::Kind kindFromName(const std::string &name) {
+  for (auto kind : {Instruction::Kind::Aten, Instruction::Kind::Call,
+                    Instruction::Kind::Global, Instruction::Kind::Constant,
+                    Instruction::Kind::NumToTensor})
+    if (name == kindName(kind))
+      return kind;
+  throw PlanError("plan: unknown instruction kind '" + name + "'");
+}
+
+} // namespace
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+int64_t TensorInfo::nbytes() const {
+  return numel() * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+Arg Arg::ofRegister(int64_t r) {
+  Arg a;
+  a.kind = Kind::Register;
+  a.reg = r;
+  return a;
+}
+
+Arg Arg::ofConstant(IValue v) {
+  Arg a;
+  a.kind = Kind::Constant;
+  a.constant = std::move(v);
+  return a;
+}
+
+int64_t Plan::findTensor(const std::string &name) const {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].name == name)
+      return static_cast<int64_t>(i);
+    for (const std::string &alias : tensors[i].aliases)
+      if (alias == name)
+        return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+std::string objectiveForModelType(const std::string &modelType) {
+  if (modelType.find("ForMaskedLM") != std::string::npos ||
+      modelType.find("ForPreTraining") != std::string::npos)
+    return "masked-lm";
+  return "causal-lm";
+}
+
+IValue toIValue(const Plan &plan) {
+  c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
+  root.insert("version", plan.version);
+  root.insert("source", plan.source);
+  root.insert("model_type", plan.modelType);
+  root.insert("objective", plan.objective);
+  root.insert("entry", plan.entry);
+
+  c10::impl::GenericList tensors = anyList();
+  for (const TensorInfo &t : plan.tensors) {
+    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+    d.insert("name", t.name);
+    d.insert("aliases", listOf(t.aliases));
+    d.insert("is_parameter", t.isParameter);
+    d.insert("requires_grad", t.requiresGrad);
+    d.insert("dtype", dtypeName(t.dtype));
+    d.insert("shape", listOf(t.shape));
+    d.insert("record", t.record);
+    d.insert("offset", t.offset);
+    tensors.push_back(d);
+  }
+  root.insert("tensors", tensors);
+
+  c10::impl::GenericList functions = anyList();
+  for (const Function &f : plan.functions) {
+    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+    d.insert("name", f.name);
+    d.insert("module_path", f.modulePath);
+    d.insert("num_registers", f.numRegisters);
+    d.insert("params", listOf(f.params));
+    d.insert("returns", listOf(f.returns));
+    d.insert("param_names", listOf(f.paramNames));
+    d.insert("result_names", listOf(f.resultNames));
+    c10::impl::GenericList body = anyList();
+    for (const Instruction &inst : f.body) {
+      c10::impl::GenericList args = anyList();
+      for (const Arg &a : inst.args)
+        args.push_back(encodeArg(a));
+      body.push_back(c10::ivalue::Tuple::create(
+          {IValue(kindName(inst.kind)), IValue(inst.op), IValue(args),
+           IValue(inst.target), listOf(inst.results), IValue(inst.location)}));
+    }
+    d.insert("body", body);
+    functions.push_back(d);
+  }
+  root.insert("functions", functions);
+  return root;
+}
+
+Plan fromIValue(const IValue &value) {
+  c10::impl::GenericDict root = asDict(value, "the plan");
+  Plan plan;
+  plan.version = asInt(field(root, "version"), "version");
+  if (plan.version != kPlanFormatVersion)
+    throw PlanError("plan format version " + std::to_string(plan.version) +
+                    " is not supported (this bmt reads version " +
+                    std::to_string(kPlanFormatVersion) + ")");
+  plan.source = asString(field(root, "source"), "source");
+  plan.modelType = asString(field(root, "model_type"), "model_type");
+  plan.objective = asString(field(root, "objective"), "objective");
+  plan.entry = asInt(field(root, "entry"), "entry");
+
+  for (const IValue &tv : asList(field(root, "tensors"), "tensors")) {
+    c10::impl::GenericDict d = asDict(tv, "a tensor");
+    TensorInfo t;
+    t.name = asString(field(d, "name"), "tensor name");
+    t.aliases = asStrings(field(d, "aliases"), "tensor aliases");
+    t.isParameter = asBool(field(d, "is_parameter"), "is_parameter");
+    t.requiresGrad = asBool(field(d, "requires_grad"), "requires_grad");
+    t.dtype = dtypeFromName(asString(field(d, "dtype"), "dtype"));
+    t.shape = asInts(field(d, "shape"), "shape");
+    for (int64_t dim : t.shape)
+      if (dim < 0)
+        throw PlanError("plan: tensor " + t.name + " has a negative dimension");
+    t.record = asString(field(d, "record"), "record");
+    t.offset = asInt(field(d, "offset"), "offset");
+    plan.tensors.push_back(std::move(t));
+  }
+
+  for (const IValue &fv : asList(field(root, "functions"), "functions")) {
+    c10::impl::GenericDict d = asDict(fv, "a function");
+    Function f;
+    f.name = asString(field(d, "name"), "function name");
+    f.modulePath = asString(field(d, "module_path"), "module_path");
+    f.numRegisters = asInt(field(d, "num_registers"), "num_registers");
+    f.params = asInts(field(d, "params"), "params");
+    f.returns = asInts(field(d, "returns"), "returns");
+    f.paramNames = asStrings(field(d, "param_names"), "param_names");
+    f.resultNames = asStrings(field(d, "result_names"), "result_names");
+    for (const IValue &iv : asList(field(d, "body"), "body")) {
+      if (!iv.isTuple() || iv.toTupleRef().elements().size() != 6)
+        throw PlanError("plan: an instruction of " + f.name + " is malformed");
+      const auto &e = iv.toTupleRef().elements();
+      Instruction inst;
+      inst.kind = kindFromName(asString(e[0], "instruction kind"));
+      inst.op = asString(e[1], "instruction op");
+      for (const IValue &a : asList(e[2], "instruction args"))
+        inst.args.push_back(decodeArg(a));
+      inst.target = asInt(e[3], "instruction target");
+      inst.results = asInts(e[4], "instruction results");
+      inst.location = asString(e[5], "instruction location");
+      f.body.push_back(std::move(inst));
+    }
+    plan.functions.push_back(std::move(f));
+  }
+
+  // Structural checks, so that the executor can index without checking.
+  int64_t numFunctions = static_cast<int64_t>(plan.functions.size());
+  int64_t numTensors = static_cast<int64_t>(plan.tensors.size());
+  if (plan.entry < 0 || plan.entry >= numFunctions)
+    throw PlanError("plan: entry function index out of range");
+  auto checkReg = [](const Function &f, int64_t r) {
+    if (r < 0 || r >= f.numRegisters)
+      throw PlanError("plan: register " + std::to_string(r) +
+                      " out of range in " + f.name);
+  };
+  std::function<void(const Function &, const Arg &)> checkArg =
+      [&](const Function &f, const Arg &a) {
+        if (a.kind == Arg::Kind::Register)
+          checkReg(f, a.reg);
+        for (const Arg &e : a.elements)
+          checkArg(f, e);
+      };
+  for (const Function &f : plan.functions) {
+    for (int64_t r : f.params)
+      checkReg(f, r);
+    for (int64_t r : f.returns)
+      checkReg(f, r);
+    for (const Instruction &inst : f.body) {
+      for (int64_t r : inst.results)
+        checkReg(f, r);
+      for (const Arg &a : inst.args)
+        checkArg(f, a);
+      if (inst.kind == Instruction::Kind::Call &&
+          (inst.target < 0 || inst.target >= numFunctions))
+        throw PlanError("plan: call target out of range in " + f.name);
+      if (inst.kind == Instruction::Kind::Global &&
+          (inst.target < 0 || inst.target >= numTensors))
+        throw PlanError("plan: tensor index out of range in " + f.name);
+      if ((inst.kind == Instruction::Kind::Global ||
+           inst.kind == Instruction::Kind::Constant ||
+           inst.kind == Instruction::Kind::NumToTensor) &&
+          inst.results.size() != 1)
+        throw PlanError("plan: malformed instruction in " + f.name);
+    }
+  }
+  return plan;
+}
+
+} // namespace bmt::plan
