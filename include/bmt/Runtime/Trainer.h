@@ -1,0 +1,88 @@
+//===- Trainer.h - the training and evaluation loops ------------*- C++ -*-===//
+
+#ifndef BMT_RUNTIME_TRAINER_H
+#define BMT_RUNTIME_TRAINER_H
+
+#include "bmt/Runtime/LRSchedule.h"
+#include "bmt/Runtime/Model.h"
+#include "bmt/Runtime/Optimizer.h"
+#include "bmt/Runtime/TokenData.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+namespace bmt::runtime {
+
+/// Training must stop: a NaN/inf loss, a bad batch. The message names the step.
+class TrainingError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TrainConfig {
+  int64_t steps = 1;
+  int64_t gradAccum = 1;   ///< micro-batches per optimizer step
+  LRScheduleConfig schedule;
+  AdamWConfig adamw;
+  double clipGrad = 1.0;   ///< max global grad norm; 0 = no clipping
+  bool maskedLM = false;   ///< objective: masked-LM (else causal-LM)
+  int64_t maskId = -1;     ///< masked-LM: the [MASK] token id
+  int64_t vocabSize = 0;   ///< masked-LM: random replacements are drawn from [0, vocabSize)
+  double maskProb = 0.15;
+  uint64_t seed = 0;
+  int64_t evalEvery = 0;   ///< evaluate every N steps; 0 = after the last only
+  int64_t evalBatches = 0; ///< batches per evaluation; 0 = the whole file
+  int64_t logEvery = 1;    ///< human line every N steps (JSON: every step)
+};
+
+/// Loss and perplexity over held-out data.
+struct EvalResult {
+  double loss = 0;       ///< mean cross-entropy per predicted token (nats)
+  double perplexity = 0; ///< exp(loss)
+  int64_t tokens = 0;    ///< predicted tokens
+};
+
+/// Runs the optimizer loop on `model`: for each step, gradAccum micro-batches
+/// from `nextMicroBatch` (int64 [batch, seq + 1] token windows: the model
+/// reads the first seq tokens; causal-LM predicts tokens 1..seq, masked-LM
+/// the masked ones of the first seq), AdamW, the LR schedule, clipping.
+/// Prints one line per logEvery steps to `out` and a JSON line per step and
+/// per evaluation to `jsonLog` (when given). Evaluates on `evalData` (when
+/// given) every evalEvery steps and after the last step.
+/// Throws TrainingError when a loss is not finite, naming the step.
+class Trainer {
+public:
+  Trainer(Model &model, TrainConfig config, std::ostream &out, std::ostream *jsonLog);
+
+  void train(const std::function<at::Tensor()> &nextMicroBatch,
+             const TokenFile *evalData, int64_t seqLen, int64_t microBatch);
+
+  /// Loss of the model on `data` in sequential windows [microBatch, seqLen+1]
+  /// (at most maxBatches; 0 = all), without gradients.
+  EvalResult evaluate(const TokenFile &data, int64_t seqLen, int64_t microBatch,
+                      int64_t maxBatches);
+
+  /// The losses of every step so far (mean over its micro-batches).
+  const std::vector<double> &losses() const { return losses_; }
+
+private:
+  /// Loss of one micro-batch window, forward only (grad mode decides autograd).
+  std::pair<at::Tensor, int64_t> microBatchLoss(const at::Tensor &window,
+                                                std::mt19937_64 &rng);
+
+  Model &model_;
+  TrainConfig config_;
+  std::ostream &out_;
+  std::ostream *jsonLog_;
+  std::vector<double> losses_;
+};
+
+} // namespace bmt::runtime
+
+#endif // BMT_RUNTIME_TRAINER_H

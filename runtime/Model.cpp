@@ -1,0 +1,78 @@
+//===- Model.cpp - a compiled model ready to run --------------------------===//
+
+#include "bmt/Runtime/Model.h"
+
+#include <ATen/ops/cross_entropy_loss.h>
+
+namespace bmt::runtime {
+
+Model::Model(plan::Archive &archive, at::Device device,
+             const std::function<void(int64_t, int64_t)> &progress)
+    : plan_(archive.plan()), device_(device) {
+  int64_t total = 0, done = 0;
+  for (const plan::TensorInfo &t : plan_.tensors)
+    total += t.nbytes();
+  std::vector<at::Tensor> tensors;
+  for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+    const plan::TensorInfo &info = plan_.tensors[i];
+    at::Tensor t = archive.readTensor(i).to(device_);
+    if (info.isParameter && info.requiresGrad) {
+      t.set_requires_grad(true);
+      parameters_.push_back(t);
+      parameterNames_.push_back(info.name);
+    }
+    tensors.push_back(t);
+    done += info.nbytes();
+    if (progress)
+      progress(done, total);
+  }
+  executor_ = std::make_unique<Executor>(plan_, std::move(tensors), device_);
+  const plan::Function &entry = plan_.functions[plan_.entry];
+  for (size_t i = 0; i < entry.resultNames.size(); ++i)
+    if (entry.resultNames[i] == "logits")
+      logitsIndex_ = i;
+  if (entry.returns.empty())
+    throw ExecutionError("the model's forward returns nothing");
+}
+
+at::Tensor Model::forward(const at::Tensor &inputIds, const at::Tensor &attentionMask) {
+  const plan::Function &entry = plan_.functions[plan_.entry];
+  std::vector<c10::IValue> inputs;
+  for (const std::string &name : entry.paramNames) {
+    if (name == "input_ids")
+      inputs.emplace_back(inputIds);
+    else if (name == "attention_mask")
+      inputs.emplace_back(attentionMask);
+    else
+      throw ExecutionError("the model's forward takes an input '" + name +
+                           "' that bmt-run does not provide (it provides input_ids "
+                           "and attention_mask); export the model with those inputs");
+  }
+  std::vector<c10::IValue> results = executor_->run(inputs);
+  if (!results.at(logitsIndex_).isTensor())
+    throw ExecutionError("the model's logits result is not a tensor");
+  return results[logitsIndex_].toTensor();
+}
+
+int64_t Model::numParameters() const {
+  int64_t n = 0;
+  for (const at::Tensor &p : parameters_)
+    n += p.numel();
+  return n;
+}
+
+at::Tensor languageModelLoss(const at::Tensor &logits, const at::Tensor &labels,
+                             bool shift) {
+  at::Tensor l = logits, y = labels;
+  if (shift) {
+    l = l.slice(1, 0, l.size(1) - 1);
+    y = y.slice(1, 1, y.size(1));
+  }
+  l = l.reshape({-1, l.size(-1)});
+  if (l.scalar_type() != at::kDouble)
+    l = l.to(at::kFloat);
+  return at::cross_entropy_loss(l, y.reshape({-1}), /*weight=*/{},
+                           at::Reduction::Mean, /*ignore_index=*/-100);
+}
+
+} // namespace bmt::runtime

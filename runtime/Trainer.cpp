@@ -1,0 +1,163 @@
+//===- Trainer.cpp - the training and evaluation loops --------------------===//
+
+#include "bmt/Runtime/Trainer.h"
+
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <sstream>
+#include <sys/resource.h>
+
+namespace bmt::runtime {
+
+namespace {
+
+double peakHostMemoryGiB() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / (1024.0 * 1024.0); // ru_maxrss is KiB
+}
+
+std::string jsonNumber(double v) {
+  if (!std::isfinite(v))
+    return "null";
+  std::ostringstream os;
+  os << std::setprecision(9) << v;
+  return os.str();
+}
+
+} // namespace
+
+Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
+                 std::ostream *jsonLog)
+    : model_(model), config_(std::move(config)), out_(out), jsonLog_(jsonLog) {}
+
+std::pair<at::Tensor, int64_t> Trainer::microBatchLoss(const at::Tensor &window,
+                                                       std::mt19937_64 &rng) {
+  at::Device device = model_.device();
+  int64_t seq = window.size(1) - 1;
+  if (config_.maskedLM) {
+    at::Tensor tokens = window.slice(1, 0, seq);
+    auto [inputs, labels] =
+        maskTokens(tokens, config_.maskId, config_.vocabSize, config_.maskProb, rng);
+    inputs = inputs.to(device);
+    labels = labels.to(device);
+    at::Tensor logits = model_.forward(inputs, at::ones_like(inputs));
+    int64_t predicted = labels.ne(-100).sum().item<int64_t>();
+    return {languageModelLoss(logits, labels, /*shift=*/false), predicted};
+  }
+  at::Tensor inputs = window.slice(1, 0, seq).to(device);
+  at::Tensor labels = window.slice(1, 1, seq + 1).to(device);
+  at::Tensor logits = model_.forward(inputs, at::ones_like(inputs));
+  return {languageModelLoss(logits, labels, /*shift=*/false), labels.numel()};
+}
+
+EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t microBatch,
+                             int64_t maxBatches) {
+  c10::NoGradGuard noGrad;
+  BatchSampler sampler(data, microBatch, seqLen, config_.seed);
+  int64_t n = sampler.numSequentialBatches();
+  if (maxBatches > 0)
+    n = std::min(n, maxBatches);
+  std::mt19937_64 rng(config_.seed + 1); // fixed masks for masked-LM evaluation
+  double sum = 0;
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    auto [loss, count] = microBatchLoss(sampler.sequential(i), rng);
+    sum += loss.item<double>() * static_cast<double>(count);
+    tokens += count;
+  }
+  EvalResult r;
+  r.tokens = tokens;
+  r.loss = tokens ? sum / static_cast<double>(tokens) : std::nan("");
+  r.perplexity = std::exp(r.loss);
+  return r;
+}
+
+void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
+                    const TokenFile *evalData, int64_t seqLen, int64_t microBatch) {
+  AdamW optimizer(model_.parameters(), config_.adamw);
+  std::mt19937_64 rng(config_.seed);
+  using Clock = std::chrono::steady_clock;
+  auto start = Clock::now();
+  double numParams = static_cast<double>(model_.numParameters());
+
+  auto runEval = [&](int64_t step) {
+    if (!evalData)
+      return;
+    EvalResult r = evaluate(*evalData, seqLen, microBatch, config_.evalBatches);
+    out_ << "eval  step " << step << " | val loss " << std::fixed << std::setprecision(4)
+         << r.loss << " | val ppl " << std::setprecision(2) << r.perplexity << " | "
+         << r.tokens << " tokens" << std::defaultfloat << "\n";
+    out_.flush();
+    if (jsonLog_) {
+      *jsonLog_ << "{\"kind\": \"eval\", \"step\": " << step
+                << ", \"val_loss\": " << jsonNumber(r.loss)
+                << ", \"val_ppl\": " << jsonNumber(r.perplexity)
+                << ", \"tokens\": " << r.tokens << "}\n";
+      jsonLog_->flush();
+    }
+  };
+
+  for (int64_t step = 1; step <= config_.steps; ++step) {
+    auto stepStart = Clock::now();
+    double lr = learningRate(config_.schedule, step);
+    double lossSum = 0;
+    int64_t tokens = 0;
+    optimizer.zeroGrad();
+    for (int64_t micro = 0; micro < config_.gradAccum; ++micro) {
+      at::Tensor window = nextMicroBatch();
+      auto [loss, count] = microBatchLoss(window, rng);
+      double value = loss.item<double>();
+      if (!std::isfinite(value))
+        throw TrainingError("the loss is " + std::string(std::isnan(value) ? "NaN" : "infinite") +
+                            " at step " + std::to_string(step) + " (micro-batch " +
+                            std::to_string(micro + 1) + "); stopping");
+      loss.div(static_cast<double>(config_.gradAccum)).backward();
+      lossSum += value;
+      tokens += window.size(0) * (window.size(1) - 1);
+    }
+    double gradNorm = clipGradNorm(model_.parameters(), config_.clipGrad);
+    if (!std::isfinite(gradNorm))
+      throw TrainingError("the gradient norm is not finite at step " + std::to_string(step) +
+                          "; stopping");
+    optimizer.step(lr);
+
+    double loss = lossSum / static_cast<double>(config_.gradAccum);
+    losses_.push_back(loss);
+    double stepSeconds = std::chrono::duration<double>(Clock::now() - stepStart).count();
+    double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    double tokensPerSecond = static_cast<double>(tokens) / stepSeconds;
+    double tflops = 6.0 * numParams * tokensPerSecond / 1e12;
+    if (step % config_.logEvery == 0 || step == config_.steps) {
+      out_ << "step " << step << "/" << config_.steps << " | loss " << std::fixed
+           << std::setprecision(4) << loss << " | lr " << std::scientific
+           << std::setprecision(2) << lr << " | grad norm " << std::fixed
+           << std::setprecision(3) << gradNorm << " | " << std::setprecision(0)
+           << tokensPerSecond << " tokens/s | " << std::setprecision(1) << elapsed
+           << " s" << std::defaultfloat << "\n";
+      out_.flush();
+    }
+    if (jsonLog_) {
+      *jsonLog_ << "{\"kind\": \"train\", \"step\": " << step
+                << ", \"loss\": " << jsonNumber(loss) << ", \"lr\": " << jsonNumber(lr)
+                << ", \"grad_norm\": " << jsonNumber(gradNorm)
+                << ", \"loss_scale\": null, \"tokens\": " << tokens
+                << ", \"tokens_per_s\": " << jsonNumber(tokensPerSecond)
+                << ", \"tflops\": " << jsonNumber(tflops)
+                << ", \"elapsed_s\": " << jsonNumber(elapsed)
+                << ", \"peak_mem_gib\": " << jsonNumber(peakHostMemoryGiB()) << "}\n";
+      jsonLog_->flush();
+    }
+    if (config_.evalEvery > 0 && step % config_.evalEvery == 0 && step != config_.steps)
+      runEval(step);
+  }
+  runEval(config_.steps);
+}
+
+} // namespace bmt::runtime

@@ -1,0 +1,382 @@
+//===- TokenDataTest.cpp - token files, batch sampling, BERT masking ------===//
+//
+// Small PREFIX.bin + PREFIX.json pairs written to a temporary directory in
+// bmt-prepare-data's format, read back; every error case; the sampler's
+// determinism, part bounds and sequential windows; maskTokens' statistics.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bmt/Runtime/TokenData.h"
+
+#include <ATen/ops/empty.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using bmt::runtime::BatchSampler;
+using bmt::runtime::DataError;
+using bmt::runtime::maskTokens;
+using bmt::runtime::TokenFile;
+
+class TokenData : public ::testing::Test {
+protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/bmt-tokendata-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string prefix(const std::string &name) const { return (dir_ / name).string(); }
+
+  static void writeText(const std::string &path, const std::string &text) {
+    std::ofstream out(path, std::ios::binary);
+    out << text;
+  }
+
+  /// PREFIX.bin with `ids` in `dtype` (little-endian, the host order).
+  static void writeBin(const std::string &prefix, const std::vector<uint32_t> &ids,
+                       const std::string &dtype) {
+    std::ofstream out(prefix + ".bin", std::ios::binary);
+    for (uint32_t id : ids) {
+      if (dtype == "uint16") {
+        uint16_t v = static_cast<uint16_t>(id);
+        out.write(reinterpret_cast<const char *>(&v), sizeof v);
+      } else {
+        out.write(reinterpret_cast<const char *>(&id), sizeof id);
+      }
+    }
+  }
+
+  static std::string metadata(const std::string &dtype, int64_t numTokens, int64_t vocab,
+                              const std::string &maskId = "1",
+                              const std::string &format = "\"bmt-tokens\"",
+                              const std::string &version = "1") {
+    return "{\"format\": " + format + ", \"version\": " + version + ", \"dtype\": \"" + dtype +
+           "\", \"num_tokens\": " + std::to_string(numTokens) +
+           ", \"num_documents\": 3, \"vocab_size\": " + std::to_string(vocab) +
+           ", \"eos_id\": 0, \"mask_id\": " + maskId +
+           ", \"pad_id\": 2, \"tokenizer\": \"/x/tok.json\", \"source\": \"/x\"}\n";
+  }
+
+  /// A complete, valid file pair.
+  std::string writeFile(const std::string &name, const std::vector<uint32_t> &ids,
+                        const std::string &dtype, int64_t vocab) {
+    std::string p = prefix(name);
+    writeBin(p, ids, dtype);
+    writeText(p + ".json", metadata(dtype, static_cast<int64_t>(ids.size()), vocab));
+    return p;
+  }
+
+  /// ids[i] = i (a window's first element is its offset).
+  std::string writeIota(const std::string &name, int64_t n) {
+    std::vector<uint32_t> ids(n);
+    for (int64_t i = 0; i < n; ++i)
+      ids[i] = static_cast<uint32_t>(i);
+    return writeFile(name, ids, "uint32", n);
+  }
+
+  fs::path dir_;
+};
+
+/// `fn` throws DataError whose message holds every one of `parts`.
+void expectDataError(const std::function<void()> &fn, const std::vector<std::string> &parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no DataError";
+  } catch (const DataError &e) {
+    std::string what = e.what();
+    for (const std::string &part : parts)
+      EXPECT_NE(what.find(part), std::string::npos) << "'" << part << "' not in: " << what;
+  }
+}
+
+std::vector<int64_t> values(const at::Tensor &t) {
+  at::Tensor c = t.contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+//===----------------------------------------------------------------------===//
+// Reading
+//===----------------------------------------------------------------------===//
+
+TEST_F(TokenData, ReadsUint16) {
+  std::vector<uint32_t> ids = {0, 5, 65535, 7, 1, 300, 2, 9, 4, 65000};
+  std::string p = writeFile("u16", ids, "uint16", 65536);
+  TokenFile file(p + ".bin");
+  EXPECT_EQ(file.numTokens(), 10);
+  EXPECT_EQ(file.vocabSize(), 65536);
+  EXPECT_EQ(file.eosId(), 0);
+  ASSERT_TRUE(file.maskId().has_value());
+  EXPECT_EQ(*file.maskId(), 1);
+  EXPECT_EQ(file.binPath(), p + ".bin");
+  for (int64_t i = 0; i < 10; ++i)
+    EXPECT_EQ(file.token(i), ids[i]);
+  at::Tensor s = file.slice(2, 5);
+  EXPECT_EQ(s.scalar_type(), at::kLong);
+  EXPECT_EQ(s.dim(), 1);
+  EXPECT_EQ(values(s), (std::vector<int64_t>{65535, 7, 1, 300, 2}));
+  EXPECT_EQ(file.slice(10, 0).numel(), 0);
+  EXPECT_THROW(file.token(10), std::out_of_range);
+  EXPECT_THROW(file.token(-1), std::out_of_range);
+  EXPECT_THROW(file.slice(8, 3), std::out_of_range);
+  EXPECT_NO_THROW(file.checkIds(65536));
+}
+
+TEST_F(TokenData, ReadsUint32ByJsonPathWithNullMask) {
+  std::vector<uint32_t> ids = {100000, 3, 70000, 0, 99999};
+  std::string p = prefix("u32");
+  writeBin(p, ids, "uint32");
+  writeText(p + ".json", metadata("uint32", 5, 100001, "null"));
+  TokenFile file(p + ".json");
+  EXPECT_EQ(file.numTokens(), 5);
+  EXPECT_EQ(file.vocabSize(), 100001);
+  EXPECT_FALSE(file.maskId().has_value());
+  EXPECT_EQ(file.binPath(), p + ".bin");
+  EXPECT_EQ(values(file.slice(0, 5)), (std::vector<int64_t>{100000, 3, 70000, 0, 99999}));
+  EXPECT_EQ(file.token(2), 70000);
+}
+
+//===----------------------------------------------------------------------===//
+// Errors
+//===----------------------------------------------------------------------===//
+
+TEST_F(TokenData, MissingBin) {
+  std::string p = prefix("nobin");
+  writeText(p + ".json", metadata("uint16", 4, 100));
+  expectDataError([&] { TokenFile f(p + ".json"); }, {p + ".bin", "cannot open"});
+}
+
+TEST_F(TokenData, MissingJson) {
+  std::string p = prefix("nojson");
+  writeBin(p, {1, 2, 3}, "uint16");
+  expectDataError([&] { TokenFile f(p + ".bin"); }, {p + ".json", "cannot open"});
+}
+
+TEST_F(TokenData, BadJson) {
+  std::string p = prefix("badjson");
+  writeBin(p, {1, 2, 3}, "uint16");
+  writeText(p + ".json", "{\"format\": \"bmt-tokens\", \"version\": ");
+  expectDataError([&] { TokenFile f(p + ".bin"); }, {p + ".json", "JSON"});
+  writeText(p + ".json", "[1, 2]");
+  expectDataError([&] { TokenFile f(p + ".bin"); }, {p + ".json", "not a JSON object"});
+}
+
+TEST_F(TokenData, UnknownFormatVersionDtype) {
+  std::string p = prefix("meta");
+  writeBin(p, {1, 2, 3, 4}, "uint16");
+  writeText(p + ".json", metadata("uint16", 4, 100, "1", "\"numpy\""));
+  expectDataError([&] { TokenFile f(p + ".bin"); }, {p + ".json", "format", "numpy"});
+  writeText(p + ".json", metadata("uint16", 4, 100, "1", "\"bmt-tokens\"", "2"));
+  expectDataError([&] { TokenFile f(p + ".bin"); }, {p + ".json", "version 2"});
+  writeText(p + ".json", metadata("int8", 8, 100));
+  expectDataError([&] { TokenFile f(p + ".bin"); }, {p + ".json", "dtype", "int8"});
+  // Missing and mistyped fields.
+  writeText(p + ".json", "{\"format\": \"bmt-tokens\", \"version\": 1, \"dtype\": \"uint16\","
+                         " \"vocab_size\": 100, \"eos_id\": 0}");
+  expectDataError([&] { TokenFile f(p + ".bin"); }, {p + ".json", "num_tokens"});
+  writeText(p + ".json", "{\"format\": \"bmt-tokens\", \"version\": 1, \"dtype\": \"uint16\","
+                         " \"num_tokens\": \"4\", \"vocab_size\": 100, \"eos_id\": 0}");
+  expectDataError([&] { TokenFile f(p + ".bin"); }, {p + ".json", "num_tokens", "integer"});
+}
+
+TEST_F(TokenData, SizeMismatch) {
+  std::string p = prefix("size");
+  writeBin(p, {1, 2, 3, 4, 5}, "uint16"); // 10 bytes
+  writeText(p + ".json", metadata("uint16", 6, 100));
+  expectDataError([&] { TokenFile f(p + ".bin"); }, {p + ".bin", "10 bytes", "12 bytes"});
+  // The right count but the wrong dtype: 5 uint32 would be 20 bytes.
+  writeText(p + ".json", metadata("uint32", 5, 100));
+  expectDataError([&] { TokenFile f(p + ".bin"); }, {p + ".bin", "20 bytes"});
+}
+
+TEST_F(TokenData, ShorterThanOneSequence) {
+  std::string p = writeIota("short", 10);
+  TokenFile file(p + ".bin");
+  expectDataError([&] { BatchSampler s(file, 2, 10, 0); }, {p + ".bin", "fewer than one sequence"});
+  EXPECT_NO_THROW(BatchSampler(file, 2, 9, 0)); // exactly seqLen + 1 tokens
+  // 10 tokens in 2 parts: 5 each, too few for seqLen 5.
+  expectDataError([&] { BatchSampler s(file, 1, 5, 0, 1, 2); }, {p + ".bin", "part 1 of 2"});
+  EXPECT_THROW(BatchSampler(file, 1, 2, 0, 2, 2), std::invalid_argument);
+}
+
+TEST_F(TokenData, CheckIdsReportsPositionAndId) {
+  std::vector<uint32_t> ids(1000, 5);
+  ids[777] = 70000;
+  ids[900] = 80000;
+  std::string p = writeFile("ids", ids, "uint32", 100000);
+  TokenFile file(p + ".bin");
+  EXPECT_NO_THROW(file.checkIds(80001));
+  expectDataError([&] { file.checkIds(50000); }, {p + ".bin", "70000", "position 777", "50000"});
+
+  std::vector<uint32_t> small(300, 3);
+  small[123] = 40000;
+  std::string q = writeFile("ids16", small, "uint16", 65536);
+  TokenFile file16(q + ".json");
+  expectDataError([&] { file16.checkIds(32000); }, {q + ".bin", "40000", "position 123"});
+  EXPECT_NO_THROW(file16.checkIds(40001));
+}
+
+//===----------------------------------------------------------------------===//
+// Sampling
+//===----------------------------------------------------------------------===//
+
+TEST_F(TokenData, SamplerIsDeterministicForASeed) {
+  std::string p = writeIota("iota", 5000);
+  TokenFile file(p + ".bin");
+  BatchSampler a(file, 4, 16, 1234), b(file, 4, 16, 1234), c(file, 4, 16, 99);
+  bool differs = false;
+  for (int i = 0; i < 5; ++i) {
+    at::Tensor x = a.next(), y = b.next(), z = c.next();
+    EXPECT_EQ(x.sizes(), (std::vector<int64_t>{4, 17}));
+    EXPECT_EQ(x.scalar_type(), at::kLong);
+    EXPECT_TRUE(x.equal(y));
+    differs |= !x.equal(z);
+  }
+  EXPECT_TRUE(differs);
+}
+
+TEST_F(TokenData, SamplerWindowsLieInsideThePart) {
+  const int64_t n = 1000, seqLen = 9, window = seqLen + 1;
+  std::string p = writeIota("parts", n);
+  TokenFile file(p + ".bin");
+  for (int64_t part = 0; part < 3; ++part) {
+    SCOPED_TRACE("part " + std::to_string(part));
+    const int64_t begin = n * part / 3, end = n * (part + 1) / 3; // [0,333) [333,666) [666,1000)
+    BatchSampler sampler(file, 8, seqLen, 7 + part, part, 3);
+    int64_t lo = n, hi = -1;
+    for (int i = 0; i < 200; ++i) {
+      std::vector<int64_t> v = values(sampler.next());
+      for (int64_t r = 0; r < 8; ++r) {
+        const int64_t start = v[r * window];
+        for (int64_t j = 0; j < window; ++j)
+          ASSERT_EQ(v[r * window + j], start + j) << "not consecutive tokens";
+        ASSERT_GE(start, begin);
+        ASSERT_LE(start + window, end);
+        lo = std::min(lo, start);
+        hi = std::max(hi, start);
+      }
+    }
+    // Uniform over the part: both ends are reached (1600 draws, ~330 offsets).
+    EXPECT_LT(lo, begin + 10);
+    EXPECT_GT(hi, end - window - 10);
+  }
+}
+
+TEST_F(TokenData, SequentialBatches) {
+  const int64_t n = 1000;
+  std::string p = writeIota("seq", n);
+  TokenFile file(p + ".bin");
+  BatchSampler whole(file, 2, 9, 0);
+  EXPECT_EQ(whole.numSequentialBatches(), 50); // 100 windows of 10, 2 per batch
+  at::Tensor b3 = whole.sequential(3);
+  EXPECT_EQ(b3.sizes(), (std::vector<int64_t>{2, 10}));
+  std::vector<int64_t> expected(20);
+  for (int64_t i = 0; i < 20; ++i)
+    expected[i] = 60 + i;
+  EXPECT_EQ(values(b3), expected);
+  EXPECT_TRUE(whole.sequential(3).equal(b3));
+  EXPECT_THROW(whole.sequential(50), std::out_of_range);
+  EXPECT_THROW(whole.sequential(-1), std::out_of_range);
+
+  // Part 1 of 3 is [333, 666): 33 windows, 16 batches of 2, from 333 on.
+  BatchSampler part(file, 2, 9, 0, 1, 3);
+  EXPECT_EQ(part.numSequentialBatches(), 16);
+  EXPECT_EQ(values(part.sequential(0))[0], 333);
+  std::vector<int64_t> last = values(part.sequential(15));
+  EXPECT_EQ(last.front(), 333 + 15 * 20);
+  EXPECT_EQ(last.back(), 333 + 16 * 20 - 1);
+  EXPECT_LT(last.back(), 666);
+}
+
+//===----------------------------------------------------------------------===//
+// maskTokens
+//===----------------------------------------------------------------------===//
+
+at::Tensor randomTokens(int64_t batch, int64_t seq, int64_t lo, int64_t hi, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  at::Tensor t = at::empty({batch, seq}, at::kLong);
+  int64_t *d = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    d[i] = lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo));
+  return t;
+}
+
+TEST(MaskTokens, BertStatistics) {
+  const int64_t vocab = 1000, maskId = 3;
+  at::Tensor tokens = randomTokens(64, 1024, 5, vocab, 42); // no id equals maskId
+  std::mt19937_64 rng(7);
+  auto [inputs, labels] = maskTokens(tokens, maskId, vocab, 0.15, rng);
+  ASSERT_EQ(inputs.sizes(), tokens.sizes());
+  ASSERT_EQ(labels.sizes(), tokens.sizes());
+  EXPECT_EQ(inputs.scalar_type(), at::kLong);
+  EXPECT_EQ(labels.scalar_type(), at::kLong);
+
+  std::vector<int64_t> tok = values(tokens), in = values(inputs), lab = values(labels);
+  const int64_t n = static_cast<int64_t>(tok.size());
+  int64_t selected = 0, masked = 0, kept = 0, replaced = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_GE(in[i], 0);
+    ASSERT_LT(in[i], vocab);
+    if (lab[i] == -100) {
+      ASSERT_EQ(in[i], tok[i]) << "unselected token changed at " << i;
+      continue;
+    }
+    ASSERT_EQ(lab[i], tok[i]) << "label is not the original id at " << i;
+    ++selected;
+    if (in[i] == maskId)
+      ++masked;
+    else if (in[i] == tok[i])
+      ++kept;
+    else
+      ++replaced;
+  }
+  // 65536 positions: sd of the selected fraction ~0.0014; of the split ~0.004.
+  const double s = static_cast<double>(selected);
+  EXPECT_NEAR(s / n, 0.15, 0.01);
+  EXPECT_NEAR(masked / s, 0.80, 0.02);
+  EXPECT_NEAR(replaced / s, 0.10, 0.02); // a random id equal to the original counts as kept
+  EXPECT_NEAR(kept / s, 0.10, 0.02);
+}
+
+TEST(MaskTokens, DeterministicForASeed) {
+  at::Tensor tokens = randomTokens(4, 128, 5, 500, 1);
+  std::mt19937_64 r1(11), r2(11), r3(12);
+  auto a = maskTokens(tokens, 4, 500, 0.15, r1);
+  auto b = maskTokens(tokens, 4, 500, 0.15, r2);
+  auto c = maskTokens(tokens, 4, 500, 0.15, r3);
+  EXPECT_TRUE(a.first.equal(b.first));
+  EXPECT_TRUE(a.second.equal(b.second));
+  EXPECT_FALSE(a.second.equal(c.second));
+  // The input is not modified.
+  EXPECT_TRUE(tokens.equal(randomTokens(4, 128, 5, 500, 1)));
+}
+
+TEST(MaskTokens, SelectsAtLeastOnePosition) {
+  at::Tensor tokens = randomTokens(2, 3, 5, 50, 3);
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    std::mt19937_64 rng(seed);
+    auto [inputs, labels] = maskTokens(tokens, 1, 50, 1e-12, rng);
+    std::vector<int64_t> lab = values(labels);
+    EXPECT_EQ(std::count_if(lab.begin(), lab.end(), [](int64_t l) { return l != -100; }), 1);
+  }
+}
+
+TEST(MaskTokens, RejectsBadArguments) {
+  at::Tensor tokens = randomTokens(2, 3, 5, 50, 3);
+  std::mt19937_64 rng(0);
+  EXPECT_THROW(maskTokens(tokens, 1, 50, 0.0, rng), std::invalid_argument);
+  EXPECT_THROW(maskTokens(tokens, 1, 50, 1.5, rng), std::invalid_argument);
+  EXPECT_THROW(maskTokens(tokens, 1, 0, 0.15, rng), std::invalid_argument);
+}
+
+} // namespace

@@ -1,0 +1,174 @@
+//===- Options.cpp - bmt-run's command line -------------------------------===//
+
+#include "Options.h"
+
+#include <functional>
+#include <map>
+#include <sstream>
+
+namespace bmt::tools {
+
+namespace {
+
+int64_t toInt(const std::string &option, const std::string &text, int64_t min) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception &) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty())
+    throw UsageError(option + " expects an integer, got '" + text + "'");
+  if (v < min)
+    throw UsageError(option + " must be at least " + std::to_string(min) + ", got " + text);
+  return v;
+}
+
+double toDouble(const std::string &option, const std::string &text, double min) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception &) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty())
+    throw UsageError(option + " expects a number, got '" + text + "'");
+  if (!(v >= min))
+    throw UsageError(option + " must be at least " + std::to_string(min) + ", got " + text);
+  return v;
+}
+
+} // namespace
+
+std::string runUsage() {
+  return R"(usage: bmt-run SHARDED.pt [options]
+
+Trains (or evaluates) a model compiled by `bmt-opt MODEL -o SHARDED.pt`.
+
+data:
+  --data PATH            training tokens (PREFIX.bin or PREFIX.json from bmt-prepare-data)
+  --eval-data PATH       held-out tokens for evaluation
+  --batches FILE         use the batches in FILE (torch.save of an int64 tensor
+                         [n, micro-batch, seq-len + 1]) instead of sampling --data
+training:
+  --steps N              optimizer steps (required unless --eval-only / --dump)
+  --micro-batch N        sequences per micro-batch (default 8)
+  --seq-len N            tokens per sequence (default 128)
+  --grad-accum N         micro-batches per step (default 1)
+  --lr F                 peak learning rate (default 3e-4)
+  --warmup N             warmup steps (default 0)
+  --schedule NAME        constant | noam | linear | cosine | exponential (default cosine)
+  --min-lr F             floor of linear/cosine decay (default 0)
+  --lr-gamma F           per-step factor of exponential decay (default 0.999)
+  --weight-decay F       AdamW decoupled weight decay (default 0.01)
+  --beta1 F, --beta2 F, --eps F   AdamW (defaults 0.9, 0.999, 1e-8)
+  --clip-grad F          clip the global gradient norm to F; 0 = off (default 1.0)
+  --objective NAME       auto | causal-lm | masked-lm (default auto: from the model class)
+  --mask-prob F          masked-LM selection probability (default 0.15)
+  --seed N               seed of sampling and masking (default 0)
+evaluation:
+  --eval-every N         evaluate every N steps (default: only after the last step)
+  --eval-batches N       batches per evaluation (default 0 = the whole file)
+  --eval-only            evaluate the model as it is and exit
+output:
+  --log FILE             JSON lines: one per step and per evaluation
+  --log-every N          print a step line every N steps (default 1)
+  --save-params FILE     after training, save the parameters (torch.save format)
+  --dump INPUTS OUT      debugging: run forward and backward on the batch in INPUTS
+                         (torch.save of {"input_ids", "attention_mask", "labels"}) and
+                         save logits, loss and gradients to OUT
+  --device NAME          cpu | cuda | cuda:N | auto (default auto)
+  -h, --help             this text
+)";
+}
+
+RunOptions parseRunOptions(int argc, char **argv) {
+  RunOptions o;
+  using Setter = std::function<void(const std::string &, const std::string &)>;
+  std::map<std::string, Setter> withValue = {
+      {"--data", [&](auto &, auto &v) { o.data = v; }},
+      {"--eval-data", [&](auto &, auto &v) { o.evalData = v; }},
+      {"--batches", [&](auto &, auto &v) { o.batchesFile = v; }},
+      {"--steps", [&](auto &k, auto &v) { o.steps = toInt(k, v, 1); }},
+      {"--micro-batch", [&](auto &k, auto &v) { o.microBatch = toInt(k, v, 1); }},
+      {"--seq-len", [&](auto &k, auto &v) { o.seqLen = toInt(k, v, 2); }},
+      {"--grad-accum", [&](auto &k, auto &v) { o.gradAccum = toInt(k, v, 1); }},
+      {"--lr", [&](auto &k, auto &v) { o.lr = toDouble(k, v, 0); }},
+      {"--warmup", [&](auto &k, auto &v) { o.warmup = toInt(k, v, 0); }},
+      {"--schedule", [&](auto &, auto &v) { o.schedule = v; }},
+      {"--min-lr", [&](auto &k, auto &v) { o.minLR = toDouble(k, v, 0); }},
+      {"--lr-gamma", [&](auto &k, auto &v) { o.lrGamma = toDouble(k, v, 0); }},
+      {"--weight-decay", [&](auto &k, auto &v) { o.weightDecay = toDouble(k, v, 0); }},
+      {"--beta1", [&](auto &k, auto &v) { o.beta1 = toDouble(k, v, 0); }},
+      {"--beta2", [&](auto &k, auto &v) { o.beta2 = toDouble(k, v, 0); }},
+      {"--eps", [&](auto &k, auto &v) { o.eps = toDouble(k, v, 0); }},
+      {"--clip-grad", [&](auto &k, auto &v) { o.clipGrad = toDouble(k, v, 0); }},
+      {"--objective", [&](auto &, auto &v) { o.objective = v; }},
+      {"--mask-prob", [&](auto &k, auto &v) { o.maskProb = toDouble(k, v, 0); }},
+      {"--seed", [&](auto &k, auto &v) { o.seed = static_cast<uint64_t>(toInt(k, v, 0)); }},
+      {"--eval-every", [&](auto &k, auto &v) { o.evalEvery = toInt(k, v, 0); }},
+      {"--eval-batches", [&](auto &k, auto &v) { o.evalBatches = toInt(k, v, 0); }},
+      {"--log", [&](auto &, auto &v) { o.logFile = v; }},
+      {"--log-every", [&](auto &k, auto &v) { o.logEvery = toInt(k, v, 1); }},
+      {"--save-params", [&](auto &, auto &v) { o.saveParams = v; }},
+      {"--device", [&](auto &, auto &v) { o.device = v; }},
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      o.help = true;
+      return o;
+    }
+    if (arg == "--eval-only") {
+      o.evalOnly = true;
+      continue;
+    }
+    if (arg == "--dump") {
+      if (i + 2 >= argc)
+        throw UsageError("--dump expects two files: INPUTS OUT");
+      o.dumpInputs = argv[++i];
+      o.dumpOutput = argv[++i];
+      continue;
+    }
+    std::string key = arg, value;
+    bool inlineValue = false;
+    if (size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      key = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      inlineValue = true;
+    }
+    auto it = withValue.find(key);
+    if (it != withValue.end()) {
+      if (!inlineValue) {
+        if (i + 1 >= argc)
+          throw UsageError(key + " expects a value");
+        value = argv[++i];
+      }
+      it->second(key, value);
+      continue;
+    }
+    if (arg.rfind("-", 0) == 0)
+      throw UsageError("unknown option " + arg + " (see bmt-run --help)");
+    if (!o.archive.empty())
+      throw UsageError("more than one archive given: " + o.archive + " and " + arg);
+    o.archive = arg;
+  }
+  if (o.archive.empty())
+    throw UsageError("no archive given (usage: bmt-run SHARDED.pt [options])");
+  if (o.objective != "auto" && o.objective != "causal-lm" && o.objective != "masked-lm")
+    throw UsageError("--objective must be auto, causal-lm or masked-lm, got " + o.objective);
+  if (!(o.maskProb > 0 && o.maskProb < 1))
+    throw UsageError("--mask-prob must be in (0, 1)");
+  bool training = !o.evalOnly && o.dumpInputs.empty();
+  if (training && o.steps == 0)
+    throw UsageError("--steps is required for training");
+  if (training && o.data.empty() && o.batchesFile.empty())
+    throw UsageError("training needs --data (or --batches)");
+  if (o.evalOnly && o.evalData.empty())
+    throw UsageError("--eval-only needs --eval-data");
+  return o;
+}
+
+} // namespace bmt::tools

@@ -1,0 +1,277 @@
+//===- bmt-run.cpp - train a compiled model -------------------------------===//
+//
+// bmt-run SHARDED.pt --data train.bin --steps N [options]   (see --help)
+//
+// Single process for now; torchrun launches it once per rank in the ZeRO
+// issue. Every failure is one "error: ..." line on stderr and exit status 1.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Options.h"
+
+#include "bmt/Plan/Archive.h"
+#include "bmt/Runtime/Model.h"
+#include "bmt/Runtime/Trainer.h"
+
+#include <ATen/Context.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <unistd.h>
+
+using namespace bmt;
+
+namespace {
+
+/// A failure to report as "error: ..." (exit 1).
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string firstLine(const std::string &text) {
+  size_t eol = text.find('\n');
+  return eol == std::string::npos ? text : text.substr(0, eol);
+}
+
+std::vector<char> readFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw Failure(path + ": cannot open");
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+/// Writes `value` (torch.save format) to `path` atomically.
+void saveIValue(const std::string &path, const c10::IValue &value) {
+  std::vector<char> bytes = torch::jit::pickle_save(value);
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out)
+      throw Failure(path + ": cannot write");
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out)
+      throw Failure(path + ": write failed");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Failure(path + ": cannot write");
+  }
+}
+
+at::Device chooseDevice(const std::string &name) {
+  if (name == "auto")
+    return at::hasCUDA() ? at::Device("cuda:0") : at::Device("cpu");
+  try {
+    at::Device d(name);
+    if (d.is_cuda() && !at::hasCUDA())
+      throw Failure("--device " + name + ": CUDA is not available on this machine");
+    return d;
+  } catch (const c10::Error &) {
+    throw Failure("--device: unknown device '" + name + "'");
+  }
+}
+
+/// A progress bar on stderr while the weights load (only on a terminal).
+void loadProgress(int64_t done, int64_t total) {
+  static bool tty = ::isatty(2);
+  if (!tty || total <= 0)
+    return;
+  int width = 30, filled = static_cast<int>(width * done / total);
+  std::fprintf(stderr, "\rloading weights [%.*s%*s] %5.1f%% of %.1f MiB",
+               filled, "##############################", width - filled, "",
+               100.0 * static_cast<double>(done) / static_cast<double>(total),
+               static_cast<double>(total) / (1024.0 * 1024.0));
+  if (done == total)
+    std::fprintf(stderr, "\n");
+}
+
+/// --dump INPUTS OUT: forward + loss + backward on one given batch.
+void runDump(runtime::Model &model, const tools::RunOptions &o, bool maskedLM) {
+  c10::IValue loaded;
+  try {
+    loaded = torch::jit::pickle_load(readFile(o.dumpInputs));
+  } catch (const c10::Error &e) {
+    throw Failure(o.dumpInputs + ": not a torch.save file: " + firstLine(e.what_without_backtrace()));
+  }
+  if (!loaded.isGenericDict())
+    throw Failure(o.dumpInputs + ": expected a dict of tensors");
+  auto dict = loaded.toGenericDict();
+  auto get = [&](const char *key) -> at::Tensor {
+    auto it = dict.find(std::string(key));
+    if (it == dict.end() || !it->value().isTensor())
+      throw Failure(o.dumpInputs + ": no tensor '" + key + "'");
+    return it->value().toTensor().to(model.device());
+  };
+  at::Tensor ids = get("input_ids");
+  at::Tensor mask = dict.contains(std::string("attention_mask")) ? get("attention_mask")
+                                                                 : at::ones_like(ids);
+  at::Tensor labels = dict.contains(std::string("labels")) ? get("labels") : ids;
+  at::Tensor logits = model.forward(ids, mask);
+  at::Tensor loss = runtime::languageModelLoss(logits, labels, /*shift=*/!maskedLM);
+  loss.backward();
+  c10::impl::GenericDict out(c10::StringType::get(), c10::TensorType::get());
+  out.insert("logits", logits.detach().cpu());
+  out.insert("loss", loss.detach().cpu());
+  for (size_t i = 0; i < model.parameters().size(); ++i) {
+    const at::Tensor &g = model.parameters()[i].grad();
+    if (g.defined())
+      out.insert("grad/" + model.parameterNames()[i], g.cpu());
+  }
+  saveIValue(o.dumpOutput, out);
+  std::cout << "dump: loss " << loss.item<double>() << ", " << model.parameters().size()
+            << " parameter gradients -> " << o.dumpOutput << "\n";
+}
+
+int run(const tools::RunOptions &o) {
+  at::Device device = chooseDevice(o.device);
+  plan::Archive archive(o.archive);
+  runtime::Model model(archive, device, loadProgress);
+  const plan::Plan &p = model.plan();
+  std::string objective = o.objective == "auto" ? p.objective : o.objective;
+  bool maskedLM = objective == "masked-lm";
+  std::cout << "bmt-run: " << o.archive << " (" << p.modelType << "), "
+            << model.numParameters() << " parameters, " << archive.bytesRead()
+            << " bytes read, objective " << objective << ", device " << device << "\n";
+
+  if (!o.dumpInputs.empty()) {
+    runDump(model, o, maskedLM);
+    return 0;
+  }
+
+  // The model's vocabulary: the logits' last dimension on a 1x2 batch.
+  int64_t vocab;
+  {
+    c10::NoGradGuard noGrad;
+    at::Tensor probe = at::zeros({1, 2}, at::TensorOptions().dtype(at::kLong).device(device));
+    vocab = model.forward(probe, at::ones_like(probe)).size(-1);
+  }
+
+  std::unique_ptr<runtime::TokenFile> train, eval;
+  if (!o.data.empty()) {
+    train = std::make_unique<runtime::TokenFile>(o.data);
+    train->checkIds(vocab);
+  }
+  if (!o.evalData.empty()) {
+    eval = std::make_unique<runtime::TokenFile>(o.evalData);
+    eval->checkIds(vocab);
+    if (eval->numTokens() < o.seqLen + 1)
+      throw runtime::DataError(eval->binPath() + ": " + std::to_string(eval->numTokens()) +
+                               " tokens, shorter than one sequence of " +
+                               std::to_string(o.seqLen + 1));
+  }
+
+  runtime::TrainConfig config;
+  config.steps = o.steps;
+  config.gradAccum = o.gradAccum;
+  config.schedule.kind = runtime::parseLRScheduleKind(o.schedule);
+  config.schedule.peakLR = o.lr;
+  config.schedule.warmupSteps = o.warmup;
+  config.schedule.totalSteps = std::max<int64_t>(o.steps, 1);
+  config.schedule.minLR = o.minLR;
+  config.schedule.gamma = o.lrGamma;
+  config.adamw = {o.beta1, o.beta2, o.eps, o.weightDecay};
+  config.clipGrad = o.clipGrad;
+  config.maskedLM = maskedLM;
+  config.maskProb = o.maskProb;
+  config.vocabSize = vocab;
+  config.seed = o.seed;
+  config.evalEvery = o.evalEvery;
+  config.evalBatches = o.evalBatches;
+  config.logEvery = o.logEvery;
+  if (maskedLM) {
+    runtime::TokenFile *source = train ? train.get() : eval.get();
+    if (!source || !source->maskId())
+      throw Failure("masked-LM training needs a [MASK] token id, and the data's metadata has "
+                    "none (prepare the data with a tokenizer that has [MASK])");
+    config.maskId = *source->maskId();
+  }
+
+  std::unique_ptr<std::ofstream> log;
+  if (!o.logFile.empty()) {
+    log = std::make_unique<std::ofstream>(o.logFile, std::ios::trunc);
+    if (!*log)
+      throw Failure(o.logFile + ": cannot write the log");
+  }
+  runtime::Trainer trainer(model, config, std::cout, log.get());
+
+  if (o.evalOnly) {
+    runtime::EvalResult r = trainer.evaluate(*eval, o.seqLen, o.microBatch, o.evalBatches);
+    std::cout << "eval: val loss " << r.loss << " | val ppl " << r.perplexity << " | "
+              << r.tokens << " tokens\n";
+    if (log)
+      *log << "{\"kind\": \"eval\", \"step\": 0, \"val_loss\": " << r.loss
+           << ", \"val_ppl\": " << r.perplexity << ", \"tokens\": " << r.tokens << "}\n";
+    return 0;
+  }
+
+  std::function<at::Tensor()> next;
+  std::unique_ptr<runtime::BatchSampler> sampler;
+  at::Tensor fixed;
+  int64_t cursor = 0;
+  if (!o.batchesFile.empty()) {
+    c10::IValue v;
+    try {
+      v = torch::jit::pickle_load(readFile(o.batchesFile));
+    } catch (const c10::Error &e) {
+      throw Failure(o.batchesFile + ": not a torch.save file: " +
+                    firstLine(e.what_without_backtrace()));
+    }
+    if (!v.isTensor() || v.toTensor().dim() != 3 || v.toTensor().scalar_type() != at::kLong)
+      throw Failure(o.batchesFile + ": expected an int64 tensor [n, micro-batch, seq-len + 1]");
+    fixed = v.toTensor();
+    if (fixed.max().item<int64_t>() >= vocab || fixed.min().item<int64_t>() < 0)
+      throw Failure(o.batchesFile + ": token ids outside the model's vocabulary of " +
+                    std::to_string(vocab));
+    next = [&]() { return fixed[cursor++ % fixed.size(0)]; };
+  } else {
+    sampler = std::make_unique<runtime::BatchSampler>(*train, o.microBatch, o.seqLen, o.seed);
+    next = [&]() { return sampler->next(); };
+  }
+  trainer.train(next, eval.get(), o.seqLen, o.microBatch);
+
+  if (!o.saveParams.empty()) {
+    c10::impl::GenericDict out(c10::StringType::get(), c10::TensorType::get());
+    for (size_t i = 0; i < model.parameters().size(); ++i)
+      out.insert(model.parameterNames()[i], model.parameters()[i].detach().cpu());
+    saveIValue(o.saveParams, out);
+  }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  try {
+    tools::RunOptions options = tools::parseRunOptions(argc, argv);
+    if (options.help) {
+      std::cout << tools::runUsage();
+      return 0;
+    }
+    return run(options);
+  } catch (const tools::UsageError &e) {
+    std::cerr << "error: " << e.what() << "\n";
+  } catch (const plan::PlanError &e) {
+    std::cerr << "error: " << e.what() << "\n";
+  } catch (const runtime::DataError &e) {
+    std::cerr << "error: " << e.what() << "\n";
+  } catch (const runtime::TrainingError &e) {
+    std::cerr << "error: " << e.what() << "\n";
+  } catch (const runtime::ExecutionError &e) {
+    std::cerr << "error: " << e.what() << "\n";
+  } catch (const Failure &e) {
+    std::cerr << "error: " << e.what() << "\n";
+  } catch (const c10::Error &e) {
+    std::cerr << "error: " << firstLine(e.what_without_backtrace()) << "\n";
+  } catch (const std::exception &e) {
+    std::cerr << "error: " << e.what() << "\n";
+  }
+  return 1;
+}
