@@ -8,7 +8,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 APT_PACKAGES=(
   libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools
-  ninja-build ccache cmake g++ nlohmann-json3-dev libgtest-dev
+  ninja-build ccache cmake g++ nlohmann-json3-dev libgtest-dev python3
   zlib1g-dev libzstd-dev libedit-dev libxml2-dev libcurl4-openssl-dev
   fortunes
 )
@@ -29,7 +29,20 @@ else
   echo "[setup] Debian packages: all present"
 fi
 
+# LibTorch's CMake config (find_package(Torch), CUDA build of the wheel) needs
+# the CUDA toolkit, which machines of this project's kind have at
+# /usr/local/cuda; Debian does not package CUDA 13, so say so clearly.
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "[setup] error: the CUDA 13 toolkit (nvcc, /usr/local/cuda) is missing; bmt builds against the CUDA build of torch 2.11" >&2
+  exit 1
+fi
+
 PY="${PYTHON:-python3}"
+if ! "$PY" -m pip --version >/dev/null 2>&1; then
+  echo "[setup] apt-get install python3-pip"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-pip python3-venv
+fi
 if "$PY" - "$here/requirements.txt" <<'PYEOF'
 import sys
 from importlib.metadata import version, PackageNotFoundError

@@ -25,6 +25,10 @@ static LogicalResult verifyGlobal(Operation *op, StringRef symName,
                                   std::optional<ArrayAttr> aliases) {
   if (!type.hasStaticShape())
     return op->emitOpError("needs a static shape, got ") << type;
+  int64_t elements = 1;
+  for (int64_t dim : type.getShape())
+    if (__builtin_mul_overflow(elements, dim, &elements))
+      return op->emitOpError("has more elements than fit in int64: ") << type;
   Type elt = type.getElementType();
   bool known = elt.isF16() || elt.isBF16() || elt.isF32() || elt.isF64() ||
                elt.isSignlessInteger(1) || elt.isSignlessInteger(8) ||

@@ -85,3 +85,8 @@ func.func @f() {
   bmt.parameter @w : tensor<4xf32>
   return
 }
+
+// -----
+
+// expected-error @+1 {{has more elements than fit in int64}}
+bmt.parameter @w : tensor<4611686018427387904x4xf32>

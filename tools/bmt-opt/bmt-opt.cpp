@@ -22,12 +22,43 @@
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/raw_ostream.h"
 
 using namespace mlir;
+
+/// True for outputs written as a sharded.pt archive rather than MLIR text.
+static bool isArchiveOutput(llvm::StringRef path) {
+  return path.ends_with(".pt") || path.ends_with(".pth");
+}
+
+/// Writes `text` to `path` through a temporary file renamed over it.
+static std::error_code writeFileAtomically(llvm::StringRef path, llvm::StringRef text) {
+  llvm::SmallString<256> tmp;
+  int fd;
+  if (std::error_code ec = llvm::sys::fs::createUniqueFile(path + ".tmp-%%%%%%", fd, tmp))
+    return ec;
+  {
+    llvm::raw_fd_ostream out(fd, /*shouldClose=*/true);
+    out << text;
+    out.close();
+    if (out.has_error()) {
+      std::error_code ec = out.error();
+      out.clear_error();
+      llvm::sys::fs::remove(tmp);
+      return ec;
+    }
+  }
+  if (std::error_code ec = llvm::sys::fs::rename(tmp, path)) {
+    llvm::sys::fs::remove(tmp);
+    return ec;
+  }
+  return {};
+}
 
 /// True for inputs the TorchScript importer reads rather than the MLIR parser.
 static bool isArchiveInput(llvm::StringRef path) {
@@ -68,6 +99,14 @@ int main(int argc, char **argv) {
       registry);
   MlirOptMainConfig config = MlirOptMainConfig::createFromCLOptions();
 
+  bool same = false;
+  if (inputFilename != "-" && outputFilename != "-" &&
+      !llvm::sys::fs::equivalent(inputFilename, outputFilename, same) && same) {
+    llvm::errs() << "error: " << outputFilename
+                 << ": the output would overwrite the input; choose another -o\n";
+    return 1;
+  }
+
   std::unique_ptr<llvm::MemoryBuffer> input;
   std::string errorMessage;
   if (isArchiveInput(inputFilename)) {
@@ -91,14 +130,26 @@ int main(int argc, char **argv) {
     }
   }
 
-  // `-o sharded.pt`: run the passes, then export the result as an archive.
-  if (isArchiveInput(outputFilename) && outputFilename != "-") {
-    if (!config.inputSplitMarker().empty())
-      return llvm::errs() << "error: --split-input-file cannot write an archive\n", 1;
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    if (failed(MlirOptMain(os, std::move(input), registry, config)))
-      return 1;
+  // Run MlirOptMain into memory, then write the result: as a sharded.pt
+  // archive for `-o *.pt`, else as text. Writing only after success, to a
+  // temporary file renamed over the target, leaves an existing output intact
+  // on failure.
+  bool archiveOutput = isArchiveOutput(outputFilename);
+  if (archiveOutput && !config.inputSplitMarker().empty())
+    return llvm::errs() << "error: --split-input-file cannot write an archive\n", 1;
+  if (archiveOutput) {
+    // Keep source locations in the archive's program text.
+    auto &options = llvm::cl::getRegisteredOptions();
+    if (auto *debugInfo = static_cast<llvm::cl::opt<bool> *>(
+            options.lookup("mlir-print-debuginfo")))
+      *debugInfo = true;
+  }
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  if (failed(MlirOptMain(os, std::move(input), registry, config)))
+    return 1;
+
+  if (archiveOutput) {
     MLIRContext context(registry);
     ScopedDiagnosticHandler handler(&context, printImportDiagnostic);
     OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(text, &context);
@@ -113,15 +164,15 @@ int main(int argc, char **argv) {
                  << " instructions\n";
     return 0;
   }
-
-  std::unique_ptr<llvm::ToolOutputFile> output =
-      openOutputFile(outputFilename, &errorMessage);
-  if (!output) {
-    llvm::errs() << "error: " << errorMessage << "\n";
+  if (outputFilename == "-") {
+    llvm::outs() << text;
+    llvm::outs().flush();
+    return llvm::outs().has_error() ? 1 : 0;
+  }
+  if (std::error_code ec = writeFileAtomically(outputFilename, text)) {
+    llvm::errs() << "error: cannot write " << outputFilename << ": " << ec.message()
+                 << "\n";
     return 1;
   }
-  if (failed(MlirOptMain(output->os(), std::move(input), registry, config)))
-    return 1; // the output file is removed: ToolOutputFile was not kept
-  output->keep();
   return 0;
 }

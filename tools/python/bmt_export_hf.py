@@ -53,6 +53,13 @@ def error(message):
     sys.exit(1)
 
 
+def _first_line(e):
+    """An exception's message on one line (at most 300 characters)."""
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    text = text or type(e).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def parse_value(text):
     """'4' -> 4, '0.1' -> 0.1, 'true' -> True, anything else stays a string."""
     try:
@@ -66,36 +73,54 @@ def build_config(args, transformers):
         try:
             config = transformers.AutoConfig.from_pretrained(args.checkpoint, local_files_only=True)
         except Exception as e:  # noqa: BLE001 - report any loader failure as one line
-            error(f"cannot read the checkpoint config in {args.checkpoint}: {str(e).splitlines()[0]}")
-    elif args.config.endswith(".json") or os.path.sep in args.config:
-        try:
-            with open(args.config) as f:
-                fields = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            error(f"cannot read config {args.config}: {e}")
-        if "model_type" not in fields:
-            error(f"config {args.config} has no model_type")
-        config = transformers.AutoConfig.for_model(**fields)
+            error(f"cannot read the checkpoint config in {args.checkpoint}: {_first_line(e)}")
     else:
+        overrides = {}
+        for item in args.set:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                error(f"--set expects KEY=VALUE, got '{item}'")
+            overrides[key] = parse_value(value)
+        if args.config.endswith(".json") or os.path.sep in args.config:
+            try:
+                with open(args.config) as f:
+                    fields = json.load(f)
+            except (OSError, json.JSONDecodeError) as e:
+                error(f"cannot read config {args.config}: {e}")
+            if not isinstance(fields, dict) or "model_type" not in fields:
+                error(f"config {args.config} has no model_type")
+            model_type = fields.pop("model_type")
+        else:
+            model_type, fields = args.config, {}
         try:
-            config = transformers.AutoConfig.for_model(args.config)
+            defaults = transformers.AutoConfig.for_model(model_type)
         except ValueError:
-            error(f"unknown architecture '{args.config}'; known: {', '.join(sorted(TASK_CLASS))}")
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            error(f"--set expects KEY=VALUE, got '{item}'")
-        if not hasattr(config, key):
-            error(f"config of {config.model_type} has no field '{key}'")
-        setattr(config, key, parse_value(value))
+            error(f"unknown architecture '{model_type}'; known: {', '.join(sorted(TASK_CLASS))}")
+        for key in overrides:
+            if not hasattr(defaults, key):
+                error(f"config of {model_type} has no field '{key}'")
+        # Passing the overrides to the constructor (not setting them after)
+        # lets fields derived from them follow (e.g. phi's key/value heads).
+        try:
+            config = transformers.AutoConfig.for_model(model_type, **{**fields, **overrides})
+        except Exception as e:  # noqa: BLE001 - invalid values, reported as one line
+            error(f"invalid config for {model_type}: {_first_line(e)}")
+        args.set = []
     if hasattr(config, "use_cache"):
         config.use_cache = False
     config._attn_implementation = "eager"
     return config
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with bmt's error convention: one 'error:' line, exit 1."""
+
+    def error(self, message):
+        error(f"{message} (see bmt-export-hf --help)")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="bmt-export-hf", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="bmt-export-hf", description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", help="architecture name (gpt2, llama, ...) or config.json path")
     source.add_argument("--checkpoint", help="local checkpoint directory (config.json + weights)")
@@ -110,6 +135,7 @@ def main(argv=None):
         error(f"output {args.output} must end in .pt (TorchScript archive)")
 
     warnings.filterwarnings("ignore")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
     import transformers
 
@@ -120,10 +146,13 @@ def main(argv=None):
     cls = getattr(transformers, class_name)
     torch.manual_seed(args.seed)
     start = time.time()
-    if args.checkpoint:
-        model = cls.from_pretrained(args.checkpoint, local_files_only=True, config=config)
-    else:
-        model = cls(config)
+    try:
+        if args.checkpoint:
+            model = cls.from_pretrained(args.checkpoint, local_files_only=True, config=config)
+        else:
+            model = cls(config)
+    except Exception as e:  # noqa: BLE001
+        error(f"cannot build {class_name} from this config: {_first_line(e)}")
     model.eval()
 
     vocab = config.vocab_size
@@ -135,16 +164,21 @@ def main(argv=None):
         with torch.no_grad():
             traced = torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
     except Exception as e:  # noqa: BLE001 - tracing failures are user errors here
-        error(f"cannot trace {class_name}: {str(e).splitlines()[0]}")
+        error(f"cannot trace {class_name}: {_first_line(e)}")
 
     out_dir = os.path.dirname(os.path.abspath(args.output))
-    os.makedirs(out_dir, exist_ok=True)
-    # torch.jit.save names the archive's top folder after the file, so save
-    # under the final name inside a temporary directory, then move it.
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        tmp_path = os.path.join(tmp, os.path.basename(args.output))
-        traced.save(tmp_path)
-        os.replace(tmp_path, args.output)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        # torch.jit.save names the archive's top folder after the file, so
+        # save under the final name inside a temporary directory, then move it.
+        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+            tmp_path = os.path.join(tmp, os.path.basename(args.output))
+            traced.save(tmp_path)
+            os.replace(tmp_path, args.output)
+    except OSError as e:
+        error(f"cannot write {args.output}: {e.strerror or e}")
+    except Exception as e:  # noqa: BLE001 - e.g. a Python autograd function in the model
+        error(f"cannot save the traced {class_name}: {_first_line(e)}")
 
     params = sum(p.numel() for p in model.parameters())
     print(f"exported {class_name} ({config.model_type}, {params / 1e6:.1f} M parameters, "

@@ -24,12 +24,14 @@
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Process.h"
 
 #include <ATen/core/function_schema.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/serialization/import.h>
+#include <caffe2/serialize/inline_container.h>
 
 #include <map>
 #include <memory>
@@ -85,9 +87,27 @@ struct ImportedFunction {
   ResultShape resultShape;
 };
 
+/// The first non-empty line of a LibTorch error, without its
+/// "[enforce fail at file.cc:123] " prefix.
 std::string firstLine(const std::string &text) {
-  size_t eol = text.find('\n');
-  return eol == std::string::npos ? text : text.substr(0, eol);
+  size_t begin = 0;
+  std::string line;
+  while (begin < text.size()) {
+    size_t eol = text.find('\n', begin);
+    line = text.substr(begin, eol == std::string::npos ? std::string::npos : eol - begin);
+    if (line.find_first_not_of(" \t") != std::string::npos)
+      break;
+    line.clear();
+    if (eol == std::string::npos)
+      break;
+    begin = eol + 1;
+  }
+  if (line.rfind("[enforce fail at ", 0) == 0)
+    if (size_t close = line.find("] "); close != std::string::npos)
+      line = line.substr(close + 2);
+  if (line.rfind(". ", 0) == 0)
+    line = line.substr(2);
+  return line.empty() ? "(no reason given)" : line;
 }
 
 std::string join(const std::string &prefix, const std::string &name) {
@@ -161,13 +181,17 @@ private:
                ResultShape &shape, Location loc);
   Entry unflatten(const ResultShape &shape, ValueRange values, size_t &next);
   void flattenInputType(const c10::TypePtr &type, SmallVectorImpl<Type> &types,
-                        Location loc);
+                        Location loc, const std::string &where);
   Entry bindInput(const c10::TypePtr &type, Block::BlockArgListType args,
                   size_t &next, Location loc);
 
   // --- conversions ----------------------------------------------------------
-  Type convertType(const c10::TypePtr &type, Location loc);
-  RankedTensorType convertTensorType(const at::Tensor &tensor, Location loc);
+  /// `where` is appended to the error message (" (argument 'x' of f)").
+  Type convertType(const c10::TypePtr &type, Location loc,
+                   const std::string &where = "");
+  /// `what` names the tensor in error messages.
+  RankedTensorType convertTensorType(const at::Tensor &tensor, Location loc,
+                                     const std::string &what = "");
   Attribute convertConstant(const c10::IValue &value, Location loc);
   Location locationOf(const jit::Node *node);
 
@@ -217,7 +241,8 @@ Location TorchScriptImporter::locationOf(const jit::Node *node) {
 }
 
 RankedTensorType TorchScriptImporter::convertTensorType(const at::Tensor &t,
-                                                        Location loc) {
+                                                        Location loc,
+                                                        const std::string &what) {
   Type element;
   switch (t.scalar_type()) {
   case at::kFloat: element = builder.getF32Type(); break;
@@ -232,12 +257,14 @@ RankedTensorType TorchScriptImporter::convertTensorType(const at::Tensor &t,
   case at::kBool: element = builder.getI1Type(); break;
   default:
     fail(loc, path + ": tensor of unsupported dtype " +
-                  std::string(c10::toString(t.scalar_type())));
+                  std::string(c10::toString(t.scalar_type())) +
+                  (what.empty() ? "" : " (" + what + ")"));
   }
   return RankedTensorType::get(t.sizes().vec(), element);
 }
 
-Type TorchScriptImporter::convertType(const c10::TypePtr &type, Location loc) {
+Type TorchScriptImporter::convertType(const c10::TypePtr &type, Location loc,
+                                      const std::string &where) {
   switch (type->kind()) {
   case c10::TypeKind::TensorType: return bmt::TensorType::get(&context);
   case c10::TypeKind::IntType: return builder.getI64Type();
@@ -249,7 +276,7 @@ Type TorchScriptImporter::convertType(const c10::TypePtr &type, Location loc) {
   case c10::TypeKind::DeviceObjType: return bmt::DeviceType::get(&context);
   default:
     fail(loc, path + ": values of TorchScript type '" + type->repr_str() +
-                  "' are not supported");
+                  "' are not supported" + where);
   }
 }
 
@@ -319,7 +346,7 @@ void TorchScriptImporter::collectGlobals(const jit::Module &root) {
       return;
     }
     builder.setInsertionPointToEnd(globalsBlock);
-    RankedTensorType type = convertTensorType(tensor, loc);
+    RankedTensorType type = convertTensorType(tensor, loc, name);
     Operation *global;
     if (isParameter)
       global = bmt::ParameterOp::create(builder, 
@@ -364,7 +391,7 @@ TorchScriptImporter::globalForTensorAttribute(const std::string &attrPath,
   else
     builder.setInsertionPointToStart(globalsBlock);
   auto buffer = bmt::BufferOp::create(builder, 
-      loc, attrPath, convertTensorType(tensor, loc), /*persistent=*/false,
+      loc, attrPath, convertTensorType(tensor, loc, attrPath), /*persistent=*/false,
       /*aliases=*/nullptr);
   lastGlobal = buffer;
   globalOfTensor[key] = buffer;
@@ -472,13 +499,13 @@ Entry TorchScriptImporter::unflatten(const ResultShape &shape,
 
 void TorchScriptImporter::flattenInputType(const c10::TypePtr &type,
                                            SmallVectorImpl<Type> &types,
-                                           Location loc) {
+                                           Location loc, const std::string &where) {
   if (auto tuple = type->cast<c10::TupleType>()) {
     for (const c10::TypePtr &element : tuple->elements())
-      flattenInputType(element, types, loc);
+      flattenInputType(element, types, loc, where);
     return;
   }
-  types.push_back(convertType(type, loc));
+  types.push_back(convertType(type, loc, where));
 }
 
 Entry TorchScriptImporter::bindInput(const c10::TypePtr &type,
@@ -515,7 +542,9 @@ ImportedFunction &TorchScriptImporter::importMethod(
   Location loc = FileLineColLoc::get(&context, path, 0, 0);
   SmallVector<Type> argTypes;
   for (size_t i = 1; i < graph->inputs().size(); ++i)
-    flattenInputType(graph->inputs()[i]->type(), argTypes, loc);
+    flattenInputType(graph->inputs()[i]->type(), argTypes, loc,
+                     " (argument '" + baseName(graph->inputs()[i]) + "' of " +
+                         symbol + ")");
 
   OpBuilder::InsertionGuard guard(builder);
   builder.setInsertionPointToEnd(moduleOp.getBody());
@@ -560,7 +589,8 @@ ImportedFunction &TorchScriptImporter::importMethod(
       failAt(node, symbol,
              "control flow (" + std::string(node->kind().toQualString()) +
                  ") is not supported; trace the model with torch.jit.trace "
-                 "or export it with torch.export");
+                 "(a traced model keeps the control flow of submodules that "
+                 "were scripted: trace those too)");
   for (jit::Node *node : graph->nodes())
     importNode(node, symbol);
 
@@ -710,7 +740,10 @@ void TorchScriptImporter::importNode(jit::Node *node,
   if (kind == c10::prim::Constant) {
     c10::optional<c10::IValue> value = jit::toIValue(node->output());
     if (!value)
-      failAt(node, functionName, "constant without a value");
+      failAt(node, functionName,
+             "a constant of type " + node->output()->type()->repr_str() +
+                 " (a scripted function or class) is not supported; trace the "
+                 "model so that calls are inlined");
     bind(node->output(), Entry::ofConstant(convertConstant(*value, loc)));
     return;
   }
@@ -834,6 +867,43 @@ OwningOpRef<ModuleOp> TorchScriptImporter::run(const jit::Module &root) {
 
 } // namespace
 
+/// For a zip that is not a TorchScript archive, what it is instead (empty
+/// for a TorchScript archive or when the records cannot be listed; jit::load
+/// reports those).
+static std::string describeOtherArchive(const std::string &path) {
+  std::vector<std::string> records;
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    records = reader.getAllRecords();
+  } catch (const c10::Error &e) {
+    std::string reason = firstLine(e.what_without_backtrace());
+    if (reason.find("central directory") != std::string::npos)
+      return "a truncated or corrupt zip archive (its central directory is missing)";
+    return "a zip archive, but not a PyTorch archive (" + reason + ")";
+  } catch (const std::exception &e) {
+    return "a zip archive, but not a PyTorch archive (" + firstLine(e.what()) + ")";
+  }
+  bool hasCode = false, hasData = false, isExport = false, isBmt = false;
+  for (const std::string &r : records) {
+    hasCode |= r.rfind("code/", 0) == 0;
+    hasData |= r == "data.pkl";
+    isExport |= r == "archive_format" || r.rfind("models/", 0) == 0;
+    isBmt |= r == "bmt/version";
+  }
+  if (hasCode)
+    return "";
+  if (isBmt)
+    return "a bmt sharded.pt (already compiled; run it with bmt-run, or pass the "
+           "model it was compiled from)";
+  if (isExport)
+    return "a torch.export archive (.pt2); bmt-opt reads TorchScript archives only "
+           "for now: trace the model with torch.jit.trace";
+  if (hasData)
+    return "a torch.save file (a state dict or a pickled module), not a TorchScript "
+           "archive: trace the model with torch.jit.trace and torch.jit.save it";
+  return "a zip archive, but not a TorchScript archive (no code/ records)";
+}
+
 bool bmt::looksLikeZipArchive(llvm::StringRef path) {
   auto buffer = llvm::MemoryBuffer::getFileSlice(path, 4, 0);
   if (!buffer)
@@ -854,10 +924,23 @@ OwningOpRef<ModuleOp> bmt::importTorchScript(llvm::StringRef pathRef,
     emitError(fileLoc) << path << ": is a directory, not a TorchScript archive";
     return nullptr;
   }
+  if (std::error_code ec = llvm::sys::fs::access(path, llvm::sys::fs::AccessMode::Exist);
+      !ec) {
+    int fd;
+    if (std::error_code openError = llvm::sys::fs::openFileForRead(path, fd)) {
+      emitError(fileLoc) << path << ": cannot read: " << openError.message();
+      return nullptr;
+    }
+    llvm::sys::Process::SafelyCloseFileDescriptor(fd);
+  }
   if (!looksLikeZipArchive(path)) {
     emitError(fileLoc) << path
                        << ": not a zip archive (TorchScript archives are "
                           "written by torch.jit.save)";
+    return nullptr;
+  }
+  if (std::string kind = describeOtherArchive(path); !kind.empty()) {
+    emitError(fileLoc) << path << ": " << kind;
     return nullptr;
   }
   try {
