@@ -29,13 +29,16 @@ Model::Model(plan::Archive &archive, at::Device device,
   executor_ = std::make_unique<Executor>(plan_, std::move(tensors), device_);
   const plan::Function &entry = plan_.functions[plan_.entry];
   for (size_t i = 0; i < entry.resultNames.size(); ++i)
-    if (entry.resultNames[i] == "logits")
+    if (entry.resultNames[i] == "logits") {
       logitsIndex_ = i;
+      hasLogits_ = true;
+    }
   if (entry.returns.empty())
     throw ExecutionError("the model's forward returns nothing");
 }
 
-at::Tensor Model::forward(const at::Tensor &inputIds, const at::Tensor &attentionMask) {
+std::vector<c10::IValue> Model::run(const at::Tensor &inputIds,
+                                    const at::Tensor &attentionMask) {
   const plan::Function &entry = plan_.functions[plan_.entry];
   std::vector<c10::IValue> inputs;
   for (const std::string &name : entry.paramNames) {
@@ -48,7 +51,23 @@ at::Tensor Model::forward(const at::Tensor &inputIds, const at::Tensor &attentio
                            "' that bmt-run does not provide (it provides input_ids "
                            "and attention_mask); export the model with those inputs");
   }
-  std::vector<c10::IValue> results = executor_->run(inputs);
+  return executor_->run(inputs);
+}
+
+std::vector<std::pair<std::string, c10::IValue>>
+Model::forwardAll(const at::Tensor &inputIds, const at::Tensor &attentionMask) {
+  std::vector<c10::IValue> results = run(inputIds, attentionMask);
+  const plan::Function &entry = plan_.functions[plan_.entry];
+  std::vector<std::pair<std::string, c10::IValue>> named;
+  for (size_t i = 0; i < results.size(); ++i) {
+    std::string name = i < entry.resultNames.size() ? entry.resultNames[i] : "";
+    named.emplace_back(name.empty() ? "result" + std::to_string(i) : name, results[i]);
+  }
+  return named;
+}
+
+at::Tensor Model::forward(const at::Tensor &inputIds, const at::Tensor &attentionMask) {
+  std::vector<c10::IValue> results = run(inputIds, attentionMask);
   if (!results.at(logitsIndex_).isTensor())
     throw ExecutionError("the model's logits result is not a tensor");
   return results[logitsIndex_].toTensor();

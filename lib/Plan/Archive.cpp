@@ -4,6 +4,7 @@
 
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <caffe2/serialize/crc_alt.h> // header-only; included by this file alone
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
@@ -49,6 +50,7 @@ void writeArchive(const std::string &path, Plan &plan,
       t = t.contiguous().cpu();
       info.record = "bmt/weights/" + std::to_string(i);
       info.offset = 0;
+      info.crc32 = crc32_fast(t.data_ptr(), t.nbytes());
       writer.writeRecord(info.record, t.data_ptr(), t.nbytes());
     }
     writer.writeRecord(kProgramRecord, programText.data(), programText.size());
@@ -128,6 +130,9 @@ at::Tensor Archive::readTensor(size_t index) {
                       info.name);
     std::memcpy(out.data_ptr(), static_cast<const char *>(data.get()) + info.offset,
                 info.nbytes());
+    if (static_cast<int64_t>(crc32_fast(out.data_ptr(), info.nbytes())) != info.crc32)
+      throw PlanError(path_ + ": corrupt record " + info.record + " of " + info.name +
+                      " (checksum mismatch)");
     bytesRead_ += info.nbytes();
   } catch (const c10::Error &e) {
     throw PlanError(path_ + ": corrupt record " + info.record + " of " + info.name +

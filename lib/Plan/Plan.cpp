@@ -2,7 +2,8 @@
 //
 // Encoding (read by docs/sharded-format.md's readers too):
 //   plan       dict  {version, source, model_type, objective, entry, tensors, functions}
-//   tensor     dict  {name, aliases, is_parameter, requires_grad, dtype, shape, record, offset}
+//   tensor     dict  {name, aliases, is_parameter, requires_grad, dtype, shape, record,
+//                     offset, crc32}
 //   function   dict  {name, module_path, num_registers, params, returns,
 //                     param_names, result_names, body}
 //   instruction tuple (kind, op, args, target, results, location)
@@ -234,6 +235,7 @@ IValue toIValue(const Plan &plan) {
     d.insert("shape", listOf(t.shape));
     d.insert("record", t.record);
     d.insert("offset", t.offset);
+    d.insert("crc32", t.crc32);
     tensors.push_back(d);
   }
   root.insert("tensors", tensors);
@@ -291,6 +293,7 @@ Plan fromIValue(const IValue &value) {
         throw PlanError("plan: tensor " + t.name + " has a negative dimension");
     t.record = asString(field(d, "record"), "record");
     t.offset = asInt(field(d, "offset"), "offset");
+    t.crc32 = asInt(field(d, "crc32"), "crc32");
     plan.tensors.push_back(std::move(t));
   }
 

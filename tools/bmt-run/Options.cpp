@@ -2,6 +2,8 @@
 
 #include "Options.h"
 
+#include "bmt/Runtime/LRSchedule.h"
+
 #include <functional>
 #include <map>
 #include <sstream>
@@ -159,6 +161,11 @@ RunOptions parseRunOptions(int argc, char **argv) {
     throw UsageError("no archive given (usage: bmt-run SHARDED.pt [options])");
   if (o.objective != "auto" && o.objective != "causal-lm" && o.objective != "masked-lm")
     throw UsageError("--objective must be auto, causal-lm or masked-lm, got " + o.objective);
+  try {
+    runtime::parseLRScheduleKind(o.schedule);
+  } catch (const std::invalid_argument &e) {
+    throw UsageError(std::string("--schedule: ") + e.what());
+  }
   if (!(o.maskProb > 0 && o.maskProb < 1))
     throw UsageError("--mask-prob must be in (0, 1)");
   bool training = !o.evalOnly && o.dumpInputs.empty();

@@ -113,12 +113,23 @@ void runDump(runtime::Model &model, const tools::RunOptions &o, bool maskedLM) {
   at::Tensor ids = get("input_ids");
   at::Tensor mask = dict.contains(std::string("attention_mask")) ? get("attention_mask")
                                                                  : at::ones_like(ids);
+  c10::impl::GenericDict out(c10::StringType::get(), c10::TensorType::get());
+  at::Tensor logits;
+  for (auto &[name, value] : model.forwardAll(ids, mask)) {
+    if (!value.isTensor())
+      continue;
+    out.insert(name, value.toTensor().detach().cpu());
+    if (name == "logits")
+      logits = value.toTensor();
+  }
+  if (!logits.defined()) { // no language-model head: outputs only
+    saveIValue(o.dumpOutput, out);
+    std::cout << "dump: " << out.size() << " outputs -> " << o.dumpOutput << "\n";
+    return;
+  }
   at::Tensor labels = dict.contains(std::string("labels")) ? get("labels") : ids;
-  at::Tensor logits = model.forward(ids, mask);
   at::Tensor loss = runtime::languageModelLoss(logits, labels, /*shift=*/!maskedLM);
   loss.backward();
-  c10::impl::GenericDict out(c10::StringType::get(), c10::TensorType::get());
-  out.insert("logits", logits.detach().cpu());
   out.insert("loss", loss.detach().cpu());
   for (size_t i = 0; i < model.parameters().size(); ++i) {
     const at::Tensor &g = model.parameters()[i].grad();
@@ -136,6 +147,9 @@ int run(const tools::RunOptions &o) {
   runtime::Model model(archive, device, loadProgress);
   const plan::Plan &p = model.plan();
   std::string objective = o.objective == "auto" ? p.objective : o.objective;
+  if (!model.hasLogits() && o.dumpInputs.empty())
+    throw Failure(o.archive + ": the model has no language-model head (no 'logits' "
+                  "result: " + p.modelType + "); it can be run with --dump but not trained");
   bool maskedLM = objective == "masked-lm";
   std::cout << "bmt-run: " << o.archive << " (" << p.modelType << "), "
             << model.numParameters() << " parameters, " << archive.bytesRead()

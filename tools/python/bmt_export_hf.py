@@ -70,6 +70,8 @@ def parse_value(text):
 
 def build_config(args, transformers):
     if args.checkpoint:
+        if not os.path.isdir(args.checkpoint):
+            error(f"checkpoint {args.checkpoint} is not a directory")
         try:
             config = transformers.AutoConfig.from_pretrained(args.checkpoint, local_files_only=True)
         except Exception as e:  # noqa: BLE001 - report any loader failure as one line
@@ -130,6 +132,9 @@ def main(argv=None):
     parser.add_argument("--seq-len", type=int, default=8, help="example sequence length (tokens)")
     parser.add_argument("--batch", type=int, default=2, help="example batch size")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--head", choices=["lm", "none"], default="lm",
+                        help="lm: the architecture's language-model class (default); "
+                             "none: the bare model (AutoModel: hidden states, no head)")
     args = parser.parse_args(argv)
     if not args.output.endswith((".pt", ".pth")):
         error(f"output {args.output} must end in .pt (TorchScript archive)")
@@ -140,10 +145,14 @@ def main(argv=None):
     import transformers
 
     config = build_config(args, transformers)
-    class_name = TASK_CLASS.get(config.model_type)
-    if class_name is None:
-        error(f"no model class known for architecture '{config.model_type}'")
-    cls = getattr(transformers, class_name)
+    if args.head == "none":
+        cls = transformers.AutoModel._model_mapping[type(config)]
+        class_name = cls.__name__
+    else:
+        class_name = TASK_CLASS.get(config.model_type)
+        if class_name is None:
+            error(f"no model class known for architecture '{config.model_type}'")
+        cls = getattr(transformers, class_name)
     torch.manual_seed(args.seed)
     start = time.time()
     try:

@@ -43,6 +43,9 @@ struct TensorInfo {
   std::vector<int64_t> shape;
   std::string record; ///< archive record holding the bytes (row-major, contiguous)
   int64_t offset = 0; ///< byte offset of the tensor in `record`
+  /// CRC-32 (zlib's polynomial) of the tensor's bytes; readers check it,
+  /// since the zip container's own CRCs are not checked by LibTorch.
+  int64_t crc32 = 0;
 
   int64_t numel() const;
   int64_t nbytes() const;

@@ -35,6 +35,14 @@ public:
   /// result named "logits", else the first result).
   at::Tensor forward(const at::Tensor &inputIds, const at::Tensor &attentionMask);
 
+  /// Runs forward and returns every result with its name ("logits",
+  /// "last_hidden_state", ...; "result<i>" where the program names none).
+  std::vector<std::pair<std::string, c10::IValue>>
+  forwardAll(const at::Tensor &inputIds, const at::Tensor &attentionMask);
+
+  /// Whether the forward has a result named "logits" (a language-model head).
+  bool hasLogits() const { return hasLogits_; }
+
   /// The distinct trainable parameters (tied ones once), in plan order.
   const std::vector<at::Tensor> &parameters() const { return parameters_; }
   /// Their names (the plan's symbol names), same order.
@@ -51,6 +59,8 @@ private:
   std::vector<at::Tensor> parameters_;
   std::vector<std::string> parameterNames_;
   size_t logitsIndex_ = 0;
+  bool hasLogits_ = false;
+  std::vector<c10::IValue> run(const at::Tensor &inputIds, const at::Tensor &attentionMask);
 };
 
 /// The language-modelling loss, mean over positions whose label is not -100:

@@ -1,0 +1,163 @@
+"""bmt-run as a user meets it: evaluation against eager PyTorch, masked-LM
+training, and every kind of bad input giving one clear error, exit status 1
+and nothing half-written.
+"""
+import io
+import json
+import math
+import os
+import struct
+import subprocess
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from bmt_paths import binary
+from test_runtime_parity import build, compile_model
+
+
+def write_tokens(prefix, tokens, vocab, dtype="uint16", mask_id=None, **overrides):
+    """A token file as bmt-prepare-data writes it (independent of it)."""
+    arr = np.asarray(tokens, dtype=np.uint16 if dtype == "uint16" else np.uint32)
+    arr.tofile(f"{prefix}.bin")
+    meta = {"format": "bmt-tokens", "version": 1, "dtype": dtype, "num_tokens": int(arr.size),
+            "num_documents": 1, "vocab_size": vocab, "eos_id": 0, "mask_id": mask_id,
+            "pad_id": None, "tokenizer": "synthetic", "source": []}
+    meta.update(overrides)
+    with open(f"{prefix}.json", "w") as f:
+        json.dump(meta, f)
+    return f"{prefix}.bin"
+
+
+def bmt_run(*args):
+    return subprocess.run([binary("bmt-run"), *map(str, args), "--device", "cpu"],
+                          capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpt2")
+    model = build("gpt2")
+    return model, compile_model(model, tmp, "gpt2"), tmp
+
+
+def assert_one_error(result, *fragments):
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], (fragment, errors[0])
+
+
+def test_eval_only_matches_eager(gpt2):
+    model, sharded, tmp = gpt2
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 128, (1000,), generator=g)
+    val = write_tokens(tmp / "val", tokens.tolist(), 128)
+    log = tmp / "eval.jsonl"
+    r = bmt_run(sharded, "--eval-only", "--eval-data", val, "--seq-len", 16, "--micro-batch", 4,
+                "--log", log)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(open(log).read().splitlines()[-1])
+    # Eager: the same consecutive windows of 17 tokens, 4 per batch.
+    n = 1000 // 17 // 4 * 4
+    windows = tokens[: n * 17].view(n, 17)
+    with torch.no_grad():
+        logits = model(input_ids=windows[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 128), windows[:, 1:].reshape(-1))
+    assert got["tokens"] == n * 16
+    assert abs(got["val_loss"] - loss.item()) <= 1e-5
+    assert abs(got["val_ppl"] - math.exp(loss.item())) <= 1e-3 * math.exp(loss.item())
+
+
+def test_masked_lm_training_lowers_the_loss(tmp_path):
+    model = build("bert")
+    sharded = compile_model(model, tmp_path, "bert")
+    # A learnable sequence: a repeating pattern over ids 5..36; [MASK] is 3.
+    tokens = [5 + (i % 32) for i in range(20000)]
+    data = write_tokens(tmp_path / "train", tokens, 128, mask_id=3)
+    log = tmp_path / "log.jsonl"
+    r = bmt_run(sharded, "--data", data, "--eval-data", data, "--eval-batches", 4, "--steps", 40,
+                "--micro-batch", 8, "--seq-len", 32, "--lr", "3e-3", "--warmup", 5, "--log", log)
+    assert r.returncode == 0, r.stderr
+    assert "objective masked-lm" in r.stdout
+    records = [json.loads(line) for line in open(log)]
+    train = [x["loss"] for x in records if x["kind"] == "train"]
+    assert len(train) == 40 and all(math.isfinite(x) for x in train)
+    assert sum(train[-5:]) / 5 < 0.85 * sum(train[:5]) / 5
+    assert records[-1]["kind"] == "eval" and records[-1]["val_loss"] < train[0]
+
+
+def test_bad_data(gpt2, tmp_path):
+    _, sharded, _ = gpt2
+    common = ["--steps", 2, "--seq-len", 16, "--micro-batch", 2]
+    assert_one_error(bmt_run(sharded, "--data", tmp_path / "missing.bin", *common), "missing")
+    big = write_tokens(tmp_path / "big", [1, 2, 300, 4] * 100, 1000)
+    assert_one_error(bmt_run(sharded, "--data", big, *common), "big.bin", "300", "position 2")
+    short = write_tokens(tmp_path / "short", list(range(10)), 128)
+    assert_one_error(bmt_run(sharded, "--data", short, *common), "short.bin")
+    wrong = write_tokens(tmp_path / "wrong", list(range(100)), 128)
+    with open(tmp_path / "wrong.json") as f:
+        meta = json.load(f)
+    meta["dtype"] = "uint32"
+    with open(tmp_path / "wrong.json", "w") as f:
+        json.dump(meta, f)
+    assert_one_error(bmt_run(sharded, "--data", wrong, *common), "wrong")
+    meta["dtype"] = "float32"
+    with open(tmp_path / "wrong.json", "w") as f:
+        json.dump(meta, f)
+    assert_one_error(bmt_run(sharded, "--data", wrong, *common), "float32")
+
+
+def rewrite_archive(src, dst, change):
+    """Copies a zip archive, passing each record's bytes through change(name, data)."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, change(info.filename, zin.read(info.filename)))
+
+
+def test_bad_archives(gpt2, tmp_path):
+    _, sharded, _ = gpt2
+    data = write_tokens(tmp_path / "d", list(range(100)) * 10, 128)
+    args = ["--data", data, "--steps", 1, "--seq-len", 8, "--micro-batch", 2]
+    assert_one_error(bmt_run(tmp_path / "none.pt", *args), "no such file")
+    (tmp_path / "text.pt").write_text("not an archive")
+    assert_one_error(bmt_run(tmp_path / "text.pt", *args), "not a bmt archive")
+    v2 = tmp_path / "v2.pt"
+    rewrite_archive(sharded, v2,
+                    lambda n, d: b"bmt-sharded 2\n" if n.endswith("bmt/version") else d)
+    assert_one_error(bmt_run(v2, *args), "format version 2", "reads version 1")
+    corrupt = tmp_path / "corrupt.pt"
+    rewrite_archive(sharded, corrupt,
+                    lambda n, d: bytes(b ^ 0xFF for b in d) if n.endswith("bmt/weights/3") else d)
+    assert_one_error(bmt_run(corrupt, *args), "corrupt record bmt/weights/3")
+    badplan = tmp_path / "badplan.pt"
+    rewrite_archive(sharded, badplan, lambda n, d: d[:50] if n.endswith("bmt/plan.pkl") else d)
+    assert_one_error(bmt_run(badplan, *args), "badplan.pt")
+
+
+def test_nan_loss_stops_with_the_step_and_writes_nothing(tmp_path):
+    model = build("gpt2")
+    with torch.no_grad():
+        model.transformer.h[1].mlp.c_fc.weight[0, 0] = float("nan")
+    sharded = compile_model(model, tmp_path, "nan")
+    data = write_tokens(tmp_path / "d", list(range(100)) * 10, 128)
+    log, params = tmp_path / "log.jsonl", tmp_path / "params.pt"
+    r = bmt_run(sharded, "--data", data, "--steps", 3, "--seq-len", 8, "--micro-batch", 2,
+                "--log", log, "--save-params", params)
+    assert_one_error(r, "NaN", "step 1")
+    assert not params.exists()
+    assert open(log).read() == ""
+
+
+def test_usage_errors(gpt2):
+    _, sharded, _ = gpt2
+    assert_one_error(bmt_run(), "no archive")
+    assert_one_error(bmt_run(sharded, "--steps", "x"), "--steps expects an integer")
+    assert_one_error(bmt_run(sharded, "--frobnicate"), "unknown option --frobnicate")
+    assert_one_error(bmt_run(sharded, "--data", "x.bin"), "--steps is required")
+    assert_one_error(bmt_run(sharded, "--steps", 1, "--data", "x.bin", "--schedule", "zigzag"),
+                     "zigzag")
+    assert bmt_run("--help").returncode == 0
