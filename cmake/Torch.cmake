@@ -3,8 +3,7 @@
 # Defines:
 #   bmt::torch_cpu  - ATen, the TorchScript loader, c10 (no CUDA): what the
 #                     compiler's importer and the CPU runtime need.
-#   TORCH_LIBRARIES - find_package(Torch)'s full set, CUDA included, for the
-#                     runtime's CUDA/NCCL parts.
+#   bmt::torch      - the above plus LibTorch's CUDA backend: what bmt-run links.
 execute_process(
   COMMAND ${Python3_EXECUTABLE} -c "import torch; print(torch.utils.cmake_prefix_path)"
   OUTPUT_VARIABLE _torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE)
@@ -21,3 +20,11 @@ target_link_libraries(bmt_torch_cpu INTERFACE
 set_target_properties(bmt_torch_cpu PROPERTIES
   INTERFACE_LINK_OPTIONS "-Wl,-rpath,${BMT_TORCH_DIR}/lib")
 add_library(bmt::torch_cpu ALIAS bmt_torch_cpu)
+
+# bmt::torch - what the runtime links: the CPU part plus, for the CUDA build
+# of the wheel, libtorch_cuda (linked with --no-as-needed by find_package's
+# TORCH_LIBRARIES, so that its kernels and the CUDA backend register even
+# though no symbol of it is referenced).
+add_library(bmt_torch INTERFACE)
+target_link_libraries(bmt_torch INTERFACE bmt_torch_cpu ${TORCH_LIBRARIES})
+add_library(bmt::torch ALIAS bmt_torch)
