@@ -2,6 +2,8 @@
 
 #include "bmt/Runtime/Executor.h"
 
+#include "bmt/Support/ErrorText.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ScalarOps.h>
 #include <c10/util/Exception.h>
@@ -13,11 +15,6 @@ using c10::IValue;
 namespace bmt::runtime {
 
 namespace {
-
-std::string firstLine(const std::string &text) {
-  size_t eol = text.find('\n');
-  return eol == std::string::npos ? text : text.substr(0, eol);
-}
 
 /// Operators TorchScript registers outside the dispatcher.
 using Native = std::function<IValue(std::vector<IValue> &)>;
@@ -279,7 +276,7 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
       throw ExecutionError(
           (inst.op.empty() ? std::string("instruction") : inst.op) + " in " + f.name +
           (inst.location.empty() ? "" : " (" + inst.location + ")") + " failed: " +
-          firstLine(e.what_without_backtrace()));
+          bmt::firstErrorLine(e.what_without_backtrace()));
     }
   }
   std::vector<IValue> results;

@@ -2,6 +2,8 @@
 
 #include "bmt/Plan/Archive.h"
 
+#include "bmt/Support/ErrorText.h"
+
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/crc_alt.h> // header-only; included by this file alone
@@ -20,11 +22,6 @@ namespace {
 const char *kVersionRecord = "bmt/version";
 const char *kProgramRecord = "bmt/program.mlir";
 const char *kPlanRecord = "bmt/plan.pkl";
-
-std::string firstLine(const std::string &text) {
-  size_t eol = text.find('\n');
-  return eol == std::string::npos ? text : text.substr(0, eol);
-}
 
 std::string versionLine() {
   return "bmt-sharded " + std::to_string(kPlanFormatVersion) + "\n";
@@ -75,7 +72,7 @@ Archive::Archive(const std::string &path) : path_(path) {
     reader_ = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
   } catch (const c10::Error &e) {
     throw PlanError(path + ": not a bmt archive (" +
-                    firstLine(e.what_without_backtrace()) + ")");
+                    bmt::firstErrorLine(e.what_without_backtrace()) + ")");
   }
   if (!reader_->hasRecord(kVersionRecord))
     throw PlanError(path + ": not a bmt archive (no " + kVersionRecord +
@@ -102,7 +99,7 @@ Archive::Archive(const std::string &path) : path_(path) {
       throw;
     throw PlanError(path + ": " + message);
   } catch (const c10::Error &e) {
-    throw PlanError(path + ": corrupt archive: " + firstLine(e.what_without_backtrace()));
+    throw PlanError(path + ": corrupt archive: " + bmt::firstErrorLine(e.what_without_backtrace()));
   }
 }
 
@@ -114,7 +111,7 @@ std::string Archive::programText() {
     return std::string(static_cast<const char *>(data.get()), size);
   } catch (const c10::Error &e) {
     throw PlanError(path_ + ": corrupt record " + kProgramRecord + ": " +
-                    firstLine(e.what_without_backtrace()));
+                    bmt::firstErrorLine(e.what_without_backtrace()));
   }
 }
 
@@ -136,7 +133,7 @@ at::Tensor Archive::readTensor(size_t index) {
     bytesRead_ += info.nbytes();
   } catch (const c10::Error &e) {
     throw PlanError(path_ + ": corrupt record " + info.record + " of " + info.name +
-                    ": " + firstLine(e.what_without_backtrace()));
+                    ": " + bmt::firstErrorLine(e.what_without_backtrace()));
   }
   return out;
 }

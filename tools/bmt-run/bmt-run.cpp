@@ -9,6 +9,8 @@
 
 #include "Options.h"
 
+#include "bmt/Support/ErrorText.h"
+
 #include "bmt/Plan/Archive.h"
 #include "bmt/Runtime/Model.h"
 #include "bmt/Runtime/Trainer.h"
@@ -35,11 +37,6 @@ namespace {
 struct Failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-
-std::string firstLine(const std::string &text) {
-  size_t eol = text.find('\n');
-  return eol == std::string::npos ? text : text.substr(0, eol);
-}
 
 std::vector<char> readFile(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
@@ -99,7 +96,7 @@ void runDump(runtime::Model &model, const tools::RunOptions &o, bool maskedLM) {
   try {
     loaded = torch::jit::pickle_load(readFile(o.dumpInputs));
   } catch (const c10::Error &e) {
-    throw Failure(o.dumpInputs + ": not a torch.save file: " + firstLine(e.what_without_backtrace()));
+    throw Failure(o.dumpInputs + ": not a torch.save file: " + bmt::firstErrorLine(e.what_without_backtrace()));
   }
   if (!loaded.isGenericDict())
     throw Failure(o.dumpInputs + ": expected a dict of tensors");
@@ -236,7 +233,7 @@ int run(const tools::RunOptions &o) {
       v = torch::jit::pickle_load(readFile(o.batchesFile));
     } catch (const c10::Error &e) {
       throw Failure(o.batchesFile + ": not a torch.save file: " +
-                    firstLine(e.what_without_backtrace()));
+                    bmt::firstErrorLine(e.what_without_backtrace()));
     }
     if (!v.isTensor() || v.toTensor().dim() != 3 || v.toTensor().scalar_type() != at::kLong)
       throw Failure(o.batchesFile + ": expected an int64 tensor [n, micro-batch, seq-len + 1]");
@@ -283,7 +280,7 @@ int main(int argc, char **argv) {
   } catch (const Failure &e) {
     std::cerr << "error: " << e.what() << "\n";
   } catch (const c10::Error &e) {
-    std::cerr << "error: " << firstLine(e.what_without_backtrace()) << "\n";
+    std::cerr << "error: " << bmt::firstErrorLine(e.what_without_backtrace()) << "\n";
   } catch (const std::exception &e) {
     std::cerr << "error: " << e.what() << "\n";
   }

@@ -13,6 +13,8 @@
 
 #include "bmt/Import/TorchScript.h"
 
+#include "bmt/Support/ErrorText.h"
+
 #include "bmt/Dialect/AtenRegistry.h"
 #include "bmt/Dialect/BmtDialect.h"
 
@@ -86,29 +88,6 @@ struct ImportedFunction {
   func::FuncOp op;
   ResultShape resultShape;
 };
-
-/// The first non-empty line of a LibTorch error, without its
-/// "[enforce fail at file.cc:123] " prefix.
-std::string firstLine(const std::string &text) {
-  size_t begin = 0;
-  std::string line;
-  while (begin < text.size()) {
-    size_t eol = text.find('\n', begin);
-    line = text.substr(begin, eol == std::string::npos ? std::string::npos : eol - begin);
-    if (line.find_first_not_of(" \t") != std::string::npos)
-      break;
-    line.clear();
-    if (eol == std::string::npos)
-      break;
-    begin = eol + 1;
-  }
-  if (line.rfind("[enforce fail at ", 0) == 0)
-    if (size_t close = line.find("] "); close != std::string::npos)
-      line = line.substr(close + 2);
-  if (line.rfind(". ", 0) == 0)
-    line = line.substr(2);
-  return line.empty() ? "(no reason given)" : line;
-}
 
 std::string join(const std::string &prefix, const std::string &name) {
   return prefix.empty() ? name : prefix + "." + name;
@@ -876,12 +855,12 @@ static std::string describeOtherArchive(const std::string &path) {
     caffe2::serialize::PyTorchStreamReader reader(path);
     records = reader.getAllRecords();
   } catch (const c10::Error &e) {
-    std::string reason = firstLine(e.what_without_backtrace());
+    std::string reason = bmt::firstErrorLine(e.what_without_backtrace());
     if (reason.find("central directory") != std::string::npos)
       return "a truncated or corrupt zip archive (its central directory is missing)";
     return "a zip archive, but not a PyTorch archive (" + reason + ")";
   } catch (const std::exception &e) {
-    return "a zip archive, but not a PyTorch archive (" + firstLine(e.what()) + ")";
+    return "a zip archive, but not a PyTorch archive (" + bmt::firstErrorLine(e.what()) + ")";
   }
   bool hasCode = false, hasData = false, isExport = false, isBmt = false;
   for (const std::string &r : records) {
@@ -951,10 +930,10 @@ OwningOpRef<ModuleOp> bmt::importTorchScript(llvm::StringRef pathRef,
     emitError(error.loc) << error.message;
   } catch (const c10::Error &error) {
     emitError(fileLoc) << path << ": cannot load the TorchScript archive: "
-                       << firstLine(error.what_without_backtrace());
+                       << bmt::firstErrorLine(error.what_without_backtrace());
   } catch (const std::exception &error) {
     emitError(fileLoc) << path << ": cannot load the TorchScript archive: "
-                       << firstLine(error.what());
+                       << bmt::firstErrorLine(error.what());
   }
   return nullptr;
 }
