@@ -28,4 +28,26 @@ def Summary : Pass<"bmt-summary", "::mlir::ModuleOp"> {
   }];
 }
 
+def FindBlocks : Pass<"bmt-find-blocks", "::mlir::ModuleOp"> {
+  let summary = "Find the repeated transformer layers and group them into block lists";
+  let description = [{
+    Walks the call tree from `@forward` and, in each function, looks for runs
+    of two or more calls in which each call consumes a result of the previous
+    one and every callee is a distinct function with the same structure: the
+    same ops, attributes, types and wiring, and parameters of the same shapes
+    at the same paths relative to the callee's module (`transformer.h.0`'s
+    `attn.c_attn.weight` matches `transformer.h.1`'s), the callees' own
+    callees compared the same way. Callees that use no parameter are not
+    blocks. Each run becomes a `bmt.block_list` named by the callees' common
+    module path (`transformer.h`, `model.layers`, `bert.encoder.layer`), and
+    its calls get `bmt.block` and `bmt.block_index`. The search does not look
+    inside a block.
+
+    Emits a remark per block list ("2 blocks in transformer.h: ...") and, for
+    a model without repeated layers, a remark saying so; the IR is then
+    unchanged and the whole model is sharded as one unit by later passes.
+  }];
+  let dependentDialects = ["::bmt::BmtDialect"];
+}
+
 #endif // BMT_PASSES_TD

@@ -6,6 +6,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$root/build}"
+# Cache hits across clones: ccache rewrites paths below the checkout as relative.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"
 
 bash "$root/scripts/setup.sh"
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then

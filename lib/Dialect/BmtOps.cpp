@@ -3,6 +3,7 @@
 #include "bmt/Dialect/AtenRegistry.h"
 #include "bmt/Dialect/BmtDialect.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/OpImplementation.h"
@@ -76,6 +77,33 @@ GetGlobalOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
   if (!isa<ParameterOp, BufferOp>(target))
     return emitOpError("refers to ")
            << getGlobalAttr() << ", which is not a bmt.parameter or bmt.buffer";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// bmt.block_list
+//===----------------------------------------------------------------------===//
+
+LogicalResult BlockListOp::verify() {
+  if (getBlocks().size() < 2)
+    return emitOpError("needs at least two blocks, got ") << getBlocks().size();
+  llvm::StringSet<> seen;
+  for (Attribute block : getBlocks())
+    if (!seen.insert(cast<FlatSymbolRefAttr>(block).getValue()).second)
+      return emitOpError("lists ") << block << " twice";
+  return success();
+}
+
+LogicalResult
+BlockListOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  auto isFunction = [&](FlatSymbolRefAttr ref) {
+    return isa_and_nonnull<func::FuncOp>(symbolTable.lookupNearestSymbolFrom(*this, ref));
+  };
+  if (!isFunction(getCallerAttr()))
+    return emitOpError("caller ") << getCallerAttr() << " is not a function";
+  for (Attribute block : getBlocks())
+    if (!isFunction(cast<FlatSymbolRefAttr>(block)))
+      return emitOpError("block ") << block << " is not a function";
   return success();
 }
 

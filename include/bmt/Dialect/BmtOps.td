@@ -65,6 +65,31 @@ def Bmt_GetGlobalOp : Bmt_Op<"get_global", [Pure,
 }
 
 //===----------------------------------------------------------------------===//
+// Distribution structure (added by passes)
+//===----------------------------------------------------------------------===//
+
+def Bmt_BlockListOp : Bmt_Op<"block_list", [Symbol, HasParent<"::mlir::ModuleOp">,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "a sequence of structurally identical transformer layers";
+  let description = [{
+    Found by `--bmt-find-blocks`: the function `caller` calls `blocks` in this
+    order, each call consuming the previous one's result, and every block
+    function has the same body up to the names of its parameters (BMTrain's
+    TransformerBlockList of CheckpointBlocks). Each such call carries
+    `bmt.block = @<this list>` and `bmt.block_index`. Later passes shard,
+    checkpoint and prefetch per block.
+
+    ```mlir
+    bmt.block_list @transformer.h in @transformer.forward : [@transformer.h.0.forward, @transformer.h.1.forward]
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, FlatSymbolRefAttr:$caller,
+                       FlatSymbolRefArrayAttr:$blocks);
+  let assemblyFormat = "$sym_name `in` $caller `:` $blocks attr-dict";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
 // Computation
 //===----------------------------------------------------------------------===//
 
