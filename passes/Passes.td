@@ -50,4 +50,29 @@ def FindBlocks : Pass<"bmt-find-blocks", "::mlir::ModuleOp"> {
   let dependentDialects = ["::bmt::BmtDialect"];
 }
 
+def Zero : Pass<"bmt-zero", "::mlir::ModuleOp"> {
+  let summary = "Lay the trainable parameters out as flat, sharded storage groups (ZeRO-3/2)";
+  let description = [{
+    After `--bmt-find-blocks`: puts the trainable parameters of each block,
+    per dtype, into one `bmt.storage_group` (offsets aligned to `alignment`
+    bytes, in declaration order), and everything else into the groups of
+    `outside_blocks` (embeddings, final norm, head). A parameter used by more
+    than one block (weights shared across layers) also goes outside the
+    blocks. Records the ZeRO stage and the hybrid shard group size in the
+    module attribute `bmt.zero` for the runtime: stage 3 gathers a block's
+    parameters before its forward and again before its backward, stage 2
+    keeps them gathered from forward to backward; a shard group size G > 0
+    shards within groups of G ranks and replicates across groups.
+    Without block lists, every parameter goes outside the blocks (one unit).
+  }];
+  let options = [
+    Option<"stage", "stage", "int64_t", "3", "ZeRO stage: 3 or 2">,
+    Option<"alignment", "alignment", "int64_t", "512",
+           "alignment of each parameter in its group, in bytes">,
+    Option<"shardGroupSize", "shard-group-size", "int64_t", "0",
+           "hybrid sharding: shard within groups of this many ranks (0: all ranks)">,
+  ];
+  let dependentDialects = ["::bmt::BmtDialect"];
+}
+
 #endif // BMT_PASSES_TD

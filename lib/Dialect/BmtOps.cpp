@@ -108,6 +108,60 @@ BlockListOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
 }
 
 //===----------------------------------------------------------------------===//
+// bmt.storage_group
+//===----------------------------------------------------------------------===//
+
+LogicalResult StorageGroupOp::verify() {
+  if (getParams().size() != getOffsets().size())
+    return emitOpError("has ") << getParams().size() << " params but "
+                               << getOffsets().size() << " offsets";
+  if (getAlignment() <= 0)
+    return emitOpError("needs a positive alignment");
+  Type element = getElementType();
+  if (!element.isIntOrFloat())
+    return emitOpError("needs an integer or float element type");
+  int64_t elementBytes = std::max<int64_t>(1, element.getIntOrFloatBitWidth() / 8);
+  if (getAlignment() % elementBytes != 0)
+    return emitOpError("alignment ") << getAlignment()
+                                     << " is not a multiple of the element size";
+  int64_t alignElements = getAlignment() / elementBytes;
+  int64_t previous = -1;
+  for (int64_t offset : getOffsets()) {
+    if (offset < 0 || offset % alignElements != 0 || offset <= previous)
+      return emitOpError("offset ") << offset << " is not increasing and aligned to "
+                                    << getAlignment() << " bytes";
+    previous = offset;
+  }
+  if (getBlock().has_value() != getBlockIndex().has_value())
+    return emitOpError("needs both block and block_index, or neither");
+  return success();
+}
+
+LogicalResult
+StorageGroupOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  int64_t end = 0;
+  for (auto [ref, offset] : llvm::zip(getParams(), getOffsets())) {
+    auto param = dyn_cast_or_null<ParameterOp>(
+        symbolTable.lookupNearestSymbolFrom(*this, cast<FlatSymbolRefAttr>(ref)));
+    if (!param)
+      return emitOpError("member ") << ref << " is not a bmt.parameter";
+    auto type = cast<RankedTensorType>(param.getType());
+    if (type.getElementType() != getElementType())
+      return emitOpError("member ") << ref << " has element type "
+                                    << type.getElementType();
+    if (offset < end)
+      return emitOpError("member ") << ref << " overlaps the one before it";
+    end = offset + type.getNumElements();
+  }
+  if (end > getSize())
+    return emitOpError("size ") << getSize() << " is smaller than its members' end " << end;
+  if (auto block = getBlockAttr())
+    if (!isa_and_nonnull<BlockListOp>(symbolTable.lookupNearestSymbolFrom(*this, block)))
+      return emitOpError("block ") << block << " is not a bmt.block_list";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // bmt.aten
 //===----------------------------------------------------------------------===//
 

@@ -90,3 +90,21 @@ func.func @f() {
 
 // expected-error @+1 {{has more elements than fit in int64}}
 bmt.parameter @w : tensor<4611686018427387904x4xf32>
+
+// -----
+
+bmt.parameter @w : tensor<4xf32>
+// expected-error @+1 {{offset 3 is not increasing and aligned to 64 bytes}}
+bmt.storage_group @g : f32 {alignment = 64 : i64, offsets = array<i64: 3>, params = [@w], size = 32 : i64}
+
+// -----
+
+bmt.parameter @w : tensor<40xf32>
+// expected-error @+1 {{size 16 is smaller than its members' end 40}}
+bmt.storage_group @g : f32 {alignment = 64 : i64, offsets = array<i64: 0>, params = [@w], size = 16 : i64}
+
+// -----
+
+bmt.parameter @w : tensor<4xbf16>
+// expected-error @+1 {{member @w has element type 'bf16'}}
+bmt.storage_group @g : f32 {alignment = 64 : i64, offsets = array<i64: 0>, params = [@w], size = 16 : i64}

@@ -89,6 +89,34 @@ def Bmt_BlockListOp : Bmt_Op<"block_list", [Symbol, HasParent<"::mlir::ModuleOp"
   let hasVerifier = 1;
 }
 
+def Bmt_StorageGroupOp : Bmt_Op<"storage_group", [Symbol, HasParent<"::mlir::ModuleOp">,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "parameters stored as one flat, sharded buffer";
+  let description = [{
+    Made by `--bmt-zero`: the trainable parameters of one block (or of
+    everything outside the blocks) of one dtype, laid out back to back in one
+    flat buffer of `size` elements, parameter i at element `offsets[i]`
+    (each offset a multiple of `alignment` bytes, as BMTrain aligns its
+    storages). At run time every rank holds a 1/N slice of the buffer (the
+    buffer padded to a multiple of N), all-gathers it before the block runs
+    and reduce-scatters its gradient after; sharded.pt stores the buffer as
+    is, so that rank r reads one contiguous range. `block` and
+    `block_index` name the block it belongs to; absent for the group of
+    everything outside blocks.
+
+    ```mlir
+    bmt.storage_group @transformer.h.0.float32 : f32 {alignment = 512 : i64, block = @transformer.h, block_index = 0 : i64, offsets = array<i64: 0, 128>, params = [@transformer.h.0.ln_1.weight, @transformer.h.0.ln_1.bias], size = 160 : i64}
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, TypeAttr:$element_type,
+                       FlatSymbolRefArrayAttr:$params, DenseI64ArrayAttr:$offsets,
+                       I64Attr:$size, I64Attr:$alignment,
+                       OptionalAttr<FlatSymbolRefAttr>:$block,
+                       OptionalAttr<I64Attr>:$block_index);
+  let assemblyFormat = "$sym_name `:` $element_type attr-dict";
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Computation
 //===----------------------------------------------------------------------===//
