@@ -47,12 +47,12 @@ struct ZeroPass : bmt::impl::ZeroBase<ZeroPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
     if (stage != 2 && stage != 3) {
-      module.emitError("bmt-zero: stage must be 2 or 3, got ") << stage;
+      module.emitError("bmt-zero: stage must be 2 or 3, got ") << static_cast<int64_t>(stage);
       return signalPassFailure();
     }
     if (alignment <= 0 || (alignment & (alignment - 1)) != 0 || alignment % 8 != 0) {
       module.emitError("bmt-zero: alignment must be a power of two of at least 8 bytes, got ")
-          << alignment;
+          << static_cast<int64_t>(alignment);
       return signalPassFailure();
     }
     if (shardGroupSize < 0) {
