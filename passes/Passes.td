@@ -24,8 +24,15 @@ def Summary : Pass<"bmt-summary", "::mlir::ModuleOp"> {
     ```
 
     Element counts count tied parameters once, as
-    `sum(p.numel() for p in model.parameters())` does.
+    `sum(p.numel() for p in model.parameters())` does. After
+    `--bmt-find-blocks` and `--bmt-zero` it also prints the block lists and
+    the storage groups, and with `world-size=N` an estimate of the
+    parameter memory per rank.
   }];
+  let options = [
+    Option<"worldSize", "world-size", "int64_t", "0",
+           "estimate per-rank parameter memory for this many ranks (0: no estimate)">,
+  ];
 }
 
 def FindBlocks : Pass<"bmt-find-blocks", "::mlir::ModuleOp"> {

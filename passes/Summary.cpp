@@ -42,6 +42,7 @@ std::string formatBytes(int64_t bytes) {
 }
 
 struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
+  using SummaryBase::SummaryBase;
   void runOnOperation() override {
     ModuleOp module = getOperation();
     int64_t elements = 0, bytes = 0, tensors = 0, buffers = 0;
@@ -82,6 +83,36 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
       os << ")";
     }
     os << "\n  buffers: " << buffers << " tensors\n";
+    for (auto list : module.getOps<bmt::BlockListOp>())
+      os << "  blocks: " << list.getBlocks().size() << " in " << list.getSymName() << "\n";
+    int64_t groupBytes = 0, groups = 0, largestBlockBytes = 0, fp32StateBytes = 0;
+    llvm::DenseMap<std::pair<Attribute, int64_t>, int64_t> blockBytes;
+    for (auto group : module.getOps<bmt::StorageGroupOp>()) {
+      int64_t bytes = group.getSize() * elementBytes(group.getElementType());
+      groupBytes += bytes;
+      ++groups;
+      // fp32 AdamW state (exp_avg, exp_avg_sq), and fp32 master weights
+      // for groups of another dtype.
+      fp32StateBytes += group.getSize() * 4 * (group.getElementType().isF32() ? 2 : 3);
+      if (auto block = group.getBlockAttr()) {
+        int64_t &b = blockBytes[{block, *group.getBlockIndex()}];
+        b += bytes;
+        largestBlockBytes = std::max(largestBlockBytes, b);
+      }
+    }
+    if (groups) {
+      os << "  storage groups: " << groups << " (" << formatBytes(groupBytes) << ", "
+         << groupBytes << " bytes)";
+      if (worldSize > 0) {
+        // Each rank keeps 1/N of the parameters, their gradients and the
+        // optimizer state, plus one gathered block at a time.
+        int64_t n = worldSize;
+        int64_t perRank = (2 * groupBytes + fp32StateBytes + n - 1) / n + largestBlockBytes;
+        os << "; per rank at world size " << n << ": about " << formatBytes(perRank) << " ("
+           << perRank << " bytes: parameter, gradient and optimizer shards, one gathered block)";
+      }
+      os << "\n";
+    }
     os << "  functions: " << functions << ", calls: " << calls
        << ", aten ops: " << atenOps << "\n";
     markAllAnalysesPreserved();

@@ -72,3 +72,10 @@ func.func @forward(%x: !bmt.tensor) -> !bmt.tensor {
   %1 = bmt.aten "aten::mul.Tensor"(%0, %b) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
   return %1 : !bmt.tensor
 }
+
+// The summary after both passes: blocks, groups, and per-rank memory
+// (2 x 1088 B of parameters and gradients + 2688 B of fp32 optimizer state
+// and bf16 master weights, halved, plus the largest block, 448 B).
+// RUN: bmt-opt %s --split-input-file --bmt-find-blocks --bmt-zero='alignment=64' --bmt-summary='world-size=2' -o /dev/null 2>&1 | FileCheck %s --check-prefix=SUMMARY
+// SUMMARY: blocks: 2 in h
+// SUMMARY-NEXT: storage groups: 5 (1.1 KiB, 1088 bytes); per rank at world size 2: about 2.8 KiB (2880 bytes: parameter, gradient and optimizer shards, one gathered block)

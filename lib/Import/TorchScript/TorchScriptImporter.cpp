@@ -213,7 +213,8 @@ Location TorchScriptImporter::locationOf(const jit::Node *node) {
   if (range && range->source()) {
     if (auto flc = range->file_line_col()) {
       auto [file, line, col] = *flc;
-      return FileLineColLoc::get(&context, file, line, col + 1);
+      if (!file.empty() && line > 0) // synthesized nodes have ("", 0, 0)
+        return FileLineColLoc::get(&context, file, line, col + 1);
     }
   }
   return FileLineColLoc::get(&context, path, 0, 0);
