@@ -9,6 +9,8 @@
 
 #include "bmt/Export/ShardedArchive.h"
 
+#include "bmt/Import/TorchExportWeights.h"
+
 #include "bmt/Dialect/BmtDialect.h"
 #include "bmt/Plan/Archive.h"
 #include "bmt/Plan/Plan.h"
@@ -286,12 +288,16 @@ LogicalResult bmt::exportShardedArchive(ModuleOp module, llvm::StringRef path,
     if (p.source.empty() || !format)
       throw ExportError{module.getLoc(),
                         "the module names no source model (bmt.source) to take the weights from"};
-    if (format.getValue() != "torchscript")
+    if (format.getValue() != "torchscript" && format.getValue() != "torch.export")
       throw ExportError{module.getLoc(), "weights of source format '" + format.str() +
                                              "' cannot be read yet"};
     std::map<std::string, at::Tensor> weights;
     try {
-      weights = loadTorchScriptTensors(p.source);
+      weights = format.getValue() == "torch.export" ? bmt::loadTorchExportTensors(p.source)
+                                                    : loadTorchScriptTensors(p.source);
+    } catch (const std::runtime_error &e) {
+      throw ExportError{module.getLoc(), "cannot read the weights from " + p.source +
+                                             ": " + e.what()};
     } catch (const c10::Error &e) {
       std::string what = e.what_without_backtrace();
       throw ExportError{module.getLoc(), "cannot read the weights from " + p.source +

@@ -1,8 +1,8 @@
 //===- bmt-opt.cpp - the bmt compiler driver ------------------------------===//
 //
 // Behaves like mlir-opt, with two additions: an input that is a PyTorch
-// archive (a zip: TorchScript `.pt`) is first imported into the bmt dialect,
-// and an output ending in `.pt` is written as a sharded.pt archive (the
+// archive (a zip: TorchScript `.pt`, torch.export `.pt2`) is first imported
+// into the bmt dialect, and an output ending in `.pt` is written as a sharded.pt archive (the
 // runtime plan, the program and the weights) instead of MLIR text.
 // Everything else (--pass-pipeline, --mlir-print-ir-after-all,
 // --verify-diagnostics, --split-input-file, -o) is MlirOptMain's.
@@ -11,6 +11,7 @@
 
 #include "bmt/Dialect/BmtDialect.h"
 #include "bmt/Export/ShardedArchive.h"
+#include "bmt/Import/TorchExport.h"
 #include "bmt/Import/TorchScript.h"
 #include "bmt/Passes.h"
 
@@ -60,10 +61,16 @@ static std::error_code writeFileAtomically(llvm::StringRef path, llvm::StringRef
   return {};
 }
 
-/// True for inputs the TorchScript importer reads rather than the MLIR parser.
+/// True for inputs an importer reads rather than the MLIR parser.
 static bool isArchiveInput(llvm::StringRef path) {
-  return path.ends_with(".pt") || path.ends_with(".pth") ||
+  return path.ends_with(".pt") || path.ends_with(".pth") || path.ends_with(".pt2") ||
          (path != "-" && bmt::looksLikeZipArchive(path));
+}
+
+/// True for archive inputs the torch.export importer reads: a `.pt2` name,
+/// or a zip whose records are those of torch.export.save.
+static bool isTorchExportInput(llvm::StringRef path) {
+  return path.ends_with(".pt2") || bmt::looksLikeTorchExportArchive(path);
 }
 
 /// Prints an importer diagnostic as one line, compiler style:
@@ -94,7 +101,7 @@ int main(int argc, char **argv) {
 
   auto [inputFilename, outputFilename] = registerAndParseCLIOptions(
       argc, argv,
-      "bmt-opt: compiles a PyTorch model (TorchScript .pt or bmt MLIR) for "
+      "bmt-opt: compiles a PyTorch model (TorchScript .pt, torch.export .pt2 or bmt MLIR) for "
       "distributed training\n",
       registry);
   MlirOptMainConfig config = MlirOptMainConfig::createFromCLOptions();
@@ -112,7 +119,10 @@ int main(int argc, char **argv) {
   if (isArchiveInput(inputFilename)) {
     MLIRContext context(registry);
     ScopedDiagnosticHandler handler(&context, printImportDiagnostic);
-    OwningOpRef<ModuleOp> module = bmt::importTorchScript(inputFilename, context);
+    OwningOpRef<ModuleOp> module =
+        isTorchExportInput(inputFilename)
+            ? bmt::importTorchExport(inputFilename, context)
+            : bmt::importTorchScript(inputFilename, context);
     if (!module)
       return 1;
     // Hand the module to MlirOptMain as text with its locations, so that
