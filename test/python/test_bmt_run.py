@@ -161,3 +161,33 @@ def test_usage_errors(gpt2):
     assert_one_error(bmt_run(sharded, "--steps", 1, "--data", "x.bin", "--schedule", "zigzag"),
                      "zigzag")
     assert bmt_run("--help").returncode == 0
+
+
+def test_outputs_never_overwrite_inputs_and_are_checked_first(gpt2, tmp_path):
+    _, sharded, _ = gpt2
+    data = write_tokens(tmp_path / "d", list(range(100)) * 10, 128)
+    size = os.path.getsize(data)
+    common = ["--data", data, "--steps", 1, "--seq-len", 8, "--micro-batch", 2]
+    assert_one_error(bmt_run(sharded, *common, "--log", data), "--log", "would overwrite the input")
+    assert os.path.getsize(data) == size
+    assert_one_error(bmt_run(sharded, *common, "--save-params", sharded), "--save-params",
+                     "would overwrite the input")
+    assert_one_error(bmt_run(sharded, *common, "--log", tmp_path / "x", "--save-params",
+                             tmp_path / "x"), "name the same file")
+    # An unwritable --save-params is found before training, not after.
+    r = bmt_run(sharded, *common, "--save-params", tmp_path / "no" / "p.safetensors")
+    assert_one_error(r, "--save-params", "cannot write there")
+    assert "step 1/1" not in r.stdout
+
+
+def test_limits_found_before_training(gpt2, tmp_path):
+    _, sharded, _ = gpt2
+    data = write_tokens(tmp_path / "d", list(range(100)) * 10, 128)
+    small = write_tokens(tmp_path / "s", list(range(100)), 128)
+    assert_one_error(bmt_run(sharded, "--eval-only", "--eval-data", small, "--seq-len", 16,
+                             "--micro-batch", 8), "s.bin", "fewer than one evaluation batch")
+    # The tiny GPT-2 has 64 positions.
+    assert_one_error(bmt_run(sharded, "--data", data, "--steps", 1, "--seq-len", 100),
+                     "--seq-len 100")
+    assert_one_error(bmt_run(sharded, "--data", data, "--steps", 1, "--lr", "1e-4",
+                             "--min-lr", "1"), "--min-lr")

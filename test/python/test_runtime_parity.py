@@ -139,7 +139,7 @@ def test_adamw_training_matches_torch_optim(name, accum, clip, tmp_path):
     run_bmt([sharded, "--batches", str(tmp_path / "batches.pt"), "--steps", str(steps),
              "--grad-accum", str(accum), "--lr", "1e-3", "--schedule", "cosine", "--warmup", "2",
              "--clip-grad", str(clip), "--weight-decay", "0.01", "--log", str(log),
-             "--save-params", str(tmp_path / "params.pt")])
+             "--save-params", str(tmp_path / "params.safetensors")])
     records = [json.loads(line) for line in open(log) if line.strip()]
     train = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, steps + 1))
@@ -149,7 +149,9 @@ def test_adamw_training_matches_torch_optim(name, accum, clip, tmp_path):
     losses = eager_training(model, batches, steps, accum, lambda s: lrs[s], clip, 0.01)
     for r, want in zip(train, losses):
         assert abs(r["loss"] - want) <= TOL, (r["step"], r["loss"], want)
-    got = torch.load(tmp_path / "params.pt", weights_only=False)
+    from safetensors.torch import load_file
+    got = load_file(tmp_path / "params.safetensors")  # every state-dict name, tied ones too
+    assert set(got) == set(dict(model.named_parameters(remove_duplicate=False)))
     for pname, p in model.named_parameters():
         diff = (got[pname] - p.detach()).abs().max().item()
         assert diff <= TOL, f"{pname}: max abs difference {diff} after {steps} steps"

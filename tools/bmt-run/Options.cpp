@@ -4,6 +4,7 @@
 
 #include "bmt/Runtime/LRSchedule.h"
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -77,7 +78,8 @@ evaluation:
 output:
   --log FILE             JSON lines: one per step and per evaluation
   --log-every N          print a step line every N steps (default 1)
-  --save-params FILE     after training, save the parameters (torch.save format)
+  --save-params FILE     after training, save the parameters as safetensors (every name
+                         of the state dict; transformers' from_pretrained reads it)
   --dump INPUTS OUT      debugging: run forward and backward on the batch in INPUTS
                          (torch.save of {"input_ids", "attention_mask", "labels"}) and
                          save logits, loss and gradients to OUT
@@ -166,6 +168,13 @@ RunOptions parseRunOptions(int argc, char **argv) {
   } catch (const std::invalid_argument &e) {
     throw UsageError(std::string("--schedule: ") + e.what());
   }
+  if (!std::isfinite(o.lr) || !std::isfinite(o.minLR))
+    throw UsageError("--lr and --min-lr must be finite");
+  if (o.minLR > o.lr)
+    throw UsageError("--min-lr " + std::to_string(o.minLR) + " is above --lr " +
+                     std::to_string(o.lr));
+  if (!(o.beta1 < 1) || !(o.beta2 < 1))
+    throw UsageError("--beta1 and --beta2 must lie in [0, 1)");
   if (!(o.maskProb > 0 && o.maskProb < 1))
     throw UsageError("--mask-prob must be in (0, 1)");
   bool training = !o.evalOnly && o.dumpInputs.empty();

@@ -13,6 +13,7 @@
 
 #include "bmt/Plan/Archive.h"
 #include "bmt/Runtime/Model.h"
+#include "bmt/Runtime/Safetensors.h"
 #include "bmt/Runtime/Trainer.h"
 
 #include <ATen/Context.h>
@@ -27,6 +28,8 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <sys/stat.h>
 #include <unistd.h>
 
 using namespace bmt;
@@ -60,6 +63,52 @@ void saveIValue(const std::string &path, const c10::IValue &value) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
     throw Failure(path + ": cannot write");
+  }
+}
+
+/// The (device, inode) of an existing path, for comparing files.
+std::optional<std::pair<dev_t, ino_t>> fileId(const std::string &path) {
+  struct stat st {};
+  if (path.empty() || ::stat(path.c_str(), &st) != 0)
+    return std::nullopt;
+  return std::make_pair(st.st_dev, st.st_ino);
+}
+
+/// Refuses an output that is one of the inputs, and an output that cannot
+/// be created, before anything is loaded or trained.
+void checkOutputs(const tools::RunOptions &o) {
+  std::vector<std::string> inputs = {o.archive, o.data, o.evalData, o.batchesFile, o.dumpInputs};
+  for (const std::string &in : {o.data, o.evalData}) {
+    // A token file is a pair: PREFIX.bin and PREFIX.json.
+    if (in.size() > 4 && (in.rfind(".bin") == in.size() - 4 || in.rfind(".json") == in.size() - 5)) {
+      std::string prefix = in.substr(0, in.rfind('.'));
+      inputs.push_back(prefix + ".bin");
+      inputs.push_back(prefix + ".json");
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> outputs = {
+      {"--log", o.logFile}, {"--save-params", o.saveParams}, {"--dump", o.dumpOutput}};
+  for (const auto &[option, out] : outputs) {
+    if (out.empty())
+      continue;
+    auto outId = fileId(out);
+    for (const std::string &in : inputs)
+      if (outId && fileId(in) == outId)
+        throw Failure(option + " " + out + ": the output would overwrite the input " + in);
+    for (const auto &[otherOption, other] : outputs)
+      if (otherOption != option && !other.empty() &&
+          (other == out || (outId && fileId(other) == outId)))
+        throw Failure(option + " and " + otherOption + " name the same file " + out);
+    struct stat st {};
+    if (::stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      throw Failure(option + " " + out + ": is a directory");
+    // Can the file be created there? (Written at the end, so find out now.)
+    std::string probe = out + ".probe." + std::to_string(::getpid());
+    std::ofstream test(probe);
+    if (!test)
+      throw Failure(option + " " + out + ": cannot write there");
+    test.close();
+    std::remove(probe.c_str());
   }
 }
 
@@ -139,6 +188,7 @@ void runDump(runtime::Model &model, const tools::RunOptions &o, bool maskedLM) {
 }
 
 int run(const tools::RunOptions &o) {
+  checkOutputs(o);
   at::Device device = chooseDevice(o.device);
   plan::Archive archive(o.archive);
   runtime::Model model(archive, device, loadProgress);
@@ -157,12 +207,23 @@ int run(const tools::RunOptions &o) {
     return 0;
   }
 
-  // The model's vocabulary: the logits' last dimension on a 1x2 batch.
+  // The model's vocabulary: the logits' last dimension on one sequence of
+  // the run's length, which also finds a --seq-len the model cannot take
+  // (beyond its position embeddings) before anything else is done.
   int64_t vocab;
   {
     c10::NoGradGuard noGrad;
-    at::Tensor probe = at::zeros({1, 2}, at::TensorOptions().dtype(at::kLong).device(device));
-    vocab = model.forward(probe, at::ones_like(probe)).size(-1);
+    // (With --batches the sequence length is the batches'; probe a short one.)
+    int64_t probeLength = o.batchesFile.empty() ? o.seqLen : 2;
+    at::Tensor probe =
+        at::zeros({1, probeLength}, at::TensorOptions().dtype(at::kLong).device(device));
+    try {
+      vocab = model.forward(probe, at::ones_like(probe)).size(-1);
+    } catch (const runtime::ExecutionError &e) {
+      throw Failure("--seq-len " + std::to_string(o.seqLen) +
+                    ": the model cannot run sequences of this length (it may have fewer "
+                    "positions): " + e.what());
+    }
   }
 
   std::unique_ptr<runtime::TokenFile> train, eval;
@@ -173,10 +234,13 @@ int run(const tools::RunOptions &o) {
   if (!o.evalData.empty()) {
     eval = std::make_unique<runtime::TokenFile>(o.evalData);
     eval->checkIds(vocab);
-    if (eval->numTokens() < o.seqLen + 1)
+    int64_t needed = o.microBatch * (o.seqLen + 1);
+    if (eval->numTokens() < needed)
       throw runtime::DataError(eval->binPath() + ": " + std::to_string(eval->numTokens()) +
-                               " tokens, shorter than one sequence of " +
-                               std::to_string(o.seqLen + 1));
+                               " tokens, fewer than one evaluation batch of " +
+                               std::to_string(o.microBatch) + " x " +
+                               std::to_string(o.seqLen + 1) + " = " + std::to_string(needed) +
+                               " (lower --micro-batch or --seq-len)");
   }
 
   runtime::TrainConfig config;
@@ -249,10 +313,21 @@ int run(const tools::RunOptions &o) {
   trainer.train(next, eval.get(), o.seqLen, o.microBatch);
 
   if (!o.saveParams.empty()) {
-    c10::impl::GenericDict out(c10::StringType::get(), c10::TensorType::get());
-    for (size_t i = 0; i < model.parameters().size(); ++i)
-      out.insert(model.parameterNames()[i], model.parameters()[i].detach().cpu());
-    saveIValue(o.saveParams, out);
+    // Every name of every parameter (tied ones under each name, as a
+    // state dict has them), so that transformers can load the file.
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    for (size_t i = 0; i < model.parameters().size(); ++i) {
+      named.emplace_back(model.parameterNames()[i], model.parameters()[i]);
+      int64_t index = p.findTensor(model.parameterNames()[i]);
+      for (const std::string &alias : p.tensors.at(index).aliases)
+        named.emplace_back(alias, model.parameters()[i]);
+    }
+    try {
+      runtime::saveSafetensors(o.saveParams, named, {{"format", "pt"}, {"source", "bmt-run"}});
+    } catch (const std::runtime_error &e) {
+      throw Failure(e.what());
+    }
+    std::cout << "saved " << named.size() << " parameters -> " << o.saveParams << "\n";
   }
   return 0;
 }

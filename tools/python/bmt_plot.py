@@ -155,6 +155,11 @@ def main(argv=None):
     parser.add_argument("-o", "--output", required=True, help="output image (PNG)")
     parser.add_argument("--title", help="figure title (default: the log's name)")
     args = parser.parse_args(argv)
+    if os.path.isdir(args.output):
+        error(f"{args.output} is a directory; -o names the PNG to write")
+    if os.path.exists(args.output) and os.path.exists(args.log) and \
+            os.path.samefile(args.output, args.log):
+        error(f"-o {args.output} would overwrite the log it plots")
     try:
         train, evals = read_metrics(args.log)
         plotted = plot_metrics(train, evals, args.output, args.title or os.path.basename(args.log))

@@ -433,6 +433,16 @@ def run(args):
                         f"least 256 byte tokens + {len(BPE_SPECIALS)} special tokens = "
                         f"{256 + len(BPE_SPECIALS)}")
     check_output_dir(args.output)
+    # No output may be one of the inputs (PREFIX.train.bin given as --input).
+    outputs = [f"{args.output}.{split}.{ext}" for split in ("train", "val")
+               for ext in ("bin", "json")] + [f"{args.output}.tokenizer.json"]
+    for out in outputs:
+        for given in args.input:
+            if os.path.exists(out) and os.path.exists(given) and (
+                    os.path.samefile(out, given) or
+                    (os.path.isdir(given) and os.path.abspath(out).startswith(
+                        os.path.abspath(given) + os.sep))):
+                raise UserError(f"--output {args.output} would overwrite the input {out}")
 
     # The tokenizer first when it is given, so a bad one fails before the reading.
     tokenizer = None
