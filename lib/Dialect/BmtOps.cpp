@@ -153,7 +153,7 @@ StorageGroupOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
       return emitOpError("member ") << ref << " overlaps the one before it";
     end = offset + type.getNumElements();
   }
-  if (end > getSize())
+  if (end > static_cast<int64_t>(getSize()))
     return emitOpError("size ") << getSize() << " is smaller than its members' end " << end;
   if (auto block = getBlockAttr())
     if (!isa_and_nonnull<BlockListOp>(symbolTable.lookupNearestSymbolFrom(*this, block)))
