@@ -249,7 +249,10 @@ int run(const tools::RunOptions &o) {
   config.schedule.kind = runtime::parseLRScheduleKind(o.schedule);
   config.schedule.peakLR = o.lr;
   config.schedule.warmupSteps = o.warmup;
-  config.schedule.totalSteps = std::max<int64_t>(o.steps, 1);
+  // Linear and cosine decay reach --min-lr one step after the last step, so
+  // that the last step still learns (with the default --min-lr 0 it would
+  // run at lr 0); with --steps 1 and no warmup the one step runs at --lr.
+  config.schedule.totalSteps = std::max<int64_t>(o.steps, 1) + 1;
   config.schedule.minLR = o.minLR;
   config.schedule.gamma = o.lrGamma;
   config.adamw = {o.beta1, o.beta2, o.eps, o.weightDecay};
