@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """bmt-export-hf: export a Hugging Face transformers model to a TorchScript
-archive that `bmt-opt` imports, the way a transformers-5 user does it:
+archive (-o NAME.pt) or a torch.export archive (-o NAME.pt2, static shapes:
+it runs at --batch x --seq-len) that `bmt-opt` imports, the way a
+transformers-5 user does it:
 
     model.eval()
     traced = torch.jit.trace(model, example_kwarg_inputs={...}, strict=False)
@@ -16,6 +18,7 @@ Weights are random (seeded) unless --checkpoint gives them.
 
 Examples:
   bmt-export-hf --config gpt2 -o gpt2.pt
+  bmt-export-hf --config bloom --set n_layer=2 --batch 8 --seq-len 128 -o bloom.pt2
   bmt-export-hf --config llama --set num_hidden_layers=2 --set hidden_size=64 -o llama.pt
 
 Exit status 0 on success; on bad input (unknown architecture, unreadable
@@ -136,8 +139,9 @@ def main(argv=None):
                         help="lm: the architecture's language-model class (default); "
                              "none: the bare model (AutoModel: hidden states, no head)")
     args = parser.parse_args(argv)
-    if not args.output.endswith((".pt", ".pth")):
-        error(f"output {args.output} must end in .pt (TorchScript archive)")
+    if not args.output.endswith((".pt", ".pth", ".pt2")):
+        error(f"output {args.output} must end in .pt (TorchScript) or .pt2 (torch.export)")
+    use_export = args.output.endswith(".pt2")
 
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -170,10 +174,14 @@ def main(argv=None):
         "attention_mask": torch.ones(args.batch, args.seq_len, dtype=torch.long),
     }
     try:
-        with torch.no_grad():
-            traced = torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
+        if use_export:
+            # Static shapes: the program runs at the example's batch x seq-len.
+            traced = torch.export.export(model, args=(), kwargs=inputs, strict=False)
+        else:
+            with torch.no_grad():
+                traced = torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
     except Exception as e:  # noqa: BLE001 - tracing failures are user errors here
-        error(f"cannot trace {class_name}: {_first_line(e)}")
+        error(f"cannot {'export' if use_export else 'trace'} {class_name}: {_first_line(e)}")
 
     out_dir = os.path.dirname(os.path.abspath(args.output))
     try:
@@ -182,7 +190,10 @@ def main(argv=None):
         # save under the final name inside a temporary directory, then move it.
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             tmp_path = os.path.join(tmp, os.path.basename(args.output))
-            traced.save(tmp_path)
+            if use_export:
+                torch.export.save(traced, tmp_path)
+            else:
+                traced.save(tmp_path)
             os.replace(tmp_path, args.output)
     except OSError as e:
         error(f"cannot write {args.output}: {e.strerror or e}")
