@@ -25,6 +25,8 @@
 
 #include "bmt/Import/TorchExport.h"
 
+#include "../IValueConstants.h"
+
 #include "Pt2Archive.h"
 
 #include "bmt/Dialect/AtenRegistry.h"
@@ -535,24 +537,8 @@ Value TorchExportImporter::valueOf(const std::string &rawName,
 }
 
 Attribute TorchExportImporter::convertIValue(const c10::IValue &value, Location loc) {
-  if (value.isNone())
-    return bmt::NoneAttr::get(&context);
-  if (value.isBool())
-    return builder.getBoolAttr(value.toBool());
-  if (value.isInt())
-    return builder.getI64IntegerAttr(value.toInt());
-  if (value.isDouble())
-    return builder.getF64FloatAttr(value.toDouble());
-  if (value.isString())
-    return builder.getStringAttr(value.toStringRef());
-  if (value.isDevice())
-    return bmt::DeviceAttr::get(&context, value.toDevice().str());
-  if (value.isList()) {
-    SmallVector<Attribute> elements;
-    for (const c10::IValue &element : value.toListRef())
-      elements.push_back(convertIValue(element, loc));
-    return builder.getArrayAttr(elements);
-  }
+  if (Attribute a = bmt::constantAttr(value, builder))
+    return a;
   fail(loc, "default argument of type '" + value.type()->repr_str() +
                 "' is not supported");
 }

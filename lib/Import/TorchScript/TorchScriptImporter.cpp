@@ -13,6 +13,8 @@
 
 #include "bmt/Import/TorchScript.h"
 
+#include "../IValueConstants.h"
+
 #include "bmt/Support/ErrorText.h"
 
 #include "bmt/Dialect/AtenRegistry.h"
@@ -262,30 +264,8 @@ Type TorchScriptImporter::convertType(const c10::TypePtr &type, Location loc,
 
 Attribute TorchScriptImporter::convertConstant(const c10::IValue &value,
                                                Location loc) {
-  if (value.isNone())
-    return bmt::NoneAttr::get(&context);
-  if (value.isBool())
-    return builder.getBoolAttr(value.toBool());
-  if (value.isInt())
-    return builder.getI64IntegerAttr(value.toInt());
-  if (value.isDouble())
-    return builder.getF64FloatAttr(value.toDouble());
-  if (value.isString())
-    return builder.getStringAttr(value.toStringRef());
-  if (value.isDevice())
-    return bmt::DeviceAttr::get(&context, value.toDevice().str());
-  if (value.isList()) {
-    SmallVector<Attribute> elements;
-    for (const c10::IValue &element : value.toListRef())
-      elements.push_back(convertConstant(element, loc));
-    return builder.getArrayAttr(elements);
-  }
-  if (value.isTuple()) {
-    SmallVector<Attribute> elements;
-    for (const c10::IValue &element : value.toTupleRef().elements())
-      elements.push_back(convertConstant(element, loc));
-    return builder.getArrayAttr(elements);
-  }
+  if (Attribute a = bmt::constantAttr(value, builder))
+    return a;
   if (value.isTensor()) {
     at::Tensor t = value.toTensor().contiguous().cpu();
     RankedTensorType type = convertTensorType(t, loc);
@@ -876,8 +856,8 @@ static std::string describeOtherArchive(const std::string &path) {
     return "a bmt sharded.pt (already compiled; run it with bmt-run, or pass the "
            "model it was compiled from)";
   if (isExport)
-    return "a torch.export archive (.pt2); bmt-opt reads TorchScript archives only "
-           "for now: trace the model with torch.jit.trace";
+    return "a torch.export archive (.pt2), not a TorchScript archive: import it with "
+           "importTorchExport (bmt-opt does so for .pt2 files)";
   if (hasData)
     return "a torch.save file (a state dict or a pickled module), not a TorchScript "
            "archive: trace the model with torch.jit.trace and torch.jit.save it";
