@@ -162,6 +162,25 @@ StorageGroupOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
 }
 
 //===----------------------------------------------------------------------===//
+// bmt.all_gather, bmt.release
+//===----------------------------------------------------------------------===//
+
+static LogicalResult verifyGroupRef(Operation *op, FlatSymbolRefAttr group,
+                                    SymbolTableCollection &symbolTable) {
+  if (!isa_and_nonnull<StorageGroupOp>(symbolTable.lookupNearestSymbolFrom(op, group)))
+    return op->emitOpError("group ") << group << " is not a bmt.storage_group";
+  return success();
+}
+
+LogicalResult AllGatherOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  return verifyGroupRef(*this, getGroupAttr(), symbolTable);
+}
+
+LogicalResult ReleaseOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  return verifyGroupRef(*this, getGroupAttr(), symbolTable);
+}
+
+//===----------------------------------------------------------------------===//
 // bmt.aten
 //===----------------------------------------------------------------------===//
 

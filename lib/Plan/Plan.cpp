@@ -1,12 +1,15 @@
 //===- Plan.cpp - Plan <-> IValue -----------------------------------------===//
 //
 // Encoding (read by docs/sharded-format.md's readers too):
-//   plan       dict  {version, source, model_type, objective, entry, tensors, functions}
+//   plan       dict  {version, source, model_type, objective, entry, tensors, functions,
+//                     zero_stage, shard_group_size, prefetch_depth, groups}
 //   tensor     dict  {name, aliases, is_parameter, requires_grad, dtype, shape, record,
-//                     offset, crc32}
+//                     offset, crc32, group}
+//   group      dict  {name, dtype, members, offsets, size, block_list, block_index, record}
 //   function   dict  {name, module_path, num_registers, params, returns,
 //                     param_names, result_names, body}
-//   instruction tuple (kind, op, args, target, results, location)
+//   instruction tuple (kind, op, args, target, results, location, block_list,
+//                      block_index, checkpoint)
 //   arg        tuple ("r", register) | ("c", constant) | ("l", [arg, ...])
 //
 //===----------------------------------------------------------------------===//
@@ -17,6 +20,7 @@
 #include <ATen/core/List.h>
 #include <c10/util/irange.h>
 
+#include <algorithm>
 #include <map>
 
 using c10::IValue;
@@ -158,6 +162,8 @@ const char *kindName(Instruction::Kind kind) {
   case Instruction::Kind::Global: return "global";
   case Instruction::Kind::Constant: return "constant";
   case Instruction::Kind::NumToTensor: return "num_to_tensor";
+  case Instruction::Kind::Gather: return "gather";
+  case Instruction::Kind::Release: return "release";
   }
   return "?";
 }
@@ -165,7 +171,8 @@ const char *kindName(Instruction::Kind kind) {
 Instruction::Kind kindFromName(const std::string &name) {
   for (auto kind : {Instruction::Kind::Aten, Instruction::Kind::Call,
                     Instruction::Kind::Global, Instruction::Kind::Constant,
-                    Instruction::Kind::NumToTensor})
+                    Instruction::Kind::NumToTensor, Instruction::Kind::Gather,
+                    Instruction::Kind::Release})
     if (name == kindName(kind))
       return kind;
   throw PlanError("plan: unknown instruction kind '" + name + "'");
@@ -196,6 +203,17 @@ Arg Arg::ofConstant(IValue v) {
   a.kind = Kind::Constant;
   a.constant = std::move(v);
   return a;
+}
+
+ShardRange shardRange(int64_t size, int64_t rank, int64_t shards) {
+  if (shards <= 0 || rank < 0 || rank >= shards || size < 0)
+    throw PlanError("shardRange: rank " + std::to_string(rank) + " of " +
+                    std::to_string(shards) + " shards");
+  ShardRange r;
+  r.shardSize = (size + shards - 1) / shards;
+  r.begin = std::min(size, rank * r.shardSize);
+  r.end = std::min(size, (rank + 1) * r.shardSize);
+  return r;
 }
 
 int64_t Plan::findTensor(const std::string &name) const {
@@ -236,9 +254,27 @@ IValue toIValue(const Plan &plan) {
     d.insert("record", t.record);
     d.insert("offset", t.offset);
     d.insert("crc32", t.crc32);
+    d.insert("group", t.group);
     tensors.push_back(d);
   }
   root.insert("tensors", tensors);
+  root.insert("zero_stage", plan.zeroStage);
+  root.insert("shard_group_size", plan.shardGroupSize);
+  root.insert("prefetch_depth", plan.prefetchDepth);
+  c10::impl::GenericList groups = anyList();
+  for (const StorageGroup &g : plan.groups) {
+    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+    d.insert("name", g.name);
+    d.insert("dtype", dtypeName(g.dtype));
+    d.insert("members", listOf(g.members));
+    d.insert("offsets", listOf(g.offsets));
+    d.insert("size", g.size);
+    d.insert("block_list", g.blockList);
+    d.insert("block_index", g.blockIndex);
+    d.insert("record", g.record);
+    groups.push_back(d);
+  }
+  root.insert("groups", groups);
 
   c10::impl::GenericList functions = anyList();
   for (const Function &f : plan.functions) {
@@ -257,7 +293,8 @@ IValue toIValue(const Plan &plan) {
         args.push_back(encodeArg(a));
       body.push_back(c10::ivalue::Tuple::create(
           {IValue(kindName(inst.kind)), IValue(inst.op), IValue(args),
-           IValue(inst.target), listOf(inst.results), IValue(inst.location)}));
+           IValue(inst.target), listOf(inst.results), IValue(inst.location),
+           IValue(inst.blockList), IValue(inst.blockIndex), IValue(inst.checkpoint)}));
     }
     d.insert("body", body);
     functions.push_back(d);
@@ -294,7 +331,29 @@ Plan fromIValue(const IValue &value) {
     t.record = asString(field(d, "record"), "record");
     t.offset = asInt(field(d, "offset"), "offset");
     t.crc32 = asInt(field(d, "crc32"), "crc32");
+    t.group = asInt(field(d, "group"), "tensor group");
     plan.tensors.push_back(std::move(t));
+  }
+
+  plan.zeroStage = asInt(field(root, "zero_stage"), "zero_stage");
+  plan.shardGroupSize = asInt(field(root, "shard_group_size"), "shard_group_size");
+  plan.prefetchDepth = asInt(field(root, "prefetch_depth"), "prefetch_depth");
+  if (plan.zeroStage != 0 && plan.zeroStage != 2 && plan.zeroStage != 3)
+    throw PlanError("plan: zero_stage must be 0, 2 or 3");
+  if (plan.shardGroupSize < 0 || plan.prefetchDepth < 0)
+    throw PlanError("plan: shard_group_size and prefetch_depth must not be negative");
+  for (const IValue &gv : asList(field(root, "groups"), "groups")) {
+    c10::impl::GenericDict d = asDict(gv, "a storage group");
+    StorageGroup g;
+    g.name = asString(field(d, "name"), "group name");
+    g.dtype = dtypeFromName(asString(field(d, "dtype"), "group dtype"));
+    g.members = asInts(field(d, "members"), "group members");
+    g.offsets = asInts(field(d, "offsets"), "group offsets");
+    g.size = asInt(field(d, "size"), "group size");
+    g.blockList = asString(field(d, "block_list"), "group block_list");
+    g.blockIndex = asInt(field(d, "block_index"), "group block_index");
+    g.record = asString(field(d, "record"), "group record");
+    plan.groups.push_back(std::move(g));
   }
 
   for (const IValue &fv : asList(field(root, "functions"), "functions")) {
@@ -308,7 +367,7 @@ Plan fromIValue(const IValue &value) {
     f.paramNames = asStrings(field(d, "param_names"), "param_names");
     f.resultNames = asStrings(field(d, "result_names"), "result_names");
     for (const IValue &iv : asList(field(d, "body"), "body")) {
-      if (!iv.isTuple() || iv.toTupleRef().elements().size() != 6)
+      if (!iv.isTuple() || iv.toTupleRef().elements().size() != 9)
         throw PlanError("plan: an instruction of " + f.name + " is malformed");
       const auto &e = iv.toTupleRef().elements();
       Instruction inst;
@@ -319,6 +378,9 @@ Plan fromIValue(const IValue &value) {
       inst.target = asInt(e[3], "instruction target");
       inst.results = asInts(e[4], "instruction results");
       inst.location = asString(e[5], "instruction location");
+      inst.blockList = asString(e[6], "instruction block_list");
+      inst.blockIndex = asInt(e[7], "instruction block_index");
+      inst.checkpoint = asBool(e[8], "instruction checkpoint");
       f.body.push_back(std::move(inst));
     }
     plan.functions.push_back(std::move(f));
@@ -341,6 +403,21 @@ Plan fromIValue(const IValue &value) {
         for (const Arg &e : a.elements)
           checkArg(f, e);
       };
+  int64_t numGroups = static_cast<int64_t>(plan.groups.size());
+  for (const StorageGroup &g : plan.groups) {
+    if (g.members.size() != g.offsets.size() || g.size < 0)
+      throw PlanError("plan: storage group " + g.name + " is malformed");
+    for (size_t i = 0; i < g.members.size(); ++i) {
+      if (g.members[i] < 0 || g.members[i] >= numTensors)
+        throw PlanError("plan: storage group " + g.name + " names a tensor out of range");
+      const TensorInfo &t = plan.tensors[g.members[i]];
+      if (t.dtype != g.dtype || g.offsets[i] < 0 || g.offsets[i] + t.numel() > g.size)
+        throw PlanError("plan: tensor " + t.name + " does not fit storage group " + g.name);
+    }
+  }
+  for (const TensorInfo &t : plan.tensors)
+    if (t.group < -1 || t.group >= numGroups)
+      throw PlanError("plan: tensor " + t.name + " names a storage group out of range");
   for (const Function &f : plan.functions) {
     for (int64_t r : f.params)
       checkReg(f, r);
@@ -357,6 +434,10 @@ Plan fromIValue(const IValue &value) {
       if (inst.kind == Instruction::Kind::Global &&
           (inst.target < 0 || inst.target >= numTensors))
         throw PlanError("plan: tensor index out of range in " + f.name);
+      if ((inst.kind == Instruction::Kind::Gather ||
+           inst.kind == Instruction::Kind::Release) &&
+          (inst.target < 0 || inst.target >= numGroups))
+        throw PlanError("plan: storage group index out of range in " + f.name);
       if ((inst.kind == Instruction::Kind::Global ||
            inst.kind == Instruction::Kind::Constant ||
            inst.kind == Instruction::Kind::NumToTensor) &&

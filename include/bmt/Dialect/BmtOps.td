@@ -117,6 +117,41 @@ def Bmt_StorageGroupOp : Bmt_Op<"storage_group", [Symbol, HasParent<"::mlir::Mod
   let hasVerifier = 1;
 }
 
+def Bmt_AllGatherOp : Bmt_Op<"all_gather", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "start the all-gather of a storage group";
+  let description = [{
+    Placed by `--bmt-overlap` in the function that calls a block list: starts
+    gathering the full buffer of `group` from every rank's shard. The runtime
+    does not wait for it here; the call of the block that reads the group
+    waits. Putting the gather of block i+1 before the call of block i is the
+    prefetch that overlaps communication with block i's compute.
+
+    ```mlir
+    bmt.all_gather @transformer.h.1.float32
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$group);
+  let assemblyFormat = "$group attr-dict";
+}
+
+def Bmt_ReleaseOp : Bmt_Op<"release", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "free the gathered buffer of a storage group (ZeRO-3)";
+  let description = [{
+    Placed by `--bmt-overlap` after the call of the block that owns `group`
+    when the ZeRO stage is 3: the gathered buffer is freed and gathered again
+    before the block's backward. Under ZeRO-2 no release is placed and the
+    buffer lives until the block's backward has run.
+
+    ```mlir
+    bmt.release @transformer.h.0.float32
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$group);
+  let assemblyFormat = "$group attr-dict";
+}
+
 //===----------------------------------------------------------------------===//
 // Computation
 //===----------------------------------------------------------------------===//

@@ -25,7 +25,7 @@
 namespace bmt::plan {
 
 /// Version of the plan and archive layout. Bumped on any incompatible change.
-constexpr int64_t kPlanFormatVersion = 1;
+constexpr int64_t kPlanFormatVersion = 2;
 
 /// A malformed plan or archive; the message names what is wrong.
 class PlanError : public std::runtime_error {
@@ -43,6 +43,11 @@ struct TensorInfo {
   std::vector<int64_t> shape;
   std::string record; ///< archive record holding the bytes (row-major, contiguous)
   int64_t offset = 0; ///< byte offset of the tensor in `record`
+  /// Index of the storage group holding this parameter, or -1 (buffers,
+  /// frozen parameters, plans without ZeRO): such tensors have a record of
+  /// their own and every rank reads them whole. A member of group g has
+  /// record == groups[g].record and offset == its byte offset in the group.
+  int64_t group = -1;
   /// CRC-32 (zlib's polynomial) of the tensor's bytes; readers check it,
   /// since the zip container's own CRCs are not checked by LibTorch.
   int64_t crc32 = 0;
@@ -72,6 +77,8 @@ struct Instruction {
     Global,      ///< results[0] = tensor `target` of the plan
     Constant,    ///< results[0] = args[0].constant
     NumToTensor, ///< results[0] = 0-dim tensor of scalar args[0]
+    Gather,      ///< start the all-gather of storage group `target` (ZeRO)
+    Release,     ///< free the gathered buffer of group `target` (ZeRO-3)
   };
   Kind kind = Kind::Aten;
   std::string op;               ///< Aten: "aten::softmax.int"
@@ -79,6 +86,13 @@ struct Instruction {
   int64_t target = -1;          ///< Call: function index; Global: tensor index
   std::vector<int64_t> results; ///< registers written
   std::string location;         ///< source location for messages ("f.py:3:1"), may be empty
+  /// Call of a block (bmt.block_list member): the list's name and the
+  /// block's index in it; empty / -1 for other calls.
+  std::string blockList;
+  int64_t blockIndex = -1;
+  /// Call of a block: recompute it in backward instead of keeping its
+  /// activations (activation checkpointing).
+  bool checkpoint = false;
 };
 
 /// One function of the program (a submodule's forward).
@@ -93,6 +107,34 @@ struct Function {
   std::vector<std::string> resultNames; ///< "logits", ...
 };
 
+/// Trainable parameters stored as one flat buffer (a bmt.storage_group):
+/// member i occupies elements [offsets[i], offsets[i] + numel) of a buffer of
+/// `size` elements of `dtype`; the gaps are alignment padding (zeros). With
+/// world size N (or hybrid shard group size G), rank r holds elements
+/// [r * ceil(size / N), (r + 1) * ceil(size / N)) of the buffer padded with
+/// zeros to N * ceil(size / N); see shardRange().
+struct StorageGroup {
+  std::string name;          ///< "transformer.h.0.float32"
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> members; ///< plan tensor indices
+  std::vector<int64_t> offsets; ///< element offset of each member
+  int64_t size = 0;          ///< elements in the buffer
+  std::string blockList;     ///< the block list it belongs to, "" outside blocks
+  int64_t blockIndex = -1;   ///< the block's index in blockList, -1 outside
+  std::string record;        ///< archive record holding the `size` elements
+
+  int64_t nbytes() const { return size * static_cast<int64_t>(c10::elementSize(dtype)); }
+};
+
+/// Elements [begin, end) of a buffer of `size` elements that shard `rank`
+/// of `shards` holds: shard length ceil(size / shards); the range is clipped
+/// to the buffer, so the last shards may hold fewer (or no) real elements.
+struct ShardRange {
+  int64_t begin = 0, end = 0; ///< clipped to [0, size]
+  int64_t shardSize = 0;      ///< ceil(size / shards), the padded shard length
+};
+ShardRange shardRange(int64_t size, int64_t rank, int64_t shards);
+
 /// The whole plan.
 struct Plan {
   int64_t version = kPlanFormatVersion;
@@ -102,6 +144,14 @@ struct Plan {
   std::vector<TensorInfo> tensors;
   std::vector<Function> functions;
   int64_t entry = 0; ///< index of the function to run ("forward")
+  /// ZeRO: 0 = no storage groups (every rank holds every tensor), 2 or 3.
+  int64_t zeroStage = 0;
+  /// Hybrid sharding: shard within groups of this many ranks, replicate
+  /// across groups (0 = shard across all ranks).
+  int64_t shardGroupSize = 0;
+  /// All-gathers started ahead of the block being run (bmt-overlap).
+  int64_t prefetchDepth = 1;
+  std::vector<StorageGroup> groups;
 
   /// The index of the tensor named `name` (or aliased so), or -1.
   int64_t findTensor(const std::string &name) const;
