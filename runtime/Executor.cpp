@@ -181,6 +181,8 @@ Executor::Executor(const plan::Plan &plan, std::vector<at::Tensor> tensors,
 
 Executor::~Executor() = default;
 
+ExecutorHooks::~ExecutorHooks() = default;
+
 std::vector<IValue> Executor::run(const std::vector<IValue> &inputs) {
   return call(static_cast<size_t>(plan_.entry), inputs);
 }
@@ -220,7 +222,17 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
     try {
       switch (inst.kind) {
       case plan::Instruction::Kind::Global:
-        regs[inst.results[0]] = tensors_[inst.target];
+        regs[inst.results[0]] = hooks_ && plan_.tensors[inst.target].group >= 0
+                                    ? hooks_->global(inst.target)
+                                    : tensors_[inst.target];
+        break;
+      case plan::Instruction::Kind::Gather:
+        if (hooks_)
+          hooks_->gather(inst.target);
+        break;
+      case plan::Instruction::Kind::Release:
+        if (hooks_)
+          hooks_->release(inst.target);
         break;
       case plan::Instruction::Kind::Constant:
         regs[inst.results[0]] = *p.fixed[0];
@@ -233,7 +245,15 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
         std::vector<IValue> callArgs;
         for (const plan::Arg &a : inst.args)
           callArgs.push_back(regs[a.reg]);
-        std::vector<IValue> results = call(inst.target, std::move(callArgs));
+        std::vector<IValue> results;
+        if (hooks_ && !inst.blockList.empty()) {
+          size_t target = static_cast<size_t>(inst.target);
+          results = hooks_->callBlock(
+              inst, [this, target](std::vector<IValue> a) { return call(target, std::move(a)); },
+              std::move(callArgs));
+        } else {
+          results = call(inst.target, std::move(callArgs));
+        }
         for (size_t i = 0; i < inst.results.size(); ++i)
           regs[inst.results[i]] = std::move(results[i]);
         break;

@@ -2,19 +2,46 @@
 
 #include "bmt/Runtime/Model.h"
 
+#include "bmt/Runtime/Optimizer.h"
+#include "bmt/Runtime/Zero.h"
+
+#include <ATen/ops/zeros_like.h>
+#include <c10/core/GradMode.h>
 #include <ATen/ops/cross_entropy_loss.h>
 
 namespace bmt::runtime {
 
-Model::Model(plan::Archive &archive, at::Device device,
+Model::Model(plan::Archive &archive, at::Device device, Comm *world,
              const std::function<void(int64_t, int64_t)> &progress)
-    : plan_(archive.plan()), device_(device) {
+    : plan_(archive.plan()), device_(device), world_(world) {
+  if (!world_) {
+    ownWorld_ = createLocalComm();
+    world_ = ownWorld_.get();
+  }
   int64_t total = 0, done = 0;
   for (const plan::TensorInfo &t : plan_.tensors)
-    total += t.nbytes();
+    if (t.group < 0)
+      total += t.nbytes();
+  if (plan_.zeroStage != 0) {
+    int64_t groupBytes = 0;
+    zero_ = std::make_unique<ZeroStorage>(archive, device_, *world_,
+                                          [&](int64_t d, int64_t t) {
+                                            groupBytes = t;
+                                            if (progress)
+                                              progress(d, t + total);
+                                          });
+    done = groupBytes;
+    total += groupBytes;
+    parameters_ = zero_->shards();
+    parameterNames_ = zero_->shardNames();
+  }
   std::vector<at::Tensor> tensors;
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const plan::TensorInfo &info = plan_.tensors[i];
+    if (info.group >= 0) {
+      tensors.emplace_back();
+      continue;
+    }
     at::Tensor t = archive.readTensor(i).to(device_);
     if (info.isParameter && info.requiresGrad) {
       t.set_requires_grad(true);
@@ -27,6 +54,8 @@ Model::Model(plan::Archive &archive, at::Device device,
       progress(done, total);
   }
   executor_ = std::make_unique<Executor>(plan_, std::move(tensors), device_);
+  if (zero_)
+    executor_->setHooks(zero_.get());
   const plan::Function &entry = plan_.functions[plan_.entry];
   for (size_t i = 0; i < entry.resultNames.size(); ++i)
     if (entry.resultNames[i] == "logits") {
@@ -36,6 +65,8 @@ Model::Model(plan::Archive &archive, at::Device device,
   if (entry.returns.empty())
     throw ExecutionError("the model's forward returns nothing");
 }
+
+Model::~Model() = default;
 
 std::vector<c10::IValue> Model::run(const at::Tensor &inputIds,
                                     const at::Tensor &attentionMask) {
@@ -51,7 +82,55 @@ std::vector<c10::IValue> Model::run(const at::Tensor &inputIds,
                            "' that bmt-run does not provide (it provides input_ids "
                            "and attention_mask); export the model with those inputs");
   }
-  return executor_->run(inputs);
+  if (!zero_)
+    return executor_->run(inputs);
+  zero_->beginForward();
+  std::vector<c10::IValue> results = executor_->run(inputs);
+  if (!c10::GradMode::is_enabled())
+    zero_->releaseAll();
+  return results;
+}
+
+void Model::synchronizeGradients() {
+  if (zero_ || world_->size() == 1)
+    return;
+  for (at::Tensor &p : parameters_) {
+    if (!p.grad().defined())
+      p.mutable_grad() = at::zeros_like(p);
+    world_->allReduce(p.mutable_grad())->wait();
+    p.mutable_grad().div_(static_cast<double>(world_->size()));
+  }
+}
+
+double Model::clipGradNorm(double maxNorm) {
+  if (zero_)
+    return zero_->clipGradNorm(maxNorm);
+  return runtime::clipGradNorm(parameters_, maxNorm);
+}
+
+void Model::afterOptimizerStep() {
+  if (zero_)
+    zero_->releaseAll();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Model::fullParameters(bool gradients) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+    const plan::TensorInfo &info = plan_.tensors[i];
+    if (!info.isParameter || !info.requiresGrad)
+      continue;
+    if (info.group >= 0) {
+      out.emplace_back(info.name, zero_->gatherParameter(static_cast<int64_t>(i), gradients));
+      continue;
+    }
+    for (size_t k = 0; k < parameters_.size(); ++k)
+      if (parameterNames_[k] == info.name) {
+        at::Tensor t = gradients ? parameters_[k].grad() : parameters_[k].detach();
+        if (t.defined())
+          out.emplace_back(info.name, t.cpu().clone());
+      }
+  }
+  return out;
 }
 
 std::vector<std::pair<std::string, c10::IValue>>
@@ -75,8 +154,9 @@ at::Tensor Model::forward(const at::Tensor &inputIds, const at::Tensor &attentio
 
 int64_t Model::numParameters() const {
   int64_t n = 0;
-  for (const at::Tensor &p : parameters_)
-    n += p.numel();
+  for (const plan::TensorInfo &t : plan_.tensors)
+    if (t.isParameter && t.requiresGrad)
+      n += t.numel();
   return n;
 }
 

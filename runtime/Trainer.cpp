@@ -33,6 +33,17 @@ std::string jsonNumber(double v) {
 
 } // namespace
 
+double Trainer::meanOverRanks(const at::Tensor &value) {
+  Comm &world = model_.world();
+  if (world.size() == 1)
+    return value.item<double>();
+  at::Tensor t = value.reshape({1}).to(at::kDouble).clone();
+  if (t.device() != world.device() && world.backend() != "local")
+    t = t.to(world.device());
+  world.allReduce(t)->wait();
+  return t.item<double>() / static_cast<double>(world.size());
+}
+
 Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
                  std::ostream *jsonLog)
     : model_(model), config_(std::move(config)), out_(out), jsonLog_(jsonLog) {}
@@ -82,6 +93,7 @@ EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t micr
 void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
                     const TokenFile *evalData, int64_t seqLen, int64_t microBatch) {
   AdamW optimizer(model_.parameters(), config_.adamw);
+  const bool rank0 = model_.world().rank() == 0;
   std::mt19937_64 rng(config_.seed);
   using Clock = std::chrono::steady_clock;
   auto start = Clock::now();
@@ -91,6 +103,8 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
     if (!evalData)
       return;
     EvalResult r = evaluate(*evalData, seqLen, microBatch, config_.evalBatches);
+    if (!rank0)
+      return;
     out_ << "eval  step " << step << " | val loss " << std::fixed << std::setprecision(4)
          << r.loss << " | val ppl " << std::setprecision(2) << r.perplexity << " | "
          << r.tokens << " tokens" << std::defaultfloat << "\n";
@@ -113,20 +127,22 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
     for (int64_t micro = 0; micro < config_.gradAccum; ++micro) {
       at::Tensor window = nextMicroBatch();
       auto [loss, count] = microBatchLoss(window, rng);
-      double value = loss.item<double>();
+      double value = meanOverRanks(loss.detach());
       if (!std::isfinite(value))
         throw TrainingError("the loss is " + std::string(std::isnan(value) ? "NaN" : "infinite") +
                             " at step " + std::to_string(step) + " (micro-batch " +
                             std::to_string(micro + 1) + "); stopping");
       loss.div(static_cast<double>(config_.gradAccum)).backward();
       lossSum += value;
-      tokens += window.size(0) * (window.size(1) - 1);
+      tokens += window.size(0) * (window.size(1) - 1) * model_.world().size();
     }
-    double gradNorm = clipGradNorm(model_.parameters(), config_.clipGrad);
+    model_.synchronizeGradients();
+    double gradNorm = model_.clipGradNorm(config_.clipGrad);
     if (!std::isfinite(gradNorm))
       throw TrainingError("the gradient norm is not finite at step " + std::to_string(step) +
                           "; stopping");
     optimizer.step(lr);
+    model_.afterOptimizerStep();
 
     double loss = lossSum / static_cast<double>(config_.gradAccum);
     losses_.push_back(loss);
@@ -134,7 +150,7 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
     double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     double tokensPerSecond = static_cast<double>(tokens) / stepSeconds;
     double tflops = 6.0 * numParams * tokensPerSecond / 1e12;
-    if (step % config_.logEvery == 0 || step == config_.steps) {
+    if (rank0 && (step % config_.logEvery == 0 || step == config_.steps)) {
       out_ << "step " << step << "/" << config_.steps << " | loss " << std::fixed
            << std::setprecision(4) << loss << " | lr " << std::scientific
            << std::setprecision(2) << lr << " | grad norm " << std::fixed
@@ -143,7 +159,7 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
            << " s" << std::defaultfloat << "\n";
       out_.flush();
     }
-    if (jsonLog_) {
+    if (jsonLog_ && rank0) {
       *jsonLog_ << "{\"kind\": \"train\", \"step\": " << step
                 << ", \"loss\": " << jsonNumber(loss) << ", \"lr\": " << jsonNumber(lr)
                 << ", \"grad_norm\": " << jsonNumber(gradNorm)

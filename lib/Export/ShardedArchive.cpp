@@ -136,6 +136,21 @@ public:
     for (auto f : module.getOps<func::FuncOp>())
       if (f.getSymName() != "forward")
         funcs.push_back(f);
+    for (auto g : module.getOps<bmt::StorageGroupOp>())
+      addGroup(p, g);
+    if (auto zero = module->getAttrOfType<DictionaryAttr>("bmt.zero")) {
+      if (auto stage = zero.getAs<IntegerAttr>("stage"))
+        p.zeroStage = stage.getInt();
+      if (auto g = zero.getAs<IntegerAttr>("shard_group_size"))
+        p.shardGroupSize = g.getInt();
+    }
+    if (p.groups.empty())
+      p.zeroStage = 0;
+    else if (p.zeroStage == 0)
+      throw ExportError{module.getLoc(), "storage groups without a ZeRO stage (bmt.zero)"};
+    if (auto overlap = module->getAttrOfType<DictionaryAttr>("bmt.overlap"))
+      if (auto depth = overlap.getAs<IntegerAttr>("prefetch_depth"))
+        p.prefetchDepth = depth.getInt();
     for (size_t i = 0; i < funcs.size(); ++i)
       functionIndex[funcs[i].getSymName()] = static_cast<int64_t>(i);
     for (func::FuncOp f : funcs)
@@ -161,6 +176,38 @@ private:
     t.shape.assign(type.getShape().begin(), type.getShape().end());
     tensorIndex[name] = static_cast<int64_t>(p.tensors.size());
     p.tensors.push_back(std::move(t));
+  }
+
+  void addGroup(plan::Plan &p, bmt::StorageGroupOp op) {
+    plan::StorageGroup g;
+    g.name = op.getSymName().str();
+    g.dtype = scalarTypeOf(op.getElementType(), op.getLoc());
+    g.size = static_cast<int64_t>(op.getSize());
+    if (auto block = op.getBlockAttr()) {
+      g.blockList = block.getValue().str();
+      g.blockIndex = static_cast<int64_t>(*op.getBlockIndex());
+    }
+    int64_t index = static_cast<int64_t>(p.groups.size());
+    for (auto [ref, offset] : llvm::zip(op.getParams(), op.getOffsets())) {
+      StringRef name = cast<FlatSymbolRefAttr>(ref).getValue();
+      auto it = tensorIndex.find(name);
+      if (it == tensorIndex.end())
+        throw ExportError{op.getLoc(), "storage group " + g.name + " names unknown " + name.str()};
+      if (p.tensors[it->second].group != -1)
+        throw ExportError{op.getLoc(), name.str() + " is in two storage groups"};
+      p.tensors[it->second].group = index;
+      g.members.push_back(it->second);
+      g.offsets.push_back(offset);
+    }
+    groupIndex[g.name] = index;
+    p.groups.push_back(std::move(g));
+  }
+
+  int64_t groupOf(FlatSymbolRefAttr ref, Location loc) {
+    auto it = groupIndex.find(ref.getValue());
+    if (it == groupIndex.end())
+      throw ExportError{loc, "unknown storage group " + ref.getValue().str()};
+    return it->second;
   }
 
   plan::Arg argOf(Attribute attr, OperandRange::iterator &nextOperand,
@@ -233,6 +280,19 @@ private:
         inst.target = it->second;
         for (Value v : call.getOperands())
           inst.args.push_back(plan::Arg::ofRegister(reg(v)));
+        if (auto list = call->getAttrOfType<FlatSymbolRefAttr>("bmt.block")) {
+          inst.blockList = list.getValue().str();
+          if (auto index = call->getAttrOfType<IntegerAttr>("bmt.block_index"))
+            inst.blockIndex = index.getInt();
+          if (auto checkpoint = call->getAttrOfType<BoolAttr>("bmt.checkpoint"))
+            inst.checkpoint = checkpoint.getValue();
+        }
+      } else if (auto gather = dyn_cast<bmt::AllGatherOp>(op)) {
+        inst.kind = plan::Instruction::Kind::Gather;
+        inst.target = groupOf(gather.getGroupAttr(), op.getLoc());
+      } else if (auto release = dyn_cast<bmt::ReleaseOp>(op)) {
+        inst.kind = plan::Instruction::Kind::Release;
+        inst.target = groupOf(release.getGroupAttr(), op.getLoc());
       } else if (auto global = dyn_cast<bmt::GetGlobalOp>(op)) {
         inst.kind = plan::Instruction::Kind::Global;
         auto it = tensorIndex.find(global.getGlobal());
@@ -260,6 +320,7 @@ private:
   llvm::DenseMap<Value, int64_t> registers;
   llvm::StringMap<int64_t> tensorIndex;
   llvm::StringMap<int64_t> functionIndex;
+  llvm::StringMap<int64_t> groupIndex;
 };
 
 /// Every tensor of a TorchScript archive by dotted name: parameters,

@@ -5,6 +5,7 @@
 #include "bmt/Support/ErrorText.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/crc_alt.h> // header-only; included by this file alone
 #include <caffe2/serialize/inline_container.h>
@@ -13,6 +14,8 @@
 #include <cstdio>
 #include <cstring>
 #include <sstream>
+#include <cerrno>
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace bmt::plan {
@@ -37,14 +40,37 @@ void writeArchive(const std::string &path, Plan &plan,
     caffe2::serialize::PyTorchStreamWriter writer(tmpPath);
     std::string version = versionLine();
     writer.writeRecord(kVersionRecord, version.data(), version.size());
-    for (size_t i = 0; i < plan.tensors.size(); ++i) {
-      TensorInfo &info = plan.tensors[i];
+    auto checkedWeight = [&](size_t i) {
+      const TensorInfo &info = plan.tensors[i];
       at::Tensor t = weightOf(i);
       if (t.scalar_type() != info.dtype || t.sizes().vec() != info.shape)
         throw PlanError("weights of " + info.name + " do not match the plan (" +
                         std::string(c10::toString(t.scalar_type())) + " " +
                         c10::str(t.sizes()) + ")");
-      t = t.contiguous().cpu();
+      return t.contiguous().cpu();
+    };
+    // Storage groups: one record per group holding its flat buffer (members
+    // at their offsets, zeros between), so that a rank reads one range.
+    for (size_t g = 0; g < plan.groups.size(); ++g) {
+      StorageGroup &group = plan.groups[g];
+      at::Tensor buffer = at::zeros({group.size}, at::TensorOptions().dtype(group.dtype));
+      group.record = "bmt/weights/group" + std::to_string(g);
+      int64_t elementBytes = static_cast<int64_t>(c10::elementSize(group.dtype));
+      for (size_t m = 0; m < group.members.size(); ++m) {
+        TensorInfo &info = plan.tensors[group.members[m]];
+        at::Tensor t = checkedWeight(group.members[m]);
+        buffer.narrow(0, group.offsets[m], t.numel()).copy_(t.reshape({-1}));
+        info.record = group.record;
+        info.offset = group.offsets[m] * elementBytes;
+        info.crc32 = crc32_fast(t.data_ptr(), t.nbytes());
+      }
+      writer.writeRecord(group.record, buffer.data_ptr(), buffer.nbytes());
+    }
+    for (size_t i = 0; i < plan.tensors.size(); ++i) {
+      TensorInfo &info = plan.tensors[i];
+      if (info.group != -1)
+        continue;
+      at::Tensor t = checkedWeight(i);
       info.record = "bmt/weights/" + std::to_string(i);
       info.offset = 0;
       info.crc32 = crc32_fast(t.data_ptr(), t.nbytes());
@@ -103,7 +129,41 @@ Archive::Archive(const std::string &path) : path_(path) {
   }
 }
 
-Archive::~Archive() = default;
+Archive::~Archive() {
+  if (fd_ >= 0)
+    ::close(fd_);
+}
+
+void Archive::readRecordRange(const std::string &record, int64_t offset, int64_t nbytes,
+                              void *dst, const std::string &what) {
+  if (!reader_->hasRecord(record))
+    throw PlanError(path_ + ": missing record " + record + " of " + what);
+  int64_t start = 0, size = 0;
+  try {
+    size = static_cast<int64_t>(reader_->getRecordSize(record));
+    start = static_cast<int64_t>(reader_->getRecordOffset(record));
+  } catch (const c10::Error &e) {
+    throw PlanError(path_ + ": corrupt record " + record + " of " + what + ": " +
+                    bmt::firstErrorLine(e.what_without_backtrace()));
+  }
+  if (offset < 0 || nbytes < 0 || offset + nbytes > size)
+    throw PlanError(path_ + ": record " + record + " is too short for " + what);
+  if (fd_ < 0 && (fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC)) < 0)
+    throw PlanError(path_ + ": cannot open: " + std::strerror(errno));
+  char *out = static_cast<char *>(dst);
+  int64_t done = 0;
+  while (done < nbytes) {
+    ssize_t n = ::pread(fd_, out + done, static_cast<size_t>(nbytes - done),
+                        static_cast<off_t>(start + offset + done));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      throw PlanError(path_ + ": cannot read record " + record + " of " + what + ": " +
+                      (n < 0 ? std::strerror(errno) : "unexpected end of file"));
+    done += n;
+  }
+  bytesRead_ += nbytes;
+}
 
 std::string Archive::programText() {
   try {
@@ -117,23 +177,32 @@ std::string Archive::programText() {
 
 at::Tensor Archive::readTensor(size_t index) {
   const TensorInfo &info = plan_.tensors.at(index);
-  if (!reader_->hasRecord(info.record))
-    throw PlanError(path_ + ": missing record " + info.record + " of " + info.name);
   at::Tensor out = at::empty(info.shape, at::TensorOptions().dtype(info.dtype));
-  try {
-    auto [data, size] = reader_->getRecord(info.record);
-    if (static_cast<int64_t>(size) < info.offset + info.nbytes())
-      throw PlanError(path_ + ": record " + info.record + " is too short for " +
-                      info.name);
-    std::memcpy(out.data_ptr(), static_cast<const char *>(data.get()) + info.offset,
-                info.nbytes());
-    if (static_cast<int64_t>(crc32_fast(out.data_ptr(), info.nbytes())) != info.crc32)
-      throw PlanError(path_ + ": corrupt record " + info.record + " of " + info.name +
-                      " (checksum mismatch)");
-    bytesRead_ += info.nbytes();
-  } catch (const c10::Error &e) {
+  readRecordRange(info.record, info.offset, info.nbytes(), out.data_ptr(), info.name);
+  if (static_cast<int64_t>(crc32_fast(out.data_ptr(), info.nbytes())) != info.crc32)
     throw PlanError(path_ + ": corrupt record " + info.record + " of " + info.name +
-                    ": " + bmt::firstErrorLine(e.what_without_backtrace()));
+                    " (checksum mismatch)");
+  return out;
+}
+
+at::Tensor Archive::readGroupRange(size_t group, int64_t begin, int64_t end) {
+  const StorageGroup &g = plan_.groups.at(group);
+  if (begin < 0 || end < begin || end > g.size)
+    throw PlanError(path_ + ": range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                    ") is outside storage group " + g.name);
+  at::Tensor out = at::empty({end - begin}, at::TensorOptions().dtype(g.dtype));
+  int64_t elementBytes = static_cast<int64_t>(c10::elementSize(g.dtype));
+  readRecordRange(g.record, begin * elementBytes, out.nbytes(), out.data_ptr(),
+                  "storage group " + g.name);
+  for (size_t m = 0; m < g.members.size(); ++m) {
+    const TensorInfo &info = plan_.tensors[g.members[m]];
+    int64_t first = g.offsets[m], last = first + info.numel();
+    if (first < begin || last > end)
+      continue;
+    const char *bytes = static_cast<const char *>(out.data_ptr()) + (first - begin) * elementBytes;
+    if (static_cast<int64_t>(crc32_fast(bytes, info.nbytes())) != info.crc32)
+      throw PlanError(path_ + ": corrupt record " + g.record + " of " + info.name +
+                      " (checksum mismatch)");
   }
   return out;
 }

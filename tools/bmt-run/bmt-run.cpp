@@ -13,10 +13,13 @@
 
 #include "bmt/Plan/Archive.h"
 #include "bmt/Runtime/Model.h"
+#include "bmt/Runtime/Rendezvous.h"
 #include "bmt/Runtime/Safetensors.h"
 #include "bmt/Runtime/Trainer.h"
 
 #include <ATen/Context.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
@@ -112,13 +115,18 @@ void checkOutputs(const tools::RunOptions &o) {
   }
 }
 
-at::Device chooseDevice(const std::string &name) {
+/// The device of this rank: "auto" is cuda:LOCAL_RANK when CUDA is
+/// available, else the CPU; "cuda" without an index is cuda:LOCAL_RANK.
+at::Device chooseDevice(const std::string &name, int64_t localRank) {
   if (name == "auto")
-    return at::hasCUDA() ? at::Device("cuda:0") : at::Device("cpu");
+    return at::hasCUDA() ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(localRank))
+                         : at::Device("cpu");
   try {
     at::Device d(name);
     if (d.is_cuda() && !at::hasCUDA())
       throw Failure("--device " + name + ": CUDA is not available on this machine");
+    if (d.is_cuda() && !d.has_index())
+      d = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(localRank));
     return d;
   } catch (const c10::Error &) {
     throw Failure("--device: unknown device '" + name + "'");
@@ -127,7 +135,7 @@ at::Device chooseDevice(const std::string &name) {
 
 /// A progress bar on stderr while the weights load (only on a terminal).
 void loadProgress(int64_t done, int64_t total) {
-  static bool tty = ::isatty(2);
+  static bool tty = ::isatty(2) && std::getenv("RANK") == nullptr;
   if (!tty || total <= 0)
     return;
   int width = 30, filled = static_cast<int>(width * done / total);
@@ -169,6 +177,8 @@ void runDump(runtime::Model &model, const tools::RunOptions &o, bool maskedLM) {
       logits = value.toTensor();
   }
   if (!logits.defined()) { // no language-model head: outputs only
+    if (model.world().rank() != 0)
+      return;
     saveIValue(o.dumpOutput, out);
     std::cout << "dump: " << out.size() << " outputs -> " << o.dumpOutput << "\n";
     return;
@@ -177,30 +187,56 @@ void runDump(runtime::Model &model, const tools::RunOptions &o, bool maskedLM) {
   at::Tensor loss = runtime::languageModelLoss(logits, labels, /*shift=*/!maskedLM);
   loss.backward();
   out.insert("loss", loss.detach().cpu());
-  for (size_t i = 0; i < model.parameters().size(); ++i) {
-    const at::Tensor &g = model.parameters()[i].grad();
-    if (g.defined())
-      out.insert("grad/" + model.parameterNames()[i], g.cpu());
-  }
+  model.synchronizeGradients();
+  auto grads = model.fullParameters(/*gradients=*/true);
+  for (const auto &[name, g] : grads)
+    out.insert("grad/" + name, g);
+  if (model.world().rank() != 0)
+    return;
   saveIValue(o.dumpOutput, out);
-  std::cout << "dump: loss " << loss.item<double>() << ", " << model.parameters().size()
+  std::cout << "dump: loss " << loss.item<double>() << ", " << grads.size()
             << " parameter gradients -> " << o.dumpOutput << "\n";
 }
 
 int run(const tools::RunOptions &o) {
   checkOutputs(o);
-  at::Device device = chooseDevice(o.device);
+  runtime::RendezvousInfo rendezvous = runtime::rendezvousFromEnvironment();
+  at::Device device = chooseDevice(o.device, rendezvous.localRank);
   plan::Archive archive(o.archive);
-  runtime::Model model(archive, device, loadProgress);
+  std::unique_ptr<runtime::Comm> world = runtime::connect(rendezvous, device);
+  const bool rank0 = world->rank() == 0;
+  runtime::Model model(archive, device, world.get(), rank0 ? loadProgress : nullptr);
   const plan::Plan &p = model.plan();
+  const int64_t worldSize = world->size(), rank = world->rank();
   std::string objective = o.objective == "auto" ? p.objective : o.objective;
   if (!model.hasLogits() && o.dumpInputs.empty())
     throw Failure(o.archive + ": the model has no language-model head (no 'logits' "
                   "result: " + p.modelType + "); it can be run with --dump but not trained");
   bool maskedLM = objective == "masked-lm";
-  std::cout << "bmt-run: " << o.archive << " (" << p.modelType << "), "
-            << model.numParameters() << " parameters, " << archive.bytesRead()
-            << " bytes read, objective " << objective << ", device " << device << "\n";
+  // Bytes each rank read from the archive (rank-local loading).
+  at::Tensor bytesRead;
+  {
+    at::Tensor mine = at::full({1}, archive.bytesRead(), at::TensorOptions().dtype(at::kLong))
+                          .to(world->device());
+    at::Tensor all = at::empty({worldSize}, mine.options());
+    world->allGather(all, mine)->wait();
+    bytesRead = all.cpu();
+  }
+  int64_t weightBytes = 0;
+  for (const plan::TensorInfo &t : p.tensors)
+    weightBytes += t.nbytes();
+  if (rank0) {
+    std::cout << "bmt-run: " << o.archive << " (" << p.modelType << "), "
+              << model.numParameters() << " parameters, " << archive.bytesRead()
+              << " bytes read, objective " << objective << ", device " << device << "\n";
+    if (worldSize > 1) {
+      std::cout << "bmt-run: " << worldSize << " ranks (" << world->backend() << "), ZeRO-"
+                << p.zeroStage << ", weights " << weightBytes << " bytes; bytes read per rank:";
+      for (int64_t r = 0; r < worldSize; ++r)
+        std::cout << " " << bytesRead[r].item<int64_t>();
+      std::cout << "\n";
+    }
+  }
 
   if (!o.dumpInputs.empty()) {
     runDump(model, o, maskedLM);
@@ -282,6 +318,8 @@ int run(const tools::RunOptions &o) {
 
   if (o.evalOnly) {
     runtime::EvalResult r = trainer.evaluate(*eval, o.seqLen, o.microBatch, o.evalBatches);
+    if (!rank0)
+      return 0;
     std::cout << "eval: val loss " << r.loss << " | val ppl " << r.perplexity << " | "
               << r.tokens << " tokens\n";
     if (log)
@@ -305,13 +343,21 @@ int run(const tools::RunOptions &o) {
     if (!v.isTensor() || v.toTensor().dim() != 3 || v.toTensor().scalar_type() != at::kLong)
       throw Failure(o.batchesFile + ": expected an int64 tensor [n, micro-batch, seq-len + 1]");
     fixed = v.toTensor();
+    if (fixed.size(1) % worldSize != 0)
+      throw Failure(o.batchesFile + ": a batch of " + std::to_string(fixed.size(1)) +
+                    " rows cannot be split evenly over " + std::to_string(worldSize) + " ranks");
+    int64_t rows = fixed.size(1) / worldSize;
+    fixed = fixed.narrow(1, rank * rows, rows).contiguous();
     if (fixed.max().item<int64_t>() >= vocab || fixed.min().item<int64_t>() < 0)
       throw Failure(o.batchesFile + ": token ids outside the model's vocabulary of " +
                     std::to_string(vocab));
     next = [&]() { return fixed[cursor++ % fixed.size(0)]; };
   } else {
-    sampler = std::make_unique<runtime::BatchSampler>(*train, o.microBatch, o.seqLen, o.seed);
-    next = [&]() { return sampler->next(); };
+    // Every rank draws the same global batch (micro-batch x ranks windows)
+    // and trains on its own rows of it.
+    sampler = std::make_unique<runtime::BatchSampler>(*train, o.microBatch * worldSize,
+                                                      o.seqLen, o.seed);
+    next = [&]() { return sampler->next().narrow(0, rank * o.microBatch, o.microBatch); };
   }
   trainer.train(next, eval.get(), o.seqLen, o.microBatch);
 
@@ -319,12 +365,13 @@ int run(const tools::RunOptions &o) {
     // Every name of every parameter (tied ones under each name, as a
     // state dict has them), so that transformers can load the file.
     std::vector<std::pair<std::string, at::Tensor>> named;
-    for (size_t i = 0; i < model.parameters().size(); ++i) {
-      named.emplace_back(model.parameterNames()[i], model.parameters()[i]);
-      int64_t index = p.findTensor(model.parameterNames()[i]);
-      for (const std::string &alias : p.tensors.at(index).aliases)
-        named.emplace_back(alias, model.parameters()[i]);
+    for (const auto &[name, value] : model.fullParameters()) { // collective
+      named.emplace_back(name, value);
+      for (const std::string &alias : p.tensors.at(p.findTensor(name)).aliases)
+        named.emplace_back(alias, value);
     }
+    if (!rank0)
+      return 0;
     try {
       runtime::saveSafetensors(o.saveParams, named, {{"format", "pt"}, {"source", "bmt-run"}});
     } catch (const std::runtime_error &e) {

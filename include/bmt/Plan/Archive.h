@@ -55,14 +55,26 @@ public:
   /// Reads tensor `index` of the plan into a new CPU tensor (its dtype and
   /// shape). Throws PlanError if the record is missing or too short.
   at::Tensor readTensor(size_t index);
-  /// Bytes read from the file by readTensor so far.
+  /// Reads elements [begin, end) of storage group `group`'s flat buffer
+  /// into a new 1-D CPU tensor of the group's dtype, reading only those
+  /// bytes from the file (rank-local loading). Checks the CRC-32 of every
+  /// member that lies wholly inside the range (members cut by the range's
+  /// ends are not checked on this read). Throws PlanError for a missing or
+  /// short record, a range outside the buffer, or a checksum mismatch.
+  at::Tensor readGroupRange(size_t group, int64_t begin, int64_t end);
+  /// Bytes of tensor data read from the file so far (readTensor and
+  /// readGroupRange; the plan and other records are not counted).
   int64_t bytesRead() const { return bytesRead_; }
 
 private:
   std::string path_;
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader_;
   Plan plan_;
+  int fd_ = -1; ///< the file, for reading byte ranges of records
   int64_t bytesRead_ = 0;
+  /// Copies `nbytes` bytes at `offset` of record `record` to `dst`.
+  void readRecordRange(const std::string &record, int64_t offset, int64_t nbytes,
+                       void *dst, const std::string &what);
 };
 
 } // namespace bmt::plan

@@ -16,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -28,6 +29,26 @@ namespace bmt::runtime {
 class ExecutionError : public std::runtime_error {
 public:
   using std::runtime_error::runtime_error;
+};
+
+/// What the executor delegates to the ZeRO runtime (Zero.h): the values of
+/// sharded parameters, the plan's gather/release instructions and the calls
+/// of blocks (which may be checkpointed). Without hooks every tensor comes
+/// from the executor's own list, gather/release do nothing and blocks are
+/// plain calls.
+class ExecutorHooks {
+public:
+  virtual ~ExecutorHooks();
+  /// The value of plan tensor `index`, a member of a storage group (plan
+  /// TensorInfo::group >= 0): its shape and dtype, on the run device.
+  virtual at::Tensor global(int64_t index) = 0;
+  /// Instruction Gather / Release of storage group `group`.
+  virtual void gather(int64_t group) = 0;
+  virtual void release(int64_t group) = 0;
+  /// Runs the call `inst` of a block: `run(args)` executes the callee.
+  using Run = std::function<std::vector<c10::IValue>(std::vector<c10::IValue>)>;
+  virtual std::vector<c10::IValue> callBlock(const plan::Instruction &inst, const Run &run,
+                                             std::vector<c10::IValue> args) = 0;
 };
 
 class Executor {
@@ -50,7 +71,12 @@ public:
   /// Throws ExecutionError naming the failing operator.
   std::vector<c10::IValue> run(const std::vector<c10::IValue> &inputs);
 
-  /// The parameters and buffers, by plan index.
+  /// Routes sharded parameters, gather/release and block calls to `hooks`
+  /// (not owned; must outlive the executor's runs). Null: no ZeRO.
+  void setHooks(ExecutorHooks *hooks) { hooks_ = hooks; }
+
+  /// The parameters and buffers, by plan index (undefined for members of
+  /// storage groups, which the hooks provide).
   std::vector<at::Tensor> &tensors() { return tensors_; }
   const plan::Plan &plan() const { return plan_; }
 
@@ -61,6 +87,7 @@ private:
   const plan::Plan &plan_;
   std::vector<at::Tensor> tensors_;
   at::Device device_;
+  ExecutorHooks *hooks_ = nullptr;
   std::vector<std::vector<std::unique_ptr<Prepared>>> prepared_; // [function][instruction]
 };
 

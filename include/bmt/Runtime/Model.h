@@ -9,6 +9,7 @@
 #define BMT_RUNTIME_MODEL_H
 
 #include "bmt/Plan/Archive.h"
+#include "bmt/Runtime/Comm.h"
 #include "bmt/Runtime/Executor.h"
 
 #include <ATen/core/Tensor.h>
@@ -20,19 +21,26 @@
 
 namespace bmt::runtime {
 
+class ZeroStorage;
+
 class Model {
 public:
-  /// Reads every tensor of `archive` onto `device`; parameters become
-  /// autograd leaves (requires_grad as the plan says). `progress(done,
-  /// total)` is called after each tensor with bytes read so far.
-  /// Throws plan::PlanError for a bad archive, ExecutionError for a plan
-  /// that cannot run.
-  Model(plan::Archive &archive, at::Device device,
+  /// Loads `archive` onto `device` for this rank of `world` (null: a single
+  /// process). A plan with storage groups (ZeRO-2/3) becomes a ZeroStorage:
+  /// this rank reads only its shard of each group; tensors outside groups
+  /// are read whole by every rank. Without groups every rank holds every
+  /// parameter and gradients are all-reduced (plain data parallelism).
+  /// Trainable parameters become autograd leaves. `progress(done, total)`
+  /// is called with this rank's bytes read so far.
+  /// Collective when world has several ranks. Throws plan::PlanError for a
+  /// bad archive, ExecutionError for a plan that cannot run, CommError.
+  Model(plan::Archive &archive, at::Device device, Comm *world = nullptr,
         const std::function<void(int64_t, int64_t)> &progress = nullptr);
+  ~Model();
 
   /// Runs forward. inputIds, attentionMask: int64 [batch, seq] on the
   /// model's device. Returns the logits, float [batch, seq, vocab] (the
-  /// result named "logits", else the first result).
+  /// result named "logits", else the first result). Collective under ZeRO.
   at::Tensor forward(const at::Tensor &inputIds, const at::Tensor &attentionMask);
 
   /// Runs forward and returns every result with its name ("logits",
@@ -43,18 +51,41 @@ public:
   /// Whether the forward has a result named "logits" (a language-model head).
   bool hasLogits() const { return hasLogits_; }
 
-  /// The distinct trainable parameters (tied ones once), in plan order.
+  /// What the optimizer updates: the distinct trainable parameters (tied
+  /// ones once) in plan order, or under ZeRO this rank's shard of each
+  /// storage group ([shard size], one per group).
   const std::vector<at::Tensor> &parameters() const { return parameters_; }
-  /// Their names (the plan's symbol names), same order.
+  /// Their names (the plan's symbol names, or the groups' names), same order.
   const std::vector<std::string> &parameterNames() const { return parameterNames_; }
-  /// Elements in all distinct parameters.
+
+  /// Makes every rank's gradients the average over ranks (no-op for a
+  /// single process and under ZeRO, where the backward reduce-scatters).
+  /// Collective.
+  void synchronizeGradients();
+  /// Global gradient norm over all ranks, clipping to maxNorm when > 0
+  /// (torch.nn.utils.clip_grad_norm_). Collective.
+  double clipGradNorm(double maxNorm);
+  /// After an optimizer step: gathered ZeRO buffers are stale; free them.
+  void afterOptimizerStep();
+
+  /// Every trainable parameter's full value (or gradient, with
+  /// `gradients`; parameters without one are skipped) by plan name, CPU
+  /// copies; under ZeRO gathered from the shards. Collective.
+  std::vector<std::pair<std::string, at::Tensor>> fullParameters(bool gradients = false);
+
+  /// Elements in all distinct trainable parameters (of the whole model).
   int64_t numParameters() const;
   const plan::Plan &plan() const { return plan_; }
   at::Device device() const { return device_; }
+  /// The communicator of all ranks (a local one for a single process).
+  Comm &world() { return *world_; }
 
 private:
   plan::Plan plan_;
   at::Device device_;
+  std::unique_ptr<Comm> ownWorld_;
+  Comm *world_ = nullptr;
+  std::unique_ptr<ZeroStorage> zero_;
   std::unique_ptr<Executor> executor_;
   std::vector<at::Tensor> parameters_;
   std::vector<std::string> parameterNames_;

@@ -48,7 +48,8 @@ struct EvalResult {
   int64_t tokens = 0;    ///< predicted tokens
 };
 
-/// Runs the optimizer loop on `model`: for each step, gradAccum micro-batches
+/// Runs the optimizer loop on `model` (on every rank of model.world(), each
+/// with its own slice of the global batch; only rank 0 prints and logs): for each step, gradAccum micro-batches
 /// from `nextMicroBatch` (int64 [batch, seq + 1] token windows: the model
 /// reads the first seq tokens; causal-LM predicts tokens 1..seq, masked-LM
 /// the masked ones of the first seq), AdamW, the LR schedule, clipping.
@@ -72,6 +73,8 @@ public:
   const std::vector<double> &losses() const { return losses_; }
 
 private:
+  /// The mean of a one-element tensor over all ranks. Collective.
+  double meanOverRanks(const at::Tensor &value);
   /// Loss of one micro-batch window, forward only (grad mode decides autograd).
   std::pair<at::Tensor, int64_t> microBatchLoss(const at::Tensor &window,
                                                 std::mt19937_64 &rng);

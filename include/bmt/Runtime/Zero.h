@@ -1,0 +1,131 @@
+//===- Zero.h - ZeRO-3/2 sharded parameters at run time ---------*- C++ -*-===//
+//
+// Holds each storage group of the plan (Plan.h) as this rank's 1/N shard and
+// drives the plan's schedule, as BMTrain's DistributedParameter /
+// CheckpointBlock / TransformerBlockList do by hand:
+//
+//   - loading: rank r reads only its contiguous range of each group's record
+//     (Archive::readGroupRange); tensors outside groups are read whole;
+//   - forward: `bmt.all_gather` starts gathering a group's flat buffer
+//     (asynchronously; the prefetch), a parameter's first use waits for it,
+//     `bmt.release` frees the buffer (ZeRO-3);
+//   - backward: a released block is gathered again before its backward runs
+//     and the `prefetch depth` blocks before it are prefetched; when a
+//     group's gradient is complete it is reduce-scattered into the shard's
+//     gradient (and all-reduced across replicas under hybrid sharding), then
+//     the gathered buffer is freed;
+//   - checkpointed blocks run without autograd in forward and are recomputed
+//     (same RNG state) in backward, as torch.utils.checkpoint's reentrant
+//     variant;
+//   - the optimizer updates the shards; clipping uses the global norm.
+//
+// Gradients are averaged over all ranks (each rank runs its own slice of
+// the global batch), so N ranks with micro-batch b train exactly as one
+// process with micro-batch N*b.
+//
+// Rank layout (hybrid sharding with shard group size G, world size W):
+// shard group s = ranks [s*G, (s+1)*G), shard rank = rank % G; replica group
+// of shard rank k = ranks {k, k+G, ...}. G = 0 means G = W.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BMT_RUNTIME_ZERO_H
+#define BMT_RUNTIME_ZERO_H
+
+#include "bmt/Plan/Archive.h"
+#include "bmt/Runtime/Comm.h"
+#include "bmt/Runtime/Executor.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace bmt::runtime {
+
+class ZeroStorage : public ExecutorHooks {
+public:
+  /// Reads this rank's shard of every storage group of `archive`'s plan
+  /// (plan.zeroStage must be 2 or 3) onto `device`; the shards become
+  /// autograd leaves. `world` is the communicator of all ranks; the shard
+  /// and replica communicators are split from it (collective: every rank
+  /// constructs its ZeroStorage at the same time). `progress(done, total)`
+  /// reports bytes read of this rank's share.
+  /// Throws plan::PlanError for a bad archive, CommError when the world size
+  /// is not a multiple of the plan's shard group size (naming both) or a
+  /// collective fails.
+  ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
+              const std::function<void(int64_t, int64_t)> &progress = nullptr);
+  ~ZeroStorage() override;
+
+  // ExecutorHooks.
+  at::Tensor global(int64_t index) override;
+  void gather(int64_t group) override;
+  void release(int64_t group) override;
+  std::vector<c10::IValue> callBlock(const plan::Instruction &inst, const Run &run,
+                                     std::vector<c10::IValue> args) override;
+
+  /// Starts a new forward pass: the next use of each group under grad mode
+  /// links its parameters to the shard anew.
+  void beginForward();
+  /// Frees every gathered buffer (after an optimizer step the buffers are
+  /// stale; after a forward without grad nothing needs them).
+  void releaseAll();
+
+  /// The trainable shards, one per group: [shardSize] of the group's dtype,
+  /// requires_grad; their .grad() is this rank's slice of the gradient
+  /// averaged over all ranks. The padding elements stay zero.
+  const std::vector<at::Tensor> &shards() const { return shards_; }
+  /// Their names (the groups' names).
+  const std::vector<std::string> &shardNames() const { return shardNames_; }
+  /// Global L2 norm of the gradients over all ranks; when maxNorm > 0 and
+  /// the norm exceeds it, scales every shard's gradient by maxNorm / norm
+  /// (torch.nn.utils.clip_grad_norm_). Collective.
+  double clipGradNorm(double maxNorm);
+  /// The full value of grouped parameter `index` (a new CPU tensor), or its
+  /// full gradient with `gradient` (zeros when none). Collective: every
+  /// rank calls it for the same tensors in the same order.
+  at::Tensor gatherParameter(int64_t index, bool gradient = false);
+
+  /// Elements in the groups' real (unpadded) buffers, counting each
+  /// parameter once.
+  int64_t numParameters() const;
+  Comm &world() { return world_; }
+
+private:
+  struct Group;
+  friend struct GatherFunction;
+  friend struct RegatherFunction;
+  friend struct CheckpointFunction;
+
+  void startGather(Group &g);
+  void ensureGathered(Group &g);
+  void freeBuffer(Group &g);
+  /// Gathers the groups of block `blockIndex` of `list` (waiting) and
+  /// starts the gathers of the `prefetchDepth` blocks before it: the
+  /// backward order.
+  void prepareBackward(const std::string &list, int64_t blockIndex);
+  /// Member tensors aliasing group g's gathered buffer (no autograd).
+  std::vector<at::Tensor> memberViews(Group &g);
+  /// Reduce-scatters (and all-reduces across replicas) the full gradient
+  /// `flat` of group g into a shard-sized tensor, averaged over the world.
+  at::Tensor reduceGradient(Group &g, const at::Tensor &flat);
+  const std::vector<int64_t> &blockGroups(const std::string &list, int64_t index) const;
+
+  const plan::Plan &plan_;
+  at::Device device_;
+  Comm &world_;
+  std::unique_ptr<Comm> shardComm_, replicaComm_;
+  std::vector<std::unique_ptr<Group>> groups_;
+  std::vector<at::Tensor> shards_;
+  std::vector<std::string> shardNames_;
+  std::map<std::pair<std::string, int64_t>, std::vector<int64_t>> blocks_;
+};
+
+} // namespace bmt::runtime
+
+#endif // BMT_RUNTIME_ZERO_H
