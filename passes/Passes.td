@@ -25,13 +25,33 @@ def Summary : Pass<"bmt-summary", "::mlir::ModuleOp"> {
 
     Element counts count tied parameters once, as
     `sum(p.numel() for p in model.parameters())` does. After
-    `--bmt-find-blocks` and `--bmt-zero` it also prints the block lists and
-    the storage groups, and with `world-size=N` an estimate of the
-    parameter memory per rank.
+    `--bmt-find-blocks` and `--bmt-zero` it also prints the block lists
+    (with the parameters per block and outside the blocks) and the storage
+    groups; after `--bmt-checkpoint` and `--bmt-overlap` their decisions;
+    and with `world-size=N` the per-rank memory estimate of docs/passes.md
+    (parameter, gradient and AdamW shards, gathered buffers, activations for
+    `micro-batch` x `seq-len` tokens):
+
+    ```
+      blocks: 12 in transformer.h (transformer.h.0 ... transformer.h.11), 7087872 parameters each
+      outside blocks: 39385344 parameters
+      storage groups: 13 (474.7 MiB, 497786880 bytes), ZeRO-3
+      checkpoint: 12 of 12 blocks recomputed (mode all)
+      overlap: prefetch depth 1
+      memory per rank at world size 8 (micro-batch 1, seq-len 1024): about 1.2 GiB
+        parameter, gradient and optimizer shards: 237.4 MiB
+        ...
+    ```
   }];
   let options = [
     Option<"worldSize", "world-size", "int64_t", "0",
-           "estimate per-rank parameter memory for this many ranks (0: no estimate)">,
+           "estimate per-rank memory for this many ranks (0: no estimate)">,
+    Option<"microBatch", "micro-batch", "int64_t", "0",
+           "sequences per rank for the activation estimate (0: the module's "
+           "bmt.checkpoint_plan, else 1)">,
+    Option<"seqLen", "seq-len", "int64_t", "0",
+           "tokens per sequence for the activation estimate (0: the module's "
+           "bmt.checkpoint_plan, else 1024)">,
   ];
 }
 
@@ -78,6 +98,85 @@ def Zero : Pass<"bmt-zero", "::mlir::ModuleOp"> {
            "alignment of each parameter in its group, in bytes">,
     Option<"shardGroupSize", "shard-group-size", "int64_t", "0",
            "hybrid sharding: shard within groups of this many ranks (0: all ranks)">,
+  ];
+  let dependentDialects = ["::bmt::BmtDialect"];
+}
+
+def Checkpoint : Pass<"bmt-checkpoint", "::mlir::ModuleOp"> {
+  let summary = "Decide which blocks recompute their activations in backward";
+  let description = [{
+    After `--bmt-find-blocks` (and `--bmt-zero`, whose storage groups the
+    memory estimate reads): puts `bmt.checkpoint = true` (recompute the block
+    in backward, keeping only its inputs; BMTrain's CheckpointBlock) or
+    `false` (keep its activations) on every `func.call` that carries
+    `bmt.block`, and records the inputs of the decision in the module
+    attribute `bmt.checkpoint_plan = {mode, micro_batch, seq_len,
+    world_size[, budget_gib]}`.
+
+    - `mode=all` (the default): every block is recomputed.
+    - `mode=none`: no block is recomputed.
+    - `mode=auto`: the per-rank memory estimate of docs/passes.md
+      (sharded parameter, gradient and AdamW state, gathered buffers of the
+      live blocks, activations of `micro-batch` x `seq-len` tokens) must fit
+      `budget-gib`. The pass keeps the activations of as many blocks as fit,
+      choosing the LAST blocks in execution order (their activations are
+      the first the backward needs), and recomputes the others. If even
+      recomputing every block does not fit, it recomputes every block and
+      warns with the estimate and the budget.
+
+    Emits a remark such as
+    "bmt-checkpoint: 10 of 12 blocks recomputed (estimate 3.2 GiB per rank
+    of 4.0 GiB budget)". A bad option (unknown mode, `auto` without a
+    positive budget, a size that is not positive) is one error and the pass
+    fails. Without block lists the pass changes nothing and says so.
+  }];
+  let options = [
+    Option<"mode", "mode", "std::string", "\"all\"",
+           "which blocks to recompute: all, none or auto">,
+    Option<"budgetGib", "budget-gib", "double", "0",
+           "mode=auto: per-rank memory budget in GiB (required, > 0)">,
+    Option<"microBatch", "micro-batch", "int64_t", "1",
+           "sequences per rank per forward">,
+    Option<"seqLen", "seq-len", "int64_t", "1024",
+           "tokens per sequence (the program does not record the traced shape)">,
+    Option<"worldSize", "world-size", "int64_t", "1",
+           "ranks the parameters are sharded over (with bmt.zero's shard group size)">,
+    Option<"prefetchDepth", "prefetch-depth", "int64_t", "1",
+           "blocks gathered ahead (as --bmt-overlap's depth; bmt.overlap wins if present)">,
+  ];
+  let dependentDialects = ["::bmt::BmtDialect"];
+}
+
+def Overlap : Pass<"bmt-overlap", "::mlir::ModuleOp"> {
+  let summary = "Schedule the all-gathers (bounded prefetch) and releases of the storage groups";
+  let description = [{
+    After `--bmt-zero`: in each function that calls a block list (the
+    `bmt.block_list`'s `caller`) inserts `bmt.all_gather @group` so that,
+    when block i is called, the gathers of the groups of blocks
+    i .. i+depth have been issued (each group exactly once, in block order:
+    the gathers of blocks 0..depth before the call of block 0, then the
+    gather of block i+depth before the call of block i). With `depth=0`
+    each block's gathers come right before its call. When the module's
+    `bmt.zero` says stage 3, a `bmt.release @group` follows the call of
+    each block for each of its groups; under ZeRO-2 the gathered buffers
+    live until the block's backward. The groups outside the blocks
+    (`outside_blocks.*`) are gathered at the start of `@forward` and never
+    released (the runtime keeps them for the whole step).
+
+    The backward is not in the IR; the runtime mirrors the schedule: before
+    the backward of block i it re-gathers block i (ZeRO-3) and prefetches
+    blocks i-1 .. i-depth, releases block i after its backward, and
+    reduce-scatters block i's gradient while block i-1's backward runs.
+
+    Records the depth as the module attribute
+    `bmt.overlap = {prefetch_depth = N : i64}`. Running it on a module that
+    is already scheduled is an error ("already scheduled"). Block lists
+    without storage groups are an error (run `--bmt-zero` first); a module
+    with no storage groups at all is left unchanged with a remark.
+  }];
+  let options = [
+    Option<"depth", "depth", "int64_t", "1",
+           "blocks gathered ahead of the running one (0: no prefetch)">,
   ];
   let dependentDialects = ["::bmt::BmtDialect"];
 }

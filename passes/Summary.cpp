@@ -5,6 +5,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "MemoryEstimate.h"
+
 #include "bmt/Dialect/BmtDialect.h"
 #include "bmt/Passes.h"
 
@@ -25,20 +27,6 @@ namespace {
 int64_t elementBytes(Type type) {
   unsigned bits = type.getIntOrFloatBitWidth();
   return bits < 8 ? 1 : bits / 8;
-}
-
-std::string formatBytes(int64_t bytes) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  std::string out;
-  llvm::raw_string_ostream os(out);
-  os << llvm::format(unit ? "%.1f %s" : "%.0f %s", value, units[unit]);
-  return out;
 }
 
 struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
@@ -75,7 +63,7 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
     if (auto source = module->getAttrOfType<StringAttr>("bmt.source"))
       os << " of " << source.getValue();
     os << "\n  parameters: " << elements << " elements in " << tensors
-       << " tensors (" << formatBytes(bytes) << ")\n";
+       << " tensors (" << bmt::formatBytes(bytes) << ")\n";
     os << "  tied: " << ties.size();
     if (!ties.empty()) {
       os << " (";
@@ -83,35 +71,95 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
       os << ")";
     }
     os << "\n  buffers: " << buffers << " tensors\n";
-    for (auto list : module.getOps<bmt::BlockListOp>())
-      os << "  blocks: " << list.getBlocks().size() << " in " << list.getSymName() << "\n";
-    int64_t groupBytes = 0, groups = 0, largestBlockBytes = 0, fp32StateBytes = 0;
-    llvm::DenseMap<std::pair<Attribute, int64_t>, int64_t> blockBytes;
-    for (auto group : module.getOps<bmt::StorageGroupOp>()) {
-      int64_t bytes = group.getSize() * elementBytes(group.getElementType());
-      groupBytes += bytes;
-      ++groups;
-      // fp32 AdamW state (exp_avg, exp_avg_sq), and fp32 master weights
-      // for groups of another dtype.
-      fp32StateBytes += group.getSize() * 4 * (group.getElementType().isF32() ? 2 : 3);
-      if (auto block = group.getBlockAttr()) {
-        int64_t &b = blockBytes[{block, *group.getBlockIndex()}];
-        b += bytes;
-        largestBlockBytes = std::max(largestBlockBytes, b);
+    // Block lists, groups and the decisions of the later passes.
+    bmt::MemoryConfig config;
+    config.worldSize = std::max<int64_t>(1, worldSize);
+    auto plan = module->getAttrOfType<DictionaryAttr>("bmt.checkpoint_plan");
+    auto planValue = [&](StringRef key, int64_t fallback) {
+      if (plan)
+        if (auto v = plan.getAs<IntegerAttr>(key))
+          return v.getInt();
+      return fallback;
+    };
+    config.microBatch = microBatch > 0 ? int64_t(microBatch) : planValue("micro_batch", 1);
+    config.seqLen = seqLen > 0 ? int64_t(seqLen) : planValue("seq_len", 1024);
+    auto overlap = module->getAttrOfType<DictionaryAttr>("bmt.overlap");
+    if (overlap)
+      if (auto depth = overlap.getAs<IntegerAttr>("prefetch_depth"))
+        config.prefetchDepth = depth.getInt();
+    bmt::MemoryModel model = bmt::estimateMemory(module, config);
+    bool sharded = !module.getOps<bmt::StorageGroupOp>().empty();
+    for (auto list : module.getOps<bmt::BlockListOp>()) {
+      auto pathOf = [&](Attribute ref) {
+        auto f = module.lookupSymbol<func::FuncOp>(cast<FlatSymbolRefAttr>(ref).getValue());
+        auto path = f ? f->getAttrOfType<StringAttr>("bmt.module_path") : nullptr;
+        return path ? path.getValue() : cast<FlatSymbolRefAttr>(ref).getValue();
+      };
+      os << "  blocks: " << list.getBlocks().size() << " in " << list.getSymName();
+      if (!list.getBlocks().empty())
+        os << " (" << pathOf(list.getBlocks()[0]) << " ... "
+           << pathOf(list.getBlocks()[list.getBlocks().size() - 1]) << ")";
+      int64_t least = -1, most = -1;
+      for (const bmt::BlockCost &b : model.blocks) {
+        auto ref = b.call->getAttrOfType<FlatSymbolRefAttr>("bmt.block");
+        if (!ref || ref.getValue() != list.getSymName())
+          continue;
+        least = least < 0 ? b.parameters : std::min(least, b.parameters);
+        most = std::max(most, b.parameters);
       }
-    }
-    if (groups) {
-      os << "  storage groups: " << groups << " (" << formatBytes(groupBytes) << ", "
-         << groupBytes << " bytes)";
-      if (worldSize > 0) {
-        // Each rank keeps 1/N of the parameters, their gradients and the
-        // optimizer state, plus one gathered block at a time.
-        int64_t n = worldSize;
-        int64_t perRank = (2 * groupBytes + fp32StateBytes + n - 1) / n + largestBlockBytes;
-        os << "; per rank at world size " << n << ": about " << formatBytes(perRank) << " ("
-           << perRank << " bytes: parameter, gradient and optimizer shards, one gathered block)";
+      if (sharded && most >= 0) {
+        os << ", " << least;
+        if (most != least)
+          os << " to " << most;
+        os << " parameters each";
       }
       os << "\n";
+    }
+    int64_t groupBytes = 0, groups = 0;
+    for (auto group : module.getOps<bmt::StorageGroupOp>()) {
+      groupBytes += group.getSize() * elementBytes(group.getElementType());
+      ++groups;
+    }
+    if (groups) {
+      os << "  outside blocks: " << model.outsideParameters << " parameters\n";
+      os << "  storage groups: " << groups << " (" << bmt::formatBytes(groupBytes) << ", "
+         << groupBytes << " bytes), ZeRO-" << model.zeroStage;
+      if (auto zero = module->getAttrOfType<DictionaryAttr>("bmt.zero"))
+        if (auto g = zero.getAs<IntegerAttr>("shard_group_size"); g && g.getInt() > 0)
+          os << ", shard group size " << g.getInt();
+      os << "\n";
+    }
+    SmallVector<bool> recomputed = model.currentFlags();
+    bool decided = llvm::any_of(model.blocks, [](const bmt::BlockCost &b) {
+      return b.call->hasAttr("bmt.checkpoint");
+    });
+    if (decided) {
+      os << "  checkpoint: " << llvm::count(recomputed, true) << " of " << model.blocks.size()
+         << " blocks recomputed";
+      if (plan)
+        if (auto mode = plan.getAs<StringAttr>("mode")) {
+          os << " (mode " << mode.getValue();
+          if (auto budget = plan.getAs<FloatAttr>("budget_gib"))
+            os << llvm::format(", budget %.1f GiB", budget.getValueAsDouble());
+          os << ")";
+        }
+      os << "\n";
+    }
+    if (overlap)
+      os << "  overlap: prefetch depth " << config.prefetchDepth << "\n";
+    if (worldSize > 0) {
+      int64_t total = model.totalBytes(recomputed);
+      os << "  memory per rank at world size " << config.worldSize << " (micro-batch "
+         << config.microBatch << ", seq-len " << config.seqLen << "): about "
+         << bmt::formatBytes(total) << " (" << total << " bytes)\n";
+      os << "    parameter, gradient and optimizer shards: "
+         << bmt::formatBytes(model.stateBytes);
+      if (groups)
+        os << " (sharded over " << model.shardRanks << ")";
+      os << "\n";
+      os << "    gathered parameters and gradients: "
+         << bmt::formatBytes(model.outsideGatheredBytes + model.blockGatheredBytes()) << "\n";
+      os << "    activations: " << bmt::formatBytes(model.activationBytes(recomputed)) << "\n";
     }
     os << "  functions: " << functions << ", calls: " << calls
        << ", aten ops: " << atenOps << "\n";

@@ -1,0 +1,362 @@
+//===- MemoryEstimate.cpp - per-rank training memory estimate -------------===//
+//
+// Parameter state from the storage groups; activations from a walk of the
+// program from @forward that gives every tensor value a width (elements per
+// token) derived from the parameter shapes, since !bmt.tensor carries no
+// shape. The rules are in docs/passes.md ("Memory estimate").
+//
+//===----------------------------------------------------------------------===//
+
+#include "MemoryEstimate.h"
+
+#include "bmt/Dialect/BmtDialect.h"
+
+#include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <algorithm>
+#include <map>
+
+using namespace mlir;
+
+namespace bmt {
+
+namespace {
+
+int64_t elementBytes(Type type) {
+  unsigned bits = type.getIntOrFloatBitWidth();
+  return bits < 8 ? 1 : bits / 8;
+}
+
+/// Bytes per parameter element of the sharded state: the parameter and its
+/// gradient in their dtype, AdamW's exp_avg and exp_avg_sq in fp32, and an
+/// fp32 master copy for parameters of a narrower float type.
+int64_t stateBytesPerElement(Type type) {
+  int64_t eb = elementBytes(type);
+  bool master = isa<FloatType>(type) && eb < 4;
+  return 2 * eb + 8 + (master ? 4 : 0);
+}
+
+/// What the walk knows about a value.
+struct ValueInfo {
+  int64_t width = 0;        ///< elements per token; 0: not sized per token (or unknown)
+  ParameterOp param;        ///< the parameter it is, if any
+  int64_t headDim = 0;      ///< last dim of a [.., heads, head_dim] view, 0 if none
+  bool score = false;       ///< an attention score tensor (width = heads x seq-len)
+};
+
+/// Ops whose results alias their input (or are no-ops in training): they
+/// save nothing of their own.
+const llvm::StringSet<> &viewOps() {
+  static const llvm::StringSet<> ops = {
+      "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::transpose",
+      "aten::permute", "aten::unsqueeze", "aten::squeeze", "aten::slice",
+      "aten::select", "aten::expand", "aten::expand_as", "aten::contiguous",
+      "aten::split", "aten::split_with_sizes", "aten::chunk", "aten::unbind",
+      "aten::t", "aten::alias", "aten::detach", "aten::flatten", "aten::unflatten",
+      "aten::narrow", "aten::as_strided", "aten::to", "aten::type_as",
+      "aten::view_as", "aten::reshape_as", "aten::numpy_T", "aten::mT"};
+  return ops;
+}
+
+class ActivationWalker {
+public:
+  ActivationWalker(SymbolTable &symbols, int64_t tokens, int64_t seqLen, int64_t bytes,
+                   SmallVectorImpl<BlockCost> &blocks)
+      : symbols(symbols), tokens(tokens), seqLen(seqLen), bytes(bytes), blocks(blocks) {}
+
+  /// Walks `f` with argument infos `args`, adding the saved activations of
+  /// its ops (and its callees', blocks apart) to `acc`; returns the results' infos.
+  SmallVector<ValueInfo> walk(func::FuncOp f, ArrayRef<ValueInfo> args, int64_t &acc,
+                              bool insideBlock) {
+    SmallVector<ValueInfo> none(f ? f.getNumResults() : 0);
+    if (!f || f.getBody().empty() || !active.insert(f).second)
+      return none;
+    llvm::DenseMap<Value, ValueInfo> info;
+    for (auto [arg, i] : llvm::zip(f.getBody().front().getArguments(), args))
+      info[arg] = i;
+    auto get = [&](Value v) { return info.lookup(v); };
+    SmallVector<ValueInfo> results = none;
+    for (Operation &op : f.getBody().front()) {
+      if (auto g = dyn_cast<GetGlobalOp>(op)) {
+        ValueInfo v;
+        v.param = symbols.lookup<ParameterOp>(g.getGlobal());
+        info[g.getResult()] = v;
+      } else if (auto aten = dyn_cast<AtenOp>(op)) {
+        SmallVector<ValueInfo> in;
+        for (Value operand : aten.getOperands())
+          in.push_back(get(operand));
+        SmallVector<ValueInfo> out = atenResults(aten, in);
+        bool saves = !viewOps().contains(aten.getOperatorName());
+        for (auto [result, v] : llvm::zip(aten.getResults(), out)) {
+          if (!isa<bmt::TensorType>(result.getType()))
+            continue;
+          info[result] = v;
+          if (saves)
+            acc += v.width * tokens * bytes;
+        }
+      } else if (auto call = dyn_cast<func::CallOp>(op)) {
+        SmallVector<ValueInfo> in;
+        for (Value operand : call.getOperands())
+          in.push_back(get(operand));
+        auto callee = symbols.lookup<func::FuncOp>(call.getCallee());
+        SmallVector<ValueInfo> out;
+        if (!insideBlock && call->hasAttr("bmt.block")) {
+          BlockCost cost;
+          cost.call = call;
+          auto path = callee ? callee->getAttrOfType<StringAttr>("bmt.module_path") : nullptr;
+          cost.name = path ? path.str() : call.getCallee().str();
+          out = walk(callee, in, cost.activationBytes, /*insideBlock=*/true);
+          for (const ValueInfo &v : in)
+            if (!v.param)
+              cost.inputBytes += v.width * tokens * bytes;
+          blocks.push_back(cost);
+        } else {
+          out = walk(callee, in, acc, insideBlock);
+        }
+        for (auto [result, v] : llvm::zip(call.getResults(), out))
+          info[result] = v;
+      } else if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+        results.clear();
+        for (Value operand : ret.getOperands())
+          results.push_back(get(operand));
+      }
+    }
+    active.erase(f);
+    return results;
+  }
+
+private:
+  static ArrayRef<int64_t> shapeOf(const ValueInfo &v) {
+    if (!v.param)
+      return {};
+    return cast<RankedTensorType>(const_cast<ParameterOp &>(v.param).getType()).getShape();
+  }
+
+  /// The widest of the operands, with its head and score marks.
+  static ValueInfo widest(ArrayRef<ValueInfo> in) {
+    ValueInfo out;
+    for (const ValueInfo &v : in) {
+      if (v.param || v.width < out.width)
+        continue;
+      if (v.width > out.width) {
+        out = v;
+      } else {
+        out.score |= v.score;
+        if (!out.headDim)
+          out.headDim = v.headDim;
+      }
+    }
+    out.param = nullptr;
+    return out;
+  }
+
+  SmallVector<ValueInfo> atenResults(AtenOp op, ArrayRef<ValueInfo> in) {
+    StringRef name = op.getOperatorName();
+    size_t n = op.getNumResults();
+    // The first operand that is a parameter of rank >= 2 (a weight matrix).
+    const ValueInfo *weight = nullptr;
+    for (const ValueInfo &v : in)
+      if (shapeOf(v).size() >= 2) {
+        weight = &v;
+        break;
+      }
+    ValueInfo out = widest(in);
+    if (name == "aten::linear" && weight) {
+      out = {};
+      out.width = shapeOf(*weight)[0];
+    } else if (name == "aten::embedding" && weight) {
+      out = {};
+      out.width = shapeOf(*weight)[1];
+    } else if ((name == "aten::addmm" || name == "aten::mm" || name == "aten::matmul" ||
+                name == "aten::bmm") &&
+               weight) {
+      out = {};
+      out.width = shapeOf(*weight).back();
+    } else if ((name == "aten::matmul" || name == "aten::bmm") && in.size() >= 2) {
+      const ValueInfo &a = in[0], &b = in[1];
+      if (a.score) { // scores x values
+        out = b;
+        out.score = false;
+      } else if (b.score) {
+        out = a;
+      } else if (a.headDim && b.headDim && a.width) { // queries x keys^T
+        out = {};
+        out.width = std::max<int64_t>(1, a.width / a.headDim) * seqLen;
+        out.score = true;
+      }
+      out.param = nullptr;
+    } else if (name == "aten::scaled_dot_product_attention" && in.size() >= 3) {
+      out = in[2];
+      out.param = nullptr;
+      out.score = false;
+    } else if (name == "aten::view" || name == "aten::reshape" ||
+               name == "aten::_unsafe_view") {
+      out = in.empty() ? ValueInfo() : in[0];
+      out.param = nullptr;
+      out.headDim = 0;
+      // view(x, [b, s, -1, 64]): 64 is the head dim when it divides the width.
+      if (op.getArgs().size() >= 2)
+        if (auto list = dyn_cast<ArrayAttr>(op.getArgs()[1]); list && !list.empty())
+          if (auto last = dyn_cast<IntegerAttr>(list[list.size() - 1])) {
+            int64_t d = last.getInt();
+            if (d > 0 && d < out.width && out.width % d == 0)
+              out.headDim = d;
+          }
+    } else if (name == "aten::split" || name == "aten::split_with_sizes" ||
+               name == "aten::chunk" || name == "aten::unbind") {
+      out = in.empty() ? ValueInfo() : in[0];
+      out.param = nullptr;
+      out.headDim = 0;
+      if (n > 1)
+        out.width = (out.width + n - 1) / n;
+    }
+    return SmallVector<ValueInfo>(n, out);
+  }
+
+  SymbolTable &symbols;
+  int64_t tokens, seqLen, bytes;
+  SmallVectorImpl<BlockCost> &blocks;
+  llvm::DenseSet<Operation *> active;
+};
+
+} // namespace
+
+int64_t MemoryModel::blockGatheredBytes() const {
+  if (blocks.empty() || zeroStage == 0 || shardRanks <= 1)
+    return 0;
+  int64_t largest = 0, sum = 0;
+  for (const BlockCost &b : blocks) {
+    largest = std::max(largest, b.gatheredBytes);
+    sum += b.gatheredBytes;
+  }
+  if (zeroStage == 2)
+    return sum + largest;
+  int64_t live = std::min<int64_t>(config.prefetchDepth + 1, blocks.size());
+  return live * largest + largest;
+}
+
+int64_t MemoryModel::activationBytes(ArrayRef<bool> recomputed) const {
+  // At the end of the forward every kept block holds its activations and
+  // every recomputed block its inputs. The backward then runs the blocks in
+  // reverse; when it reaches block j, the blocks before j still hold what
+  // they held, and block j holds all of its activations (recomputed ones
+  // rebuild them now). The peak is the largest of these moments.
+  auto flag = [&](size_t i) { return i < recomputed.size() && recomputed[i]; };
+  int64_t held = 0, peak = 0;
+  for (auto [i, b] : llvm::enumerate(blocks)) {
+    if (flag(i))
+      peak = std::max(peak, held + b.activationBytes);
+    held += flag(i) ? b.inputBytes : b.activationBytes;
+  }
+  return outsideActivationBytes + std::max(peak, held);
+}
+
+int64_t MemoryModel::totalBytes(ArrayRef<bool> recomputed) const {
+  return stateBytes + outsideGatheredBytes + blockGatheredBytes() +
+         activationBytes(recomputed);
+}
+
+SmallVector<bool> MemoryModel::currentFlags() const {
+  SmallVector<bool> flags;
+  for (const BlockCost &b : blocks) {
+    auto flag = b.call->getAttrOfType<BoolAttr>("bmt.checkpoint");
+    flags.push_back(flag && flag.getValue());
+  }
+  return flags;
+}
+
+MemoryModel estimateMemory(ModuleOp module, const MemoryConfig &config) {
+  MemoryModel model;
+  model.config = config;
+  SymbolTable symbols(module);
+
+  // Element size of activations: that of the first trainable parameter.
+  for (ParameterOp p : module.getOps<ParameterOp>())
+    if (p.getRequiresGrad()) {
+      model.activationElementBytes =
+          elementBytes(cast<RankedTensorType>(p.getType()).getElementType());
+      break;
+    }
+
+  // Activations, and the blocks in execution order.
+  if (auto entry = symbols.lookup<func::FuncOp>("forward")) {
+    ActivationWalker walker(symbols, config.microBatch * config.seqLen, config.seqLen,
+                            model.activationElementBytes, model.blocks);
+    SmallVector<ValueInfo> args;
+    for (Type t : entry.getArgumentTypes()) {
+      ValueInfo v;
+      v.width = isa<bmt::TensorType>(t) ? 1 : 0; // token ids, masks: one element per token
+      args.push_back(v);
+    }
+    walker.walk(entry, args, model.outsideActivationBytes, /*insideBlock=*/false);
+  }
+
+  // Parameter state.
+  auto groups = module.getOps<StorageGroupOp>();
+  if (groups.empty()) {
+    for (ParameterOp p : module.getOps<ParameterOp>())
+      if (p.getRequiresGrad()) {
+        model.stateBytes += p.getNumElements() *
+            stateBytesPerElement(cast<RankedTensorType>(p.getType()).getElementType());
+        model.outsideParameters += p.getNumElements();
+      }
+    return model;
+  }
+  model.zeroStage = 3;
+  int64_t groupSize = 0;
+  if (auto zero = module->getAttrOfType<DictionaryAttr>("bmt.zero")) {
+    if (auto stage = zero.getAs<IntegerAttr>("stage"))
+      model.zeroStage = stage.getInt();
+    if (auto g = zero.getAs<IntegerAttr>("shard_group_size"))
+      groupSize = g.getInt();
+  }
+  model.shardRanks = std::max<int64_t>(
+      1, groupSize > 0 ? std::min(groupSize, config.worldSize) : config.worldSize);
+  std::map<std::pair<std::string, int64_t>, size_t> blockIndex;
+  for (auto [i, b] : llvm::enumerate(model.blocks))
+    blockIndex[{b.call->getAttrOfType<FlatSymbolRefAttr>("bmt.block").getValue().str(),
+                b.call->getAttrOfType<IntegerAttr>("bmt.block_index").getInt()}] = i;
+  for (StorageGroupOp g : groups) {
+    Type element = g.getElementType();
+    int64_t shard = (g.getSize() + model.shardRanks - 1) / model.shardRanks;
+    model.stateBytes += shard * stateBytesPerElement(element);
+    int64_t full = g.getSize() * elementBytes(element);
+    int64_t parameters = 0;
+    for (Attribute ref : g.getParams())
+      if (auto p = symbols.lookup<ParameterOp>(cast<FlatSymbolRefAttr>(ref).getValue()))
+        parameters += p.getNumElements();
+    auto block = g.getBlockAttr();
+    auto it = block ? blockIndex.find({block.getValue().str(), *g.getBlockIndex()})
+                    : blockIndex.end();
+    if (it != blockIndex.end()) {
+      model.blocks[it->second].gatheredBytes += full;
+      model.blocks[it->second].parameters += parameters;
+    } else {
+      if (model.shardRanks > 1)
+        model.outsideGatheredBytes += 2 * full; // gathered parameters and full gradient
+      model.outsideParameters += parameters;
+    }
+  }
+  return model;
+}
+
+std::string formatBytes(int64_t bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  os << llvm::format(unit ? "%.1f %s" : "%.0f %s", value, units[unit]);
+  return out;
+}
+
+} // namespace bmt
