@@ -86,12 +86,14 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
 /// again (ZeRO-3 released it after the forward) and prefetches the blocks
 /// before it.
 struct RegatherFunction : torch::autograd::Function<RegatherFunction> {
-  static variable_list forward(AutogradContext *ctx, variable_list outputs, ZeroStorage *zero,
+  // (Tensor lists are passed as at::TensorList: autograd counts only those,
+  // not a std::vector, as tensor inputs.)
+  static variable_list forward(AutogradContext *ctx, at::TensorList outputs, ZeroStorage *zero,
                                std::string list, int64_t index) {
     ctx->saved_data["zero"] = pointerValue(zero);
     ctx->saved_data["list"] = list;
     ctx->saved_data["index"] = index;
-    return outputs;
+    return outputs.vec();
   }
 
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
@@ -123,11 +125,11 @@ struct CheckpointState : torch::CustomClassHolder {
 /// with autograd and back-propagates through it, which reduce-scatters its
 /// parameters' gradients on the way (GatherFunction).
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
-  static variable_list forward(AutogradContext *ctx, variable_list inputs, ZeroStorage *zero,
+  static variable_list forward(AutogradContext *ctx, at::TensorList inputs, ZeroStorage *zero,
                                c10::intrusive_ptr<CheckpointState> state) {
     ctx->saved_data["zero"] = pointerValue(zero);
     ctx->saved_data["state"] = IValue::make_capsule(state);
-    ctx->save_for_backward(inputs);
+    ctx->save_for_backward(inputs.vec());
     state->rngState = at::globalContext().defaultGenerator(state->device).get_state();
     std::vector<IValue> args = state->args;
     for (size_t i = 0; i < inputs.size(); ++i)
@@ -372,7 +374,7 @@ std::vector<IValue> ZeroStorage::callBlock(const plan::Instruction &inst, const 
         args[i] = IValue();
       }
     state->args = std::move(args);
-    variable_list outputs = CheckpointFunction::apply(inputs, this, state);
+    variable_list outputs = CheckpointFunction::apply(at::TensorList(inputs), this, state);
     std::vector<IValue> results = state->results;
     for (size_t k = 0; k < state->tensorResults.size(); ++k)
       results[state->tensorResults[k]] = outputs[k];
@@ -391,7 +393,7 @@ std::vector<IValue> ZeroStorage::callBlock(const plan::Instruction &inst, const 
   if (outputs.empty())
     return results;
   variable_list gated =
-      RegatherFunction::apply(outputs, this, inst.blockList, inst.blockIndex);
+      RegatherFunction::apply(at::TensorList(outputs), this, inst.blockList, inst.blockIndex);
   for (size_t k = 0; k < positions.size(); ++k)
     results[positions[k]] = gated[k];
   return results;
