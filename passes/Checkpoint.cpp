@@ -29,12 +29,7 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-std::string gib(double bytes) {
-  std::string out;
-  llvm::raw_string_ostream os(out);
-  os << llvm::format("%.1f GiB", bytes / kGiB);
-  return out;
-}
+std::string gib(double bytes) { return bmt::formatBytes(static_cast<int64_t>(bytes)); }
 
 struct CheckpointPass : bmt::impl::CheckpointBase<CheckpointPass> {
   using CheckpointBase::CheckpointBase;

@@ -140,7 +140,9 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
         if (auto mode = plan.getAs<StringAttr>("mode")) {
           os << " (mode " << mode.getValue();
           if (auto budget = plan.getAs<FloatAttr>("budget_gib"))
-            os << llvm::format(", budget %.1f GiB", budget.getValueAsDouble());
+            os << ", budget "
+               << bmt::formatBytes(static_cast<int64_t>(budget.getValueAsDouble() * 1024 *
+                                                        1024 * 1024));
           os << ")";
         }
       os << "\n";

@@ -7,6 +7,10 @@
 // Everything else (--pass-pipeline, --mlir-print-ir-after-all,
 // --verify-diagnostics, --split-input-file, -o) is MlirOptMain's.
 //
+// `-o *.pt` without any pass flag or --pass-pipeline runs the default
+// pipeline (find-blocks, zero, checkpoint, overlap, summary), fed by the
+// top-level flags --world-size, --zero-stage, ... (docs/passes.md).
+//
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Dialect/BmtDialect.h"
@@ -20,6 +24,7 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/OperationSupport.h"
 #include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
@@ -92,11 +97,98 @@ static LogicalResult printImportDiagnostic(Diagnostic &diag) {
   return success();
 }
 
+// Top-level flags of the default pipeline (bmt::DefaultPipelineOptions).
+static llvm::cl::OptionCategory defaultPipelineCategory(
+    "Default pipeline (bmt-opt MODEL -o sharded.pt without pass flags)");
+static llvm::cl::opt<int64_t> clWorldSize(
+    "world-size", llvm::cl::desc("ranks of the training job (memory estimate, auto checkpoint)"),
+    llvm::cl::init(1), llvm::cl::cat(defaultPipelineCategory));
+static llvm::cl::opt<int64_t> clZeroStage("zero-stage", llvm::cl::desc("ZeRO stage: 3 or 2"),
+                                          llvm::cl::init(3),
+                                          llvm::cl::cat(defaultPipelineCategory));
+static llvm::cl::opt<int64_t> clShardGroupSize(
+    "shard-group-size",
+    llvm::cl::desc("hybrid sharding: shard within groups of this many ranks (0: all ranks)"),
+    llvm::cl::init(0), llvm::cl::cat(defaultPipelineCategory));
+static llvm::cl::opt<std::string> clCheckpoint(
+    "checkpoint", llvm::cl::desc("blocks recomputed in backward: all, none or auto"),
+    llvm::cl::init("all"), llvm::cl::cat(defaultPipelineCategory));
+static llvm::cl::opt<double> clMemoryBudgetGib(
+    "memory-budget-gib", llvm::cl::desc("--checkpoint=auto: per-rank memory budget in GiB"),
+    llvm::cl::init(0), llvm::cl::cat(defaultPipelineCategory));
+static llvm::cl::opt<int64_t> clMicroBatch("micro-batch",
+                                           llvm::cl::desc("sequences per rank per forward"),
+                                           llvm::cl::init(1),
+                                           llvm::cl::cat(defaultPipelineCategory));
+static llvm::cl::opt<int64_t> clSeqLen("seq-len", llvm::cl::desc("tokens per sequence"),
+                                       llvm::cl::init(1024),
+                                       llvm::cl::cat(defaultPipelineCategory));
+static llvm::cl::opt<int64_t> clPrefetchDepth(
+    "prefetch-depth", llvm::cl::desc("blocks gathered ahead of the running one (0: none)"),
+    llvm::cl::init(1), llvm::cl::cat(defaultPipelineCategory));
+
+/// The names of the default pipeline's top-level flags that were given.
+static std::vector<std::string> givenPipelineFlags() {
+  std::vector<std::string> given;
+  for (llvm::cl::Option *opt :
+       {static_cast<llvm::cl::Option *>(&clWorldSize), static_cast<llvm::cl::Option *>(&clZeroStage),
+        static_cast<llvm::cl::Option *>(&clShardGroupSize),
+        static_cast<llvm::cl::Option *>(&clCheckpoint),
+        static_cast<llvm::cl::Option *>(&clMemoryBudgetGib),
+        static_cast<llvm::cl::Option *>(&clMicroBatch), static_cast<llvm::cl::Option *>(&clSeqLen),
+        static_cast<llvm::cl::Option *>(&clPrefetchDepth)})
+    if (opt->getNumOccurrences() > 0)
+      given.push_back(("--" + opt->ArgStr).str());
+  return given;
+}
+
+/// Checks the top-level flags; prints one error and returns false if one is bad.
+static bool checkPipelineFlags() {
+  auto fail = [](const llvm::Twine &message) {
+    llvm::errs() << "error: " << message << "\n";
+    return false;
+  };
+  if (clWorldSize <= 0)
+    return fail("--world-size must be positive, got " + llvm::Twine(clWorldSize.getValue()));
+  if (clZeroStage != 2 && clZeroStage != 3)
+    return fail("--zero-stage must be 3 or 2, got " + llvm::Twine(clZeroStage.getValue()));
+  if (clShardGroupSize < 0)
+    return fail("--shard-group-size must be 0 (all ranks) or positive, got " +
+                llvm::Twine(clShardGroupSize.getValue()));
+  if (clCheckpoint != "all" && clCheckpoint != "none" && clCheckpoint != "auto")
+    return fail("--checkpoint must be all, none or auto, got '" + clCheckpoint + "'");
+  if (!(clMemoryBudgetGib >= 0))
+    return fail("--memory-budget-gib must be a positive number of GiB");
+  if (clCheckpoint == "auto" && clMemoryBudgetGib <= 0)
+    return fail("--checkpoint=auto needs a per-rank memory budget: --memory-budget-gib=N");
+  if (clMicroBatch <= 0)
+    return fail("--micro-batch must be positive, got " + llvm::Twine(clMicroBatch.getValue()));
+  if (clSeqLen <= 0)
+    return fail("--seq-len must be positive, got " + llvm::Twine(clSeqLen.getValue()));
+  if (clPrefetchDepth < 0)
+    return fail("--prefetch-depth must be 0 or positive, got " +
+                llvm::Twine(clPrefetchDepth.getValue()));
+  return true;
+}
+
+/// True if the command line names a pass or a pipeline (--bmt-zero,
+/// --pass-pipeline=..., -p ...): then bmt-opt is plain mlir-opt.
+static bool passesGiven() {
+  auto &options = llvm::cl::getRegisteredOptions();
+  // Every registered pass and pipeline flag is a value of one list option,
+  // so looking up any pass name finds it.
+  for (llvm::StringRef name : {"bmt-summary", "pass-pipeline", "p"})
+    if (auto *opt = options.lookup(name); opt && opt->getNumOccurrences() > 0)
+      return true;
+  return false;
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   DialectRegistry registry;
   registry.insert<bmt::BmtDialect, func::FuncDialect>();
   bmt::registerBmtPasses();
+  bmt::registerDefaultPipeline();
   registerTransformsPasses(); // canonicalize, cse, symbol-dce, inline, ...
 
   auto [inputFilename, outputFilename] = registerAndParseCLIOptions(
@@ -105,6 +197,35 @@ int main(int argc, char **argv) {
       "distributed training\n",
       registry);
   MlirOptMainConfig config = MlirOptMainConfig::createFromCLOptions();
+
+  // `-o *.pt` without passes: the default pipeline, fed by the top-level flags.
+  bool defaultPipeline = isArchiveOutput(outputFilename) && !passesGiven();
+  std::vector<std::string> pipelineFlags = givenPipelineFlags();
+  if (!defaultPipeline && !pipelineFlags.empty()) {
+    llvm::errs() << "error: " << pipelineFlags.front()
+                 << " sets an option of the default pipeline, which runs only for "
+                    "`-o NAME.pt` without pass flags; pass the option to the pass "
+                    "(e.g. --bmt-default-pipeline='world-size=8') instead\n";
+    return 1;
+  }
+  if (!checkPipelineFlags())
+    return 1;
+  if (defaultPipeline) {
+    // Shared: the callback runs inside MlirOptMain.
+    auto options = std::make_shared<bmt::DefaultPipelineOptions>();
+    options->worldSize = clWorldSize;
+    options->zeroStage = clZeroStage;
+    options->shardGroupSize = clShardGroupSize;
+    options->checkpoint = clCheckpoint;
+    options->memoryBudgetGib = clMemoryBudgetGib;
+    options->microBatch = clMicroBatch;
+    options->seqLen = clSeqLen;
+    options->prefetchDepth = clPrefetchDepth;
+    config.setPassPipelineSetupFn([options](PassManager &pm) {
+      bmt::buildDefaultPipeline(pm, *options);
+      return success();
+    });
+  }
 
   bool same = false;
   if (inputFilename != "-" && outputFilename != "-" &&
