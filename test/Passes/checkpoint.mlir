@@ -33,7 +33,7 @@
 // AUTO: call @h.3.forward(%{{.*}}) {bmt.block = @h, bmt.block_index = 3 : i64, bmt.checkpoint = false}
 // AUTO-REMARK: remark: bmt-checkpoint: 2 of 4 blocks recomputed (estimate 1.3 GiB per rank of 1.5 GiB budget at world size 1, micro-batch 256, seq-len 1024)
 // ROOMY: remark: bmt-checkpoint: 0 of 4 blocks recomputed (estimate 2.3 GiB per rank of 3.0 GiB budget
-// OVER: warning: bmt-checkpoint: the estimate with every block recomputed, 850.0 MiB per rank (891305984 bytes), exceeds the budget of 0.5 GiB; recomputing every block
+// OVER: warning: bmt-checkpoint: the estimate with every block recomputed, 850.0 MiB per rank (891305984 bytes), exceeds the budget of 512.0 MiB; recomputing every block
 // OVER-COUNT-4: bmt.checkpoint = true
 // NOBLOCKS: remark: bmt-checkpoint: no blocks (run --bmt-find-blocks first, or the model has no repeated layers); nothing to recompute
 
