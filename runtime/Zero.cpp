@@ -21,6 +21,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 
 using c10::IValue;
@@ -216,7 +217,7 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
   for (const plan::StorageGroup &info : plan_.groups) {
     ranges.push_back(plan::shardRange(info.size, shardComm_->rank(), shardComm_->size()));
     total += (ranges.back().end - ranges.back().begin) *
-             static_cast<int64_t>(c10::elementSize(info.dtype));
+             static_cast<int64_t>(c10::elementSize(info.dtype)) / replicaComm_->size();
   }
   for (size_t i = 0; i < plan_.groups.size(); ++i) {
     const plan::StorageGroup &info = plan_.groups[i];
@@ -226,9 +227,25 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
     g->range = ranges[i];
     g->padded = g->range.shardSize * shardComm_->size();
     at::TensorOptions options = at::TensorOptions().dtype(info.dtype).device(device_);
-    at::Tensor local = archive.readGroupRange(i, g->range.begin, g->range.end);
     at::Tensor shard = at::zeros({g->range.shardSize}, options);
-    shard.narrow(0, 0, local.numel()).copy_(local);
+    if (replicaComm_->size() == 1) {
+      at::Tensor local = archive.readGroupRange(i, g->range.begin, g->range.end);
+      shard.narrow(0, 0, local.numel()).copy_(local);
+    } else {
+      // Hybrid sharding: the R replicas of a shard each read 1/R of it and
+      // all-gather the rest, so that every rank reads 1/N of the weights.
+      int64_t replicas = replicaComm_->size();
+      plan::ShardRange piece =
+          plan::shardRange(g->range.shardSize, replicaComm_->rank(), replicas);
+      int64_t begin = std::min(g->range.end, g->range.begin + piece.begin);
+      int64_t end = std::min(g->range.end, g->range.begin + piece.end);
+      at::Tensor mine = at::zeros({piece.shardSize}, options);
+      at::Tensor local = archive.readGroupRange(i, begin, end);
+      mine.narrow(0, 0, local.numel()).copy_(local);
+      at::Tensor gathered = at::empty({piece.shardSize * replicas}, options);
+      replicaComm_->allGather(gathered, mine)->wait();
+      shard.copy_(gathered.narrow(0, 0, g->range.shardSize));
+    }
     shard.set_requires_grad(true);
     g->shard = shard;
 
@@ -250,7 +267,8 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
     shards_.push_back(shard);
     shardNames_.push_back(info.name);
     groups_.push_back(std::move(g));
-    done += (ranges[i].end - ranges[i].begin) * static_cast<int64_t>(c10::elementSize(info.dtype));
+    done += (ranges[i].end - ranges[i].begin) *
+            static_cast<int64_t>(c10::elementSize(info.dtype)) / replicaComm_->size();
     if (progress)
       progress(done, total);
   }

@@ -33,7 +33,7 @@ fi
 "$BUILD_DIR/bin/bmt-run" "$OUT_DIR/gpt2-fortunes.sharded.pt" \
   --data "$OUT_DIR/fortunes.train.bin" --eval-data "$OUT_DIR/fortunes.val.bin" \
   --steps "$STEPS" --micro-batch 16 --seq-len 128 --lr 1e-3 --warmup 30 --schedule cosine \
-  --eval-every 100 --eval-batches 20 --log-every 10 --log "$OUT_DIR/metrics.jsonl" --device cpu
+  --eval-every 100 --eval-batches 20 --log-every 10 --log-file "$OUT_DIR/metrics.jsonl" --device cpu
 
 "$bin/bmt-plot" "$OUT_DIR/metrics.jsonl" -o "$OUT_DIR/training.png"
 python3 - "$OUT_DIR/metrics.jsonl" <<'PY'

@@ -58,7 +58,7 @@ def test_eval_only_matches_eager(gpt2):
     val = write_tokens(tmp / "val", tokens.tolist(), 128)
     log = tmp / "eval.jsonl"
     r = bmt_run(sharded, "--eval-only", "--eval-data", val, "--seq-len", 16, "--micro-batch", 4,
-                "--log", log)
+                "--log-file", log)
     assert r.returncode == 0, r.stderr
     got = json.loads(open(log).read().splitlines()[-1])
     # Eager: the same consecutive windows of 17 tokens, 4 per batch.
@@ -80,7 +80,7 @@ def test_masked_lm_training_lowers_the_loss(tmp_path):
     data = write_tokens(tmp_path / "train", tokens, 128, mask_id=3)
     log = tmp_path / "log.jsonl"
     r = bmt_run(sharded, "--data", data, "--eval-data", data, "--eval-batches", 4, "--steps", 40,
-                "--micro-batch", 8, "--seq-len", 32, "--lr", "3e-3", "--warmup", 5, "--log", log)
+                "--micro-batch", 8, "--seq-len", 32, "--lr", "3e-3", "--warmup", 5, "--log-file", log)
     assert r.returncode == 0, r.stderr
     assert "objective masked-lm" in r.stdout
     records = [json.loads(line) for line in open(log)]
@@ -146,7 +146,7 @@ def test_nan_loss_stops_with_the_step_and_writes_nothing(tmp_path):
     data = write_tokens(tmp_path / "d", list(range(100)) * 10, 128)
     log, params = tmp_path / "log.jsonl", tmp_path / "params.pt"
     r = bmt_run(sharded, "--data", data, "--steps", 3, "--seq-len", 8, "--micro-batch", 2,
-                "--log", log, "--save-params", params)
+                "--log-file", log, "--save-params", params)
     assert_one_error(r, "NaN", "step 1")
     assert not params.exists()
     assert open(log).read() == ""
@@ -168,11 +168,11 @@ def test_outputs_never_overwrite_inputs_and_are_checked_first(gpt2, tmp_path):
     data = write_tokens(tmp_path / "d", list(range(100)) * 10, 128)
     size = os.path.getsize(data)
     common = ["--data", data, "--steps", 1, "--seq-len", 8, "--micro-batch", 2]
-    assert_one_error(bmt_run(sharded, *common, "--log", data), "--log", "would overwrite the input")
+    assert_one_error(bmt_run(sharded, *common, "--log-file", data), "--log-file", "would overwrite the input")
     assert os.path.getsize(data) == size
     assert_one_error(bmt_run(sharded, *common, "--save-params", sharded), "--save-params",
                      "would overwrite the input")
-    assert_one_error(bmt_run(sharded, *common, "--log", tmp_path / "x", "--save-params",
+    assert_one_error(bmt_run(sharded, *common, "--log-file", tmp_path / "x", "--save-params",
                              tmp_path / "x"), "name the same file")
     # An unwritable --save-params is found before training, not after.
     r = bmt_run(sharded, *common, "--save-params", tmp_path / "no" / "p.safetensors")

@@ -144,7 +144,7 @@ def test_adamw_training_matches_torch_optim(name, accum, clip, tmp_path):
     log = tmp_path / "log.jsonl"
     run_bmt([sharded, "--batches", str(tmp_path / "batches.pt"), "--steps", str(steps),
              "--grad-accum", str(accum), "--lr", "1e-3", "--schedule", "cosine", "--warmup", "2",
-             "--clip-grad", str(clip), "--weight-decay", "0.01", "--log", str(log),
+             "--clip-grad", str(clip), "--weight-decay", "0.01", "--log-file", str(log),
              "--save-params", str(tmp_path / "params.safetensors")])
     records = [json.loads(line) for line in open(log) if line.strip()]
     train = [r for r in records if r["kind"] == "train"]

@@ -76,7 +76,7 @@ evaluation:
   --eval-batches N       batches per evaluation (default 0 = the whole file)
   --eval-only            evaluate the model as it is and exit
 output:
-  --log FILE             JSON lines: one per step and per evaluation
+  --log-file FILE        JSON lines: one per step and per evaluation
   --log-every N          print a step line every N steps (default 1)
   --save-params FILE     after training, save the parameters as safetensors (every name
                          of the state dict; transformers' from_pretrained reads it)
@@ -114,7 +114,7 @@ RunOptions parseRunOptions(int argc, char **argv) {
       {"--seed", [&](auto &k, auto &v) { o.seed = static_cast<uint64_t>(toInt(k, v, 0)); }},
       {"--eval-every", [&](auto &k, auto &v) { o.evalEvery = toInt(k, v, 0); }},
       {"--eval-batches", [&](auto &k, auto &v) { o.evalBatches = toInt(k, v, 0); }},
-      {"--log", [&](auto &, auto &v) { o.logFile = v; }},
+      {"--log-file", [&](auto &, auto &v) { o.logFile = v; }},
       {"--log-every", [&](auto &k, auto &v) { o.logEvery = toInt(k, v, 1); }},
       {"--save-params", [&](auto &, auto &v) { o.saveParams = v; }},
       {"--device", [&](auto &, auto &v) { o.device = v; }},

@@ -90,7 +90,7 @@ void checkOutputs(const tools::RunOptions &o) {
     }
   }
   std::vector<std::pair<std::string, std::string>> outputs = {
-      {"--log", o.logFile}, {"--save-params", o.saveParams}, {"--dump", o.dumpOutput}};
+      {"--log-file", o.logFile}, {"--save-params", o.saveParams}, {"--dump", o.dumpOutput}};
   for (const auto &[option, out] : outputs) {
     if (out.empty())
       continue;
@@ -222,9 +222,14 @@ int run(const tools::RunOptions &o) {
     world->allGather(all, mine)->wait();
     bytesRead = all.cpu();
   }
+  // The weight records' bytes: storage groups (with their alignment
+  // padding) and the tensors outside them.
   int64_t weightBytes = 0;
+  for (const plan::StorageGroup &g : p.groups)
+    weightBytes += g.nbytes();
   for (const plan::TensorInfo &t : p.tensors)
-    weightBytes += t.nbytes();
+    if (t.group < 0)
+      weightBytes += t.nbytes();
   if (rank0) {
     std::cout << "bmt-run: " << o.archive << " (" << p.modelType << "), "
               << model.numParameters() << " parameters, " << archive.bytesRead()
