@@ -1,0 +1,498 @@
+//===- CpuComm.cpp - CPU reference collectives over a c10d::Store ---------===//
+//
+// Every collective moves its bytes through the store (see createCpuComm in
+// Comm.h for the key layout and the reduction order). One worker thread per
+// communicator runs the collectives in issue order, so that Work is
+// asynchronous as with NCCL and the seq numbers match across ranks.
+//
+//===----------------------------------------------------------------------===//
+
+#include "CommInternal.h"
+
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/maximum.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+namespace bmt::runtime {
+
+namespace {
+
+using namespace detail;
+using Clock = std::chrono::steady_clock;
+
+enum class Op : uint8_t { AllGather = 1, ReduceScatter, AllReduce, Broadcast, Barrier, Split };
+
+const char *opName(Op op) {
+  switch (op) {
+  case Op::AllGather:
+    return "all_gather";
+  case Op::ReduceScatter:
+    return "reduce_scatter";
+  case Op::AllReduce:
+    return "all_reduce";
+  case Op::Broadcast:
+    return "broadcast";
+  case Op::Barrier:
+    return "barrier";
+  case Op::Split:
+    return "split";
+  }
+  return "?";
+}
+
+/// The 16-byte header in front of every value.
+struct Header {
+  uint8_t op;
+  int8_t dtype;
+  uint8_t reduce; // ReduceOp + 1 for reductions, 0 otherwise
+  uint8_t pad[5];
+  int64_t numel;
+};
+static_assert(sizeof(Header) == 16, "header layout");
+
+std::vector<uint8_t> pack(const Header &h, const void *data, size_t bytes) {
+  std::vector<uint8_t> v(sizeof(Header) + bytes);
+  std::memcpy(v.data(), &h, sizeof(Header));
+  if (bytes)
+    std::memcpy(v.data() + sizeof(Header), data, bytes);
+  return v;
+}
+
+Header makeHeader(Op op, at::ScalarType dtype, int64_t numel, int reduce = 0) {
+  Header h{};
+  h.op = static_cast<uint8_t>(op);
+  h.dtype = static_cast<int8_t>(dtype);
+  h.reduce = static_cast<uint8_t>(reduce);
+  h.numel = numel;
+  return h;
+}
+
+/// A non-owning flat tensor over a received value's payload.
+at::Tensor payloadTensor(const std::vector<uint8_t> &v, at::ScalarType dtype, int64_t numel) {
+  return at::from_blob(const_cast<uint8_t *>(v.data()) + sizeof(Header), {numel},
+                       at::TensorOptions().dtype(dtype));
+}
+
+at::ScalarType accumulatorType(at::ScalarType s) {
+  return at::isFloatingType(s) ? at::kDouble : at::kLong;
+}
+
+/// Reduces `parts` (one per rank, in rank order) into `out` (flat, same
+/// numel): rank order 0..N-1 in the accumulator type, one rounding.
+void reduceInto(const at::Tensor &out, const std::vector<at::Tensor> &parts, ReduceOp op) {
+  at::ScalarType acc = accumulatorType(out.scalar_type());
+  at::Tensor sum = parts[0].to(acc, /*non_blocking=*/false, /*copy=*/true);
+  for (size_t r = 1; r < parts.size(); ++r) {
+    if (op == ReduceOp::Sum)
+      sum.add_(parts[r].to(acc));
+    else
+      sum = at::maximum(sum, parts[r].to(acc));
+  }
+  out.copy_(sum);
+}
+
+class CpuWork : public Work {
+public:
+  void finish(std::exception_ptr error) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = std::move(error);
+    done_ = true;
+    cv_.notify_all();
+  }
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return done_; });
+    if (error_)
+      std::rethrow_exception(error_);
+  }
+
+private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+/// What one collective knows while it runs on the worker.
+struct Ctx {
+  Op op;
+  int64_t seq;
+  Clock::time_point deadline;
+};
+
+class CpuComm : public Comm {
+public:
+  /// Talks through its own clone of `owner` (a TCPStore client blocks all
+  /// other requests on its connection while it waits, so communicators must
+  /// not share one); `owner` is kept alive (it may host the server).
+  CpuComm(c10::intrusive_ptr<c10d::Store> owner, int64_t rank, int64_t size, std::string name,
+          std::chrono::milliseconds timeout, std::string prefix)
+      : owner_(std::move(owner)), rank_(rank), size_(size), name_(std::move(name)),
+        timeout_(timeout), prefix_(std::move(prefix)) {
+    try {
+      store_ = owner_->clone();
+    } catch (const std::exception &e) {
+      throw CommError(who(*this) + ": cannot connect to the store: " + firstLine(e.what()));
+    }
+    worker_ = std::thread([this] { run(); });
+  }
+
+  ~CpuComm() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  int64_t rank() const override { return rank_; }
+  int64_t size() const override { return size_; }
+  std::string name() const override { return name_; }
+  std::string backend() const override { return "cpu"; }
+  at::Device device() const override { return at::Device(at::kCPU); }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+
+  std::shared_ptr<Work> allGather(at::Tensor out, at::Tensor in) override {
+    checkCpu("all_gather", "out", out);
+    checkCpu("all_gather", "in", in);
+    checkGather(*this, "all_gather", out, in);
+    return enqueue(Op::AllGather, [this, out, in](const Ctx &c) { doAllGather(c, out, in); });
+  }
+
+  std::shared_ptr<Work> reduceScatter(at::Tensor out, at::Tensor in, ReduceOp op) override {
+    checkCpu("reduce_scatter", "out", out);
+    checkCpu("reduce_scatter", "in", in);
+    checkScatter(*this, "reduce_scatter", out, in);
+    return enqueue(Op::ReduceScatter,
+                   [this, out, in, op](const Ctx &c) { doReduceScatter(c, out, in, op); });
+  }
+
+  std::shared_ptr<Work> allReduce(at::Tensor t, ReduceOp op) override {
+    checkCpu("all_reduce", "tensor", t);
+    checkReducible(*this, "all_reduce", t);
+    return enqueue(Op::AllReduce, [this, t, op](const Ctx &c) { doAllReduce(c, t, op); });
+  }
+
+  std::shared_ptr<Work> broadcast(at::Tensor t, int64_t root) override {
+    checkCpu("broadcast", "tensor", t);
+    checkRoot(*this, "broadcast", root);
+    return enqueue(Op::Broadcast, [this, t, root](const Ctx &c) { doBroadcast(c, t, root); });
+  }
+
+  void barrier() override {
+    enqueue(Op::Barrier, [this](const Ctx &c) {
+      Header h = makeHeader(Op::Barrier, at::kByte, 0);
+      exchangeAll(c, h, nullptr, 0);
+    })->wait();
+  }
+
+  std::unique_ptr<Comm> split(int64_t color, int64_t key, const std::string &name) override {
+    struct Result {
+      std::vector<int64_t> members; // parent ranks, in new-rank order
+      int64_t seq = 0;
+    };
+    auto result = std::make_shared<Result>();
+    enqueue(Op::Split, [this, color, key, result](const Ctx &c) {
+      int64_t mine[2] = {color, key};
+      Header h = makeHeader(Op::Split, at::kLong, 2);
+      std::vector<std::vector<uint8_t>> all = exchangeAll(c, h, mine, sizeof(mine));
+      std::vector<std::pair<int64_t, int64_t>> byKey; // (key, rank)
+      for (int64_t r = 0; r < size_; ++r) {
+        int64_t theirs[2];
+        std::memcpy(theirs, all[r].data() + sizeof(Header), sizeof(theirs));
+        if (theirs[0] == color && color >= 0)
+          byKey.emplace_back(theirs[1], r);
+      }
+      std::sort(byKey.begin(), byKey.end());
+      for (auto &[k, r] : byKey)
+        result->members.push_back(r);
+      result->seq = c.seq;
+    })->wait();
+    if (color < 0)
+      return nullptr;
+    const auto &m = result->members;
+    int64_t newRank = std::find(m.begin(), m.end(), rank_) - m.begin();
+    std::string prefix = prefix_ + "/s" + std::to_string(result->seq) + "c" + std::to_string(color);
+    return std::make_unique<CpuComm>(owner_, newRank, static_cast<int64_t>(m.size()), name,
+                                     timeout_, prefix);
+  }
+
+private:
+  // ---- issuing ---------------------------------------------------------
+
+  void checkCpu(const char *op, const char *what, const at::Tensor &t) const {
+    checkTensor(*this, op, what, t, [](const at::Tensor &x) { return x.is_cpu(); }, "cpu");
+  }
+
+  std::shared_ptr<Work> enqueue(Op op, std::function<void(const Ctx &)> fn) {
+    auto work = std::make_shared<CpuWork>();
+    std::lock_guard<std::mutex> lock(mutex_);
+    int64_t seq = ++seq_;
+    queue_.push_back([this, op, seq, fn = std::move(fn), work] {
+      if (!broken_.empty()) {
+        work->finish(std::make_exception_ptr(
+            CommError(who(*this) + ": " + opName(op) + " #" + std::to_string(seq) +
+                      " not run: the communicator failed earlier: " + broken_)));
+        return;
+      }
+      try {
+        fn(Ctx{op, seq, Clock::now() + timeout_});
+        work->finish(nullptr);
+      } catch (const CommError &e) {
+        broken_ = e.what();
+        work->finish(std::current_exception());
+      } catch (const std::exception &e) {
+        broken_ = who(*this) + ": " + opName(op) + " #" + std::to_string(seq) +
+                  " failed: " + firstLine(e.what());
+        work->finish(std::make_exception_ptr(CommError(broken_)));
+      }
+    });
+    cv_.notify_all();
+    return work;
+  }
+
+  void run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty())
+          return; // stopping, and every issued collective ran
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();
+    }
+  }
+
+  // ---- store protocol --------------------------------------------------
+
+  [[noreturn]] void fail(const Ctx &c, const std::string &what) const {
+    throw CommError(who(*this) + ": " + opName(c.op) + " #" + std::to_string(c.seq) + " " + what);
+  }
+
+  std::string key(const Ctx &c, const std::string &suffix) const {
+    return prefix_ + "/" + std::to_string(c.seq) + "/" + suffix;
+  }
+
+  void put(const Ctx &c, const std::string &k, const std::vector<uint8_t> &value) {
+    try {
+      store_->set(k, value);
+    } catch (const std::exception &e) {
+      fail(c, "failed: store error: " + firstLine(e.what()));
+    }
+  }
+
+  /// Waits (until the collective's deadline) for the values of `keys`
+  /// written by `from`, and returns them, each checked against `expect`.
+  std::vector<std::vector<uint8_t>> fetch(const Ctx &c, const std::vector<std::string> &keys,
+                                          const std::vector<int64_t> &from, const Header &expect) {
+    std::vector<std::vector<uint8_t>> values(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(c.deadline - Clock::now());
+      try {
+        store_->wait({keys[i]}, std::max(left, std::chrono::milliseconds(1)));
+      } catch (const c10::DistStoreError &) {
+        // Timed out: name every rank whose key is still missing.
+        std::vector<int64_t> missing;
+        for (size_t j = i; j < keys.size(); ++j) {
+          bool present = false;
+          try {
+            present = store_->check({keys[j]});
+          } catch (const std::exception &) {
+          }
+          if (!present)
+            missing.push_back(from[j]);
+        }
+        if (missing.empty())
+          missing.push_back(from[i]);
+        fail(c, "timed out after " + seconds(timeout_) + " waiting for " + rankList(missing));
+      } catch (const std::exception &e) {
+        fail(c, "failed waiting for rank " + std::to_string(from[i]) +
+                    ": store error: " + firstLine(e.what()));
+      }
+      try {
+        values[i] = store_->get(keys[i]);
+      } catch (const std::exception &e) {
+        fail(c, "failed reading rank " + std::to_string(from[i]) +
+                    "'s data: store error: " + firstLine(e.what()));
+      }
+      check(c, values[i], from[i], expect);
+    }
+    return values;
+  }
+
+  void check(const Ctx &c, const std::vector<uint8_t> &v, int64_t from, const Header &expect) {
+    if (v.size() < sizeof(Header))
+      fail(c, "failed: rank " + std::to_string(from) + " sent a malformed value");
+    Header h;
+    std::memcpy(&h, v.data(), sizeof(Header));
+    auto describe = [](const Header &x) {
+      std::string s = opName(static_cast<Op>(x.op));
+      if (x.reduce)
+        s += std::string("(") + reduceOpName(static_cast<ReduceOp>(x.reduce - 1)) + ")";
+      s += " of " + std::to_string(x.numel) + " elements of " +
+           std::string(c10::toString(static_cast<at::ScalarType>(x.dtype)));
+      return s;
+    };
+    if (h.op != expect.op || h.dtype != expect.dtype || h.numel != expect.numel ||
+        h.reduce != expect.reduce)
+      fail(c, "failed: rank " + std::to_string(from) + " called " + describe(h) +
+                  ", this rank " + describe(expect) +
+                  " (every rank must call the same collectives with the same sizes and dtype)");
+    size_t bytes = static_cast<size_t>(h.numel) * c10::elementSize(static_cast<at::ScalarType>(h.dtype));
+    if (v.size() != sizeof(Header) + bytes)
+      fail(c, "failed: rank " + std::to_string(from) + " sent " + std::to_string(v.size()) +
+                  " bytes, expected " + std::to_string(sizeof(Header) + bytes));
+  }
+
+  /// Counts this rank as done with collective `c`; the last rank deletes
+  /// the collective's keys.
+  void done(const Ctx &c, const std::vector<std::string> &keys) {
+    try {
+      std::string counter = key(c, "done");
+      if (store_->add(counter, 1) == size_) {
+        for (const std::string &k : keys)
+          store_->deleteKey(k);
+        store_->deleteKey(counter);
+      }
+    } catch (const std::exception &e) {
+      fail(c, "failed: store error while cleaning up: " + firstLine(e.what()));
+    }
+  }
+
+  /// Every rank sets "<seq>/<rank>" to header + bytes and reads every
+  /// other's; returns the N values in rank order (this rank's too).
+  std::vector<std::vector<uint8_t>> exchangeAll(const Ctx &c, const Header &h, const void *data,
+                                                size_t bytes) {
+    std::vector<std::string> keys;
+    for (int64_t r = 0; r < size_; ++r)
+      keys.push_back(key(c, std::to_string(r)));
+    std::vector<uint8_t> mine = pack(h, data, bytes);
+    put(c, keys[rank_], mine);
+    std::vector<std::string> others;
+    std::vector<int64_t> from;
+    for (int64_t r = 0; r < size_; ++r)
+      if (r != rank_) {
+        others.push_back(keys[r]);
+        from.push_back(r);
+      }
+    std::vector<std::vector<uint8_t>> got = fetch(c, others, from, h);
+    std::vector<std::vector<uint8_t>> all(size_);
+    for (size_t i = 0; i < from.size(); ++i)
+      all[from[i]] = std::move(got[i]);
+    all[rank_] = std::move(mine);
+    done(c, keys);
+    return all;
+  }
+
+  // ---- collectives -----------------------------------------------------
+
+  void doAllGather(const Ctx &c, const at::Tensor &out, const at::Tensor &in) {
+    int64_t n = in.numel();
+    Header h = makeHeader(Op::AllGather, in.scalar_type(), n);
+    // Reads `in` before writing `out`: `in` may be a view of out's slot.
+    std::vector<std::vector<uint8_t>> all = exchangeAll(c, h, in.data_ptr(), in.nbytes());
+    uint8_t *dst = static_cast<uint8_t *>(out.data_ptr());
+    size_t bytes = in.nbytes();
+    for (int64_t r = 0; r < size_; ++r)
+      if (bytes)
+        std::memcpy(dst + r * bytes, all[r].data() + sizeof(Header), bytes);
+  }
+
+  void doAllReduce(const Ctx &c, const at::Tensor &t, ReduceOp op) {
+    Header h = makeHeader(Op::AllReduce, t.scalar_type(), t.numel(), static_cast<int>(op) + 1);
+    std::vector<std::vector<uint8_t>> all = exchangeAll(c, h, t.data_ptr(), t.nbytes());
+    std::vector<at::Tensor> parts;
+    for (int64_t r = 0; r < size_; ++r)
+      parts.push_back(payloadTensor(all[r], t.scalar_type(), t.numel()));
+    reduceInto(t.view({-1}), parts, op);
+  }
+
+  void doBroadcast(const Ctx &c, const at::Tensor &t, int64_t root) {
+    Header h = makeHeader(Op::Broadcast, t.scalar_type(), t.numel());
+    std::string k = key(c, std::to_string(root));
+    if (rank_ == root) {
+      put(c, k, pack(h, t.data_ptr(), t.nbytes()));
+    } else {
+      std::vector<std::vector<uint8_t>> got = fetch(c, {k}, {root}, h);
+      if (t.nbytes())
+        std::memcpy(t.data_ptr(), got[0].data() + sizeof(Header), t.nbytes());
+    }
+    done(c, {k});
+  }
+
+  void doReduceScatter(const Ctx &c, const at::Tensor &out, const at::Tensor &in, ReduceOp op) {
+    int64_t n = out.numel();
+    size_t bytes = out.nbytes();
+    Header h = makeHeader(Op::ReduceScatter, in.scalar_type(), n, static_cast<int>(op) + 1);
+    auto slotKey = [&](int64_t src, int64_t dst) {
+      return key(c, std::to_string(src) + "/" + std::to_string(dst));
+    };
+    const uint8_t *src = static_cast<const uint8_t *>(in.data_ptr());
+    for (int64_t r = 0; r < size_; ++r)
+      if (r != rank_)
+        put(c, slotKey(rank_, r), pack(h, src + r * bytes, bytes));
+    std::vector<std::string> keys;
+    std::vector<int64_t> from;
+    for (int64_t q = 0; q < size_; ++q)
+      if (q != rank_) {
+        keys.push_back(slotKey(q, rank_));
+        from.push_back(q);
+      }
+    std::vector<std::vector<uint8_t>> got = fetch(c, keys, from, h);
+    std::vector<at::Tensor> parts(size_);
+    for (size_t i = 0; i < from.size(); ++i)
+      parts[from[i]] = payloadTensor(got[i], in.scalar_type(), n);
+    parts[rank_] = in.view({-1}).narrow(0, rank_ * n, n);
+    // reduceInto reads every part before writing `out` (which may alias
+    // in's slot of this rank).
+    reduceInto(out.view({-1}), parts, op);
+    std::vector<std::string> all;
+    for (int64_t q = 0; q < size_; ++q)
+      for (int64_t r = 0; r < size_; ++r)
+        if (q != r)
+          all.push_back(slotKey(q, r));
+    done(c, all);
+  }
+
+  c10::intrusive_ptr<c10d::Store> owner_, store_;
+  int64_t rank_, size_;
+  std::string name_;
+  std::chrono::milliseconds timeout_;
+  std::string prefix_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  int64_t seq_ = 0;
+  std::string broken_; // first error; only touched by the worker
+  std::thread worker_;
+};
+
+} // namespace
+
+std::unique_ptr<Comm> createCpuComm(c10::intrusive_ptr<c10d::Store> store, int64_t rank,
+                                    int64_t size, const CommOptions &options) {
+  if (!store)
+    throw CommError(detail::who(rank, size, options.name) + ": createCpuComm: no store");
+  if (size < 1 || rank < 0 || rank >= size)
+    throw CommError(detail::who(rank, size, options.name) +
+                    ": createCpuComm: rank must be in [0, size) and size >= 1");
+  return std::make_unique<CpuComm>(std::move(store), rank, size, options.name,
+                                   detail::resolveTimeout(options.timeout), options.keyPrefix);
+}
+
+} // namespace bmt::runtime
