@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -729,3 +730,49 @@ TEST(CommNccl, CollectivesOnEveryVisibleDevice) {
 }
 
 } // namespace
+
+/// NCCL timeout with TORCH_NCCL_BLOCKING_WAIT=1: Work::wait() throws
+/// CommError. Needs 2 CUDA devices and BMT_TEST_NCCL_TIMEOUT=1 (run by hand
+/// in its own process with TORCH_NCCL_BLOCKING_WAIT=1 and
+/// TORCH_NCCL_ASYNC_ERROR_HANDLING=2, so the watchdog does not end it).
+TEST(CommNccl, BlockingWaitTimeoutThrows) {
+  if (!std::getenv("BMT_TEST_NCCL_TIMEOUT"))
+    GTEST_SKIP() << "set BMT_TEST_NCCL_TIMEOUT=1 (and TORCH_NCCL_BLOCKING_WAIT=1) to run";
+  if (!ncclAvailable() || !at::hasCUDA() || at::getNumGPUs() < 2)
+    GTEST_SKIP() << "needs NCCL and 2 CUDA devices";
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::atomic<bool> done{false};
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        at::Device dev(at::kCUDA, static_cast<c10::DeviceIndex>(r));
+        CommOptions o;
+        o.timeout = 3s;
+        auto comm = createNcclComm(store, r, 2, dev, o);
+        at::Tensor t = at::ones({4}, at::TensorOptions().device(dev));
+        comm->allReduce(t)->wait(); // both ranks: creates the NCCL communicator
+        EXPECT_EQ(t.cpu()[0].item<float>(), 2.f);
+        if (r == 1) {
+          while (!done)
+            std::this_thread::sleep_for(10ms);
+          return;
+        }
+        auto start = std::chrono::steady_clock::now();
+        try {
+          comm->allReduce(t)->wait();
+          ADD_FAILURE() << "no timeout";
+        } catch (const CommError &e) {
+          double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          std::cout << "after " << s << " s: " << e.what() << "\n";
+          EXPECT_NE(std::string(e.what()).find("rank 0 of 2 (world): all_reduce #2 timed out after 3 s"), std::string::npos) << e.what();
+        }
+        done = true;
+      } catch (const std::exception &e) {
+        done = true;
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+      }
+    });
+  for (auto &t : threads)
+    t.join();
+}

@@ -212,10 +212,14 @@ bool ncclAvailable();
 /// current stream's pending work; Work::wait() makes the current stream
 /// wait for them. Timeouts and NCCL errors: ProcessGroupNCCL's watchdog
 /// aborts the communicator and, by default (TORCH_NCCL_ASYNC_ERROR_HANDLING
-/// unset), the process, with a message naming the rank, the communicator's
-/// name and the collective; with TORCH_NCCL_BLOCKING_WAIT=1, wait() blocks
-/// the host and throws CommError instead. split() exchanges (color, key)
-/// through the store and builds a new ProcessGroupNCCL over the members.
+/// unset), ends the process, logging "[Rank r] Watchdog caught collective
+/// operation timeout: WorkNCCL(SeqNum=k, OpType=ALLREDUCE, ...)". With
+/// TORCH_NCCL_BLOCKING_WAIT=1 (and TORCH_NCCL_ASYNC_ERROR_HANDLING=2 to keep
+/// the process alive) wait() blocks the host and throws CommError instead:
+/// "rank 0 of 2 (world): all_reduce #2 timed out after 3 s: [Rank 0]
+/// Watchdog caught ..." (seen on 2 H200s). split() all-gathers the
+/// (color, key) pairs over NCCL (one host sync) and builds a new
+/// ProcessGroupNCCL over PrefixStore(prefix + "/s<seq>c<color>/nccl").
 /// Throws CommError when NCCL is not available in this build or the device
 /// is not CUDA.
 std::unique_ptr<Comm> createNcclComm(c10::intrusive_ptr<c10d::Store> store, int64_t rank,
