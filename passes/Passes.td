@@ -35,10 +35,10 @@ def Summary : Pass<"bmt-summary", "::mlir::ModuleOp"> {
     ```
       blocks: 12 in transformer.h (transformer.h.0 ... transformer.h.11), 7087872 parameters each
       outside blocks: 39385344 parameters
-      storage groups: 13 (474.7 MiB, 497786880 bytes), ZeRO-3
+      storage groups: 13 (474.7 MiB, 497759232 bytes), ZeRO-3
       checkpoint: 12 of 12 blocks recomputed (mode all)
       overlap: prefetch depth 1
-      memory per rank at world size 8 (micro-batch 1, seq-len 1024): about 1.2 GiB
+      memory per rank at world size 8 (micro-batch 1, seq-len 1024): about 1.2 GiB (1307911680 bytes)
         parameter, gradient and optimizer shards: 237.4 MiB
         ...
     ```

@@ -127,6 +127,13 @@ static llvm::cl::opt<int64_t> clPrefetchDepth(
     "prefetch-depth", llvm::cl::desc("blocks gathered ahead of the running one (0: none)"),
     llvm::cl::init(1), llvm::cl::cat(defaultPipelineCategory));
 
+// Export flag (any -o *.pt).
+static llvm::cl::opt<bool> clRandomInit(
+    "random-init",
+    llvm::cl::desc("-o *.pt: write no weights for the trainable parameters; the runtime "
+                   "initializes them by rule (pretraining from scratch, benchmarks)"),
+    llvm::cl::init(false));
+
 /// The names of the default pipeline's top-level flags that were given.
 static std::vector<std::string> givenPipelineFlags() {
   std::vector<std::string> given;
@@ -201,7 +208,27 @@ int main(int argc, char **argv) {
   // `-o *.pt` without passes: the default pipeline, fed by the top-level flags.
   bool defaultPipeline = isArchiveOutput(outputFilename) && !passesGiven();
   std::vector<std::string> pipelineFlags = givenPipelineFlags();
-  if (!defaultPipeline && !pipelineFlags.empty()) {
+  bool planned = false; // a bmt IR input that the passes have already transformed
+  if (defaultPipeline && inputFilename != "-" && !isArchiveInput(inputFilename)) {
+    std::string peekError;
+    if (auto peek = openInputFile(inputFilename, &peekError)) {
+      llvm::StringRef text = peek->getBuffer();
+      planned = text.contains("bmt.block_list ") || text.contains("bmt.storage_group ") ||
+                text.contains("bmt.overlap");
+    }
+  }
+  if (planned) {
+    if (!pipelineFlags.empty()) {
+      llvm::errs() << "error: " << pipelineFlags.front() << ": " << inputFilename
+                   << " has already been through the passes (it has block lists or storage "
+                      "groups); it is exported as it is, so the default pipeline's flags do "
+                      "not apply\n";
+      return 1;
+    }
+    llvm::errs() << "note: " << inputFilename
+                 << " has already been through the passes; exporting it as it is\n";
+    defaultPipeline = false;
+  } else if (!defaultPipeline && !pipelineFlags.empty()) {
     llvm::errs() << "error: " << pipelineFlags.front()
                  << " sets an option of the default pipeline, which runs only for "
                     "`-o NAME.pt` without pass flags; pass the option to the pass "
@@ -287,7 +314,9 @@ int main(int argc, char **argv) {
     if (!module)
       return 1;
     bmt::ExportStats stats;
-    if (failed(bmt::exportShardedArchive(*module, outputFilename, text, &stats)))
+    bmt::ExportOptions exportOptions;
+    exportOptions.randomInit = clRandomInit;
+    if (failed(bmt::exportShardedArchive(*module, outputFilename, text, &stats, exportOptions)))
       return 1;
     llvm::errs() << "wrote " << outputFilename << ": " << stats.numTensors
                  << " tensors (" << stats.weightBytes << " bytes), "
