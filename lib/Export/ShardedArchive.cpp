@@ -19,6 +19,7 @@
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/Diagnostics.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringSet.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -338,13 +339,49 @@ std::map<std::string, at::Tensor> loadTorchScriptTensors(const std::string &path
   return out;
 }
 
+/// The init rule of each trainable parameter for a weights-free plan (see
+/// ExportOptions::randomInit), by symbol name.
+std::map<std::string, std::string> initRules(ModuleOp module) {
+  llvm::StringSet<> scales;
+  module.walk([&](bmt::AtenOp aten) {
+    StringRef name = aten.getName();
+    bool norm = name.starts_with("aten::layer_norm") || name.starts_with("aten::rms_norm") ||
+                name.starts_with("aten::native_layer_norm");
+    bool mul = name.starts_with("aten::mul");
+    if (!norm && !mul)
+      return;
+    for (auto [i, operand] : llvm::enumerate(aten.getOperands())) {
+      auto global = operand.getDefiningOp<bmt::GetGlobalOp>();
+      // layer_norm(input, shape, weight, bias, ...): the weight is the
+      // second operand (the shape is a constant); mul: either operand.
+      if (global && (mul || i == 1))
+        scales.insert(global.getGlobal());
+    }
+  });
+  std::map<std::string, std::string> rules;
+  for (auto param : module.getOps<bmt::ParameterOp>()) {
+    if (!param.getRequiresGrad())
+      continue;
+    auto type = cast<RankedTensorType>(param.getType());
+    std::string name = param.getSymName().str();
+    if (type.getRank() >= 2)
+      rules[name] = "normal:0.02";
+    else
+      rules[name] = scales.contains(name) ? "ones" : "zeros";
+  }
+  return rules;
+}
+
 } // namespace
 
 LogicalResult bmt::exportShardedArchive(ModuleOp module, llvm::StringRef path,
                                         llvm::StringRef programText,
-                                        ExportStats *stats) {
+                                        ExportStats *stats, const ExportOptions &options) {
   try {
     plan::Plan p = PlanBuilder(module).build();
+    if (options.randomInit)
+      for (const auto &[name, rule] : initRules(module))
+        p.tensors[p.findTensor(name)].init = rule;
     auto format = module->getAttrOfType<StringAttr>("bmt.source_format");
     if (p.source.empty() || !format)
       throw ExportError{module.getLoc(),
@@ -366,6 +403,8 @@ LogicalResult bmt::exportShardedArchive(ModuleOp module, llvm::StringRef path,
     }
     auto weightOf = [&](size_t i) -> at::Tensor {
       const plan::TensorInfo &info = p.tensors[i];
+      if (!info.init.empty())
+        throw plan::PlanError("no weights for " + info.name + " in a weights-free plan");
       auto it = weights.find(info.name);
       if (it == weights.end())
         throw plan::PlanError("the source model " + p.source + " has no tensor " + info.name);
@@ -375,7 +414,8 @@ LogicalResult bmt::exportShardedArchive(ModuleOp module, llvm::StringRef path,
     if (stats) {
       stats->numTensors = static_cast<int64_t>(p.tensors.size());
       for (const auto &t : p.tensors)
-        stats->weightBytes += t.nbytes();
+        if (t.init.empty())
+          stats->weightBytes += t.nbytes();
       stats->numFunctions = static_cast<int64_t>(p.functions.size());
       for (const auto &f : p.functions)
         stats->numInstructions += static_cast<int64_t>(f.body.size());

@@ -5,13 +5,18 @@
 #include "bmt/Support/ErrorText.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/normal.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/crc_alt.h> // header-only; included by this file alone
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <cstring>
 #include <sstream>
 #include <cerrno>
@@ -28,6 +33,23 @@ const char *kPlanRecord = "bmt/plan.pkl";
 
 std::string versionLine() {
   return "bmt-sharded " + std::to_string(kPlanFormatVersion) + "\n";
+}
+
+/// Elements [begin, end) of tensor `info`'s flattened value under its init
+/// rule, as a 1-D CPU tensor. Normal values come from a generator seeded by
+/// the tensor's name and `begin`, so every rank makes its own part and a
+/// rerun makes the same values.
+at::Tensor initValues(const TensorInfo &info, int64_t begin, int64_t end) {
+  at::TensorOptions options = at::TensorOptions().dtype(info.dtype);
+  if (info.init == "zeros")
+    return at::zeros({end - begin}, options);
+  if (info.init == "ones")
+    return at::ones({end - begin}, options);
+  double stddev = std::stod(info.init.substr(std::string("normal:").size()));
+  uint64_t seed = std::hash<std::string>()(info.name) ^ (static_cast<uint64_t>(begin) * 0x9E3779B97F4A7C15ull);
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::normal(0.0, stddev, {end - begin}, generator, at::TensorOptions().dtype(at::kFloat))
+      .to(info.dtype);
 }
 
 } // namespace
@@ -56,6 +78,19 @@ void writeArchive(const std::string &path, Plan &plan,
       at::Tensor buffer = at::zeros({group.size}, at::TensorOptions().dtype(group.dtype));
       group.record = "bmt/weights/group" + std::to_string(g);
       int64_t elementBytes = static_cast<int64_t>(c10::elementSize(group.dtype));
+      bool weightsFree = true;
+      for (int64_t m : group.members)
+        weightsFree = weightsFree && !plan.tensors[m].init.empty();
+      if (weightsFree) { // a weights-free group: no record
+        group.record.clear();
+        for (size_t m = 0; m < group.members.size(); ++m) {
+          TensorInfo &info = plan.tensors[group.members[m]];
+          info.record.clear();
+          info.offset = group.offsets[m] * elementBytes;
+          info.crc32 = 0;
+        }
+        continue;
+      }
       for (size_t m = 0; m < group.members.size(); ++m) {
         TensorInfo &info = plan.tensors[group.members[m]];
         at::Tensor t = checkedWeight(group.members[m]);
@@ -70,6 +105,10 @@ void writeArchive(const std::string &path, Plan &plan,
       TensorInfo &info = plan.tensors[i];
       if (info.group != -1)
         continue;
+      if (!info.init.empty()) {
+        info.record.clear();
+        continue;
+      }
       at::Tensor t = checkedWeight(i);
       info.record = "bmt/weights/" + std::to_string(i);
       info.offset = 0;
@@ -177,6 +216,8 @@ std::string Archive::programText() {
 
 at::Tensor Archive::readTensor(size_t index) {
   const TensorInfo &info = plan_.tensors.at(index);
+  if (!info.init.empty())
+    return initValues(info, 0, info.numel()).view(info.shape);
   at::Tensor out = at::empty(info.shape, at::TensorOptions().dtype(info.dtype));
   readRecordRange(info.record, info.offset, info.nbytes(), out.data_ptr(), info.name);
   if (static_cast<int64_t>(crc32_fast(out.data_ptr(), info.nbytes())) != info.crc32)
@@ -190,8 +231,20 @@ at::Tensor Archive::readGroupRange(size_t group, int64_t begin, int64_t end) {
   if (begin < 0 || end < begin || end > g.size)
     throw PlanError(path_ + ": range [" + std::to_string(begin) + ", " + std::to_string(end) +
                     ") is outside storage group " + g.name);
-  at::Tensor out = at::empty({end - begin}, at::TensorOptions().dtype(g.dtype));
   int64_t elementBytes = static_cast<int64_t>(c10::elementSize(g.dtype));
+  if (g.record.empty()) { // weights-free: every member by its init rule
+    at::Tensor out = at::zeros({end - begin}, at::TensorOptions().dtype(g.dtype));
+    for (size_t m = 0; m < g.members.size(); ++m) {
+      const TensorInfo &info = plan_.tensors[g.members[m]];
+      int64_t first = std::max(begin, g.offsets[m]);
+      int64_t last = std::min(end, g.offsets[m] + info.numel());
+      if (first < last)
+        out.narrow(0, first - begin, last - first)
+            .copy_(initValues(info, first - g.offsets[m], last - g.offsets[m]));
+    }
+    return out;
+  }
+  at::Tensor out = at::empty({end - begin}, at::TensorOptions().dtype(g.dtype));
   readRecordRange(g.record, begin * elementBytes, out.nbytes(), out.data_ptr(),
                   "storage group " + g.name);
   for (size_t m = 0; m < g.members.size(); ++m) {

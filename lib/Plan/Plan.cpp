@@ -4,7 +4,7 @@
 //   plan       dict  {version, source, model_type, objective, entry, tensors, functions,
 //                     zero_stage, shard_group_size, prefetch_depth, groups}
 //   tensor     dict  {name, aliases, is_parameter, requires_grad, dtype, shape, record,
-//                     offset, crc32, group}
+//                     offset, crc32, group, init}
 //   group      dict  {name, dtype, members, offsets, size, block_list, block_index, record}
 //   function   dict  {name, module_path, num_registers, params, returns,
 //                     param_names, result_names, body}
@@ -255,6 +255,7 @@ IValue toIValue(const Plan &plan) {
     d.insert("offset", t.offset);
     d.insert("crc32", t.crc32);
     d.insert("group", t.group);
+    d.insert("init", t.init);
     tensors.push_back(d);
   }
   root.insert("tensors", tensors);
@@ -332,6 +333,9 @@ Plan fromIValue(const IValue &value) {
     t.offset = asInt(field(d, "offset"), "offset");
     t.crc32 = asInt(field(d, "crc32"), "crc32");
     t.group = asInt(field(d, "group"), "tensor group");
+    t.init = asString(field(d, "init"), "tensor init");
+    if (!t.init.empty() && t.init != "zeros" && t.init != "ones" && t.init.rfind("normal:", 0) != 0)
+      throw PlanError("plan: tensor " + t.name + " has an unknown init rule '" + t.init + "'");
     plan.tensors.push_back(std::move(t));
   }
 

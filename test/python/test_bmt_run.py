@@ -125,14 +125,14 @@ def test_bad_archives(gpt2, tmp_path):
     assert_one_error(bmt_run(tmp_path / "none.pt", *args), "no such file")
     (tmp_path / "text.pt").write_text("not an archive")
     assert_one_error(bmt_run(tmp_path / "text.pt", *args), "not a bmt archive")
-    v2 = tmp_path / "v2.pt"
-    rewrite_archive(sharded, v2,
-                    lambda n, d: b"bmt-sharded 2\n" if n.endswith("bmt/version") else d)
-    assert_one_error(bmt_run(v2, *args), "format version 2", "reads version 1")
+    v99 = tmp_path / "v99.pt"
+    rewrite_archive(sharded, v99,
+                    lambda n, d: b"bmt-sharded 99\n" if n.endswith("bmt/version") else d)
+    assert_one_error(bmt_run(v99, *args), "format version 99", "reads version 2")
     corrupt = tmp_path / "corrupt.pt"
     rewrite_archive(sharded, corrupt,
-                    lambda n, d: bytes(b ^ 0xFF for b in d) if n.endswith("bmt/weights/3") else d)
-    assert_one_error(bmt_run(corrupt, *args), "corrupt record bmt/weights/3")
+                    lambda n, d: bytes(b ^ 0xFF for b in d) if n.endswith("bmt/weights/group1") else d)
+    assert_one_error(bmt_run(corrupt, *args), "corrupt record bmt/weights/group1", "checksum")
     badplan = tmp_path / "badplan.pt"
     rewrite_archive(sharded, badplan, lambda n, d: d[:50] if n.endswith("bmt/plan.pkl") else d)
     assert_one_error(bmt_run(badplan, *args), "badplan.pt")

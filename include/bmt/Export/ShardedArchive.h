@@ -21,6 +21,18 @@ struct ExportStats {
   int64_t numInstructions = 0;
 };
 
+/// How the exporter writes the weights.
+struct ExportOptions {
+  /// A weights-free plan (pretraining from scratch; benchmarks): trainable
+  /// parameters get no bytes, only an init rule the runtime applies at load,
+  /// as Hugging Face's GPT-2/LLaMA `_init_weights` do: matrices and
+  /// embeddings normal(0, 0.02); vectors ones where the program uses them as
+  /// a scale (weight of aten::layer_norm / aten::rms_norm, operand of
+  /// aten::mul), zeros elsewhere (biases). Buffers and frozen parameters are
+  /// still copied from the model.
+  bool randomInit = false;
+};
+
 /// Writes `module` (bmt dialect, as imported or after passes) to `path` as a
 /// sharded.pt archive (include/bmt/Plan/Archive.h; docs/sharded-format.md):
 /// the runtime plan, `programText` (the module as MLIR text), and the
@@ -34,7 +46,8 @@ struct ExportStats {
 mlir::LogicalResult exportShardedArchive(mlir::ModuleOp module,
                                          llvm::StringRef path,
                                          llvm::StringRef programText,
-                                         ExportStats *stats = nullptr);
+                                         ExportStats *stats = nullptr,
+                                         const ExportOptions &options = {});
 
 } // namespace bmt
 

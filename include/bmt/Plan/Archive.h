@@ -29,7 +29,8 @@ class PyTorchStreamReader;
 
 namespace bmt::plan {
 
-/// Writes `plan`, `programText` and the weights to `path` atomically: the
+/// Writes `plan`, `programText` and the weights to `path` atomically (the
+/// tensors with an init rule get no bytes: a weights-free plan): the
 /// archive is written to a temporary file beside `path` and renamed, so a
 /// failure leaves no file. `weightOf(i)` returns tensor i's value (any
 /// device, any layout; converted to contiguous CPU bytes of the plan's dtype
@@ -53,7 +54,8 @@ public:
   /// The compiled program as MLIR text.
   std::string programText();
   /// Reads tensor `index` of the plan into a new CPU tensor (its dtype and
-  /// shape). Throws PlanError if the record is missing or too short.
+  /// shape); a tensor with an init rule is generated instead (initValues).
+  /// Throws PlanError if the record is missing or too short.
   at::Tensor readTensor(size_t index);
   /// Reads elements [begin, end) of storage group `group`'s flat buffer
   /// into a new 1-D CPU tensor of the group's dtype, reading only those
@@ -61,6 +63,7 @@ public:
   /// member that lies wholly inside the range (members cut by the range's
   /// ends are not checked on this read). Throws PlanError for a missing or
   /// short record, a range outside the buffer, or a checksum mismatch.
+  /// Members with an init rule are generated, not read.
   at::Tensor readGroupRange(size_t group, int64_t begin, int64_t end);
   /// Bytes of tensor data read from the file so far (readTensor and
   /// readGroupRange; the plan and other records are not counted).

@@ -48,6 +48,10 @@ struct TensorInfo {
   /// their own and every rank reads them whole. A member of group g has
   /// record == groups[g].record and offset == its byte offset in the group.
   int64_t group = -1;
+  /// Non-empty in a weights-free plan (bmt-opt --random-init): the tensor
+  /// has no bytes in the archive and is initialized at load by this rule:
+  /// "zeros", "ones" or "normal:<std>" (mean 0). record is then empty.
+  std::string init;
   /// CRC-32 (zlib's polynomial) of the tensor's bytes; readers check it,
   /// since the zip container's own CRCs are not checked by LibTorch.
   int64_t crc32 = 0;
