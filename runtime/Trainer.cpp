@@ -5,6 +5,7 @@
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 
 #include <chrono>
 #include <cmath>
@@ -17,7 +18,13 @@ namespace bmt::runtime {
 
 namespace {
 
-double peakHostMemoryGiB() {
+/// Peak memory of this process in GiB: the CUDA caching allocator's peak
+/// of allocated bytes on a CUDA device, else the peak resident set size.
+double peakMemoryGiB(at::Device device) {
+  if (device.is_cuda()) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return static_cast<double>(stats.allocated_bytes[0].peak) / (1024.0 * 1024.0 * 1024.0);
+  }
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) / (1024.0 * 1024.0); // ru_maxrss is KiB
@@ -167,7 +174,7 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
                 << ", \"tokens_per_s\": " << jsonNumber(tokensPerSecond)
                 << ", \"tflops\": " << jsonNumber(tflops)
                 << ", \"elapsed_s\": " << jsonNumber(elapsed)
-                << ", \"peak_mem_gib\": " << jsonNumber(peakHostMemoryGiB()) << "}\n";
+                << ", \"peak_mem_gib\": " << jsonNumber(peakMemoryGiB(model_.device())) << "}\n";
       jsonLog_->flush();
     }
     if (config_.evalEvery > 0 && step % config_.evalEvery == 0 && step != config_.steps)
