@@ -92,7 +92,11 @@ std::vector<c10::IValue> Model::run(const at::Tensor &inputIds,
 }
 
 void Model::synchronizeGradients() {
-  if (zero_ || world_->size() == 1)
+  if (zero_) {
+    zero_->finishGradients();
+    return;
+  }
+  if (world_->size() == 1)
     return;
   for (at::Tensor &p : parameters_) {
     if (!p.grad().defined())

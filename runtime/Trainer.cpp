@@ -3,6 +3,7 @@
 #include "bmt/Runtime/Trainer.h"
 
 #include <ATen/ops/ones_like.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -82,17 +83,35 @@ EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t micr
   int64_t n = sampler.numSequentialBatches();
   if (maxBatches > 0)
     n = std::min(n, maxBatches);
-  std::mt19937_64 rng(config_.seed + 1); // fixed masks for masked-LM evaluation
+  // Window i goes to rank i % W. Every rank runs the same number of
+  // forwards (they are collective under ZeRO): a rank without a window of
+  // its own in the last round runs window 0 and does not count it.
+  Comm &world = model_.world();
+  int64_t ranks = world.size(), rank = world.rank();
   double sum = 0;
-  int64_t tokens = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    auto [loss, count] = microBatchLoss(sampler.sequential(i), rng);
-    sum += loss.item<double>() * static_cast<double>(count);
-    tokens += count;
+  double tokens = 0;
+  for (int64_t round = 0; round * ranks < n; ++round) {
+    int64_t i = round * ranks + rank;
+    bool counted = i < n;
+    std::mt19937_64 rng(config_.seed + 1 + static_cast<uint64_t>(counted ? i : 0)); // masked-LM masks
+    auto [loss, count] = microBatchLoss(sampler.sequential(counted ? i : 0), rng);
+    if (counted) {
+      sum += loss.item<double>() * static_cast<double>(count);
+      tokens += static_cast<double>(count);
+    }
+  }
+  if (ranks > 1) {
+    at::Tensor totals = at::tensor({sum, tokens}, at::TensorOptions().dtype(at::kDouble));
+    if (world.backend() != "local")
+      totals = totals.to(world.device());
+    world.allReduce(totals)->wait();
+    totals = totals.cpu();
+    sum = totals[0].item<double>();
+    tokens = totals[1].item<double>();
   }
   EvalResult r;
-  r.tokens = tokens;
-  r.loss = tokens ? sum / static_cast<double>(tokens) : std::nan("");
+  r.tokens = static_cast<int64_t>(tokens);
+  r.loss = tokens > 0 ? sum / tokens : std::nan("");
   r.perplexity = std::exp(r.loss);
   return r;
 }

@@ -77,9 +77,11 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
     for (size_t m = 0; m < grads.size(); ++m)
       if (grads[m].defined())
         flat.narrow(0, g.info->offsets[m], grads[m].numel()).copy_(grads[m].reshape({-1}));
-    at::Tensor shardGrad = zero->reduceGradient(g, flat);
+    zero->startReduceGradient(g, flat);
     zero->freeBuffer(g);
-    return {shardGrad, at::Tensor(), at::Tensor()};
+    // The shard's gradient arrives in finishGradients(), so that this
+    // reduce-scatter overlaps the backward of the blocks before this one.
+    return {at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -275,6 +277,12 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
 }
 
 ZeroStorage::~ZeroStorage() {
+  for (PendingGradient &p : pendingGradients_) {
+    try {
+      p.work->wait();
+    } catch (...) {
+    }
+  }
   for (auto &g : groups_)
     if (g->pending) {
       try {
@@ -326,12 +334,28 @@ std::vector<at::Tensor> ZeroStorage::memberViews(Group &g) {
   return out;
 }
 
-at::Tensor ZeroStorage::reduceGradient(Group &g, const at::Tensor &flat) {
-  at::Tensor out = at::empty({g.range.shardSize}, flat.options());
-  shardComm_->reduceScatter(out, flat)->wait();
-  if (replicaComm_->size() > 1)
-    replicaComm_->allReduce(out)->wait();
-  return out.div_(static_cast<double>(world_.size()));
+void ZeroStorage::startReduceGradient(Group &g, const at::Tensor &flat) {
+  PendingGradient pending;
+  pending.group = g.index;
+  pending.out = at::empty({g.range.shardSize}, flat.options());
+  pending.work = shardComm_->reduceScatter(pending.out, flat);
+  pendingGradients_.push_back(std::move(pending));
+}
+
+void ZeroStorage::finishGradients() {
+  std::vector<PendingGradient> pending = std::move(pendingGradients_);
+  pendingGradients_.clear();
+  for (PendingGradient &p : pending) {
+    p.work->wait();
+    if (replicaComm_->size() > 1)
+      replicaComm_->allReduce(p.out)->wait();
+    p.out.div_(static_cast<double>(world_.size()));
+    at::Tensor &shard = groups_[p.group]->shard;
+    if (shard.grad().defined())
+      shard.mutable_grad().add_(p.out);
+    else
+      shard.mutable_grad() = p.out;
+  }
 }
 
 const std::vector<int64_t> &ZeroStorage::blockGroups(const std::string &list,

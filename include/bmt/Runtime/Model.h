@@ -58,9 +58,10 @@ public:
   /// Their names (the plan's symbol names, or the groups' names), same order.
   const std::vector<std::string> &parameterNames() const { return parameterNames_; }
 
-  /// Makes every rank's gradients the average over ranks (no-op for a
-  /// single process and under ZeRO, where the backward reduce-scatters).
-  /// Collective.
+  /// Makes every rank's gradients the average over ranks: under ZeRO waits
+  /// for the reduce-scatters the backward started and adds them to the
+  /// shards' gradients; without ZeRO all-reduces every gradient. Call after
+  /// the last backward of a step. Collective.
   void synchronizeGradients();
   /// Global gradient norm over all ranks, clipping to maxNorm when > 0
   /// (torch.nn.utils.clip_grad_norm_). Collective.

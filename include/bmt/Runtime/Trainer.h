@@ -65,7 +65,8 @@ public:
              const TokenFile *evalData, int64_t seqLen, int64_t microBatch);
 
   /// Loss of the model on `data` in sequential windows [microBatch, seqLen+1]
-  /// (at most maxBatches; 0 = all), without gradients.
+  /// (at most maxBatches; 0 = all), without gradients; the windows are
+  /// divided over the ranks and the sums all-reduced (collective).
   EvalResult evaluate(const TokenFile &data, int64_t seqLen, int64_t microBatch,
                       int64_t maxBatches);
 

@@ -11,9 +11,10 @@
 //     `bmt.release` frees the buffer (ZeRO-3);
 //   - backward: a released block is gathered again before its backward runs
 //     and the `prefetch depth` blocks before it are prefetched; when a
-//     group's gradient is complete it is reduce-scattered into the shard's
-//     gradient (and all-reduced across replicas under hybrid sharding), then
-//     the gathered buffer is freed;
+//     group's gradient is complete its reduce-scatter starts (overlapping the
+//     backward of the blocks before it) and the gathered buffer is freed;
+//     finishGradients() adds the results (all-reduced across replicas under
+//     hybrid sharding) to the shards' gradients;
 //   - checkpointed blocks run without autograd in forward and are recomputed
 //     (same RNG state) in backward, as torch.utils.checkpoint's reentrant
 //     variant;
@@ -72,6 +73,11 @@ public:
   /// Starts a new forward pass: the next use of each group under grad mode
   /// links its parameters to the shard anew.
   void beginForward();
+  /// Waits for the gradient reduce-scatters the backward started, all-reduces
+  /// them across replicas (hybrid sharding), averages over all ranks and
+  /// adds them to the shards' gradients. Call after the last backward of a
+  /// step, before reading the gradients. Collective.
+  void finishGradients();
   /// Frees every gathered buffer (after an optimizer step the buffers are
   /// stale; after a forward without grad nothing needs them).
   void releaseAll();
@@ -111,9 +117,9 @@ private:
   void prepareBackward(const std::string &list, int64_t blockIndex);
   /// Member tensors aliasing group g's gathered buffer (no autograd).
   std::vector<at::Tensor> memberViews(Group &g);
-  /// Reduce-scatters (and all-reduces across replicas) the full gradient
-  /// `flat` of group g into a shard-sized tensor, averaged over the world.
-  at::Tensor reduceGradient(Group &g, const at::Tensor &flat);
+  /// Starts reduce-scattering the full gradient `flat` of group g
+  /// (finishGradients adds the result to the shard's gradient).
+  void startReduceGradient(Group &g, const at::Tensor &flat);
   const std::vector<int64_t> &blockGroups(const std::string &list, int64_t index) const;
 
   const plan::Plan &plan_;
@@ -124,6 +130,12 @@ private:
   std::vector<at::Tensor> shards_;
   std::vector<std::string> shardNames_;
   std::map<std::pair<std::string, int64_t>, std::vector<int64_t>> blocks_;
+  struct PendingGradient {
+    int64_t group = 0;
+    at::Tensor out;
+    std::shared_ptr<Work> work;
+  };
+  std::vector<PendingGradient> pendingGradients_;
 };
 
 } // namespace bmt::runtime
