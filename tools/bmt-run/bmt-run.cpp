@@ -2,8 +2,9 @@
 //
 // bmt-run SHARDED.pt --data train.bin --steps N [options]   (see --help)
 //
-// Single process for now; torchrun launches it once per rank in the ZeRO
-// issue. Every failure is one "error: ..." line on stderr and exit status 1.
+// One process, or one per rank under `torchrun --no-python bmt-run ...`
+// (rendezvous from torchrun's environment; docs/runtime.md). Every failure
+// is one "error: ..." line on stderr and exit status 1 (on every rank).
 //
 //===----------------------------------------------------------------------===//
 
