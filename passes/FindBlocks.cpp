@@ -4,7 +4,11 @@
 // its ops (names, attributes, types, operand numbering), in which parameter
 // symbols are written relative to the function's module path (with their
 // type) and callees by the id of their own fingerprint. Equal strings mean
-// interchangeable layers. See passes/Passes.td for the contract.
+// interchangeable layers. A second, weaker rule groups the calls of one
+// module list (same module type, consecutive indices under one path) whose
+// structures differ, as T5's first block differs from the others; it applies
+// only where it groups more calls than the structural rule. See
+// passes/Passes.td for the contract.
 //
 //===----------------------------------------------------------------------===//
 
@@ -20,6 +24,8 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/raw_ostream.h"
+
+#include <optional>
 
 namespace bmt {
 #define GEN_PASS_DEF_FINDBLOCKS
@@ -160,6 +166,73 @@ std::string commonModulePath(ArrayRef<std::string> paths) {
   return llvm::join(common, ".");
 }
 
+/// Which rule made a block list (named in the remark).
+enum class Rule { Structure, ModuleList };
+
+/// The end of the run of calls from `calls[i]` under the structural rule:
+/// distinct callees with the same fingerprint, which use parameters, each
+/// call consuming a result of the previous one. `i + 1` when there is no run.
+size_t structuralRun(Fingerprints &prints, MutableArrayRef<func::CallOp> calls, size_t i) {
+  size_t j = i + 1;
+  func::FuncOp first = prints.lookup(calls[i].getCallee());
+  if (!first || !prints.usesParameters(first))
+    return j;
+  llvm::DenseSet<Operation *> callees{first};
+  while (j < calls.size()) {
+    func::FuncOp next = prints.lookup(calls[j].getCallee());
+    if (!next || !callees.insert(next).second || prints.id(next) != prints.id(first) ||
+        !dependsOn(calls[j], calls[j - 1]))
+      break;
+    ++j;
+  }
+  return j;
+}
+
+/// A module path "P.k" whose last component is a decimal index k (an element
+/// of a ModuleList or Sequential P): P and k.
+std::optional<std::pair<StringRef, uint64_t>> indexedPath(func::FuncOp f) {
+  auto attr = f->getAttrOfType<StringAttr>("bmt.module_path");
+  if (!attr)
+    return std::nullopt;
+  StringRef path = attr.getValue();
+  size_t dot = path.rfind('.');
+  StringRef parent = dot == StringRef::npos ? StringRef() : path.take_front(dot);
+  StringRef last = dot == StringRef::npos ? path : path.drop_front(dot + 1);
+  uint64_t index;
+  if (last.empty() || !llvm::all_of(last, llvm::isDigit) || last.getAsInteger(10, index))
+    return std::nullopt;
+  return std::make_pair(parent, index);
+}
+
+/// The end of the run of calls from `calls[i]` under the module-list rule:
+/// distinct callees that use parameters, carry the same non-empty
+/// `bmt.module_type`, and whose module paths are P.k, P.(k+1), ... under the
+/// same P, each call consuming a result of the previous one. Their
+/// structures may differ. `i + 1` when there is no run.
+size_t moduleListRun(Fingerprints &prints, MutableArrayRef<func::CallOp> calls, size_t i) {
+  size_t j = i + 1;
+  func::FuncOp first = prints.lookup(calls[i].getCallee());
+  if (!first || !prints.usesParameters(first))
+    return j;
+  auto type = first->getAttrOfType<StringAttr>("bmt.module_type");
+  auto start = indexedPath(first);
+  if (!type || type.getValue().empty() || !start)
+    return j;
+  llvm::DenseSet<Operation *> callees{first};
+  while (j < calls.size()) {
+    func::FuncOp next = prints.lookup(calls[j].getCallee());
+    if (!next || !callees.insert(next).second ||
+        next->getAttrOfType<StringAttr>("bmt.module_type") != type ||
+        !prints.usesParameters(next) || !dependsOn(calls[j], calls[j - 1]))
+      break;
+    auto at = indexedPath(next);
+    if (!at || at->first != start->first || at->second != start->second + (j - i))
+      break;
+    ++j;
+  }
+  return j;
+}
+
 struct FindBlocksPass : bmt::impl::FindBlocksBase<FindBlocksPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -182,21 +255,19 @@ struct FindBlocksPass : bmt::impl::FindBlocksBase<FindBlocksPass> {
       f.walk([&](func::CallOp call) { calls.push_back(call); });
       llvm::DenseSet<Operation *> inBlocks;
       for (size_t i = 0; i < calls.size();) {
-        size_t j = i + 1;
-        func::FuncOp first = prints.lookup(calls[i].getCallee());
-        if (first && prints.usesParameters(first)) {
-          llvm::DenseSet<Operation *> callees{first};
-          while (j < calls.size()) {
-            func::FuncOp next = prints.lookup(calls[j].getCallee());
-            if (!next || !callees.insert(next).second ||
-                prints.id(next) != prints.id(first) ||
-                !dependsOn(calls[j], calls[j - 1]))
-              break;
-            ++j;
-          }
+        // The structural rule first; the module-list rule only where it
+        // groups more calls from the same start (so that every model whose
+        // layers are identical keeps exactly the structural lists).
+        size_t j = structuralRun(prints, calls, i);
+        Rule rule = Rule::Structure;
+        size_t listEnd = moduleListRun(prints, calls, i);
+        if (listEnd > j && listEnd - i >= 2) {
+          j = listEnd;
+          rule = Rule::ModuleList;
         }
         if (j - i >= 2) {
-          makeBlockList(module, symbols, builder, f, ArrayRef(calls).slice(i, j - i));
+          makeBlockList(module, symbols, builder, prints, f,
+                        ArrayRef(calls).slice(i, j - i), rule);
           ++lists;
           for (size_t k = i; k < j; ++k)
             inBlocks.insert(calls[k]);
@@ -215,7 +286,8 @@ struct FindBlocksPass : bmt::impl::FindBlocksBase<FindBlocksPass> {
   }
 
   void makeBlockList(ModuleOp module, SymbolTable &symbols, OpBuilder &builder,
-                     func::FuncOp caller, ArrayRef<func::CallOp> constCalls) {
+                     Fingerprints &prints, func::FuncOp caller,
+                     ArrayRef<func::CallOp> constCalls, Rule rule) {
     SmallVector<func::CallOp> calls(constCalls.begin(), constCalls.end());
     std::vector<std::string> paths;
     SmallVector<Attribute> blocks;
@@ -252,9 +324,34 @@ struct FindBlocksPass : bmt::impl::FindBlocksBase<FindBlocksPass> {
       call->setAttr("bmt.block", FlatSymbolRefAttr::get(list.getSymNameAttr()));
       call->setAttr("bmt.block_index", builder.getI64IntegerAttr(index));
     }
-    emitRemark(list.getLoc()) << "bmt-find-blocks: " << calls.size() << " blocks in "
-                              << unique << " (" << paths.front() << " ... "
-                              << paths.back() << ")";
+    InFlightDiagnostic remark = emitRemark(list.getLoc());
+    remark << "bmt-find-blocks: " << calls.size() << " blocks in " << unique << " ("
+           << paths.front() << " ... " << paths.back() << ")";
+    if (rule == Rule::Structure) {
+      remark << ", rule: identical structure";
+      return;
+    }
+    // The blocks whose structure is not the most common one (on a tie, the
+    // last block's): T5's block 0, which owns the relative attention bias.
+    llvm::DenseMap<unsigned, unsigned> counts;
+    SmallVector<unsigned> ids;
+    for (func::CallOp call : calls) {
+      ids.push_back(prints.id(prints.lookup(call.getCallee())));
+      ++counts[ids.back()];
+    }
+    unsigned common = ids.back();
+    for (unsigned id : ids)
+      if (counts[id] > counts[common])
+        common = id;
+    SmallVector<std::string> differ;
+    for (auto [index, id] : llvm::enumerate(ids))
+      if (id != common)
+        differ.push_back(paths[index]);
+    func::FuncOp first = prints.lookup(calls.front().getCallee());
+    remark << ", rule: module list of "
+           << first->getAttrOfType<StringAttr>("bmt.module_type").getValue();
+    if (!differ.empty())
+      remark << " (structure differs: " << llvm::join(differ, ", ") << ")";
   }
 };
 

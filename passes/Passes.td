@@ -65,14 +65,37 @@ def FindBlocks : Pass<"bmt-find-blocks", "::mlir::ModuleOp"> {
     at the same paths relative to the callee's module (`transformer.h.0`'s
     `attn.c_attn.weight` matches `transformer.h.1`'s), the callees' own
     callees compared the same way. Callees that use no parameter are not
-    blocks. Each run becomes a `bmt.block_list` named by the callees' common
-    module path (`transformer.h`, `model.layers`, `bert.encoder.layer`), and
-    its calls get `bmt.block` and `bmt.block_index`. The search does not look
-    inside a block.
+    blocks. This structural rule is the primary one.
 
-    Emits a remark per block list ("2 blocks in transformer.h: ...") and, for
-    a model without repeated layers, a remark saying so; the IR is then
-    unchanged and the whole model is sharded as one unit by later passes.
+    A second rule, the module-list rule, covers stacks whose layers are
+    instances of one class but not all of the same structure, such as T5's
+    `encoder.block` and `decoder.block`, whose block 0 owns the relative
+    attention bias and hands the position bias to the later blocks: a run of
+    two or more calls in which each call consumes a result of the previous
+    one and the callees are distinct functions that use parameters, carry
+    the same non-empty `bmt.module_type`, and have the module paths `P.k`,
+    `P.(k+1)`, `P.(k+2)`, ... (the same parent `P`, consecutive decimal
+    indices: the elements of one ModuleList). At each call the pass takes
+    the structural run starting there, unless the module-list run starting
+    there is longer; so a model whose layers are all identical keeps
+    exactly its structural lists, and T5 gets `encoder.block.0 ... N-1`
+    rather than `encoder.block.1 ... N-1` (or, with two layers, repeats
+    inside the blocks).
+
+    Each run becomes a `bmt.block_list` named by the callees' common module
+    path (`transformer.h`, `model.layers`, `bert.encoder.layer`,
+    `encoder.block`), and its calls get `bmt.block` and `bmt.block_index`.
+    The search does not look inside a block.
+
+    Emits a remark per block list that names the rule that made it
+    ("2 blocks in transformer.h (transformer.h.0 ... transformer.h.1), rule:
+    identical structure"; "2 blocks in encoder.block (encoder.block.0 ...
+    encoder.block.1), rule: module list of
+    transformers.models.t5.modeling_t5.T5Block (structure differs:
+    encoder.block.0)", listing the blocks whose structure is not the most
+    common one) and, for a model without repeated layers, a remark saying
+    so; the IR is then unchanged and the whole model is sharded as one unit
+    by later passes.
   }];
   let dependentDialects = ["::bmt::BmtDialect"];
 }
