@@ -15,6 +15,10 @@ The model comes from a config, never from a hub (no network here):
   --checkpoint DIR         a local checkpoint directory (config + weights)
 Config fields can be overridden: --set n_layer=4 --set n_embd=256.
 Weights are random (seeded) unless --checkpoint gives them.
+--dtype bfloat16|float16 converts the model (model.to(dtype)) before tracing:
+its parameters, storage groups and forward/backward are in that dtype, and
+bmt-run trains it with float32 master weights (mixed precision; for float16
+with dynamic loss scaling).
 
 Examples:
   bmt-export-hf --config gpt2 -o gpt2.pt
@@ -135,6 +139,9 @@ def main(argv=None):
     parser.add_argument("--seq-len", type=int, default=8, help="example sequence length (tokens)")
     parser.add_argument("--batch", type=int, default=2, help="example batch size")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                        help="dtype of the exported model's parameters (model.to(dtype) "
+                             "before tracing; default float32)")
     parser.add_argument("--head", choices=["lm", "none"], default="lm",
                         help="lm: the architecture's language-model class (default); "
                              "none: the bare model (AutoModel: hidden states, no head)")
@@ -167,6 +174,8 @@ def main(argv=None):
     except Exception as e:  # noqa: BLE001
         error(f"cannot build {class_name} from this config: {_first_line(e)}")
     model.eval()
+    if args.dtype != "float32":
+        model.to(getattr(torch, args.dtype))
 
     vocab = config.vocab_size
     inputs = {
