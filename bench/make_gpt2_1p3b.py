@@ -8,6 +8,7 @@ program and the shapes but (almost) no bytes; compile it with
 weights-free plan (the runtime initializes the parameters by rule).
 
 usage: python3 bench/make_gpt2_1p3b.py OUT.pt [--layers 24 --hidden 2048 --heads 16]
+                                            [--dtype float32|bfloat16|float16]
 """
 import argparse
 import warnings
@@ -23,6 +24,8 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=50304)
     ap.add_argument("--positions", type=int, default=1024)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                    help="parameter dtype of the trace (the runtime keeps fp32 master weights)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     import transformers
@@ -35,7 +38,8 @@ def main():
     model.eval()
     for module in model.modules():
         for name, p in list(module.named_parameters(recurse=False)):
-            module._parameters[name] = torch.nn.Parameter(torch.zeros(1).expand(p.shape))
+            module._parameters[name] = torch.nn.Parameter(
+                torch.zeros(1, dtype=getattr(torch, args.dtype)).expand(p.shape))
         for name, b in list(module.named_buffers(recurse=False)):
             raise SystemExit(f"unexpected buffer {name}: this script only handles parameters")
     model.tie_weights()
@@ -44,7 +48,8 @@ def main():
               "attention_mask": torch.ones(1, 8, dtype=torch.long)}
     traced = torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
     traced.save(args.out)
-    print(f"{args.out}: GPT-2 {args.layers} layers, hidden {args.hidden}, {n:,} parameters")
+    print(f"{args.out}: GPT-2 {args.layers} layers, hidden {args.hidden}, {n:,} parameters, "
+          f"{args.dtype}")
 
 
 if __name__ == "__main__":
