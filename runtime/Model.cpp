@@ -113,8 +113,22 @@ double Model::clipGradNorm(double maxNorm) {
 }
 
 void Model::afterOptimizerStep() {
+  if (!zero_)
+    return;
+  zero_->refreshFromMasters();
+  zero_->releaseAll();
+}
+
+at::ScalarType Model::parameterDtype() const {
+  for (const plan::TensorInfo &t : plan_.tensors)
+    if (t.isParameter && at::isFloatingType(t.dtype))
+      return t.dtype;
+  return at::kFloat;
+}
+
+void Model::setReduceDtype(std::optional<at::ScalarType> dtype) {
   if (zero_)
-    zero_->releaseAll();
+    zero_->setReduceDtype(dtype);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Model::fullParameters(bool gradients) {

@@ -18,6 +18,7 @@
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <stdexcept>
@@ -111,6 +112,24 @@ void AdamW::step(double lr) {
 void AdamW::zeroGrad() {
   for (at::Tensor &p : params_)
     p.mutable_grad() = at::Tensor();
+}
+
+LossScaler::LossScaler(double initial, double factor, int64_t window, double minScale)
+    : scale_(initial), factor_(factor), minScale_(minScale), window_(window) {
+  if (!(initial > 0) || !(factor >= 1) || window < 1 || !(minScale > 0) || minScale > initial)
+    throw std::invalid_argument("LossScaler: needs initial > 0, factor >= 1, window >= 1 and "
+                                "0 < min scale <= initial");
+}
+
+double LossScaler::update(bool foundInf) {
+  if (foundInf) {
+    scale_ = std::max(scale_ / factor_, minScale_);
+    clean_ = 0;
+  } else if (++clean_ >= window_) {
+    scale_ *= factor_;
+    clean_ = 0;
+  }
+  return scale_;
 }
 
 double clipGradNorm(const std::vector<at::Tensor> &params, double maxNorm) {

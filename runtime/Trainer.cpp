@@ -2,6 +2,8 @@
 
 #include "bmt/Runtime/Trainer.h"
 
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
@@ -11,7 +13,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 #include <sys/resource.h>
 
@@ -54,7 +58,46 @@ double Trainer::meanOverRanks(const at::Tensor &value) {
 
 Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
                  std::ostream *jsonLog)
-    : model_(model), config_(std::move(config)), out_(out), jsonLog_(jsonLog) {}
+    : model_(model), config_(std::move(config)), out_(out), jsonLog_(jsonLog),
+      lossScale_(config_.lossScale) {}
+
+namespace {
+
+/// Multiplies every gradient of `params` by invScale and returns whether
+/// any of them holds an inf or NaN on any rank of `world` (all-reduce Max
+/// of the local flags; collective).
+bool unscaleAndCheckGradients(const std::vector<at::Tensor> &params, double invScale,
+                              Comm &world, at::Device device) {
+  c10::NoGradGuard noGrad;
+  at::TensorOptions options = at::TensorOptions().dtype(at::kFloat).device(device);
+  at::Tensor found = at::zeros({1}, options);
+  at::Tensor inv = at::full({1}, invScale, options);
+  for (const at::Tensor &p : params) {
+    const at::Tensor &grad = p.grad();
+    if (!grad.defined())
+      continue;
+    // One kernel: found |= !isfinite(grad); grad *= inv (as torch.amp's
+    // GradScaler.unscale_).
+    at::Tensor f = grad.device() == device ? found : at::zeros({1}, options.device(grad.device()));
+    at::_amp_foreach_non_finite_check_and_unscale_({grad}, f,
+                                                   inv.to(grad.device()));
+    if (grad.device() != device)
+      found.add_(f.to(device));
+  }
+  if (world.size() > 1) {
+    if (found.device() != world.device() && world.backend() != "local")
+      found = found.to(world.device());
+    world.allReduce(found, ReduceOp::Max)->wait();
+  }
+  return found.item<double>() != 0.0;
+}
+
+int64_t envInt(const char *name, int64_t fallback) {
+  const char *v = std::getenv(name);
+  return v && *v ? std::atoll(v) : fallback;
+}
+
+} // namespace
 
 std::pair<at::Tensor, int64_t> Trainer::microBatchLoss(const at::Tensor &window,
                                                        std::mt19937_64 &rng) {
@@ -124,6 +167,12 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
   using Clock = std::chrono::steady_clock;
   auto start = Clock::now();
   double numParams = static_cast<double>(model_.numParameters());
+  const int64_t injectInfStep = envInt("BMT_DEBUG_INJECT_INF_STEP", 0);
+  const int64_t injectInfRank = envInt("BMT_DEBUG_INJECT_INF_RANK", 0);
+  std::optional<LossScaler> scaler;
+  if (config_.lossScale > 0)
+    scaler.emplace(config_.lossScale, config_.lossScaleFactor, config_.lossScaleWindow,
+                   std::min(config_.minLossScale, config_.lossScale));
 
   auto runEval = [&](int64_t step) {
     if (!evalData)
@@ -158,17 +207,37 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
         throw TrainingError("the loss is " + std::string(std::isnan(value) ? "NaN" : "infinite") +
                             " at step " + std::to_string(step) + " (micro-batch " +
                             std::to_string(micro + 1) + "); stopping");
-      loss.div(static_cast<double>(config_.gradAccum)).backward();
+      at::Tensor objective = loss.div(static_cast<double>(config_.gradAccum));
+      if (lossScale_ > 0)
+        objective = objective.mul(lossScale_);
+      objective.backward();
       lossSum += value;
       tokens += window.size(0) * (window.size(1) - 1) * model_.world().size();
     }
     model_.synchronizeGradients();
-    double gradNorm = model_.clipGradNorm(config_.clipGrad);
-    if (!std::isfinite(gradNorm))
-      throw TrainingError("the gradient norm is not finite at step " + std::to_string(step) +
-                          "; stopping");
-    optimizer.step(lr);
+    if (step == injectInfStep && model_.world().rank() == injectInfRank)
+      for (const at::Tensor &p : model_.parameters())
+        if (p.grad().defined()) {
+          c10::NoGradGuard noGrad;
+          p.grad().view({-1})[0].fill_(std::numeric_limits<double>::infinity());
+          break;
+        }
+    const double stepScale = lossScale_;
+    bool skipped = false;
+    if (lossScale_ > 0)
+      skipped = unscaleAndCheckGradients(model_.parameters(), 1.0 / lossScale_, model_.world(),
+                                         model_.device());
+    double gradNorm = std::nan("");
+    if (!skipped) {
+      gradNorm = model_.clipGradNorm(config_.clipGrad); // unscaled gradients
+      if (!std::isfinite(gradNorm))
+        throw TrainingError("the gradient norm is not finite at step " + std::to_string(step) +
+                            "; stopping");
+      optimizer.step(lr);
+    }
     model_.afterOptimizerStep();
+    if (scaler)
+      lossScale_ = scaler->update(skipped);
 
     double loss = lossSum / static_cast<double>(config_.gradAccum);
     losses_.push_back(loss);
@@ -176,11 +245,20 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
     double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     double tokensPerSecond = static_cast<double>(tokens) / stepSeconds;
     double tflops = 6.0 * numParams * tokensPerSecond / 1e12;
-    if (rank0 && (step % config_.logEvery == 0 || step == config_.steps)) {
+    if (rank0 && skipped) {
+      out_ << "step " << step << "/" << config_.steps << " | loss " << std::fixed
+           << std::setprecision(4) << loss << " | skipped: inf/NaN gradients, loss scale "
+           << std::setprecision(0) << stepScale << " -> " << lossScale_ << std::defaultfloat
+           << "\n";
+      out_.flush();
+    } else if (rank0 && (step % config_.logEvery == 0 || step == config_.steps)) {
       out_ << "step " << step << "/" << config_.steps << " | loss " << std::fixed
            << std::setprecision(4) << loss << " | lr " << std::scientific
            << std::setprecision(2) << lr << " | grad norm " << std::fixed
-           << std::setprecision(3) << gradNorm << " | " << std::setprecision(0)
+           << std::setprecision(3) << gradNorm << " | ";
+      if (stepScale > 0)
+        out_ << "loss scale " << std::setprecision(0) << stepScale << " | ";
+      out_ << std::setprecision(0)
            << tokensPerSecond << " tokens/s | " << std::setprecision(1) << elapsed
            << " s" << std::defaultfloat << "\n";
       out_.flush();
@@ -189,7 +267,9 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
       *jsonLog_ << "{\"kind\": \"train\", \"step\": " << step
                 << ", \"loss\": " << jsonNumber(loss) << ", \"lr\": " << jsonNumber(lr)
                 << ", \"grad_norm\": " << jsonNumber(gradNorm)
-                << ", \"loss_scale\": null, \"tokens\": " << tokens
+                << ", \"loss_scale\": " << (stepScale > 0 ? jsonNumber(stepScale) : "null")
+                << ", \"skipped\": " << (skipped ? "true" : "false")
+                << ", \"tokens\": " << tokens
                 << ", \"tokens_per_s\": " << jsonNumber(tokensPerSecond)
                 << ", \"tflops\": " << jsonNumber(tflops)
                 << ", \"elapsed_s\": " << jsonNumber(elapsed)

@@ -35,7 +35,9 @@ struct ZeroStorage::Group {
   const plan::StorageGroup *info = nullptr;
   plan::ShardRange range;       ///< this rank's elements of the buffer
   int64_t padded = 0;           ///< shardSize * shard ranks
-  at::Tensor shard;             ///< [shardSize], trainable leaf
+  at::Tensor shard;             ///< [shardSize] of the group's dtype: gathered from
+  at::Tensor master;            ///< [shardSize] float32 master of a bf16/fp16 shard
+                                ///< (what the optimizer updates), else undefined
   c10::intrusive_ptr<c10::StorageImpl> storage; ///< the gathered buffer's bytes
   at::Tensor full;              ///< [padded] over `storage`
   std::vector<at::Tensor> views; ///< members over `storage`, no autograd
@@ -73,7 +75,7 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     auto *zero = pointerOf<ZeroStorage>(ctx->saved_data["zero"]);
     ZeroStorage::Group &g = *zero->groups_[ctx->saved_data["group"].toInt()];
-    at::Tensor flat = at::zeros({g.padded}, g.shard.options());
+    at::Tensor flat = at::zeros({g.padded}, g.shard.options().dtype(zero->reduceDtype(g)));
     for (size_t m = 0; m < grads.size(); ++m)
       if (grads[m].defined())
         flat.narrow(0, g.info->offsets[m], grads[m].numel()).copy_(grads[m].reshape({-1}));
@@ -248,8 +250,16 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
       replicaComm_->allGather(gathered, mine)->wait();
       shard.copy_(gathered.narrow(0, 0, g->range.shardSize));
     }
-    shard.set_requires_grad(true);
+    shard.set_requires_grad(true); // GatherFunction's input (its gradient stays undefined)
     g->shard = shard;
+    at::Tensor trainable = shard;
+    if (info.dtype == at::kBFloat16 || info.dtype == at::kHalf) {
+      // Mixed precision: the optimizer updates a float32 master of the
+      // shard; the shard (what is gathered) is refreshed from it.
+      g->master = shard.detach().to(at::kFloat);
+      g->master.set_requires_grad(true);
+      trainable = g->master;
+    }
 
     at::Tensor holder = at::empty({g->padded}, options);
     g->storage = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
@@ -266,7 +276,7 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
     freeBuffer(*g);
     if (!info.blockList.empty())
       blocks_[{info.blockList, info.blockIndex}].push_back(g->index);
-    shards_.push_back(shard);
+    shards_.push_back(trainable);
     shardNames_.push_back(info.name);
     groups_.push_back(std::move(g));
     done += (ranges[i].end - ranges[i].begin) *
@@ -349,12 +359,14 @@ void ZeroStorage::finishGradients() {
     p.work->wait();
     if (replicaComm_->size() > 1)
       replicaComm_->allReduce(p.out)->wait();
-    p.out.div_(static_cast<double>(world_.size()));
-    at::Tensor &shard = groups_[p.group]->shard;
-    if (shard.grad().defined())
-      shard.mutable_grad().add_(p.out);
+    Group &g = *groups_[p.group];
+    at::Tensor &param = g.master.defined() ? g.master : g.shard;
+    at::Tensor out = p.out.to(param.scalar_type()); // fp32 accumulation of a master's gradient
+    out.div_(static_cast<double>(world_.size()));
+    if (param.grad().defined())
+      param.mutable_grad().add_(out);
     else
-      shard.mutable_grad() = p.out;
+      param.mutable_grad() = out;
   }
 }
 
@@ -443,6 +455,17 @@ std::vector<IValue> ZeroStorage::callBlock(const plan::Instruction &inst, const 
 
 void ZeroStorage::beginForward() { ++generation; }
 
+c10::ScalarType ZeroStorage::reduceDtype(const Group &g) const {
+  return reduceDtype_ ? *reduceDtype_ : g.info->dtype;
+}
+
+void ZeroStorage::refreshFromMasters() {
+  c10::NoGradGuard noGrad;
+  for (auto &g : groups_)
+    if (g->master.defined())
+      g->shard.detach().copy_(g->master.detach());
+}
+
 void ZeroStorage::releaseAll() {
   for (auto &g : groups_) {
     freeBuffer(*g);
@@ -473,9 +496,10 @@ at::Tensor ZeroStorage::gatherParameter(int64_t index, bool gradient) {
   size_t member = 0;
   while (g.info->members[member] != index)
     ++member;
-  at::Tensor local = gradient ? g.shard.grad() : g.shard.detach();
+  const at::Tensor &param = g.master.defined() ? g.master : g.shard;
+  at::Tensor local = gradient ? param.grad() : g.shard.detach();
   if (!local.defined())
-    local = at::zeros_like(g.shard);
+    local = at::zeros_like(param);
   at::Tensor full = at::empty({g.padded}, local.options());
   shardComm_->allGather(full, local.contiguous())->wait();
   return full.narrow(0, g.info->offsets[member], info.numel()).view(info.shape).cpu().clone();

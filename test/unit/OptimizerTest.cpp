@@ -205,3 +205,30 @@ TEST(ClipGradNorm, NoGradsIsZero) {
 }
 
 } // namespace
+
+TEST(LossScaler, HalvesOnOverflowNotBelowTheMinimum) {
+  bmt::runtime::LossScaler s(8, 2, 1024, 3);
+  EXPECT_EQ(s.scale(), 8);
+  EXPECT_EQ(s.update(true), 4);
+  EXPECT_EQ(s.update(true), 3); // 2 would be below the minimum
+  EXPECT_EQ(s.update(true), 3);
+}
+
+TEST(LossScaler, GrowsAfterWindowCleanSteps) {
+  bmt::runtime::LossScaler s(4, 2, 3, 1);
+  EXPECT_EQ(s.update(false), 4);
+  EXPECT_EQ(s.update(false), 4);
+  EXPECT_EQ(s.update(false), 8); // third clean step in a row
+  EXPECT_EQ(s.update(false), 8);
+  EXPECT_EQ(s.update(true), 4);  // an overflow restarts the count
+  EXPECT_EQ(s.update(false), 4);
+  EXPECT_EQ(s.update(false), 4);
+  EXPECT_EQ(s.update(false), 8);
+}
+
+TEST(LossScaler, RejectsBadSettings) {
+  EXPECT_THROW(bmt::runtime::LossScaler(0), std::invalid_argument);
+  EXPECT_THROW(bmt::runtime::LossScaler(4, 0.5), std::invalid_argument);
+  EXPECT_THROW(bmt::runtime::LossScaler(4, 2, 0), std::invalid_argument);
+  EXPECT_THROW(bmt::runtime::LossScaler(4, 2, 10, 8), std::invalid_argument);
+}

@@ -68,6 +68,16 @@ training:
   --weight-decay F       AdamW decoupled weight decay (default 0.01)
   --beta1 F, --beta2 F, --eps F   AdamW (defaults 0.9, 0.999, 1e-8)
   --clip-grad F          clip the global gradient norm to F; 0 = off (default 1.0)
+mixed precision (a model exported with bmt-export-hf --dtype bfloat16|float16):
+  --loss-scale F         initial dynamic loss scale; 0 = off (default 65536 for a
+                         float16 model, off for bfloat16/float32)
+  --loss-scale-factor F  divide the scale by F on inf/NaN gradients (the step is
+                         skipped on every rank), multiply after a window of clean
+                         steps (default 2)
+  --loss-scale-window N  clean steps before the scale grows (default 1024)
+  --min-loss-scale F     the scale never drops below F (default 1)
+  --reduce-dtype NAME    float32 | bfloat16 | float16: reduce-scatter gradients in this
+                         dtype (default: the model's; float32 = full-precision reduction)
   --objective NAME       auto | causal-lm | masked-lm (default auto: from the model class)
   --mask-prob F          masked-LM selection probability (default 0.15)
   --seed N               seed of sampling and masking (default 0)
@@ -110,6 +120,11 @@ RunOptions parseRunOptions(int argc, char **argv) {
       {"--eps", [&](auto &k, auto &v) { o.eps = toDouble(k, v, 0); }},
       {"--clip-grad", [&](auto &k, auto &v) { o.clipGrad = toDouble(k, v, 0); }},
       {"--objective", [&](auto &, auto &v) { o.objective = v; }},
+      {"--loss-scale", [&](auto &k, auto &v) { o.lossScale = toDouble(k, v, 0); }},
+      {"--loss-scale-factor", [&](auto &k, auto &v) { o.lossScaleFactor = toDouble(k, v, 1); }},
+      {"--loss-scale-window", [&](auto &k, auto &v) { o.lossScaleWindow = toInt(k, v, 1); }},
+      {"--min-loss-scale", [&](auto &k, auto &v) { o.minLossScale = toDouble(k, v, 0); }},
+      {"--reduce-dtype", [&](auto &, auto &v) { o.reduceDtype = v; }},
       {"--mask-prob", [&](auto &k, auto &v) { o.maskProb = toDouble(k, v, 0); }},
       {"--seed", [&](auto &k, auto &v) { o.seed = static_cast<uint64_t>(toInt(k, v, 0)); }},
       {"--eval-every", [&](auto &k, auto &v) { o.evalEvery = toInt(k, v, 0); }},
@@ -173,6 +188,16 @@ RunOptions parseRunOptions(int argc, char **argv) {
   if (o.minLR > o.lr)
     throw UsageError("--min-lr " + std::to_string(o.minLR) + " is above --lr " +
                      std::to_string(o.lr));
+  if (!o.reduceDtype.empty() && o.reduceDtype != "float32" && o.reduceDtype != "bfloat16" &&
+      o.reduceDtype != "float16")
+    throw UsageError("--reduce-dtype must be float32, bfloat16 or float16, got " + o.reduceDtype);
+  if (!std::isfinite(o.lossScale) || !std::isfinite(o.lossScaleFactor) ||
+      !std::isfinite(o.minLossScale))
+    throw UsageError("--loss-scale, --loss-scale-factor and --min-loss-scale must be finite");
+  if (!(o.minLossScale > 0))
+    throw UsageError("--min-loss-scale must be positive");
+  if (o.lossScale > 0 && o.minLossScale > o.lossScale)
+    throw UsageError("--min-loss-scale is above --loss-scale");
   if (!(o.beta1 < 1) || !(o.beta2 < 1))
     throw UsageError("--beta1 and --beta2 must lie in [0, 1)");
   if (!(o.maskProb > 0 && o.maskProb < 1))

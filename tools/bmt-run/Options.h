@@ -27,6 +27,11 @@ struct RunOptions {
   int64_t warmup = 0;
   std::string schedule = "cosine";
   double weightDecay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, clipGrad = 1.0;
+  // Mixed precision: loss scaling (lossScale < 0: auto, 65536 for a float16
+  // model, else off; 0: off) and the gradient reduction dtype ("": the model's)
+  double lossScale = -1, lossScaleFactor = 2, minLossScale = 1;
+  int64_t lossScaleWindow = 1024;
+  std::string reduceDtype;
   // Objective
   std::string objective = "auto";
   double maskProb = 0.15;

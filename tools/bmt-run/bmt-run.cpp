@@ -306,6 +306,27 @@ int run(const tools::RunOptions &o) {
   config.evalEvery = o.evalEvery;
   config.evalBatches = o.evalBatches;
   config.logEvery = o.logEvery;
+  // Mixed precision.
+  at::ScalarType modelDtype = model.parameterDtype();
+  config.lossScale = o.lossScale >= 0 ? o.lossScale : (modelDtype == at::kHalf ? 65536.0 : 0.0);
+  config.lossScaleFactor = o.lossScaleFactor;
+  config.lossScaleWindow = o.lossScaleWindow;
+  config.minLossScale = o.minLossScale;
+  if (!o.reduceDtype.empty())
+    model.setReduceDtype(o.reduceDtype == "float32"    ? at::kFloat
+                         : o.reduceDtype == "bfloat16" ? at::kBFloat16
+                                                       : at::kHalf);
+  if (rank0 && (modelDtype != at::kFloat || config.lossScale > 0 || !o.reduceDtype.empty()))
+    std::cout << "bmt-run: parameters " << c10::toString(modelDtype)
+              << (modelDtype == at::kHalf || modelDtype == at::kBFloat16
+                      ? " with float32 master weights (ZeRO shards)"
+                      : "")
+              << ", gradient reduction "
+              << (o.reduceDtype.empty() ? std::string(c10::toString(modelDtype)) : o.reduceDtype)
+              << ", loss scale "
+              << (config.lossScale > 0 ? std::to_string(static_cast<int64_t>(config.lossScale))
+                                       : std::string("off"))
+              << "\n";
   if (maskedLM) {
     runtime::TokenFile *source = train ? train.get() : eval.get();
     if (!source || !source->maskId())

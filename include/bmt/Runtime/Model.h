@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,8 +67,16 @@ public:
   /// Global gradient norm over all ranks, clipping to maxNorm when > 0
   /// (torch.nn.utils.clip_grad_norm_). Collective.
   double clipGradNorm(double maxNorm);
-  /// After an optimizer step: gathered ZeRO buffers are stale; free them.
+  /// After an optimizer step: copies the float32 masters of low-precision
+  /// ZeRO shards into the shards; gathered ZeRO buffers are stale; free them.
   void afterOptimizerStep();
+
+  /// Mixed precision: the dtype of the model's floating-point parameters
+  /// (the first one in plan order; float32 when there is none).
+  at::ScalarType parameterDtype() const;
+  /// The dtype ZeRO reduce-scatters gradients in (nullopt: each storage
+  /// group's own dtype). Without ZeRO storage groups this does nothing.
+  void setReduceDtype(std::optional<at::ScalarType> dtype);
 
   /// Every trainable parameter's full value (or gradient, with
   /// `gradients`; parameters without one are skipped) by plan name, CPU

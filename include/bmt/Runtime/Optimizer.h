@@ -13,6 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <vector>
 
 namespace bmt::runtime {
@@ -47,6 +48,22 @@ public:
 private:
   std::vector<at::Tensor> params_, expAvg_, expAvgSq_, steps_;
   AdamWConfig config_;
+};
+
+/// Dynamic loss scaling with BMTrain's OptimManager rules: start at
+/// `initial`; a step with inf/NaN gradients divides the scale by `factor`
+/// (not below `minScale`) and restarts the count of clean steps; after
+/// `window` clean steps in a row the scale is multiplied by `factor`.
+class LossScaler {
+public:
+  LossScaler(double initial, double factor = 2, int64_t window = 1024, double minScale = 1);
+  double scale() const { return scale_; }
+  /// Records a step's outcome and returns the scale of the next step.
+  double update(bool foundInf);
+
+private:
+  double scale_, factor_, minScale_;
+  int64_t window_, clean_ = 0;
 };
 
 /// The global L2 norm of the grads of `params` (undefined grads count as 0),

@@ -39,6 +39,16 @@ struct TrainConfig {
   int64_t evalEvery = 0;   ///< evaluate every N steps; 0 = after the last only
   int64_t evalBatches = 0; ///< batches per evaluation; 0 = the whole file
   int64_t logEvery = 1;    ///< human line every N steps (JSON: every step)
+  // Dynamic loss scaling (BMTrain's OptimManager): the loss is multiplied
+  // by the scale before backward; a step whose gradients hold an inf/NaN on
+  // any rank is skipped on every rank and the scale divided by the factor
+  // (not below minLossScale); after lossScaleWindow clean steps in a row it
+  // is multiplied by the factor. 0 = off (no scaling, a non-finite gradient
+  // norm stops training).
+  double lossScale = 0;
+  double lossScaleFactor = 2;
+  int64_t lossScaleWindow = 1024;
+  double minLossScale = 1;
 };
 
 /// Loss and perplexity over held-out data.
@@ -57,6 +67,11 @@ struct EvalResult {
 /// per evaluation to `jsonLog` (when given). Evaluates on `evalData` (when
 /// given) every evalEvery steps and after the last step.
 /// Throws TrainingError when a loss is not finite, naming the step.
+///
+/// Test hook: with the environment variable BMT_DEBUG_INJECT_INF_STEP=k
+/// (and optionally BMT_DEBUG_INJECT_INF_RANK=r, default 0) rank r writes an
+/// inf into its first gradient after the gradients of step k are
+/// synchronized, as an fp16 overflow would (tests of loss scaling).
 class Trainer {
 public:
   Trainer(Model &model, TrainConfig config, std::ostream &out, std::ostream *jsonLog);
@@ -72,6 +87,8 @@ public:
 
   /// The losses of every step so far (mean over its micro-batches).
   const std::vector<double> &losses() const { return losses_; }
+  /// The current loss scale (0 when loss scaling is off).
+  double lossScale() const { return lossScale_; }
 
 private:
   /// The mean of a one-element tensor over all ranks. Collective.
@@ -85,6 +102,7 @@ private:
   std::ostream &out_;
   std::ostream *jsonLog_;
   std::vector<double> losses_;
+  double lossScale_ = 0;
 };
 
 } // namespace bmt::runtime

@@ -42,6 +42,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,10 +82,21 @@ public:
   /// Frees every gathered buffer (after an optimizer step the buffers are
   /// stale; after a forward without grad nothing needs them).
   void releaseAll();
+  /// Copies every float32 master into its low-precision shard (rounding);
+  /// call after the optimizer updated the masters.
+  void refreshFromMasters();
+  /// The dtype gradients are reduce-scattered in: `dtype`, or (nullopt,
+  /// the default) each group's own dtype. float32 for bf16/fp16 groups
+  /// reduces in full precision (--reduce-dtype float32).
+  void setReduceDtype(std::optional<c10::ScalarType> dtype) { reduceDtype_ = dtype; }
 
   /// The trainable shards, one per group: [shardSize] of the group's dtype,
   /// requires_grad; their .grad() is this rank's slice of the gradient
-  /// averaged over all ranks. The padding elements stay zero.
+  /// averaged over all ranks. The padding elements stay zero. For a group
+  /// of dtype bfloat16/float16 it is the shard's float32 master copy (mixed
+  /// precision, as BMTrain): its gradient is float32, the optimizer updates
+  /// it, and refreshFromMasters() copies it into the low-precision shard
+  /// that is gathered for forward and backward.
   const std::vector<at::Tensor> &shards() const { return shards_; }
   /// Their names (the groups' names).
   const std::vector<std::string> &shardNames() const { return shardNames_; }
@@ -121,6 +133,7 @@ private:
   /// (finishGradients adds the result to the shard's gradient).
   void startReduceGradient(Group &g, const at::Tensor &flat);
   const std::vector<int64_t> &blockGroups(const std::string &list, int64_t index) const;
+  c10::ScalarType reduceDtype(const Group &g) const;
 
   const plan::Plan &plan_;
   at::Device device_;
@@ -136,6 +149,7 @@ private:
     std::shared_ptr<Work> work;
   };
   std::vector<PendingGradient> pendingGradients_;
+  std::optional<c10::ScalarType> reduceDtype_;
 };
 
 } // namespace bmt::runtime
