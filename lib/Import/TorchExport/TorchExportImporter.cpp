@@ -108,7 +108,10 @@ std::vector<ModuleFrame> parseModuleStack(const std::string &text,
     std::string entry = text.substr(start, end == std::string::npos ? std::string::npos
                                                                     : end - start);
     size_t first = entry.find(','), last = entry.rfind(',');
-    if (first != std::string::npos && last != first) {
+    // torch.export marks nodes it made outside any module (the sym_size of
+    // a dynamic input) with this placeholder: they belong to the root.
+    bool placeholder = entry.rfind("_empty_nn_module_stack_from_metadata_hook", 0) == 0;
+    if (!placeholder && first != std::string::npos && last != first) {
       ModuleFrame f{entry.substr(first + 1, last - first - 1), entry.substr(last + 1)};
       // Normalise "h[0]" / "L['self'].h.0" forms to dotted paths.
       std::string p;
@@ -196,6 +199,7 @@ private:
   std::vector<FlatNode> nodes;
   std::unique_ptr<Region> root;
   std::set<std::string> usedSymbols;
+  std::set<std::string> symInts; // values that are symbolic integers
 };
 
 //===----------------------------------------------------------------------===//
@@ -243,10 +247,18 @@ std::vector<std::string> TorchExportImporter::tensorUses(const json &node) {
     else if (arg.contains("as_tensors"))
       for (const json &t : arg["as_tensors"])
         out.push_back(t["name"]);
-    else if (arg.contains("as_optional_tensors"))
+    else if (arg.contains("as_optional_tensors")) {
       for (const json &t : arg["as_optional_tensors"])
         if (t.contains("as_tensor"))
           out.push_back(t["as_tensor"]["name"]);
+    } else if (arg.contains("as_sym_int") && arg["as_sym_int"].contains("as_name")) {
+      // Symbolic integers (dynamic shapes) are values too.
+      out.push_back(arg["as_sym_int"]["as_name"]);
+    } else if (arg.contains("as_sym_ints")) {
+      for (const json &e : arg["as_sym_ints"])
+        if (e.is_object() && e.contains("as_name"))
+          out.push_back(e["as_name"]);
+    }
   }
   return out;
 }
@@ -261,6 +273,8 @@ std::vector<std::string> TorchExportImporter::tensorDefs(const json &node) {
     else if (o.contains("as_tensors"))
       for (const json &t : o["as_tensors"])
         out.push_back(t["name"]);
+    else if (o.contains("as_sym_int") && o["as_sym_int"].contains("as_name"))
+      out.push_back(o["as_sym_int"]["as_name"]);
   }
   return out;
 }
@@ -374,8 +388,18 @@ void TorchExportImporter::flattenGraph(const json &graph,
     std::string target = node.at("target");
     if (target == "torch.ops.aten._assert_tensor_metadata.default" ||
         target == "torch.ops.aten._assert_scalar.default" ||
-        target == "torch.ops.aten.sym_constrain_range_for_size.default")
+        target == "torch.ops.aten.sym_constrain_range_for_size.default" ||
+        target == "torch.ops.aten.sym_constrain_range.default")
       continue;
+    // Symbolic booleans (`s0 >= 2`) feed only the range checks dropped above.
+    if (node.contains("outputs") && !node["outputs"].empty() &&
+        std::all_of(node["outputs"].begin(), node["outputs"].end(),
+                    [](const json &o) { return o.contains("as_sym_bool"); }))
+      continue;
+    if (node.contains("outputs"))
+      for (const json &o : node["outputs"])
+        if (o.contains("as_sym_int") && o["as_sym_int"].contains("as_name"))
+          symInts.insert(o["as_sym_int"]["as_name"].get<std::string>());
     std::vector<ModuleFrame> stack;
     bool hasStack = node.contains("metadata") &&
                     node["metadata"].contains("nn_module_stack");
@@ -558,8 +582,13 @@ Attribute TorchExportImporter::convertArg(const json &arg, SmallVectorImpl<Value
         out.push_back(builder.getI64IntegerAttr(e.get<int64_t>()));
       else if (e.contains("as_int"))
         out.push_back(builder.getI64IntegerAttr(e["as_int"].get<int64_t>()));
-      else
-        fail(loc, "symbolic integer " + e.dump() + " is not supported; export with static shapes");
+      else if (e.contains("as_name")) {
+        // A symbolic size (dynamic shapes): the i64 value computed in the
+        // program, as a trace keeps aten::size results in a list.
+        operands.push_back(valueOf(e["as_name"], values, globals, loc, fn));
+        out.push_back(bmt::OperandAttr::get(&context));
+      } else
+        fail(loc, "symbolic integer " + e.dump() + " is not supported");
     }
     return builder.getArrayAttr(out);
   };
@@ -595,7 +624,11 @@ Attribute TorchExportImporter::convertArg(const json &arg, SmallVectorImpl<Value
   if (kind == "as_sym_int") {
     if (v.contains("as_int"))
       return builder.getI64IntegerAttr(v["as_int"].get<int64_t>());
-    fail(loc, "symbolic integer " + v.dump() + " is not supported; export with static shapes");
+    if (v.contains("as_name")) {
+      operands.push_back(valueOf(v["as_name"], values, globals, loc, fn));
+      return bmt::OperandAttr::get(&context);
+    }
+    fail(loc, "symbolic integer " + v.dump() + " is not supported");
   }
   if (kind == "as_floats") {
     SmallVector<Attribute> out;
@@ -654,6 +687,52 @@ void TorchExportImporter::emitNode(const FlatNode &flat,
   const json &node = *flat.node;
   Location loc = locationOf(node);
   std::string target = node.at("target");
+  // Arithmetic on symbolic sizes (dynamic shapes: `s0 * s1`, `s0 // 2`) as a
+  // trace records it: the integers wrapped as 0-dim tensors, the tensor op,
+  // then aten::Int back to an integer.
+  static const std::map<std::string, std::string> symArithmetic{
+      {"_operator.add", "aten::add.Tensor"},
+      {"_operator.sub", "aten::sub.Tensor"},
+      {"_operator.mul", "aten::mul.Tensor"},
+      {"_operator.floordiv", "aten::floor_divide"}};
+  if (auto a = symArithmetic.find(target); a != symArithmetic.end()) {
+    const json &inputs = node.at("inputs");
+    const json &outputs = node.at("outputs");
+    if (inputs.size() != 2 || outputs.size() != 1 || !outputs[0].contains("as_sym_int") ||
+        !outputs[0]["as_sym_int"].contains("as_name"))
+      failAt(node, fn, "symbolic arithmetic other than int (op) int is not supported");
+    SmallVector<Value> operands;
+    for (const json &input : inputs) {
+      const json &arg = input.at("arg");
+      const json *number = &arg;
+      if (arg.contains("as_sym_int"))
+        number = &arg["as_sym_int"];
+      if (number->contains("as_int")) {
+        operands.push_back(bmt::ConstantOp::create(
+            builder, loc,
+            DenseElementsAttr::get(RankedTensorType::get({}, builder.getI64Type()),
+                                   ArrayRef<int64_t>{(*number)["as_int"].get<int64_t>()})));
+      } else if (number->contains("as_name")) {
+        Value v = valueOf((*number)["as_name"], values, globals, loc, fn);
+        operands.push_back(
+            bmt::NumToTensorOp::create(builder, loc, bmt::TensorType::get(&context), v));
+      } else {
+        failAt(node, fn, "symbolic arithmetic on " + arg.dump() + " is not supported");
+      }
+    }
+    SmallVector<Attribute> args(2, bmt::OperandAttr::get(&context));
+    if (a->second == "aten::add.Tensor" || a->second == "aten::sub.Tensor")
+      args.push_back(builder.getI64IntegerAttr(1)); // alpha
+    auto tensorOp = bmt::AtenOp::create(builder, loc, TypeRange{bmt::TensorType::get(&context)},
+                                        builder.getStringAttr(a->second),
+                                        builder.getArrayAttr(args), operands);
+    auto intOp = bmt::AtenOp::create(
+        builder, loc, TypeRange{builder.getI64Type()}, builder.getStringAttr("aten::Int.Tensor"),
+        builder.getArrayAttr({bmt::OperandAttr::get(&context)}),
+        ValueRange{tensorOp.getResult(0)});
+    values[outputs[0]["as_sym_int"]["as_name"]] = intOp.getResult(0);
+    return;
+  }
   const std::string prefix = "torch.ops.aten.";
   if (target.rfind(prefix, 0) != 0)
     failAt(node, fn, "unsupported operator '" + target +
@@ -664,6 +743,10 @@ void TorchExportImporter::emitNode(const FlatNode &flat,
   std::string overload = dot == std::string::npos ? "" : rest.substr(dot + 1);
   if (overload == "default")
     overload.clear();
+  // The size of a dynamic dimension: aten::size.int (same arguments), the op
+  // a trace records, returning an integer.
+  if (opName == "aten::sym_size" && overload == "int")
+    opName = "aten::size";
   std::string name = opName + (overload.empty() ? "" : "." + overload);
 
   std::map<std::string, const json *> byName;
@@ -747,16 +830,23 @@ void TorchExportImporter::emitNode(const FlatNode &flat,
                          name + "'");
 
   std::vector<std::string> defs;
+  SmallVector<Type> types;
   for (const json &o : node.at("outputs")) {
-    if (o.contains("as_tensor"))
+    if (o.contains("as_tensor")) {
       defs.push_back(o["as_tensor"]["name"]);
-    else if (o.contains("as_tensors"))
-      for (const json &t : o["as_tensors"])
+      types.push_back(bmt::TensorType::get(&context));
+    } else if (o.contains("as_tensors")) {
+      for (const json &t : o["as_tensors"]) {
         defs.push_back(t["name"]);
-    else if (!o.contains("as_none"))
+        types.push_back(bmt::TensorType::get(&context));
+      }
+    } else if (o.contains("as_sym_int") && o["as_sym_int"].contains("as_name")) {
+      defs.push_back(o["as_sym_int"]["as_name"]);
+      types.push_back(builder.getI64Type());
+    } else if (!o.contains("as_none")) {
       failAt(node, fn, "results of kind '" + o.begin().key() + "' are not supported");
+    }
   }
-  SmallVector<Type> types(defs.size(), bmt::TensorType::get(&context));
   auto op = bmt::AtenOp::create(builder, loc, types, builder.getStringAttr(name),
                                 builder.getArrayAttr(args), operands);
   for (size_t i = 0; i < defs.size(); ++i)
@@ -768,7 +858,10 @@ func::FuncOp TorchExportImporter::emitRegion(Region &region,
                                              const std::vector<std::string> *resultNames) {
   OpBuilder::InsertionGuard guard(builder);
   builder.setInsertionPointToEnd(moduleOp.getBody());
-  SmallVector<Type> argTypes(region.args.size(), bmt::TensorType::get(&context));
+  SmallVector<Type> argTypes;
+  for (const std::string &a : region.args)
+    argTypes.push_back(symInts.count(a) ? Type(builder.getI64Type())
+                                        : Type(bmt::TensorType::get(&context)));
   auto func = func::FuncOp::create(builder, NameLoc::get(builder.getStringAttr(region.symbol)),
                                    region.symbol, builder.getFunctionType(argTypes, {}));
   if (region.parent)
