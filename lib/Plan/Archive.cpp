@@ -36,20 +36,31 @@ std::string versionLine() {
 }
 
 /// Elements [begin, end) of tensor `info`'s flattened value under its init
-/// rule, as a 1-D CPU tensor. Normal values come from a generator seeded by
-/// the tensor's name and `begin`, so every rank makes its own part and a
-/// rerun makes the same values.
-at::Tensor initValues(const TensorInfo &info, int64_t begin, int64_t end) {
+/// rule, as a 1-D CPU tensor. Normal values are drawn in chunks of 2^20
+/// elements, each from a generator seeded by (seed, tensor name, chunk
+/// index), so that an element's value does not depend on which range (which
+/// rank, how many ranks) reads it.
+at::Tensor initValues(const TensorInfo &info, int64_t begin, int64_t end, uint64_t seed) {
   at::TensorOptions options = at::TensorOptions().dtype(info.dtype);
   if (info.init == "zeros")
     return at::zeros({end - begin}, options);
   if (info.init == "ones")
     return at::ones({end - begin}, options);
   double stddev = std::stod(info.init.substr(std::string("normal:").size()));
-  uint64_t seed = std::hash<std::string>()(info.name) ^ (static_cast<uint64_t>(begin) * 0x9E3779B97F4A7C15ull);
-  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::normal(0.0, stddev, {end - begin}, generator, at::TensorOptions().dtype(at::kFloat))
-      .to(info.dtype);
+  constexpr int64_t kChunk = int64_t(1) << 20;
+  at::Tensor out = at::empty({end - begin}, options);
+  uint64_t nameHash = std::hash<std::string>()(info.name);
+  for (int64_t chunk = begin / kChunk; chunk * kChunk < end; ++chunk) {
+    int64_t first = chunk * kChunk, last = std::min(first + kChunk, info.numel());
+    uint64_t chunkSeed = (seed * 0x9E3779B97F4A7C15ull) ^ nameHash ^
+                         (static_cast<uint64_t>(chunk) * 0xC2B2AE3D27D4EB4Full);
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(chunkSeed);
+    at::Tensor values = at::normal(0.0, stddev, {last - first}, generator,
+                                   at::TensorOptions().dtype(at::kFloat));
+    int64_t from = std::max(begin, first), to = std::min(end, last);
+    out.narrow(0, from - begin, to - from).copy_(values.narrow(0, from - first, to - from));
+  }
+  return out;
 }
 
 } // namespace
@@ -217,7 +228,7 @@ std::string Archive::programText() {
 at::Tensor Archive::readTensor(size_t index) {
   const TensorInfo &info = plan_.tensors.at(index);
   if (!info.init.empty())
-    return initValues(info, 0, info.numel()).view(info.shape);
+    return initValues(info, 0, info.numel(), initSeed_).view(info.shape);
   at::Tensor out = at::empty(info.shape, at::TensorOptions().dtype(info.dtype));
   readRecordRange(info.record, info.offset, info.nbytes(), out.data_ptr(), info.name);
   if (static_cast<int64_t>(crc32_fast(out.data_ptr(), info.nbytes())) != info.crc32)
@@ -240,7 +251,7 @@ at::Tensor Archive::readGroupRange(size_t group, int64_t begin, int64_t end) {
       int64_t last = std::min(end, g.offsets[m] + info.numel());
       if (first < last)
         out.narrow(0, first - begin, last - first)
-            .copy_(initValues(info, first - g.offsets[m], last - g.offsets[m]));
+            .copy_(initValues(info, first - g.offsets[m], last - g.offsets[m], initSeed_));
     }
     return out;
   }

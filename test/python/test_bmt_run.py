@@ -174,6 +174,13 @@ def test_outputs_never_overwrite_inputs_and_are_checked_first(gpt2, tmp_path):
                      "would overwrite the input")
     assert_one_error(bmt_run(sharded, *common, "--log-file", tmp_path / "x", "--save-params",
                              tmp_path / "x"), "name the same file")
+    # The same file under two spellings (the one not yet existing).
+    assert_one_error(bmt_run(sharded, *common, "--log-file", tmp_path / "y", "--save-params",
+                             str(tmp_path / "." / "y")), "name the same file")
+    assert not (tmp_path / "y").exists()
+    # An output flag that the mode would silently ignore is refused.
+    assert_one_error(bmt_run(sharded, "--eval-only", "--eval-data", data, "--save-params",
+                             tmp_path / "p"), "--save-params", "no effect with --eval-only")
     # An unwritable --save-params is found before training, not after.
     r = bmt_run(sharded, *common, "--save-params", tmp_path / "no" / "p.safetensors")
     assert_one_error(r, "--save-params", "cannot write there")

@@ -201,9 +201,14 @@ TEST_F(ArchiveFile, WeightsFreePlanHasNoGroupRecord) {
   at::Tensor normal = all.narrow(0, 0, 6);
   EXPECT_GT(normal.abs().max().item<float>(), 0.0f);
   EXPECT_LT(normal.abs().max().item<float>(), 0.2f); // 10 standard deviations
-  // Reading again (here in two ranges) gives the same values.
-  at::Tensor again = at::cat({archive.readGroupRange(0, 0, 6), archive.readGroupRange(0, 6, 11)});
-  EXPECT_TRUE(at::equal(again, all));
+  // Any split into ranges (any number of ranks) gives the same values.
+  for (int64_t cut = 1; cut < 11; ++cut) {
+    at::Tensor again = at::cat({archive.readGroupRange(0, 0, cut), archive.readGroupRange(0, cut, 11)});
+    EXPECT_TRUE(at::equal(again, all)) << "cut at " << cut;
+  }
+  // Another seed, other values.
+  archive.setInitSeed(5);
+  EXPECT_FALSE(at::equal(archive.readGroupRange(0, 0, 11), all));
 }
 
 TEST_F(ArchiveFile, CorruptGroupBytesAreFound) {

@@ -27,6 +27,8 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
+
+#include <cmath>
 #include "mlir/Transforms/Passes.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -164,7 +166,7 @@ static bool checkPipelineFlags() {
                 llvm::Twine(clShardGroupSize.getValue()));
   if (clCheckpoint != "all" && clCheckpoint != "none" && clCheckpoint != "auto")
     return fail("--checkpoint must be all, none or auto, got '" + clCheckpoint + "'");
-  if (!(clMemoryBudgetGib >= 0))
+  if (!(clMemoryBudgetGib >= 0) || !std::isfinite(clMemoryBudgetGib))
     return fail("--memory-budget-gib must be a positive number of GiB");
   if (clCheckpoint == "auto" && clMemoryBudgetGib <= 0)
     return fail("--checkpoint=auto needs a per-rank memory budget: --memory-budget-gib=N");
@@ -172,6 +174,9 @@ static bool checkPipelineFlags() {
     return fail("--micro-batch must be positive, got " + llvm::Twine(clMicroBatch.getValue()));
   if (clSeqLen <= 0)
     return fail("--seq-len must be positive, got " + llvm::Twine(clSeqLen.getValue()));
+  // Bounds that keep the memory estimate's products inside 64 bits.
+  if (clMicroBatch > (int64_t(1) << 20) || clSeqLen > (int64_t(1) << 24))
+    return fail("--micro-batch (at most 2^20) or --seq-len (at most 2^24) is too large");
   if (clPrefetchDepth < 0)
     return fail("--prefetch-depth must be 0 or positive, got " +
                 llvm::Twine(clPrefetchDepth.getValue()));
@@ -204,6 +209,12 @@ int main(int argc, char **argv) {
       "distributed training\n",
       registry);
   MlirOptMainConfig config = MlirOptMainConfig::createFromCLOptions();
+  // A failing pass's error is one line: do not print the whole module
+  // after it, unless asked for with --mlir-print-op-on-diagnostic.
+  if (auto *printOp = static_cast<llvm::cl::opt<bool> *>(
+          llvm::cl::getRegisteredOptions().lookup("mlir-print-op-on-diagnostic"));
+      printOp && printOp->getNumOccurrences() == 0)
+    *printOp = false;
 
   // `-o *.pt` without passes: the default pipeline, fed by the top-level flags.
   bool defaultPipeline = isArchiveOutput(outputFilename) && !passesGiven();

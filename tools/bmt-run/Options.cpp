@@ -209,6 +209,9 @@ RunOptions parseRunOptions(int argc, char **argv) {
     throw UsageError("training needs --data (or --batches)");
   if (o.evalOnly && o.evalData.empty())
     throw UsageError("--eval-only needs --eval-data");
+  if (!training && !o.saveParams.empty())
+    throw UsageError("--save-params writes trained parameters; it has no effect with " +
+                     std::string(o.evalOnly ? "--eval-only" : "--dump"));
   return o;
 }
 

@@ -29,6 +29,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -78,6 +79,16 @@ std::optional<std::pair<dev_t, ino_t>> fileId(const std::string &path) {
   return std::make_pair(st.st_dev, st.st_ino);
 }
 
+/// Whether two paths name the same file, existing or not ("a.out",
+/// "./a.out", "/abs/a.out", through symlinked directories).
+bool samePath(const std::string &a, const std::string &b) {
+  namespace fs = std::filesystem;
+  std::error_code ea, eb;
+  fs::path pa = fs::weakly_canonical(fs::absolute(a), ea);
+  fs::path pb = fs::weakly_canonical(fs::absolute(b), eb);
+  return !ea && !eb && pa == pb;
+}
+
 /// Refuses an output that is one of the inputs, and an output that cannot
 /// be created, before anything is loaded or trained.
 void checkOutputs(const tools::RunOptions &o) {
@@ -101,7 +112,8 @@ void checkOutputs(const tools::RunOptions &o) {
         throw Failure(option + " " + out + ": the output would overwrite the input " + in);
     for (const auto &[otherOption, other] : outputs)
       if (otherOption != option && !other.empty() &&
-          (other == out || (outId && fileId(other) == outId)))
+          (other == out || (outId && fileId(other) == outId) ||
+           samePath(other, out)))
         throw Failure(option + " and " + otherOption + " name the same file " + out);
     struct stat st {};
     if (::stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
@@ -204,6 +216,7 @@ int run(const tools::RunOptions &o) {
   runtime::RendezvousInfo rendezvous = runtime::rendezvousFromEnvironment();
   at::Device device = chooseDevice(o.device, rendezvous.localRank);
   plan::Archive archive(o.archive);
+  archive.setInitSeed(o.seed); // weights-free plans: initial values by --seed
   std::unique_ptr<runtime::Comm> world = runtime::connect(rendezvous, device);
   const bool rank0 = world->rank() == 0;
   runtime::Model model(archive, device, world.get(), rank0 ? loadProgress : nullptr);

@@ -65,6 +65,9 @@ public:
   /// short record, a range outside the buffer, or a checksum mismatch.
   /// Members with an init rule are generated, not read.
   at::Tensor readGroupRange(size_t group, int64_t begin, int64_t end);
+  /// Seed of the init rules of a weights-free plan (default 0). The values
+  /// depend on the seed, the tensor and the element, not on the ranges read.
+  void setInitSeed(uint64_t seed) { initSeed_ = seed; }
   /// Bytes of tensor data read from the file so far (readTensor and
   /// readGroupRange; the plan and other records are not counted).
   int64_t bytesRead() const { return bytesRead_; }
@@ -75,6 +78,7 @@ private:
   Plan plan_;
   int fd_ = -1; ///< the file, for reading byte ranges of records
   int64_t bytesRead_ = 0;
+  uint64_t initSeed_ = 0;
   /// Copies `nbytes` bytes at `offset` of record `record` to `dst`.
   void readRecordRange(const std::string &record, int64_t offset, int64_t nbytes,
                        void *dst, const std::string &what);
