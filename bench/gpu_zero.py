@@ -2,7 +2,7 @@
 """ZeRO on GPUs: bmt-run under torchrun (NCCL) against eager PyTorch, and the
 1.3 B-parameter GPT-2 training run of bench/RESULTS.md.
 
-usage: gpu_zero.py BIN_DIR DIR [--ranks 1 2] [--big DIR/gpt2-1p3b.sharded.pt]
+usage: gpu_zero.py BIN_DIR DIR [--ranks 1 2] [--big DIR/gpt2-1p3b.sharded.pt ...] [--skip-parity]
 
 1. Parity: for gpt2 and llama (test/fixtures/make_fixtures.py, seed 0),
    DIR/NAME.sharded.pt compiled elsewhere by the default pipeline (the GPU
@@ -92,7 +92,7 @@ def parity(bin_dir, carry, ranks, tmp):
                   f"max |param diff| {dp:.2e}", flush=True)
 
 
-def benchmark(bin_dir, big, ranks, tmp, micro_batch, seq):
+def benchmark(bin_dir, big, ranks, tmp, micro_batch, seq, extra=()):
     layers, hidden, params = 24, 2048, 1_313_722_368
     flops_per_token = 6 * params + 12 * layers * hidden * seq
     for n in ranks:
@@ -102,12 +102,13 @@ def benchmark(bin_dir, big, ranks, tmp, micro_batch, seq):
         torch.save(batches, path)
         log = os.path.join(tmp, f"big-{n}.jsonl")
         r = torchrun(n, os.path.join(bin_dir, "bmt-run"), big, "--batches", path, "--steps",
-                     STEPS, "--lr", "1e-4", "--warmup", 5, "--log-file", log, "--log-every", 5)
+                     STEPS, "--lr", "1e-4", "--warmup", 5, "--log-file", log, "--log-every", 5,
+                     *extra)
         print(r.stdout[-1500:])
         train = [json.loads(x) for x in open(log) if '"train"' in x]
         steady = train[3:]  # skip warm-up steps (allocator, cuBLAS handles)
         tps = sum(x["tokens"] for x in steady) / sum(x["tokens"] / x["tokens_per_s"] for x in steady)
-        print(f"gpt2-1.3B ranks={n}: {tps:,.0f} tokens/s, {tps * flops_per_token / 1e12 / n:.1f} "
+        print(f"gpt2-1.3B {os.path.basename(big)} ranks={n}: {tps:,.0f} tokens/s, {tps * flops_per_token / 1e12 / n:.1f} "
               f"model TFLOP/s per GPU, peak {max(x['peak_mem_gib'] for x in train):.1f} GiB "
               f"(rank 0), loss {train[0]['loss']:.3f} -> {train[-1]['loss']:.3f}", flush=True)
 
@@ -117,7 +118,8 @@ def main():
     ap.add_argument("bin_dir")
     ap.add_argument("carry")
     ap.add_argument("--ranks", type=int, nargs="+", default=[1])
-    ap.add_argument("--big")
+    ap.add_argument("--big", nargs="*", default=[])
+    ap.add_argument("--skip-parity", action="store_true")
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--device", default="cuda")
@@ -126,9 +128,10 @@ def main():
     DEVICE = args.device
     torch.backends.cuda.matmul.allow_tf32 = False
     with tempfile.TemporaryDirectory() as tmp:
-        parity(args.bin_dir, args.carry, args.ranks, tmp)
-        if args.big:
-            benchmark(args.bin_dir, args.big, args.ranks, tmp, args.micro_batch, args.seq)
+        if not args.skip_parity:
+            parity(args.bin_dir, args.carry, args.ranks, tmp)
+        for big in args.big:
+            benchmark(args.bin_dir, big, args.ranks, tmp, args.micro_batch, args.seq)
 
 
 if __name__ == "__main__":
