@@ -27,6 +27,7 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "llvm/Support/Path.h"
 
 #include <cmath>
 #include "mlir/Transforms/Passes.h"
@@ -170,6 +171,9 @@ static bool checkPipelineFlags() {
     return fail("--memory-budget-gib must be a positive number of GiB");
   if (clCheckpoint == "auto" && clMemoryBudgetGib <= 0)
     return fail("--checkpoint=auto needs a per-rank memory budget: --memory-budget-gib=N");
+  if (clCheckpoint != "auto" && clMemoryBudgetGib > 0)
+    return fail("--memory-budget-gib applies to --checkpoint=auto only (the checkpoint mode is " +
+                clCheckpoint + ")");
   if (clMicroBatch <= 0)
     return fail("--micro-batch must be positive, got " + llvm::Twine(clMicroBatch.getValue()));
   if (clSeqLen <= 0)
@@ -304,6 +308,17 @@ int main(int argc, char **argv) {
   // temporary file renamed over the target, leaves an existing output intact
   // on failure.
   bool archiveOutput = isArchiveOutput(outputFilename);
+  if (archiveOutput) {
+    // Find an unusable output place before the passes run, not after.
+    llvm::SmallString<256> parent(outputFilename);
+    llvm::sys::path::remove_filename(parent);
+    if (parent.empty())
+      parent = ".";
+    if (!llvm::sys::fs::is_directory(parent))
+      return llvm::errs() << "error: " << outputFilename << ": the directory " << parent
+                          << " does not exist\n",
+             1;
+  }
   if (archiveOutput && !config.inputSplitMarker().empty())
     return llvm::errs() << "error: --split-input-file cannot write an archive\n", 1;
   if (archiveOutput) {
