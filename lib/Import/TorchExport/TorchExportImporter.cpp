@@ -26,6 +26,7 @@
 #include "bmt/Import/TorchExport.h"
 
 #include "../IValueConstants.h"
+#include "../InputFile.h"
 
 #include "Pt2Archive.h"
 
@@ -992,14 +993,8 @@ OwningOpRef<ModuleOp> bmt::importTorchExport(llvm::StringRef pathRef,
   context.loadDialect<bmt::BmtDialect, func::FuncDialect>();
   std::string path = pathRef.str();
   Location fileLoc = FileLineColLoc::get(&context, path, 0, 0);
-  if (!llvm::sys::fs::exists(path)) {
-    emitError(fileLoc) << path << ": no such file";
+  if (!bmt::import::checkInputFile(path, "torch.export archive", fileLoc))
     return nullptr;
-  }
-  if (llvm::sys::fs::is_directory(path)) {
-    emitError(fileLoc) << path << ": is a directory, not a torch.export archive";
-    return nullptr;
-  }
   auto head = llvm::MemoryBuffer::getFileSlice(path, 4, 0);
   if (!head) {
     emitError(fileLoc) << path << ": cannot read: " << head.getError().message();

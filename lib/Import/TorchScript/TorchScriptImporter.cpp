@@ -14,6 +14,7 @@
 #include "bmt/Import/TorchScript.h"
 
 #include "../IValueConstants.h"
+#include "../InputFile.h"
 
 #include "bmt/Support/ErrorText.h"
 
@@ -876,14 +877,8 @@ OwningOpRef<ModuleOp> bmt::importTorchScript(llvm::StringRef pathRef,
   context.loadDialect<bmt::BmtDialect, func::FuncDialect>();
   std::string path = pathRef.str();
   Location fileLoc = FileLineColLoc::get(&context, path, 0, 0);
-  if (!llvm::sys::fs::exists(path)) {
-    emitError(fileLoc) << path << ": no such file";
+  if (!bmt::import::checkInputFile(path, "TorchScript archive", fileLoc))
     return nullptr;
-  }
-  if (llvm::sys::fs::is_directory(path)) {
-    emitError(fileLoc) << path << ": is a directory, not a TorchScript archive";
-    return nullptr;
-  }
   if (std::error_code ec = llvm::sys::fs::access(path, llvm::sys::fs::AccessMode::Exist);
       !ec) {
     int fd;
