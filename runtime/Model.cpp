@@ -106,7 +106,7 @@ void Model::synchronizeGradients() {
   }
 }
 
-double Model::clipGradNorm(double maxNorm) {
+at::Tensor Model::clipGradNorm(double maxNorm) {
   if (zero_)
     return zero_->clipGradNorm(maxNorm);
   return runtime::clipGradNorm(parameters_, maxNorm);

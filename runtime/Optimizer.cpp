@@ -12,8 +12,10 @@
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/_foreach_sub.h>
 #include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/stack.h>
+#include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
@@ -91,7 +93,7 @@ AdamW::AdamW(std::vector<at::Tensor> params, AdamWConfig config)
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, const std::optional<at::Tensor> &foundInf) {
   c10::NoGradGuard noGrad;
   std::vector<Group> groups;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -105,8 +107,12 @@ void AdamW::step(double lr) {
     g.expAvgSqs.push_back(expAvgSq_[i]);
     g.steps.push_back(steps_[i]);
   }
-  for (Group &g : groups)
-    fusedAdamW(g, lr, config_, /*gradScale=*/std::nullopt, /*foundInf=*/std::nullopt);
+  for (Group &g : groups) {
+    std::optional<at::Tensor> inf;
+    if (foundInf)
+      inf = foundInf->to(g.device, at::kFloat).reshape({});
+    fusedAdamW(g, lr, config_, /*gradScale=*/std::nullopt, inf);
+  }
 }
 
 void AdamW::zeroGrad() {
@@ -114,37 +120,58 @@ void AdamW::zeroGrad() {
     p.mutable_grad() = at::Tensor();
 }
 
-LossScaler::LossScaler(double initial, double factor, int64_t window, double minScale)
-    : scale_(initial), factor_(factor), minScale_(minScale), window_(window) {
-  if (!(initial > 0) || !(factor >= 1) || window < 1 || !(minScale > 0) || minScale > initial)
+LossScaler::LossScaler(double initial, double factor, int64_t window, double minScale,
+                       c10::Device device)
+    : factor_(factor), minScale_(minScale), window_(window) {
+  if (!(initial > 0) || !std::isfinite(initial) || !(factor >= 1) || window < 1 ||
+      !(minScale > 0) || minScale > initial)
     throw std::invalid_argument("LossScaler: needs initial > 0, factor >= 1, window >= 1 and "
                                 "0 < min scale <= initial");
+  at::TensorOptions options = at::TensorOptions().dtype(at::kDouble).device(device);
+  scale_ = at::full({1}, initial, options);
+  clean_ = at::zeros({1}, options);
 }
 
-double LossScaler::update(bool foundInf) {
-  if (foundInf) {
-    scale_ = std::max(scale_ / factor_, minScale_);
-    clean_ = 0;
-  } else if (++clean_ >= window_) {
-    scale_ *= factor_;
-    clean_ = 0;
-  }
-  return scale_;
+void LossScaler::update(const at::Tensor &foundInf) {
+  c10::NoGradGuard noGrad;
+  at::Tensor overflow = foundInf.reshape({1}).to(scale_.device(), at::kDouble).ne(0);
+  at::Tensor clean = clean_.add(1);
+  at::Tensor grow = clean.ge(static_cast<double>(window_));
+  at::Tensor shrunk = scale_.div(factor_).clamp_min(minScale_);
+  at::Tensor next = at::where(overflow, shrunk, at::where(grow, scale_.mul(factor_), scale_));
+  scale_.copy_(next);
+  clean_.copy_(at::where(overflow.logical_or(grow), at::zeros_like(clean), clean));
 }
 
-double clipGradNorm(const std::vector<at::Tensor> &params, double maxNorm) {
+void clipGradsToNorm(const std::vector<at::Tensor> &grads, const at::Tensor &norm,
+                     double maxNorm) {
+  if (maxNorm <= 0 || grads.empty())
+    return;
+  c10::NoGradGuard noGrad;
+  // torch's rule: min(1, maxNorm / (norm + 1e-6)), computed on the device.
+  at::Tensor factor = norm.add(1e-6).reciprocal().mul(maxNorm).clamp_max(1.0);
+  std::vector<Group> groups;
+  for (const at::Tensor &g : grads)
+    groupFor(groups, g).grads.push_back(g);
+  for (Group &g : groups)
+    at::_foreach_mul_(g.grads, factor.to(g.device, g.dtype).reshape({}));
+}
+
+at::Tensor clipGradNorm(const std::vector<at::Tensor> &params, double maxNorm) {
   c10::NoGradGuard noGrad;
   // Per-(device, dtype) norms of the grads (foreach kernels), as
   // clip_grad_norm_ computes them; reduced dtypes accumulate in float32.
   std::vector<Group> groups;
+  std::vector<at::Tensor> grads;
   for (const at::Tensor &p : params) {
     const at::Tensor &grad = p.grad();
     if (!grad.defined())
       continue;
     groupFor(groups, grad).grads.push_back(grad);
+    grads.push_back(grad);
   }
   if (groups.empty())
-    return 0.0;
+    return at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
   const c10::Device first = groups.front().device;
   std::vector<at::Tensor> norms;
   for (Group &g : groups) {
@@ -154,16 +181,9 @@ double clipGradNorm(const std::vector<at::Tensor> &params, double maxNorm) {
     for (at::Tensor &n : at::_foreach_norm(g.grads, 2, accumulate))
       norms.push_back(n.to(first, at::kDouble));
   }
-  at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
-  const double norm = total.item<double>(); // the one host sync
-  // torch's rule: scale by min(1, maxNorm / (norm + 1e-6)). For norm == inf
-  // the factor is 0, as in torch. A NaN norm leaves the grads as they are
-  // (torch would multiply them by NaN); the step is to be skipped anyway.
-  const double factor = maxNorm / (norm + 1e-6);
-  if (maxNorm > 0 && factor < 1.0)
-    for (Group &g : groups)
-      at::_foreach_mul_(g.grads, factor);
-  return norm;
+  at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2).reshape({1});
+  clipGradsToNorm(grads, total, maxNorm);
+  return total;
 }
 
 } // namespace bmt::runtime

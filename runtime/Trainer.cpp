@@ -3,12 +3,17 @@
 #include "bmt/Runtime/Trainer.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 
 #include <chrono>
 #include <cmath>
@@ -45,17 +50,6 @@ std::string jsonNumber(double v) {
 
 } // namespace
 
-double Trainer::meanOverRanks(const at::Tensor &value) {
-  Comm &world = model_.world();
-  if (world.size() == 1)
-    return value.item<double>();
-  at::Tensor t = value.reshape({1}).to(at::kDouble).clone();
-  if (t.device() != world.device() && world.backend() != "local")
-    t = t.to(world.device());
-  world.allReduce(t)->wait();
-  return t.item<double>() / static_cast<double>(world.size());
-}
-
 Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
                  std::ostream *jsonLog)
     : model_(model), config_(std::move(config)), out_(out), jsonLog_(jsonLog),
@@ -63,15 +57,16 @@ Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
 
 namespace {
 
-/// Multiplies every gradient of `params` by invScale and returns whether
-/// any of them holds an inf or NaN on any rank of `world` (all-reduce Max
-/// of the local flags; collective).
-bool unscaleAndCheckGradients(const std::vector<at::Tensor> &params, double invScale,
-                              Comm &world, at::Device device) {
+/// Multiplies every gradient of `params` by 1 / scale (`scale`: one element
+/// on `device`) and returns a float32 flag of one element on `device`,
+/// non-zero when any of them holds an inf or NaN on any rank of `world`
+/// (all-reduce Max of the local flags; collective). No host sync.
+at::Tensor unscaleAndCheckGradients(const std::vector<at::Tensor> &params,
+                                    const at::Tensor &scale, Comm &world, at::Device device) {
   c10::NoGradGuard noGrad;
   at::TensorOptions options = at::TensorOptions().dtype(at::kFloat).device(device);
   at::Tensor found = at::zeros({1}, options);
-  at::Tensor inv = at::full({1}, invScale, options);
+  at::Tensor inv = scale.reciprocal().to(device, at::kFloat);
   for (const at::Tensor &p : params) {
     const at::Tensor &grad = p.grad();
     if (!grad.defined())
@@ -79,8 +74,7 @@ bool unscaleAndCheckGradients(const std::vector<at::Tensor> &params, double invS
     // One kernel: found |= !isfinite(grad); grad *= inv (as torch.amp's
     // GradScaler.unscale_).
     at::Tensor f = grad.device() == device ? found : at::zeros({1}, options.device(grad.device()));
-    at::_amp_foreach_non_finite_check_and_unscale_({grad}, f,
-                                                   inv.to(grad.device()));
+    at::_amp_foreach_non_finite_check_and_unscale_({grad}, f, inv.to(grad.device()));
     if (grad.device() != device)
       found.add_(f.to(device));
   }
@@ -88,8 +82,18 @@ bool unscaleAndCheckGradients(const std::vector<at::Tensor> &params, double invS
     if (found.device() != world.device() && world.backend() != "local")
       found = found.to(world.device());
     world.allReduce(found, ReduceOp::Max)->wait();
+    found = found.to(device);
   }
-  return found.item<double>() != 0.0;
+  return found;
+}
+
+/// Copies a token window to `device`: on CUDA from pinned memory without
+/// blocking the host (the caching host allocator keeps the pinned buffer
+/// until the copy is done).
+at::Tensor toDevice(const at::Tensor &t, at::Device device) {
+  if (!device.is_cuda())
+    return t.to(device);
+  return t.contiguous().pin_memory().to(device, /*non_blocking=*/true);
 }
 
 int64_t envInt(const char *name, int64_t fallback) {
@@ -107,14 +111,15 @@ std::pair<at::Tensor, int64_t> Trainer::microBatchLoss(const at::Tensor &window,
     at::Tensor tokens = window.slice(1, 0, seq);
     auto [inputs, labels] =
         maskTokens(tokens, config_.maskId, config_.vocabSize, config_.maskProb, rng);
-    inputs = inputs.to(device);
-    labels = labels.to(device);
+    int64_t predicted = labels.ne(-100).sum().item<int64_t>(); // on the host
+    inputs = toDevice(inputs, device);
+    labels = toDevice(labels, device);
     at::Tensor logits = model_.forward(inputs, at::ones_like(inputs));
-    int64_t predicted = labels.ne(-100).sum().item<int64_t>();
     return {languageModelLoss(logits, labels, /*shift=*/false), predicted};
   }
-  at::Tensor inputs = window.slice(1, 0, seq).to(device);
-  at::Tensor labels = window.slice(1, 1, seq + 1).to(device);
+  at::Tensor onDevice = toDevice(window, device);
+  at::Tensor inputs = onDevice.slice(1, 0, seq).contiguous();
+  at::Tensor labels = onDevice.slice(1, 1, seq + 1).contiguous();
   at::Tensor logits = model_.forward(inputs, at::ones_like(inputs));
   return {languageModelLoss(logits, labels, /*shift=*/false), labels.numel()};
 }
@@ -159,20 +164,38 @@ EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t micr
   return r;
 }
 
+/// What a step leaves for its report: its values on the device, copied to
+/// the host without blocking, and an event that says when they are there.
+/// On CUDA the step is reported after the next one has been queued, so
+/// that reading the loss never stalls the GPU (no host synchronisation
+/// inside a step); on the CPU at once.
+struct Trainer::PendingStep {
+  int64_t step = 0;
+  double lr = 0;
+  int64_t tokens = 0;
+  at::Tensor values; ///< float64 [gradAccum + 4]: losses, grad norm, found inf, scale, next scale
+  std::optional<c10::Event> ready;
+};
+
 void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
                     const TokenFile *evalData, int64_t seqLen, int64_t microBatch) {
   AdamW optimizer(model_.parameters(), config_.adamw);
   const bool rank0 = model_.world().rank() == 0;
+  const at::Device device = model_.device();
+  Comm &world = model_.world();
   std::mt19937_64 rng(config_.seed);
   using Clock = std::chrono::steady_clock;
   auto start = Clock::now();
+  auto lastReport = start;
   double numParams = static_cast<double>(model_.numParameters());
   const int64_t injectInfStep = envInt("BMT_DEBUG_INJECT_INF_STEP", 0);
   const int64_t injectInfRank = envInt("BMT_DEBUG_INJECT_INF_RANK", 0);
+  const bool syncDebug = envInt("BMT_DEBUG_SYNC", 0) != 0 && device.is_cuda();
   std::optional<LossScaler> scaler;
   if (config_.lossScale > 0)
     scaler.emplace(config_.lossScale, config_.lossScaleFactor, config_.lossScaleWindow,
-                   std::min(config_.minLossScale, config_.lossScale));
+                   std::min(config_.minLossScale, config_.lossScale), device);
+  at::TensorOptions doubles = at::TensorOptions().dtype(at::kDouble).device(device);
 
   auto runEval = [&](int64_t step) {
     if (!evalData)
@@ -193,88 +216,139 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
     }
   };
 
+  // Reads a step's values (waiting for them) and prints/logs it; throws
+  // TrainingError for a non-finite loss or gradient norm.
+  auto report = [&](PendingStep &p) {
+    if (p.ready)
+      p.ready->synchronize();
+    const double *v = p.values.const_data_ptr<double>();
+    const int64_t m = config_.gradAccum;
+    double loss = 0;
+    for (int64_t micro = 0; micro < m; ++micro) {
+      if (!std::isfinite(v[micro]))
+        throw TrainingError("the loss is " + std::string(std::isnan(v[micro]) ? "NaN" : "infinite") +
+                            " at step " + std::to_string(p.step) + " (micro-batch " +
+                            std::to_string(micro + 1) + "); stopping");
+      loss += v[micro];
+    }
+    loss /= static_cast<double>(m);
+    const bool skipped = v[m + 1] != 0;
+    const double gradNorm = skipped ? std::nan("") : v[m];
+    if (!skipped && !std::isfinite(gradNorm))
+      throw TrainingError("the gradient norm is not finite at step " + std::to_string(p.step) +
+                          "; stopping");
+    const double stepScale = scaler ? v[m + 2] : 0, nextScale = scaler ? v[m + 3] : 0;
+    lossScale_ = nextScale;
+    losses_.push_back(loss);
+    auto now = Clock::now();
+    double stepSeconds = std::chrono::duration<double>(now - lastReport).count();
+    lastReport = now;
+    double elapsed = std::chrono::duration<double>(now - start).count();
+    double tokensPerSecond = static_cast<double>(p.tokens) / stepSeconds;
+    double tflops = 6.0 * numParams * tokensPerSecond / 1e12;
+    if (rank0 && skipped) {
+      out_ << "step " << p.step << "/" << config_.steps << " | loss " << std::fixed
+           << std::setprecision(4) << loss << " | skipped: inf/NaN gradients, loss scale "
+           << std::setprecision(0) << stepScale << " -> " << nextScale << std::defaultfloat
+           << "\n";
+      out_.flush();
+    } else if (rank0 && (p.step % config_.logEvery == 0 || p.step == config_.steps)) {
+      out_ << "step " << p.step << "/" << config_.steps << " | loss " << std::fixed
+           << std::setprecision(4) << loss << " | lr " << std::scientific
+           << std::setprecision(2) << p.lr << " | grad norm " << std::fixed
+           << std::setprecision(3) << gradNorm << " | ";
+      if (stepScale > 0)
+        out_ << "loss scale " << std::setprecision(0) << stepScale << " | ";
+      out_ << std::setprecision(0) << tokensPerSecond << " tokens/s | " << std::setprecision(1)
+           << elapsed << " s" << std::defaultfloat << "\n";
+      out_.flush();
+    }
+    if (jsonLog_ && rank0) {
+      *jsonLog_ << "{\"kind\": \"train\", \"step\": " << p.step
+                << ", \"loss\": " << jsonNumber(loss) << ", \"lr\": " << jsonNumber(p.lr)
+                << ", \"grad_norm\": " << jsonNumber(gradNorm)
+                << ", \"loss_scale\": " << (stepScale > 0 ? jsonNumber(stepScale) : "null")
+                << ", \"skipped\": " << (skipped ? "true" : "false")
+                << ", \"tokens\": " << p.tokens
+                << ", \"tokens_per_s\": " << jsonNumber(tokensPerSecond)
+                << ", \"tflops\": " << jsonNumber(tflops)
+                << ", \"elapsed_s\": " << jsonNumber(elapsed)
+                << ", \"peak_mem_gib\": " << jsonNumber(peakMemoryGiB(device)) << "}\n";
+      jsonLog_->flush();
+    }
+  };
+
+  std::optional<PendingStep> pending;
   for (int64_t step = 1; step <= config_.steps; ++step) {
-    auto stepStart = Clock::now();
-    double lr = learningRate(config_.schedule, step);
-    double lossSum = 0;
-    int64_t tokens = 0;
+    if (syncDebug && step > 1)
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    PendingStep current;
+    current.step = step;
+    current.lr = learningRate(config_.schedule, step);
+    std::vector<at::Tensor> losses;
     optimizer.zeroGrad();
     for (int64_t micro = 0; micro < config_.gradAccum; ++micro) {
       at::Tensor window = nextMicroBatch();
       auto [loss, count] = microBatchLoss(window, rng);
-      double value = meanOverRanks(loss.detach());
-      if (!std::isfinite(value))
-        throw TrainingError("the loss is " + std::string(std::isnan(value) ? "NaN" : "infinite") +
-                            " at step " + std::to_string(step) + " (micro-batch " +
-                            std::to_string(micro + 1) + "); stopping");
+      losses.push_back(loss.detach().reshape({1}).to(at::kDouble));
       at::Tensor objective = loss.div(static_cast<double>(config_.gradAccum));
-      if (lossScale_ > 0)
-        objective = objective.mul(lossScale_);
+      if (scaler)
+        objective = objective.mul(scaler->scale().to(objective.scalar_type()).reshape({}));
       objective.backward();
-      lossSum += value;
-      tokens += window.size(0) * (window.size(1) - 1) * model_.world().size();
+      current.tokens += window.size(0) * (window.size(1) - 1) * world.size();
     }
     model_.synchronizeGradients();
-    if (step == injectInfStep && model_.world().rank() == injectInfRank)
+    if (step == injectInfStep && world.rank() == injectInfRank)
       for (const at::Tensor &p : model_.parameters())
         if (p.grad().defined()) {
           c10::NoGradGuard noGrad;
           p.grad().view({-1})[0].fill_(std::numeric_limits<double>::infinity());
           break;
         }
-    const double stepScale = lossScale_;
-    bool skipped = false;
-    if (lossScale_ > 0)
-      skipped = unscaleAndCheckGradients(model_.parameters(), 1.0 / lossScale_, model_.world(),
-                                         model_.device());
-    double gradNorm = std::nan("");
-    if (!skipped) {
-      gradNorm = model_.clipGradNorm(config_.clipGrad); // unscaled gradients
-      if (!std::isfinite(gradNorm))
-        throw TrainingError("the gradient norm is not finite at step " + std::to_string(step) +
-                            "; stopping");
-      optimizer.step(lr);
+    std::optional<at::Tensor> found;
+    at::Tensor stepScale = at::zeros({1}, doubles);
+    if (scaler) {
+      stepScale = scaler->scale().clone();
+      found = unscaleAndCheckGradients(model_.parameters(), stepScale, world, device);
     }
+    // Clipping and the update happen on the device; a step with an inf/NaN
+    // gradient on any rank (fp16) is skipped by the fused kernel itself.
+    at::Tensor gradNorm = model_.clipGradNorm(config_.clipGrad).to(device, at::kDouble);
+    optimizer.step(current.lr, found);
     model_.afterOptimizerStep();
     if (scaler)
-      lossScale_ = scaler->update(skipped);
+      scaler->update(*found);
 
-    double loss = lossSum / static_cast<double>(config_.gradAccum);
-    losses_.push_back(loss);
-    double stepSeconds = std::chrono::duration<double>(Clock::now() - stepStart).count();
-    double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    double tokensPerSecond = static_cast<double>(tokens) / stepSeconds;
-    double tflops = 6.0 * numParams * tokensPerSecond / 1e12;
-    if (rank0 && skipped) {
-      out_ << "step " << step << "/" << config_.steps << " | loss " << std::fixed
-           << std::setprecision(4) << loss << " | skipped: inf/NaN gradients, loss scale "
-           << std::setprecision(0) << stepScale << " -> " << lossScale_ << std::defaultfloat
-           << "\n";
-      out_.flush();
-    } else if (rank0 && (step % config_.logEvery == 0 || step == config_.steps)) {
-      out_ << "step " << step << "/" << config_.steps << " | loss " << std::fixed
-           << std::setprecision(4) << loss << " | lr " << std::scientific
-           << std::setprecision(2) << lr << " | grad norm " << std::fixed
-           << std::setprecision(3) << gradNorm << " | ";
-      if (stepScale > 0)
-        out_ << "loss scale " << std::setprecision(0) << stepScale << " | ";
-      out_ << std::setprecision(0)
-           << tokensPerSecond << " tokens/s | " << std::setprecision(1) << elapsed
-           << " s" << std::defaultfloat << "\n";
-      out_.flush();
+    // The step's values: the micro-batch losses averaged over ranks (one
+    // all-reduce), the grad norm, the overflow flag and the loss scales.
+    at::Tensor lossValues = at::cat(losses).to(device);
+    if (world.size() > 1) {
+      at::Tensor t = lossValues;
+      if (t.device() != world.device() && world.backend() != "local")
+        t = t.to(world.device());
+      world.allReduce(t)->wait();
+      lossValues = t.to(device).div(static_cast<double>(world.size()));
     }
-    if (jsonLog_ && rank0) {
-      *jsonLog_ << "{\"kind\": \"train\", \"step\": " << step
-                << ", \"loss\": " << jsonNumber(loss) << ", \"lr\": " << jsonNumber(lr)
-                << ", \"grad_norm\": " << jsonNumber(gradNorm)
-                << ", \"loss_scale\": " << (stepScale > 0 ? jsonNumber(stepScale) : "null")
-                << ", \"skipped\": " << (skipped ? "true" : "false")
-                << ", \"tokens\": " << tokens
-                << ", \"tokens_per_s\": " << jsonNumber(tokensPerSecond)
-                << ", \"tflops\": " << jsonNumber(tflops)
-                << ", \"elapsed_s\": " << jsonNumber(elapsed)
-                << ", \"peak_mem_gib\": " << jsonNumber(peakMemoryGiB(model_.device())) << "}\n";
-      jsonLog_->flush();
+    at::Tensor values = at::cat({lossValues, gradNorm.reshape({1}),
+                                 found ? found->to(at::kDouble).reshape({1}) : at::zeros({1}, doubles),
+                                 stepScale, scaler ? scaler->scale().reshape({1}) : at::zeros({1}, doubles)});
+    if (syncDebug)
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    if (device.is_cuda()) {
+      current.values = at::empty(values.sizes(), at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+      current.values.copy_(values, /*non_blocking=*/true);
+      current.ready.emplace(c10::DeviceType::CUDA);
+      current.ready->record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
+    } else {
+      current.values = values.cpu();
+    }
+    if (pending)
+      report(*pending);
+    pending = std::move(current);
+    if (!device.is_cuda() || step == config_.steps ||
+        (config_.evalEvery > 0 && step % config_.evalEvery == 0)) {
+      report(*pending);
+      pending.reset();
     }
     if (config_.evalEvery > 0 && step % config_.evalEvery == 0 && step != config_.steps)
       runEval(step);

@@ -12,10 +12,13 @@
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Runtime/Zero.h"
+#include "bmt/Runtime/Optimizer.h"
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
+#include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -474,19 +477,20 @@ void ZeroStorage::releaseAll() {
   }
 }
 
-double ZeroStorage::clipGradNorm(double maxNorm) {
-  at::Tensor sumSquares = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
+at::Tensor ZeroStorage::clipGradNorm(double maxNorm) {
+  c10::NoGradGuard noGrad;
+  std::vector<at::Tensor> grads;
   for (const at::Tensor &s : shards_)
     if (s.grad().defined())
-      sumSquares += s.grad().to(at::kDouble).pow(2).sum();
+      grads.push_back(s.grad());
+  // Sum of squares of this rank's shards (foreach norms, float64 across
+  // shards and ranks), all-reduced over the shard group; no host sync.
+  at::Tensor sumSquares = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  if (!grads.empty())
+    sumSquares += at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2).sum();
   shardComm_->allReduce(sumSquares)->wait();
-  double norm = std::sqrt(sumSquares.item<double>());
-  if (maxNorm > 0 && std::isfinite(norm) && norm > maxNorm) {
-    double scale = maxNorm / (norm + 1e-6);
-    for (const at::Tensor &s : shards_)
-      if (s.grad().defined())
-        s.mutable_grad().mul_(scale);
-  }
+  at::Tensor norm = sumSquares.sqrt();
+  clipGradsToNorm(grads, norm, maxNorm);
   return norm;
 }
 

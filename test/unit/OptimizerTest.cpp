@@ -9,6 +9,8 @@
 #include "bmt/Runtime/Optimizer.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <gtest/gtest.h>
 
@@ -130,6 +132,32 @@ TEST(AdamW, ZeroGradSetsGradsToNone) {
   EXPECT_TRUE(params[0].equal(before));
 }
 
+TEST(AdamW, FoundInfSkipsTheStepOnTheDevice) {
+  // A step with a non-zero found-inf flag changes nothing (params, moments,
+  // step counts): the next clean steps equal a run that never had it.
+  std::vector<at::Tensor> params = {leaf({4, 3}, at::kFloat, 1), leaf({5}, at::kDouble, 2)};
+  std::vector<ReferenceAdamW> refs;
+  for (const at::Tensor &p : params)
+    refs.emplace_back(p);
+  AdamW adam(params, AdamWConfig{});
+  at::Tensor yes = at::full({1}, 1.0, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor no = at::zeros({1}, at::TensorOptions().dtype(at::kFloat));
+  for (int s = 0; s < 3; ++s) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor g = randomTensor(params[i].sizes(), params[i].scalar_type(), 200 + 10 * s + i);
+      params[i].mutable_grad() = g;
+      if (s != 1)
+        refs[i].step(g, 1e-2, AdamWConfig{});
+    }
+    adam.step(1e-2, s == 1 ? yes : no);
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    SCOPED_TRACE("param " + std::to_string(i));
+    EXPECT_LT(maxAbsDiff(params[i], refs[i].p), 1e-5);
+    EXPECT_LT(maxAbsDiff(adam.expAvgSq(i), refs[i].v), 1e-5);
+  }
+}
+
 TEST(AdamW, RejectsNonFloatingParams) {
   at::Tensor ints = at::empty({3}, at::kLong);
   EXPECT_THROW(AdamW({ints}, AdamWConfig{}), std::invalid_argument);
@@ -163,11 +191,11 @@ TEST(ClipGradNorm, ReturnsTheNormWithoutClipping) {
   at::Tensor g0 = params[0].grad().clone(), g1 = params[1].grad().clone();
   const double expected = manualNorm(params);
   ASSERT_GT(expected, 1.0);
-  EXPECT_NEAR(clipGradNorm(params, 1e9), expected, 1e-5);
+  EXPECT_NEAR(clipGradNorm(params, 1e9).item<double>(), expected, 1e-5);
   EXPECT_TRUE(params[0].grad().equal(g0));
   EXPECT_TRUE(params[1].grad().equal(g1));
   // maxNorm <= 0: only the norm.
-  EXPECT_NEAR(clipGradNorm(params, 0.0), expected, 1e-5);
+  EXPECT_NEAR(clipGradNorm(params, 0.0).item<double>(), expected, 1e-5);
   EXPECT_TRUE(params[0].grad().equal(g0));
 }
 
@@ -176,7 +204,7 @@ TEST(ClipGradNorm, ClipsToMaxNorm) {
   at::Tensor g0 = params[0].grad().to(at::kDouble), g1 = params[1].grad().clone();
   const double norm = manualNorm(params);
   const double maxNorm = norm / 4;
-  const double returned = clipGradNorm(params, maxNorm);
+  const double returned = clipGradNorm(params, maxNorm).item<double>();
   EXPECT_NEAR(returned, norm, 1e-5);
   // Scaled by maxNorm / (norm + 1e-6), with the norm it computed (float32
   // grads give a float32 partial norm) and with the manual one.
@@ -191,39 +219,48 @@ TEST(ClipGradNorm, ClipsToMaxNorm) {
 TEST(ClipGradNorm, NonFiniteNormsPropagate) {
   std::vector<at::Tensor> params = paramsWithGrads();
   params[1].grad().data_ptr<double>()[3] = std::numeric_limits<double>::quiet_NaN();
-  EXPECT_TRUE(std::isnan(clipGradNorm(params, 1.0)));
+  EXPECT_TRUE(std::isnan(clipGradNorm(params, 1.0).item<double>()));
 
   params = paramsWithGrads();
   params[0].grad().data_ptr<float>()[0] = std::numeric_limits<float>::infinity();
-  EXPECT_TRUE(std::isinf(clipGradNorm(params, 0.0)));
+  EXPECT_TRUE(std::isinf(clipGradNorm(params, 0.0).item<double>()));
 }
 
 TEST(ClipGradNorm, NoGradsIsZero) {
   std::vector<at::Tensor> params = {leaf({3}, at::kFloat, 1)};
-  EXPECT_EQ(clipGradNorm(params, 1.0), 0.0);
-  EXPECT_EQ(clipGradNorm({}, 1.0), 0.0);
+  EXPECT_EQ(clipGradNorm(params, 1.0).item<double>(), 0.0);
+  EXPECT_EQ(clipGradNorm({}, 1.0).item<double>(), 0.0);
 }
 
 } // namespace
 
+namespace {
+/// One LossScaler::update with a found-inf flag; returns the new scale.
+double update(bmt::runtime::LossScaler &s, bool overflow) {
+  s.update(at::full({1}, overflow ? 1.0 : 0.0, at::TensorOptions().dtype(at::kFloat)));
+  return s.scale().item<double>();
+}
+} // namespace
+
 TEST(LossScaler, HalvesOnOverflowNotBelowTheMinimum) {
   bmt::runtime::LossScaler s(8, 2, 1024, 3);
-  EXPECT_EQ(s.scale(), 8);
-  EXPECT_EQ(s.update(true), 4);
-  EXPECT_EQ(s.update(true), 3); // 2 would be below the minimum
-  EXPECT_EQ(s.update(true), 3);
+  EXPECT_EQ(s.scale().item<double>(), 8);
+  EXPECT_EQ(s.scale().scalar_type(), at::kDouble);
+  EXPECT_EQ(update(s, true), 4);
+  EXPECT_EQ(update(s, true), 3); // 2 would be below the minimum
+  EXPECT_EQ(update(s, true), 3);
 }
 
 TEST(LossScaler, GrowsAfterWindowCleanSteps) {
   bmt::runtime::LossScaler s(4, 2, 3, 1);
-  EXPECT_EQ(s.update(false), 4);
-  EXPECT_EQ(s.update(false), 4);
-  EXPECT_EQ(s.update(false), 8); // third clean step in a row
-  EXPECT_EQ(s.update(false), 8);
-  EXPECT_EQ(s.update(true), 4);  // an overflow restarts the count
-  EXPECT_EQ(s.update(false), 4);
-  EXPECT_EQ(s.update(false), 4);
-  EXPECT_EQ(s.update(false), 8);
+  EXPECT_EQ(update(s, false), 4);
+  EXPECT_EQ(update(s, false), 4);
+  EXPECT_EQ(update(s, false), 8); // third clean step in a row
+  EXPECT_EQ(update(s, false), 8);
+  EXPECT_EQ(update(s, true), 4);  // an overflow restarts the count
+  EXPECT_EQ(update(s, false), 4);
+  EXPECT_EQ(update(s, false), 4);
+  EXPECT_EQ(update(s, false), 8);
 }
 
 TEST(LossScaler, RejectsBadSettings) {

@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace bmt::runtime {
@@ -34,7 +35,11 @@ public:
 
   /// One update with learning rate `lr` using each param's `.grad()`.
   /// Params whose grad is undefined are skipped (as torch.optim does).
-  void step(double lr);
+  /// `foundInf` (optional, a float32 tensor of one element on the params'
+  /// device): where it is non-zero the kernel leaves params, moments and
+  /// step counts as they are (a skipped mixed-precision step), decided on
+  /// the device without a host synchronisation, as torch.amp's GradScaler.
+  void step(double lr, const std::optional<at::Tensor> &foundInf = std::nullopt);
 
   /// Sets every param's grad to undefined (set_to_none, as torch.optim's
   /// zero_grad default).
@@ -54,26 +59,42 @@ private:
 /// `initial`; a step with inf/NaN gradients divides the scale by `factor`
 /// (not below `minScale`) and restarts the count of clean steps; after
 /// `window` clean steps in a row the scale is multiplied by `factor`.
+/// The scale and the count live in tensors on `device` and update() runs
+/// there, so that a training step needs no host synchronisation for it.
+/// Throws std::invalid_argument unless initial > 0, factor >= 1,
+/// window >= 1 and 0 < minScale <= initial.
 class LossScaler {
 public:
-  LossScaler(double initial, double factor = 2, int64_t window = 1024, double minScale = 1);
-  double scale() const { return scale_; }
-  /// Records a step's outcome and returns the scale of the next step.
-  double update(bool foundInf);
+  LossScaler(double initial, double factor = 2, int64_t window = 1024, double minScale = 1,
+             c10::Device device = c10::kCPU);
+  /// The current scale: a float64 tensor of one element on the device.
+  const at::Tensor &scale() const { return scale_; }
+  /// Records a step's outcome (`foundInf`: one element, non-zero for a step
+  /// with inf/NaN gradients, any floating dtype, on the device) and moves
+  /// the scale to the next step's. Asynchronous on CUDA.
+  void update(const at::Tensor &foundInf);
 
 private:
-  double scale_, factor_, minScale_;
-  int64_t window_, clean_ = 0;
+  at::Tensor scale_, clean_;
+  double factor_, minScale_;
+  int64_t window_;
 };
 
-/// The global L2 norm of the grads of `params` (undefined grads count as 0),
-/// as a double; then, if maxNorm > 0 and the norm exceeds it (precisely:
-/// maxNorm / (norm + 1e-6) < 1), scales every grad by maxNorm / (norm + 1e-6)
-/// in place, as torch.nn.utils.clip_grad_norm_(params, maxNorm) does.
-/// Returns the norm before clipping (NaN or inf if a grad holds one). An inf
-/// norm scales the grads by 0 (as torch); a NaN norm leaves them unchanged
-/// (torch would fill them with NaN): such a step is skipped anyway.
-double clipGradNorm(const std::vector<at::Tensor> &params, double maxNorm);
+/// The global L2 norm of the grads of `params` (undefined grads count as 0)
+/// as a float64 tensor of one element on the first grad's device (CPU when
+/// there is none); then, if maxNorm > 0, multiplies every grad in place by
+/// min(1, maxNorm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_(params,
+/// maxNorm) does (with foreach kernels, without a host synchronisation).
+/// The result is the norm before clipping (NaN or inf if a grad holds one;
+/// then the grads become NaN or 0, as in torch: such a step is skipped or
+/// stops training).
+at::Tensor clipGradNorm(const std::vector<at::Tensor> &params, double maxNorm);
+
+/// Multiplies every grad of `grads` in place by min(1, maxNorm / (norm +
+/// 1e-6)) where `norm` is a one-element tensor (the global gradient norm);
+/// nothing when maxNorm <= 0. The rule of clip_grad_norm_, on the device.
+void clipGradsToNorm(const std::vector<at::Tensor> &grads, const at::Tensor &norm,
+                     double maxNorm);
 
 } // namespace bmt::runtime
 

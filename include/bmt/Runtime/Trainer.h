@@ -66,7 +66,16 @@ struct EvalResult {
 /// Prints one line per logEvery steps to `out` and a JSON line per step and
 /// per evaluation to `jsonLog` (when given). Evaluates on `evalData` (when
 /// given) every evalEvery steps and after the last step.
-/// Throws TrainingError when a loss is not finite, naming the step.
+/// Throws TrainingError when a loss or a gradient norm is not finite,
+/// naming the step.
+///
+/// A step queues its work without host synchronisation (inputs copied from
+/// pinned memory, clipping, loss-scale checks and the optimizer on the
+/// device); on CUDA it is reported (its loss read, printed and logged) once
+/// the next step has been queued, so a non-finite loss is found after its
+/// update has been applied: training stops and nothing is saved.
+/// Diagnostic: BMT_DEBUG_SYNC=1 makes any synchronising CUDA call inside a
+/// step after the first an error (c10's sync debug mode).
 ///
 /// Test hook: with the environment variable BMT_DEBUG_INJECT_INF_STEP=k
 /// (and optionally BMT_DEBUG_INJECT_INF_RANK=r, default 0) rank r writes an
@@ -91,8 +100,7 @@ public:
   double lossScale() const { return lossScale_; }
 
 private:
-  /// The mean of a one-element tensor over all ranks. Collective.
-  double meanOverRanks(const at::Tensor &value);
+  struct PendingStep;
   /// Loss of one micro-batch window, forward only (grad mode decides autograd).
   std::pair<at::Tensor, int64_t> microBatchLoss(const at::Tensor &window,
                                                 std::mt19937_64 &rng);
