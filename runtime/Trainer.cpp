@@ -1,6 +1,7 @@
 //===- Trainer.cpp - the training and evaluation loops --------------------===//
 
 #include "bmt/Runtime/Trainer.h"
+#include "bmt/Runtime/Profile.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/cat.h>
@@ -279,7 +280,16 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
   };
 
   std::optional<PendingStep> pending;
+  StepProfiler profiler;
+  const bool profiling = rank0 && config_.profileFrom > 0;
   for (int64_t step = 1; step <= config_.steps; ++step) {
+    if (profiling && step == config_.profileFrom) {
+      if (pending) { // the window starts with an idle device
+        report(*pending);
+        pending.reset();
+      }
+      profiler.start(device.is_cuda());
+    }
     if (syncDebug && step > 1)
       c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
     PendingStep current;
@@ -345,11 +355,14 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
     if (pending)
       report(*pending);
     pending = std::move(current);
-    if (!device.is_cuda() || step == config_.steps ||
+    const bool profileEnds = profiling && step == config_.profileTo;
+    if (!device.is_cuda() || step == config_.steps || profileEnds ||
         (config_.evalEvery > 0 && step % config_.evalEvery == 0)) {
       report(*pending);
       pending.reset();
     }
+    if (profileEnds)
+      profiler.stop(out_, config_.profileTrace, config_.profileTo - config_.profileFrom + 1);
     if (config_.evalEvery > 0 && step % config_.evalEvery == 0 && step != config_.steps)
       runEval(step);
   }

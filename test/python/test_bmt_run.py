@@ -163,6 +163,33 @@ def test_usage_errors(gpt2):
     assert bmt_run("--help").returncode == 0
 
 
+def test_profile_prints_ops_and_writes_a_trace(gpt2, tmp_path):
+    _, sharded, tmp = gpt2
+    data = write_tokens(tmp_path / "train", list(range(128)) * 20, 128)
+    trace = tmp_path / "trace.json"
+    r = bmt_run(sharded, "--data", data, "--steps", 4, "--micro-batch", 2, "--seq-len", 16,
+                "--profile", "2:3", "--profile-trace", trace)
+    assert r.returncode == 0, r.stderr
+    table = r.stdout[r.stdout.index("profile: 2 steps"):]
+    rows = [line.split() for line in table.splitlines()[2:] if line.startswith("  ")]
+    ops = {row[-1]: float(row[0]) for row in rows if len(row) >= 4}
+    # The matmuls of forward and backward are there, with time, and the
+    # shares add up to at most 100 %.
+    assert any(op in ops for op in ("aten::mm", "aten::addmm")), table
+    assert all(t >= 0 for t in ops.values()) and sum(ops.values()) > 0
+    assert sum(float(row[1]) for row in rows if len(row) >= 4) <= 100.5
+    # The table comes after step 3 and before step 4.
+    assert r.stdout.index("step 3/4") < r.stdout.index("profile:") < r.stdout.index("step 4/4")
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name") == "aten::mm" for e in events)
+    assert_one_error(bmt_run(sharded, "--data", data, "--steps", 4, "--profile", "3:5"),
+                     "--profile 3:5 reaches beyond --steps 4")
+    assert_one_error(bmt_run(sharded, "--data", data, "--steps", 4, "--profile", "3"),
+                     "expects A:B")
+    assert_one_error(bmt_run(sharded, "--data", data, "--steps", 4, "--profile-trace", trace),
+                     "--profile-trace needs --profile")
+
+
 def test_outputs_never_overwrite_inputs_and_are_checked_first(gpt2, tmp_path):
     _, sharded, _ = gpt2
     data = write_tokens(tmp_path / "d", list(range(100)) * 10, 128)

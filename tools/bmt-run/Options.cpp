@@ -93,6 +93,9 @@ output:
   --dump INPUTS OUT      debugging: run forward and backward on the batch in INPUTS
                          (torch.save of {"input_ids", "attention_mask", "labels"}) and
                          save logits, loss and gradients to OUT
+  --profile A:B          profile steps A to B (LibTorch's Kineto profiler): rank 0 prints
+                         the time per step of each op (CUDA: the kernels it launched)
+  --profile-trace FILE   with --profile: also write the Chrome trace (JSON) to FILE
   --device NAME          cpu | cuda | cuda:N | auto (default auto)
   -h, --help             this text
 )";
@@ -133,6 +136,17 @@ RunOptions parseRunOptions(int argc, char **argv) {
       {"--log-every", [&](auto &k, auto &v) { o.logEvery = toInt(k, v, 1); }},
       {"--save-params", [&](auto &, auto &v) { o.saveParams = v; }},
       {"--device", [&](auto &, auto &v) { o.device = v; }},
+      {"--profile", [&](auto &k, auto &v) {
+         size_t colon = v.find(':');
+         if (colon == std::string::npos)
+           throw UsageError(k + " expects A:B (first and last step), got '" + v + "'");
+         o.profileFrom = toInt(k, v.substr(0, colon), 1);
+         o.profileTo = toInt(k, v.substr(colon + 1), 1);
+         if (o.profileTo < o.profileFrom)
+           throw UsageError(k + ": the last step " + std::to_string(o.profileTo) +
+                            " is before the first " + std::to_string(o.profileFrom));
+       }},
+      {"--profile-trace", [&](auto &, auto &v) { o.profileTrace = v; }},
   };
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -203,6 +217,15 @@ RunOptions parseRunOptions(int argc, char **argv) {
   if (!(o.maskProb > 0 && o.maskProb < 1))
     throw UsageError("--mask-prob must be in (0, 1)");
   bool training = !o.evalOnly && o.dumpInputs.empty();
+  if (o.profileFrom > 0 && !training)
+    throw UsageError("--profile profiles training steps; it has no effect with " +
+                     std::string(o.evalOnly ? "--eval-only" : "--dump"));
+  if (o.profileFrom > 0 && o.steps > 0 && o.profileTo > o.steps)
+    throw UsageError("--profile " + std::to_string(o.profileFrom) + ":" +
+                     std::to_string(o.profileTo) + " reaches beyond --steps " +
+                     std::to_string(o.steps));
+  if (!o.profileTrace.empty() && o.profileFrom == 0)
+    throw UsageError("--profile-trace needs --profile A:B");
   if (training && o.steps == 0)
     throw UsageError("--steps is required for training");
   if (training && o.data.empty() && o.batchesFile.empty())

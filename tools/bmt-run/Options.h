@@ -41,6 +41,8 @@ struct RunOptions {
   // Output
   std::string logFile, saveParams;
   int64_t logEvery = 1;
+  int64_t profileFrom = 0, profileTo = 0; ///< --profile A:B (0: off)
+  std::string profileTrace;
   // Debugging / parity
   std::string dumpInputs, dumpOutput;
   // Misc

@@ -102,7 +102,8 @@ void checkOutputs(const tools::RunOptions &o) {
     }
   }
   std::vector<std::pair<std::string, std::string>> outputs = {
-      {"--log-file", o.logFile}, {"--save-params", o.saveParams}, {"--dump", o.dumpOutput}};
+      {"--log-file", o.logFile}, {"--save-params", o.saveParams},
+      {"--profile-trace", o.profileTrace}, {"--dump", o.dumpOutput}};
   for (const auto &[option, out] : outputs) {
     if (out.empty())
       continue;
@@ -319,6 +320,9 @@ int run(const tools::RunOptions &o) {
   config.evalEvery = o.evalEvery;
   config.evalBatches = o.evalBatches;
   config.logEvery = o.logEvery;
+  config.profileFrom = o.profileFrom;
+  config.profileTo = o.profileTo;
+  config.profileTrace = o.profileTrace;
   // Mixed precision.
   at::ScalarType modelDtype = model.parameterDtype();
   config.lossScale = o.lossScale >= 0 ? o.lossScale : (modelDtype == at::kHalf ? 65536.0 : 0.0);

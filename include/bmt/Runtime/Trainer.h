@@ -39,6 +39,10 @@ struct TrainConfig {
   int64_t evalEvery = 0;   ///< evaluate every N steps; 0 = after the last only
   int64_t evalBatches = 0; ///< batches per evaluation; 0 = the whole file
   int64_t logEvery = 1;    ///< human line every N steps (JSON: every step)
+  /// Profile steps profileFrom..profileTo (0: off) on rank 0 and print the
+  /// per-op table (Profile.h); write the Chrome trace to profileTrace when set.
+  int64_t profileFrom = 0, profileTo = 0;
+  std::string profileTrace;
   // Dynamic loss scaling (BMTrain's OptimManager): the loss is multiplied
   // by the scale before backward; a step whose gradients hold an inf/NaN on
   // any rank is skipped on every rank and the scale divided by the factor
