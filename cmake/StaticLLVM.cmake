@@ -12,11 +12,14 @@
 # directory that owns the imported targets. bmt-opt itself calls
 # bmt_portable_executable() (tools/bmt-opt/CMakeLists.txt).
 
-# The LLVM components the MLIR libraries that bmt-opt links refer to; the
-# linker takes from each archive only the objects that are used, so an extra
-# component costs link time, not size.
-# Each component target brings its own dependencies (Remarks: BitstreamReader).
-set(BMT_STATIC_LLVM_COMPONENTS Support Demangle Remarks)
+# The LLVM components the MLIR libraries that bmt-opt links refer to (today
+# Support, Demangle, Remarks, BitstreamReader), plus Core and its base
+# libraries for MLIR libraries we may add; the linker takes from an archive
+# only the objects that are used, so an unused component changes nothing in
+# the binary. A link error naming llvm:: symbols in a BMT_STATIC_LLVM build:
+# add the component that defines them here.
+set(BMT_STATIC_LLVM_COMPONENTS Support Demangle Remarks BitstreamReader
+    BinaryFormat TargetParser Core)
 llvm_map_components_to_libnames(BMT_STATIC_LLVM_LIBS ${BMT_STATIC_LLVM_COMPONENTS})
 message(STATUS "BMT_STATIC_LLVM: MLIR links ${BMT_STATIC_LLVM_LIBS} instead of libLLVM.so")
 
