@@ -55,6 +55,42 @@ def Summary : Pass<"bmt-summary", "::mlir::ModuleOp"> {
   ];
 }
 
+def FuseGelu : Pass<"bmt-fuse-gelu", "::mlir::ModuleOp"> {
+  let summary = "Replace GELU written out as elementwise ATen ops by one aten::gelu";
+  let description = [{
+    Hugging Face's NewGELUActivation (`gelu_new`: GPT-2, GPT-J, Phi,
+    CodeGen, GPT-Neo) computes
+    `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))` in Python, so
+    a trace or an export records eight elementwise ops, each a kernel of its
+    own in forward and more in backward, each keeping a full-size
+    intermediate for the backward. This pass replaces such a tree by
+    `bmt.aten "aten::gelu"(%x, "tanh")`, and
+    `0.5 * x * (1 + erf(x / sqrt(2)))` by `bmt.aten "aten::gelu"(%x, "none")`:
+    one kernel forward, one backward, one saved input.
+
+    The pass reads the tree of arithmetic ops under each candidate root
+    (`aten::add`, `sub`, `rsub`, `mul`, `div` by a constant, `neg`, `pow` by
+    a whole constant, one `tanh` or `erf`; `.Tensor` and `.Scalar`
+    overloads; constants as `args` or as 0-dim `bmt.constant` tensors) as a
+    polynomial in its one input `x` and the `tanh`/`erf`, and fuses when
+    the coefficients are GELU's within a relative 1e-6. So every operand
+    order and association computes the same thing (TorchScript's and
+    torch.export's forms of `gelu_new`, FastGELU's
+    `x * 0.7978845608 * (1 + 0.044715 * x * x)`, BLOOM's constant
+    0.79788456) matches. Every op of the tree except the root must have no
+    user outside the tree and lie in the root's block; otherwise, or with
+    another constant, or with any other leaf than `x`, the code is left as
+    it is. Dead constants of a fused tree are erased.
+
+    Emits one remark: the number fused, by kind, and the first and last
+    function that had one ("bmt-fuse-gelu: 2 GELUs fused into aten::gelu
+    (2 approximate="tanh", 0 exact) in 2 functions
+    (transformer.h.0.mlp.act.forward ... transformer.h.1.mlp.act.forward)"),
+    or that there was none.
+  }];
+  let dependentDialects = ["::bmt::BmtDialect"];
+}
+
 def FindBlocks : Pass<"bmt-find-blocks", "::mlir::ModuleOp"> {
   let summary = "Find the repeated transformer layers and group them into block lists";
   let description = [{
