@@ -1,8 +1,8 @@
 //===- DefaultPipeline.cpp - bmt's default pass pipeline ------------------===//
 //
 // What `bmt-opt model.pt -o sharded.pt` runs when no pass is named, and
-// `--bmt-default-pipeline` runs on request: find-blocks, zero, checkpoint,
-// overlap, summary. See docs/passes.md.
+// `--bmt-default-pipeline` runs on request: fuse-gelu, find-blocks, zero,
+// checkpoint, overlap, summary. See docs/passes.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -14,6 +14,11 @@
 using namespace mlir;
 
 void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &options) {
+  // First: the fusion rewrites every block's function alike, so identical
+  // blocks stay identical for find-blocks, and the memory estimate of
+  // checkpoint and summary counts the fused op's activations.
+  if (options.fuseGelu)
+    pm.addPass(createFuseGelu());
   pm.addPass(createFindBlocks());
   ZeroOptions zero;
   zero.stage = options.zeroStage;
@@ -42,7 +47,8 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
 void bmt::registerDefaultPipeline() {
   PassPipelineRegistration<DefaultPipelineOptions>(
       "bmt-default-pipeline",
-      "bmt's default pipeline: find-blocks, zero, checkpoint, overlap, then the plan summary "
+      "bmt's default pipeline: fuse-gelu, find-blocks, zero, checkpoint, overlap, then the plan "
+      "summary "
       "(what `bmt-opt model.pt -o sharded.pt` runs without pass flags)",
       buildDefaultPipeline);
 }

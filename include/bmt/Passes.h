@@ -46,13 +46,18 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
   Option<int64_t> prefetchDepth{*this, "prefetch-depth",
                                 llvm::cl::desc("blocks gathered ahead of the running one"),
                                 llvm::cl::init(1)};
+  Option<bool> fuseGelu{*this, "fuse-gelu",
+                        llvm::cl::desc("replace GELU written out as elementwise ops by "
+                                       "aten::gelu (bmt-fuse-gelu)"),
+                        llvm::cl::init(true)};
   Option<bool> summary{*this, "summary",
                        llvm::cl::desc("print the plan summary to stderr at the end"),
                        llvm::cl::init(true)};
 };
 
-/// find-blocks, zero, checkpoint, overlap, then (with options.summary) the
-/// summary with the memory estimate.
+/// fuse-gelu (unless options.fuseGelu is false), find-blocks, zero,
+/// checkpoint, overlap, then (with options.summary) the summary with the
+/// memory estimate.
 void buildDefaultPipeline(mlir::OpPassManager &pm, const DefaultPipelineOptions &options);
 
 /// Registers `--bmt-default-pipeline` with the global pass registry.

@@ -2,11 +2,15 @@
 // RUN: bmt-opt %s --split-input-file --bmt-fuse-gelu -o /dev/null 2>&1 | FileCheck %s --check-prefix=REMARK
 
 // GPT-2's fixtures, traced and exported: every block's NewGELUActivation is
-// fused, and the blocks stay identical for find-blocks.
+// fused, the blocks stay identical for find-blocks, and the default pipeline
+// (fuse-gelu first) still finds them.
 // RUN: bmt-opt %fixtures/gpt2.pt --bmt-fuse-gelu 2>/dev/null | FileCheck %s --check-prefix=GPT2
 // RUN: bmt-opt %fixtures/gpt2.pt2 --bmt-fuse-gelu 2>/dev/null | FileCheck %s --check-prefix=GPT2
 // RUN: bmt-opt %fixtures/gpt2.pt --bmt-fuse-gelu --bmt-find-blocks -o /dev/null 2>&1 | FileCheck %s --check-prefix=BLOCKS
 // RUN: bmt-opt %fixtures/gpt2.pt2 --bmt-fuse-gelu --bmt-find-blocks -o /dev/null 2>&1 | FileCheck %s --check-prefix=BLOCKS
+// RUN: bmt-opt %fixtures/gpt2.pt --bmt-default-pipeline -o /dev/null 2>&1 | FileCheck %s --check-prefixes=PIPELINE,PIPELINE-PT
+// RUN: bmt-opt %fixtures/gpt2.pt2 --bmt-default-pipeline -o /dev/null 2>&1 | FileCheck %s --check-prefix=PIPELINE
+// RUN: bmt-opt %fixtures/gpt2.pt --bmt-default-pipeline='fuse-gelu=false' -o /dev/null 2>&1 | FileCheck %s --check-prefix=NOFUSE
 
 // GPT2-LABEL: func.func private @transformer.h.0.mlp.act.forward(
 // GPT2-NEXT:    %[[G:.*]] = bmt.aten "aten::gelu"(%arg0, "tanh") : (!bmt.tensor) -> !bmt.tensor
@@ -18,6 +22,15 @@
 
 // BLOCKS:      remark: bmt-fuse-gelu: 2 GELUs fused
 // BLOCKS-NEXT: remark: {{.*}}bmt-find-blocks: 2 blocks in transformer.h (transformer.h.0 ... transformer.h.1), rule: identical structure
+
+// PIPELINE:      remark: bmt-fuse-gelu: 2 GELUs fused into aten::gelu (2 approximate="tanh", 0 exact) in 2 functions (transformer.h.0.mlp.act.forward ... transformer.h.1.mlp.act.forward)
+// PIPELINE-NEXT: remark: {{.*}}bmt-find-blocks: 2 blocks in transformer.h (transformer.h.0 ... transformer.h.1), rule: identical structure
+// PIPELINE:      blocks: 2 in transformer.h (transformer.h.0 ... transformer.h.1), 8544 parameters each
+// PIPELINE-PT:   functions: 31, calls: 30, aten ops: 162
+
+// NOFUSE-NOT: bmt-fuse-gelu
+// NOFUSE:     remark: bmt-find-blocks: 2 blocks in transformer.h
+// NOFUSE:     functions: 31, calls: 30, aten ops: 176
 
 // One remark per module (the split inputs below, in order).
 // REMARK: remark: bmt-fuse-gelu: 1 GELU fused into aten::gelu (1 approximate="tanh", 0 exact) in 1 function (act.forward)
