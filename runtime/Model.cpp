@@ -1,6 +1,7 @@
 //===- Model.cpp - a compiled model ready to run --------------------------===//
 
 #include "bmt/Runtime/Model.h"
+#include "bmt/Runtime/CrossEntropy.h"
 
 #include "bmt/Runtime/Optimizer.h"
 #include "bmt/Runtime/Zero.h"
@@ -185,11 +186,7 @@ at::Tensor languageModelLoss(const at::Tensor &logits, const at::Tensor &labels,
     l = l.slice(1, 0, l.size(1) - 1);
     y = y.slice(1, 1, y.size(1));
   }
-  l = l.reshape({-1, l.size(-1)});
-  if (l.scalar_type() != at::kDouble)
-    l = l.to(at::kFloat);
-  return at::cross_entropy_loss(l, y.reshape({-1}), /*weight=*/{},
-                           at::Reduction::Mean, /*ignore_index=*/-100);
+  return crossEntropy(l.reshape({-1, l.size(-1)}), y.reshape({-1}), /*ignoreIndex=*/-100);
 }
 
 } // namespace bmt::runtime

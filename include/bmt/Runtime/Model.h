@@ -110,7 +110,8 @@ private:
 /// cross-entropy of logits [batch, seq, vocab] against labels [batch, seq]
 /// (int64). With `shift`, position t predicts label t+1 (causal LM, as
 /// transformers' ForCausalLMLoss); without, position t predicts label t
-/// (masked LM). Computed in float32 or wider.
+/// (masked LM). Computed in float32 or wider (crossEntropy(): fused CUDA
+/// kernels on the GPU).
 at::Tensor languageModelLoss(const at::Tensor &logits, const at::Tensor &labels,
                              bool shift);
 
