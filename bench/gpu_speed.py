@@ -246,6 +246,9 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=50304)
+    ap.add_argument("--results", help="JSON file of results: runs of this call replace the same "
+                                      "(run, recompute) there, the table shows them all "
+                                      "(default: OUT/results.json)")
     ap.add_argument("--make-archives-only", action="store_true",
                     help="write the two bmt plans into --out and stop (for a GPU machine "
                          "without bmt-opt: carry them and pass --archives)")
@@ -279,6 +282,14 @@ def main():
             results.append(run_reference(args, name, r))
             print(f"{name} recompute {r}: done", flush=True)
     results = [r for r in results if r]
+    path = args.results or os.path.join(args.out, "results.json")
+    earlier = json.load(open(path)) if os.path.exists(path) else []
+    mine = {(r["name"], r["recompute"]) for r in results}
+    order = ["bmt", "eager", "fsdp2", "fsdp2-compile"]
+    results = sorted([r for r in earlier if (r["name"], r["recompute"]) not in mine] + results,
+                     key=lambda r: (not r["recompute"], order.index(r["name"])))
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
 
     import torch
     num_params = next((r["params"] for r in results if "params" in r), None)
@@ -304,11 +315,11 @@ def main():
               f"{r['tokens_per_s']:>9,.0f} {tflops:>8.1f} {r['peak_gib']:>8.1f} "
               f"{r['loss_first']:>7.3f} -> {r['loss_last']:.3f}  {ratio}")
     for r in results:
-        if "host_syncs" in r:
+        if "host_syncs" in r and (r["name"], r["recompute"]) in mine:
             print(f"bmt (recompute {'on' if r['recompute'] else 'off'}): host synchronisations "
                   f"inside steps 2-4 (BMT_DEBUG_SYNC=1): {r['host_syncs']}")
     for r in results:
-        if r.get("profile"):
+        if r.get("profile") and (r["name"], r["recompute"]) in mine:
             print(f"\n--- {r['name']} (recompute {'on' if r['recompute'] else 'off'}) profile ---")
             print(r["profile"])
 
