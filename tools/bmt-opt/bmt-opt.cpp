@@ -8,7 +8,7 @@
 // --verify-diagnostics, --split-input-file, -o) is MlirOptMain's.
 //
 // `-o *.pt` without any pass flag or --pass-pipeline runs the default
-// pipeline (find-blocks, zero, checkpoint, overlap, summary), fed by the
+// pipeline (fuse-gelu, find-blocks, zero, checkpoint, overlap, summary), fed by the
 // top-level flags --world-size, --zero-stage, ... (docs/passes.md).
 //
 //===----------------------------------------------------------------------===//
