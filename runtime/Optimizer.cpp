@@ -64,15 +64,19 @@ void fusedAdamW(Group &group, double lr, const AdamWConfig &config,
 
 } // namespace
 
+void checkAdamWConfig(const AdamWConfig &config) {
+  if (!(config.beta1 >= 0.0 && config.beta1 < 1.0) ||
+      !(config.beta2 >= 0.0 && config.beta2 < 1.0))
+    throw std::invalid_argument("AdamW: betas must lie in [0, 1), got (" +
+                                std::to_string(config.beta1) + ", " +
+                                std::to_string(config.beta2) + ")");
+  if (!(config.eps >= 0.0) || !(config.weightDecay >= 0.0))
+    throw std::invalid_argument("AdamW: eps and weight decay must be >= 0");
+}
+
 AdamW::AdamW(std::vector<at::Tensor> params, AdamWConfig config)
     : params_(std::move(params)), config_(config) {
-  if (!(config_.beta1 >= 0.0 && config_.beta1 < 1.0) ||
-      !(config_.beta2 >= 0.0 && config_.beta2 < 1.0))
-    throw std::invalid_argument("AdamW: betas must lie in [0, 1), got (" +
-                                std::to_string(config_.beta1) + ", " +
-                                std::to_string(config_.beta2) + ")");
-  if (!(config_.eps >= 0.0) || !(config_.weightDecay >= 0.0))
-    throw std::invalid_argument("AdamW: eps and weight decay must be >= 0");
+  checkAdamWConfig(config_);
   expAvg_.reserve(params_.size());
   expAvgSq_.reserve(params_.size());
   steps_.reserve(params_.size());
@@ -148,13 +152,18 @@ void clipGradsToNorm(const std::vector<at::Tensor> &grads, const at::Tensor &nor
   if (maxNorm <= 0 || grads.empty())
     return;
   c10::NoGradGuard noGrad;
-  // torch's rule: min(1, maxNorm / (norm + 1e-6)), computed on the device.
-  at::Tensor factor = norm.add(1e-6).reciprocal().mul(maxNorm).clamp_max(1.0);
+  at::Tensor factor = clipFactor(norm, maxNorm);
   std::vector<Group> groups;
   for (const at::Tensor &g : grads)
     groupFor(groups, g).grads.push_back(g);
   for (Group &g : groups)
     at::_foreach_mul_(g.grads, factor.to(g.device, g.dtype).reshape({}));
+}
+
+at::Tensor clipFactor(const at::Tensor &norm, double maxNorm) {
+  c10::NoGradGuard noGrad;
+  // torch's rule: min(1, maxNorm / (norm + 1e-6)), computed on the device.
+  return norm.add(1e-6).reciprocal().mul(maxNorm).clamp_max(1.0);
 }
 
 at::Tensor clipGradNorm(const std::vector<at::Tensor> &params, double maxNorm) {

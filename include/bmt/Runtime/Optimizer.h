@@ -26,6 +26,10 @@ struct AdamWConfig {
   double weightDecay = 0.01;
 };
 
+/// Throws std::invalid_argument unless the betas lie in [0, 1) and eps and
+/// the weight decay are >= 0 (AdamW's and OffloadAdamW's check).
+void checkAdamWConfig(const AdamWConfig &config);
+
 class AdamW {
 public:
   /// `params`: the tensors to update in place (float32/float64, any device,
@@ -95,6 +99,11 @@ at::Tensor clipGradNorm(const std::vector<at::Tensor> &params, double maxNorm);
 /// nothing when maxNorm <= 0. The rule of clip_grad_norm_, on the device.
 void clipGradsToNorm(const std::vector<at::Tensor> &grads, const at::Tensor &norm,
                      double maxNorm);
+
+/// The factor clipGradsToNorm multiplies the grads by: min(1, maxNorm /
+/// (norm + 1e-6)), computed from `norm` (one element) on its device in its
+/// dtype, without a host synchronisation. maxNorm must be > 0.
+at::Tensor clipFactor(const at::Tensor &norm, double maxNorm);
 
 } // namespace bmt::runtime
 
