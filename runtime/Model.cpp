@@ -13,8 +13,13 @@
 namespace bmt::runtime {
 
 Model::Model(plan::Archive &archive, at::Device device, Comm *world,
-             const std::function<void(int64_t, int64_t)> &progress)
+             const std::function<void(int64_t, int64_t)> &progress,
+             const ModelOptions &options)
     : plan_(archive.plan()), device_(device), world_(world) {
+  if (options.offloadOptimizer && plan_.zeroStage == 0)
+    throw ExecutionError(archive.path() + ": offloading the optimizer needs ZeRO storage "
+                         "groups, and the plan has none (compile with bmt-opt's default "
+                         "pipeline or --bmt-zero)");
   if (!world_) {
     ownWorld_ = createLocalComm();
     world_ = ownWorld_.get();
@@ -30,7 +35,8 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
                                             groupBytes = t;
                                             if (progress)
                                               progress(d, t + total);
-                                          });
+                                          },
+                                          options.offloadOptimizer);
     done = groupBytes;
     total += groupBytes;
     parameters_ = zero_->shards();
@@ -118,6 +124,20 @@ void Model::afterOptimizerStep() {
     return;
   zero_->refreshFromMasters();
   zero_->releaseAll();
+}
+
+bool Model::offloadsOptimizer() const { return zero_ && zero_->offloadsOptimizer(); }
+
+HostGradientSource &Model::hostGradients(int64_t microBatchesPerStep) {
+  if (!offloadsOptimizer())
+    throw ExecutionError("the model was loaded without --offload-optimizer: its gradients "
+                         "stay on the device");
+  if (parameters_.size() != zero_->shards().size())
+    throw ExecutionError("offloading the optimizer: " +
+                         std::to_string(parameters_.size() - zero_->shards().size()) +
+                         " trainable parameters are outside the ZeRO storage groups");
+  zero_->setMicroBatchesPerStep(microBatchesPerStep);
+  return *zero_;
 }
 
 at::ScalarType Model::parameterDtype() const {

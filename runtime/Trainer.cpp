@@ -1,6 +1,7 @@
 //===- Trainer.cpp - the training and evaluation loops --------------------===//
 
 #include "bmt/Runtime/Trainer.h"
+#include "bmt/Runtime/OffloadAdam.h"
 #include "bmt/Runtime/Profile.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
@@ -180,7 +181,16 @@ struct Trainer::PendingStep {
 
 void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
                     const TokenFile *evalData, int64_t seqLen, int64_t microBatch) {
-  AdamW optimizer(model_.parameters(), config_.adamw);
+  // AdamW on the device, or, offloading (--offload-optimizer), AdamW with
+  // its masters and moments in host memory, fed by the gradient copies the
+  // ZeRO storage makes during the backward (OffloadAdam.h).
+  std::optional<AdamW> optimizer;
+  std::optional<OffloadAdamW> offloaded;
+  if (model_.offloadsOptimizer())
+    offloaded.emplace(model_.parameters(), config_.adamw,
+                      model_.hostGradients(config_.gradAccum));
+  else
+    optimizer.emplace(model_.parameters(), config_.adamw);
   const bool rank0 = model_.world().rank() == 0;
   const at::Device device = model_.device();
   Comm &world = model_.world();
@@ -296,7 +306,10 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
     current.step = step;
     current.lr = learningRate(config_.schedule, step);
     std::vector<at::Tensor> losses;
-    optimizer.zeroGrad();
+    if (offloaded)
+      offloaded->zeroGrad();
+    else
+      optimizer->zeroGrad();
     for (int64_t micro = 0; micro < config_.gradAccum; ++micro) {
       at::Tensor window = nextMicroBatch();
       auto [loss, count] = microBatchLoss(window, rng);
@@ -324,7 +337,11 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
     // Clipping and the update happen on the device; a step with an inf/NaN
     // gradient on any rank (fp16) is skipped by the fused kernel itself.
     at::Tensor gradNorm = model_.clipGradNorm(config_.clipGrad).to(device, at::kDouble);
-    optimizer.step(current.lr, found);
+    if (offloaded) // the host copies of the gradients get the same unscaling and clipping
+      offloaded->step(current.lr, found, scaler ? std::optional<at::Tensor>(stepScale) : std::nullopt,
+                      gradNorm, config_.clipGrad);
+    else
+      optimizer->step(current.lr, found);
     model_.afterOptimizerStep();
     if (scaler)
       scaler->update(*found);

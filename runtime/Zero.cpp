@@ -9,6 +9,23 @@
 // tensors without any bookkeeping. (FSDP1 frees its flat parameters the same
 // way, by resizing their storage to zero.)
 //
+// Offloading the optimizer (--offload-optimizer), the reduce-scatter results
+// are added to the gradients on a copy stream, one reduce-scatter behind the
+// backward (when the next one starts), and a group's gradient is copied to
+// pinned host memory as soon as it is complete, so that the copies overlap
+// the backward of the blocks before it:
+//
+//   compute: bwd(k)  bwd(k-1)  bwd(k-2) ...            [finish] wait(copy) -> norm, ...
+//   nccl:          RS(k)     RS(k-1)   ...
+//   copy:                wait(RS k) acc(k) D2H(k)  wait(RS k-1) acc(k-1) D2H(k-1) ...
+//
+// Caching-allocator safety: a reduce-scatter's input and output are used on
+// the copy stream after it waited for the collective (record_stream(copy));
+// a gradient allocated on the copy stream is used by the compute stream
+// afterwards (record_stream(compute)), so neither block is reused before
+// the other stream is done with it. The host buffers live as long as the
+// storage, whose destructor waits for the copy stream.
+//
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Runtime/Zero.h"
@@ -21,6 +38,8 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -48,6 +67,11 @@ struct ZeroStorage::Group {
   std::shared_ptr<Work> pending; ///< gather in flight
   int64_t linkedGeneration = -1; ///< forward pass that `linked` belongs to
   variable_list linked;         ///< members linked to `shard` by a GatherFunction
+  // Offloading:
+  int64_t contributions = 0;    ///< reduce-scatters added to the gradient this step
+  bool onHost = false;          ///< its copy to hostGrad was started this step
+  at::Tensor hostGrad;          ///< [shardSize] of gradientDtype, pinned on CUDA
+  std::optional<c10::Event> hostGradReady; ///< CUDA: after the latest copy to hostGrad
 };
 
 namespace {
@@ -205,8 +229,9 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 };
 
 ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
-                         const std::function<void(int64_t, int64_t)> &progress)
-    : plan_(archive.plan()), device_(device), world_(world) {
+                         const std::function<void(int64_t, int64_t)> &progress,
+                         bool offloadOptimizer)
+    : plan_(archive.plan()), device_(device), world_(world), offload_(offloadOptimizer) {
   if (plan_.zeroStage != 2 && plan_.zeroStage != 3)
     throw plan::PlanError(archive.path() + ": the plan has no ZeRO storage groups");
   int64_t worldSize = world.size(), rank = world.rank();
@@ -256,12 +281,18 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
     shard.set_requires_grad(true); // GatherFunction's input (its gradient stays undefined)
     g->shard = shard;
     at::Tensor trainable = shard;
-    if (info.dtype == at::kBFloat16 || info.dtype == at::kHalf) {
+    if ((info.dtype == at::kBFloat16 || info.dtype == at::kHalf) && !offload_) {
       // Mixed precision: the optimizer updates a float32 master of the
       // shard; the shard (what is gathered) is refreshed from it.
+      // (Offloading, the master lives in host memory, in the optimizer.)
       g->master = shard.detach().to(at::kFloat);
       g->master.set_requires_grad(true);
       trainable = g->master;
+    }
+    if (offload_) {
+      g->hostGrad = emptyHostTensor(g->range.shardSize, gradientDtype(*g), device_.is_cuda());
+      if (device_.is_cuda())
+        g->hostGradReady.emplace(device_.type());
     }
 
     at::Tensor holder = at::empty({g->padded}, options);
@@ -287,6 +318,9 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
     if (progress)
       progress(done, total);
   }
+  if (offload_ && device_.is_cuda())
+    copyStream_ = c10::impl::VirtualGuardImpl(device_.type())
+                      .getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
 }
 
 ZeroStorage::~ZeroStorage() {
@@ -303,6 +337,12 @@ ZeroStorage::~ZeroStorage() {
       } catch (...) {
       }
     }
+  if (copyStream_) {
+    try {
+      copyStream_->synchronize(); // the copies into the host buffers freed here
+    } catch (...) {
+    }
+  }
 }
 
 void ZeroStorage::startGather(Group &g) {
@@ -348,29 +388,130 @@ std::vector<at::Tensor> ZeroStorage::memberViews(Group &g) {
 }
 
 void ZeroStorage::startReduceGradient(Group &g, const at::Tensor &flat) {
+  if (offload_ && !stepOpen_) {
+    // The first reduce-scatter of a step.
+    stepOpen_ = true;
+    hostOrder_.clear();
+    for (auto &group : groups_) {
+      group->contributions = 0;
+      group->onHost = false;
+    }
+  }
   PendingGradient pending;
   pending.group = g.index;
+  pending.flat = flat;
   pending.out = at::empty({g.range.shardSize}, flat.options());
   pending.work = shardComm_->reduceScatter(pending.out, flat);
+  if (copyStream_) {
+    pending.issued.emplace(device_.type());
+    pending.issued->record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+  }
   pendingGradients_.push_back(std::move(pending));
+  if (!offload_)
+    return;
+  // Offloading: finish the previous reduce-scatter now (on the copy stream,
+  // without blocking the host on CUDA; the CPU backend blocks, but that
+  // collective had the backward of a block to complete).
+  while (pendingGradients_.size() > 1) {
+    PendingGradient p = std::move(pendingGradients_.front());
+    pendingGradients_.pop_front();
+    addGradient(p);
+  }
+}
+
+c10::ScalarType ZeroStorage::gradientDtype(const Group &g) const {
+  c10::ScalarType t = g.info->dtype;
+  return t == at::kBFloat16 || t == at::kHalf ? at::kFloat : t;
+}
+
+void ZeroStorage::addGradient(PendingGradient &p) {
+  Group &g = *groups_[p.group];
+  at::Tensor &param = shards_[g.index];
+  std::optional<c10::Stream> compute;
+  std::optional<c10::StreamGuard> onCopyStream;
+  if (copyStream_) {
+    compute = c10::impl::VirtualGuardImpl(device_.type()).getStream(device_);
+    onCopyStream.emplace(*copyStream_);
+  }
+  // The copy stream follows the compute stream up to the collective's
+  // issue (`flat` was written there; the local backend copies there) and
+  // the collective itself (NCCL: wait() makes the current stream wait).
+  if (p.issued)
+    p.issued->block(*copyStream_);
+  p.work->wait();
+  if (replicaComm_->size() > 1)
+    replicaComm_->allReduce(p.out)->wait();
+  at::Tensor out = p.out.to(gradientDtype(g)); // fp32 accumulation of a master's gradient
+  out.div_(static_cast<double>(world_.size()));
+  if (param.grad().defined())
+    param.mutable_grad().add_(out);
+  else
+    param.mutable_grad() = out;
+  if (!offload_)
+    return;
+  if (copyStream_) {
+    p.flat.record_stream(*copyStream_);
+    p.out.record_stream(*copyStream_);
+    param.grad().record_stream(*copyStream_);
+    param.grad().record_stream(*compute);
+  }
+  ++g.contributions;
+  if (g.contributions >= microBatchesPerStep_)
+    copyGradientToHost(g); // complete (a later contribution copies again)
+}
+
+void ZeroStorage::copyGradientToHost(Group &g) {
+  const at::Tensor &grad = shards_[g.index].grad();
+  // Pinned host memory: asynchronous on the (current) copy stream.
+  g.hostGrad.copy_(grad.reshape({-1}), /*non_blocking=*/copyStream_.has_value());
+  if (copyStream_)
+    g.hostGradReady->record(*copyStream_);
+  if (!g.onHost) {
+    g.onHost = true;
+    hostOrder_.push_back(static_cast<size_t>(g.index));
+  }
+}
+
+at::Tensor ZeroStorage::waitHostGradient(size_t i) {
+  Group &g = *groups_.at(i);
+  if (!g.onHost)
+    throw std::logic_error("ZeroStorage: group " + g.info->name +
+                           " has no gradient in host memory this step");
+  if (g.hostGradReady)
+    g.hostGradReady->synchronize();
+  return g.hostGrad;
 }
 
 void ZeroStorage::finishGradients() {
-  std::vector<PendingGradient> pending = std::move(pendingGradients_);
+  std::deque<PendingGradient> pending = std::move(pendingGradients_);
   pendingGradients_.clear();
-  for (PendingGradient &p : pending) {
-    p.work->wait();
-    if (replicaComm_->size() > 1)
-      replicaComm_->allReduce(p.out)->wait();
-    Group &g = *groups_[p.group];
-    at::Tensor &param = g.master.defined() ? g.master : g.shard;
-    at::Tensor out = p.out.to(param.scalar_type()); // fp32 accumulation of a master's gradient
-    out.div_(static_cast<double>(world_.size()));
-    if (param.grad().defined())
-      param.mutable_grad().add_(out);
-    else
-      param.mutable_grad() = out;
+  for (PendingGradient &p : pending)
+    addGradient(p);
+  if (!offload_)
+    return;
+  {
+    std::optional<c10::StreamGuard> onCopyStream;
+    if (copyStream_)
+      onCopyStream.emplace(*copyStream_);
+    for (auto &g : groups_)
+      if (g->contributions > 0 && !g->onHost)
+        copyGradientToHost(*g); // fewer micro-batches than announced
   }
+  for (auto &g : groups_)
+    if (g->pending) { // (none in practice) the compute stream waits for every read of a shard
+      std::shared_ptr<Work> work = std::move(g->pending);
+      g->pending.reset();
+      work->wait();
+      g->live = true;
+    }
+  if (copyStream_) {
+    // The device gradients are complete, and no longer read by the copies
+    // to the host, once the compute stream gets past this point.
+    c10::Event copied(device_.type());
+    copied.record(*copyStream_);
+    copied.block(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+  }
+  stepOpen_ = false;
 }
 
 const std::vector<int64_t> &ZeroStorage::blockGroups(const std::string &list,
@@ -500,10 +641,10 @@ at::Tensor ZeroStorage::gatherParameter(int64_t index, bool gradient) {
   size_t member = 0;
   while (g.info->members[member] != index)
     ++member;
-  const at::Tensor &param = g.master.defined() ? g.master : g.shard;
+  const at::Tensor &param = shards_[g.index];
   at::Tensor local = gradient ? param.grad() : g.shard.detach();
   if (!local.defined())
-    local = at::zeros_like(param);
+    local = at::zeros({g.range.shardSize}, g.shard.options().dtype(gradientDtype(g)));
   at::Tensor full = at::empty({g.padded}, local.options());
   shardComm_->allGather(full, local.contiguous())->wait();
   return full.narrow(0, g.info->offsets[member], info.numel()).view(info.shape).cpu().clone();

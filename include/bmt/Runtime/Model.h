@@ -23,6 +23,15 @@
 namespace bmt::runtime {
 
 class ZeroStorage;
+class HostGradientSource;
+
+struct ModelOptions {
+  /// Keep the optimizer's float32 masters and moments in host memory
+  /// (bmt-run --offload-optimizer; OffloadAdam.h): the ZeRO storage keeps no
+  /// master copies on the device and copies each group's gradient to host
+  /// memory during the backward. Needs a plan with storage groups.
+  bool offloadOptimizer = false;
+};
 
 class Model {
 public:
@@ -34,9 +43,11 @@ public:
   /// Trainable parameters become autograd leaves. `progress(done, total)`
   /// is called with this rank's bytes read so far.
   /// Collective when world has several ranks. Throws plan::PlanError for a
-  /// bad archive, ExecutionError for a plan that cannot run, CommError.
+  /// bad archive, ExecutionError for a plan that cannot run (or offloading
+  /// the optimizer without storage groups), CommError.
   Model(plan::Archive &archive, at::Device device, Comm *world = nullptr,
-        const std::function<void(int64_t, int64_t)> &progress = nullptr);
+        const std::function<void(int64_t, int64_t)> &progress = nullptr,
+        const ModelOptions &options = {});
   ~Model();
 
   /// Runs forward. inputIds, attentionMask: int64 [batch, seq] on the
@@ -72,6 +83,17 @@ public:
   /// After an optimizer step: copies the float32 masters of low-precision
   /// ZeRO shards into the shards; gathered ZeRO buffers are stale; free them.
   void afterOptimizerStep();
+
+  /// Whether the optimizer's state lives in host memory
+  /// (ModelOptions::offloadOptimizer). Then parameters() are the ZeRO
+  /// shards on the device in their own dtype (bf16/fp16 ones with float32
+  /// gradients) and the optimizer is an OffloadAdamW over them fed by
+  /// hostGradients().
+  bool offloadsOptimizer() const;
+  /// Offloading: the host copies of the gradients of parameters(), and the
+  /// number of backward passes (micro-batches) per optimizer step, after
+  /// which a group's gradient is complete and copied to the host.
+  HostGradientSource &hostGradients(int64_t microBatchesPerStep);
 
   /// Mixed precision: the dtype of the model's floating-point parameters
   /// (the first one in plan order; float32 when there is none).

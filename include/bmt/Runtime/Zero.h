@@ -19,6 +19,10 @@
 //     (same RNG state) in backward, as torch.utils.checkpoint's reentrant
 //     variant;
 //   - the optimizer updates the shards; clipping uses the global norm.
+//   - with the optimizer offloaded (OffloadAdam.h), each group's gradient
+//     is copied to host memory as soon as its last reduce-scatter of the
+//     step has finished, on a copy stream, while the backward of the blocks
+//     before it runs; there are no float32 master copies on the device.
 //
 // Gradients are averaged over all ranks (each rank runs its own slice of
 // the global batch), so N ranks with micro-batch b train exactly as one
@@ -36,8 +40,13 @@
 #include "bmt/Plan/Archive.h"
 #include "bmt/Runtime/Comm.h"
 #include "bmt/Runtime/Executor.h"
+#include "bmt/Runtime/OffloadAdam.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+
+#include <deque>
 
 #include <functional>
 #include <map>
@@ -49,7 +58,7 @@
 
 namespace bmt::runtime {
 
-class ZeroStorage : public ExecutorHooks {
+class ZeroStorage : public ExecutorHooks, public HostGradientSource {
 public:
   /// Reads this rank's shard of every storage group of `archive`'s plan
   /// (plan.zeroStage must be 2 or 3) onto `device`; the shards become
@@ -57,11 +66,17 @@ public:
   /// and replica communicators are split from it (collective: every rank
   /// constructs its ZeroStorage at the same time). `progress(done, total)`
   /// reports bytes read of this rank's share.
+  /// `offloadOptimizer`: the optimizer keeps its state in host memory
+  /// (OffloadAdamW over shards(), fed by this storage as its
+  /// HostGradientSource): bf16/fp16 groups get no float32 master on the
+  /// device, and every group's gradient is copied to a host buffer when
+  /// it is complete (see setMicroBatchesPerStep).
   /// Throws plan::PlanError for a bad archive, CommError when the world size
   /// is not a multiple of the plan's shard group size (naming both) or a
   /// collective fails.
   ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
-              const std::function<void(int64_t, int64_t)> &progress = nullptr);
+              const std::function<void(int64_t, int64_t)> &progress = nullptr,
+              bool offloadOptimizer = false);
   ~ZeroStorage() override;
 
   // ExecutorHooks.
@@ -78,7 +93,24 @@ public:
   /// them across replicas (hybrid sharding), averages over all ranks and
   /// adds them to the shards' gradients. Call after the last backward of a
   /// step, before reading the gradients. Collective.
+  /// Offloading, each reduce-scatter is processed this way on the copy
+  /// stream while the backward still runs (when the next one starts), and
+  /// a group's gradient is copied to its host buffer after its
+  /// micro-batches-per-step-th reduce-scatter of the step; this call
+  /// processes the rest, copies the gradients of the groups that had fewer
+  /// and makes the compute stream wait for the copy stream (the device
+  /// gradients may then be modified: unscaling, clipping).
   void finishGradients();
+  /// Offloading: the backward passes (micro-batches) of one optimizer step,
+  /// so that a group's gradient goes to the host as soon as it is complete
+  /// (default 1). A step "starts" at the first reduce-scatter after
+  /// finishGradients().
+  void setMicroBatchesPerStep(int64_t n) { microBatchesPerStep_ = n; }
+  bool offloadsOptimizer() const { return offload_; }
+
+  // HostGradientSource (offloading): parameter i is shards()[i].
+  std::vector<size_t> hostGradientOrder() const override { return hostOrder_; }
+  at::Tensor waitHostGradient(size_t i) override;
   /// Frees every gathered buffer (after an optimizer step the buffers are
   /// stale; after a forward without grad nothing needs them).
   void releaseAll();
@@ -96,7 +128,9 @@ public:
   /// of dtype bfloat16/float16 it is the shard's float32 master copy (mixed
   /// precision, as BMTrain): its gradient is float32, the optimizer updates
   /// it, and refreshFromMasters() copies it into the low-precision shard
-  /// that is gathered for forward and backward.
+  /// that is gathered for forward and backward. Offloading, it is the shard
+  /// itself for every dtype (the masters live in host memory, in the
+  /// OffloadAdamW), and the gradient of a bf16/fp16 shard is float32.
   const std::vector<at::Tensor> &shards() const { return shards_; }
   /// Their names (the groups' names).
   const std::vector<std::string> &shardNames() const { return shardNames_; }
@@ -133,6 +167,16 @@ private:
   /// Starts reduce-scattering the full gradient `flat` of group g
   /// (finishGradients adds the result to the shard's gradient).
   void startReduceGradient(Group &g, const at::Tensor &flat);
+  struct PendingGradient;
+  /// Waits for a reduce-scatter and adds its result to the gradient
+  /// (offloading: on the copy stream; then the host copy when complete).
+  void addGradient(PendingGradient &p);
+  /// Offloading: copies group g's gradient to g.hostGrad (called on the
+  /// copy stream).
+  void copyGradientToHost(Group &g);
+  /// The dtype of group g's gradient: float32 for bf16/fp16 (their
+  /// masters'), else the group's.
+  c10::ScalarType gradientDtype(const Group &g) const;
   const std::vector<int64_t> &blockGroups(const std::string &list, int64_t index) const;
   c10::ScalarType reduceDtype(const Group &g) const;
 
@@ -146,11 +190,21 @@ private:
   std::map<std::pair<std::string, int64_t>, std::vector<int64_t>> blocks_;
   struct PendingGradient {
     int64_t group = 0;
+    at::Tensor flat; ///< the reduce-scatter's input (kept for the copy stream's use)
     at::Tensor out;
     std::shared_ptr<Work> work;
+    /// Offloading on CUDA: recorded on the compute stream after the
+    /// collective was issued (the local backend copies on that stream).
+    std::optional<c10::Event> issued;
   };
-  std::vector<PendingGradient> pendingGradients_;
+  std::deque<PendingGradient> pendingGradients_;
   std::optional<c10::ScalarType> reduceDtype_;
+  // Offloading (see the constructor and finishGradients).
+  bool offload_ = false;
+  int64_t microBatchesPerStep_ = 1;
+  bool stepOpen_ = false;         ///< a reduce-scatter came after the last finishGradients
+  std::vector<size_t> hostOrder_; ///< groups whose gradient went to the host this step
+  std::optional<c10::Stream> copyStream_; ///< CUDA: gradient accumulation and D2H copies
 };
 
 } // namespace bmt::runtime
