@@ -68,6 +68,9 @@ training:
   --weight-decay F       AdamW decoupled weight decay (default 0.01)
   --beta1 F, --beta2 F, --eps F   AdamW (defaults 0.9, 0.999, 1e-8)
   --clip-grad F          clip the global gradient norm to F; 0 = off (default 1.0)
+  --offload-optimizer    keep the float32 master weights and AdamW moments in (pinned)
+                         host memory and run AdamW on the CPU; gradients are copied to
+                         the host during the backward (ZeRO plans only; docs/runtime.md)
 mixed precision (a model exported with bmt-export-hf --dtype bfloat16|float16):
   --loss-scale F         initial dynamic loss scale; 0 = off (default 65536 for a
                          float16 model, off for bfloat16/float32)
@@ -158,6 +161,10 @@ RunOptions parseRunOptions(int argc, char **argv) {
       o.evalOnly = true;
       continue;
     }
+    if (arg == "--offload-optimizer") {
+      o.offloadOptimizer = true;
+      continue;
+    }
     if (arg == "--dump") {
       if (i + 2 >= argc)
         throw UsageError("--dump expects two files: INPUTS OUT");
@@ -232,6 +239,9 @@ RunOptions parseRunOptions(int argc, char **argv) {
     throw UsageError("training needs --data (or --batches)");
   if (o.evalOnly && o.evalData.empty())
     throw UsageError("--eval-only needs --eval-data");
+  if (!training && o.offloadOptimizer)
+    throw UsageError("--offload-optimizer moves the optimizer to the host; it has no effect "
+                     "with " + std::string(o.evalOnly ? "--eval-only" : "--dump"));
   if (!training && !o.saveParams.empty())
     throw UsageError("--save-params writes trained parameters; it has no effect with " +
                      std::string(o.evalOnly ? "--eval-only" : "--dump"));

@@ -27,6 +27,7 @@ struct RunOptions {
   int64_t warmup = 0;
   std::string schedule = "cosine";
   double weightDecay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, clipGrad = 1.0;
+  bool offloadOptimizer = false; ///< AdamW state in host memory (ZeRO plans only)
   // Mixed precision: loss scaling (lossScale < 0: auto, 65536 for a float16
   // model, else off; 0: off) and the gradient reduction dtype ("": the model's)
   double lossScale = -1, lossScaleFactor = 2, minLossScale = 1;

@@ -14,6 +14,7 @@
 
 #include "bmt/Plan/Archive.h"
 #include "bmt/Runtime/Model.h"
+#include "bmt/Runtime/OffloadAdam.h"
 #include "bmt/Runtime/Rendezvous.h"
 #include "bmt/Runtime/Safetensors.h"
 #include "bmt/Runtime/Trainer.h"
@@ -31,6 +32,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -218,9 +220,17 @@ int run(const tools::RunOptions &o) {
   at::Device device = chooseDevice(o.device, rendezvous.localRank);
   plan::Archive archive(o.archive);
   archive.setInitSeed(o.seed); // weights-free plans: initial values by --seed
+  if (o.offloadOptimizer && archive.plan().groups.empty())
+    throw tools::UsageError("--offload-optimizer keeps each rank's shard of the optimizer state "
+                            "in host memory and needs a plan with ZeRO storage groups; " +
+                            o.archive + " has none (compile it with bmt-opt's default pipeline "
+                            "or --bmt-zero)");
   std::unique_ptr<runtime::Comm> world = runtime::connect(rendezvous, device);
   const bool rank0 = world->rank() == 0;
-  runtime::Model model(archive, device, world.get(), rank0 ? loadProgress : nullptr);
+  runtime::ModelOptions modelOptions;
+  modelOptions.offloadOptimizer = o.offloadOptimizer;
+  runtime::Model model(archive, device, world.get(), rank0 ? loadProgress : nullptr,
+                       modelOptions);
   const plan::Plan &p = model.plan();
   const int64_t worldSize = world->size(), rank = world->rank();
   std::string objective = o.objective == "auto" ? p.objective : o.objective;
@@ -344,6 +354,22 @@ int run(const tools::RunOptions &o) {
               << (config.lossScale > 0 ? std::to_string(static_cast<int64_t>(config.lossScale))
                                        : std::string("off"))
               << "\n";
+  if (rank0 && model.offloadsOptimizer()) {
+    // Per element of this rank's shards: the float32 master, the two
+    // moments and the gradient copy (float64 for float64 groups).
+    int64_t elements = 0, bytes = 0;
+    for (const at::Tensor &shard : model.parameters()) {
+      elements += shard.numel();
+      bytes += shard.numel() * 4 *
+               static_cast<int64_t>(c10::elementSize(runtime::masterDtype(shard.scalar_type())));
+    }
+    std::cout << "bmt-run: --offload-optimizer: float32 master weights, AdamW moments and "
+                 "gradient copies of "
+              << elements << " elements in " << (device.is_cuda() ? "pinned " : "")
+              << "host memory (" << std::fixed << std::setprecision(1)
+              << static_cast<double>(bytes) / (1024.0 * 1024.0) << " MiB on rank 0); AdamW "
+              << "runs on the CPU" << std::defaultfloat << "\n";
+  }
   if (maskedLM) {
     runtime::TokenFile *source = train ? train.get() : eval.get();
     if (!source || !source->maskId())
