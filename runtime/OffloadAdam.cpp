@@ -193,7 +193,7 @@ void OffloadAdamW::step(double lr, const std::optional<at::Tensor> &foundInf,
   at::TensorOptions floats = at::TensorOptions().dtype(at::kFloat);
   at::Tensor inverseHost = at::full({1}, values[1], floats);
   at::Tensor unusedFound = at::zeros({1}, floats);
-  at::Tensor factorHost = at::scalar_tensor(values[2], at::TensorOptions().dtype(at::kDouble));
+  at::Tensor divisorHost = at::scalar_tensor(static_cast<float>(1.0 / values[2]), floats);
   for (size_t i : gradients_.hostGradientOrder()) {
     at::Tensor grad = gradients_.waitHostGradient(i);
     const at::Tensor &master = masters_.at(i);
@@ -201,17 +201,20 @@ void OffloadAdamW::step(double lr, const std::optional<at::Tensor> &foundInf,
       throw std::logic_error("OffloadAdamW: the host gradient of parameter " + std::to_string(i) +
                              " does not match its master");
     grad = grad.view(master.sizes());
-    // The multiplications the device gradients went through, in the same
-    // order and dtypes (x * 1 == x: skipped).
+    // The unscaling the device gradients went through, in the same dtype
+    // (x * 1 == x: skipped).
     if (lossScale && values[1] != 1.0)
       at::_amp_foreach_non_finite_check_and_unscale_({grad}, unusedFound, inverseHost);
-    if (maxNorm > 0 && values[2] != 1.0)
-      at::_foreach_mul_({grad}, factorHost.to(grad.scalar_type()));
+    // Clipping as AdamW::step applies it: the kernel divides by grad_scale
+    // = float32(1 / clip factor).
+    std::optional<at::Tensor> gradScale;
+    if (maxNorm > 0)
+      gradScale = divisorHost;
     steps_[i].add_(1);
     at::_fused_adamw_({master}, {grad}, {expAvg_[i]}, {expAvgSq_[i]}, /*max_exp_avg_sqs=*/{},
                       {steps_[i]}, lr, config_.beta1, config_.beta2, config_.weightDecay,
-                      config_.eps, /*amsgrad=*/false, /*maximize=*/false,
-                      /*grad_scale=*/std::nullopt, /*found_inf=*/std::nullopt);
+                      config_.eps, /*amsgrad=*/false, /*maximize=*/false, gradScale,
+                      /*found_inf=*/std::nullopt);
     upload(i);
   }
   if (copyStream_) {

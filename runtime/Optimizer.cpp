@@ -97,7 +97,8 @@ AdamW::AdamW(std::vector<at::Tensor> params, AdamWConfig config)
   }
 }
 
-void AdamW::step(double lr, const std::optional<at::Tensor> &foundInf) {
+void AdamW::step(double lr, const std::optional<at::Tensor> &foundInf,
+                  const std::optional<at::Tensor> &gradNorm, double maxNorm) {
   c10::NoGradGuard noGrad;
   std::vector<Group> groups;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -111,11 +112,17 @@ void AdamW::step(double lr, const std::optional<at::Tensor> &foundInf) {
     g.expAvgSqs.push_back(expAvgSq_[i]);
     g.steps.push_back(steps_[i]);
   }
+  // The kernel divides the grads by grad_scale: 1 / the clip factor.
+  std::optional<at::Tensor> divisor;
+  if (gradNorm && maxNorm > 0)
+    divisor = clipFactor(gradNorm->reshape({1}).to(at::kDouble), maxNorm).reciprocal();
   for (Group &g : groups) {
-    std::optional<at::Tensor> inf;
+    std::optional<at::Tensor> inf, scale;
     if (foundInf)
       inf = foundInf->to(g.device, at::kFloat).reshape({});
-    fusedAdamW(g, lr, config_, /*gradScale=*/std::nullopt, inf);
+    if (divisor)
+      scale = divisor->to(g.device, at::kFloat).reshape({});
+    fusedAdamW(g, lr, config_, scale, inf);
   }
 }
 

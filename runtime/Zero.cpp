@@ -349,6 +349,14 @@ void ZeroStorage::startGather(Group &g) {
   if (g.live || g.pending)
     return;
   size_t nbytes = static_cast<size_t>(g.padded) * c10::elementSize(g.info->dtype);
+  if (shardComm_->size() == 1 && g.range.shardSize == g.padded) {
+    // One rank holds the whole group: the "gathered" buffer is the shard
+    // itself (a non-owning pointer; freeBuffer drops it), no copy.
+    g.storage->set_data_ptr_noswap(at::DataPtr(g.shard.data_ptr(), device_));
+    g.storage->set_nbytes(nbytes);
+    g.live = true;
+    return;
+  }
   if (g.storage->nbytes() != nbytes) {
     g.storage->set_data_ptr_noswap(g.storage->allocator()->allocate(nbytes));
     g.storage->set_nbytes(nbytes);
@@ -360,6 +368,8 @@ void ZeroStorage::ensureGathered(Group &g) {
   if (g.live)
     return;
   startGather(g);
+  if (g.live) // one rank: the shard itself, nothing to wait for
+    return;
   std::shared_ptr<Work> work = std::move(g.pending);
   g.pending.reset();
   work->wait();
@@ -400,7 +410,11 @@ void ZeroStorage::startReduceGradient(Group &g, const at::Tensor &flat) {
   PendingGradient pending;
   pending.group = g.index;
   pending.flat = flat;
-  pending.out = at::empty({g.range.shardSize}, flat.options());
+  // One rank: the flat gradient is the shard's (the local reduce-scatter
+  // sees the same memory and copies nothing).
+  pending.out = shardComm_->size() == 1 && g.range.shardSize == flat.numel()
+                    ? flat
+                    : at::empty({g.range.shardSize}, flat.options());
   pending.work = shardComm_->reduceScatter(pending.out, flat);
   if (copyStream_) {
     pending.issued.emplace(device_.type());
@@ -442,7 +456,8 @@ void ZeroStorage::addGradient(PendingGradient &p) {
   if (replicaComm_->size() > 1)
     replicaComm_->allReduce(p.out)->wait();
   at::Tensor out = p.out.to(gradientDtype(g)); // fp32 accumulation of a master's gradient
-  out.div_(static_cast<double>(world_.size()));
+  if (world_.size() > 1)
+    out.div_(static_cast<double>(world_.size()));
   if (param.grad().defined())
     param.mutable_grad().add_(out);
   else

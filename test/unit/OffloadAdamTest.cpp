@@ -58,7 +58,7 @@ struct FakeSource : HostGradientSource {
 };
 
 /// The device path of Trainer::train for one step: unscale (when `scale`),
-/// clip to the global norm, AdamW::step with the flag, refresh bf16
+/// the global norm, AdamW::step with the flag and the clipping, refresh bf16
 /// parameters from their float32 masters. Returns the norm before clipping.
 at::Tensor devicePathStep(AdamW &adamw, const std::vector<at::Tensor> &params,
                           const std::vector<at::Tensor> &trainable,
@@ -78,8 +78,8 @@ at::Tensor devicePathStep(AdamW &adamw, const std::vector<at::Tensor> &params,
         at::_amp_foreach_non_finite_check_and_unscale_({p.grad()}, found, inv);
     flag = found;
   }
-  at::Tensor norm = clipGradNorm(trainable, maxNorm);
-  adamw.step(lr, flag);
+  at::Tensor norm = clipGradNorm(trainable, /*maxNorm=*/0.0); // clipped inside the kernel
+  adamw.step(lr, flag, norm, maxNorm);
   c10::NoGradGuard noGrad;
   for (size_t i = 0; i < params.size(); ++i)
     if (!params[i].is_same(trainable[i]))

@@ -158,6 +158,32 @@ TEST(AdamW, FoundInfSkipsTheStepOnTheDevice) {
   }
 }
 
+TEST(AdamW, ClipsInsideTheKernelAsClipGradNormThenStep) {
+  // step(lr, nullopt, norm, maxNorm) == clipGradNorm(params, maxNorm) + step(lr).
+  std::vector<at::Tensor> a = {leaf({4, 3}, at::kFloat, 1), leaf({5}, at::kDouble, 2)};
+  std::vector<at::Tensor> b = {a[0].detach().clone().requires_grad_(true),
+                               a[1].detach().clone().requires_grad_(true)};
+  AdamW adamA(a, AdamWConfig{}), adamB(b, AdamWConfig{});
+  for (int s = 0; s < 3; ++s) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      at::Tensor g = randomTensor(a[i].sizes(), a[i].scalar_type(), 300 + 10 * s + i).mul(4);
+      a[i].mutable_grad() = g.clone();
+      b[i].mutable_grad() = g.clone();
+    }
+    const double maxNorm = s == 1 ? 1e9 : 0.5; // step 1 does not clip
+    at::Tensor norm = clipGradNorm(a, 0.0);
+    adamA.step(1e-2, std::nullopt, norm, maxNorm);
+    clipGradNorm(b, maxNorm);
+    adamB.step(1e-2);
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE("param " + std::to_string(i));
+    // The kernel's grad_scale is float32: the factor is rounded to it.
+    EXPECT_LT(maxAbsDiff(a[i], b[i]), a[i].scalar_type() == at::kDouble ? 1e-9 : 1e-6);
+    EXPECT_LT(maxAbsDiff(adamA.expAvgSq(i), adamB.expAvgSq(i)), 1e-6);
+  }
+}
+
 TEST(AdamW, RejectsNonFloatingParams) {
   at::Tensor ints = at::empty({3}, at::kLong);
   EXPECT_THROW(AdamW({ints}, AdamWConfig{}), std::invalid_argument);

@@ -100,9 +100,10 @@ public:
   ///   - `lossScale` (one element on the device, float64): the gradients
   ///     were multiplied by float(1 / scale) (unscaled), as the trainer
   ///     does with at::_amp_foreach_non_finite_check_and_unscale_;
-  ///   - `gradNorm` (one element on the device) and `maxNorm` > 0: the
-  ///     gradients were multiplied by clipFactor(gradNorm, maxNorm)
-  ///     (clipGradsToNorm); maxNorm <= 0: no clipping.
+  ///   - `gradNorm` (one element on the device, the norm of the unclipped
+  ///     gradients) and `maxNorm` > 0: the update clips as AdamW::step does,
+  ///     the fused kernel dividing the gradients by float(1 / clipFactor(
+  ///     gradNorm, maxNorm)); maxNorm <= 0: no clipping.
   /// On CUDA the host waits once for these values (and with them for the
   /// gradients), then the step runs on the CPU while the updated parameters
   /// are uploaded; when it returns, the compute stream is ordered after

@@ -43,7 +43,14 @@ public:
   /// device): where it is non-zero the kernel leaves params, moments and
   /// step counts as they are (a skipped mixed-precision step), decided on
   /// the device without a host synchronisation, as torch.amp's GradScaler.
-  void step(double lr, const std::optional<at::Tensor> &foundInf = std::nullopt);
+  /// `gradNorm` with maxNorm > 0: the global gradient norm (one element, any
+  /// floating dtype and device) of grads not yet clipped; the update uses the
+  /// grads multiplied by clipFactor(gradNorm, maxNorm), i.e.
+  /// clip_grad_norm_(params, maxNorm) followed by the step, with the factor
+  /// applied inside the fused kernel (its grad_scale) instead of a separate
+  /// pass over the grads.
+  void step(double lr, const std::optional<at::Tensor> &foundInf = std::nullopt,
+            const std::optional<at::Tensor> &gradNorm = std::nullopt, double maxNorm = 0);
 
   /// Sets every param's grad to undefined (set_to_none, as torch.optim's
   /// zero_grad default).
