@@ -3,6 +3,8 @@
 #include "bmt/Runtime/Profile.h"
 
 #include <ATen/record_function.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <kineto/ActivityType.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
@@ -107,6 +109,11 @@ void StepProfiler::start(bool cuda) {
   prof::enableProfiler(config, activities);
   recording_ = true;
   cuda_ = cuda;
+  if (cuda) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
+    mallocsAtStart_ = stats.num_device_alloc;
+    freesAtStart_ = stats.num_device_free;
+  }
   startNs_ = nowNs();
 }
 
@@ -167,6 +174,9 @@ void StepProfiler::stop(std::ostream &out, const std::string &tracePath, int64_t
         << " ms wall per step; compute kernels " << total * perStep << " ms per step, GPU busy "
         << std::setprecision(1) << 100.0 * unionLength(busy) / wallNs << " % of the wall time; "
         << "collective kernels " << collectives * perStep << " ms per step (own streams)\n";
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
+    out << "  caching allocator: " << stats.num_device_alloc - mallocsAtStart_ << " cudaMalloc and "
+        << stats.num_device_free - freesAtStart_ << " cudaFree calls in the window\n";
     out << "  ms/step      %   calls/step  op (kernels it launched)\n";
     int shown = 0;
     for (const Row &r : sorted(rows)) {

@@ -35,7 +35,9 @@ public:
   /// - CUDA: milliseconds of kernel time per step and the share of all
   ///   kernel time, per launching op; then the kernel time of the
   ///   collectives (NCCL kernels, on their own streams), the wall time per
-  ///   step and the share of it during which any kernel ran.
+  ///   step and the share of it during which any kernel ran, and the
+  ///   cudaMalloc/cudaFree calls of the caching allocator in the window
+  ///   (0 in a steady state: no allocator churn).
   /// - CPU only: milliseconds of self time per step per op.
   /// Throws std::runtime_error when the trace cannot be written.
   void stop(std::ostream &out, const std::string &tracePath, int64_t steps, int top = 30);
@@ -46,6 +48,7 @@ private:
   bool recording_ = false;
   bool cuda_ = false;
   int64_t startNs_ = 0;
+  int64_t mallocsAtStart_ = 0, freesAtStart_ = 0;
 };
 
 } // namespace bmt::runtime
