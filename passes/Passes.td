@@ -91,6 +91,66 @@ def FuseGelu : Pass<"bmt-fuse-gelu", "::mlir::ModuleOp"> {
   let dependentDialects = ["::bmt::BmtDialect"];
 }
 
+def CausalAttention : Pass<"bmt-causal-attention", "::mlir::ModuleOp"> {
+  let summary = "Replace a causal mask built from aranges by is_causal=True in aten::scaled_dot_product_attention";
+  let description = [{
+    Hugging Face's transformers 5 builds the mask of its SDPA attention from
+    index arithmetic (`masking_utils.sdpa_mask`): `kv_idx <= q_idx` over
+    aranges of the query and key positions, ANDed with
+    `attention_mask[batch_idx, kv_idx]`, expanded to `[batch, 1, q, kv]`.
+    Traced or exported, every `aten::scaled_dot_product_attention` then gets
+    this explicit boolean mask and `is_causal=False`, and the kernels compute
+    the whole square instead of its lower triangle. This pass rewrites such
+    a call to `attn_mask=None, is_causal=True` (dropout, scale and
+    enable_gqa as they were) when it proves the mask is exactly
+    `kv <= q` on query and key lengths that are equal:
+
+    - The mask's computation is evaluated symbolically, across calls: an
+      integer tensor as the coordinate along one dimension plus a constant
+      (`arange(n)`, `+ c`, `unsqueeze`, `x[:]`, `expand`, int64
+      conversions), a boolean one as a conjunction of bounds
+      `x_a - x_b <= c` between coordinates (`le`, `lt`, `ge`, `gt` of two
+      positions, `&`, `logical_and`, boolean conversions), tensors of ones
+      (`new_ones`, `ones`, `full` of a nonzero, their views, and indexing
+      them with positions) as "true". Sizes are symbols followed through
+      `aten::size`, views, factories, `embedding` and calls, so the arange
+      of `inputs_embeds.shape[1]` and the one of the ones mask OPT makes
+      from the same size are one length.
+    - The mask must be a boolean `[b, h, n, n]` whose only bounds are
+      `kv - q <= 0` (and lower bounds `kv - q >= -w` that a constant n makes
+      vacuous: Mistral's sliding window in a static export with n <= w);
+      the two lengths must be the same symbol (or equal constants). Any
+      other term, an offset between the positions, a sliding window that
+      can matter, lengths not provably equal, a mask that depends on an
+      input of the program, a mask some op may write in place, or a
+      function called with different masks: the call is left as it is.
+    - `assume-unpadded` (off by default; on in the default pipeline):
+      treats the program input `attention_mask` as all ones, of
+      `input_ids`' shape `[batch, seq]`, so the padding term is true. A
+      rewrite that needs this adds "attention_mask all ones" to the module
+      attribute `bmt.assumptions`, which the exporter writes into the plan;
+      `bmt-run --dump` refuses a batch whose attention_mask breaks it.
+      A proof is tried without the assumption first.
+
+    The mask's computation, now unread, is erased (the ops the proof went
+    through, and the arguments of private functions that carried the mask
+    to the attention). Emits one remark for the module: how many masked
+    calls were made causal, in which functions, under which assumption,
+    and why the others were left alone ("bmt-causal-attention: 2 of 2
+    aten::scaled_dot_product_attention with an attn_mask made causal
+    (attn_mask=None, is_causal=True) in 2 functions
+    (transformer.h.0.attn.forward ... transformer.h.1.attn.forward),
+    assuming attention_mask all ones; mask computation removed: 33 ops,
+    4 function arguments").
+  }];
+  let options = [
+    Option<"assumeUnpadded", "assume-unpadded", "bool", "false",
+           "treat the program input attention_mask as all ones of input_ids' shape "
+           "(recorded in bmt.assumptions; bmt-run --dump checks it)">,
+  ];
+  let dependentDialects = ["::bmt::BmtDialect"];
+}
+
 def FindBlocks : Pass<"bmt-find-blocks", "::mlir::ModuleOp"> {
   let summary = "Find the repeated transformer layers and group them into block lists";
   let description = [{
