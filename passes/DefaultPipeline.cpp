@@ -1,8 +1,8 @@
 //===- DefaultPipeline.cpp - bmt's default pass pipeline ------------------===//
 //
 // What `bmt-opt model.pt -o sharded.pt` runs when no pass is named, and
-// `--bmt-default-pipeline` runs on request: fuse-gelu, find-blocks, zero,
-// checkpoint, overlap, summary. See docs/passes.md.
+// `--bmt-default-pipeline` runs on request: causal-attention, fuse-gelu,
+// find-blocks, zero, checkpoint, overlap, summary. See docs/passes.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -14,9 +14,16 @@
 using namespace mlir;
 
 void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &options) {
-  // First: the fusion rewrites every block's function alike, so identical
-  // blocks stay identical for find-blocks, and the memory estimate of
-  // checkpoint and summary counts the fused op's activations.
+  // First: these rewrite every block's function alike, so identical blocks
+  // stay identical for find-blocks (causal-attention also drops the mask
+  // argument of every block), and the memory estimate of checkpoint and
+  // summary counts what runs. bmt-run trains with attention_mask all ones,
+  // so the default assumes it (recorded in the plan; --dump checks it).
+  if (options.causalAttention) {
+    CausalAttentionOptions causal;
+    causal.assumeUnpadded = options.assumeUnpadded;
+    pm.addPass(createCausalAttention(causal));
+  }
   if (options.fuseGelu)
     pm.addPass(createFuseGelu());
   pm.addPass(createFindBlocks());
@@ -47,7 +54,8 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
 void bmt::registerDefaultPipeline() {
   PassPipelineRegistration<DefaultPipelineOptions>(
       "bmt-default-pipeline",
-      "bmt's default pipeline: fuse-gelu, find-blocks, zero, checkpoint, overlap, then the plan "
+      "bmt's default pipeline: causal-attention, fuse-gelu, find-blocks, zero, checkpoint, "
+      "overlap, then the plan "
       "summary "
       "(what `bmt-opt model.pt -o sharded.pt` runs without pass flags)",
       buildDefaultPipeline);

@@ -50,14 +50,25 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
                         llvm::cl::desc("replace GELU written out as elementwise ops by "
                                        "aten::gelu (bmt-fuse-gelu)"),
                         llvm::cl::init(true)};
+  Option<bool> causalAttention{
+      *this, "causal-attention",
+      llvm::cl::desc("replace a causal mask built from aranges by is_causal=True in "
+                     "aten::scaled_dot_product_attention (bmt-causal-attention)"),
+      llvm::cl::init(true)};
+  Option<bool> assumeUnpadded{
+      *this, "assume-unpadded",
+      llvm::cl::desc("bmt-causal-attention: treat attention_mask as all ones (recorded in "
+                     "the plan; bmt-run trains with all-ones masks)"),
+      llvm::cl::init(true)};
   Option<bool> summary{*this, "summary",
                        llvm::cl::desc("print the plan summary to stderr at the end"),
                        llvm::cl::init(true)};
 };
 
-/// fuse-gelu (unless options.fuseGelu is false), find-blocks, zero,
-/// checkpoint, overlap, then (with options.summary) the summary with the
-/// memory estimate.
+/// causal-attention (unless options.causalAttention is false; with
+/// options.assumeUnpadded), fuse-gelu (unless options.fuseGelu is false),
+/// find-blocks, zero, checkpoint, overlap, then (with options.summary) the
+/// summary with the memory estimate.
 void buildDefaultPipeline(mlir::OpPassManager &pm, const DefaultPipelineOptions &options);
 
 /// Registers `--bmt-default-pipeline` with the global pass registry.

@@ -130,6 +130,14 @@ static llvm::cl::opt<int64_t> clPrefetchDepth(
     "prefetch-depth", llvm::cl::desc("blocks gathered ahead of the running one (0: none)"),
     llvm::cl::init(1), llvm::cl::cat(defaultPipelineCategory));
 
+static llvm::cl::opt<bool> clAssumeUnpadded(
+    "assume-unpadded",
+    llvm::cl::desc("treat attention_mask as all ones, so that a causal mask ANDed with it becomes "
+                   "is_causal=True (bmt-causal-attention); recorded in the plan, bmt-run trains "
+                   "with all-ones masks and --dump refuses padded ones. --assume-unpadded=false "
+                   "keeps the padding term"),
+    llvm::cl::init(true), llvm::cl::cat(defaultPipelineCategory));
+
 // Export flag (any -o *.pt).
 static llvm::cl::opt<bool> clRandomInit(
     "random-init",
@@ -146,7 +154,8 @@ static std::vector<std::string> givenPipelineFlags() {
         static_cast<llvm::cl::Option *>(&clCheckpoint),
         static_cast<llvm::cl::Option *>(&clMemoryBudgetGib),
         static_cast<llvm::cl::Option *>(&clMicroBatch), static_cast<llvm::cl::Option *>(&clSeqLen),
-        static_cast<llvm::cl::Option *>(&clPrefetchDepth)})
+        static_cast<llvm::cl::Option *>(&clPrefetchDepth),
+        static_cast<llvm::cl::Option *>(&clAssumeUnpadded)})
     if (opt->getNumOccurrences() > 0)
       given.push_back(("--" + opt->ArgStr).str());
   return given;
@@ -263,6 +272,7 @@ int main(int argc, char **argv) {
     options->microBatch = clMicroBatch;
     options->seqLen = clSeqLen;
     options->prefetchDepth = clPrefetchDepth;
+    options->assumeUnpadded = clAssumeUnpadded;
     config.setPassPipelineSetupFn([options](PassManager &pm) {
       bmt::buildDefaultPipeline(pm, *options);
       return success();
