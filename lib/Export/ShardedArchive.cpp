@@ -149,6 +149,22 @@ public:
       p.zeroStage = 0;
     else if (p.zeroStage == 0)
       throw ExportError{module.getLoc(), "storage groups without a ZeRO stage (bmt.zero)"};
+    // What the passes assumed about the inputs (bmt-causal-attention's
+    // assume-unpadded): the runtime must not feed anything else.
+    if (auto assumptions = module->getAttr("bmt.assumptions")) {
+      auto list = dyn_cast<ArrayAttr>(assumptions);
+      if (!list)
+        throw ExportError{module.getLoc(), "bmt.assumptions is not a list of strings"};
+      for (Attribute a : list) {
+        auto text = dyn_cast<StringAttr>(a);
+        if (!text || text.getValue() != plan::kAssumeAttentionMaskAllOnes)
+          throw ExportError{module.getLoc(), "bmt.assumptions holds an assumption the runtime "
+                                             "does not know (it knows \"" +
+                                                 std::string(plan::kAssumeAttentionMaskAllOnes) +
+                                                 "\")"};
+        p.assumptions.push_back(text.str());
+      }
+    }
     if (auto overlap = module->getAttrOfType<DictionaryAttr>("bmt.overlap"))
       if (auto depth = overlap.getAs<IntegerAttr>("prefetch_depth"))
         p.prefetchDepth = depth.getInt();

@@ -31,8 +31,8 @@ const char *kVersionRecord = "bmt/version";
 const char *kProgramRecord = "bmt/program.mlir";
 const char *kPlanRecord = "bmt/plan.pkl";
 
-std::string versionLine() {
-  return "bmt-sharded " + std::to_string(kPlanFormatVersion) + "\n";
+std::string versionLine(const Plan &plan) {
+  return "bmt-sharded " + std::to_string(formatVersionOf(plan)) + "\n";
 }
 
 /// Elements [begin, end) of tensor `info`'s flattened value under its init
@@ -71,7 +71,7 @@ void writeArchive(const std::string &path, Plan &plan,
   std::string tmpPath = path + ".tmp." + std::to_string(::getpid());
   try {
     caffe2::serialize::PyTorchStreamWriter writer(tmpPath);
-    std::string version = versionLine();
+    std::string version = versionLine(plan);
     writer.writeRecord(kVersionRecord, version.data(), version.size());
     auto checkedWeight = [&](size_t i) {
       const TensorInfo &info = plan.tensors[i];
@@ -162,13 +162,18 @@ Archive::Archive(const std::string &path) : path_(path) {
     in >> magic >> number;
     if (magic != "bmt-sharded")
       throw PlanError(path + ": not a bmt archive (bad version record)");
-    if (number != kPlanFormatVersion)
+    if (number < kOldestPlanFormatVersion || number > kPlanFormatVersion)
       throw PlanError(path + ": archive format version " + std::to_string(number) +
                       " is not supported (this bmt reads version " +
-                      std::to_string(kPlanFormatVersion) + "); recompile with this bmt-opt");
+                      std::to_string(kOldestPlanFormatVersion) + " to " +
+                      std::to_string(kPlanFormatVersion) +
+                      "); recompile with this bmt-opt, or run a newer bmt-run");
     auto [planData, planSize] = reader_->getRecord(kPlanRecord);
     const char *bytes = static_cast<const char *>(planData.get());
     plan_ = fromIValue(torch::jit::pickle_load(std::vector<char>(bytes, bytes + planSize)));
+    if (plan_.version != number)
+      throw PlanError("the version record says " + std::to_string(number) +
+                      " but the plan is version " + std::to_string(plan_.version));
   } catch (const PlanError &e) {
     std::string message = e.what();
     if (message.rfind(path, 0) == 0)

@@ -2,7 +2,8 @@
 //
 // Encoding (read by docs/sharded-format.md's readers too):
 //   plan       dict  {version, source, model_type, objective, entry, tensors, functions,
-//                     zero_stage, shard_group_size, prefetch_depth, groups}
+//                     zero_stage, shard_group_size, prefetch_depth, groups,
+//                     assumptions (version 3 only)}
 //   tensor     dict  {name, aliases, is_parameter, requires_grad, dtype, shape, record,
 //                     offset, crc32, group, init}
 //   group      dict  {name, dtype, members, offsets, size, block_list, block_index, record}
@@ -227,6 +228,12 @@ int64_t Plan::findTensor(const std::string &name) const {
   return -1;
 }
 
+bool Plan::assumes(const std::string &assumption) const {
+  return std::find(assumptions.begin(), assumptions.end(), assumption) != assumptions.end();
+}
+
+int64_t formatVersionOf(const Plan &plan) { return plan.assumptions.empty() ? 2 : 3; }
+
 std::string objectiveForModelType(const std::string &modelType) {
   if (modelType.find("ForMaskedLM") != std::string::npos ||
       modelType.find("ForPreTraining") != std::string::npos)
@@ -236,7 +243,8 @@ std::string objectiveForModelType(const std::string &modelType) {
 
 IValue toIValue(const Plan &plan) {
   c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
-  root.insert("version", plan.version);
+  int64_t version = formatVersionOf(plan);
+  root.insert("version", version);
   root.insert("source", plan.source);
   root.insert("model_type", plan.modelType);
   root.insert("objective", plan.objective);
@@ -276,6 +284,8 @@ IValue toIValue(const Plan &plan) {
     groups.push_back(d);
   }
   root.insert("groups", groups);
+  if (version >= 3)
+    root.insert("assumptions", listOf(plan.assumptions));
 
   c10::impl::GenericList functions = anyList();
   for (const Function &f : plan.functions) {
@@ -308,9 +318,10 @@ Plan fromIValue(const IValue &value) {
   c10::impl::GenericDict root = asDict(value, "the plan");
   Plan plan;
   plan.version = asInt(field(root, "version"), "version");
-  if (plan.version != kPlanFormatVersion)
+  if (plan.version < kOldestPlanFormatVersion || plan.version > kPlanFormatVersion)
     throw PlanError("plan format version " + std::to_string(plan.version) +
                     " is not supported (this bmt reads version " +
+                    std::to_string(kOldestPlanFormatVersion) + " to " +
                     std::to_string(kPlanFormatVersion) + ")");
   plan.source = asString(field(root, "source"), "source");
   plan.modelType = asString(field(root, "model_type"), "model_type");
@@ -358,6 +369,14 @@ Plan fromIValue(const IValue &value) {
     g.blockIndex = asInt(field(d, "block_index"), "group block_index");
     g.record = asString(field(d, "record"), "group record");
     plan.groups.push_back(std::move(g));
+  }
+
+  if (plan.version >= 3) {
+    plan.assumptions = asStrings(field(root, "assumptions"), "assumptions");
+    for (const std::string &a : plan.assumptions)
+      if (a != kAssumeAttentionMaskAllOnes)
+        throw PlanError("plan: unknown assumption '" + a + "' (this bmt knows '" +
+                        kAssumeAttentionMaskAllOnes + "'); it needs a newer bmt-run");
   }
 
   for (const IValue &fv : asList(field(root, "functions"), "functions")) {

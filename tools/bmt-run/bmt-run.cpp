@@ -163,6 +163,30 @@ void loadProgress(int64_t done, int64_t total) {
     std::fprintf(stderr, "\n");
 }
 
+/// For a plan compiled assuming attention_mask all ones (bmt-opt's
+/// --assume-unpadded, the default: its attention has no padding term left),
+/// refuses a --dump batch that breaks the assumption rather than compute
+/// something else. Checked on the host: --dump is a debugging path.
+void checkUnpadded(const tools::RunOptions &o, const at::Tensor &ids, const at::Tensor *mask) {
+  std::string why;
+  if (ids.dim() != 2) {
+    why = "input_ids has shape " + c10::str(ids.sizes()) + ", not [batch, seq]";
+  } else if (mask && mask->sizes() != ids.sizes()) {
+    why = "attention_mask has shape " + c10::str(mask->sizes()) + ", not input_ids' " +
+          c10::str(ids.sizes());
+  } else if (mask) {
+    int64_t padded = mask->cpu().ne(1).sum().item<int64_t>();
+    if (padded > 0)
+      why = "attention_mask has " + std::to_string(padded) + " of " +
+            std::to_string(mask->numel()) + " entries that are not 1 (padding)";
+  }
+  if (!why.empty())
+    throw Failure(o.dumpInputs + ": " + why + ", but " + o.archive +
+                  " was compiled assuming attention_mask all ones (bmt-opt --assume-unpadded, "
+                  "the default: its attention has no padding term); recompile with "
+                  "bmt-opt --assume-unpadded=false to run padded batches");
+}
+
 /// --dump INPUTS OUT: forward + loss + backward on one given batch.
 void runDump(runtime::Model &model, const tools::RunOptions &o, bool maskedLM) {
   c10::IValue loaded;
@@ -180,6 +204,17 @@ void runDump(runtime::Model &model, const tools::RunOptions &o, bool maskedLM) {
       throw Failure(o.dumpInputs + ": no tensor '" + key + "'");
     return it->value().toTensor().to(model.device());
   };
+  if (model.plan().assumes(plan::kAssumeAttentionMaskAllOnes)) {
+    auto raw = [&](const char *key) -> std::optional<at::Tensor> {
+      auto it = dict.find(std::string(key));
+      if (it == dict.end() || !it->value().isTensor())
+        return std::nullopt;
+      return it->value().toTensor();
+    };
+    std::optional<at::Tensor> rawIds = raw("input_ids"), rawMask = raw("attention_mask");
+    if (rawIds)
+      checkUnpadded(o, *rawIds, rawMask ? &*rawMask : nullptr);
+  }
   at::Tensor ids = get("input_ids");
   at::Tensor mask = dict.contains(std::string("attention_mask")) ? get("attention_mask")
                                                                  : at::ones_like(ids);

@@ -3,7 +3,7 @@
 // sharded.pt is a PyTorch zip container (caffe2::serialize::
 // PyTorchStreamWriter: records 64-byte aligned, uncompressed, mmap-able)
 // holding:
-//   bmt/version       "bmt-sharded <kPlanFormatVersion>\n"
+//   bmt/version       "bmt-sharded <version>\n" (the plan's, formatVersionOf)
 //   bmt/program.mlir  the compiled program as MLIR text (bmt-opt reads it back)
 //   bmt/plan.pkl      the plan (Plan.h), torch::jit::pickle_save format
 //   bmt/weights/<i>   raw bytes of tensor i of the plan (little-endian,

@@ -7,8 +7,11 @@
 //
 // Serialized as an IValue (nested tuples, lists, strings, ints, tensors)
 // with torch::jit::pickle_save into the archive record `plan.pkl`; see
-// docs/sharded-format.md for the record layout. The format is versioned by
-// kPlanFormatVersion; readers reject any other version.
+// docs/sharded-format.md for the record layout. The format is versioned:
+// readers take versions kOldestPlanFormatVersion to kPlanFormatVersion and
+// reject any other; writers write the oldest version that can hold the plan
+// (formatVersionOf), so a plan that needs nothing new stays readable by
+// older bmt-run binaries.
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,7 +28,16 @@
 namespace bmt::plan {
 
 /// Version of the plan and archive layout. Bumped on any incompatible change.
-constexpr int64_t kPlanFormatVersion = 2;
+/// 3 adds `assumptions` (version 2 plans have none).
+constexpr int64_t kPlanFormatVersion = 3;
+/// The oldest version readers still take.
+constexpr int64_t kOldestPlanFormatVersion = 2;
+
+/// An assumption the compiler made about the inputs (bmt-opt's
+/// bmt-causal-attention with assume-unpadded): the program input
+/// attention_mask is all ones, of input_ids' [batch, seq] shape. Training
+/// feeds such masks; bmt-run --dump checks its batches against it.
+inline constexpr const char *kAssumeAttentionMaskAllOnes = "attention_mask all ones";
 
 /// A malformed plan or archive; the message names what is wrong.
 class PlanError : public std::runtime_error {
@@ -141,6 +153,7 @@ ShardRange shardRange(int64_t size, int64_t rank, int64_t shards);
 
 /// The whole plan.
 struct Plan {
+  /// The version read (fromIValue); writers write formatVersionOf(plan).
   int64_t version = kPlanFormatVersion;
   std::string source;    ///< the model file it was compiled from
   std::string modelType; ///< root module class, e.g. "transformers...GPT2LMHeadModel"
@@ -156,13 +169,24 @@ struct Plan {
   /// All-gathers started ahead of the block being run (bmt-overlap).
   int64_t prefetchDepth = 1;
   std::vector<StorageGroup> groups;
+  /// What the compiler assumed about the inputs (the module attribute
+  /// bmt.assumptions); each is one of the kAssume* strings. A runtime that
+  /// feeds other inputs must refuse them.
+  std::vector<std::string> assumptions;
 
   /// The index of the tensor named `name` (or aliased so), or -1.
   int64_t findTensor(const std::string &name) const;
+  /// Whether `assumptions` holds `assumption`.
+  bool assumes(const std::string &assumption) const;
 };
 
-/// Plan <-> IValue. fromIValue throws PlanError on a malformed value or a
-/// version other than kPlanFormatVersion (naming both versions).
+/// The version a writer gives `plan`: 2, or 3 when it has assumptions (an
+/// older reader must refuse such a plan rather than ignore them).
+int64_t formatVersionOf(const Plan &plan);
+
+/// Plan <-> IValue. fromIValue throws PlanError on a malformed value, a
+/// version it does not read (naming the versions it reads), or an
+/// assumption it does not know.
 c10::IValue toIValue(const Plan &plan);
 Plan fromIValue(const c10::IValue &value);
 
