@@ -3,7 +3,7 @@
 Offloading moves each rank's float32 master shards and AdamW moments to host
 memory, copies the gradients there during the backward (on a copy stream on
 CUDA; plain copies on the CPU, through the same code) and runs AdamW on the
-host copies, unscaled and clipped as the device gradients were. On the CPU
+host copies, unscaled and clipped as on the device. On the CPU
 both paths run the same kernels on the same values, so a run with
 --offload-optimizer must equal the run without it: the same losses (within
 1e-6; they agree to the bit) and the same final parameters (bit-identical),

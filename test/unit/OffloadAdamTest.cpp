@@ -3,8 +3,9 @@
 // OffloadAdamW (host masters and moments, host gradient copies taken before
 // unscaling and clipping) must do exactly what the device path does with
 // AdamW: unscale the gradients (at::_amp_foreach_non_finite_check_and_unscale_),
-// clip them to the global norm (clipGradNorm), AdamW::step with the found-inf
-// flag, and for bf16 parameters float32 masters copied into them. Here the
+// their global norm (clipGradNorm), AdamW::step with the found-inf flag and
+// the norm (clipping in the kernel), and for bf16 parameters float32 masters
+// copied into them. Here the
 // "device" is the CPU, so both paths run the same kernels and must agree to
 // the bit: parameters, masters, moments and step counts, over several steps
 // with clipping active, a loss scale, a skipped (inf) step and a parameter

@@ -15,10 +15,11 @@
 //   2. if any rank found an inf/NaN, nothing changes (no update, no upload,
 //      step counts as they were);
 //   3. per parameter, in the order its gradient reached the host: wait for
-//      that copy (HostGradientSource), unscale and clip the host gradient
-//      exactly as the device gradients were (the same multiplications, so
-//      the result is bit-identical to AdamW on the device gradients when
-//      the kernels agree), at::_fused_adamw_ on the CPU tensors, then copy
+//      that copy (HostGradientSource), unscale the host gradient as the
+//      device gradients were (the same multiplication), at::_fused_adamw_
+//      on the CPU tensors with the clipping as AdamW::step applies it
+//      (grad_scale = float(1 / clip factor)), so that the result is
+//      bit-identical to AdamW on the device when the kernels agree; copy
 //      the updated master to the device parameter on a copy stream
 //      (host-to-device, non-blocking; a bf16/fp16 parameter gets the
 //      float32 master staged on the device and cast there), so that the

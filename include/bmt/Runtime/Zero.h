@@ -99,7 +99,7 @@ public:
   /// micro-batches-per-step-th reduce-scatter of the step; this call
   /// processes the rest, copies the gradients of the groups that had fewer
   /// and makes the compute stream wait for the copy stream (the device
-  /// gradients may then be modified: unscaling, clipping).
+  /// gradients may then be modified in place: fp16 unscaling).
   void finishGradients();
   /// Offloading: the backward passes (micro-batches) of one optimizer step,
   /// so that a group's gradient goes to the host as soon as it is complete
