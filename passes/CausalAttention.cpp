@@ -186,18 +186,31 @@ bool mayAlias(bmt::AtenOp op) {
 /// A size: a constant; dimension `dim` of a tensor that nothing more is
 /// known about (a program input, an op the pass does not look into); or an
 /// i64 value that nothing more is known about. Equal symbols are equal
-/// sizes at run time; different ones may still be equal.
+/// sizes at run time; different ones may still be equal. A symbol read
+/// inside a callee carries the calls that led there (`context`): the same
+/// value of a function called twice is two sizes.
 struct Sym {
   enum class Kind { Constant, Dim, Value } kind = Kind::Value;
   int64_t constant = 0;
   Value base;
   int64_t dim = 0;
+  SmallVector<Operation *, 2> context;
 
-  static Sym of(int64_t c) { return {Kind::Constant, c, Value(), 0}; }
-  static Sym dimOf(Value t, int64_t d) { return {Kind::Dim, 0, t, d}; }
-  static Sym valueOf(Value v) { return {Kind::Value, 0, v, 0}; }
+  static Sym of(int64_t c) { return {Kind::Constant, c, Value(), 0, {}}; }
+  template <typename Stack> static Sym dimOf(Value t, int64_t d, const Stack &stack) {
+    Sym s{Kind::Dim, 0, t, d, {}};
+    for (auto call : stack)
+      s.context.push_back(call.getOperation());
+    return s;
+  }
+  template <typename Stack> static Sym valueOf(Value v, const Stack &stack) {
+    Sym s = dimOf(v, 0, stack);
+    s.kind = Kind::Value;
+    return s;
+  }
   bool operator==(const Sym &o) const {
-    return kind == o.kind && constant == o.constant && base == o.base && dim == o.dim;
+    return kind == o.kind && constant == o.constant && base == o.base && dim == o.dim &&
+           context == o.context;
   }
   bool operator!=(const Sym &o) const { return !(*this == o); }
 };
@@ -495,7 +508,7 @@ private:
 
   /// The size of dimension `d` (d >= 0, or from the end when negative) of `t`.
   Sym dimOf(Value t, int64_t d, const CallStack &stack, unsigned depth) {
-    Sym opaque = Sym::dimOf(t, d);
+    Sym opaque = Sym::dimOf(t, d, stack);
     if (depth > kMaxDepth || ++steps > kMaxSteps)
       return opaque;
     if (d < 0) {
@@ -503,13 +516,13 @@ private:
       if (!r || d + *r < 0)
         return opaque;
       d += *r;
-      opaque = Sym::dimOf(t, d);
+      opaque = Sym::dimOf(t, d, stack);
     }
     if (std::optional<StringRef> name = programInput(t)) {
       // Under the assumption attention_mask has input_ids' shape.
       if (*name == "attention_mask" && assumeUnpadded && d < 2)
         if (Value ids = sibling(t, "input_ids"))
-          return Sym::dimOf(ids, d);
+          return Sym::dimOf(ids, d, CallStack{});
       return opaque;
     }
     if (auto hops = through(t, stack); !hops.empty()) {
@@ -539,9 +552,9 @@ private:
       if (!list || d >= static_cast<int64_t>(list->size()))
         return opaque;
       Arg e = (*list)[d];
-      std::optional<int64_t> c = e.value ? std::nullopt : constantInt(e);
       if (e.value)
         return intOf(e.value, stack, depth + 1);
+      std::optional<int64_t> c = constantInt(e);
       if (!c)
         return opaque;
       if (*c >= 0)
@@ -616,7 +629,7 @@ private:
 
   /// The value of i64 `v` as a size symbol.
   Sym intOf(Value v, const CallStack &stack, unsigned depth) {
-    Sym opaque = Sym::valueOf(v);
+    Sym opaque = Sym::valueOf(v, stack);
     if (depth > kMaxDepth || ++steps > kMaxSteps)
       return opaque;
     if (std::optional<int64_t> c = constantInt(Arg{v, Attribute()}))
@@ -724,7 +737,8 @@ private:
       if (!ids)
         return fail("the program has attention_mask but no input_ids");
       Term t; // all ones, of input_ids' [batch, seq] shape
-      t.dims = {Dim::ofSym(Sym::dimOf(ids, 0)), Dim::ofSym(Sym::dimOf(ids, 1))};
+      t.dims = {Dim::ofSym(Sym::dimOf(ids, 0, CallStack{})),
+                Dim::ofSym(Sym::dimOf(ids, 1, CallStack{}))};
       return t;
     }
     if (auto hops = through(v, stack); !hops.empty()) {
@@ -864,7 +878,7 @@ private:
         if (c == -1 && d >= by)
           continue; // keeps the size
         Sym s = e.value ? intOf(e.value, stack, depth + 1)
-                        : (c ? Sym::of(*c) : Sym::valueOf(v));
+                        : (c ? Sym::of(*c) : Sym::valueOf(v, stack));
         if (!e.value && (!c || *c < 0))
           return fail("an expand the pass cannot read");
         Dim &dim = t->dims[d];

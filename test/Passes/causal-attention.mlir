@@ -34,6 +34,8 @@
 // REMARK-ASSUME: remark: bmt-causal-attention: 0 of 1 {{.*}}; left alone: 1 (the mask also bounds kv - q from below (a sliding window))
 // REMARK:        remark: bmt-causal-attention: 0 of 1 {{.*}}; left alone: 1 (the query and key lengths are not provably equal)
 // REMARK-ASSUME: remark: bmt-causal-attention: 0 of 1 {{.*}}; left alone: 1 (the query and key lengths are not provably equal)
+// REMARK:        remark: bmt-causal-attention: 0 of 1 {{.*}}; left alone: 1 (the query and key lengths are not provably equal)
+// REMARK-ASSUME: remark: bmt-causal-attention: 0 of 1 {{.*}}; left alone: 1 (the query and key lengths are not provably equal)
 // REMARK:        remark: bmt-causal-attention: 0 of 1 {{.*}}; left alone: 1 (the mask's computation may be written in place)
 // REMARK-ASSUME: remark: bmt-causal-attention: 0 of 1 {{.*}}; left alone: 1 (the mask's computation may be written in place)
 // REMARK:        remark: bmt-causal-attention: 0 of 1 {{.*}}; left alone: 1 (the mask differs between the call sites of a function)
@@ -459,6 +461,36 @@ func.func @forward(%arg0: !bmt.tensor {bmt.name = "inputs_embeds"}) -> !bmt.tens
 }
 func.func private @attn.forward(%h: !bmt.tensor, %mask: !bmt.tensor) -> !bmt.tensor {
   %0 = bmt.aten "aten::scaled_dot_product_attention"(%h, %h, %h, %mask, 1.000000e-01, false, 1.250000e-01, true) : (!bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor) -> !bmt.tensor
+  return %0 : !bmt.tensor
+}
+
+// -----
+
+// The lengths come from one function called twice, with different inputs:
+// dimension 1 of its (linear) result is a different size at each call.
+// CHECK-LABEL: module {
+// CHECK:         "aten::scaled_dot_product_attention"(%{{.*}}, %{{.*}}, %{{.*}}, %{{[a-z0-9]+}}, 0.000000e+00, false,
+bmt.parameter @proj.weight : tensor<8x8xf32> {requires_grad}
+func.func @forward(%arg0: !bmt.tensor {bmt.name = "inputs_embeds"}, %arg1: !bmt.tensor {bmt.name = "other"}) -> !bmt.tensor {
+  %a = call @proj.forward(%arg0) : (!bmt.tensor) -> !bmt.tensor
+  %c = call @proj.forward(%arg1) : (!bmt.tensor) -> !bmt.tensor
+  %n = bmt.aten "aten::size.int"(%a, 1) : (!bmt.tensor) -> i64
+  %m = bmt.aten "aten::size.int"(%c, 1) : (!bmt.tensor) -> i64
+  %q0 = bmt.aten "aten::arange"(%n, #bmt.none, #bmt.none, #bmt.device<"cpu">, false) : (i64) -> !bmt.tensor
+  %k0 = bmt.aten "aten::arange"(%m, #bmt.none, #bmt.none, #bmt.device<"cpu">, false) : (i64) -> !bmt.tensor
+  %q1 = bmt.aten "aten::unsqueeze"(%q0, 0) : (!bmt.tensor) -> !bmt.tensor
+  %q2 = bmt.aten "aten::unsqueeze"(%q1, 1) : (!bmt.tensor) -> !bmt.tensor
+  %q3 = bmt.aten "aten::unsqueeze"(%q2, 3) : (!bmt.tensor) -> !bmt.tensor
+  %k1 = bmt.aten "aten::unsqueeze"(%k0, 0) : (!bmt.tensor) -> !bmt.tensor
+  %k2 = bmt.aten "aten::unsqueeze"(%k1, 1) : (!bmt.tensor) -> !bmt.tensor
+  %k3 = bmt.aten "aten::unsqueeze"(%k2, 2) : (!bmt.tensor) -> !bmt.tensor
+  %mask = bmt.aten "aten::le.Tensor"(%k3, %q3) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+  %0 = bmt.aten "aten::scaled_dot_product_attention"(%a, %c, %c, %mask, 0.000000e+00, false, #bmt.none, false) : (!bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor) -> !bmt.tensor
+  return %0 : !bmt.tensor
+}
+func.func private @proj.forward(%x: !bmt.tensor) -> !bmt.tensor {
+  %w = bmt.get_global @proj.weight : !bmt.tensor
+  %0 = bmt.aten "aten::linear"(%x, %w, #bmt.none) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
   return %0 : !bmt.tensor
 }
 
