@@ -13,7 +13,7 @@ micro-batch), for
 
 1. float32 GPT-2; bf16 GPT-2 (fp32 masters); bf16 with float32 reduction
    and hybrid sharding (shard group size 1: the replica all-reduce runs on
-   the offload path too);
+   the offload path too); float32 under ZeRO-2 without recompute;
 2. fp16 with dynamic loss scaling and an injected overflow
    (BMT_DEBUG_INJECT_INF_STEP, as test_mixed_precision.py): the step is
    skipped identically (same skipped flags and loss scales, same losses and
@@ -107,6 +107,7 @@ CONFIGS = {
     "fp32": (torch.float32, [], []),
     "bf16": (torch.bfloat16, [], []),
     "bf16-reduce-fp32-hybrid": (torch.bfloat16, ["--shard-group-size", 1], ["--reduce-dtype", "float32"]),
+    "fp32-zero2-no-recompute": (torch.float32, ["--zero-stage", 2, "--checkpoint", "none"], []),
 }
 
 
