@@ -65,6 +65,21 @@ std::string shorten(std::string s, size_t n) {
   return s;
 }
 
+/// Prints the first `top` rows: ms per step, share of `totalNs`, calls per step, name.
+void printRows(std::ostream &out, const std::vector<Row> &rows, int top, double totalNs,
+               int64_t steps) {
+  const double n = static_cast<double>(std::max<int64_t>(steps, 1));
+  int shown = 0;
+  for (const Row &r : rows) {
+    if (shown++ == top)
+      break;
+    out << "  " << std::setw(7) << std::setprecision(2) << r.ns / (1e6 * n) << "  "
+        << std::setw(5) << std::setprecision(1) << 100.0 * r.ns / totalNs << "  "
+        << std::setw(10) << std::setprecision(1) << static_cast<double>(r.calls) / n << "  "
+        << r.name << "\n";
+  }
+}
+
 /// Length of the union of [start, end) intervals (ns).
 double unionLength(std::vector<std::pair<int64_t, int64_t>> intervals) {
   std::sort(intervals.begin(), intervals.end());
@@ -178,18 +193,9 @@ void StepProfiler::stop(std::ostream &out, const std::string &tracePath, int64_t
     out << "  caching allocator: " << stats.num_device_alloc - mallocsAtStart_ << " cudaMalloc and "
         << stats.num_device_free - freesAtStart_ << " cudaFree calls in the window\n";
     out << "  ms/step      %   calls/step  op (kernels it launched)\n";
-    int shown = 0;
-    for (const Row &r : sorted(rows)) {
-      if (shown++ == top)
-        break;
-      out << "  " << std::setw(7) << std::setprecision(2) << r.ns * perStep << "  "
-          << std::setw(5) << std::setprecision(1) << 100.0 * r.ns / total << "  "
-          << std::setw(10) << std::setprecision(1)
-          << static_cast<double>(r.calls) / static_cast<double>(std::max<int64_t>(steps, 1))
-          << "  " << r.name << "\n";
-    }
+    printRows(out, sorted(rows), top, total, steps);
     out << "  top kernels:\n";
-    shown = 0;
+    int shown = 0;
     for (const Row &r : sorted(kernels)) {
       if (shown++ == 12)
         break;
@@ -233,16 +239,7 @@ void StepProfiler::stop(std::ostream &out, const std::string &tracePath, int64_t
     out << "profile: " << steps << " steps, " << std::setprecision(1) << wallNs * perStep
         << " ms wall per step; op self time " << total * perStep << " ms per step (all threads)\n";
     out << "  ms/step      %   calls/step  op\n";
-    int shown = 0;
-    for (const Row &r : sorted(rows)) {
-      if (shown++ == top)
-        break;
-      out << "  " << std::setw(7) << std::setprecision(2) << r.ns * perStep << "  "
-          << std::setw(5) << std::setprecision(1) << 100.0 * r.ns / total << "  "
-          << std::setw(10) << std::setprecision(1)
-          << static_cast<double>(r.calls) / static_cast<double>(std::max<int64_t>(steps, 1))
-          << "  " << r.name << "\n";
-    }
+    printRows(out, sorted(rows), top, total, steps);
   }
   out.flags(flags);
   out.flush();
