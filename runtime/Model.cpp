@@ -113,10 +113,10 @@ void Model::synchronizeGradients() {
   }
 }
 
-at::Tensor Model::clipGradNorm(double maxNorm) {
+at::Tensor Model::gradNorm() {
   if (zero_)
-    return zero_->clipGradNorm(maxNorm);
-  return runtime::clipGradNorm(parameters_, maxNorm);
+    return zero_->gradNorm();
+  return runtime::clipGradNorm(parameters_, /*maxNorm=*/0.0); // the norm only
 }
 
 void Model::afterOptimizerStep() {

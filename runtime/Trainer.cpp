@@ -336,9 +336,9 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
     }
     // Clipping and the update happen on the device; a step with an inf/NaN
     // gradient on any rank (fp16) is skipped by the fused kernel itself.
-    // The norm only (maxNorm 0): both optimizers apply the clip factor
-    // themselves, AdamW inside its fused kernel, the offloaded one on the host.
-    at::Tensor gradNorm = model_.clipGradNorm(/*maxNorm=*/0.0).to(device, at::kDouble);
+    // Both optimizers apply the clip factor themselves, AdamW inside its
+    // fused kernel, the offloaded one on the host.
+    at::Tensor gradNorm = model_.gradNorm().to(device, at::kDouble);
     if (offloaded) // the host copies of the gradients get the same unscaling and clipping
       offloaded->step(current.lr, found, scaler ? std::optional<at::Tensor>(stepScale) : std::nullopt,
                       gradNorm, config_.clipGrad);

@@ -29,7 +29,6 @@
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Runtime/Zero.h"
-#include "bmt/Runtime/Optimizer.h"
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
@@ -633,7 +632,7 @@ void ZeroStorage::releaseAll() {
   }
 }
 
-at::Tensor ZeroStorage::clipGradNorm(double maxNorm) {
+at::Tensor ZeroStorage::gradNorm() {
   c10::NoGradGuard noGrad;
   std::vector<at::Tensor> grads;
   for (const at::Tensor &s : shards_)
@@ -645,9 +644,7 @@ at::Tensor ZeroStorage::clipGradNorm(double maxNorm) {
   if (!grads.empty())
     sumSquares += at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2).sum();
   shardComm_->allReduce(sumSquares)->wait();
-  at::Tensor norm = sumSquares.sqrt();
-  clipGradsToNorm(grads, norm, maxNorm);
-  return norm;
+  return sumSquares.sqrt();
 }
 
 at::Tensor ZeroStorage::gatherParameter(int64_t index, bool gradient) {

@@ -75,11 +75,11 @@ public:
   /// shards' gradients; without ZeRO all-reduces every gradient. Call after
   /// the last backward of a step. Collective.
   void synchronizeGradients();
-  /// Global gradient norm over all ranks (a float64 tensor of one element
-  /// on the model's device, computed without a host synchronisation),
-  /// clipping to maxNorm when > 0 (torch.nn.utils.clip_grad_norm_).
+  /// Global L2 norm of the gradients over all ranks (a float64 tensor of
+  /// one element on the model's device, computed without a host
+  /// synchronisation). The optimizers apply the clipping (AdamW::step).
   /// Collective.
-  at::Tensor clipGradNorm(double maxNorm);
+  at::Tensor gradNorm();
   /// After an optimizer step: copies the float32 masters of low-precision
   /// ZeRO shards into the shards; gathered ZeRO buffers are stale; free them.
   void afterOptimizerStep();

@@ -135,10 +135,8 @@ public:
   /// Their names (the groups' names).
   const std::vector<std::string> &shardNames() const { return shardNames_; }
   /// Global L2 norm of the gradients over all ranks (a float64 tensor of one
-  /// element on the device); when maxNorm > 0, scales every shard's gradient
-  /// by min(1, maxNorm / (norm + 1e-6)) (torch.nn.utils.clip_grad_norm_),
-  /// on the device without a host synchronisation. Collective.
-  at::Tensor clipGradNorm(double maxNorm);
+  /// element on the device), without a host synchronisation. Collective.
+  at::Tensor gradNorm();
   /// The full value of grouped parameter `index` (a new CPU tensor), or its
   /// full gradient with `gradient` (zeros when none). Collective: every
   /// rank calls it for the same tensors in the same order.
