@@ -8,6 +8,8 @@
 
 #include "bmt/Runtime/TokenData.h"
 
+#include "Random.h"
+
 #include <ATen/ops/empty.h>
 #include <nlohmann/json.hpp>
 
@@ -51,22 +53,6 @@ void copyIds(const uint8_t *data, int itemSize, int64_t start, int64_t n, int64_
   }
 }
 
-/// A uniform integer in [0, n) (n >= 1) from the raw 64-bit output of the
-/// generator, by rejection: the same numbers with every standard library
-/// (std::uniform_int_distribution's algorithm is implementation-defined).
-uint64_t uniformBelow(std::mt19937_64 &rng, uint64_t n) {
-  const uint64_t threshold = (0 - n) % n; // 2^64 mod n
-  for (;;) {
-    uint64_t x = rng();
-    if (x >= threshold)
-      return x % n;
-  }
-}
-
-/// A uniform double in [0, 1) with 53 random bits.
-double uniform01(std::mt19937_64 &rng) {
-  return static_cast<double>(rng() >> 11) * (1.0 / 9007199254740992.0);
-}
 
 /// metadata[key] as an int64; `optional`: null or absent gives nullopt.
 std::optional<int64_t> readInt(const nlohmann::json &meta, const char *key,
@@ -151,6 +137,18 @@ TokenFile::TokenFile(const std::string &path) {
   if (maskId_ && *maskId_ >= vocabSize_)
     throw DataError(jsonPath_ + ": mask_id " + std::to_string(*maskId_) +
                     " is outside the vocabulary (vocab_size " + std::to_string(vocabSize_) + ")");
+  padId_ = readInt(meta, "pad_id", jsonPath_, true, 0);
+  if (auto it = meta.find("sentinel_ids"); it != meta.end() && !it->is_null()) {
+    if (!it->is_array())
+      throw DataError(jsonPath_ + ": metadata \"sentinel_ids\" must be a list of integers, got " +
+                      it->dump());
+    for (const nlohmann::json &id : *it) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocabSize_)
+        throw DataError(jsonPath_ + ": metadata \"sentinel_ids\" holds " + id.dump() +
+                        ", not a token id below vocab_size " + std::to_string(vocabSize_));
+      sentinelIds_.push_back(id.get<int64_t>());
+    }
+  }
   if (numTokens_ > std::numeric_limits<int64_t>::max() / itemSize_)
     throw DataError(jsonPath_ + ": num_tokens " + std::to_string(numTokens_) + " is too large");
 
@@ -288,56 +286,6 @@ at::Tensor BatchSampler::sequential(int64_t i) const {
   // The batch's windows are consecutive: one contiguous run of tokens.
   at::Tensor flat = file_.slice(begin_ + i * batch_ * window, batch_ * window);
   return flat.view({batch_, window});
-}
-
-//===----------------------------------------------------------------------===//
-// maskTokens
-//===----------------------------------------------------------------------===//
-
-std::pair<at::Tensor, at::Tensor> maskTokens(const at::Tensor &tokens, int64_t maskId,
-                                             int64_t vocab, double probability,
-                                             std::mt19937_64 &rng) {
-  if (!(probability > 0.0 && probability <= 1.0))
-    throw std::invalid_argument("maskTokens: probability must lie in (0, 1], got " +
-                                std::to_string(probability));
-  if (vocab < 1 || maskId < 0)
-    throw std::invalid_argument("maskTokens: need vocab >= 1 and mask id >= 0, got " +
-                                std::to_string(vocab) + " and " + std::to_string(maskId));
-  at::Tensor src = tokens.to(at::kCPU, at::kLong).contiguous();
-  const int64_t n = src.numel();
-  if (n == 0)
-    throw std::invalid_argument("maskTokens: empty batch");
-  at::Tensor inputs = at::empty(src.sizes(), at::kLong);
-  at::Tensor labels = at::empty(src.sizes(), at::kLong);
-  const int64_t *in = src.const_data_ptr<int64_t>();
-  int64_t *out = inputs.data_ptr<int64_t>();
-  int64_t *lab = labels.data_ptr<int64_t>();
-
-  auto corrupt = [&](int64_t i) {
-    lab[i] = in[i];
-    double r = uniform01(rng);
-    if (r < 0.8)
-      out[i] = maskId;
-    else if (r < 0.9)
-      out[i] = static_cast<int64_t>(uniformBelow(rng, static_cast<uint64_t>(vocab)));
-    else
-      out[i] = in[i];
-  };
-  bool any = false;
-  for (int64_t i = 0; i < n; ++i) {
-    if (uniform01(rng) < probability) {
-      corrupt(i);
-      any = true;
-    } else {
-      out[i] = in[i];
-      lab[i] = -100;
-    }
-  }
-  if (!any)
-    corrupt(static_cast<int64_t>(uniformBelow(rng, static_cast<uint64_t>(n))));
-  if (tokens.device() != inputs.device())
-    return {inputs.to(tokens.device()), labels.to(tokens.device())};
-  return {inputs, labels};
 }
 
 } // namespace bmt::runtime

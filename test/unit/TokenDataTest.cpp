@@ -1,8 +1,8 @@
-//===- TokenDataTest.cpp - token files, batch sampling, BERT masking ------===//
+//===- TokenDataTest.cpp - token files and batch sampling -----------------===//
 //
 // Small PREFIX.bin + PREFIX.json pairs written to a temporary directory in
 // bmt-prepare-data's format, read back; every error case; the sampler's
-// determinism, part bounds and sequential windows; maskTokens' statistics.
+// determinism, part bounds and sequential windows.
 //
 //===----------------------------------------------------------------------===//
 
@@ -24,7 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 using bmt::runtime::BatchSampler;
 using bmt::runtime::DataError;
-using bmt::runtime::maskTokens;
 using bmt::runtime::TokenFile;
 
 class TokenData : public ::testing::Test {
@@ -296,87 +295,6 @@ TEST_F(TokenData, SequentialBatches) {
   EXPECT_EQ(last.front(), 333 + 15 * 20);
   EXPECT_EQ(last.back(), 333 + 16 * 20 - 1);
   EXPECT_LT(last.back(), 666);
-}
-
-//===----------------------------------------------------------------------===//
-// maskTokens
-//===----------------------------------------------------------------------===//
-
-at::Tensor randomTokens(int64_t batch, int64_t seq, int64_t lo, int64_t hi, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  at::Tensor t = at::empty({batch, seq}, at::kLong);
-  int64_t *d = t.data_ptr<int64_t>();
-  for (int64_t i = 0; i < t.numel(); ++i)
-    d[i] = lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo));
-  return t;
-}
-
-TEST(MaskTokens, BertStatistics) {
-  const int64_t vocab = 1000, maskId = 3;
-  at::Tensor tokens = randomTokens(64, 1024, 5, vocab, 42); // no id equals maskId
-  std::mt19937_64 rng(7);
-  auto [inputs, labels] = maskTokens(tokens, maskId, vocab, 0.15, rng);
-  ASSERT_EQ(inputs.sizes(), tokens.sizes());
-  ASSERT_EQ(labels.sizes(), tokens.sizes());
-  EXPECT_EQ(inputs.scalar_type(), at::kLong);
-  EXPECT_EQ(labels.scalar_type(), at::kLong);
-
-  std::vector<int64_t> tok = values(tokens), in = values(inputs), lab = values(labels);
-  const int64_t n = static_cast<int64_t>(tok.size());
-  int64_t selected = 0, masked = 0, kept = 0, replaced = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    ASSERT_GE(in[i], 0);
-    ASSERT_LT(in[i], vocab);
-    if (lab[i] == -100) {
-      ASSERT_EQ(in[i], tok[i]) << "unselected token changed at " << i;
-      continue;
-    }
-    ASSERT_EQ(lab[i], tok[i]) << "label is not the original id at " << i;
-    ++selected;
-    if (in[i] == maskId)
-      ++masked;
-    else if (in[i] == tok[i])
-      ++kept;
-    else
-      ++replaced;
-  }
-  // 65536 positions: sd of the selected fraction ~0.0014; of the split ~0.004.
-  const double s = static_cast<double>(selected);
-  EXPECT_NEAR(s / n, 0.15, 0.01);
-  EXPECT_NEAR(masked / s, 0.80, 0.02);
-  EXPECT_NEAR(replaced / s, 0.10, 0.02); // a random id equal to the original counts as kept
-  EXPECT_NEAR(kept / s, 0.10, 0.02);
-}
-
-TEST(MaskTokens, DeterministicForASeed) {
-  at::Tensor tokens = randomTokens(4, 128, 5, 500, 1);
-  std::mt19937_64 r1(11), r2(11), r3(12);
-  auto a = maskTokens(tokens, 4, 500, 0.15, r1);
-  auto b = maskTokens(tokens, 4, 500, 0.15, r2);
-  auto c = maskTokens(tokens, 4, 500, 0.15, r3);
-  EXPECT_TRUE(a.first.equal(b.first));
-  EXPECT_TRUE(a.second.equal(b.second));
-  EXPECT_FALSE(a.second.equal(c.second));
-  // The input is not modified.
-  EXPECT_TRUE(tokens.equal(randomTokens(4, 128, 5, 500, 1)));
-}
-
-TEST(MaskTokens, SelectsAtLeastOnePosition) {
-  at::Tensor tokens = randomTokens(2, 3, 5, 50, 3);
-  for (uint64_t seed = 0; seed < 20; ++seed) {
-    std::mt19937_64 rng(seed);
-    auto [inputs, labels] = maskTokens(tokens, 1, 50, 1e-12, rng);
-    std::vector<int64_t> lab = values(labels);
-    EXPECT_EQ(std::count_if(lab.begin(), lab.end(), [](int64_t l) { return l != -100; }), 1);
-  }
-}
-
-TEST(MaskTokens, RejectsBadArguments) {
-  at::Tensor tokens = randomTokens(2, 3, 5, 50, 3);
-  std::mt19937_64 rng(0);
-  EXPECT_THROW(maskTokens(tokens, 1, 50, 0.0, rng), std::invalid_argument);
-  EXPECT_THROW(maskTokens(tokens, 1, 50, 1.5, rng), std::invalid_argument);
-  EXPECT_THROW(maskTokens(tokens, 1, 0, 0.15, rng), std::invalid_argument);
 }
 
 } // namespace

@@ -3,8 +3,8 @@
 // Reads the token files written by tools/bin/bmt-prepare-data: PREFIX.bin
 // (flat little-endian uint16 or uint32 token ids) with PREFIX.json beside it
 // ({"format": "bmt-tokens", "version": 1, "dtype", "num_tokens",
-// "vocab_size", "eos_id", "mask_id", "pad_id", ...}). The .bin is mmap-ed
-// read-only; batches are copied out of it.
+// "vocab_size", "eos_id", "mask_id", "pad_id", "sentinel_ids", ...}). The
+// .bin is mmap-ed read-only; batches are copied out of it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,6 +18,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace bmt::runtime {
 
@@ -34,9 +35,10 @@ public:
   /// Opens `path`, either PREFIX.bin or PREFIX.json (the other is found
   /// beside it; a bare PREFIX works too). Checks that the metadata's format
   /// and version are known, that dtype is uint16 or uint32, that
-  /// num_tokens, vocab_size and eos_id are integers (mask_id: integer or
-  /// null), eos_id and mask_id < vocab_size, and the .bin size is num_tokens
-  /// times its item size. Throws DataError otherwise.
+  /// num_tokens, vocab_size and eos_id are integers (mask_id, pad_id:
+  /// integer or null; sentinel_ids: absent, null or a list of integers),
+  /// eos_id, mask_id and the sentinel ids < vocab_size, and the .bin size is
+  /// num_tokens times its item size. Throws DataError otherwise.
   explicit TokenFile(const std::string &path);
   ~TokenFile();
   TokenFile(const TokenFile &) = delete;
@@ -46,6 +48,10 @@ public:
   int64_t vocabSize() const { return vocabSize_; } ///< of the tokenizer
   int64_t eosId() const { return eosId_; }
   std::optional<int64_t> maskId() const { return maskId_; }
+  std::optional<int64_t> padId() const { return padId_; }
+  /// The tokenizer's span-corruption sentinels <extra_id_0>, <extra_id_1>,
+  /// ... in that order (T5's tokenizers); empty when it has none.
+  const std::vector<int64_t> &sentinelIds() const { return sentinelIds_; }
   const std::string &binPath() const { return binPath_; }
 
   /// Token `i` (0 <= i < numTokens(); std::out_of_range otherwise).
@@ -62,7 +68,8 @@ public:
 private:
   std::string binPath_, jsonPath_;
   int64_t numTokens_ = 0, vocabSize_ = 0, eosId_ = 0;
-  std::optional<int64_t> maskId_;
+  std::optional<int64_t> maskId_, padId_;
+  std::vector<int64_t> sentinelIds_;
   int itemSize_ = 2;
   const uint8_t *data_ = nullptr;
   size_t mappedBytes_ = 0;
@@ -95,19 +102,6 @@ private:
   int64_t batch_, seqLen_, begin_, end_;
   std::mt19937_64 rng_;
 };
-
-/// BERT's masked-LM corruption (Devlin et al. 2019, section 3.1): each
-/// token is selected with probability `probability`; a selected token is
-/// replaced by `maskId` 80% of the time, by a random id in [0, vocab) 10%,
-/// and kept 10%. Returns {inputs, labels}: int64 [batch, seq]; labels hold
-/// the original id at selected positions and -100 elsewhere (ignored by
-/// cross-entropy). At least one position per batch is selected. `tokens`
-/// may be on any device (the results are on the same one); throws
-/// std::invalid_argument for probability outside (0, 1], vocab < 1,
-/// maskId < 0 or an empty batch.
-std::pair<at::Tensor, at::Tensor> maskTokens(const at::Tensor &tokens, int64_t maskId,
-                                             int64_t vocab, double probability,
-                                             std::mt19937_64 &rng);
 
 } // namespace bmt::runtime
 
