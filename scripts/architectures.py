@@ -2,6 +2,7 @@
 """Which transformers architectures bmt handles, from .pt2 and from .pt.
 
 usage: scripts/architectures.py [--bin build/bin] [--only NAME ...] [--keep DIR]
+                                [--dynamic-only]
 
 For each architecture of issue 6 (tiny random config, eager attention, no
 cache, seed 0): export it as a user does, to TorchScript (torch.jit.trace,
@@ -11,6 +12,14 @@ to the layers), bmt-opt compile to sharded.pt, bmt-run --dump on a batch of
 the export's shape, and compare logits and every parameter gradient with the
 eager model (fp32, max abs difference). Prints a Markdown table (the one in
 docs/architectures.md) with the first error line where a step fails.
+
+The ".pt2 dynamic" column exports the same model with a dynamic batch and
+sequence length, as a user does (dynamic_shapes: a named Dim for each, or
+Dim.DYNAMIC for the sequence where torch refuses the named Dim with
+"Constraints violated"; strict=False), imports and compiles it the same way,
+and runs bmt-run --dump at two shapes other than the export's (DYN_SHAPES),
+against the eager model at those shapes. --dynamic-only runs that column
+alone.
 """
 import argparse
 import os
@@ -21,6 +30,8 @@ import tempfile
 import warnings
 
 BATCH, SEQ, VOCAB = 2, 8, 128
+# Shapes the dynamic export runs at (batch x seq), none of them the export's.
+DYN_SHAPES = [(3, 12), (1, 5)]
 LLAMA_LIKE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
 ARCHS = {
@@ -90,9 +101,11 @@ def run(cmd):
     return r.returncode, r.stdout + r.stderr
 
 
-def check(name, archive, model, inputs, tmp, bindir):
-    """Import, compile, run; returns the table cells (import, parity)."""
-    import torch
+def check(name, archive, model, inputs, tmp, bindir, runs=None):
+    """Import, compile, run; returns the table cells (import, parity).
+
+    runs: the batches to run (input dicts); the export's own inputs unless
+    given (a dynamic export runs at other shapes)."""
     rc, out = run([os.path.join(bindir, "bmt-opt"), archive, "-o", archive + ".mlir"])
     if rc:
         return f"fails: `{first_line(out)}`", "–"
@@ -114,6 +127,23 @@ def check(name, archive, model, inputs, tmp, bindir):
         return imported + f"; compile fails: `{first_line(out)}`", "–"
     if "decoder_input_ids" in inputs:
         return imported + "; compiles", "not run: bmt-run feeds input_ids and attention_mask only"
+    worst, shapes = (0.0, 0.0), []
+    for batch in runs or [inputs]:
+        result = run_and_compare(model, sharded, batch, tmp, bindir)
+        if isinstance(result, str):
+            return imported + "; compiles", result
+        worst = tuple(max(a, b) for a, b in zip(worst, result))
+        shapes.append("x".join(str(d) for d in batch["input_ids"].shape))
+    diff, gdiff = worst
+    verdict = "ok" if max(diff, gdiff) <= 1e-5 else "**exceeds 1e-5**"
+    at = f" at {', '.join(shapes)}" if runs else ""
+    return imported + "; compiles", f"{verdict}{at}: logits {diff:.1e}, grads {gdiff:.1e}"
+
+
+def run_and_compare(model, sharded, inputs, tmp, bindir):
+    """bmt-run --dump on one batch against the eager model: (logits
+    difference, largest gradient difference), or the failure as a string."""
+    import torch
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     masked = type(model).__name__.endswith("ForMaskedLM")
     if masked:
@@ -125,7 +155,7 @@ def check(name, archive, model, inputs, tmp, bindir):
     rc, out = run([os.path.join(bindir, "bmt-run"), sharded, "--dump", tmp + "/in.pt",
                    tmp + "/out.pt", "--device", "cpu"])
     if rc:
-        return imported + "; compiles", f"bmt-run fails: `{first_line(out)}`"
+        return f"bmt-run fails: `{first_line(out)}`"
     got = torch.load(tmp + "/out.pt", weights_only=False)
     model.zero_grad()
     logits = model(**inputs).logits
@@ -137,21 +167,59 @@ def check(name, archive, model, inputs, tmp, bindir):
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab),
                                                  labels[:, 1:].reshape(-1))
     loss.backward()
+    if got["logits"].shape != logits.shape:
+        return (f"wrong logits shape {list(got['logits'].shape)} "
+                f"(eager: {list(logits.shape)})")
     diff = (got["logits"] - logits.detach()).abs().max().item()
     grads = {k[5:]: v for k, v in got.items() if k.startswith("grad/")}
     params = dict(model.named_parameters())
     if set(grads) != set(params):
-        return imported + "; compiles", f"gradient names differ: {sorted(set(grads) ^ set(params))[:3]}"
+        return f"gradient names differ: {sorted(set(grads) ^ set(params))[:3]}"
     gdiff = max((grads[k] - p.grad).abs().max().item() for k, p in params.items())
-    verdict = "ok" if max(diff, gdiff) <= 1e-5 else "**exceeds 1e-5**"
-    return imported + "; compiles", f"{verdict}: logits {diff:.1e}, grads {gdiff:.1e}"
+    return diff, gdiff
 
+
+def export_dynamic(model, inputs):
+    """torch.export with dim 0 of every input the batch and dim 1 the
+    sequence, as a user writes it: named Dims; where torch refuses the named
+    sequence Dim ("Constraints violated (seq)": it cannot prove a guard of
+    the model's over the declared range), Dim.DYNAMIC for the sequence.
+    Returns (ExportedProgram, how the sequence was declared)."""
+    import torch
+    Dim = torch.export.Dim
+
+    def export(seq):
+        shapes = {k: {0: Dim("batch", min=1, max=64), 1: seq} for k in inputs}
+        return torch.export.export(model, args=(), kwargs=inputs, dynamic_shapes=shapes,
+                                   strict=False)
+    try:
+        return export(Dim("seq", min=2, max=64)), "named Dims"
+    except Exception as e:  # noqa: BLE001
+        if "Constraints violated" not in str(e):
+            raise
+        return export(Dim.DYNAMIC), "seq Dim.DYNAMIC (a named seq Dim: Constraints violated)"
+
+
+def dynamic_batches(inputs):
+    """The inputs at DYN_SHAPES: random ids, all-ones attention mask."""
+    import torch
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for b, s in DYN_SHAPES:
+        batch = {"input_ids": torch.randint(0, VOCAB, (b, s), generator=g),
+                 "attention_mask": torch.ones(b, s, dtype=torch.long)}
+        if "decoder_input_ids" in inputs:
+            batch["decoder_input_ids"] = batch["input_ids"].clone()
+        out.append(batch)
+    return out
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin"))
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--keep")
+    ap.add_argument("--dynamic-only", action="store_true",
+                    help="the .pt2 dynamic column only")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -169,32 +237,52 @@ def main():
         if ARCHS[name][1] == "t5":
             inputs["decoder_input_ids"] = inputs["input_ids"].clone()
         cells = {}
-        # torch.export
+        if not args.dynamic_only:
+            # torch.export
+            try:
+                ep = torch.export.export(model, args=(), kwargs=inputs, strict=False)
+                pt2 = os.path.join(tmp, stem + ".pt2")
+                torch.export.save(ep, pt2)
+                cells["pt2"] = check(name, pt2, model, inputs, tmp, args.bin)
+            except Exception as e:  # noqa: BLE001
+                cells["pt2"] = (f"torch.export fails: `{exception_line(e)}`", "–")
+            # TorchScript
+            try:
+                with torch.no_grad():
+                    traced = torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
+                pt = os.path.join(tmp, stem + ".pt")
+                traced.save(pt)
+                cells["pt"] = check(name, pt, model, inputs, tmp, args.bin)
+            except Exception as e:  # noqa: BLE001
+                cells["pt"] = (f"torch.jit.trace fails: `{exception_line(e)}`", "–")
+        # torch.export with a dynamic batch and sequence length
         try:
-            ep = torch.export.export(model, args=(), kwargs=inputs, strict=False)
-            pt2 = os.path.join(tmp, stem + ".pt2")
+            ep, declared = export_dynamic(model, inputs)
+            pt2 = os.path.join(tmp, stem + "-dyn.pt2")
             torch.export.save(ep, pt2)
-            cells["pt2"] = check(name, pt2, model, inputs, tmp, args.bin)
+            imported, parity = check(name, pt2, model, inputs, tmp, args.bin,
+                                     runs=dynamic_batches(inputs))
+            cells["dyn"] = (f"{declared}; {imported}", parity)
         except Exception as e:  # noqa: BLE001
-            cells["pt2"] = (f"torch.export fails: `{exception_line(e)}`", "–")
-        # TorchScript
-        try:
-            with torch.no_grad():
-                traced = torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
-            pt = os.path.join(tmp, stem + ".pt")
-            traced.save(pt)
-            cells["pt"] = check(name, pt, model, inputs, tmp, args.bin)
-        except Exception as e:  # noqa: BLE001
-            cells["pt"] = (f"torch.jit.trace fails: `{exception_line(e)}`", "–")
-        row = f"| {name} | {cells['pt2'][0]} | {cells['pt2'][1]} | {cells['pt'][0]} | {cells['pt'][1]} |"
+            cells["dyn"] = (f"torch.export fails: `{exception_line(e)}`", "–")
+        if args.dynamic_only:
+            row = f"| {name} | {cells['dyn'][0]} | {cells['dyn'][1]} |"
+        else:
+            row = (f"| {name} | {cells['pt2'][0]} | {cells['pt2'][1]} | {cells['pt'][0]} | "
+                   f"{cells['pt'][1]} | {cells['dyn'][0]} | {cells['dyn'][1]} |")
         print(row, flush=True)
         rows.append(row)
     print()
-    print("| architecture | .pt2 import | .pt2 parity (fp32) | .pt import | .pt parity (fp32) |")
-    print("|---|---|---|---|---|")
+    if args.dynamic_only:
+        print("| architecture | .pt2 dynamic import | .pt2 dynamic parity (fp32) |")
+        print("|---|---|---|")
+    else:
+        print("| architecture | .pt2 import | .pt2 parity (fp32) | .pt import | .pt parity (fp32) "
+              "| .pt2 dynamic import | .pt2 dynamic parity (fp32) |")
+        print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(r)
-
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())
