@@ -6,8 +6,11 @@
 #include "bmt/Runtime/Optimizer.h"
 #include "bmt/Runtime/Zero.h"
 
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
+
+#include <algorithm>
 #include <ATen/ops/cross_entropy_loss.h>
 
 namespace bmt::runtime {
@@ -75,19 +78,32 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
 
 Model::~Model() = default;
 
-std::vector<c10::IValue> Model::run(const at::Tensor &inputIds,
-                                    const at::Tensor &attentionMask) {
+std::vector<c10::IValue> Model::run(const ModelInputs &given) {
   const plan::Function &entry = plan_.functions[plan_.entry];
+  if (!given.inputIds.defined())
+    throw ExecutionError("the model's forward needs input_ids");
   std::vector<c10::IValue> inputs;
   for (const std::string &name : entry.paramNames) {
-    if (name == "input_ids")
-      inputs.emplace_back(inputIds);
-    else if (name == "attention_mask")
-      inputs.emplace_back(attentionMask);
-    else
+    if (name == "input_ids") {
+      inputs.emplace_back(given.inputIds);
+    } else if (name == "attention_mask") {
+      inputs.emplace_back(given.attentionMask.defined() ? given.attentionMask
+                                                        : at::ones_like(given.inputIds));
+    } else if (name == "decoder_input_ids") {
+      if (!given.decoderInputIds.defined())
+        throw ExecutionError("the model's forward takes decoder_input_ids (an encoder-decoder): "
+                             "train it with the span-corruption objective, or give "
+                             "decoder_input_ids in --dump's inputs");
+      inputs.emplace_back(given.decoderInputIds);
+    } else if (name == "decoder_attention_mask" && given.decoderInputIds.defined()) {
+      inputs.emplace_back(at::ones_like(given.decoderInputIds));
+    } else {
       throw ExecutionError("the model's forward takes an input '" + name +
-                           "' that bmt-run does not provide (it provides input_ids "
-                           "and attention_mask); export the model with those inputs");
+                           "' that bmt-run does not provide (it provides input_ids, "
+                           "attention_mask, and decoder_input_ids with "
+                           "decoder_attention_mask for encoder-decoders); export the model "
+                           "with those inputs");
+    }
   }
   if (!zero_)
     return executor_->run(inputs);
@@ -173,8 +189,8 @@ std::vector<std::pair<std::string, at::Tensor>> Model::fullParameters(bool gradi
 }
 
 std::vector<std::pair<std::string, c10::IValue>>
-Model::forwardAll(const at::Tensor &inputIds, const at::Tensor &attentionMask) {
-  std::vector<c10::IValue> results = run(inputIds, attentionMask);
+Model::forwardAll(const ModelInputs &inputs) {
+  std::vector<c10::IValue> results = run(inputs);
   const plan::Function &entry = plan_.functions[plan_.entry];
   std::vector<std::pair<std::string, c10::IValue>> named;
   for (size_t i = 0; i < results.size(); ++i) {
@@ -184,11 +200,17 @@ Model::forwardAll(const at::Tensor &inputIds, const at::Tensor &attentionMask) {
   return named;
 }
 
-at::Tensor Model::forward(const at::Tensor &inputIds, const at::Tensor &attentionMask) {
-  std::vector<c10::IValue> results = run(inputIds, attentionMask);
+at::Tensor Model::forward(const ModelInputs &inputs) {
+  std::vector<c10::IValue> results = run(inputs);
   if (!results.at(logitsIndex_).isTensor())
     throw ExecutionError("the model's logits result is not a tensor");
   return results[logitsIndex_].toTensor();
+}
+
+bool Model::isEncoderDecoder() const {
+  const plan::Function &entry = plan_.functions[plan_.entry];
+  return std::find(entry.paramNames.begin(), entry.paramNames.end(), "decoder_input_ids") !=
+         entry.paramNames.end();
 }
 
 int64_t Model::numParameters() const {

@@ -105,11 +105,23 @@ int64_t envInt(const char *name, int64_t fallback) {
 
 } // namespace
 
-std::pair<at::Tensor, int64_t> Trainer::microBatchLoss(const at::Tensor &window,
-                                                       std::mt19937_64 &rng) {
+Trainer::MicroBatchLoss Trainer::microBatchLoss(const MicroBatch &micro,
+                                                std::mt19937_64 &rng) {
   at::Device device = model_.device();
-  int64_t seq = window.size(1) - 1;
-  if (config_.maskedLM) {
+  if (!micro.window.defined()) { // ready encoder-decoder pairs
+    ModelInputs inputs;
+    inputs.inputIds = toDevice(micro.inputIds, device);
+    inputs.decoderInputIds =
+        toDevice(shiftRight(micro.labels, config_.spanCorruption.decoderStartId), device);
+    at::Tensor labels = toDevice(micro.labels, device);
+    at::Tensor logits = model_.forward(inputs);
+    return {languageModelLoss(logits, labels, /*shift=*/false),
+            micro.labels.ne(-100).sum().item<int64_t>(), micro.inputIds.numel()};
+  }
+  const at::Tensor &window = micro.window;
+  const int64_t batch = window.size(0), seq = window.size(1) - 1;
+  switch (config_.objective) {
+  case Objective::MaskedLM: {
     at::Tensor tokens = window.slice(1, 0, seq);
     auto [inputs, labels] =
         maskTokens(tokens, config_.maskId, config_.vocabSize, config_.maskProb, rng);
@@ -117,13 +129,26 @@ std::pair<at::Tensor, int64_t> Trainer::microBatchLoss(const at::Tensor &window,
     inputs = toDevice(inputs, device);
     labels = toDevice(labels, device);
     at::Tensor logits = model_.forward(inputs, at::ones_like(inputs));
-    return {languageModelLoss(logits, labels, /*shift=*/false), predicted};
+    return {languageModelLoss(logits, labels, /*shift=*/false), predicted, batch * seq};
+  }
+  case Objective::SpanCorruption: {
+    Seq2SeqBatch b = spanCorruption(window, config_.spanCorruption, rng);
+    ModelInputs inputs;
+    inputs.inputIds = toDevice(b.inputIds, device);
+    inputs.decoderInputIds = toDevice(b.decoderInputIds, device);
+    at::Tensor labels = toDevice(b.labels, device);
+    at::Tensor logits = model_.forward(inputs);
+    return {languageModelLoss(logits, labels, /*shift=*/false), b.labels.numel(),
+            b.inputIds.numel()};
+  }
+  case Objective::CausalLM:
+    break;
   }
   at::Tensor onDevice = toDevice(window, device);
   at::Tensor inputs = onDevice.slice(1, 0, seq).contiguous();
   at::Tensor labels = onDevice.slice(1, 1, seq + 1).contiguous();
   at::Tensor logits = model_.forward(inputs, at::ones_like(inputs));
-  return {languageModelLoss(logits, labels, /*shift=*/false), labels.numel()};
+  return {languageModelLoss(logits, labels, /*shift=*/false), labels.numel(), batch * seq};
 }
 
 EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t microBatch,
@@ -144,7 +169,7 @@ EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t micr
     int64_t i = round * ranks + rank;
     bool counted = i < n;
     std::mt19937_64 rng(config_.seed + 1 + static_cast<uint64_t>(counted ? i : 0)); // masked-LM masks
-    auto [loss, count] = microBatchLoss(sampler.sequential(counted ? i : 0), rng);
+    auto [loss, count, inputTokens] = microBatchLoss({sampler.sequential(counted ? i : 0)}, rng);
     if (counted) {
       sum += loss.item<double>() * static_cast<double>(count);
       tokens += static_cast<double>(count);
@@ -179,7 +204,7 @@ struct Trainer::PendingStep {
   std::optional<c10::Event> ready;
 };
 
-void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
+void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
                     const TokenFile *evalData, int64_t seqLen, int64_t microBatch) {
   // AdamW on the device, or, offloading (--offload-optimizer), AdamW with
   // its masters and moments in host memory, fed by the gradient copies the
@@ -311,14 +336,14 @@ void Trainer::train(const std::function<at::Tensor()> &nextMicroBatch,
     else
       optimizer->zeroGrad();
     for (int64_t micro = 0; micro < config_.gradAccum; ++micro) {
-      at::Tensor window = nextMicroBatch();
-      auto [loss, count] = microBatchLoss(window, rng);
+      MicroBatchLoss result = microBatchLoss(nextMicroBatch(), rng);
+      at::Tensor loss = result.loss;
       losses.push_back(loss.detach().reshape({1}).to(at::kDouble));
       at::Tensor objective = loss.div(static_cast<double>(config_.gradAccum));
       if (scaler)
         objective = objective.mul(scaler->scale().to(objective.scalar_type()).reshape({}));
       objective.backward();
-      current.tokens += window.size(0) * (window.size(1) - 1) * world.size();
+      current.tokens += result.inputTokens * world.size();
     }
     model_.synchronizeGradients();
     if (step == injectInfStep && world.rank() == injectInfRank)

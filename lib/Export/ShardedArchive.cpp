@@ -175,7 +175,7 @@ public:
     p.entry = 0;
     if (auto type = funcs[0]->getAttrOfType<StringAttr>("bmt.module_type"))
       p.modelType = type.str();
-    p.objective = plan::objectiveForModelType(p.modelType);
+    p.objective = plan::objectiveFor(p);
     return p;
   }
 

@@ -234,9 +234,14 @@ bool Plan::assumes(const std::string &assumption) const {
 
 int64_t formatVersionOf(const Plan &plan) { return plan.assumptions.empty() ? 2 : 3; }
 
-std::string objectiveForModelType(const std::string &modelType) {
-  if (modelType.find("ForMaskedLM") != std::string::npos ||
-      modelType.find("ForPreTraining") != std::string::npos)
+std::string objectiveFor(const Plan &plan) {
+  if (plan.entry >= 0 && plan.entry < static_cast<int64_t>(plan.functions.size())) {
+    const std::vector<std::string> &inputs = plan.functions[plan.entry].paramNames;
+    if (std::find(inputs.begin(), inputs.end(), "decoder_input_ids") != inputs.end())
+      return "span-corruption";
+  }
+  if (plan.modelType.find("ForMaskedLM") != std::string::npos ||
+      plan.modelType.find("ForPreTraining") != std::string::npos)
     return "masked-lm";
   return "causal-lm";
 }

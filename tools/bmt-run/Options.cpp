@@ -53,12 +53,15 @@ Trains (or evaluates) a model compiled by `bmt-opt MODEL -o SHARDED.pt`.
 data:
   --data PATH            training tokens (PREFIX.bin or PREFIX.json from bmt-prepare-data)
   --eval-data PATH       held-out tokens for evaluation
-  --batches FILE         use the batches in FILE (torch.save of an int64 tensor
-                         [n, micro-batch, seq-len + 1]) instead of sampling --data
+  --batches FILE         use the batches in FILE instead of sampling --data: torch.save
+                         of an int64 tensor [n, micro-batch, seq-len + 1] of token
+                         windows, or, for an encoder-decoder, of a dict of ready pairs
+                         {"input_ids": [n, micro-batch, S], "labels": [n, micro-batch, T]}
 training:
   --steps N              optimizer steps (required unless --eval-only / --dump)
   --micro-batch N        sequences per micro-batch (default 8)
-  --seq-len N            tokens per sequence (default 128)
+  --seq-len N            tokens per sequence (default 128; span corruption: the encoder
+                         input's, read from longer windows)
   --grad-accum N         micro-batches per step (default 1)
   --lr F                 peak learning rate (default 3e-4)
   --warmup N             warmup steps (default 0)
@@ -81,8 +84,14 @@ mixed precision (a model exported with bmt-export-hf --dtype bfloat16|float16):
   --min-loss-scale F     the scale never drops below F (default 1)
   --reduce-dtype NAME    float32 | bfloat16 | float16: reduce-scatter gradients in this
                          dtype (default: the model's; float32 = full-precision reduction)
-  --objective NAME       auto | causal-lm | masked-lm (default auto: from the model class)
+  --objective NAME       auto | causal-lm | masked-lm | span-corruption (default auto:
+                         span-corruption for an encoder-decoder such as T5, masked-lm
+                         for *ForMaskedLM, else causal-lm)
   --mask-prob F          masked-LM selection probability (default 0.15)
+  --noise-density F      span corruption: fraction of tokens corrupted (default 0.15)
+  --mean-span-length F   span corruption: mean corrupted span length (default 3)
+  --decoder-start-id N   first decoder input token (default: the data's pad_id, else 0,
+                         T5's decoder_start_token_id)
   --seed N               seed of sampling and masking (default 0)
 evaluation:
   --eval-every N         evaluate every N steps (default: only after the last step)
@@ -132,6 +141,9 @@ RunOptions parseRunOptions(int argc, char **argv) {
       {"--min-loss-scale", [&](auto &k, auto &v) { o.minLossScale = toDouble(k, v, 0); }},
       {"--reduce-dtype", [&](auto &, auto &v) { o.reduceDtype = v; }},
       {"--mask-prob", [&](auto &k, auto &v) { o.maskProb = toDouble(k, v, 0); }},
+      {"--noise-density", [&](auto &k, auto &v) { o.noiseDensity = toDouble(k, v, 0); }},
+      {"--mean-span-length", [&](auto &k, auto &v) { o.meanSpanLength = toDouble(k, v, 1); }},
+      {"--decoder-start-id", [&](auto &k, auto &v) { o.decoderStartId = toInt(k, v, 0); }},
       {"--seed", [&](auto &k, auto &v) { o.seed = static_cast<uint64_t>(toInt(k, v, 0)); }},
       {"--eval-every", [&](auto &k, auto &v) { o.evalEvery = toInt(k, v, 0); }},
       {"--eval-batches", [&](auto &k, auto &v) { o.evalBatches = toInt(k, v, 0); }},
@@ -197,8 +209,10 @@ RunOptions parseRunOptions(int argc, char **argv) {
   }
   if (o.archive.empty())
     throw UsageError("no archive given (usage: bmt-run SHARDED.pt [options])");
-  if (o.objective != "auto" && o.objective != "causal-lm" && o.objective != "masked-lm")
-    throw UsageError("--objective must be auto, causal-lm or masked-lm, got " + o.objective);
+  if (o.objective != "auto" && o.objective != "causal-lm" && o.objective != "masked-lm" &&
+      o.objective != "span-corruption")
+    throw UsageError("--objective must be auto, causal-lm, masked-lm or span-corruption, got " +
+                     o.objective);
   try {
     runtime::parseLRScheduleKind(o.schedule);
   } catch (const std::invalid_argument &e) {
@@ -223,6 +237,10 @@ RunOptions parseRunOptions(int argc, char **argv) {
     throw UsageError("--beta1 and --beta2 must lie in [0, 1)");
   if (!(o.maskProb > 0 && o.maskProb < 1))
     throw UsageError("--mask-prob must be in (0, 1)");
+  if (!(o.noiseDensity > 0 && o.noiseDensity < 1))
+    throw UsageError("--noise-density must be in (0, 1)");
+  if (!std::isfinite(o.meanSpanLength))
+    throw UsageError("--mean-span-length must be finite");
   bool training = !o.evalOnly && o.dumpInputs.empty();
   if (o.profileFrom > 0 && !training)
     throw UsageError("--profile profiles training steps; it has no effect with " +

@@ -36,6 +36,9 @@ struct RunOptions {
   // Objective
   std::string objective = "auto";
   double maskProb = 0.15;
+  double noiseDensity = 0.15, meanSpanLength = 3.0; ///< span corruption (T5)
+  int64_t decoderStartId = -1; ///< -1: the data's pad_id, else 0
+
   // Evaluation
   int64_t evalEvery = 0, evalBatches = 0;
   bool evalOnly = false;

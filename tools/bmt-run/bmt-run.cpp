@@ -13,6 +13,7 @@
 #include "bmt/Support/ErrorText.h"
 
 #include "bmt/Plan/Archive.h"
+#include "bmt/Runtime/Corruption.h"
 #include "bmt/Runtime/Model.h"
 #include "bmt/Runtime/OffloadAdam.h"
 #include "bmt/Runtime/Rendezvous.h"
@@ -187,8 +188,66 @@ void checkUnpadded(const tools::RunOptions &o, const at::Tensor &ids, const at::
                   "bmt-opt --assume-unpadded=false to run padded batches");
 }
 
+/// Span corruption's token ids. The sentinels are the tokenizer's
+/// <extra_id_0>, <extra_id_1>, ... (the data's "sentinel_ids") or, for a
+/// tokenizer without them, the model's top ids vocab - 1, vocab - 2, ...
+/// (T5's order) when no token of the data uses them (ids below the data's
+/// vocab_size, or below `dataVocab` without a token file); EOS is the
+/// data's eos_id (1, T5's, without a file); the decoder starts with
+/// --decoder-start-id, else the data's pad_id, else 0. Prints them when
+/// `print`.
+runtime::SpanCorruptionConfig spanCorruptionSettings(const tools::RunOptions &o,
+                                                     runtime::SpanCorruptionConfig span,
+                                                     const runtime::SpanCorruptionLengths &lengths,
+                                                     int64_t vocab, const runtime::TokenFile *data,
+                                                     int64_t dataVocab, bool print) {
+  span.eosId = data ? data->eosId() : 1;
+  span.decoderStartId = o.decoderStartId >= 0      ? o.decoderStartId
+                        : data && data->padId()     ? *data->padId()
+                                                    : 0;
+  if (span.decoderStartId >= vocab)
+    throw Failure("--decoder-start-id " + std::to_string(span.decoderStartId) +
+                  " is outside the model's vocabulary of " + std::to_string(vocab));
+  std::string source;
+  if (data && !data->sentinelIds().empty()) {
+    span.sentinels = data->sentinelIds();
+    source = "the tokenizer's <extra_id_N>";
+    if (static_cast<int64_t>(span.sentinels.size()) < lengths.spans)
+      throw Failure(data->binPath() + ": the tokenizer has " +
+                    std::to_string(span.sentinels.size()) +
+                    " sentinel tokens (<extra_id_N>), fewer than the " +
+                    std::to_string(lengths.spans) + " corrupted spans of a window; lower "
+                    "--seq-len or --noise-density, or raise --mean-span-length");
+  } else {
+    int64_t used = data ? data->vocabSize() : dataVocab;
+    if (vocab - used < lengths.spans)
+      throw Failure("span corruption needs " + std::to_string(lengths.spans) +
+                    " sentinel ids per window: " +
+                    (data ? data->binPath() + "'s tokenizer has no <extra_id_N> tokens"
+                          : std::string("there is no token file")) +
+                    ", and the model's vocabulary of " + std::to_string(vocab) + " leaves " +
+                    std::to_string(std::max<int64_t>(vocab - used, 0)) +
+                    " ids above the data's " + std::to_string(used) +
+                    " (export the model with a larger vocab_size, or use a tokenizer with "
+                    "sentinels)");
+    for (int64_t i = 0; i < lengths.spans; ++i)
+      span.sentinels.push_back(vocab - 1 - i);
+    source = "the model's top ids";
+  }
+  if (print) {
+    const int64_t window = lengths.inputLength + lengths.noiseTokens - lengths.spans - 1;
+    std::cout << "bmt-run: span corruption: windows of " << window << " tokens -> encoder input "
+              << lengths.inputLength << " + target " << lengths.targetLength << " tokens ("
+              << lengths.noiseTokens << " corrupted in " << lengths.spans
+              << " spans); sentinels from " << source << " (" << span.sentinels.front()
+              << ", ...), eos " << span.eosId << ", decoder start " << span.decoderStartId
+              << "\n";
+  }
+  return span;
+}
+
 /// --dump INPUTS OUT: forward + loss + backward on one given batch.
-void runDump(runtime::Model &model, const tools::RunOptions &o, bool maskedLM) {
+void runDump(runtime::Model &model, const tools::RunOptions &o, runtime::Objective objective) {
   c10::IValue loaded;
   try {
     loaded = torch::jit::pickle_load(readFile(o.dumpInputs));
@@ -215,12 +274,27 @@ void runDump(runtime::Model &model, const tools::RunOptions &o, bool maskedLM) {
     if (rawIds)
       checkUnpadded(o, *rawIds, rawMask ? &*rawMask : nullptr);
   }
-  at::Tensor ids = get("input_ids");
-  at::Tensor mask = dict.contains(std::string("attention_mask")) ? get("attention_mask")
-                                                                 : at::ones_like(ids);
+  runtime::ModelInputs inputs;
+  inputs.inputIds = get("input_ids");
+  inputs.attentionMask = dict.contains(std::string("attention_mask"))
+                             ? get("attention_mask")
+                             : at::ones_like(inputs.inputIds);
+  at::Tensor labels = dict.contains(std::string("labels")) ? get("labels") : inputs.inputIds;
+  if (model.isEncoderDecoder()) {
+    // Teacher forcing: the decoder reads the target shifted right, unless
+    // the batch gives its own decoder_input_ids.
+    if (!dict.contains(std::string("labels")))
+      throw Failure(o.dumpInputs + ": the model is an encoder-decoder; give its target as "
+                    "'labels' (and optionally 'decoder_input_ids', else the labels shifted "
+                    "right behind --decoder-start-id)");
+    inputs.decoderInputIds =
+        dict.contains(std::string("decoder_input_ids"))
+            ? get("decoder_input_ids")
+            : runtime::shiftRight(labels, std::max<int64_t>(o.decoderStartId, 0));
+  }
   c10::impl::GenericDict out(c10::StringType::get(), c10::TensorType::get());
   at::Tensor logits;
-  for (auto &[name, value] : model.forwardAll(ids, mask)) {
+  for (auto &[name, value] : model.forwardAll(inputs)) {
     if (!value.isTensor())
       continue;
     out.insert(name, value.toTensor().detach().cpu());
@@ -234,8 +308,8 @@ void runDump(runtime::Model &model, const tools::RunOptions &o, bool maskedLM) {
     std::cout << "dump: " << out.size() << " outputs -> " << o.dumpOutput << "\n";
     return;
   }
-  at::Tensor labels = dict.contains(std::string("labels")) ? get("labels") : ids;
-  at::Tensor loss = runtime::languageModelLoss(logits, labels, /*shift=*/!maskedLM);
+  at::Tensor loss = runtime::languageModelLoss(
+      logits, labels, /*shift=*/objective == runtime::Objective::CausalLM);
   loss.backward();
   out.insert("loss", loss.detach().cpu());
   model.synchronizeGradients();
@@ -268,11 +342,45 @@ int run(const tools::RunOptions &o) {
                        modelOptions);
   const plan::Plan &p = model.plan();
   const int64_t worldSize = world->size(), rank = world->rank();
-  std::string objective = o.objective == "auto" ? p.objective : o.objective;
+  // Plans compiled before encoder-decoders were trained say "causal-lm"
+  // for them: the forward's inputs decide.
+  const bool encoderDecoder = model.isEncoderDecoder();
+  std::string objective = o.objective != "auto" ? o.objective
+                          : encoderDecoder      ? std::string("span-corruption")
+                                                : p.objective;
+  if (encoderDecoder && objective != "span-corruption")
+    throw Failure(o.archive + ": the model is an encoder-decoder (its forward takes "
+                  "decoder_input_ids: " + p.modelType + "); it trains with --objective "
+                  "span-corruption, not " + objective);
+  if (!encoderDecoder && objective == "span-corruption")
+    throw Failure("--objective span-corruption trains an encoder-decoder (a forward taking "
+                  "decoder_input_ids, such as T5); " + o.archive + " (" + p.modelType +
+                  ") is not one");
   if (!model.hasLogits() && o.dumpInputs.empty())
     throw Failure(o.archive + ": the model has no language-model head (no 'logits' "
                   "result: " + p.modelType + "); it can be run with --dump but not trained");
-  bool maskedLM = objective == "masked-lm";
+  const runtime::Objective objectiveKind =
+      objective == "masked-lm"         ? runtime::Objective::MaskedLM
+      : objective == "span-corruption" ? runtime::Objective::SpanCorruption
+                                       : runtime::Objective::CausalLM;
+  const bool maskedLM = objectiveKind == runtime::Objective::MaskedLM;
+  const bool spanCorruption = objectiveKind == runtime::Objective::SpanCorruption;
+  // Span corruption: --seq-len is the encoder input's length; the windows
+  // read from the data are longer (their noise spans become sentinels).
+  runtime::SpanCorruptionConfig span;
+  span.noiseDensity = o.noiseDensity;
+  span.meanSpanLength = o.meanSpanLength;
+  int64_t windowLength = o.seqLen + 1; // tokens read per sequence
+  runtime::SpanCorruptionLengths spanLengths;
+  if (spanCorruption && o.batchesFile.empty()) {
+    try {
+      windowLength = runtime::spanCorruptionWindow(o.seqLen, span);
+      spanLengths = runtime::spanCorruptionLengths(windowLength, span);
+    } catch (const std::invalid_argument &e) {
+      throw tools::UsageError(std::string("--seq-len, --noise-density, --mean-span-length: ") +
+                              e.what());
+    }
+  }
   // Bytes each rank read from the archive (rank-local loading).
   at::Tensor bytesRead;
   {
@@ -304,7 +412,7 @@ int run(const tools::RunOptions &o) {
   }
 
   if (!o.dumpInputs.empty()) {
-    runDump(model, o, maskedLM);
+    runDump(model, o, objectiveKind);
     return 0;
   }
 
@@ -316,10 +424,14 @@ int run(const tools::RunOptions &o) {
     c10::NoGradGuard noGrad;
     // (With --batches the sequence length is the batches'; probe a short one.)
     int64_t probeLength = o.batchesFile.empty() ? o.seqLen : 2;
-    at::Tensor probe =
-        at::zeros({1, probeLength}, at::TensorOptions().dtype(at::kLong).device(device));
+    at::TensorOptions ids = at::TensorOptions().dtype(at::kLong).device(device);
+    runtime::ModelInputs probe;
+    probe.inputIds = at::zeros({1, probeLength}, ids);
+    if (encoderDecoder)
+      probe.decoderInputIds =
+          at::zeros({1, o.batchesFile.empty() ? spanLengths.targetLength : 2}, ids);
     try {
-      vocab = model.forward(probe, at::ones_like(probe)).size(-1);
+      vocab = model.forward(probe).size(-1);
     } catch (const runtime::ExecutionError &e) {
       throw Failure("--seq-len " + std::to_string(o.seqLen) +
                     ": the model cannot run sequences of this length (it may have fewer "
@@ -335,12 +447,12 @@ int run(const tools::RunOptions &o) {
   if (!o.evalData.empty()) {
     eval = std::make_unique<runtime::TokenFile>(o.evalData);
     eval->checkIds(vocab);
-    int64_t needed = o.microBatch * (o.seqLen + 1);
+    int64_t needed = o.microBatch * windowLength;
     if (eval->numTokens() < needed)
       throw runtime::DataError(eval->binPath() + ": " + std::to_string(eval->numTokens()) +
                                " tokens, fewer than one evaluation batch of " +
                                std::to_string(o.microBatch) + " x " +
-                               std::to_string(o.seqLen + 1) + " = " + std::to_string(needed) +
+                               std::to_string(windowLength) + " = " + std::to_string(needed) +
                                " (lower --micro-batch or --seq-len)");
   }
 
@@ -358,7 +470,7 @@ int run(const tools::RunOptions &o) {
   config.schedule.gamma = o.lrGamma;
   config.adamw = {o.beta1, o.beta2, o.eps, o.weightDecay};
   config.clipGrad = o.clipGrad;
-  config.maskedLM = maskedLM;
+  config.objective = objectiveKind;
   config.maskProb = o.maskProb;
   config.vocabSize = vocab;
   config.seed = o.seed;
@@ -412,6 +524,82 @@ int run(const tools::RunOptions &o) {
                     "none (prepare the data with a tokenizer that has [MASK])");
     config.maskId = *source->maskId();
   }
+  if (spanCorruption && o.batchesFile.empty()) // (--batches: below, from the file's windows)
+    config.spanCorruption = spanCorruptionSettings(o, span, spanLengths, vocab,
+                                                   train ? train.get() : eval.get(), 0, rank0);
+
+  std::function<runtime::MicroBatch()> next;
+  std::unique_ptr<runtime::BatchSampler> sampler;
+  at::Tensor fixed, fixedLabels;
+  int64_t cursor = 0;
+  if (!o.batchesFile.empty()) {
+    c10::IValue v;
+    try {
+      v = torch::jit::pickle_load(readFile(o.batchesFile));
+    } catch (const c10::Error &e) {
+      throw Failure(o.batchesFile + ": not a torch.save file: " +
+                    bmt::firstErrorLine(e.what_without_backtrace()));
+    }
+    // This rank's rows of a [n, micro-batch * ranks, ...] tensor.
+    auto rows = [&](const at::Tensor &t, const char *what) {
+      if (t.size(1) % worldSize != 0)
+        throw Failure(o.batchesFile + ": a batch of " + std::to_string(t.size(1)) + " " + what +
+                      " cannot be split evenly over " + std::to_string(worldSize) + " ranks");
+      int64_t n = t.size(1) / worldSize;
+      return t.narrow(1, rank * n, n).contiguous();
+    };
+    auto isIds = [](const c10::IValue &x) {
+      return x.isTensor() && x.toTensor().dim() == 3 && x.toTensor().scalar_type() == at::kLong;
+    };
+    if (v.isGenericDict()) { // ready encoder-decoder pairs
+      auto d = v.toGenericDict();
+      auto ids = d.find(std::string("input_ids")), labels = d.find(std::string("labels"));
+      if (ids == d.end() || labels == d.end() || !isIds(ids->value()) ||
+          !isIds(labels->value()) ||
+          ids->value().toTensor().size(0) != labels->value().toTensor().size(0) ||
+          ids->value().toTensor().size(1) != labels->value().toTensor().size(1))
+        throw Failure(o.batchesFile + ": expected {\"input_ids\": [n, micro-batch, S], "
+                      "\"labels\": [n, micro-batch, T]} (int64, the same n and micro-batch)");
+      if (!encoderDecoder)
+        throw Failure(o.batchesFile + ": source/target pairs train an encoder-decoder; " +
+                      o.archive + " (" + p.modelType + ") is not one (give token windows)");
+      fixed = rows(ids->value().toTensor(), "rows");
+      fixedLabels = rows(labels->value().toTensor(), "rows");
+      config.spanCorruption.decoderStartId = std::max<int64_t>(o.decoderStartId, 0);
+      if (fixed.max().item<int64_t>() >= vocab || fixed.min().item<int64_t>() < 0 ||
+          fixedLabels.max().item<int64_t>() >= vocab ||
+          fixedLabels.ne(-100).logical_and(fixedLabels.lt(0)).any().item<bool>())
+        throw Failure(o.batchesFile + ": token ids outside the model's vocabulary of " +
+                      std::to_string(vocab) + " (labels may also be -100)");
+      next = [&]() {
+        int64_t i = cursor++ % fixed.size(0);
+        return runtime::MicroBatch{{}, fixed[i], fixedLabels[i]};
+      };
+    } else {
+      if (!isIds(v))
+        throw Failure(o.batchesFile + ": expected an int64 tensor [n, micro-batch, seq-len + 1]" +
+                      std::string(encoderDecoder ? " or a dict {\"input_ids\", \"labels\"}"
+                                                 : ""));
+      fixed = rows(v.toTensor(), "rows");
+      if (fixed.max().item<int64_t>() >= vocab || fixed.min().item<int64_t>() < 0)
+        throw Failure(o.batchesFile + ": token ids outside the model's vocabulary of " +
+                      std::to_string(vocab));
+      if (spanCorruption)
+        config.spanCorruption =
+            spanCorruptionSettings(o, span, runtime::spanCorruptionLengths(fixed.size(2), span),
+                                   vocab, nullptr, fixed.max().item<int64_t>() + 1, rank0);
+      next = [&]() { return runtime::MicroBatch{fixed[cursor++ % fixed.size(0)], {}, {}}; };
+    }
+  } else {
+    // Every rank draws the same global batch (micro-batch x ranks windows)
+    // and trains on its own rows of it.
+    sampler = std::make_unique<runtime::BatchSampler>(*train, o.microBatch * worldSize,
+                                                      windowLength - 1, o.seed);
+    next = [&]() {
+      return runtime::MicroBatch{sampler->next().narrow(0, rank * o.microBatch, o.microBatch),
+                                 {}, {}};
+    };
+  }
 
   std::unique_ptr<std::ofstream> log;
   if (!o.logFile.empty()) {
@@ -422,7 +610,8 @@ int run(const tools::RunOptions &o) {
   runtime::Trainer trainer(model, config, std::cout, log.get());
 
   if (o.evalOnly) {
-    runtime::EvalResult r = trainer.evaluate(*eval, o.seqLen, o.microBatch, o.evalBatches);
+    runtime::EvalResult r =
+        trainer.evaluate(*eval, windowLength - 1, o.microBatch, o.evalBatches);
     if (!rank0)
       return 0;
     std::cout << "eval: val loss " << r.loss << " | val ppl " << r.perplexity << " | "
@@ -433,38 +622,7 @@ int run(const tools::RunOptions &o) {
     return 0;
   }
 
-  std::function<at::Tensor()> next;
-  std::unique_ptr<runtime::BatchSampler> sampler;
-  at::Tensor fixed;
-  int64_t cursor = 0;
-  if (!o.batchesFile.empty()) {
-    c10::IValue v;
-    try {
-      v = torch::jit::pickle_load(readFile(o.batchesFile));
-    } catch (const c10::Error &e) {
-      throw Failure(o.batchesFile + ": not a torch.save file: " +
-                    bmt::firstErrorLine(e.what_without_backtrace()));
-    }
-    if (!v.isTensor() || v.toTensor().dim() != 3 || v.toTensor().scalar_type() != at::kLong)
-      throw Failure(o.batchesFile + ": expected an int64 tensor [n, micro-batch, seq-len + 1]");
-    fixed = v.toTensor();
-    if (fixed.size(1) % worldSize != 0)
-      throw Failure(o.batchesFile + ": a batch of " + std::to_string(fixed.size(1)) +
-                    " rows cannot be split evenly over " + std::to_string(worldSize) + " ranks");
-    int64_t rows = fixed.size(1) / worldSize;
-    fixed = fixed.narrow(1, rank * rows, rows).contiguous();
-    if (fixed.max().item<int64_t>() >= vocab || fixed.min().item<int64_t>() < 0)
-      throw Failure(o.batchesFile + ": token ids outside the model's vocabulary of " +
-                    std::to_string(vocab));
-    next = [&]() { return fixed[cursor++ % fixed.size(0)]; };
-  } else {
-    // Every rank draws the same global batch (micro-batch x ranks windows)
-    // and trains on its own rows of it.
-    sampler = std::make_unique<runtime::BatchSampler>(*train, o.microBatch * worldSize,
-                                                      o.seqLen, o.seed);
-    next = [&]() { return sampler->next().narrow(0, rank * o.microBatch, o.microBatch); };
-  }
-  trainer.train(next, eval.get(), o.seqLen, o.microBatch);
+  trainer.train(next, eval.get(), windowLength - 1, o.microBatch);
 
   if (!o.saveParams.empty()) {
     // Every name of every parameter (tied ones under each name, as a

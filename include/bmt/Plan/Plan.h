@@ -157,7 +157,7 @@ struct Plan {
   int64_t version = kPlanFormatVersion;
   std::string source;    ///< the model file it was compiled from
   std::string modelType; ///< root module class, e.g. "transformers...GPT2LMHeadModel"
-  std::string objective; ///< "causal-lm" or "masked-lm"
+  std::string objective; ///< "causal-lm", "masked-lm" or "span-corruption" (objectiveFor)
   std::vector<TensorInfo> tensors;
   std::vector<Function> functions;
   int64_t entry = 0; ///< index of the function to run ("forward")
@@ -190,9 +190,11 @@ int64_t formatVersionOf(const Plan &plan);
 c10::IValue toIValue(const Plan &plan);
 Plan fromIValue(const c10::IValue &value);
 
-/// The objective bmt trains a model with, from its root class name:
-/// "masked-lm" for *ForMaskedLM / *ForPreTraining, else "causal-lm".
-std::string objectiveForModelType(const std::string &modelType);
+/// The objective bmt trains a model with: "span-corruption" (T5's) when
+/// the entry function takes decoder_input_ids (an encoder-decoder), else
+/// from the root class name: "masked-lm" for *ForMaskedLM /
+/// *ForPreTraining, else "causal-lm".
+std::string objectiveFor(const Plan &plan);
 
 } // namespace bmt::plan
 

@@ -33,6 +33,18 @@ struct ModelOptions {
   bool offloadOptimizer = false;
 };
 
+/// What bmt-run gives a model's forward, by the names of the forward's
+/// parameters (the names transformers' models use). int64 tensors on the
+/// model's device.
+struct ModelInputs {
+  at::Tensor inputIds;      ///< "input_ids" [batch, seq]
+  at::Tensor attentionMask; ///< "attention_mask" [batch, seq]; undefined: all ones
+  /// "decoder_input_ids" [batch, target seq] of an encoder-decoder (T5):
+  /// the target shifted right (Corruption.h shiftRight). A forward that
+  /// also takes "decoder_attention_mask" gets all ones of this shape.
+  at::Tensor decoderInputIds;
+};
+
 class Model {
 public:
   /// Loads `archive` onto `device` for this rank of `world` (null: a single
@@ -50,15 +62,24 @@ public:
         const ModelOptions &options = {});
   ~Model();
 
-  /// Runs forward. inputIds, attentionMask: int64 [batch, seq] on the
-  /// model's device. Returns the logits, float [batch, seq, vocab] (the
-  /// result named "logits", else the first result). Collective under ZeRO.
-  at::Tensor forward(const at::Tensor &inputIds, const at::Tensor &attentionMask);
+  /// Runs forward on `inputs`. Returns the logits, float [batch, seq,
+  /// vocab] (the result named "logits", else the first result; for an
+  /// encoder-decoder seq is the decoder's length). Collective under ZeRO.
+  /// Throws ExecutionError when the forward takes an input that `inputs`
+  /// lacks (decoder_input_ids) or that bmt-run never provides, naming it.
+  at::Tensor forward(const ModelInputs &inputs);
+  /// forward({inputIds, attentionMask}) of a model without a decoder.
+  at::Tensor forward(const at::Tensor &inputIds, const at::Tensor &attentionMask) {
+    return forward(ModelInputs{inputIds, attentionMask, {}});
+  }
 
   /// Runs forward and returns every result with its name ("logits",
   /// "last_hidden_state", ...; "result<i>" where the program names none).
-  std::vector<std::pair<std::string, c10::IValue>>
-  forwardAll(const at::Tensor &inputIds, const at::Tensor &attentionMask);
+  std::vector<std::pair<std::string, c10::IValue>> forwardAll(const ModelInputs &inputs);
+
+  /// Whether the forward takes decoder_input_ids (an encoder-decoder such
+  /// as T5, trained with span corruption).
+  bool isEncoderDecoder() const;
 
   /// Whether the forward has a result named "logits" (a language-model head).
   bool hasLogits() const { return hasLogits_; }
@@ -125,7 +146,7 @@ private:
   std::vector<std::string> parameterNames_;
   size_t logitsIndex_ = 0;
   bool hasLogits_ = false;
-  std::vector<c10::IValue> run(const at::Tensor &inputIds, const at::Tensor &attentionMask);
+  std::vector<c10::IValue> run(const ModelInputs &inputs);
 };
 
 /// The language-modelling loss, mean over positions whose label is not -100:

@@ -3,6 +3,7 @@
 #ifndef BMT_RUNTIME_TRAINER_H
 #define BMT_RUNTIME_TRAINER_H
 
+#include "bmt/Runtime/Corruption.h"
 #include "bmt/Runtime/LRSchedule.h"
 #include "bmt/Runtime/Model.h"
 #include "bmt/Runtime/Optimizer.h"
@@ -25,16 +26,24 @@ public:
   using std::runtime_error::runtime_error;
 };
 
+/// What a model is trained to predict from a token window.
+enum class Objective {
+  CausalLM,       ///< each next token (decoder-only models)
+  MaskedLM,       ///< BERT's masked tokens (maskTokens)
+  SpanCorruption, ///< T5's corrupted spans, by an encoder-decoder (spanCorruption)
+};
+
 struct TrainConfig {
   int64_t steps = 1;
   int64_t gradAccum = 1;   ///< micro-batches per optimizer step
   LRScheduleConfig schedule;
   AdamWConfig adamw;
   double clipGrad = 1.0;   ///< max global grad norm; 0 = no clipping
-  bool maskedLM = false;   ///< objective: masked-LM (else causal-LM)
+  Objective objective = Objective::CausalLM;
   int64_t maskId = -1;     ///< masked-LM: the [MASK] token id
   int64_t vocabSize = 0;   ///< masked-LM: random replacements are drawn from [0, vocabSize)
   double maskProb = 0.15;
+  SpanCorruptionConfig spanCorruption; ///< span corruption: density, span length, token ids
   uint64_t seed = 0;
   int64_t evalEvery = 0;   ///< evaluate every N steps; 0 = after the last only
   int64_t evalBatches = 0; ///< batches per evaluation; 0 = the whole file
@@ -55,6 +64,16 @@ struct TrainConfig {
   double minLossScale = 1;
 };
 
+/// One micro-batch of this rank: token windows, which the objective turns
+/// into inputs and labels, or (encoder-decoders) ready source/target pairs.
+struct MicroBatch {
+  at::Tensor window; ///< int64 [batch, seq + 1], CPU
+  /// Without a window: an encoder-decoder's encoder input [batch, n] and
+  /// target [batch, m] (int64, CPU; -100 labels are ignored), trained
+  /// with teacher forcing (decoder input = shiftRight(labels)).
+  at::Tensor inputIds, labels;
+};
+
 /// Loss and perplexity over held-out data.
 struct EvalResult {
   double loss = 0;       ///< mean cross-entropy per predicted token (nats)
@@ -64,9 +83,11 @@ struct EvalResult {
 
 /// Runs the optimizer loop on `model` (on every rank of model.world(), each
 /// with its own slice of the global batch; only rank 0 prints and logs): for each step, gradAccum micro-batches
-/// from `nextMicroBatch` (int64 [batch, seq + 1] token windows: the model
-/// reads the first seq tokens; causal-LM predicts tokens 1..seq, masked-LM
-/// the masked ones of the first seq), AdamW, the LR schedule, clipping.
+/// from `nextMicroBatch` (token windows [batch, seq + 1]: the model reads
+/// the first seq tokens; causal-LM predicts tokens 1..seq, masked-LM the
+/// masked ones of the first seq; span corruption turns the whole window of
+/// seq + 1 tokens into an encoder input and a target; or ready
+/// encoder-decoder pairs), AdamW, the LR schedule, clipping.
 /// Prints one line per logEvery steps to `out` and a JSON line per step and
 /// per evaluation to `jsonLog` (when given). Evaluates on `evalData` (when
 /// given) every evalEvery steps and after the last step.
@@ -89,7 +110,7 @@ class Trainer {
 public:
   Trainer(Model &model, TrainConfig config, std::ostream &out, std::ostream *jsonLog);
 
-  void train(const std::function<at::Tensor()> &nextMicroBatch,
+  void train(const std::function<MicroBatch()> &nextMicroBatch,
              const TokenFile *evalData, int64_t seqLen, int64_t microBatch);
 
   /// Loss of the model on `data` in sequential windows [microBatch, seqLen+1]
@@ -105,9 +126,15 @@ public:
 
 private:
   struct PendingStep;
-  /// Loss of one micro-batch window, forward only (grad mode decides autograd).
-  std::pair<at::Tensor, int64_t> microBatchLoss(const at::Tensor &window,
-                                                std::mt19937_64 &rng);
+  /// Loss of one micro-batch window, forward only (grad mode decides
+  /// autograd): the mean over its predicted tokens (a scalar on the
+  /// device), their number, and the tokens the model read (the encoder's
+  /// for an encoder-decoder).
+  struct MicroBatchLoss {
+    at::Tensor loss;
+    int64_t predicted = 0, inputTokens = 0;
+  };
+  MicroBatchLoss microBatchLoss(const MicroBatch &batch, std::mt19937_64 &rng);
 
   Model &model_;
   TrainConfig config_;
