@@ -42,3 +42,52 @@ def test_bloom_pt2_round_trip(tmp_path):
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 200), ids[:, 1:].reshape(-1))
     assert (got["logits"] - logits).abs().max().item() <= 1e-5
     assert abs(got["loss"].item() - loss.item()) <= 1e-5
+
+
+def test_t5_pt2_trains_at_the_exported_shapes(tmp_path):
+    """A T5 .pt2 from bmt-export-hf is fixed to its example's shapes; its
+    decoder length is the one bmt-run's span corruption gives --seq-len, so
+    the two tools agree without the user computing it. --dump with labels
+    gives eager T5's logits and loss (teacher forcing)."""
+    import json
+    import numpy as np
+    pt2, sharded = tmp_path / "t5.pt2", tmp_path / "t5.sharded.pt"
+    sets = ["num_layers=2", "d_model=32", "d_kv=8", "d_ff=64", "num_heads=4", "vocab_size=160"]
+    r = subprocess.run([os.path.join(REPO, "tools", "bin", "bmt-export-hf"), "--config", "t5",
+                        *[x for kv in sets for x in ("--set", kv)], "--batch", "2",
+                        "--seq-len", "24", "-o", str(pt2)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    # 26-token windows: 4 noise tokens in 1 span; target 4 + 1 + EOS.
+    assert "decoder input 2 x 6" in r.stdout, r.stdout
+    r = subprocess.run([binary("bmt-opt"), str(pt2), "-o", str(sharded)], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    # Training data: ids < 128, the top ids are free for sentinels.
+    np.asarray([5 + i % 40 for i in range(4000)], dtype=np.uint16).tofile(tmp_path / "d.bin")
+    json.dump({"format": "bmt-tokens", "version": 1, "dtype": "uint16", "num_tokens": 4000,
+               "vocab_size": 128, "eos_id": 1, "mask_id": None, "pad_id": 0},
+              open(tmp_path / "d.json", "w"))
+    r = subprocess.run([binary("bmt-run"), str(sharded), "--data", str(tmp_path / "d.bin"),
+                        "--steps", "2", "--micro-batch", "2", "--seq-len", "24", "--device", "cpu"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "encoder input 24 + target 6 tokens" in r.stdout, r.stdout
+
+    import transformers
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model("t5", num_layers=2, d_model=32, d_kv=8, d_ff=64,
+                                               num_heads=4, vocab_size=160)
+    model = transformers.T5ForConditionalGeneration(config).eval()
+    g = torch.Generator().manual_seed(4)
+    ids, labels = torch.randint(0, 160, (2, 24), generator=g), torch.randint(0, 160, (2, 6), generator=g)
+    torch.save({"input_ids": ids, "labels": labels}, tmp_path / "in.pt")
+    r = subprocess.run([binary("bmt-run"), str(sharded), "--dump", str(tmp_path / "in.pt"),
+                        str(tmp_path / "out.pt"), "--device", "cpu"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = torch.load(tmp_path / "out.pt", weights_only=False)
+    decoder = torch.cat([torch.zeros(2, 1, dtype=torch.long), labels[:, :-1]], dim=1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, decoder_input_ids=decoder).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 160), labels.reshape(-1))
+    assert (got["logits"] - logits).abs().max().item() <= 1e-5
+    assert abs(got["loss"].item() - loss.item()) <= 1e-5

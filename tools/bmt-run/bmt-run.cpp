@@ -246,6 +246,58 @@ runtime::SpanCorruptionConfig spanCorruptionSettings(const tools::RunOptions &o,
   return span;
 }
 
+/// --batches FILE: this rank's rows of the fixed micro-batches, either token
+/// windows int64 [n, rows, W] or an encoder-decoder's ready pairs (inputIds
+/// int64 [n, rows, S], labels [n, rows, T]). Checks the format and the
+/// split over ranks; the ids are checked against the vocabulary later.
+struct FixedBatches {
+  at::Tensor windows, inputIds, labels;
+};
+
+FixedBatches loadBatches(const tools::RunOptions &o, bool encoderDecoder,
+                         const std::string &modelType, int64_t rank, int64_t worldSize) {
+  c10::IValue v;
+  try {
+    v = torch::jit::pickle_load(readFile(o.batchesFile));
+  } catch (const c10::Error &e) {
+    throw Failure(o.batchesFile + ": not a torch.save file: " +
+                  bmt::firstErrorLine(e.what_without_backtrace()));
+  }
+  // This rank's rows of a [n, micro-batch * ranks, ...] tensor.
+  auto rows = [&](const at::Tensor &t) {
+    if (t.size(1) % worldSize != 0)
+      throw Failure(o.batchesFile + ": a batch of " + std::to_string(t.size(1)) +
+                    " rows cannot be split evenly over " + std::to_string(worldSize) + " ranks");
+    int64_t n = t.size(1) / worldSize;
+    return t.narrow(1, rank * n, n).contiguous();
+  };
+  auto isIds = [](const c10::IValue &x) {
+    return x.isTensor() && x.toTensor().dim() == 3 && x.toTensor().scalar_type() == at::kLong &&
+           x.toTensor().numel() > 0;
+  };
+  FixedBatches fixed;
+  if (v.isGenericDict()) {
+    auto d = v.toGenericDict();
+    auto ids = d.find(std::string("input_ids")), labels = d.find(std::string("labels"));
+    if (ids == d.end() || labels == d.end() || !isIds(ids->value()) || !isIds(labels->value()) ||
+        ids->value().toTensor().size(0) != labels->value().toTensor().size(0) ||
+        ids->value().toTensor().size(1) != labels->value().toTensor().size(1))
+      throw Failure(o.batchesFile + ": expected {\"input_ids\": [n, micro-batch, S], "
+                    "\"labels\": [n, micro-batch, T]} (int64, the same n and micro-batch)");
+    if (!encoderDecoder)
+      throw Failure(o.batchesFile + ": source/target pairs train an encoder-decoder; " +
+                    o.archive + " (" + modelType + ") is not one (give token windows)");
+    fixed.inputIds = rows(ids->value().toTensor());
+    fixed.labels = rows(labels->value().toTensor());
+    return fixed;
+  }
+  if (!isIds(v) || v.toTensor().size(2) < 2)
+    throw Failure(o.batchesFile + ": expected an int64 tensor [n, micro-batch, seq-len + 1]" +
+                  std::string(encoderDecoder ? " or a dict {\"input_ids\", \"labels\"}" : ""));
+  fixed.windows = rows(v.toTensor());
+  return fixed;
+}
+
 /// --dump INPUTS OUT: forward + loss + backward on one given batch.
 void runDump(runtime::Model &model, const tools::RunOptions &o, runtime::Objective objective) {
   c10::IValue loaded;
@@ -273,6 +325,21 @@ void runDump(runtime::Model &model, const tools::RunOptions &o, runtime::Objecti
     std::optional<at::Tensor> rawIds = raw("input_ids"), rawMask = raw("attention_mask");
     if (rawIds)
       checkUnpadded(o, *rawIds, rawMask ? &*rawMask : nullptr);
+  }
+  // A model traced or exported without attention_mask has no padding term:
+  // its program would ignore a padded mask, so refuse one.
+  bool takesMask = false;
+  for (const std::string &name : model.plan().functions[model.plan().entry].paramNames)
+    takesMask |= name == "attention_mask";
+  if (!takesMask && dict.contains(std::string("attention_mask"))) {
+    at::Tensor mask = get("attention_mask").cpu();
+    int64_t padded = mask.ne(1).sum().item<int64_t>();
+    if (padded > 0)
+      throw Failure(o.dumpInputs + ": attention_mask has " + std::to_string(padded) + " of " +
+                    std::to_string(mask.numel()) + " entries that are not 1 (padding), but " +
+                    o.archive + "'s forward takes no attention_mask (the model was traced or "
+                    "exported without one, so its attention has no padding term); export it "
+                    "with attention_mask to run padded batches");
   }
   runtime::ModelInputs inputs;
   inputs.inputIds = get("input_ids");
@@ -416,26 +483,50 @@ int run(const tools::RunOptions &o) {
     return 0;
   }
 
-  // The model's vocabulary: the logits' last dimension on one sequence of
-  // the run's length, which also finds a --seq-len the model cannot take
-  // (beyond its position embeddings) before anything else is done.
+  // --batches: this rank's rows, read now so that the probe below runs at
+  // their shapes.
+  FixedBatches fixed;
+  if (!o.batchesFile.empty() && !o.evalOnly)
+    fixed = loadBatches(o, encoderDecoder, p.modelType, rank, worldSize);
+
+  // The model's vocabulary: the logits' last dimension on one micro-batch
+  // of the run's shape, which also finds a --seq-len the model cannot take
+  // (beyond its position embeddings, or not the shape a torch.export
+  // program was fixed to) before anything else is done.
   int64_t vocab;
   {
     c10::NoGradGuard noGrad;
-    // (With --batches the sequence length is the batches'; probe a short one.)
-    int64_t probeLength = o.batchesFile.empty() ? o.seqLen : 2;
+    int64_t rows = o.microBatch, length = o.seqLen, target = spanLengths.targetLength;
+    if (fixed.inputIds.defined()) {
+      rows = fixed.inputIds.size(1);
+      length = fixed.inputIds.size(2);
+      target = fixed.labels.size(2);
+    } else if (fixed.windows.defined()) {
+      rows = fixed.windows.size(1);
+      length = fixed.windows.size(2) - 1;
+      if (spanCorruption) {
+        runtime::SpanCorruptionLengths l =
+            runtime::spanCorruptionLengths(fixed.windows.size(2), span);
+        length = l.inputLength;
+        target = l.targetLength;
+      }
+    }
     at::TensorOptions ids = at::TensorOptions().dtype(at::kLong).device(device);
     runtime::ModelInputs probe;
-    probe.inputIds = at::zeros({1, probeLength}, ids);
+    probe.inputIds = at::zeros({rows, length}, ids);
     if (encoderDecoder)
-      probe.decoderInputIds =
-          at::zeros({1, o.batchesFile.empty() ? spanLengths.targetLength : 2}, ids);
+      probe.decoderInputIds = at::zeros({rows, target}, ids);
     try {
       vocab = model.forward(probe).size(-1);
     } catch (const runtime::ExecutionError &e) {
-      throw Failure("--seq-len " + std::to_string(o.seqLen) +
-                    ": the model cannot run sequences of this length (it may have fewer "
-                    "positions): " + e.what());
+      std::string shape = std::to_string(rows) + " x " + std::to_string(length) +
+                          (encoderDecoder ? " (decoder " + std::to_string(target) + ")" : "");
+      throw Failure((o.batchesFile.empty() ? "--micro-batch " + std::to_string(o.microBatch) +
+                                                 " --seq-len " + std::to_string(o.seqLen)
+                                           : o.batchesFile) +
+                    ": the model cannot run a micro-batch of " + shape +
+                    " tokens (it may have fewer positions, or be a torch.export program fixed "
+                    "to other shapes): " + e.what());
     }
   }
 
@@ -530,66 +621,29 @@ int run(const tools::RunOptions &o) {
 
   std::function<runtime::MicroBatch()> next;
   std::unique_ptr<runtime::BatchSampler> sampler;
-  at::Tensor fixed, fixedLabels;
   int64_t cursor = 0;
-  if (!o.batchesFile.empty()) {
-    c10::IValue v;
-    try {
-      v = torch::jit::pickle_load(readFile(o.batchesFile));
-    } catch (const c10::Error &e) {
-      throw Failure(o.batchesFile + ": not a torch.save file: " +
-                    bmt::firstErrorLine(e.what_without_backtrace()));
-    }
-    // This rank's rows of a [n, micro-batch * ranks, ...] tensor.
-    auto rows = [&](const at::Tensor &t, const char *what) {
-      if (t.size(1) % worldSize != 0)
-        throw Failure(o.batchesFile + ": a batch of " + std::to_string(t.size(1)) + " " + what +
-                      " cannot be split evenly over " + std::to_string(worldSize) + " ranks");
-      int64_t n = t.size(1) / worldSize;
-      return t.narrow(1, rank * n, n).contiguous();
+  if (fixed.inputIds.defined()) { // ready encoder-decoder pairs
+    config.spanCorruption.decoderStartId = std::max<int64_t>(o.decoderStartId, 0);
+    if (fixed.inputIds.max().item<int64_t>() >= vocab || fixed.inputIds.min().item<int64_t>() < 0 ||
+        fixed.labels.max().item<int64_t>() >= vocab ||
+        fixed.labels.ne(-100).logical_and(fixed.labels.lt(0)).any().item<bool>())
+      throw Failure(o.batchesFile + ": token ids outside the model's vocabulary of " +
+                    std::to_string(vocab) + " (labels may also be -100)");
+    next = [&]() {
+      int64_t i = cursor++ % fixed.inputIds.size(0);
+      return runtime::MicroBatch{{}, fixed.inputIds[i], fixed.labels[i]};
     };
-    auto isIds = [](const c10::IValue &x) {
-      return x.isTensor() && x.toTensor().dim() == 3 && x.toTensor().scalar_type() == at::kLong;
+  } else if (fixed.windows.defined()) {
+    if (fixed.windows.max().item<int64_t>() >= vocab || fixed.windows.min().item<int64_t>() < 0)
+      throw Failure(o.batchesFile + ": token ids outside the model's vocabulary of " +
+                    std::to_string(vocab));
+    if (spanCorruption)
+      config.spanCorruption = spanCorruptionSettings(
+          o, span, runtime::spanCorruptionLengths(fixed.windows.size(2), span), vocab, nullptr,
+          fixed.windows.max().item<int64_t>() + 1, rank0);
+    next = [&]() {
+      return runtime::MicroBatch{fixed.windows[cursor++ % fixed.windows.size(0)], {}, {}};
     };
-    if (v.isGenericDict()) { // ready encoder-decoder pairs
-      auto d = v.toGenericDict();
-      auto ids = d.find(std::string("input_ids")), labels = d.find(std::string("labels"));
-      if (ids == d.end() || labels == d.end() || !isIds(ids->value()) ||
-          !isIds(labels->value()) ||
-          ids->value().toTensor().size(0) != labels->value().toTensor().size(0) ||
-          ids->value().toTensor().size(1) != labels->value().toTensor().size(1))
-        throw Failure(o.batchesFile + ": expected {\"input_ids\": [n, micro-batch, S], "
-                      "\"labels\": [n, micro-batch, T]} (int64, the same n and micro-batch)");
-      if (!encoderDecoder)
-        throw Failure(o.batchesFile + ": source/target pairs train an encoder-decoder; " +
-                      o.archive + " (" + p.modelType + ") is not one (give token windows)");
-      fixed = rows(ids->value().toTensor(), "rows");
-      fixedLabels = rows(labels->value().toTensor(), "rows");
-      config.spanCorruption.decoderStartId = std::max<int64_t>(o.decoderStartId, 0);
-      if (fixed.max().item<int64_t>() >= vocab || fixed.min().item<int64_t>() < 0 ||
-          fixedLabels.max().item<int64_t>() >= vocab ||
-          fixedLabels.ne(-100).logical_and(fixedLabels.lt(0)).any().item<bool>())
-        throw Failure(o.batchesFile + ": token ids outside the model's vocabulary of " +
-                      std::to_string(vocab) + " (labels may also be -100)");
-      next = [&]() {
-        int64_t i = cursor++ % fixed.size(0);
-        return runtime::MicroBatch{{}, fixed[i], fixedLabels[i]};
-      };
-    } else {
-      if (!isIds(v))
-        throw Failure(o.batchesFile + ": expected an int64 tensor [n, micro-batch, seq-len + 1]" +
-                      std::string(encoderDecoder ? " or a dict {\"input_ids\", \"labels\"}"
-                                                 : ""));
-      fixed = rows(v.toTensor(), "rows");
-      if (fixed.max().item<int64_t>() >= vocab || fixed.min().item<int64_t>() < 0)
-        throw Failure(o.batchesFile + ": token ids outside the model's vocabulary of " +
-                      std::to_string(vocab));
-      if (spanCorruption)
-        config.spanCorruption =
-            spanCorruptionSettings(o, span, runtime::spanCorruptionLengths(fixed.size(2), span),
-                                   vocab, nullptr, fixed.max().item<int64_t>() + 1, rank0);
-      next = [&]() { return runtime::MicroBatch{fixed[cursor++ % fixed.size(0)], {}, {}}; };
-    }
   } else {
     // Every rank draws the same global batch (micro-batch x ranks windows)
     // and trains on its own rows of it.

@@ -24,6 +24,10 @@ Examples:
   bmt-export-hf --config gpt2 -o gpt2.pt
   bmt-export-hf --config bloom --set n_layer=2 --batch 8 --seq-len 128 -o bloom.pt2
   bmt-export-hf --config llama --set num_hidden_layers=2 --set hidden_size=64 -o llama.pt
+  bmt-export-hf --config t5 --set num_layers=2 --seq-len 128 -o t5.pt
+
+Encoder-decoders (T5) are exported with decoder_input_ids as well; bmt-run
+trains them with T5's span corruption (--seq-len is the encoder input's).
 
 Exit status 0 on success; on bad input (unknown architecture, unreadable
 config, a model that cannot be traced) one "error: ..." line and status 1,
@@ -52,6 +56,8 @@ TASK_CLASS = {
     "phi": "PhiForCausalLM",
     "gptj": "GPTJForCausalLM",
     "bert": "BertForMaskedLM",
+    "t5": "T5ForConditionalGeneration",
+    "mt5": "MT5ForConditionalGeneration",
 }
 
 
@@ -65,6 +71,21 @@ def _first_line(e):
     text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
     text = text or type(e).__name__
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+def span_corruption_target_length(encoder_len, density=0.15, mean_span=3.0):
+    """The target length bmt-run's span corruption gives an encoder input of
+    encoder_len tokens at its default settings (runtime/Corruption.cpp:
+    spanCorruptionWindow, then spanCorruptionLengths; round() rounds half to
+    even as there)."""
+    def sizes(window):
+        noise = min(max(round(window * density), 1), window - 1)
+        spans = min(max(round(noise / mean_span), 1), noise, window - noise)
+        return window - noise + spans + 1, noise + spans + 1
+    window = 2
+    while sizes(window + 1)[0] <= encoder_len:
+        window += 1
+    return sizes(window)[1]
 
 
 def parse_value(text):
@@ -138,6 +159,10 @@ def main(argv=None):
     parser.add_argument("-o", "--output", required=True, help="output archive (.pt)")
     parser.add_argument("--seq-len", type=int, default=8, help="example sequence length (tokens)")
     parser.add_argument("--batch", type=int, default=2, help="example batch size")
+    parser.add_argument("--decoder-seq-len", type=int,
+                        help="encoder-decoders (T5): the example decoder input's length "
+                             "(default: the target length of bmt-run's span corruption for "
+                             "an encoder input of --seq-len tokens, which a .pt2 is fixed to)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                         help="dtype of the exported model's parameters (model.to(dtype) "
@@ -182,6 +207,15 @@ def main(argv=None):
         "input_ids": torch.randint(0, vocab, (args.batch, args.seq_len)),
         "attention_mask": torch.ones(args.batch, args.seq_len, dtype=torch.long),
     }
+    decoder_len = None
+    if getattr(config, "is_encoder_decoder", False):
+        # Teacher forcing: bmt-run feeds the target shifted right as
+        # decoder_input_ids.
+        decoder_len = args.decoder_seq_len or (span_corruption_target_length(args.seq_len)
+                                               if args.seq_len >= 3 else args.seq_len)
+        inputs["decoder_input_ids"] = torch.randint(0, vocab, (args.batch, decoder_len))
+    elif args.decoder_seq_len is not None:
+        error(f"--decoder-seq-len is for encoder-decoders; {class_name} has no decoder input")
     try:
         if use_export:
             # Static shapes: the program runs at the example's batch x seq-len.
@@ -212,6 +246,11 @@ def main(argv=None):
     params = sum(p.numel() for p in model.parameters())
     print(f"exported {class_name} ({config.model_type}, {params / 1e6:.1f} M parameters, "
           f"{config.num_hidden_layers} layers) to {args.output} in {time.time() - start:.1f} s")
+    if decoder_len is not None:
+        print(f"encoder-decoder: example encoder input {args.batch} x {args.seq_len}, decoder "
+              f"input {args.batch} x {decoder_len}"
+              + (" (a .pt2 runs at these shapes: bmt-run's span corruption gives them at "
+                 f"--seq-len {args.seq_len} --micro-batch {args.batch})" if use_export else ""))
     return 0
 
 
