@@ -20,7 +20,7 @@ LAUNCHER = os.path.join(ROOT, "tools", "bin", "bmt-prepare-data")
 FORTUNES = "/usr/share/games/fortunes"
 EOT = "<|endoftext|>"
 META_KEYS = {"format", "version", "dtype", "num_tokens", "num_documents", "vocab_size",
-             "eos_id", "mask_id", "pad_id", "tokenizer", "source"}
+             "eos_id", "mask_id", "pad_id", "sentinel_ids", "tokenizer", "source"}
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
          "november oscar papa quebec romeo sierra tango uniform victor whiskey xray").split()
@@ -145,6 +145,7 @@ def test_metadata(prepared, corpus):
         assert meta["vocab_size"] == tok.get_vocab_size() == 300
         assert int(ids.max()) < meta["vocab_size"]
         assert (meta["eos_id"], meta["mask_id"], meta["pad_id"]) == (0, 1, 2)
+        assert meta["sentinel_ids"] is None
         assert tok.id_to_token(1) == "[MASK]" and tok.id_to_token(2) == "[PAD]"
         assert meta["tokenizer"] == os.path.abspath(f"{prefix}.tokenizer.json")
         assert meta["source"] == [str(corpus[0])]
@@ -216,6 +217,21 @@ def word_tokenizer(path, size, specials=(EOT,)):
         tok.add_special_tokens(list(specials))
     tok.save(str(path))
     return tok
+
+
+def test_t5_style_sentinels(tmp_path):
+    # T5's tokenizers: </s>, <pad> and <extra_id_N> counting down from the top.
+    tok = word_tokenizer(tmp_path / "t5.json", 20, specials=("</s>", "<pad>"))
+    tok.add_special_tokens([f"<extra_id_{i}>" for i in range(3)])
+    tok.save(str(tmp_path / "t5.json"))
+    (tmp_path / "words.txt").write_text("w1 w2\n\nw3 w4 w5\n\nw6\n")
+    r = run_tool("--input", tmp_path / "words.txt", "--tokenizer", tmp_path / "t5.json",
+                 "--val-fraction", 0.34, "--output", tmp_path / "t5")
+    assert r.returncode == 0, r.stderr
+    meta, _ = read_split(tmp_path / "t5", "train")
+    vocab = tok.get_vocab(with_added_tokens=True)
+    assert meta["sentinel_ids"] == [vocab[f"<extra_id_{i}>"] for i in range(3)]
+    assert (meta["eos_id"], meta["pad_id"]) == (vocab["</s>"], vocab["<pad>"])
 
 
 def test_uint32_for_a_vocabulary_over_65536(tmp_path):

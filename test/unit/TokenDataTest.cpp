@@ -131,6 +131,28 @@ TEST_F(TokenData, ReadsUint16) {
   EXPECT_NO_THROW(file.checkIds(65536));
 }
 
+TEST_F(TokenData, ReadsPadAndSentinelIds) {
+  std::string p = writeFile("plain", {1, 2, 3}, "uint16", 10);
+  TokenFile plain(p + ".bin");
+  ASSERT_TRUE(plain.padId().has_value());
+  EXPECT_EQ(*plain.padId(), 2);
+  EXPECT_TRUE(plain.sentinelIds().empty()); // no "sentinel_ids" key
+  std::string meta = metadata("uint16", 3, 10);
+  std::string withSentinels = meta;
+  withSentinels.insert(withSentinels.rfind('}'), ", \"sentinel_ids\": [9, 8, 7]");
+  writeText(p + ".json", withSentinels);
+  TokenFile t5(p + ".bin");
+  EXPECT_EQ(t5.sentinelIds(), (std::vector<int64_t>{9, 8, 7}));
+  std::string outside = meta;
+  outside.insert(outside.rfind('}'), ", \"sentinel_ids\": [9, 10]");
+  writeText(p + ".json", outside);
+  expectDataError([&] { TokenFile f(p + ".bin"); }, {"plain.json", "sentinel_ids", "10"});
+  std::string notList = meta;
+  notList.insert(notList.rfind('}'), ", \"sentinel_ids\": 5");
+  writeText(p + ".json", notList);
+  expectDataError([&] { TokenFile f(p + ".bin"); }, {"sentinel_ids", "list"});
+}
+
 TEST_F(TokenData, ReadsUint32ByJsonPathWithNullMask) {
   std::vector<uint32_t> ids = {100000, 3, 70000, 0, 99999};
   std::string p = prefix("u32");

@@ -31,9 +31,12 @@ document per split).  Outputs, for each SPLIT in train, val:
                      document's tokens followed by the end-of-text id
   PREFIX.SPLIT.json  {"format": "bmt-tokens", "version": 1, "dtype",
                      "num_tokens", "num_documents", "vocab_size", "eos_id",
-                     "mask_id", "pad_id", "tokenizer", "source"}
+                     "mask_id", "pad_id", "sentinel_ids", "tokenizer", "source"}
                      (num_tokens * itemsize(dtype) == size of the .bin;
-                     "tokenizer" and "source" are absolute paths)
+                     "tokenizer" and "source" are absolute paths; "sentinel_ids"
+                     lists the ids of <extra_id_0>, <extra_id_1>, ... for a
+                     tokenizer that has them, T5's, which bmt-run's span
+                     corruption uses, else null)
 
 Exit status 0 on success; on bad input (missing or empty input, unreadable
 tokenizer, unwritable output, too small a vocabulary, ...) one "error: ..."
@@ -205,6 +208,15 @@ def shuffle_split(docs, seed, val_fraction):
 # --------------------------------------------------------------------------
 # Tokenizers: a uniform view (encode a list of texts, vocab, special ids)
 
+def find_sentinels(vocab):
+    """Ids of T5's span-corruption sentinels <extra_id_0>, <extra_id_1>, ...
+    (consecutive from 0), or None when the vocabulary has none."""
+    ids = []
+    while f"<extra_id_{len(ids)}>" in vocab:
+        ids.append(int(vocab[f"<extra_id_{len(ids)}>"]))
+    return ids or None
+
+
 def find_id(vocab, names):
     for name in names:
         if name in vocab:
@@ -241,6 +253,7 @@ class TokTokenizer:
         self.pad_id = find_id(special_vocab, PAD_NAMES)
         if self.pad_id is None:
             self.pad_id = find_id(vocab, PAD_NAMES)
+        self.sentinel_ids = find_sentinels(vocab)
 
     def encode(self, texts):
         encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
@@ -264,6 +277,7 @@ class HFTokenizer:
                 raise UserError(f"tokenizer {path} has no eos (or sep) token; name one with --eos-token")
         self.mask_id = tok.mask_token_id
         self.pad_id = tok.pad_token_id
+        self.sentinel_ids = find_sentinels(vocab)
 
     def encode(self, texts):
         return self.tok(texts, add_special_tokens=False)["input_ids"]
@@ -491,6 +505,7 @@ def run(args):
                 "vocab_size": int(tokenizer.vocab_size), "eos_id": int(tokenizer.eos_id),
                 "mask_id": None if tokenizer.mask_id is None else int(tokenizer.mask_id),
                 "pad_id": None if tokenizer.pad_id is None else int(tokenizer.pad_id),
+                "sentinel_ids": tokenizer.sentinel_ids,
                 "tokenizer": tokenizer.path,
                 "source": [os.path.abspath(p) for p in args.input],
             }
