@@ -644,7 +644,7 @@ int run(const tools::RunOptions &o) {
     next = [&]() {
       return runtime::MicroBatch{fixed.windows[cursor++ % fixed.windows.size(0)], {}, {}};
     };
-  } else {
+  } else if (train) {
     // Every rank draws the same global batch (micro-batch x ranks windows)
     // and trains on its own rows of it.
     sampler = std::make_unique<runtime::BatchSampler>(*train, o.microBatch * worldSize,
