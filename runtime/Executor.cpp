@@ -25,6 +25,8 @@ const Native *findNative(const std::string &name) {
        [](std::vector<IValue> &a) { return IValue(a[0].toTensor().item<int64_t>()); }},
       {"aten::Float.Tensor",
        [](std::vector<IValue> &a) { return IValue(a[0].toTensor().item<double>()); }},
+      {"aten::Bool.Tensor",
+       [](std::vector<IValue> &a) { return IValue(a[0].toTensor().item<bool>()); }},
       {"aten::ScalarImplicit",
        [](std::vector<IValue> &a) { return IValue(a[0].toTensor().item()); }},
       {"aten::dim",

@@ -16,7 +16,9 @@
 //     bmt.get_global, as TorchScript imports do);
 //  4. emission: one func.func per region, func.call where a region sits in
 //     its parent, bmt.aten per node with every schema argument (defaults
-//     from LibTorch's registered schema).
+//     from LibTorch's registered schema); symbolic scalars (dynamic shapes:
+//     sizes, `_operator.*` / `torch.sym_*` arithmetic on them) become i64,
+//     f64 and i1 values computed as a trace computes them (see emitSymOp).
 //
 // All LibTorch and JSON work happens inside importTorchExport's try block;
 // errors travel as ImportError and become exactly one diagnostic.
@@ -151,6 +153,9 @@ private:
                           const std::vector<std::string> *resultNames);
   void emitNode(const FlatNode &flat, std::map<std::string, Value> &values,
                 std::map<std::string, Value> &globals, const std::string &fn);
+  bool emitSymOp(const json &node, std::map<std::string, Value> &values,
+                 std::map<std::string, Value> &globals, const std::string &fn);
+  void dropUnusedSymbolicNodes(const std::vector<std::string> &graphOutputs);
   Value valueOf(const std::string &name, std::map<std::string, Value> &values,
                 std::map<std::string, Value> &globals, Location loc,
                 const std::string &fn);
@@ -200,7 +205,8 @@ private:
   std::vector<FlatNode> nodes;
   std::unique_ptr<Region> root;
   std::set<std::string> usedSymbols;
-  std::set<std::string> symInts; // values that are symbolic integers
+  // Symbolic scalars by value name: i64 (SymInt), f64 (SymFloat), i1 (SymBool).
+  std::map<std::string, Type> symTypes;
 };
 
 //===----------------------------------------------------------------------===//
@@ -252,13 +258,16 @@ std::vector<std::string> TorchExportImporter::tensorUses(const json &node) {
       for (const json &t : arg["as_optional_tensors"])
         if (t.contains("as_tensor"))
           out.push_back(t["as_tensor"]["name"]);
-    } else if (arg.contains("as_sym_int") && arg["as_sym_int"].contains("as_name")) {
-      // Symbolic integers (dynamic shapes) are values too.
-      out.push_back(arg["as_sym_int"]["as_name"]);
-    } else if (arg.contains("as_sym_ints")) {
-      for (const json &e : arg["as_sym_ints"])
-        if (e.is_object() && e.contains("as_name"))
-          out.push_back(e["as_name"]);
+    } else {
+      // Symbolic scalars (dynamic shapes) are values too.
+      for (const char *kind : {"as_sym_int", "as_sym_float", "as_sym_bool"})
+        if (arg.contains(kind) && arg[kind].contains("as_name"))
+          out.push_back(arg[kind]["as_name"]);
+      for (const char *kind : {"as_sym_ints", "as_sym_floats", "as_sym_bools"})
+        if (arg.contains(kind))
+          for (const json &e : arg[kind])
+            if (e.is_object() && e.contains("as_name"))
+              out.push_back(e["as_name"]);
     }
   }
   return out;
@@ -274,8 +283,10 @@ std::vector<std::string> TorchExportImporter::tensorDefs(const json &node) {
     else if (o.contains("as_tensors"))
       for (const json &t : o["as_tensors"])
         out.push_back(t["name"]);
-    else if (o.contains("as_sym_int") && o["as_sym_int"].contains("as_name"))
-      out.push_back(o["as_sym_int"]["as_name"]);
+    else
+      for (const char *kind : {"as_sym_int", "as_sym_float", "as_sym_bool"})
+        if (o.contains(kind) && o[kind].contains("as_name"))
+          out.push_back(o[kind]["as_name"]);
   }
   return out;
 }
@@ -392,15 +403,17 @@ void TorchExportImporter::flattenGraph(const json &graph,
         target == "torch.ops.aten.sym_constrain_range_for_size.default" ||
         target == "torch.ops.aten.sym_constrain_range.default")
       continue;
-    // Symbolic booleans (`s0 >= 2`) feed only the range checks dropped above.
-    if (node.contains("outputs") && !node["outputs"].empty() &&
-        std::all_of(node["outputs"].begin(), node["outputs"].end(),
-                    [](const json &o) { return o.contains("as_sym_bool"); }))
-      continue;
+    // Symbolic booleans (`s0 >= 2`) that fed only the range checks dropped
+    // above go in dropUnusedSymbolicNodes.
     if (node.contains("outputs"))
-      for (const json &o : node["outputs"])
+      for (const json &o : node["outputs"]) {
         if (o.contains("as_sym_int") && o["as_sym_int"].contains("as_name"))
-          symInts.insert(o["as_sym_int"]["as_name"].get<std::string>());
+          symTypes[o["as_sym_int"]["as_name"]] = builder.getI64Type();
+        if (o.contains("as_sym_float") && o["as_sym_float"].contains("as_name"))
+          symTypes[o["as_sym_float"]["as_name"]] = builder.getF64Type();
+        if (o.contains("as_sym_bool") && o["as_sym_bool"].contains("as_name"))
+          symTypes[o["as_sym_bool"]["as_name"]] = builder.getI1Type();
+      }
     std::vector<ModuleFrame> stack;
     bool hasStack = node.contains("metadata") &&
                     node["metadata"].contains("nn_module_stack");
@@ -439,6 +452,46 @@ void TorchExportImporter::flattenGraph(const json &graph,
     }
     nodes.push_back({&node, stack});
   }
+}
+
+/// Symbolic nodes (every result a SymInt / SymFloat / SymBool) whose results
+/// nothing uses: the comparisons and size arithmetic that fed the range
+/// checks flattenGraph dropped (`s0 >= 2`, `s0 % 8 == 0`).
+void TorchExportImporter::dropUnusedSymbolicNodes(
+    const std::vector<std::string> &graphOutputs) {
+  auto symbolicOnly = [](const json &node) {
+    const json &outs = node.at("outputs");
+    return !outs.empty() && std::all_of(outs.begin(), outs.end(), [](const json &o) {
+      return o.contains("as_sym_int") || o.contains("as_sym_float") ||
+             o.contains("as_sym_bool");
+    });
+  };
+  std::vector<bool> keep(nodes.size(), true);
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::set<std::string> used;
+    for (const std::string &o : graphOutputs)
+      used.insert(resolve(o));
+    for (size_t i = 0; i < nodes.size(); ++i)
+      if (keep[i])
+        for (const std::string &u : tensorUses(*nodes[i].node))
+          used.insert(resolve(u));
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (!keep[i] || !symbolicOnly(*nodes[i].node))
+        continue;
+      std::vector<std::string> defs = tensorDefs(*nodes[i].node);
+      if (std::none_of(defs.begin(), defs.end(),
+                       [&](const std::string &d) { return used.count(d); })) {
+        keep[i] = false;
+        changed = true;
+      }
+    }
+  }
+  std::vector<FlatNode> kept;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (keep[i])
+      kept.push_back(nodes[i]);
+  nodes = std::move(kept);
 }
 
 void TorchExportImporter::buildRegions() {
@@ -631,6 +684,36 @@ Attribute TorchExportImporter::convertArg(const json &arg, SmallVectorImpl<Value
     }
     fail(loc, "symbolic integer " + v.dump() + " is not supported");
   }
+  if (kind == "as_sym_float" || kind == "as_sym_bool") {
+    // A symbolic float or boolean: the f64 / i1 value computed in the
+    // program (a literal when torch.export folded it).
+    if (v.contains("as_name")) {
+      operands.push_back(valueOf(v["as_name"], values, globals, loc, fn));
+      return bmt::OperandAttr::get(&context);
+    }
+    if (v.contains("as_float"))
+      return builder.getF64FloatAttr(v["as_float"].get<double>());
+    if (v.contains("as_bool"))
+      return builder.getBoolAttr(v["as_bool"].get<bool>());
+    fail(loc, "symbolic " + kind.substr(7) + " " + v.dump() +
+                  " is not supported (only a named value or a literal)");
+  }
+  if (kind == "as_sym_floats" || kind == "as_sym_bools") {
+    SmallVector<Attribute> out;
+    for (const json &e : v) {
+      if (e.contains("as_name")) {
+        operands.push_back(valueOf(e["as_name"], values, globals, loc, fn));
+        out.push_back(bmt::OperandAttr::get(&context));
+      } else if (e.contains("as_float")) {
+        out.push_back(builder.getF64FloatAttr(e["as_float"].get<double>()));
+      } else if (e.contains("as_bool")) {
+        out.push_back(builder.getBoolAttr(e["as_bool"].get<bool>()));
+      } else {
+        fail(loc, "symbolic scalar " + e.dump() + " is not supported");
+      }
+    }
+    return builder.getArrayAttr(out);
+  }
   if (kind == "as_floats") {
     SmallVector<Attribute> out;
     for (const json &e : v)
@@ -688,52 +771,8 @@ void TorchExportImporter::emitNode(const FlatNode &flat,
   const json &node = *flat.node;
   Location loc = locationOf(node);
   std::string target = node.at("target");
-  // Arithmetic on symbolic sizes (dynamic shapes: `s0 * s1`, `s0 // 2`) as a
-  // trace records it: the integers wrapped as 0-dim tensors, the tensor op,
-  // then aten::Int back to an integer.
-  static const std::map<std::string, std::string> symArithmetic{
-      {"_operator.add", "aten::add.Tensor"},
-      {"_operator.sub", "aten::sub.Tensor"},
-      {"_operator.mul", "aten::mul.Tensor"},
-      {"_operator.floordiv", "aten::floor_divide"}};
-  if (auto a = symArithmetic.find(target); a != symArithmetic.end()) {
-    const json &inputs = node.at("inputs");
-    const json &outputs = node.at("outputs");
-    if (inputs.size() != 2 || outputs.size() != 1 || !outputs[0].contains("as_sym_int") ||
-        !outputs[0]["as_sym_int"].contains("as_name"))
-      failAt(node, fn, "symbolic arithmetic other than int (op) int is not supported");
-    SmallVector<Value> operands;
-    for (const json &input : inputs) {
-      const json &arg = input.at("arg");
-      const json *number = &arg;
-      if (arg.contains("as_sym_int"))
-        number = &arg["as_sym_int"];
-      if (number->contains("as_int")) {
-        operands.push_back(bmt::ConstantOp::create(
-            builder, loc,
-            DenseElementsAttr::get(RankedTensorType::get({}, builder.getI64Type()),
-                                   ArrayRef<int64_t>{(*number)["as_int"].get<int64_t>()})));
-      } else if (number->contains("as_name")) {
-        Value v = valueOf((*number)["as_name"], values, globals, loc, fn);
-        operands.push_back(
-            bmt::NumToTensorOp::create(builder, loc, bmt::TensorType::get(&context), v));
-      } else {
-        failAt(node, fn, "symbolic arithmetic on " + arg.dump() + " is not supported");
-      }
-    }
-    SmallVector<Attribute> args(2, bmt::OperandAttr::get(&context));
-    if (a->second == "aten::add.Tensor" || a->second == "aten::sub.Tensor")
-      args.push_back(builder.getI64IntegerAttr(1)); // alpha
-    auto tensorOp = bmt::AtenOp::create(builder, loc, TypeRange{bmt::TensorType::get(&context)},
-                                        builder.getStringAttr(a->second),
-                                        builder.getArrayAttr(args), operands);
-    auto intOp = bmt::AtenOp::create(
-        builder, loc, TypeRange{builder.getI64Type()}, builder.getStringAttr("aten::Int.Tensor"),
-        builder.getArrayAttr({bmt::OperandAttr::get(&context)}),
-        ValueRange{tensorOp.getResult(0)});
-    values[outputs[0]["as_sym_int"]["as_name"]] = intOp.getResult(0);
+  if (emitSymOp(node, values, globals, fn))
     return;
-  }
   const std::string prefix = "torch.ops.aten.";
   if (target.rfind(prefix, 0) != 0)
     failAt(node, fn, "unsupported operator '" + target +
@@ -756,10 +795,19 @@ void TorchExportImporter::emitNode(const FlatNode &flat,
   auto isNumber = [](const json &arg) {
     return arg.contains("as_int") || arg.contains("as_float") || arg.contains("as_bool");
   };
+  // A symbolic scalar (`x * (s / 2)`: aten.mul.Tensor(x, %truediv)) or a
+  // literal in its place, where the schema takes a Tensor.
+  auto symScalar = [](const json &arg) -> const json * {
+    for (const char *kind : {"as_sym_int", "as_sym_float", "as_sym_bool"})
+      if (arg.contains(kind))
+        return &arg[kind];
+    return nullptr;
+  };
   auto numberForTensor = [&](const c10::FunctionSchema &schema) {
     for (const c10::Argument &a : schema.arguments())
       if (a.type()->kind() == c10::TypeKind::TensorType)
-        if (auto it = byName.find(a.name()); it != byName.end() && isNumber(*it->second))
+        if (auto it = byName.find(a.name());
+            it != byName.end() && (isNumber(*it->second) || symScalar(*it->second)))
           return true;
     return false;
   };
@@ -770,7 +818,9 @@ void TorchExportImporter::emitNode(const FlatNode &flat,
   // torch.export records Python numbers where a schema takes a Tensor
   // (`aten.add.Tensor(x, 1)`); the dispatcher wants a Tensor there. Use the
   // op's Scalar overload where bmt has it (what TorchScript records), else a
-  // 0-dim tensor constant (which promotes like the wrapped number).
+  // 0-dim tensor constant (which promotes like the wrapped number). A
+  // symbolic scalar there is passed to the Scalar overload as the i64 / f64
+  // value, else wrapped by bmt.num_to_tensor.
   if (numberForTensor(handle->schema()) && overload == "Tensor") {
     auto scalar = c10::Dispatcher::singleton().findSchema({opName, "Scalar"});
     if (scalar && bmt::lookupAtenOp(opName + ".Scalar")) {
@@ -800,9 +850,16 @@ void TorchExportImporter::emitNode(const FlatNode &flat,
   SmallVector<Attribute> args;
   for (const c10::Argument &a : schema.arguments()) {
     auto it = byName.find(a.name());
-    if (it != byName.end() && a.type()->kind() == c10::TypeKind::TensorType &&
-        isNumber(*it->second)) {
-      const json &number = *it->second;
+    const json *sym = it != byName.end() ? symScalar(*it->second) : nullptr;
+    if (sym && a.type()->kind() == c10::TypeKind::TensorType && sym->contains("as_name")) {
+      Value v = valueOf((*sym)["as_name"], values, globals, loc, fn);
+      operands.push_back(
+          bmt::NumToTensorOp::create(builder, loc, bmt::TensorType::get(&context), v));
+      args.push_back(bmt::OperandAttr::get(&context));
+      byName.erase(it);
+    } else if (it != byName.end() && a.type()->kind() == c10::TypeKind::TensorType &&
+               (isNumber(*it->second) || sym)) {
+      const json &number = sym ? *sym : *it->second;
       auto type0 = [&](Type element) { return RankedTensorType::get({}, element); };
       Attribute value;
       if (number.contains("as_int"))
@@ -844,6 +901,12 @@ void TorchExportImporter::emitNode(const FlatNode &flat,
     } else if (o.contains("as_sym_int") && o["as_sym_int"].contains("as_name")) {
       defs.push_back(o["as_sym_int"]["as_name"]);
       types.push_back(builder.getI64Type());
+    } else if (o.contains("as_sym_float") && o["as_sym_float"].contains("as_name")) {
+      defs.push_back(o["as_sym_float"]["as_name"]);
+      types.push_back(builder.getF64Type());
+    } else if (o.contains("as_sym_bool") && o["as_sym_bool"].contains("as_name")) {
+      defs.push_back(o["as_sym_bool"]["as_name"]);
+      types.push_back(builder.getI1Type());
     } else if (!o.contains("as_none")) {
       failAt(node, fn, "results of kind '" + o.begin().key() + "' are not supported");
     }
@@ -854,6 +917,191 @@ void TorchExportImporter::emitNode(const FlatNode &flat,
     values[defs[i]] = op.getResult(i);
 }
 
+/// Operations on symbolic scalars (dynamic shapes): `_operator.*`,
+/// `torch.sym_*` and `math.trunc` nodes whose operands and result are
+/// SymInts, SymFloats or SymBools. Each becomes what a trace records for
+/// the same Python arithmetic on sizes: every operand wrapped as a 0-dim
+/// tensor (`bmt.num_to_tensor`, a 0-dim `bmt.constant` for a literal), the
+/// tensor op, then `aten::Int.Tensor` / `aten::Float.Tensor` /
+/// `aten::Bool.Tensor` back to an i64 / f64 / i1 value. The runtime
+/// evaluates these per batch, so the sizes follow the input's shape.
+/// Returns false for any other node.
+bool TorchExportImporter::emitSymOp(const json &node, std::map<std::string, Value> &values,
+                                    std::map<std::string, Value> &globals,
+                                    const std::string &fn) {
+  struct SymOp {
+    const char *aten;   // the tensor op ("" for a conversion)
+    unsigned arity;
+    bool alpha = false; // add/sub take alpha = 1
+  };
+  // Python semantics on ints and floats hold for 0-dim int64 / double
+  // tensors: floor_divide and remainder floor (Python's // and %), pow of
+  // ints stays int, comparisons give bool; truediv, sqrt and any op with a
+  // float result compute in double (int operands converted first).
+  static const std::map<std::string, SymOp> symOps{
+      {"_operator.add", {"aten::add.Tensor", 2, true}},
+      {"_operator.sub", {"aten::sub.Tensor", 2, true}},
+      {"_operator.mul", {"aten::mul.Tensor", 2}},
+      {"_operator.floordiv", {"aten::floor_divide", 2}},
+      {"_operator.truediv", {"aten::div.Tensor", 2}},
+      {"_operator.mod", {"aten::remainder.Tensor", 2}},
+      {"_operator.pow", {"aten::pow.Tensor_Tensor", 2}},
+      {"_operator.neg", {"aten::neg", 1}},
+      {"_operator.pos", {"", 1}},
+      {"_operator.eq", {"aten::eq.Tensor", 2}},
+      {"_operator.ne", {"aten::ne.Tensor", 2}},
+      {"_operator.lt", {"aten::lt.Tensor", 2}},
+      {"_operator.le", {"aten::le.Tensor", 2}},
+      {"_operator.gt", {"aten::gt.Tensor", 2}},
+      {"_operator.ge", {"aten::ge.Tensor", 2}},
+      {"_operator.and_", {"aten::__and__.Tensor", 2}},
+      {"_operator.or_", {"aten::__or__.Tensor", 2}},
+      {"_operator.lshift", {"aten::__lshift__.Tensor", 2}},
+      {"_operator.rshift", {"aten::__rshift__.Tensor", 2}},
+      {"torch.sym_not", {"aten::logical_not", 1}},
+      {"torch.sym_max", {"aten::maximum", 2}},
+      {"torch.sym_min", {"aten::minimum", 2}},
+      {"torch.sym_sqrt", {"aten::sqrt", 1}},
+      {"torch._sym_sqrt", {"aten::sqrt", 1}},
+      {"torch.sym_ite", {"aten::where.self", 3}},
+      // Conversions: the operand's 0-dim tensor read back as the result's
+      // type (aten::Int.Tensor truncates towards zero, as int() does).
+      {"torch.sym_float", {"", 1}},
+      {"torch.sym_int", {"", 1}},
+      {"math.trunc", {"", 1}},
+  };
+  std::string target = node.at("target");
+  auto it = symOps.find(target);
+  if (it == symOps.end())
+    return false;
+  const SymOp &op = it->second;
+  Location loc = locationOf(node);
+  const json &inputs = node.at("inputs");
+  const json &outputs = node.at("outputs");
+  auto failHere = [&](const std::string &what) { failAt(node, fn, what); };
+  if (outputs.size() != 1)
+    failHere("a symbolic operation with " + std::to_string(outputs.size()) + " results");
+  const json &out = outputs[0];
+  std::string outKind = out.begin().key();
+  Type outType;
+  if (outKind == "as_sym_int")
+    outType = builder.getI64Type();
+  else if (outKind == "as_sym_float")
+    outType = builder.getF64Type();
+  else if (outKind == "as_sym_bool")
+    outType = builder.getI1Type();
+  else
+    failHere("a symbolic operation whose result is of kind '" + outKind + "'");
+  if (!out[outKind].contains("as_name"))
+    failHere("a symbolic operation whose result is not named: " + out.dump());
+  std::string outName = out[outKind]["as_name"];
+  if (inputs.size() != op.arity)
+    failHere("'" + target + "' with " + std::to_string(inputs.size()) +
+             " operands (expected " + std::to_string(op.arity) + ")");
+  bool inDouble = outType.isF64();
+  auto tensorType = bmt::TensorType::get(&context);
+  auto type0 = [&](Type element) { return RankedTensorType::get({}, element); };
+
+  // The operands: SSA values (a named symbolic scalar) or literals.
+  struct Operand {
+    Value value;        // i64 / f64 / i1, or null for a literal
+    const json *literal = nullptr; // {"as_int": ..} / {"as_float": ..} / {"as_bool": ..}
+  };
+  std::vector<Operand> operands;
+  for (const json &input : inputs) {
+    const json &arg = input.at("arg");
+    const json *v = &arg;
+    for (const char *kind : {"as_sym_int", "as_sym_float", "as_sym_bool"})
+      if (arg.contains(kind))
+        v = &arg[kind];
+    if (v->contains("as_name"))
+      operands.push_back({valueOf((*v)["as_name"], values, globals, loc, fn), nullptr});
+    else if (v->contains("as_int") || v->contains("as_float") || v->contains("as_bool"))
+      operands.push_back({Value(), v});
+    else
+      failHere("symbolic operand " + arg.dump() + " is not supported");
+  }
+
+  // A conversion or the identity: no tensor op.
+  if (*op.aten == 0) {
+    const Operand &x = operands[0];
+    Value result;
+    if (x.value && x.value.getType() == outType) {
+      result = x.value;
+    } else {
+      Value t;
+      if (x.value) {
+        t = bmt::NumToTensorOp::create(builder, loc, tensorType, x.value);
+      } else {
+        failHere("'" + target + "' of a literal (torch.export folds these)");
+      }
+      const char *back = outType.isF64()   ? "aten::Float.Tensor"
+                         : outType.isInteger(1) ? "aten::Bool.Tensor"
+                                              : "aten::Int.Tensor";
+      result = bmt::AtenOp::create(builder, loc, TypeRange{outType},
+                                   builder.getStringAttr(back),
+                                   builder.getArrayAttr({bmt::OperandAttr::get(&context)}),
+                                   ValueRange{t})
+                   .getResult(0);
+    }
+    values[outName] = result;
+    return true;
+  }
+
+  // Each operand as a 0-dim tensor, in double where the result is a float.
+  SmallVector<Value> tensors;
+  for (const Operand &x : operands) {
+    if (x.literal) {
+      const json &lit = *x.literal;
+      Attribute value;
+      bool condition = target == "torch.sym_ite" && tensors.empty();
+      if (lit.contains("as_float") || (inDouble && !condition && lit.contains("as_int")))
+        value = DenseElementsAttr::get(
+            type0(builder.getF64Type()),
+            ArrayRef<double>{lit.contains("as_float") ? lit["as_float"].get<double>()
+                                                      : double(lit["as_int"].get<int64_t>())});
+      else if (lit.contains("as_int"))
+        value = DenseElementsAttr::get(type0(builder.getI64Type()),
+                                       ArrayRef<int64_t>{lit["as_int"].get<int64_t>()});
+      else
+        value = DenseElementsAttr::get(type0(builder.getI1Type()),
+                                       ArrayRef<bool>{lit["as_bool"].get<bool>()});
+      tensors.push_back(bmt::ConstantOp::create(builder, loc, value));
+      continue;
+    }
+    Value t = bmt::NumToTensorOp::create(builder, loc, tensorType, x.value);
+    bool condition = target == "torch.sym_ite" && tensors.empty();
+    if (inDouble && !condition && !x.value.getType().isF64()) {
+      // to.dtype(self, Double, non_blocking=False, copy=False, memory_format=None)
+      t = bmt::AtenOp::create(
+              builder, loc, TypeRange{tensorType}, builder.getStringAttr("aten::to.dtype"),
+              builder.getArrayAttr({bmt::OperandAttr::get(&context),
+                                    builder.getI64IntegerAttr(
+                                        static_cast<int64_t>(c10::ScalarType::Double)),
+                                    builder.getBoolAttr(false), builder.getBoolAttr(false),
+                                    bmt::NoneAttr::get(&context)}),
+              ValueRange{t})
+              .getResult(0);
+    }
+    tensors.push_back(t);
+  }
+  SmallVector<Attribute> args(tensors.size(), bmt::OperandAttr::get(&context));
+  if (op.alpha)
+    args.push_back(builder.getI64IntegerAttr(1));
+  auto tensorOp = bmt::AtenOp::create(builder, loc, TypeRange{tensorType},
+                                      builder.getStringAttr(op.aten),
+                                      builder.getArrayAttr(args), tensors);
+  const char *back = outType.isF64()        ? "aten::Float.Tensor"
+                     : outType.isInteger(1) ? "aten::Bool.Tensor"
+                                            : "aten::Int.Tensor";
+  auto backOp = bmt::AtenOp::create(builder, loc, TypeRange{outType},
+                                    builder.getStringAttr(back),
+                                    builder.getArrayAttr({bmt::OperandAttr::get(&context)}),
+                                    ValueRange{tensorOp.getResult(0)});
+  values[outName] = backOp.getResult(0);
+  return true;
+}
+
 func::FuncOp TorchExportImporter::emitRegion(Region &region,
                                              const std::vector<std::string> *argNames,
                                              const std::vector<std::string> *resultNames) {
@@ -861,8 +1109,8 @@ func::FuncOp TorchExportImporter::emitRegion(Region &region,
   builder.setInsertionPointToEnd(moduleOp.getBody());
   SmallVector<Type> argTypes;
   for (const std::string &a : region.args)
-    argTypes.push_back(symInts.count(a) ? Type(builder.getI64Type())
-                                        : Type(bmt::TensorType::get(&context)));
+    argTypes.push_back(symTypes.count(a) ? symTypes[a]
+                                         : Type(bmt::TensorType::get(&context)));
   auto func = func::FuncOp::create(builder, NameLoc::get(builder.getStringAttr(region.symbol)),
                                    region.symbol, builder.getFunctionType(argTypes, {}));
   if (region.parent)
@@ -961,6 +1209,7 @@ OwningOpRef<ModuleOp> TorchExportImporter::run(const json &program) {
   }
 
   flattenGraph(graph, nullptr);
+  dropUnusedSymbolicNodes(outputs);
   buildRegions();
   // The root takes the user inputs, in the signature's order.
   computeBoundaries(outputs);
