@@ -1022,39 +1022,36 @@ bool TorchExportImporter::emitSymOp(const json &node, std::map<std::string, Valu
       failHere("symbolic operand " + arg.dump() + " is not supported");
   }
 
+  const char *back = outType.isF64()        ? "aten::Float.Tensor"
+                     : outType.isInteger(1) ? "aten::Bool.Tensor"
+                                            : "aten::Int.Tensor";
+  auto readBack = [&](Value tensor) {
+    return bmt::AtenOp::create(builder, loc, TypeRange{outType}, builder.getStringAttr(back),
+                               builder.getArrayAttr({bmt::OperandAttr::get(&context)}),
+                               ValueRange{tensor})
+        .getResult(0);
+  };
+
   // A conversion or the identity: no tensor op.
   if (*op.aten == 0) {
     const Operand &x = operands[0];
-    Value result;
-    if (x.value && x.value.getType() == outType) {
-      result = x.value;
-    } else {
-      Value t;
-      if (x.value) {
-        t = bmt::NumToTensorOp::create(builder, loc, tensorType, x.value);
-      } else {
-        failHere("'" + target + "' of a literal (torch.export folds these)");
-      }
-      const char *back = outType.isF64()   ? "aten::Float.Tensor"
-                         : outType.isInteger(1) ? "aten::Bool.Tensor"
-                                              : "aten::Int.Tensor";
-      result = bmt::AtenOp::create(builder, loc, TypeRange{outType},
-                                   builder.getStringAttr(back),
-                                   builder.getArrayAttr({bmt::OperandAttr::get(&context)}),
-                                   ValueRange{t})
-                   .getResult(0);
-    }
-    values[outName] = result;
+    if (!x.value)
+      failHere("'" + target + "' of a literal (torch.export folds these)");
+    values[outName] = x.value.getType() == outType
+                          ? x.value
+                          : readBack(bmt::NumToTensorOp::create(builder, loc, tensorType,
+                                                                x.value));
     return true;
   }
 
   // Each operand as a 0-dim tensor, in double where the result is a float.
   SmallVector<Value> tensors;
   for (const Operand &x : operands) {
+    // sym_ite's condition stays a bool.
+    bool condition = target == "torch.sym_ite" && tensors.empty();
     if (x.literal) {
       const json &lit = *x.literal;
       Attribute value;
-      bool condition = target == "torch.sym_ite" && tensors.empty();
       if (lit.contains("as_float") || (inDouble && !condition && lit.contains("as_int")))
         value = DenseElementsAttr::get(
             type0(builder.getF64Type()),
@@ -1070,7 +1067,6 @@ bool TorchExportImporter::emitSymOp(const json &node, std::map<std::string, Valu
       continue;
     }
     Value t = bmt::NumToTensorOp::create(builder, loc, tensorType, x.value);
-    bool condition = target == "torch.sym_ite" && tensors.empty();
     if (inDouble && !condition && !x.value.getType().isF64()) {
       // to.dtype(self, Double, non_blocking=False, copy=False, memory_format=None)
       t = bmt::AtenOp::create(
@@ -1091,14 +1087,7 @@ bool TorchExportImporter::emitSymOp(const json &node, std::map<std::string, Valu
   auto tensorOp = bmt::AtenOp::create(builder, loc, TypeRange{tensorType},
                                       builder.getStringAttr(op.aten),
                                       builder.getArrayAttr(args), tensors);
-  const char *back = outType.isF64()        ? "aten::Float.Tensor"
-                     : outType.isInteger(1) ? "aten::Bool.Tensor"
-                                            : "aten::Int.Tensor";
-  auto backOp = bmt::AtenOp::create(builder, loc, TypeRange{outType},
-                                    builder.getStringAttr(back),
-                                    builder.getArrayAttr({bmt::OperandAttr::get(&context)}),
-                                    ValueRange{tensorOp.getResult(0)});
-  values[outName] = backOp.getResult(0);
+  values[outName] = readBack(tensorOp.getResult(0));
   return true;
 }
 
