@@ -8,7 +8,10 @@ must have been compiled (bmt-opt) from that fixture (seed 0): the GPU machine
 has no MLIR, so the archives are compiled elsewhere and carried. Runs
 `bmt-run --dump --device cuda` on a batch of 3 x 12 tokens and prints the max
 abs difference of logits, loss and every parameter gradient against the eager
-transformers model on CUDA. Exit status 1 if any exceeds --tol.
+transformers model on CUDA. Exit status 1 if any exceeds --tol. An
+encoder-decoder (t5) gets a 3 x 7 target, fed by teacher forcing (decoder
+input = target shifted right behind token 0; the archive must have been
+compiled from a trace that runs at those shapes).
 """
 import argparse
 import os
@@ -40,10 +43,13 @@ def main():
         g = torch.Generator().manual_seed(2)
         ids = torch.randint(0, vocab, (3, 12), generator=g)
         masked = name == "bert"
+        seq2seq = getattr(model.config, "is_encoder_decoder", False)
         labels = ids.clone()
         if masked:
             labels[torch.rand(ids.shape, generator=g) > 0.3] = -100
             labels[0, 0] = ids[0, 0]
+        if seq2seq:
+            labels = torch.randint(0, vocab, (3, 7), generator=g)
         with tempfile.TemporaryDirectory() as tmp:
             torch.save({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels},
                        f"{tmp}/in.pt")
@@ -55,8 +61,13 @@ def main():
                 return 1
             got = torch.load(f"{tmp}/out.pt", weights_only=False)
         ids, labels = ids.cuda(), labels.cuda()
-        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-        if masked:
+        if seq2seq:
+            decoder = torch.cat([torch.zeros_like(labels[:, :1]), labels[:, :-1]], dim=1)
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                           decoder_input_ids=decoder).logits
+        else:
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        if masked or seq2seq:
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1))
         else:
             loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab),
