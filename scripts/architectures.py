@@ -125,15 +125,16 @@ def check(name, archive, model, inputs, tmp, bindir, runs=None):
     rc, out = run([os.path.join(bindir, "bmt-opt"), archive, "-o", sharded])
     if rc:
         return imported + f"; compile fails: `{first_line(out)}`", "–"
-    if "decoder_input_ids" in inputs:
-        return imported + "; compiles", "not run: bmt-run feeds input_ids and attention_mask only"
     worst, shapes = (0.0, 0.0), []
     for batch in runs or [inputs]:
         result = run_and_compare(model, sharded, batch, tmp, bindir)
         if isinstance(result, str):
             return imported + "; compiles", result
         worst = tuple(max(a, b) for a, b in zip(worst, result))
-        shapes.append("x".join(str(d) for d in batch["input_ids"].shape))
+        shape = "x".join(str(d) for d in batch["input_ids"].shape)
+        if "decoder_input_ids" in batch:
+            shape += f"→{batch['decoder_input_ids'].shape[1]}"
+        shapes.append(shape)
     diff, gdiff = worst
     verdict = "ok" if max(diff, gdiff) <= 1e-5 else "**exceeds 1e-5**"
     at = f" at {', '.join(shapes)}" if runs else ""
@@ -146,12 +147,19 @@ def run_and_compare(model, sharded, inputs, tmp, bindir):
     import torch
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     masked = type(model).__name__.endswith("ForMaskedLM")
+    seq2seq = "decoder_input_ids" in inputs  # T5: the target, by teacher forcing
+    batch = {"input_ids": ids, "attention_mask": mask}
     if masked:
         labels = torch.full_like(ids, -100)
         labels[:, ::3] = ids[:, ::3]
+    elif seq2seq:
+        decoder = inputs["decoder_input_ids"]
+        labels = torch.cat([decoder[:, 1:], torch.ones_like(decoder[:, :1])], dim=1)
+        batch["decoder_input_ids"] = decoder
     else:
         labels = ids
-    torch.save({"input_ids": ids, "attention_mask": mask, "labels": labels}, tmp + "/in.pt")
+    batch["labels"] = labels
+    torch.save(batch, tmp + "/in.pt")
     rc, out = run([os.path.join(bindir, "bmt-run"), sharded, "--dump", tmp + "/in.pt",
                    tmp + "/out.pt", "--device", "cpu"])
     if rc:
@@ -160,7 +168,7 @@ def run_and_compare(model, sharded, inputs, tmp, bindir):
     model.zero_grad()
     logits = model(**inputs).logits
     vocab = logits.size(-1)
-    if masked:
+    if masked or seq2seq:
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1),
                                                  ignore_index=-100)
     else:
@@ -189,7 +197,10 @@ def export_dynamic(model, inputs):
     Dim = torch.export.Dim
 
     def export(seq):
-        shapes = {k: {0: Dim("batch", min=1, max=64), 1: seq} for k in inputs}
+        # An encoder-decoder's target has a length of its own.
+        shapes = {k: {0: Dim("batch", min=1, max=64),
+                      1: Dim("target", min=2, max=64) if k == "decoder_input_ids" else seq}
+                  for k in inputs}
         return torch.export.export(model, args=(), kwargs=inputs, dynamic_shapes=shapes,
                                    strict=False)
     try:
@@ -208,8 +219,8 @@ def dynamic_batches(inputs):
     for b, s in DYN_SHAPES:
         batch = {"input_ids": torch.randint(0, VOCAB, (b, s), generator=g),
                  "attention_mask": torch.ones(b, s, dtype=torch.long)}
-        if "decoder_input_ids" in inputs:
-            batch["decoder_input_ids"] = batch["input_ids"].clone()
+        if "decoder_input_ids" in inputs:  # a shorter target (T5)
+            batch["decoder_input_ids"] = torch.randint(0, VOCAB, (b, s - 2), generator=g)
         out.append(batch)
     return out
 
@@ -234,8 +245,9 @@ def main():
         g = torch.Generator().manual_seed(1)
         inputs = {"input_ids": torch.randint(0, VOCAB, (BATCH, SEQ), generator=g),
                   "attention_mask": torch.ones(BATCH, SEQ, dtype=torch.long)}
-        if ARCHS[name][1] == "t5":
-            inputs["decoder_input_ids"] = inputs["input_ids"].clone()
+        if ARCHS[name][1] == "t5":  # teacher forcing: a 5-token target shifted right
+            inputs["decoder_input_ids"] = torch.randint(0, VOCAB, (BATCH, 5), generator=g)
+            inputs["decoder_input_ids"][:, 0] = 0
         cells = {}
         if not args.dynamic_only:
             # torch.export
