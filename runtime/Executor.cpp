@@ -102,6 +102,9 @@ struct Executor::Prepared {
   const Native *native = nullptr;
   std::vector<c10::TypePtr> argTypes;   // schema argument types (Aten)
   std::vector<std::optional<IValue>> fixed; // constant args, already typed
+  /// aten::to to the run device (a GPU): the index of its non_blocking
+  /// argument, and of its target device for to.dtype_layout (-1: none).
+  int nonBlocking = -1, targetDevice = -1;
 };
 
 Executor::Executor(const plan::Plan &plan, std::vector<at::Tensor> tensors,
@@ -159,6 +162,17 @@ Executor::Executor(const plan::Plan &plan, std::vector<at::Tensor> tensors,
                                  std::to_string(inst.args.size()));
           for (const c10::Argument &a : args)
             p->argTypes.push_back(a.type());
+          // A trace copies host tensors it made (torch.tensor(0.0) in a
+          // mask, say) to the device with aten::to; on a GPU that copy is
+          // made from pinned memory without blocking (see call()).
+          if (device_.is_cuda() && name == "aten::to" &&
+              (overload == "device" || overload == "dtype_layout" || overload == "other"))
+            for (size_t i = 0; i < args.size(); ++i) {
+              if (args[i].name() == "non_blocking")
+                p->nonBlocking = static_cast<int>(i);
+              if (overload == "dtype_layout" && args[i].name() == "device")
+                p->targetDevice = static_cast<int>(i);
+            }
         }
         for (size_t i = 0; i < inst.args.size(); ++i) {
           const plan::Arg &a = inst.args[i];
@@ -271,6 +285,15 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
         if (p.native) {
           regs[inst.results.at(0)] = (*p.native)(stack);
           break;
+        }
+        if (p.nonBlocking >= 0 && stack[0].isTensor() && stack[0].toTensor().is_cpu() &&
+            (p.targetDevice < 0 || stack[p.targetDevice].isDevice()) &&
+            !stack[0].toTensor().is_pinned()) {
+          // A host-to-device copy from pageable memory blocks the host until
+          // the device is idle; from pinned memory it is queued (the caching
+          // host allocator keeps the block until the copy has run).
+          stack[0] = stack[0].toTensor().pin_memory();
+          stack[p.nonBlocking] = true;
         }
         p.op->callBoxed(stack);
         if (stack.size() == 1 && stack[0].isTensorList() && inst.results.size() != 1) {

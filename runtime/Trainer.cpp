@@ -17,6 +17,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -202,6 +203,7 @@ struct Trainer::PendingStep {
   int64_t tokens = 0;
   at::Tensor values; ///< float64 [gradAccum + 4]: losses, grad norm, found inf, scale, next scale
   std::optional<c10::Event> ready;
+  std::chrono::steady_clock::time_point queued; ///< when the host had queued all its work
 };
 
 void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
@@ -254,9 +256,18 @@ void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
 
   // Reads a step's values (waiting for them) and prints/logs it; throws
   // TrainingError for a non-finite loss or gradient norm.
+  //
+  // A step is done when the host has queued it and the device has run it:
+  // its time is from the previous step's end to that. The device's end is
+  // known when the report has to wait for it; when it has already finished
+  // the host was the slower one and the step ended when it was queued.
   auto report = [&](PendingStep &p) {
-    if (p.ready)
+    Clock::time_point done = p.queued;
+    if (p.ready && !p.ready->query()) {
       p.ready->synchronize();
+      done = Clock::now();
+    }
+    done = std::max(done, lastReport);
     const double *v = p.values.const_data_ptr<double>();
     const int64_t m = config_.gradAccum;
     double loss = 0;
@@ -276,10 +287,9 @@ void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
     const double stepScale = scaler ? v[m + 2] : 0, nextScale = scaler ? v[m + 3] : 0;
     lossScale_ = nextScale;
     losses_.push_back(loss);
-    auto now = Clock::now();
-    double stepSeconds = std::chrono::duration<double>(now - lastReport).count();
-    lastReport = now;
-    double elapsed = std::chrono::duration<double>(now - start).count();
+    double stepSeconds = std::chrono::duration<double>(done - lastReport).count();
+    lastReport = done;
+    double elapsed = std::chrono::duration<double>(done - start).count();
     double tokensPerSecond = static_cast<double>(p.tokens) / stepSeconds;
     double tflops = 6.0 * numParams * tokensPerSecond / 1e12;
     if (rank0 && skipped) {
@@ -396,6 +406,7 @@ void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
     } else {
       current.values = values.cpu();
     }
+    current.queued = Clock::now();
     if (pending)
       report(*pending);
     pending = std::move(current);

@@ -55,7 +55,9 @@ class Executor {
 public:
   /// Prepares `plan` to run on `device`: resolves every operator's schema
   /// and converts constant arguments to the schema's types. Device constants
-  /// in the program (a trace records "cpu") are replaced by `device`.
+  /// in the program (a trace records "cpu") are replaced by `device`. On a
+  /// GPU, aten::to copies of host tensors to the device are made from
+  /// pinned memory without blocking the host (a trace's host constants).
   /// `tensors` are the plan's parameters and buffers, by plan index, already
   /// on `device`; the executor reads them at every run, so the caller may
   /// replace their contents (optimizer steps) in place.
