@@ -33,16 +33,9 @@ import time
 import numpy as np
 import torch
 
-
-def target_length(encoder_len, density=0.15, mean_span=3.0):
-    def sizes(w):
-        noise = min(max(round(w * density), 1), w - 1)
-        spans = min(max(round(noise / mean_span), 1), noise, w - noise)
-        return w - noise + spans + 1, noise + spans + 1
-    w = 2
-    while sizes(w + 1)[0] <= encoder_len:
-        w += 1
-    return sizes(w)[1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tools", "python"))
+from bmt_export_hf import span_corruption_target_length as target_length  # noqa: E402
 
 
 def run_bmt(args, out):

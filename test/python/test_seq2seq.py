@@ -14,9 +14,7 @@ corruption, against eager transformers on the same weights and batches.
 """
 import json
 import math
-import os
 import subprocess
-import sys
 import warnings
 
 import pytest
@@ -25,6 +23,7 @@ import torch
 from bmt_paths import binary
 from test_bmt_run import assert_one_error, bmt_run, write_tokens
 from test_runtime_parity import build, compile_model
+from test_zero_multirank import torchrun
 
 warnings.filterwarnings("ignore")
 TOL = 1e-5
@@ -122,14 +121,6 @@ def eager_pairs_training(model, ids, labels, steps, accum, lrs, clip):
         opt.step()
         losses.append(total / accum)
     return losses
-
-
-def torchrun(n, *args):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={n}", "--no-python", binary("bmt-run"), *map(str, args),
-           "--device", "cpu"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", BMT_COMM_TIMEOUT_S="120")
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
