@@ -15,7 +15,10 @@
 // sizes as symbols followed through views, factories and calls. Where the
 // mask is exactly kv <= q over query and key lengths that are provably
 // equal, the call becomes attn_mask=None, is_causal=True, and the mask's
-// computation, now dead, is removed. See passes/Passes.td for the contract.
+// computation, now dead, is removed. Lookups of a tensor proven constant
+// (transformers' packed-sequence ids of a model traced without
+// attention_mask) are then folded in every attention, SDPA or not. See
+// passes/Passes.td for the contract.
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,6 +37,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -239,20 +243,36 @@ struct Bound {
 };
 
 /// An abstract tensor: an integer one whose element is x_axis + offset (an
-/// arange, moved to dimension `axis`), or a mask whose element is nonzero
-/// exactly where every bound holds (no bounds: all nonzero, e.g. ones).
+/// arange, moved to dimension `axis`); a mask whose element is nonzero
+/// exactly where every bound holds (no bounds: all nonzero, e.g. ones); or
+/// a tensor whose every element is `value` (int64, or a boolean false: a
+/// boolean true is a mask without bounds), such as the packed-sequence ids
+/// transformers derives from position_ids that are an arange.
 struct Term {
-  enum class Kind { Index, Mask } kind = Kind::Mask;
+  enum class Kind { Index, Mask, Constant } kind = Kind::Mask;
   SmallVector<Dim, 4> dims;
   unsigned axis = 0;   ///< Index
   int64_t offset = 0;  ///< Index
   SmallVector<Bound, 2> bounds; ///< Mask, sorted
-  bool isBool = false;          ///< Mask: dtype bool (else numeric ones)
+  bool isBool = false;          ///< Mask: dtype bool (else numeric ones); Constant: false
+  int64_t value = 0;            ///< Constant
+
+  /// Every element `value` (`isBool`: value != 0 as a boolean).
+  static Term constant(SmallVector<Dim, 4> dims, int64_t value, bool isBool) {
+    Term t;
+    t.dims = std::move(dims);
+    t.isBool = isBool;
+    if (isBool && value != 0)
+      return t; // true everywhere: a mask without bounds
+    t.kind = Kind::Constant;
+    t.value = isBool ? 0 : value;
+    return t;
+  }
 
   unsigned rank() const { return dims.size(); }
   bool operator==(const Term &o) const {
     return kind == o.kind && dims == o.dims && axis == o.axis && offset == o.offset &&
-           bounds == o.bounds && isBool == o.isBool;
+           bounds == o.bounds && isBool == o.isBool && value == o.value;
   }
   /// Moves every coordinate `by` dimensions to the right (a broadcast to a
   /// higher rank prepends dimensions).
@@ -322,6 +342,33 @@ public:
       if (mayBeWritten(v))
         return fail("the mask's computation may be written in place");
     return success();
+  }
+
+  /// For `source[i0, i1, ...]` (aten::index.Tensor), the int64 constant
+  /// every element of `source` holds, when a position indexes each of its
+  /// dimensions: then the lookup is that constant at every index, whatever
+  /// the source's shape (the packed-sequence ids of a model traced without
+  /// attention_mask).
+  std::optional<int64_t> constantLookup(bmt::AtenOp index) {
+    std::optional<Arg> source = argument(index, 0);
+    std::optional<SmallVector<Arg>> indices = listArgument(index, 1);
+    if (!source || !source->value || !indices || indices->empty())
+      return std::nullopt;
+    FailureOr<Term> t = eval(source->value, {}, 0);
+    if (failed(t) || t->kind != Term::Kind::Constant || t->isBool ||
+        t->rank() != indices->size())
+      return std::nullopt;
+    for (const Arg &i : *indices) {
+      if (!i.value)
+        return std::nullopt;
+      FailureOr<Term> position = eval(i.value, {}, 0);
+      if (failed(position) || position->kind != Term::Kind::Index)
+        return std::nullopt;
+    }
+    for (Value v : values)
+      if (mayBeWritten(v))
+        return std::nullopt;
+    return t->value;
   }
 
   /// The first reason the last proof failed.
@@ -809,6 +856,24 @@ private:
       return t;
     }
 
+    // The sum of two integer constants (broadcast). Anything else with no
+    // constant operand is an offset that is not a constant, as below.
+    if (name == "aten::add.Tensor" && !constantArg(0) && !constantArg(1)) {
+      std::string before = why;
+      FailureOr<Term> a = operandTerm(0);
+      FailureOr<Term> b = succeeded(a) ? operandTerm(1) : FailureOr<Term>(failure());
+      std::optional<int64_t> alpha = constantArg(2);
+      SmallVector<Dim, 4> dims;
+      if (failed(a) || failed(b) || a->kind != Term::Kind::Constant ||
+          b->kind != Term::Kind::Constant || a->isBool || b->isBool || !alpha ||
+          std::abs(*alpha) > 1 || std::abs(a->value) > kMaxOffset ||
+          std::abs(b->value) > kMaxOffset || failed(broadcast(*a, *b, dims))) {
+        why = before;
+        return fail("an offset that is not a constant");
+      }
+      return Term::constant(dims, a->value + *alpha * b->value, /*isBool=*/false);
+    }
+
     // index + c, index - c, c + index: the offset moves.
     if (name == "aten::add.Tensor" || name == "aten::add.Scalar" || name == "aten::sub.Tensor" ||
         name == "aten::sub.Scalar") {
@@ -829,11 +894,27 @@ private:
       if (failed(t))
         return failure();
       int64_t delta = (sub ? -1 : 1) * *alpha * *c;
+      if (t->kind == Term::Kind::Constant && !t->isBool && std::abs(delta) <= kMaxOffset &&
+          std::abs(t->value + delta) <= kMaxOffset) {
+        t->value += delta;
+        return t;
+      }
       if (t->kind != Term::Kind::Index || std::abs(delta) > kMaxOffset ||
           std::abs(t->offset + delta) > kMaxOffset)
         return fail("arithmetic on the mask other than a constant offset of a position");
       t->offset += delta;
       return t;
+    }
+
+    // x * 0 of a position or an integer constant: zeros.
+    if (name == "aten::mul.Scalar") {
+      FailureOr<Term> t = operandTerm(0);
+      if (failed(t))
+        return failure();
+      if (constantArg(1) != 0 || (t->kind != Term::Kind::Index &&
+                                  (t->kind != Term::Kind::Constant || t->isBool)))
+        return fail("a product on the mask other than an integer times 0");
+      return Term::constant(t->dims, 0, /*isBool=*/false);
     }
 
     // Views and copies that keep every element.
@@ -858,9 +939,92 @@ private:
       std::optional<Arg> start = argument(op, 2), end = argument(op, 3);
       bool fromStart = isNone(start) || (start && constantInt(*start) == 0);
       bool toEnd = isNone(end) || (end && constantInt(*end) == kSliceToEnd);
-      if (!fromStart || !toEnd || constantArg(4) != 1)
-        return fail("a slice of the mask that drops elements (an offset or a window)");
-      return t;
+      if (fromStart && toEnd && constantArg(4) == 1)
+        return t;
+      // x[:, :1]: the first element along `d`, a size-1 dimension. A
+      // position along `d` becomes the constant it holds there
+      // (find_packed_sequence_indices' `position_ids[:, :1] - 1`).
+      std::optional<int64_t> d = constantArg(1);
+      std::optional<unsigned> at = d ? normalizeDim(*d, t->rank()) : std::nullopt;
+      if (fromStart && end && constantInt(*end) == 1 && constantArg(4) == 1 && at) {
+        if (t->kind == Term::Kind::Index && t->axis == *at) {
+          Term first = Term::constant(t->dims, t->offset, /*isBool=*/false);
+          first.dims[*at] = Dim{};
+          return first;
+        }
+        if (t->kind == Term::Kind::Constant ||
+            (t->kind == Term::Kind::Mask && t->bounds.empty())) {
+          t->dims[*at] = Dim{};
+          return t;
+        }
+      }
+      return fail("a slice of the mask that drops elements (an offset or a window)");
+    }
+
+    // diff(p, dim=d, prepend=p[:, :1] - 1) of a position p along d: all
+    // ones (transformers' packed-sequence detection on position_ids that
+    // are an arange, where no sequence starts after the first token).
+    if (name == "aten::diff") {
+      FailureOr<Term> x = operandTerm(0);
+      if (failed(x))
+        return failure();
+      std::optional<int64_t> d = constantArg(2);
+      std::optional<unsigned> at = d ? normalizeDim(*d, x->rank()) : std::nullopt;
+      std::optional<Arg> prepend = argument(op, 3);
+      if (constantArg(1) != 1 || !isNone(argument(op, 4)) || !prepend || !prepend->value ||
+          x->kind != Term::Kind::Index || !at || x->axis != *at)
+        return fail("a diff other than of a position along its dimension with a prepend");
+      FailureOr<Term> p = eval(prepend->value, stack, depth + 1);
+      if (failed(p))
+        return failure();
+      bool sameOtherDims = p->rank() == x->rank();
+      for (unsigned i = 0; sameOtherDims && i < x->rank(); ++i)
+        sameOtherDims = i == *at ? p->dims[i].one : p->dims[i] == x->dims[i];
+      if (p->kind != Term::Kind::Constant || p->isBool || p->value != x->offset - 1 ||
+          !sameOtherDims)
+        return fail("a diff whose prepend is not the position before the first");
+      return Term::constant(x->dims, 1, /*isBool=*/false);
+    }
+
+    // cumsum of zeros (or of false): zeros, in int64.
+    if (name == "aten::cumsum") {
+      FailureOr<Term> x = operandTerm(0);
+      if (failed(x))
+        return failure();
+      std::optional<int64_t> d = constantArg(1);
+      std::optional<int64_t> dtype = dtypeArgument(op, 2);
+      if (x->kind != Term::Kind::Constant || x->value != 0 || !d ||
+          !normalizeDim(*d, x->rank()) || !dtype || (*dtype != -1 && *dtype != kLong))
+        return fail("a cumsum of something else than zeros");
+      return Term::constant(x->dims, 0, /*isBool=*/false);
+    }
+
+    // An integer constant compared with a number, or with another one.
+    if (name == "aten::eq.Scalar" || name == "aten::ne.Scalar") {
+      FailureOr<Term> a = operandTerm(0);
+      if (failed(a))
+        return failure();
+      std::optional<int64_t> c = constantArg(1);
+      if (a->kind != Term::Kind::Constant || a->isBool || !c)
+        return fail("an equality of something else than a constant with a number");
+      bool equal = a->value == *c;
+      return Term::constant(a->dims, equal == (name == "aten::eq.Scalar"), /*isBool=*/true);
+    }
+    if (name == "aten::eq.Tensor" || name == "aten::ne.Tensor") {
+      FailureOr<Term> a = operandTerm(0);
+      if (failed(a))
+        return failure();
+      FailureOr<Term> b = operandTerm(1);
+      if (failed(b))
+        return failure();
+      if (a->kind != Term::Kind::Constant || b->kind != Term::Kind::Constant ||
+          a->isBool != b->isBool)
+        return fail("an equality of something else than two constants (packed sequences)");
+      SmallVector<Dim, 4> dims;
+      if (failed(broadcast(*a, *b, dims)))
+        return failure();
+      bool equal = a->value == b->value;
+      return Term::constant(dims, equal == (name == "aten::eq.Tensor"), /*isBool=*/true);
     }
     if (name == "aten::expand") {
       FailureOr<Term> t = operandTerm(0);
@@ -900,6 +1064,13 @@ private:
         return fail("a conversion to a dtype that is not a constant");
       if (*dtype == -1)
         return t;
+      if (t->kind == Term::Kind::Constant) {
+        if (*dtype == kBool)
+          return Term::constant(t->dims, t->value != 0, /*isBool=*/true);
+        if (*dtype != kLong)
+          return fail("a constant converted to another dtype than int64 or bool");
+        return Term::constant(t->dims, t->value, /*isBool=*/false);
+      }
       if (t->kind == Term::Kind::Index) {
         if (*dtype != kLong)
           return fail("a position converted to another dtype than int64");
@@ -972,6 +1143,8 @@ private:
       FailureOr<Term> b = operandTerm(1);
       if (failed(b))
         return failure();
+      if (a->kind == Term::Kind::Constant || b->kind == Term::Kind::Constant)
+        return fail("a conjunction with a constant that is not true (zeros, or false)");
       if (a->kind != Term::Kind::Mask || b->kind != Term::Kind::Mask)
         return fail("a conjunction with a position");
       // `&` of two booleans is their conjunction; of numbers it is bitwise.
@@ -1022,12 +1195,15 @@ private:
       FailureOr<Term> source = operandTerm(0);
       if (failed(source))
         return failure();
-      if (source->kind != Term::Kind::Mask || !source->bounds.empty())
-        return fail("indexing a tensor that is not all ones");
+      if ((source->kind != Term::Kind::Mask || !source->bounds.empty()) &&
+          source->kind != Term::Kind::Constant)
+        return fail("indexing a tensor that is not all ones or a constant");
       std::optional<SmallVector<Arg>> indices = listArgument(op, 1);
       if (!indices || indices->empty() || indices->size() > source->rank())
         return fail("an index the pass cannot read");
-      Term t;
+      Term t; // ones, or the source's constant: every element is one of the source's
+      t.kind = source->kind;
+      t.value = source->value;
       t.isBool = source->isBool;
       for (const Arg &index : *indices) {
         if (!index.value)
@@ -1116,6 +1292,7 @@ bool erasable(Operation *op) {
   case bmt::AtenOpKind::Factory:
   case bmt::AtenOpKind::Indexing:
   case bmt::AtenOpKind::Metadata:
+  case bmt::AtenOpKind::Reduction: // cumsum, diff of the packed-sequence ids
     return true;
   default:
     return false;
@@ -1202,13 +1379,21 @@ struct CausalAttentionPass : bmt::impl::CausalAttentionBase<CausalAttentionPass>
     auto [erasedOps, erasedArgs] = removeDeadMask(module, callers, dropped, maskOps, maskValues);
     if (assumed)
       recordAssumption(module);
+    emitSummary(module, masked, rewrites.size(), functions, assumed, erasedOps, erasedArgs,
+                leftAlone);
+    foldConstantLookups(module, callers);
+  }
+
+  static void emitSummary(ModuleOp module, int64_t masked, int64_t n,
+                          ArrayRef<StringRef> functions, bool assumed, int64_t erasedOps,
+                          int64_t erasedArgs,
+                          ArrayRef<std::pair<std::string, int64_t>> leftAlone) {
 
     InFlightDiagnostic remark = emitRemark(module.getLoc());
     if (masked == 0) {
       remark << "bmt-causal-attention: no aten::scaled_dot_product_attention with an attn_mask";
       return;
     }
-    int64_t n = static_cast<int64_t>(rewrites.size());
     remark << "bmt-causal-attention: " << n << " of " << masked
            << " aten::scaled_dot_product_attention with an attn_mask made causal "
               "(attn_mask=None, is_causal=True)";
@@ -1231,6 +1416,91 @@ struct CausalAttentionPass : bmt::impl::CausalAttentionBase<CausalAttentionPass>
         first = false;
       }
     }
+  }
+
+  /// A model traced or exported without attention_mask computes
+  /// transformers' packed-sequence ids from its position_ids
+  /// (find_packed_sequence_indices: cumsum(diff(position_ids) != 1), under
+  /// tracing always) and ANDs `ids[b, q] == ids[b, kv]` into the mask.
+  /// With position_ids an arange the ids are zeros, but a trace at batch 1
+  /// keeps them [1, seq] (transformers expands position_ids to the batch
+  /// only when the sizes differ) and the lookup fails at any other batch.
+  /// Each lookup `source[i0, i1, ...]` of a source proven to be the
+  /// constant c everywhere becomes `i0 * 0 + i1 * 0 + ... (+ c)`: c at
+  /// every index, of the indices' broadcast shape, for every batch; the
+  /// source's computation, now unread, is removed. (A call the mask proof
+  /// already made causal has lost its lookups with its mask.)
+  void foldConstantLookups(ModuleOp module, CallSites &callers) {
+    int64_t folded = 0, erasedOps = 0, erasedArgs = 0;
+    SmallVector<StringRef> functions;
+    OpBuilder builder(module.getContext());
+    // One fold at a time: its clean-up may erase other lookups.
+    DenseSet<Operation *> rejected; // live lookups that are not constant
+    while (true) {
+      bmt::AtenOp op;
+      std::optional<int64_t> c;
+      std::unique_ptr<Prover> prover;
+      module.walk([&](bmt::AtenOp candidate) {
+        if (candidate.getName() != "aten::index.Tensor" || rejected.contains(candidate))
+          return WalkResult::advance();
+        auto p = std::make_unique<Prover>(module, callers, /*assumeUnpadded=*/false);
+        c = p->constantLookup(candidate);
+        if (!c) {
+          rejected.insert(candidate);
+          return WalkResult::advance();
+        }
+        op = candidate;
+        prover = std::move(p);
+        return WalkResult::interrupt();
+      });
+      if (!op)
+        break;
+      builder.setInsertionPoint(op);
+      MLIRContext *ctx = builder.getContext();
+      Attribute operand = bmt::OperandAttr::get(ctx);
+      Type tensor = op->getResult(0).getType();
+      auto aten = [&](StringRef name, ArrayRef<Attribute> args, ValueRange operands) -> Value {
+        return bmt::AtenOp::create(builder, op.getLoc(), TypeRange{tensor},
+                                   builder.getStringAttr(name), builder.getArrayAttr(args),
+                                   operands)
+            ->getResult(0);
+      };
+      Value sum;
+      SmallVector<Arg> indices = listArgument(op, 1).value_or(SmallVector<Arg>{});
+      for (const Arg &i : indices) {
+        Value zero = aten("aten::mul.Scalar", {operand, builder.getI64IntegerAttr(0)}, {i.value});
+        sum = sum ? aten("aten::add.Tensor", {operand, operand, builder.getI64IntegerAttr(1)},
+                         {sum, zero})
+                  : zero;
+      }
+      if (*c != 0)
+        sum = aten("aten::add.Scalar",
+                   {operand, builder.getI64IntegerAttr(*c), builder.getI64IntegerAttr(1)}, {sum});
+      Value source = argument(op, 0)->value;
+      StringRef f = op->getParentOfType<func::FuncOp>().getSymName();
+      if (functions.empty() || functions.back() != f)
+        functions.push_back(f);
+      op->getResult(0).replaceAllUsesWith(sum);
+      op->erase();
+      ++folded;
+      ++erasedOps;
+      auto [ops, args] = removeDeadMask(module, callers, {source}, prover->visitedOps(),
+                                        prover->visitedValues());
+      erasedOps += ops;
+      erasedArgs += args;
+    }
+    if (folded == 0)
+      return;
+    InFlightDiagnostic remark = emitRemark(module.getLoc());
+    remark << "bmt-causal-attention: " << folded << " lookup" << (folded == 1 ? "" : "s")
+           << " of a constant tensor (packed-sequence ids of position_ids that are an arange: "
+              "one sequence per row) folded in "
+           << functions.size() << " function" << (functions.size() == 1 ? "" : "s") << " ("
+           << functions.front();
+    if (functions.size() > 1)
+      remark << " ... " << functions.back();
+    remark << "); removed: " << erasedOps << " op" << (erasedOps == 1 ? "" : "s") << ", "
+           << erasedArgs << " function argument" << (erasedArgs == 1 ? "" : "s");
   }
 
   /// The call with attn_mask=None and is_causal=True, every other argument

@@ -112,7 +112,14 @@ def CausalAttention : Pass<"bmt-causal-attention", "::mlir::ModuleOp"> {
       `x_a - x_b <= c` between coordinates (`le`, `lt`, `ge`, `gt` of two
       positions, `&`, `logical_and`, boolean conversions), tensors of ones
       (`new_ones`, `ones`, `full` of a nonzero, their views, and indexing
-      them with positions) as "true". Sizes are symbols followed through
+      them with positions) as "true", and a tensor of one value everywhere
+      (a position's first element `p[:, :1]`, `diff(p, prepend=p[:, :1] -
+      1)` of a position along its dimension (ones), `==`/`!=` with a number,
+      `cumsum` of zeros, `x * 0`, indexing a constant with positions) as
+      that constant: transformers' packed-sequence term
+      `ids[b, q] == ids[b, kv]`, ids = `cumsum(diff(position_ids) != 1)`,
+      is true for position_ids that are an arange (a model traced or
+      exported without attention_mask). Sizes are symbols followed through
       `aten::size`, views, factories, `embedding` and calls, so the arange
       of `inputs_embeds.shape[1]` and the one of the ones mask OPT makes
       from the same size are one length.
@@ -142,6 +149,16 @@ def CausalAttention : Pass<"bmt-causal-attention", "::mlir::ModuleOp"> {
     (transformer.h.0.attn.forward ... transformer.h.1.attn.forward),
     assuming attention_mask all ones; mask computation removed: 33 ops,
     4 function arguments").
+
+    Then every other lookup `source[i0, i1, ...]` (`aten::index.Tensor`,
+    a position on each dimension) of a source proven to hold one int64
+    constant c everywhere becomes `i0 * 0 + i1 * 0 + ... (+ c)`, and the
+    source's computation is erased: the packed-sequence ids of a model
+    without attention_mask in eager attention, which a trace at batch 1
+    keeps `[1, seq]` and would look up with every batch row. One more
+    remark when something was folded ("bmt-causal-attention: 2 lookups of
+    a constant tensor (...) folded in 1 function (model.forward); removed:
+    11 ops, 0 function arguments").
   }];
   let options = [
     Option<"assumeUnpadded", "assume-unpadded", "bool", "false",
