@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <tuple>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -108,48 +109,61 @@ int64_t envInt(const char *name, int64_t fallback) {
 
 Trainer::MicroBatchLoss Trainer::microBatchLoss(const MicroBatch &micro,
                                                 std::mt19937_64 &rng) {
-  at::Device device = model_.device();
+  const at::Device device = model_.device();
+  // The whole batch is corrupted the same way on every rank (the same
+  // generator, the same rows), then each rank takes its own rows: a row's
+  // corruption does not depend on which rank trains it.
+  at::Tensor inputIds, decoderInputIds, labels;
   if (!micro.window.defined()) { // ready encoder-decoder pairs
-    ModelInputs inputs;
-    inputs.inputIds = toDevice(micro.inputIds, device);
-    inputs.decoderInputIds =
-        toDevice(shiftRight(micro.labels, config_.spanCorruption.decoderStartId), device);
-    at::Tensor labels = toDevice(micro.labels, device);
-    at::Tensor logits = model_.forward(inputs);
-    return {languageModelLoss(logits, labels, /*shift=*/false),
-            micro.labels.ne(-100).sum().item<int64_t>(), micro.inputIds.numel()};
+    inputIds = micro.inputIds;
+    labels = micro.labels;
+    decoderInputIds = shiftRight(labels, config_.spanCorruption.decoderStartId);
+  } else {
+    const int64_t seq = micro.window.size(1) - 1;
+    switch (config_.objective) {
+    case Objective::MaskedLM:
+      std::tie(inputIds, labels) = maskTokens(micro.window.slice(1, 0, seq), config_.maskId,
+                                              config_.vocabSize, config_.maskProb, rng);
+      break;
+    case Objective::SpanCorruption: {
+      Seq2SeqBatch b = spanCorruption(micro.window, config_.spanCorruption, rng);
+      inputIds = b.inputIds;
+      labels = b.labels;
+      decoderInputIds = b.decoderInputIds;
+      break;
+    }
+    case Objective::CausalLM:
+      inputIds = micro.window.slice(1, 0, seq);
+      labels = micro.window.slice(1, 1, seq + 1);
+      break;
+    }
   }
-  const at::Tensor &window = micro.window;
-  const int64_t batch = window.size(0), seq = window.size(1) - 1;
-  switch (config_.objective) {
-  case Objective::MaskedLM: {
-    at::Tensor tokens = window.slice(1, 0, seq);
-    auto [inputs, labels] =
-        maskTokens(tokens, config_.maskId, config_.vocabSize, config_.maskProb, rng);
-    int64_t predicted = labels.ne(-100).sum().item<int64_t>(); // on the host
-    inputs = toDevice(inputs, device);
-    labels = toDevice(labels, device);
-    at::Tensor logits = model_.forward(inputs, at::ones_like(inputs));
-    return {languageModelLoss(logits, labels, /*shift=*/false), predicted, batch * seq};
+  const bool global = micro.rowEnd >= 0;
+  auto own = [&](const at::Tensor &t) {
+    return global && t.defined() ? t.slice(0, micro.rowBegin, micro.rowEnd).contiguous()
+                                 : t.contiguous();
+  };
+  at::Tensor ownLabels = own(labels);
+  // Counted on the host (the batch is still there): no synchronisation.
+  const int64_t predicted = ownLabels.ne(-100).sum().item<int64_t>();
+  ModelInputs inputs;
+  inputs.inputIds = toDevice(own(inputIds), device);
+  if (decoderInputIds.defined())
+    inputs.decoderInputIds = toDevice(own(decoderInputIds), device);
+  at::Tensor logits = model_.forward(inputs);
+  if (predicted == 0) // nothing to predict here; still a backward for the collectives
+    return {logits.sum().mul(0.0), 0, inputs.inputIds.numel()};
+  at::Tensor loss = languageModelLoss(logits, toDevice(ownLabels, device), /*shift=*/false);
+  if (global) {
+    // The ranks average their gradients and losses: weight this rank's mean
+    // by its share of the batch's predicted tokens, so that the average is
+    // the mean over all of them (as one process with the whole batch).
+    const int64_t total = labels.ne(-100).sum().item<int64_t>();
+    const int64_t ranks = model_.world().size();
+    if (predicted * ranks != total)
+      loss = loss.mul(static_cast<double>(predicted * ranks) / static_cast<double>(total));
   }
-  case Objective::SpanCorruption: {
-    Seq2SeqBatch b = spanCorruption(window, config_.spanCorruption, rng);
-    ModelInputs inputs;
-    inputs.inputIds = toDevice(b.inputIds, device);
-    inputs.decoderInputIds = toDevice(b.decoderInputIds, device);
-    at::Tensor labels = toDevice(b.labels, device);
-    at::Tensor logits = model_.forward(inputs);
-    return {languageModelLoss(logits, labels, /*shift=*/false), b.labels.numel(),
-            b.inputIds.numel()};
-  }
-  case Objective::CausalLM:
-    break;
-  }
-  at::Tensor onDevice = toDevice(window, device);
-  at::Tensor inputs = onDevice.slice(1, 0, seq).contiguous();
-  at::Tensor labels = onDevice.slice(1, 1, seq + 1).contiguous();
-  at::Tensor logits = model_.forward(inputs, at::ones_like(inputs));
-  return {languageModelLoss(logits, labels, /*shift=*/false), labels.numel(), batch * seq};
+  return {loss, predicted, inputs.inputIds.numel()};
 }
 
 EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t microBatch,

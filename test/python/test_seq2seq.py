@@ -7,7 +7,8 @@ corruption, against eager transformers on the same weights and batches.
 - Training on ready source/target pairs (--batches {"input_ids", "labels"}):
   5 AdamW steps with gradient accumulation and clipping, in one process and
   on 2 ranks under torchrun (ZeRO-3 over T5's encoder and decoder blocks),
-  against torch.optim.AdamW: losses and final parameters within 1e-5.
+  against torch.optim.AdamW: losses within 1e-5, final parameters within
+  1e-4. Span corruption and masked LM on 2 ranks give one process's losses.
 - Span corruption from a token file: the sizes bmt-run reports against the
   T5 paper's rule computed here, a learnable sequence's loss going down,
   sentinels from the data's metadata or the model's top ids, and the errors.
@@ -131,10 +132,9 @@ def test_training_on_pairs_matches_torch_optim(ranks, t5):
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, VOCAB, (steps * accum, 4, 9), generator=g)
     labels = torch.randint(0, VOCAB, (steps * accum, 4, 6), generator=g)
-    # Padded targets are ignored; as many on each rank's rows (ranks average
-    # their own means, as data parallelism does).
-    labels[:, 1, -2:] = -100
-    labels[:, 3, -2:] = -100
+    # Padded targets are ignored; only in rank 0's rows, so that the ranks'
+    # shares of the predicted tokens differ (each weights its mean by it).
+    labels[:, 1, -3:] = -100
     batches = tmp / f"pairs{ranks}.pt"
     torch.save({"input_ids": ids, "labels": labels}, batches)
     log, params = tmp / f"log{ranks}.jsonl", tmp / f"params{ranks}.safetensors"
@@ -149,8 +149,31 @@ def test_training_on_pairs_matches_torch_optim(ranks, t5):
         assert abs(x["loss"] - w) <= TOL, (x["step"], x["loss"], w)
     from safetensors.torch import load_file
     got = load_file(params)
+    # Parameters within 1e-4, as test_zero_multirank's: AdamW divides by
+    # sqrt(v), which magnifies fp32 rounding in small gradients.
     for name, p in model.named_parameters():
-        assert (got[name] - p.detach()).abs().max().item() <= TOL, name
+        assert (got[name] - p.detach()).abs().max().item() <= 1e-4, name
+
+
+@pytest.mark.parametrize("name", ["t5", "bert"])
+def test_corrupting_objectives_train_alike_on_1_and_2_ranks(name, t5, tmp_path):
+    """Span corruption and masked-LM corrupt the global batch the same way
+    on every rank and weight each rank's loss by its share of the predicted
+    tokens: 2 ranks with micro-batch 2 give the losses of one process with
+    micro-batch 4."""
+    sharded = t5[1] if name == "t5" else compile_model(build("bert"), tmp_path, "bert")
+    data = write_tokens(tmp_path / "d", [5 + (i * 7) % 90 for i in range(8000)], 100, eos_id=1,
+                        mask_id=3)
+    common = ["--data", data, "--steps", 3, "--seq-len", 24, "--lr", "1e-3", "--seed", 4]
+    one = bmt_run(sharded, *common, "--micro-batch", 4, "--log-file", tmp_path / "one.jsonl")
+    assert one.returncode == 0, one.stderr
+    two = torchrun(2, sharded, *common, "--micro-batch", 2, "--log-file", tmp_path / "two.jsonl")
+    assert two.returncode == 0, two.stderr
+    losses = [[json.loads(x)["loss"] for x in open(tmp_path / f) if '"train"' in x]
+              for f in ("one.jsonl", "two.jsonl")]
+    assert len(losses[0]) == 3
+    for a, b in zip(*losses):
+        assert abs(a - b) <= TOL, losses
 
 
 def expected_sizes(encoder_len, density=0.15, mean_span=3.0):

@@ -55,8 +55,11 @@ data:
   --eval-data PATH       held-out tokens for evaluation
   --batches FILE         use the batches in FILE instead of sampling --data: torch.save
                          of an int64 tensor [n, micro-batch, seq-len + 1] of token
-                         windows, or, for an encoder-decoder, of a dict of ready pairs
-                         {"input_ids": [n, micro-batch, S], "labels": [n, micro-batch, T]}
+                         windows (span corruption corrupts each window whole: their
+                         length, not --seq-len, sets the sizes), or, for an
+                         encoder-decoder, of a dict of ready pairs
+                         {"input_ids": [n, micro-batch, S], "labels": [n, micro-batch, T]};
+                         micro-batch is the global one, split over the ranks
 training:
   --steps N              optimizer steps (required unless --eval-only / --dump)
   --micro-batch N        sequences per micro-batch (default 8)

@@ -30,6 +30,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -212,6 +213,11 @@ runtime::SpanCorruptionConfig spanCorruptionSettings(const tools::RunOptions &o,
   if (data && !data->sentinelIds().empty()) {
     span.sentinels = data->sentinelIds();
     source = "the tokenizer's <extra_id_N>";
+    for (int64_t id : span.sentinels)
+      if (id >= vocab)
+        throw Failure(data->binPath() + ": the tokenizer's sentinel id " + std::to_string(id) +
+                      " is outside the model's vocabulary of " + std::to_string(vocab) +
+                      " (a model exported for another tokenizer?)");
     if (static_cast<int64_t>(span.sentinels.size()) < lengths.spans)
       throw Failure(data->binPath() + ": the tokenizer has " +
                     std::to_string(span.sentinels.size()) +
@@ -239,23 +245,24 @@ runtime::SpanCorruptionConfig spanCorruptionSettings(const tools::RunOptions &o,
     std::cout << "bmt-run: span corruption: windows of " << window << " tokens -> encoder input "
               << lengths.inputLength << " + target " << lengths.targetLength << " tokens ("
               << lengths.noiseTokens << " corrupted in " << lengths.spans
-              << " spans); sentinels from " << source << " (" << span.sentinels.front()
+              << (lengths.spans == 1 ? " span" : " spans") << "); sentinels from " << source << " (" << span.sentinels.front()
               << ", ...), eos " << span.eosId << ", decoder start " << span.decoderStartId
               << "\n";
   }
   return span;
 }
 
-/// --batches FILE: this rank's rows of the fixed micro-batches, either token
-/// windows int64 [n, rows, W] or an encoder-decoder's ready pairs (inputIds
-/// int64 [n, rows, S], labels [n, rows, T]). Checks the format and the
-/// split over ranks; the ids are checked against the vocabulary later.
+/// --batches FILE: the fixed global micro-batches of all ranks, either
+/// token windows int64 [n, rows, W] or an encoder-decoder's ready pairs
+/// (inputIds int64 [n, rows, S], labels [n, rows, T]). Checks the format
+/// and that the rows split evenly over the ranks; the ids are checked
+/// against the vocabulary later.
 struct FixedBatches {
   at::Tensor windows, inputIds, labels;
 };
 
 FixedBatches loadBatches(const tools::RunOptions &o, bool encoderDecoder,
-                         const std::string &modelType, int64_t rank, int64_t worldSize) {
+                         const std::string &modelType, int64_t worldSize) {
   c10::IValue v;
   try {
     v = torch::jit::pickle_load(readFile(o.batchesFile));
@@ -263,13 +270,12 @@ FixedBatches loadBatches(const tools::RunOptions &o, bool encoderDecoder,
     throw Failure(o.batchesFile + ": not a torch.save file: " +
                   bmt::firstErrorLine(e.what_without_backtrace()));
   }
-  // This rank's rows of a [n, micro-batch * ranks, ...] tensor.
+  // Every rank reads the whole file and trains on its rows of each batch.
   auto rows = [&](const at::Tensor &t) {
     if (t.size(1) % worldSize != 0)
       throw Failure(o.batchesFile + ": a batch of " + std::to_string(t.size(1)) +
                     " rows cannot be split evenly over " + std::to_string(worldSize) + " ranks");
-    int64_t n = t.size(1) / worldSize;
-    return t.narrow(1, rank * n, n).contiguous();
+    return t.contiguous();
   };
   auto isIds = [](const c10::IValue &x) {
     return x.isTensor() && x.toTensor().dim() == 3 && x.toTensor().scalar_type() == at::kLong &&
@@ -377,6 +383,10 @@ void runDump(runtime::Model &model, const tools::RunOptions &o, runtime::Objecti
   }
   at::Tensor loss = runtime::languageModelLoss(
       logits, labels, /*shift=*/objective == runtime::Objective::CausalLM);
+  if (!std::isfinite(loss.item<double>()))
+    throw Failure(o.dumpInputs + ": the loss is " +
+                  std::string(std::isnan(loss.item<double>()) ? "NaN" : "infinite") +
+                  " (no label to predict, or a non-finite output); nothing written");
   loss.backward();
   out.insert("loss", loss.detach().cpu());
   model.synchronizeGradients();
@@ -487,7 +497,7 @@ int run(const tools::RunOptions &o) {
   // their shapes.
   FixedBatches fixed;
   if (!o.batchesFile.empty() && !o.evalOnly)
-    fixed = loadBatches(o, encoderDecoder, p.modelType, rank, worldSize);
+    fixed = loadBatches(o, encoderDecoder, p.modelType, worldSize);
 
   // The model's vocabulary: the logits' last dimension on one micro-batch
   // of the run's shape, which also finds a --seq-len the model cannot take
@@ -498,11 +508,11 @@ int run(const tools::RunOptions &o) {
     c10::NoGradGuard noGrad;
     int64_t rows = o.microBatch, length = o.seqLen, target = spanLengths.targetLength;
     if (fixed.inputIds.defined()) {
-      rows = fixed.inputIds.size(1);
+      rows = fixed.inputIds.size(1) / worldSize;
       length = fixed.inputIds.size(2);
       target = fixed.labels.size(2);
     } else if (fixed.windows.defined()) {
-      rows = fixed.windows.size(1);
+      rows = fixed.windows.size(1) / worldSize;
       length = fixed.windows.size(2) - 1;
       if (spanCorruption) {
         runtime::SpanCorruptionLengths l =
@@ -629,9 +639,11 @@ int run(const tools::RunOptions &o) {
         fixed.labels.ne(-100).logical_and(fixed.labels.lt(0)).any().item<bool>())
       throw Failure(o.batchesFile + ": token ids outside the model's vocabulary of " +
                     std::to_string(vocab) + " (labels may also be -100)");
-    next = [&]() {
+    const int64_t rows = fixed.inputIds.size(1) / worldSize;
+    next = [&, rows]() {
       int64_t i = cursor++ % fixed.inputIds.size(0);
-      return runtime::MicroBatch{{}, fixed.inputIds[i], fixed.labels[i]};
+      return runtime::MicroBatch{{}, fixed.inputIds[i], fixed.labels[i], rank * rows,
+                                 (rank + 1) * rows};
     };
   } else if (fixed.windows.defined()) {
     if (fixed.windows.max().item<int64_t>() >= vocab || fixed.windows.min().item<int64_t>() < 0)
@@ -641,8 +653,10 @@ int run(const tools::RunOptions &o) {
       config.spanCorruption = spanCorruptionSettings(
           o, span, runtime::spanCorruptionLengths(fixed.windows.size(2), span), vocab, nullptr,
           fixed.windows.max().item<int64_t>() + 1, rank0);
-    next = [&]() {
-      return runtime::MicroBatch{fixed.windows[cursor++ % fixed.windows.size(0)], {}, {}};
+    const int64_t rows = fixed.windows.size(1) / worldSize;
+    next = [&, rows]() {
+      return runtime::MicroBatch{fixed.windows[cursor++ % fixed.windows.size(0)], {}, {},
+                                 rank * rows, (rank + 1) * rows};
     };
   } else if (train) {
     // Every rank draws the same global batch (micro-batch x ranks windows)
@@ -650,8 +664,8 @@ int run(const tools::RunOptions &o) {
     sampler = std::make_unique<runtime::BatchSampler>(*train, o.microBatch * worldSize,
                                                       windowLength - 1, o.seed);
     next = [&]() {
-      return runtime::MicroBatch{sampler->next().narrow(0, rank * o.microBatch, o.microBatch),
-                                 {}, {}};
+      return runtime::MicroBatch{sampler->next(), {}, {}, rank * o.microBatch,
+                                 (rank + 1) * o.microBatch};
     };
   }
 

@@ -64,14 +64,20 @@ struct TrainConfig {
   double minLossScale = 1;
 };
 
-/// One micro-batch of this rank: token windows, which the objective turns
-/// into inputs and labels, or (encoder-decoders) ready source/target pairs.
+/// One micro-batch: token windows, which the objective turns into inputs
+/// and labels, or (encoder-decoders) ready source/target pairs.
 struct MicroBatch {
   at::Tensor window; ///< int64 [batch, seq + 1], CPU
   /// Without a window: an encoder-decoder's encoder input [batch, n] and
   /// target [batch, m] (int64, CPU; -100 labels are ignored), trained
   /// with teacher forcing (decoder input = shiftRight(labels)).
   at::Tensor inputIds, labels;
+  /// The rows [rowBegin, rowEnd) this rank trains on when the batch above
+  /// is the global one of all ranks (every rank corrupts all of it the same
+  /// way, then takes its rows, and weights its loss by its share of the
+  /// predicted tokens: N ranks train as one process with the whole batch).
+  /// rowEnd -1: every row is this rank's own.
+  int64_t rowBegin = 0, rowEnd = -1;
 };
 
 /// Loss and perplexity over held-out data.
