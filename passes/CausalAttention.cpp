@@ -814,6 +814,16 @@ private:
         return fail("operand " + Twine(index) + " of " + name + " is not a tensor");
       return eval(a->value, stack, depth + 1);
     };
+    // Operands 0 and 1 (a binary op's).
+    auto operandTerms = [&]() -> FailureOr<std::pair<Term, Term>> {
+      FailureOr<Term> a = operandTerm(0);
+      if (failed(a))
+        return failure();
+      FailureOr<Term> b = operandTerm(1);
+      if (failed(b))
+        return failure();
+      return std::make_pair(std::move(*a), std::move(*b));
+    };
     auto constantArg = [&](unsigned index) -> std::optional<int64_t> {
       std::optional<Arg> a = argument(op, index);
       if (!a)
@@ -1011,12 +1021,10 @@ private:
       return Term::constant(a->dims, equal == (name == "aten::eq.Scalar"), /*isBool=*/true);
     }
     if (name == "aten::eq.Tensor" || name == "aten::ne.Tensor") {
-      FailureOr<Term> a = operandTerm(0);
-      if (failed(a))
+      FailureOr<std::pair<Term, Term>> ab = operandTerms();
+      if (failed(ab))
         return failure();
-      FailureOr<Term> b = operandTerm(1);
-      if (failed(b))
-        return failure();
+      Term *a = &ab->first, *b = &ab->second;
       if (a->kind != Term::Kind::Constant || b->kind != Term::Kind::Constant ||
           a->isBool != b->isBool)
         return fail("an equality of something else than two constants (packed sequences)");
@@ -1088,12 +1096,10 @@ private:
     // Comparisons of two positions: one bound.
     if (name == "aten::le.Tensor" || name == "aten::lt.Tensor" || name == "aten::ge.Tensor" ||
         name == "aten::gt.Tensor") {
-      FailureOr<Term> a = operandTerm(0);
-      if (failed(a))
+      FailureOr<std::pair<Term, Term>> ab = operandTerms();
+      if (failed(ab))
         return failure();
-      FailureOr<Term> b = operandTerm(1);
-      if (failed(b))
-        return failure();
+      Term *a = &ab->first, *b = &ab->second;
       if (a->kind != Term::Kind::Index || b->kind != Term::Kind::Index)
         return fail("a comparison of something else than two positions");
       Term t;
@@ -1137,12 +1143,10 @@ private:
 
     // Conjunctions.
     if (name == "aten::__and__.Tensor" || name == "aten::logical_and") {
-      FailureOr<Term> a = operandTerm(0);
-      if (failed(a))
+      FailureOr<std::pair<Term, Term>> ab = operandTerms();
+      if (failed(ab))
         return failure();
-      FailureOr<Term> b = operandTerm(1);
-      if (failed(b))
-        return failure();
+      Term *a = &ab->first, *b = &ab->second;
       if (a->kind == Term::Kind::Constant || b->kind == Term::Kind::Constant)
         return fail("a conjunction with a constant that is not true (zeros, or false)");
       if (a->kind != Term::Kind::Mask || b->kind != Term::Kind::Mask)
