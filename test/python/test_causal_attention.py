@@ -8,7 +8,7 @@ trains with), and rewrites the calls to attn_mask=None, is_causal=True.
 For the tiny GPT-2 and LLaMA of test_runtime_parity.py built with
 attn_implementation="sdpa", traced (.pt) and exported (.pt2): bmt-run --dump
 on all-ones masks gives the eager model's logits, loss and every parameter
-gradient within 1e-5 (fp32, CPU); the plan records the assumption (format
+gradient within numerics.py's tolerances (fp32, CPU); the plan records the assumption (format
 version 3) and --dump refuses a padded mask with one error. With
 --assume-unpadded=false the padding term stays and a padded batch matches
 eager too. OPT traced without attention_mask needs no assumption at all.
@@ -24,7 +24,8 @@ import pytest
 import torch
 
 from bmt_paths import REPO, binary
-from test_runtime_parity import TOL, causal_loss, check_dump_against_eager
+from numerics import assert_close, assert_gradients_close, assert_loss_close
+from test_runtime_parity import causal_loss, check_dump_against_eager
 
 sys.path.insert(0, os.path.join(REPO, "test", "fixtures"))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -180,11 +181,10 @@ def test_assume_unpadded_false_keeps_the_padding(name, tmp_path):
     logits = model(input_ids=ids, attention_mask=mask).logits
     loss = causal_loss(logits, ids)
     loss.backward()
-    assert (got["logits"] - logits.detach()).abs().max().item() <= TOL
-    assert abs(got["loss"].item() - loss.item()) <= TOL
-    for pname, p in model.named_parameters():
-        diff = (got["grad/" + pname] - p.grad).abs().max().item()
-        assert diff <= TOL, f"{pname}: max abs grad difference {diff}"
+    assert_close(got["logits"], logits, what="logits")
+    assert_loss_close(got["loss"].item(), loss.item())
+    assert_gradients_close({n: got["grad/" + n] for n, _ in model.named_parameters()},
+                           {n: p.grad for n, p in model.named_parameters()})
 
 
 def test_causal_without_attention_mask_needs_no_assumption(tmp_path):

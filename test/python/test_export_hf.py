@@ -1,6 +1,6 @@
 """bmt-export-hf writes .pt2 too: BLOOM, which torch.jit.trace cannot
 handle, exported to torch.export, compiled with bmt-opt and run by bmt-run
-gives the logits and loss of the same model in eager PyTorch (1e-5).
+gives the logits and loss of the same model in eager PyTorch (numerics.py's tolerances).
 """
 import os
 import subprocess
@@ -8,6 +8,7 @@ import subprocess
 import torch
 
 from bmt_paths import REPO, binary
+from numerics import assert_close, assert_loss_close
 
 
 def test_bloom_pt2_round_trip(tmp_path):
@@ -40,8 +41,8 @@ def test_bloom_pt2_round_trip(tmp_path):
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask).logits
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 200), ids[:, 1:].reshape(-1))
-    assert (got["logits"] - logits).abs().max().item() <= 1e-5
-    assert abs(got["loss"].item() - loss.item()) <= 1e-5
+    assert_close(got["logits"], logits, what="logits")
+    assert_loss_close(got["loss"].item(), loss.item())
 
 
 def test_t5_pt2_trains_at_the_exported_shapes(tmp_path):
@@ -89,5 +90,5 @@ def test_t5_pt2_trains_at_the_exported_shapes(tmp_path):
     with torch.no_grad():
         logits = model(input_ids=ids, decoder_input_ids=decoder).logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 160), labels.reshape(-1))
-    assert (got["logits"] - logits).abs().max().item() <= 1e-5
-    assert abs(got["loss"].item() - loss.item()) <= 1e-5
+    assert_close(got["logits"], logits, what="logits")
+    assert_loss_close(got["loss"].item(), loss.item())

@@ -17,7 +17,7 @@ at any batch.
 For the tiny GPT-2 and LLaMA of test_runtime_parity.py (eager attention),
 traced (.pt, run at another shape than the trace's) and exported (.pt2, run
 at its export shape): bmt-run --dump with input_ids only gives the eager
-model's logits, loss and every parameter gradient within 1e-5 (fp32, CPU).
+model's logits, loss and every parameter gradient within numerics.py's tolerances (fp32, CPU).
 Also: LLaMA traced at batch 1 and run at batch 3; LLaMA with SDPA made
 causal; --dump refusing a padded attention_mask the program cannot take;
 bmt-run --eval-only and training on a token file (--data).
@@ -31,9 +31,10 @@ import pytest
 import torch
 
 from bmt_paths import binary
+from numerics import assert_close, assert_gradients_close, assert_loss_close
 from test_bmt_run import write_tokens
 from test_causal_attention import build_sdpa
-from test_runtime_parity import TOL, build, causal_loss
+from test_runtime_parity import build, causal_loss
 
 warnings.filterwarnings("ignore")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -81,14 +82,11 @@ def check_against_eager(model, sharded, tmp, ids):
     loss = causal_loss(logits, ids)
     loss.backward()
     assert got["logits"].shape == logits.shape
-    assert (got["logits"] - logits.detach()).abs().max().item() <= TOL
-    assert abs(got["loss"].item() - loss.item()) <= TOL
+    assert_close(got["logits"], logits, what="logits")
+    assert_loss_close(got["loss"].item(), loss.item())
     params = dict(model.named_parameters())
     grads = {k[len("grad/"):]: v for k, v in got.items() if k.startswith("grad/")}
-    assert set(grads) == set(params), set(grads) ^ set(params)
-    for pname, p in params.items():
-        diff = (grads[pname] - p.grad).abs().max().item()
-        assert diff <= TOL, f"{pname}: max abs grad difference {diff}"
+    assert_gradients_close(grads, {n: p.grad for n, p in params.items()})
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +171,7 @@ def test_training_and_evaluation_on_token_files(llama_pt, tmp_path):
         logits = model(input_ids=windows[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 128), windows[:, 1:].reshape(-1))
     assert got["tokens"] == n * 8
-    assert abs(got["val_loss"] - loss.item()) <= TOL
+    assert_loss_close(got["val_loss"], loss.item())
 
     log = tmp_path / "train.jsonl"
     r = bmt_run(sharded, "--data", data, "--steps", 3, "--micro-batch", 2, "--seq-len", 8,

@@ -1,6 +1,6 @@
 """ZeRO across ranks, on CPU: `torchrun --nproc_per_node=N --no-python bmt-run`
-trains tiny GPT-2 and LLaMA for 20 steps and must give the same losses
-(within 1e-5) and final parameters (within 1e-4) as single-process eager
+trains tiny GPT-2 and LLaMA for 20 steps and must give the same losses and
+final parameters (within numerics.py's bounds) as single-process eager
 PyTorch (torch.optim.AdamW) on the same global batches, for N = 1..4 (3 gives
 uneven shards), ZeRO-3 and ZeRO-2, with and without checkpointing, hybrid
 sharding (G = 2 with N = 4) and prefetch depths 0 and 2. Each rank must read
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from bmt_paths import binary
+from numerics import assert_identical, assert_loss_close, assert_trained_close
 from test_runtime_parity import build, eager_training
 
 STEPS = 20
@@ -105,12 +106,10 @@ def test_training_matches_eager(traced, config):
     lrs = {x["step"]: x["lr"] for x in train}
     losses, want = eager_reference(traced, accum, lrs)
     for x, loss in zip(train, losses):
-        assert abs(x["loss"] - loss) <= 1e-5, (config, x["step"], x["loss"], loss)
+        assert_loss_close(x["loss"], loss, what=f"{config}: loss of step {x['step']}")
     from safetensors.torch import load_file
-    got = load_file(params)
-    for pname, p in want.items():
-        diff = (got[pname] - p).abs().max().item()
-        assert diff <= 1e-4, f"{config}: {pname} differs by {diff} after {STEPS} steps"
+    stats = assert_trained_close(load_file(params), want, sum(lrs.values()))
+    print(f"{config}: parameters max {stats[0]:.2e}, mean {stats[1]:.2e}, differing {stats[2]:.1%}")
 
 
 def test_world_size_not_divisible_by_shard_group(traced):
@@ -126,3 +125,28 @@ def test_world_size_not_divisible_by_shard_group(traced):
     assert errors, r.stderr[-2000:]
     assert all("world size 3 is not a multiple of the plan's shard group size 2" in e
                for e in errors), errors
+
+
+def test_same_run_twice_is_bit_identical(traced):
+    """bmt's determinism promise (docs/runtime.md): the same plan, data,
+    options, world size and thread count on the same machine give the same
+    losses and parameters to the bit; a run on another world size only
+    agrees within numerics.py's bounds (test_training_matches_eager)."""
+    if traced["name"] != "gpt2":
+        pytest.skip("one model is enough")
+    from safetensors.torch import load_file
+    tmp = traced["tmp"] / "twice"
+    tmp.mkdir()
+    sharded = tmp / "sharded.pt"
+    subprocess.run([binary("bmt-opt"), str(traced["pt"]), "-o", str(sharded), "--world-size", "3"],
+                   check=True, capture_output=True)
+    runs = []
+    for k in range(2):
+        log, params = tmp / f"log{k}.jsonl", tmp / f"params{k}.safetensors"
+        r = torchrun(3, sharded, "--batches", traced["tmp"] / "batches.pt", "--steps", 4,
+                     "--lr", "1e-3", "--clip-grad", 0.5, "--log-file", log, "--save-params", params)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        train = [json.loads(x) for x in open(log) if '"train"' in x]
+        runs.append(([(x["loss"], x["grad_norm"]) for x in train], load_file(params)))
+    assert len(runs[0][0]) == 4 and runs[0][0] == runs[1][0]
+    assert_identical(runs[1][1], runs[0][1], "parameters of the second run")

@@ -14,6 +14,8 @@ The model comes from a config, never from a hub (no network here):
   --config path/config.json  a config file (e.g. from a local checkpoint)
   --checkpoint DIR         a local checkpoint directory (config + weights)
 Config fields can be overridden: --set n_layer=4 --set n_embd=256.
+Attention is what transformers chooses for the architecture (SDPA where it
+has it, else eager), as in the user's model; --attn-implementation picks one.
 Weights are random (seeded) unless --checkpoint gives them.
 --dtype bfloat16|float16 converts the model (model.to(dtype)) before tracing:
 its parameters, storage groups and forward/backward are in that dtype, and
@@ -138,7 +140,11 @@ def build_config(args, transformers):
         args.set = []
     if hasattr(config, "use_cache"):
         config.use_cache = False
-    config._attn_implementation = "eager"
+    # The attention the user's model runs: transformers' own choice (SDPA
+    # where the architecture has it, else eager) unless asked otherwise, so
+    # that the exported program computes what the model computes.
+    if args.attn_implementation:
+        config._attn_implementation = args.attn_implementation
     return config
 
 
@@ -167,6 +173,10 @@ def main(argv=None):
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                         help="dtype of the exported model's parameters (model.to(dtype) "
                              "before tracing; default float32)")
+    parser.add_argument("--attn-implementation", choices=["sdpa", "eager"],
+                        help="attention to export: sdpa (scaled_dot_product_attention) or eager "
+                             "(matmul and softmax); default: transformers' own choice for the "
+                             "architecture (sdpa where it has it)")
     parser.add_argument("--head", choices=["lm", "none"], default="lm",
                         help="lm: the architecture's language-model class (default); "
                              "none: the bare model (AutoModel: hidden states, no head)")
@@ -245,7 +255,8 @@ def main(argv=None):
 
     params = sum(p.numel() for p in model.parameters())
     print(f"exported {class_name} ({config.model_type}, {params / 1e6:.1f} M parameters, "
-          f"{config.num_hidden_layers} layers) to {args.output} in {time.time() - start:.1f} s")
+          f"{config.num_hidden_layers} layers, {model.config._attn_implementation} attention) "
+          f"to {args.output} in {time.time() - start:.1f} s")
     if decoder_len is not None:
         print(f"encoder-decoder: example encoder input {args.batch} x {args.seq_len}, decoder "
               f"input {args.batch} x {decoder_len}"
