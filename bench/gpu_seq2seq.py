@@ -2,8 +2,10 @@
 """T5 training speed on one GPU: bmt-run's span corruption against eager
 transformers on the same shapes.
 
-usage: gpu_seq2seq.py BMT_RUN ARCHIVE [--micro-batch 32] [--seq-len 512]
-                      [--steps 20] [--warmup 5] [--out DIR]
+usage: PYTHONPATH=python python3 bench/gpu_seq2seq.py BMT_RUN ARCHIVE
+           [--micro-batch 32] [--seq-len 512] [--steps 20] [--warmup 5] [--out DIR]
+(it imports bmt.export_hf: the checkout's python/ on PYTHONPATH, or the
+package installed by `pip install .`)
 
 ARCHIVE: a T5 compiled elsewhere (the GPU machine has no MLIR), e.g.
   bmt-export-hf --config t5 --set d_model=768 --set num_layers=12 \\
@@ -33,9 +35,7 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "tools", "python"))
-from bmt_export_hf import span_corruption_target_length as target_length  # noqa: E402
+from bmt.export_hf import span_corruption_target_length as target_length
 
 
 def run_bmt(args, out):

@@ -20,14 +20,19 @@ export BUILD_DIR
 
 bash "$root/scripts/build.sh"
 mkdir -p "$OUT_DIR"
-bin="$root/tools/bin"
+# The Python tools of this checkout (python/bmt), the programs that
+# `pip install .` (scripts/setup.sh) puts on PATH as bmt-prepare-data,
+# bmt-export-hf and bmt-plot; run from here so that another checkout's
+# install cannot stand in for them.
+export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
+py="${PYTHON:-python3}"
 
 if [ ! -f "$OUT_DIR/fortunes.train.json" ]; then
-  "$bin/bmt-prepare-data" --input /usr/share/games/fortunes --split-on % \
+  "$py" -m bmt.prepare_data --input /usr/share/games/fortunes --split-on % \
     --train-bpe 4096 --output "$OUT_DIR/fortunes"
 fi
 if [ ! -f "$OUT_DIR/gpt2-fortunes.pt" ]; then
-  "$bin/bmt-export-hf" --config gpt2 --set vocab_size=4096 --set n_layer=4 \
+  "$py" -m bmt.export_hf --config gpt2 --set vocab_size=4096 --set n_layer=4 \
     --set n_embd=256 --set n_head=4 --set n_positions=256 -o "$OUT_DIR/gpt2-fortunes.pt"
 fi
 # The default pipeline; --checkpoint auto keeps every block's activations
@@ -48,7 +53,7 @@ command -v torchrun >/dev/null || torchrun=(python3 -m torch.distributed.run)
   --schedule cosine --eval-every 100 --eval-batches $((20 * NPROC)) --log-every 10 \
   --log-file "$OUT_DIR/metrics.jsonl" --device cpu
 
-"$bin/bmt-plot" "$OUT_DIR/metrics.jsonl" -o "$OUT_DIR/training.png"
+"$py" -m bmt.plot "$OUT_DIR/metrics.jsonl" -o "$OUT_DIR/training.png"
 python3 - "$OUT_DIR/metrics.jsonl" <<'PY'
 import json, math, sys
 evals = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "eval"]

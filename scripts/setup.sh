@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what bmt needs on a Debian 12 (bookworm) machine, idempotently:
 # Debian packages (LLVM/MLIR 22, Ninja, ccache, nlohmann-json, GoogleTest) and
-# pinned pip packages (see scripts/requirements.txt). A second run does nothing
+# pinned pip packages (see scripts/requirements.txt), then bmt's own Python
+# tools from this checkout (pip install ., pyproject.toml). A second run does nothing
 # that is already done. Run as root (apt-get) or with sudo available.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -84,3 +85,49 @@ while read -r req; do
     "$PY" -m pip install -q --disable-pip-version-check --no-deps "${pip_flags[@]:2}" "$req"
   fi
 done < "$here/requirements-nodeps.txt"
+# bmt's own Python tools (pyproject.toml, python/bmt): `pip install .` puts
+# bmt-export-hf, bmt-prepare-data and bmt-plot on PATH. Installed only when the
+# installed copy is not this checkout's (version, scripts, dependencies and
+# every module's bytes compared). --no-deps: the dependencies are the pinned
+# packages above; --no-build-isolation: built offline by the pinned
+# setuptools. Built from a copy of the sources, as pip builds in the source
+# tree: build/ is CMake's here, and files left in setuptools' build/lib from
+# an earlier build would go into the wheel.
+root="$(dirname "$here")"
+if "$PY" - "$root" <<'PYEOF'
+import pathlib, sys, tomllib
+from importlib.metadata import PackageNotFoundError, distribution
+root = pathlib.Path(sys.argv[1])
+project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+try:
+    dist = distribution(project["name"])
+except PackageNotFoundError:
+    sys.exit(1)
+scripts = {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
+installed = {f.name: f for f in dist.files or [] if f.parts[0] == "bmt" and f.suffix == ".py"}
+ours = {p.name: p for p in (root / "python" / "bmt").glob("*.py")}
+same = (dist.version == project["version"] and scripts == project["scripts"]
+        and sorted(dist.requires or []) == sorted(project["dependencies"])
+        and installed.keys() == ours.keys()
+        and all(dist.locate_file(installed[n]).read_bytes() == p.read_bytes()
+                for n, p in ours.items()))
+sys.exit(0 if same else 1)
+PYEOF
+then
+  echo "[setup] bmt's Python tools: installed from this checkout"
+else
+  echo "[setup] pip install . (bmt-export-hf, bmt-prepare-data, bmt-plot)"
+  src="$(mktemp -d)"
+  trap 'rm -rf "$src"' EXIT
+  cp "$root/pyproject.toml" "$src/"
+  cp -r "$root/python" "$src/python"
+  find "$src/python" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
+  "$PY" -m pip install "${pip_flags[@]}" --no-deps --no-build-isolation "$src"
+  rm -rf "$src"
+  trap - EXIT
+fi
+if ! command -v bmt-export-hf >/dev/null 2>&1; then
+  echo "[setup] note: bmt-export-hf is installed but not on PATH; add the Python scripts directory" \
+    "($("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')) to PATH," \
+    "or run the tools as \`$PY -m bmt.export_hf\` (bmt.prepare_data, bmt.plot)" >&2
+fi

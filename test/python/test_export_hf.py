@@ -2,18 +2,17 @@
 handle, exported to torch.export, compiled with bmt-opt and run by bmt-run
 gives the logits and loss of the same model in eager PyTorch (numerics.py's tolerances).
 """
-import os
 import subprocess
 
 import torch
 
-from bmt_paths import REPO, binary
+from bmt_paths import binary, tool
 from numerics import assert_close, assert_loss_close
 
 
 def test_bloom_pt2_round_trip(tmp_path):
     pt2, sharded = tmp_path / "bloom.pt2", tmp_path / "bloom.sharded.pt"
-    r = subprocess.run([os.path.join(REPO, "tools", "bin", "bmt-export-hf"), "--config", "bloom",
+    r = subprocess.run([*tool("bmt-export-hf"), "--config", "bloom",
                         "--set", "n_layer=2", "--set", "hidden_size=32", "--set", "n_head=4",
                         "--set", "vocab_size=200", "--batch", "2", "--seq-len", "8",
                         "-o", str(pt2)], capture_output=True, text=True)
@@ -54,7 +53,7 @@ def test_t5_pt2_trains_at_the_exported_shapes(tmp_path):
     import numpy as np
     pt2, sharded = tmp_path / "t5.pt2", tmp_path / "t5.sharded.pt"
     sets = ["num_layers=2", "d_model=32", "d_kv=8", "d_ff=64", "num_heads=4", "vocab_size=160"]
-    r = subprocess.run([os.path.join(REPO, "tools", "bin", "bmt-export-hf"), "--config", "t5",
+    r = subprocess.run([*tool("bmt-export-hf"), "--config", "t5",
                         *[x for kv in sets for x in ("--set", kv)], "--batch", "2",
                         "--seq-len", "24", "-o", str(pt2)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

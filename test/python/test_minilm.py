@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from bmt_paths import REPO, binary
+from bmt_paths import binary, tool
 from numerics import assert_close
 
 warnings.filterwarnings("ignore")
@@ -38,7 +38,7 @@ def test_minilm_hidden_states_match_transformers(tmp_path):
     import transformers
     path = model_dir()
     pt, sharded = tmp_path / "minilm.pt", tmp_path / "minilm.sharded.pt"
-    subprocess.run([os.path.join(REPO, "tools", "bin", "bmt-export-hf"), "--checkpoint", path,
+    subprocess.run([*tool("bmt-export-hf"), "--checkpoint", path,
                     "--head", "none", "-o", str(pt)], check=True, capture_output=True)
     subprocess.run([binary("bmt-opt"), str(pt), "-o", str(sharded)], check=True,
                    capture_output=True)

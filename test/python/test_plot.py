@@ -1,23 +1,18 @@
-"""Tests of tools/python/bmt_plot.py (bmt-plot): the data it plots against the
-log the test wrote, the PNG read back with matplotlib, and its errors."""
+"""Tests of bmt-plot (python/bmt/plot.py): the data it plots against the log
+the test wrote, the PNG read back with matplotlib, and its errors."""
 
-import importlib.util
 import json
 import math
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOOL = os.path.join(ROOT, "tools", "python", "bmt_plot.py")
-LAUNCHER = os.path.join(ROOT, "tools", "bin", "bmt-plot")
+from bmt_paths import tool
 
-spec = importlib.util.spec_from_file_location("bmt_plot", TOOL)
-bmt_plot = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bmt_plot)
+TOOL = tool("bmt-plot")   # python3 -m bmt.plot, after checking it is this checkout's
+from bmt import plot as bmt_plot  # noqa: E402
 
 # matplotlib's default colours, which the tool draws with (RGB 0..1)
 BLUE, ORANGE, GREEN = (0.122, 0.467, 0.706), (1.0, 0.498, 0.055), (0.173, 0.627, 0.173)
@@ -88,7 +83,7 @@ def test_plot_returns_what_it_drew_and_a_readable_png(tmp_path):
 def test_cli(tmp_path):
     log = tmp_path / "metrics.jsonl"
     write_log(log, steps=30, eval_every=10)
-    r = subprocess.run([LAUNCHER, str(log), "-o", str(tmp_path / "p.png")],
+    r = subprocess.run([*TOOL, str(log), "-o", str(tmp_path / "p.png")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "30 train loss, 3 val loss, 30 tokens/s points" in r.stdout
@@ -129,7 +124,7 @@ def test_bad_log(case, tmp_path):
     log = tmp_path / "metrics.jsonl"
     log.write_text(text)
     out = tmp_path / "p.png"
-    r = subprocess.run([sys.executable, TOOL, str(log), "-o", str(out)],
+    r = subprocess.run([*TOOL, str(log), "-o", str(out)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
@@ -138,8 +133,8 @@ def test_bad_log(case, tmp_path):
 
 
 def test_missing_log(tmp_path):
-    r = subprocess.run([sys.executable, TOOL, str(tmp_path / "nope.jsonl"), "-o",
-                        str(tmp_path / "p.png")], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*TOOL, str(tmp_path / "nope.jsonl"), "-o", str(tmp_path / "p.png")],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [f"error: metrics log {tmp_path / 'nope.jsonl'} does not exist"]
     assert os.listdir(tmp_path) == []

@@ -1,22 +1,21 @@
-"""Tests of tools/python/bmt_prepare_data.py (bmt-prepare-data), run as the
-user runs it (a subprocess) and checked against independent references: the
-documents the test wrote itself, ids known by construction, the tokenizer
-file's own decoding, and the fortune files counted with a regular expression."""
+"""Tests of bmt-prepare-data (python/bmt/prepare_data.py), run as a
+subprocess (python3 -m bmt.prepare_data) and checked against independent
+references: the documents the test wrote itself, ids known by construction,
+the tokenizer file's own decoding, and the fortune files counted with a
+regular expression."""
 
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOOL = os.path.join(ROOT, "tools", "python", "bmt_prepare_data.py")
-LAUNCHER = os.path.join(ROOT, "tools", "bin", "bmt-prepare-data")
+from bmt_paths import tool
+
 FORTUNES = "/usr/share/games/fortunes"
 EOT = "<|endoftext|>"
 META_KEYS = {"format", "version", "dtype", "num_tokens", "num_documents", "vocab_size",
@@ -43,10 +42,9 @@ def make_docs(n=40):
     return docs
 
 
-def run_tool(*args, launcher=False):
-    cmd = [LAUNCHER] if launcher else [sys.executable, TOOL]
-    return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True,
-                          timeout=120)
+def run_tool(*args):
+    return subprocess.run(tool("bmt-prepare-data") + [str(a) for a in args], capture_output=True,
+                          text=True, timeout=120)
 
 
 def read_split(prefix, split):
@@ -101,8 +99,7 @@ def prepared(corpus, tmp_path_factory):
     d, docs = corpus
     out = tmp_path_factory.mktemp("out")
     prefix = out / "c"
-    result = run_tool("--input", d, "--train-bpe", 300, "--val-fraction", 0.2, "--output", prefix,
-                      launcher=True)
+    result = run_tool("--input", d, "--train-bpe", 300, "--val-fraction", 0.2, "--output", prefix)
     assert result.returncode == 0, result.stderr
     return prefix, docs, result
 

@@ -1,6 +1,6 @@
 //===- TokenData.h - memory-mapped token files ------------------*- C++ -*-===//
 //
-// Reads the token files written by tools/bin/bmt-prepare-data: PREFIX.bin
+// Reads the token files written by bmt-prepare-data (python/bmt): PREFIX.bin
 // (flat little-endian uint16 or uint32 token ids) with PREFIX.json beside it
 // ({"format": "bmt-tokens", "version": 1, "dtype", "num_tokens",
 // "vocab_size", "eos_id", "mask_id", "pad_id", "sentinel_ids", ...}). The

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """bmt-export-hf: export a Hugging Face transformers model to a TorchScript
 archive (-o NAME.pt) or a torch.export archive (-o NAME.pt2, static shapes:
 it runs at --batch x --seq-len) that `bmt-opt` imports, the way a

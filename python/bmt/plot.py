@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """bmt-plot: plot a bmt-run metrics log (JSON lines) into a PNG.
 
     bmt-plot metrics.jsonl -o plot.png [--title TEXT]

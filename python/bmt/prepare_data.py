@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """bmt-prepare-data: turn text into token files that bmt-run memory-maps.
 
     bmt-prepare-data --input /usr/share/games/fortunes --split-on % \\
