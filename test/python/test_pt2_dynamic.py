@@ -81,6 +81,7 @@ def test_dynamic_pt2_runs_at_other_shapes(name, tmp_path):
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_architecture_dynamic_pt2_runs_at_other_shapes(name, tmp_path):
+    make_fixtures._import_torch()  # export_dynamic's torch (each test on its own, e.g. under xdist)
     model = architectures.build(name)
     g = torch.Generator().manual_seed(1)
     inputs = {"input_ids": torch.randint(0, architectures.VOCAB, (2, 8), generator=g),
