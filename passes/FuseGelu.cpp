@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "bmt/Dialect/AtenArgs.h"
 #include "bmt/Dialect/BmtDialect.h"
 #include "bmt/Passes.h"
 
@@ -86,56 +87,6 @@ bool samePoly(const Poly &a, const Poly &b) {
   return true;
 }
 
-/// The number an attribute holds: an f64 or i64 scalar, or a 0-dim tensor
-/// constant of a float or integer type (TorchScript's `0.5 * x` records
-/// `dense<5.0e-01> : tensor<f64>`). Booleans and anything else: none.
-std::optional<double> numberOf(Attribute attr) {
-  if (!attr || isa<BoolAttr>(attr))
-    return std::nullopt;
-  if (auto f = dyn_cast<FloatAttr>(attr))
-    return f.getValueAsDouble();
-  if (auto i = dyn_cast<IntegerAttr>(attr)) {
-    if (i.getType().isInteger(1))
-      return std::nullopt;
-    return static_cast<double>(i.getValue().getSExtValue());
-  }
-  auto dense = dyn_cast<DenseElementsAttr>(attr);
-  if (!dense || dense.getType().getRank() != 0)
-    return std::nullopt;
-  Type element = dense.getElementType();
-  if (isa<FloatType>(element))
-    return dense.getSplatValue<APFloat>().convertToDouble();
-  if (element.isInteger(1) || !isa<IntegerType>(element))
-    return std::nullopt;
-  return static_cast<double>(dense.getSplatValue<APInt>().getSExtValue());
-}
-
-/// The constant a value holds, if it is a `bmt.constant` number.
-std::optional<double> numberOf(Value v) {
-  if (auto c = v.getDefiningOp<bmt::ConstantOp>())
-    return numberOf(c.getValue());
-  return std::nullopt;
-}
-
-/// Schema argument `index` of `op`: its operand, or the constant in `args`.
-/// Null for both when the argument is a list (GELU's ops have none).
-std::pair<Value, Attribute> argument(bmt::AtenOp op, unsigned index) {
-  ArrayAttr args = op.getArgs();
-  if (index >= args.size())
-    return {};
-  unsigned operand = 0;
-  for (unsigned i = 0; i < index; ++i) {
-    if (isa<ArrayAttr>(args[i]))
-      return {}; // lists may hold operands; not needed here
-    operand += isa<bmt::OperandAttr>(args[i]);
-  }
-  if (isa<bmt::OperandAttr>(args[index]))
-    return {op.getOperand(operand), Attribute()};
-  if (isa<ArrayAttr>(args[index]))
-    return {};
-  return {Value(), args[index]};
-}
-
 /// The arithmetic ops the evaluation goes through.
 enum class Arith { Add, Sub, Rsub, Mul, Div, Neg, Pow, Tanh, Erf, None };
 
@@ -186,7 +137,7 @@ public:
 private:
   /// The value as a polynomial, or none when it is not one in a single x.
   std::optional<Poly> eval(Value v, bool insideAtom) {
-    if (std::optional<double> c = numberOf(v)) {
+    if (std::optional<double> c = bmt::getConstantNumber(v)) {
       constantOps.insert(v.getDefiningOp());
       return constantPoly(*c);
     }
@@ -208,22 +159,23 @@ private:
       return std::nullopt; // bounds the depth too: the ops are counted on the way down
 
     auto operand = [&](unsigned index, bool intoAtom = false) -> std::optional<Poly> {
-      auto [value, attr] = argument(op, index);
-      if (value)
-        return eval(value, insideAtom || intoAtom);
-      if (std::optional<double> c = numberOf(attr))
+      std::optional<bmt::AtenArg> arg = bmt::getAtenArg(op, index);
+      if (!arg || arg->isList())
+        return std::nullopt;
+      if (arg->isOperand())
+        return eval(arg->getOperand(), insideAtom || intoAtom);
+      if (std::optional<double> c = arg->getNumber())
         return constantPoly(*c);
       return std::nullopt;
     };
     auto scalar = [&](unsigned index) -> std::optional<double> {
-      auto [value, attr] = argument(op, index);
-      if (value) {
-        std::optional<double> c = numberOf(value);
-        if (c)
-          constantOps.insert(value.getDefiningOp());
-        return c;
-      }
-      return numberOf(attr);
+      std::optional<bmt::AtenArg> arg = bmt::getAtenArg(op, index);
+      if (!arg)
+        return std::nullopt;
+      std::optional<double> c = arg->getNumber();
+      if (c && arg->isOperand())
+        constantOps.insert(arg->getOperand().getDefiningOp());
+      return c;
     };
 
     std::optional<Poly> result;

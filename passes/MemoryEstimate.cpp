@@ -9,12 +9,13 @@
 
 #include "MemoryEstimate.h"
 
+#include "bmt/Dialect/AtenArgs.h"
+#include "bmt/Dialect/AtenRegistry.h"
 #include "bmt/Dialect/BmtDialect.h"
 
 #include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
-#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -49,18 +50,12 @@ struct ValueInfo {
   bool score = false;       ///< an attention score tensor (width = heads x seq-len)
 };
 
-/// Ops whose results alias their input (or are no-ops in training): they
-/// save nothing of their own.
-const llvm::StringSet<> &viewOps() {
-  static const llvm::StringSet<> ops = {
-      "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::transpose",
-      "aten::permute", "aten::unsqueeze", "aten::squeeze", "aten::slice",
-      "aten::select", "aten::expand", "aten::expand_as", "aten::contiguous",
-      "aten::split", "aten::split_with_sizes", "aten::chunk", "aten::unbind",
-      "aten::t", "aten::alias", "aten::detach", "aten::flatten", "aten::unflatten",
-      "aten::narrow", "aten::as_strided", "aten::to", "aten::type_as",
-      "aten::view_as", "aten::reshape_as", "aten::numpy_T", "aten::mT"};
-  return ops;
+/// Whether `op` saves nothing of its own for backward: its results alias its
+/// input (views, conversions that change nothing; not in-place ops, whose
+/// results are written).
+bool savesNothing(AtenOp op) {
+  const AtenOpInfo *info = lookupAtenOp(op.getName());
+  return info && info->mayAlias() && !info->isInPlace();
 }
 
 class ActivationWalker {
@@ -91,7 +86,7 @@ public:
         for (Value operand : aten.getOperands())
           in.push_back(get(operand));
         SmallVector<ValueInfo> out = atenResults(aten, in);
-        bool saves = !viewOps().contains(aten.getOperatorName());
+        bool saves = !savesNothing(aten);
         for (auto [result, v] : llvm::zip(aten.getResults(), out)) {
           if (!isa<bmt::TensorType>(result.getType()))
             continue;
@@ -200,13 +195,13 @@ private:
       out.param = nullptr;
       out.headDim = 0;
       // view(x, [b, s, -1, 64]): 64 is the head dim when it divides the width.
-      if (op.getArgs().size() >= 2)
-        if (auto list = dyn_cast<ArrayAttr>(op.getArgs()[1]); list && !list.empty())
-          if (auto last = dyn_cast<IntegerAttr>(list[list.size() - 1])) {
-            int64_t d = last.getInt();
-            if (d > 0 && d < out.width && out.width % d == 0)
-              out.headDim = d;
-          }
+      std::optional<AtenArg> sizes = getAtenArg(op, 1);
+      if (sizes && sizes->isList() && !sizes->getElements().empty())
+        if (auto last = dyn_cast_or_null<IntegerAttr>(sizes->getElements().back().getAttr())) {
+          int64_t d = last.getInt();
+          if (d > 0 && d < out.width && out.width % d == 0)
+            out.headDim = d;
+        }
     } else if (name == "aten::split" || name == "aten::split_with_sizes" ||
                name == "aten::chunk" || name == "aten::unbind") {
       out = in.empty() ? ValueInfo() : in[0];

@@ -2,25 +2,75 @@
 
 #include "bmt/Dialect/AtenRegistry.h"
 
+#include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringMap.h"
+
+#include <deque>
+#include <vector>
 
 using namespace bmt;
 
-static const AtenOpInfo kAtenOps[] = {
-#define BMT_ATEN_OP(NAME, NUM_ARGS, NUM_RESULTS, KIND)                         \
-  {NAME, NUM_ARGS, NUM_RESULTS, AtenOpKind::KIND},
+namespace {
+
+/// One AtenOps.def line as written.
+struct Entry {
+  const char *name;
+  const char *args;
+  int numResults;
+  AtenOpKind kind;
+  unsigned flags;
+  const char *reduced;
+};
+
+using namespace AtenOpFlag;
+const Entry kEntries[] = {
+#define BMT_ATEN_OP(NAME, ARGS, NUM_RESULTS, KIND, FLAGS, REDUCED)             \
+  {NAME, ARGS, NUM_RESULTS, AtenOpKind::KIND, FLAGS, REDUCED},
 #include "bmt/Dialect/AtenOps.def"
 };
 
-llvm::ArrayRef<AtenOpInfo> bmt::getAtenOps() { return kAtenOps; }
+/// The registry, built once from kEntries: the argument names split.
+struct Registry {
+  std::deque<llvm::SmallVector<llvm::StringRef, 8>> names; // stable addresses
+  std::vector<AtenOpInfo> ops;
+  llvm::StringMap<const AtenOpInfo *> index;
+
+  Registry() {
+    for (const Entry &e : kEntries) {
+      llvm::SmallVector<llvm::StringRef, 8> &list = names.emplace_back();
+      llvm::SmallVector<llvm::StringRef, 8> parts;
+      llvm::StringRef(e.args).split(parts, ',', -1, /*KeepEmpty=*/false);
+      for (llvm::StringRef part : parts)
+        list.push_back(part.trim());
+      AtenOpInfo info{e.name, static_cast<unsigned>(list.size()), list, e.numResults,
+                      e.kind, e.flags, -1};
+      if (*e.reduced)
+        info.reducedDimsArg = info.argIndex(e.reduced);
+      ops.push_back(info);
+    }
+    for (const AtenOpInfo &info : ops)
+      index[info.name] = &info;
+  }
+};
+
+const Registry &registry() {
+  static const Registry r;
+  return r;
+}
+
+} // namespace
+
+int AtenOpInfo::argIndex(llvm::StringRef argName) const {
+  for (unsigned i = 0; i < argNames.size(); ++i)
+    if (argNames[i] == argName)
+      return static_cast<int>(i);
+  return -1;
+}
+
+llvm::ArrayRef<AtenOpInfo> bmt::getAtenOps() { return registry().ops; }
 
 const AtenOpInfo *bmt::lookupAtenOp(llvm::StringRef name) {
-  static const llvm::StringMap<const AtenOpInfo *> index = [] {
-    llvm::StringMap<const AtenOpInfo *> map;
-    for (const AtenOpInfo &info : kAtenOps)
-      map[info.name] = &info;
-    return map;
-  }();
+  const llvm::StringMap<const AtenOpInfo *> &index = registry().index;
   auto it = index.find(name);
   return it == index.end() ? nullptr : it->second;
 }

@@ -11,6 +11,7 @@
 
 #include "bmt/Import/TorchExportWeights.h"
 
+#include "bmt/Dialect/AtenArgs.h"
 #include "bmt/Dialect/BmtDialect.h"
 #include "bmt/Plan/Archive.h"
 #include "bmt/Plan/Plan.h"
@@ -227,18 +228,17 @@ private:
     return it->second;
   }
 
-  plan::Arg argOf(Attribute attr, OperandRange::iterator &nextOperand,
-                  Location loc) {
-    if (isa<bmt::OperandAttr>(attr))
-      return plan::Arg::ofRegister(reg(*nextOperand++));
-    if (auto list = dyn_cast<ArrayAttr>(attr)) {
+  plan::Arg argOf(const bmt::AtenArg &arg, Location loc) {
+    if (arg.isOperand())
+      return plan::Arg::ofRegister(reg(arg.getOperand()));
+    if (arg.isList()) {
       plan::Arg a;
       a.kind = plan::Arg::Kind::List;
-      for (Attribute e : list)
-        a.elements.push_back(argOf(e, nextOperand, loc));
+      for (const bmt::AtenArg &e : arg.getElements())
+        a.elements.push_back(argOf(e, loc));
       return a;
     }
-    return plan::Arg::ofConstant(constantOf(attr, loc));
+    return plan::Arg::ofConstant(constantOf(arg.getAttr(), loc));
   }
 
   int64_t reg(Value v) {
@@ -286,9 +286,8 @@ private:
       if (auto aten = dyn_cast<bmt::AtenOp>(op)) {
         inst.kind = plan::Instruction::Kind::Aten;
         inst.op = aten.getName().str();
-        OperandRange::iterator next = aten.getOperands().begin();
-        for (Attribute a : aten.getArgs())
-          inst.args.push_back(argOf(a, next, op.getLoc()));
+        for (const bmt::AtenArg &a : bmt::getAtenArgs(aten))
+          inst.args.push_back(argOf(a, op.getLoc()));
       } else if (auto call = dyn_cast<func::CallOp>(op)) {
         inst.kind = plan::Instruction::Kind::Call;
         auto it = functionIndex.find(call.getCallee());

@@ -1,13 +1,17 @@
 //===- AtenRegistryTest.cpp - the registry agrees with LibTorch -----------===//
 //
 // Every AtenOps.def entry is checked against the schema that LibTorch
-// registers under the same name: same argument count, same result
-// count, and -1 exactly for schemas returning one Tensor[].
+// registers under the same name: same argument names (hence count), same
+// result count, and -1 exactly for schemas returning one Tensor[]; the
+// flags a schema states (InPlace: `self` is `Tensor(a!)`; Alias: a result
+// is `Tensor(a)`; Random: tagged nondeterministic_seeded) and the
+// reduced-dims argument of reductions.
 //
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Dialect/AtenRegistry.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/jit/runtime/operator.h>
 #include <gtest/gtest.h>
 
@@ -16,21 +20,34 @@
 
 namespace {
 
+/// "aten::softmax.int" as LibTorch names it: ("aten::softmax", "int").
+c10::OperatorName operatorName(const bmt::AtenOpInfo &info) {
+  std::string name = info.name.str();
+  size_t ns = name.find("::");
+  size_t dot = name.find('.', ns + 2);
+  return c10::OperatorName(name.substr(0, dot),
+                           dot == std::string::npos ? "" : name.substr(dot + 1));
+}
+
+/// The schema LibTorch registers for `info`. The JIT operator table holds
+/// the dispatcher's operators and the TorchScript-only ones
+/// (aten::Int.Tensor, aten::size.int, ...).
+const c10::FunctionSchema *schemaOf(const bmt::AtenOpInfo &info) {
+  std::shared_ptr<torch::jit::Operator> handle = torch::jit::findOperatorFor(operatorName(info));
+  return handle ? &handle->schema() : nullptr;
+}
+
 TEST(AtenRegistry, EveryEntryMatchesTheDispatcherSchema) {
   ASSERT_GT(bmt::getAtenOps().size(), 50u);
   for (const bmt::AtenOpInfo &info : bmt::getAtenOps()) {
     std::string name = info.name.str();
-    size_t ns = name.find("::");
-    size_t dot = name.find('.', ns + 2);
-    std::string op = name.substr(0, dot);
-    std::string overload = dot == std::string::npos ? "" : name.substr(dot + 1);
-    // The JIT operator table holds the dispatcher's operators and the
-    // TorchScript-only ones (aten::Int.Tensor, aten::size.int, ...).
-    std::shared_ptr<torch::jit::Operator> handle =
-        torch::jit::findOperatorFor(c10::OperatorName(op, overload));
-    ASSERT_TRUE(handle) << name << " has no schema in LibTorch";
-    const c10::FunctionSchema &schema = handle->schema();
+    const c10::FunctionSchema *found = schemaOf(info);
+    ASSERT_TRUE(found) << name << " has no schema in LibTorch";
+    const c10::FunctionSchema &schema = *found;
     EXPECT_EQ(schema.arguments().size(), info.numArgs) << schema;
+    ASSERT_EQ(info.argNames.size(), info.numArgs) << name;
+    for (size_t i = 0; i < schema.arguments().size() && i < info.argNames.size(); ++i)
+      EXPECT_EQ(info.argNames[i].str(), schema.arguments()[i].name()) << schema;
     if (info.numResults < 0) {
       ASSERT_EQ(schema.returns().size(), 1u) << schema;
       auto list = schema.returns()[0].type()->cast<c10::ListType>();
@@ -44,6 +61,58 @@ TEST(AtenRegistry, EveryEntryMatchesTheDispatcherSchema) {
             << name << " returns a list but is not marked -1: " << schema;
     }
   }
+}
+
+TEST(AtenRegistry, FlagsMatchTheSchemaAnnotationsAndTags) {
+  for (const bmt::AtenOpInfo &info : bmt::getAtenOps()) {
+    const c10::FunctionSchema *schema = schemaOf(info);
+    ASSERT_TRUE(schema) << info.name.str();
+    const c10::AliasInfo *self =
+        schema->arguments().empty() ? nullptr : schema->arguments()[0].alias_info();
+    EXPECT_EQ(info.isInPlace(), self && self->isWrite()) << *schema;
+    bool resultAliases = false;
+    for (const c10::Argument &ret : schema->returns())
+      resultAliases |= ret.alias_info() != nullptr;
+    // aten::type_as returns `self` itself when the dtype already matches
+    // (it is `self.to(other)`), which its schema does not annotate.
+    if (info.name == "aten::type_as")
+      EXPECT_TRUE(info.mayAlias() && !resultAliases) << *schema;
+    else
+      EXPECT_EQ(info.mayAlias(), resultAliases) << *schema;
+    // TorchScript-only operators are not in the dispatcher and carry no tags.
+    if (std::optional<c10::OperatorHandle> handle =
+            c10::Dispatcher::singleton().findSchema(operatorName(info)))
+      EXPECT_EQ(info.isRandom(), handle->hasTag(at::Tag::nondeterministic_seeded)) << *schema;
+    else
+      EXPECT_FALSE(info.isRandom()) << *schema;
+  }
+}
+
+TEST(AtenRegistry, ReductionsNameTheirReducedDims) {
+  for (const bmt::AtenOpInfo &info : bmt::getAtenOps()) {
+    const c10::FunctionSchema *schema = schemaOf(info);
+    ASSERT_TRUE(schema) << info.name.str();
+    if (info.kind != bmt::AtenOpKind::Reduction) {
+      EXPECT_EQ(info.reducedDimsArg, -1) << *schema;
+      continue;
+    }
+    if (info.reducedDimsArg < 0) { // every dim: then the schema has no `dim`
+      EXPECT_FALSE(schema->argumentIndexWithName("dim").has_value()) << *schema;
+      continue;
+    }
+    ASSERT_LT(static_cast<size_t>(info.reducedDimsArg), schema->arguments().size());
+    // An int, an optional int or a list of ints (dims, or trailing sizes).
+    c10::TypePtr type = schema->arguments()[info.reducedDimsArg].type();
+    if (auto optional = type->cast<c10::OptionalType>())
+      type = optional->getElementType();
+    if (auto list = type->cast<c10::ListType>())
+      type = list->getElementType();
+    EXPECT_EQ(type->kind(), c10::TypeKind::IntType) << *schema;
+  }
+  const bmt::AtenOpInfo *softmax = bmt::lookupAtenOp("aten::softmax.int");
+  ASSERT_NE(softmax, nullptr);
+  EXPECT_EQ(softmax->reducedDimsArg, softmax->argIndex("dim"));
+  EXPECT_EQ(bmt::lookupAtenOp("aten::sum")->reducedDimsArg, -1);
 }
 
 TEST(AtenRegistry, NamesAreUniqueAndLookupFindsThem) {
