@@ -30,6 +30,41 @@
 
 namespace bmt::runtime {
 
+std::optional<Objective> parseObjective(const std::string &name) {
+  for (Objective o : {Objective::CausalLM, Objective::MaskedLM, Objective::SpanCorruption})
+    if (name == objectiveName(o))
+      return o;
+  return std::nullopt;
+}
+
+const char *objectiveName(Objective objective) {
+  switch (objective) {
+  case Objective::CausalLM:
+    return "causal-lm";
+  case Objective::MaskedLM:
+    return "masked-lm";
+  case Objective::SpanCorruption:
+    return "span-corruption";
+  }
+  return "?";
+}
+
+Objective objectiveForModel(std::optional<Objective> requested, bool encoderDecoder,
+                            const std::string &planObjective) {
+  Objective chosen = requested               ? *requested
+                     : encoderDecoder        ? Objective::SpanCorruption
+                     : parseObjective(planObjective).value_or(Objective::CausalLM);
+  if (encoderDecoder && chosen != Objective::SpanCorruption)
+    throw std::invalid_argument(std::string("the model is an encoder-decoder (its forward takes "
+                                            "decoder_input_ids); it trains with --objective "
+                                            "span-corruption, not ") + objectiveName(chosen));
+  if (!encoderDecoder && chosen == Objective::SpanCorruption)
+    throw std::invalid_argument("--objective span-corruption trains an encoder-decoder (a "
+                                "forward taking decoder_input_ids, such as T5); this model is "
+                                "not one");
+  return chosen;
+}
+
 namespace {
 
 /// Peak memory of this process in GiB: the CUDA caching allocator's peak
@@ -211,6 +246,22 @@ EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t micr
 /// On CUDA the step is reported after the next one has been queued, so
 /// that reading the loss never stalls the GPU (no host synchronisation
 /// inside a step); on the CPU at once.
+void Trainer::reportEvaluation(int64_t step, const EvalResult &r) {
+  if (model_.world().rank() != 0)
+    return;
+  out_ << "eval  step " << step << " | val loss " << std::fixed << std::setprecision(4)
+       << r.loss << " | val ppl " << std::setprecision(2) << r.perplexity << " | " << r.tokens
+       << " tokens" << std::defaultfloat << "\n";
+  out_.flush();
+  if (jsonLog_) {
+    *jsonLog_ << "{\"kind\": \"eval\", \"step\": " << step
+              << ", \"val_loss\": " << jsonNumber(r.loss)
+              << ", \"val_ppl\": " << jsonNumber(r.perplexity) << ", \"tokens\": " << r.tokens
+              << "}\n";
+    jsonLog_->flush();
+  }
+}
+
 struct Trainer::PendingStep {
   int64_t step = 0;
   double lr = 0;
@@ -252,20 +303,7 @@ void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
   auto runEval = [&](int64_t step) {
     if (!evalData)
       return;
-    EvalResult r = evaluate(*evalData, seqLen, microBatch, config_.evalBatches);
-    if (!rank0)
-      return;
-    out_ << "eval  step " << step << " | val loss " << std::fixed << std::setprecision(4)
-         << r.loss << " | val ppl " << std::setprecision(2) << r.perplexity << " | "
-         << r.tokens << " tokens" << std::defaultfloat << "\n";
-    out_.flush();
-    if (jsonLog_) {
-      *jsonLog_ << "{\"kind\": \"eval\", \"step\": " << step
-                << ", \"val_loss\": " << jsonNumber(r.loss)
-                << ", \"val_ppl\": " << jsonNumber(r.perplexity)
-                << ", \"tokens\": " << r.tokens << "}\n";
-      jsonLog_->flush();
-    }
+    reportEvaluation(step, evaluate(*evalData, seqLen, microBatch, config_.evalBatches));
   };
 
   // Reads a step's values (waiting for them) and prints/logs it; throws

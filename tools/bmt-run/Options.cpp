@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <functional>
+#include <iomanip>
 #include <map>
 #include <sstream>
+#include <vector>
 
 namespace bmt::tools {
 
@@ -43,218 +45,244 @@ double toDouble(const std::string &option, const std::string &text, double min) 
   return v;
 }
 
-} // namespace
 
-std::string runUsage() {
-  return R"(usage: bmt-run SHARDED.pt [options]
 
-Trains (or evaluates) a model compiled by `bmt-opt MODEL -o SHARDED.pt`.
+/// One option: its flag, the name of its value(s) in --help ("" for a
+/// switch; two words for an option of two values), its section, its help
+/// text (lines after the first are continuations) and what it sets.
+struct Option {
+  const char *flag;
+  const char *metavar;
+  const char *section;
+  const char *help;
+  std::function<void(RunOptions &, const std::string &flag, const std::vector<std::string> &)>
+      set;
+};
 
-data:
-  --data PATH            training tokens (PREFIX.bin or PREFIX.json from bmt-prepare-data)
-  --eval-data PATH       held-out tokens for evaluation
-  --batches FILE         use the batches in FILE instead of sampling --data: torch.save
-                         of an int64 tensor [n, micro-batch, seq-len + 1] of token
-                         windows (span corruption corrupts each window whole: their
-                         length, not --seq-len, sets the sizes), or, for an
-                         encoder-decoder, of a dict of ready pairs
-                         {"input_ids": [n, micro-batch, S], "labels": [n, micro-batch, T]};
-                         micro-batch is the global one, split over the ranks
-training:
-  --steps N              optimizer steps (required unless --eval-only / --dump)
-  --micro-batch N        sequences per micro-batch (default 8)
-  --seq-len N            tokens per sequence (default 128; span corruption: the encoder
-                         input's, read from longer windows)
-  --grad-accum N         micro-batches per step (default 1)
-  --lr F                 peak learning rate (default 3e-4)
-  --warmup N             warmup steps (default 0)
-  --schedule NAME        constant | noam | linear | cosine | exponential (default cosine)
-  --min-lr F             floor of linear/cosine decay (default 0)
-  --lr-gamma F           per-step factor of exponential decay (default 0.999)
-  --weight-decay F       AdamW decoupled weight decay (default 0.01)
-  --beta1 F, --beta2 F, --eps F   AdamW (defaults 0.9, 0.999, 1e-8)
-  --clip-grad F          clip the global gradient norm to F; 0 = off (default 1.0)
-  --offload-optimizer    keep the float32 master weights and AdamW moments in (pinned)
-                         host memory and run AdamW on the CPU; gradients are copied to
-                         the host during the backward (ZeRO plans only; docs/runtime.md)
-mixed precision (a model exported with bmt-export-hf --dtype bfloat16|float16):
-  --loss-scale F         initial dynamic loss scale; 0 = off (default 65536 for a
-                         float16 model, off for bfloat16/float32)
-  --loss-scale-factor F  divide the scale by F on inf/NaN gradients (the step is
-                         skipped on every rank), multiply after a window of clean
-                         steps (default 2)
-  --loss-scale-window N  clean steps before the scale grows (default 1024)
-  --min-loss-scale F     the scale never drops below F (default 1)
-  --reduce-dtype NAME    float32 | bfloat16 | float16: reduce-scatter gradients in this
-                         dtype (default: the model's; float32 = full-precision reduction)
-  --objective NAME       auto | causal-lm | masked-lm | span-corruption (default auto:
-                         span-corruption for an encoder-decoder such as T5, masked-lm
-                         for *ForMaskedLM, else causal-lm)
-  --mask-prob F          masked-LM selection probability (default 0.15)
-  --noise-density F      span corruption: fraction of tokens corrupted (default 0.15)
-  --mean-span-length F   span corruption: mean corrupted span length (default 3)
-  --decoder-start-id N   first decoder input token (default: the data's pad_id, else 0,
-                         T5's decoder_start_token_id)
-  --seed N               seed of sampling and masking (default 0)
-evaluation:
-  --eval-every N         evaluate every N steps (default: only after the last step)
-  --eval-batches N       batches per evaluation (default 0 = the whole file)
-  --eval-only            evaluate the model as it is and exit
-output:
-  --log-file FILE        JSON lines: one per step and per evaluation
-  --log-every N          print a step line every N steps (default 1)
-  --save-params FILE     after training, save the parameters as safetensors (every name
-                         of the state dict; transformers' from_pretrained reads it)
-  --dump INPUTS OUT      debugging: run forward and backward on the batch in INPUTS
-                         (torch.save of {"input_ids", "attention_mask", "labels"}) and
-                         save logits, loss and gradients to OUT
-  --profile A:B          profile steps A to B (LibTorch's Kineto profiler): rank 0 prints
-                         the time per step of each op (CUDA: the kernels it launched)
-  --profile-trace FILE   with --profile: also write the Chrome trace (JSON) to FILE
-  --device NAME          cpu | cuda | cuda:N | auto (default auto)
-  -h, --help             this text
-)";
+unsigned valueCount(const Option &option) {
+  std::string m = option.metavar;
+  if (m.empty())
+    return 0;
+  return m.find(' ') == std::string::npos ? 1 : 2;
 }
 
-RunOptions parseRunOptions(int argc, char **argv) {
-  RunOptions o;
-  using Setter = std::function<void(const std::string &, const std::string &)>;
-  std::map<std::string, Setter> withValue = {
-      {"--data", [&](auto &, auto &v) { o.data = v; }},
-      {"--eval-data", [&](auto &, auto &v) { o.evalData = v; }},
-      {"--batches", [&](auto &, auto &v) { o.batchesFile = v; }},
-      {"--steps", [&](auto &k, auto &v) { o.steps = toInt(k, v, 1); }},
-      {"--micro-batch", [&](auto &k, auto &v) { o.microBatch = toInt(k, v, 1); }},
-      {"--seq-len", [&](auto &k, auto &v) { o.seqLen = toInt(k, v, 2); }},
-      {"--grad-accum", [&](auto &k, auto &v) { o.gradAccum = toInt(k, v, 1); }},
-      {"--lr", [&](auto &k, auto &v) { o.lr = toDouble(k, v, 0); }},
-      {"--warmup", [&](auto &k, auto &v) { o.warmup = toInt(k, v, 0); }},
-      {"--schedule", [&](auto &, auto &v) { o.schedule = v; }},
-      {"--min-lr", [&](auto &k, auto &v) { o.minLR = toDouble(k, v, 0); }},
-      {"--lr-gamma", [&](auto &k, auto &v) { o.lrGamma = toDouble(k, v, 0); }},
-      {"--weight-decay", [&](auto &k, auto &v) { o.weightDecay = toDouble(k, v, 0); }},
-      {"--beta1", [&](auto &k, auto &v) { o.beta1 = toDouble(k, v, 0); }},
-      {"--beta2", [&](auto &k, auto &v) { o.beta2 = toDouble(k, v, 0); }},
-      {"--eps", [&](auto &k, auto &v) { o.eps = toDouble(k, v, 0); }},
-      {"--clip-grad", [&](auto &k, auto &v) { o.clipGrad = toDouble(k, v, 0); }},
-      {"--objective", [&](auto &, auto &v) { o.objective = v; }},
-      {"--loss-scale", [&](auto &k, auto &v) { o.lossScale = toDouble(k, v, 0); }},
-      {"--loss-scale-factor", [&](auto &k, auto &v) { o.lossScaleFactor = toDouble(k, v, 1); }},
-      {"--loss-scale-window", [&](auto &k, auto &v) { o.lossScaleWindow = toInt(k, v, 1); }},
-      {"--min-loss-scale", [&](auto &k, auto &v) { o.minLossScale = toDouble(k, v, 0); }},
-      {"--reduce-dtype", [&](auto &, auto &v) { o.reduceDtype = v; }},
-      {"--mask-prob", [&](auto &k, auto &v) { o.maskProb = toDouble(k, v, 0); }},
-      {"--noise-density", [&](auto &k, auto &v) { o.noiseDensity = toDouble(k, v, 0); }},
-      {"--mean-span-length", [&](auto &k, auto &v) { o.meanSpanLength = toDouble(k, v, 1); }},
-      {"--decoder-start-id", [&](auto &k, auto &v) { o.decoderStartId = toInt(k, v, 0); }},
-      {"--seed", [&](auto &k, auto &v) { o.seed = static_cast<uint64_t>(toInt(k, v, 0)); }},
-      {"--eval-every", [&](auto &k, auto &v) { o.evalEvery = toInt(k, v, 0); }},
-      {"--eval-batches", [&](auto &k, auto &v) { o.evalBatches = toInt(k, v, 0); }},
-      {"--log-file", [&](auto &, auto &v) { o.logFile = v; }},
-      {"--log-every", [&](auto &k, auto &v) { o.logEvery = toInt(k, v, 1); }},
-      {"--save-params", [&](auto &, auto &v) { o.saveParams = v; }},
-      {"--device", [&](auto &, auto &v) { o.device = v; }},
-      {"--profile", [&](auto &k, auto &v) {
-         size_t colon = v.find(':');
-         if (colon == std::string::npos)
-           throw UsageError(k + " expects A:B (first and last step), got '" + v + "'");
-         o.profileFrom = toInt(k, v.substr(0, colon), 1);
-         o.profileTo = toInt(k, v.substr(colon + 1), 1);
-         if (o.profileTo < o.profileFrom)
-           throw UsageError(k + ": the last step " + std::to_string(o.profileTo) +
-                            " is before the first " + std::to_string(o.profileFrom));
+const char *const kSections[] = {"data", "training", "mixed precision", "objective",
+                                 "evaluation", "output"};
+
+using Values = std::vector<std::string>;
+
+const std::vector<Option> &optionTable() {
+  static const std::vector<Option> table = {
+      // data
+      {"--data", "PATH", "data", "training tokens (PREFIX.bin or PREFIX.json from bmt-prepare-data)",
+       [](RunOptions &o, auto &, const Values &v) { o.data = v[0]; }},
+      {"--eval-data", "PATH", "data", "held-out tokens for evaluation",
+       [](RunOptions &o, auto &, const Values &v) { o.evalData = v[0]; }},
+      {"--batches", "FILE", "data",
+       "use the batches in FILE instead of sampling --data: torch.save\n"
+       "of an int64 tensor [n, micro-batch, seq-len + 1] of token\n"
+       "windows (span corruption corrupts each window whole: their\n"
+       "length, not --seq-len, sets the sizes), or, for an\n"
+       "encoder-decoder, of a dict of ready pairs\n"
+       "{\"input_ids\": [n, micro-batch, S], \"labels\": [n, micro-batch, T]};\n"
+       "micro-batch is the global one, split over the ranks",
+       [](RunOptions &o, auto &, const Values &v) { o.batchesFile = v[0]; }},
+      // training
+      {"--steps", "N", "training", "optimizer steps (required unless --eval-only / --dump)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.steps = toInt(k, v[0], 1); }},
+      {"--micro-batch", "N", "training", "sequences per micro-batch (default 8)",
+       [](RunOptions &o, auto &k, const Values &v) { o.microBatch = toInt(k, v[0], 1); }},
+      {"--seq-len", "N", "training",
+       "tokens per sequence (default 128; span corruption: the encoder\n"
+       "input's, read from longer windows)",
+       [](RunOptions &o, auto &k, const Values &v) { o.seqLen = toInt(k, v[0], 2); }},
+      {"--grad-accum", "N", "training", "micro-batches per step (default 1)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.gradAccum = toInt(k, v[0], 1); }},
+      {"--lr", "F", "training", "peak learning rate (default 3e-4)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         o.train.schedule.peakLR = toDouble(k, v[0], 0);
        }},
-      {"--profile-trace", [&](auto &, auto &v) { o.profileTrace = v; }},
+      {"--warmup", "N", "training", "warmup steps (default 0)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         o.train.schedule.warmupSteps = toInt(k, v[0], 0);
+       }},
+      {"--schedule", "NAME", "training",
+       "constant | noam | linear | cosine | exponential (default cosine)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         try {
+           o.train.schedule.kind = runtime::parseLRScheduleKind(v[0]);
+         } catch (const std::invalid_argument &e) {
+           throw UsageError(k + ": " + e.what());
+         }
+       }},
+      {"--min-lr", "F", "training", "floor of linear/cosine decay (default 0)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.schedule.minLR = toDouble(k, v[0], 0); }},
+      {"--lr-gamma", "F", "training", "per-step factor of exponential decay (default 0.999)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.schedule.gamma = toDouble(k, v[0], 0); }},
+      {"--weight-decay", "F", "training", "AdamW decoupled weight decay (default 0.01)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         o.train.adamw.weightDecay = toDouble(k, v[0], 0);
+       }},
+      {"--beta1", "F", "training", "AdamW's first-moment decay (default 0.9)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.adamw.beta1 = toDouble(k, v[0], 0); }},
+      {"--beta2", "F", "training", "AdamW's second-moment decay (default 0.999)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.adamw.beta2 = toDouble(k, v[0], 0); }},
+      {"--eps", "F", "training", "AdamW's epsilon (default 1e-8)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.adamw.eps = toDouble(k, v[0], 0); }},
+      {"--clip-grad", "F", "training", "clip the global gradient norm to F; 0 = off (default 1.0)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.clipGrad = toDouble(k, v[0], 0); }},
+      {"--offload-optimizer", "", "training",
+       "keep the float32 master weights and AdamW moments in (pinned)\n"
+       "host memory and run AdamW on the CPU; gradients are copied to\n"
+       "the host during the backward (ZeRO plans only; docs/runtime.md)",
+       [](RunOptions &o, auto &, const Values &) { o.offloadOptimizer = true; }},
+      // mixed precision
+      {"--loss-scale", "F", "mixed precision",
+       "initial dynamic loss scale; 0 = off (default 65536 for a\n"
+       "float16 model, off for bfloat16/float32)",
+       [](RunOptions &o, auto &k, const Values &v) { o.lossScale = toDouble(k, v[0], 0); }},
+      {"--loss-scale-factor", "F", "mixed precision",
+       "divide the scale by F on inf/NaN gradients (the step is\n"
+       "skipped on every rank), multiply after a window of clean\n"
+       "steps (default 2)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         o.train.lossScaleFactor = toDouble(k, v[0], 1);
+       }},
+      {"--loss-scale-window", "N", "mixed precision",
+       "clean steps before the scale grows (default 1024)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         o.train.lossScaleWindow = toInt(k, v[0], 1);
+       }},
+      {"--min-loss-scale", "F", "mixed precision", "the scale never drops below F (default 1)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.minLossScale = toDouble(k, v[0], 0); }},
+      {"--reduce-dtype", "NAME", "mixed precision",
+       "float32 | bfloat16 | float16: reduce-scatter gradients in this\n"
+       "dtype (default: the model's; float32 = full-precision reduction)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf})
+           if (v[0] == dtypeFlagName(t)) {
+             o.reduceDtype = t;
+             return;
+           }
+         throw UsageError(k + " must be float32, bfloat16 or float16, got " + v[0]);
+       }},
+      // objective
+      {"--objective", "NAME", "objective",
+       "auto | causal-lm | masked-lm | span-corruption (default auto:\n"
+       "span-corruption for an encoder-decoder such as T5, masked-lm\n"
+       "for *ForMaskedLM, else causal-lm)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         if (v[0] == "auto") {
+           o.objective.reset();
+           return;
+         }
+         o.objective = runtime::parseObjective(v[0]);
+         if (!o.objective)
+           throw UsageError(k + " must be auto, causal-lm, masked-lm or span-corruption, got " +
+                            v[0]);
+       }},
+      {"--mask-prob", "F", "objective", "masked-LM selection probability (default 0.15)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.maskProb = toDouble(k, v[0], 0); }},
+      {"--noise-density", "F", "objective",
+       "span corruption: fraction of tokens corrupted (default 0.15)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         o.train.spanCorruption.noiseDensity = toDouble(k, v[0], 0);
+       }},
+      {"--mean-span-length", "F", "objective",
+       "span corruption: mean corrupted span length (default 3)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         o.train.spanCorruption.meanSpanLength = toDouble(k, v[0], 1);
+       }},
+      {"--decoder-start-id", "N", "objective",
+       "first decoder input token (default: the data's pad_id, else 0,\n"
+       "T5's decoder_start_token_id)",
+       [](RunOptions &o, auto &k, const Values &v) { o.decoderStartId = toInt(k, v[0], 0); }},
+      {"--seed", "N", "objective", "seed of sampling and masking (default 0)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         o.train.seed = static_cast<uint64_t>(toInt(k, v[0], 0));
+       }},
+      // evaluation
+      {"--eval-every", "N", "evaluation", "evaluate every N steps (default: only after the last step)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.evalEvery = toInt(k, v[0], 0); }},
+      {"--eval-batches", "N", "evaluation", "batches per evaluation (default 0 = the whole file)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.evalBatches = toInt(k, v[0], 0); }},
+      {"--eval-only", "", "evaluation", "evaluate the model as it is and exit",
+       [](RunOptions &o, auto &, const Values &) { o.evalOnly = true; }},
+      // output
+      {"--log-file", "FILE", "output", "JSON lines: one per step and per evaluation",
+       [](RunOptions &o, auto &, const Values &v) { o.logFile = v[0]; }},
+      {"--log-every", "N", "output", "print a step line every N steps (default 1)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.logEvery = toInt(k, v[0], 1); }},
+      {"--save-params", "FILE", "output",
+       "after training, save the parameters as safetensors (every name\n"
+       "of the state dict; transformers' from_pretrained reads it)",
+       [](RunOptions &o, auto &, const Values &v) { o.saveParams = v[0]; }},
+      {"--dump", "INPUTS OUT", "output",
+       "debugging: run forward and backward on the batch in INPUTS\n"
+       "(torch.save of {\"input_ids\", \"attention_mask\", \"labels\"}) and\n"
+       "save logits, loss and gradients to OUT",
+       [](RunOptions &o, auto &, const Values &v) {
+         o.dumpInputs = v[0];
+         o.dumpOutput = v[1];
+       }},
+      {"--profile", "A:B", "output",
+       "profile steps A to B (LibTorch's Kineto profiler): rank 0 prints\n"
+       "the time per step of each op (CUDA: the kernels it launched)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         size_t colon = v[0].find(':');
+         if (colon == std::string::npos)
+           throw UsageError(k + " expects A:B (first and last step), got '" + v[0] + "'");
+         o.train.profileFrom = toInt(k, v[0].substr(0, colon), 1);
+         o.train.profileTo = toInt(k, v[0].substr(colon + 1), 1);
+         if (o.train.profileTo < o.train.profileFrom)
+           throw UsageError(k + ": the last step " + std::to_string(o.train.profileTo) +
+                            " is before the first " + std::to_string(o.train.profileFrom));
+       }},
+      {"--profile-trace", "FILE", "output", "with --profile: also write the Chrome trace (JSON) to FILE",
+       [](RunOptions &o, auto &, const Values &v) { o.train.profileTrace = v[0]; }},
+      {"--device", "NAME", "output", "cpu | cuda | cuda:N | auto (default auto)",
+       [](RunOptions &o, auto &, const Values &v) { o.device = v[0]; }},
+      {"--help", "", "output", "this text (also -h)",
+       [](RunOptions &o, auto &, const Values &) { o.help = true; }},
   };
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
-      o.help = true;
-      return o;
-    }
-    if (arg == "--eval-only") {
-      o.evalOnly = true;
-      continue;
-    }
-    if (arg == "--offload-optimizer") {
-      o.offloadOptimizer = true;
-      continue;
-    }
-    if (arg == "--dump") {
-      if (i + 2 >= argc)
-        throw UsageError("--dump expects two files: INPUTS OUT");
-      o.dumpInputs = argv[++i];
-      o.dumpOutput = argv[++i];
-      continue;
-    }
-    std::string key = arg, value;
-    bool inlineValue = false;
-    if (size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      key = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      inlineValue = true;
-    }
-    auto it = withValue.find(key);
-    if (it != withValue.end()) {
-      if (!inlineValue) {
-        if (i + 1 >= argc)
-          throw UsageError(key + " expects a value");
-        value = argv[++i];
-      }
-      it->second(key, value);
-      continue;
-    }
-    if (arg.rfind("-", 0) == 0)
-      throw UsageError("unknown option " + arg + " (see bmt-run --help)");
-    if (!o.archive.empty())
-      throw UsageError("more than one archive given: " + o.archive + " and " + arg);
-    o.archive = arg;
-  }
-  if (o.archive.empty())
-    throw UsageError("no archive given (usage: bmt-run SHARDED.pt [options])");
-  if (o.objective != "auto" && o.objective != "causal-lm" && o.objective != "masked-lm" &&
-      o.objective != "span-corruption")
-    throw UsageError("--objective must be auto, causal-lm, masked-lm or span-corruption, got " +
-                     o.objective);
-  try {
-    runtime::parseLRScheduleKind(o.schedule);
-  } catch (const std::invalid_argument &e) {
-    throw UsageError(std::string("--schedule: ") + e.what());
-  }
-  if (!std::isfinite(o.lr) || !std::isfinite(o.minLR))
+  return table;
+}
+
+/// The checks that involve several options, after all are read.
+void checkCombination(const RunOptions &o) {
+  const runtime::LRScheduleConfig &s = o.train.schedule;
+  if (!std::isfinite(s.peakLR) || !std::isfinite(s.minLR))
     throw UsageError("--lr and --min-lr must be finite");
-  if (o.minLR > o.lr)
-    throw UsageError("--min-lr " + std::to_string(o.minLR) + " is above --lr " +
-                     std::to_string(o.lr));
-  if (!o.reduceDtype.empty() && o.reduceDtype != "float32" && o.reduceDtype != "bfloat16" &&
-      o.reduceDtype != "float16")
-    throw UsageError("--reduce-dtype must be float32, bfloat16 or float16, got " + o.reduceDtype);
-  if (!std::isfinite(o.lossScale) || !std::isfinite(o.lossScaleFactor) ||
-      !std::isfinite(o.minLossScale))
+  if (s.minLR > s.peakLR)
+    throw UsageError("--min-lr " + std::to_string(s.minLR) + " is above --lr " +
+                     std::to_string(s.peakLR));
+  if (!std::isfinite(o.lossScale) || !std::isfinite(o.train.lossScaleFactor) ||
+      !std::isfinite(o.train.minLossScale))
     throw UsageError("--loss-scale, --loss-scale-factor and --min-loss-scale must be finite");
-  if (!(o.minLossScale > 0))
+  if (!(o.train.minLossScale > 0))
     throw UsageError("--min-loss-scale must be positive");
-  if (o.lossScale > 0 && o.minLossScale > o.lossScale)
+  if (o.lossScale > 0 && o.train.minLossScale > o.lossScale)
     throw UsageError("--min-loss-scale is above --loss-scale");
-  if (!(o.beta1 < 1) || !(o.beta2 < 1))
+  if (!(o.train.adamw.beta1 < 1) || !(o.train.adamw.beta2 < 1))
     throw UsageError("--beta1 and --beta2 must lie in [0, 1)");
-  if (!(o.maskProb > 0 && o.maskProb < 1))
+  if (!(o.train.maskProb > 0 && o.train.maskProb < 1))
     throw UsageError("--mask-prob must be in (0, 1)");
-  if (!(o.noiseDensity > 0 && o.noiseDensity < 1))
+  const runtime::SpanCorruptionConfig &span = o.train.spanCorruption;
+  if (!(span.noiseDensity > 0 && span.noiseDensity < 1))
     throw UsageError("--noise-density must be in (0, 1)");
-  if (!std::isfinite(o.meanSpanLength))
+  if (!std::isfinite(span.meanSpanLength))
     throw UsageError("--mean-span-length must be finite");
-  bool training = !o.evalOnly && o.dumpInputs.empty();
-  if (o.profileFrom > 0 && !training)
-    throw UsageError("--profile profiles training steps; it has no effect with " +
-                     std::string(o.evalOnly ? "--eval-only" : "--dump"));
-  if (o.profileFrom > 0 && o.steps > 0 && o.profileTo > o.steps)
-    throw UsageError("--profile " + std::to_string(o.profileFrom) + ":" +
-                     std::to_string(o.profileTo) + " reaches beyond --steps " +
-                     std::to_string(o.steps));
-  if (!o.profileTrace.empty() && o.profileFrom == 0)
+  const bool training = !o.evalOnly && o.dumpInputs.empty();
+  const std::string other = o.evalOnly ? "--eval-only" : "--dump";
+  if (o.train.profileFrom > 0 && !training)
+    throw UsageError("--profile profiles training steps; it has no effect with " + other);
+  if (o.train.profileFrom > 0 && o.train.steps > 0 && o.train.profileTo > o.train.steps)
+    throw UsageError("--profile " + std::to_string(o.train.profileFrom) + ":" +
+                     std::to_string(o.train.profileTo) + " reaches beyond --steps " +
+                     std::to_string(o.train.steps));
+  if (!o.train.profileTrace.empty() && o.train.profileFrom == 0)
     throw UsageError("--profile-trace needs --profile A:B");
-  if (training && o.steps == 0)
+  if (training && o.train.steps == 0)
     throw UsageError("--steps is required for training");
   if (training && o.data.empty() && o.batchesFile.empty())
     throw UsageError("training needs --data (or --batches)");
@@ -262,10 +290,107 @@ RunOptions parseRunOptions(int argc, char **argv) {
     throw UsageError("--eval-only needs --eval-data");
   if (!training && o.offloadOptimizer)
     throw UsageError("--offload-optimizer moves the optimizer to the host; it has no effect "
-                     "with " + std::string(o.evalOnly ? "--eval-only" : "--dump"));
+                     "with " + other);
   if (!training && !o.saveParams.empty())
-    throw UsageError("--save-params writes trained parameters; it has no effect with " +
-                     std::string(o.evalOnly ? "--eval-only" : "--dump"));
+    throw UsageError("--save-params writes trained parameters; it has no effect with " + other);
+}
+
+} // namespace
+
+RunOptions::RunOptions() {
+  train.steps = 0; // required for training: checked after parsing
+  train.schedule.kind = runtime::LRScheduleKind::Cosine;
+  train.schedule.peakLR = 3e-4;
+}
+
+std::string dtypeFlagName(at::ScalarType dtype) {
+  switch (dtype) {
+  case at::kFloat:
+    return "float32";
+  case at::kBFloat16:
+    return "bfloat16";
+  case at::kHalf:
+    return "float16";
+  default:
+    return c10::toString(dtype);
+  }
+}
+
+std::string runUsage() {
+  std::ostringstream out;
+  out << "usage: bmt-run SHARDED.pt [options]\n\n"
+         "Trains (or evaluates) a model compiled by `bmt-opt MODEL -o SHARDED.pt`.\n";
+  constexpr size_t kHelpColumn = 25;
+  for (const char *section : kSections) {
+    out << "\n" << section << ":\n";
+    for (const Option &option : optionTable()) {
+      if (std::string(option.section) != section)
+        continue;
+      std::string head = std::string("  ") + option.flag;
+      if (*option.metavar)
+        head += std::string(" ") + option.metavar;
+      std::istringstream help(option.help);
+      std::string line;
+      bool first = true;
+      while (std::getline(help, line)) {
+        if (first && head.size() + 1 <= kHelpColumn)
+          out << std::left << std::setw(kHelpColumn) << head << line << "\n";
+        else if (first)
+          out << head << "\n" << std::string(kHelpColumn, ' ') << line << "\n";
+        else
+          out << std::string(kHelpColumn, ' ') << line << "\n";
+        first = false;
+      }
+    }
+  }
+  return out.str();
+}
+
+RunOptions parseRunOptions(int argc, char **argv) {
+  RunOptions o;
+  std::map<std::string, const Option *> byFlag;
+  for (const Option &option : optionTable())
+    byFlag[option.flag] = &option;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h")
+      arg = "--help";
+    std::string key = arg;
+    std::optional<std::string> inlineValue;
+    if (size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      key = arg.substr(0, eq);
+      inlineValue = arg.substr(eq + 1);
+    }
+    auto it = byFlag.find(key);
+    if (it == byFlag.end()) {
+      if (arg.rfind("-", 0) == 0)
+        throw UsageError("unknown option " + arg + " (see bmt-run --help)");
+      if (!o.archive.empty())
+        throw UsageError("more than one archive given: " + o.archive + " and " + arg);
+      o.archive = arg;
+      continue;
+    }
+    const Option &option = *it->second;
+    const unsigned count = valueCount(option);
+    std::vector<std::string> values;
+    if (inlineValue && count == 1) {
+      values.push_back(*inlineValue);
+    } else if (inlineValue) {
+      throw UsageError(key + (count ? " does not take KEY=VALUE form" : " takes no value"));
+    } else {
+      if (i + static_cast<int>(count) >= argc)
+        throw UsageError(count == 2 ? key + " expects two values: " + option.metavar
+                                    : key + " expects a value");
+      for (unsigned n = 0; n < count; ++n)
+        values.push_back(argv[++i]);
+    }
+    option.set(o, key, values);
+    if (o.help)
+      return o;
+  }
+  if (o.archive.empty())
+    throw UsageError("no archive given (usage: bmt-run SHARDED.pt [options])");
+  checkCombination(o);
   return o;
 }
 

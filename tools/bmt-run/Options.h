@@ -1,9 +1,20 @@
 //===- Options.h - bmt-run's command line -----------------------*- C++ -*-===//
+//
+// One table (Options.cpp) names every option with its value, section, help
+// text and parser; the parser writes the run's settings directly, choices
+// as enums, and --help is printed from the same table.
+//
+//===----------------------------------------------------------------------===//
 
 #ifndef BMT_TOOLS_BMTRUN_OPTIONS_H
 #define BMT_TOOLS_BMTRUN_OPTIONS_H
 
+#include "bmt/Runtime/Trainer.h"
+
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -16,42 +27,32 @@ public:
 };
 
 struct RunOptions {
+  RunOptions();
+
   std::string archive; ///< sharded.pt
 
-  // Data
+  // Data and the shape of a micro-batch
   std::string data, evalData, batchesFile;
-  // Shape of a step
-  int64_t steps = 0, microBatch = 8, seqLen = 128, gradAccum = 1;
-  // Optimizer and schedule
-  double lr = 3e-4, minLR = 0.0, lrGamma = 0.999;
-  int64_t warmup = 0;
-  std::string schedule = "cosine";
-  double weightDecay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, clipGrad = 1.0;
+  int64_t microBatch = 8, seqLen = 128;
+  /// The training settings the command line gives (steps, accumulation,
+  /// schedule, AdamW, clipping, masking and span-corruption rates, seed,
+  /// evaluation, logging, profiling, loss-scale rules); run() completes
+  /// what comes from the model and the data (vocabulary, [MASK] id,
+  /// sentinels, the objective, the schedule's end). train.steps 0: not given.
+  runtime::TrainConfig train;
   bool offloadOptimizer = false; ///< AdamW state in host memory (ZeRO plans only)
-  // Mixed precision: loss scaling (lossScale < 0: auto, 65536 for a float16
-  // model, else off; 0: off) and the gradient reduction dtype ("": the model's)
-  double lossScale = -1, lossScaleFactor = 2, minLossScale = 1;
-  int64_t lossScaleWindow = 1024;
-  std::string reduceDtype;
-  // Objective
-  std::string objective = "auto";
-  double maskProb = 0.15;
-  double noiseDensity = 0.15, meanSpanLength = 3.0; ///< span corruption (T5)
+  /// Initial loss scale: < 0 auto (65536 for a float16 model, else off), 0 off.
+  double lossScale = -1;
+  std::optional<at::ScalarType> reduceDtype;  ///< none: the model's dtype
+  std::optional<runtime::Objective> objective; ///< none: auto (objectiveForModel)
   int64_t decoderStartId = -1; ///< -1: the data's pad_id, else 0
 
-  // Evaluation
-  int64_t evalEvery = 0, evalBatches = 0;
   bool evalOnly = false;
   // Output
   std::string logFile, saveParams;
-  int64_t logEvery = 1;
-  int64_t profileFrom = 0, profileTo = 0; ///< --profile A:B (0: off)
-  std::string profileTrace;
   // Debugging / parity
   std::string dumpInputs, dumpOutput;
-  // Misc
-  uint64_t seed = 0;
-  std::string device = "auto";
+  std::string device = "auto"; ///< cpu | cuda | cuda:N | auto
   bool help = false;
 };
 
@@ -59,8 +60,11 @@ struct RunOptions {
 /// malformed value, or an inconsistent combination.
 RunOptions parseRunOptions(int argc, char **argv);
 
-/// The --help text.
+/// The --help text, from the option table.
 std::string runUsage();
+
+/// The --reduce-dtype spelling of a dtype ("float32", "bfloat16", "float16").
+std::string dtypeFlagName(at::ScalarType dtype);
 
 } // namespace bmt::tools
 

@@ -107,7 +107,7 @@ void checkOutputs(const tools::RunOptions &o) {
   }
   std::vector<std::pair<std::string, std::string>> outputs = {
       {"--log-file", o.logFile}, {"--save-params", o.saveParams},
-      {"--profile-trace", o.profileTrace}, {"--dump", o.dumpOutput}};
+      {"--profile-trace", o.train.profileTrace}, {"--dump", o.dumpOutput}};
   for (const auto &[option, out] : outputs) {
     if (out.empty())
       continue;
@@ -405,7 +405,7 @@ int run(const tools::RunOptions &o) {
   runtime::RendezvousInfo rendezvous = runtime::rendezvousFromEnvironment();
   at::Device device = chooseDevice(o.device, rendezvous.localRank);
   plan::Archive archive(o.archive);
-  archive.setInitSeed(o.seed); // weights-free plans: initial values by --seed
+  archive.setInitSeed(o.train.seed); // weights-free plans: initial values by --seed
   if (o.offloadOptimizer && archive.plan().groups.empty())
     throw tools::UsageError("--offload-optimizer keeps each rank's shard of the optimizer state "
                             "in host memory and needs a plan with ZeRO storage groups; " +
@@ -419,34 +419,22 @@ int run(const tools::RunOptions &o) {
                        modelOptions);
   const plan::Plan &p = model.plan();
   const int64_t worldSize = world->size(), rank = world->rank();
-  // Plans compiled before encoder-decoders were trained say "causal-lm"
-  // for them: the forward's inputs decide.
   const bool encoderDecoder = model.isEncoderDecoder();
-  std::string objective = o.objective != "auto" ? o.objective
-                          : encoderDecoder      ? std::string("span-corruption")
-                                                : p.objective;
-  if (encoderDecoder && objective != "span-corruption")
-    throw Failure(o.archive + ": the model is an encoder-decoder (its forward takes "
-                  "decoder_input_ids: " + p.modelType + "); it trains with --objective "
-                  "span-corruption, not " + objective);
-  if (!encoderDecoder && objective == "span-corruption")
-    throw Failure("--objective span-corruption trains an encoder-decoder (a forward taking "
-                  "decoder_input_ids, such as T5); " + o.archive + " (" + p.modelType +
-                  ") is not one");
+  runtime::Objective objectiveKind;
+  try {
+    objectiveKind = runtime::objectiveForModel(o.objective, encoderDecoder, p.objective);
+  } catch (const std::invalid_argument &e) {
+    throw Failure(o.archive + " (" + p.modelType + "): " + e.what());
+  }
+  const std::string objective = runtime::objectiveName(objectiveKind);
   if (!model.hasLogits() && o.dumpInputs.empty())
     throw Failure(o.archive + ": the model has no language-model head (no 'logits' "
                   "result: " + p.modelType + "); it can be run with --dump but not trained");
-  const runtime::Objective objectiveKind =
-      objective == "masked-lm"         ? runtime::Objective::MaskedLM
-      : objective == "span-corruption" ? runtime::Objective::SpanCorruption
-                                       : runtime::Objective::CausalLM;
   const bool maskedLM = objectiveKind == runtime::Objective::MaskedLM;
   const bool spanCorruption = objectiveKind == runtime::Objective::SpanCorruption;
   // Span corruption: --seq-len is the encoder input's length; the windows
   // read from the data are longer (their noise spans become sentinels).
-  runtime::SpanCorruptionConfig span;
-  span.noiseDensity = o.noiseDensity;
-  span.meanSpanLength = o.meanSpanLength;
+  const runtime::SpanCorruptionConfig &span = o.train.spanCorruption;
   int64_t windowLength = o.seqLen + 1; // tokens read per sequence
   runtime::SpanCorruptionLengths spanLengths;
   if (spanCorruption && o.batchesFile.empty()) {
@@ -557,47 +545,27 @@ int run(const tools::RunOptions &o) {
                                " (lower --micro-batch or --seq-len)");
   }
 
-  runtime::TrainConfig config;
-  config.steps = o.steps;
-  config.gradAccum = o.gradAccum;
-  config.schedule.kind = runtime::parseLRScheduleKind(o.schedule);
-  config.schedule.peakLR = o.lr;
-  config.schedule.warmupSteps = o.warmup;
+  // The command line's settings, completed by what the model and the data say.
+  runtime::TrainConfig config = o.train;
   // Linear and cosine decay reach --min-lr one step after the last step, so
   // that the last step still learns (with the default --min-lr 0 it would
   // run at lr 0); with --steps 1 and no warmup the one step runs at --lr.
-  config.schedule.totalSteps = std::max<int64_t>(o.steps, 1) + 1;
-  config.schedule.minLR = o.minLR;
-  config.schedule.gamma = o.lrGamma;
-  config.adamw = {o.beta1, o.beta2, o.eps, o.weightDecay};
-  config.clipGrad = o.clipGrad;
+  config.schedule.totalSteps = std::max<int64_t>(o.train.steps, 1) + 1;
   config.objective = objectiveKind;
-  config.maskProb = o.maskProb;
   config.vocabSize = vocab;
-  config.seed = o.seed;
-  config.evalEvery = o.evalEvery;
-  config.evalBatches = o.evalBatches;
-  config.logEvery = o.logEvery;
-  config.profileFrom = o.profileFrom;
-  config.profileTo = o.profileTo;
-  config.profileTrace = o.profileTrace;
   // Mixed precision.
   at::ScalarType modelDtype = model.parameterDtype();
   config.lossScale = o.lossScale >= 0 ? o.lossScale : (modelDtype == at::kHalf ? 65536.0 : 0.0);
-  config.lossScaleFactor = o.lossScaleFactor;
-  config.lossScaleWindow = o.lossScaleWindow;
-  config.minLossScale = o.minLossScale;
-  if (!o.reduceDtype.empty())
-    model.setReduceDtype(o.reduceDtype == "float32"    ? at::kFloat
-                         : o.reduceDtype == "bfloat16" ? at::kBFloat16
-                                                       : at::kHalf);
-  if (rank0 && (modelDtype != at::kFloat || config.lossScale > 0 || !o.reduceDtype.empty()))
+  if (o.reduceDtype)
+    model.setReduceDtype(*o.reduceDtype);
+  if (rank0 && (modelDtype != at::kFloat || config.lossScale > 0 || o.reduceDtype))
     std::cout << "bmt-run: parameters " << c10::toString(modelDtype)
               << (modelDtype == at::kHalf || modelDtype == at::kBFloat16
                       ? " with float32 master weights (ZeRO shards)"
                       : "")
               << ", gradient reduction "
-              << (o.reduceDtype.empty() ? std::string(c10::toString(modelDtype)) : o.reduceDtype)
+              << (o.reduceDtype ? tools::dtypeFlagName(*o.reduceDtype)
+                                : std::string(c10::toString(modelDtype)))
               << ", loss scale "
               << (config.lossScale > 0 ? std::to_string(static_cast<int64_t>(config.lossScale))
                                        : std::string("off"))
@@ -662,7 +630,7 @@ int run(const tools::RunOptions &o) {
     // Every rank draws the same global batch (micro-batch x ranks windows)
     // and trains on its own rows of it.
     sampler = std::make_unique<runtime::BatchSampler>(*train, o.microBatch * worldSize,
-                                                      windowLength - 1, o.seed);
+                                                      windowLength - 1, o.train.seed);
     next = [&]() {
       return runtime::MicroBatch{sampler->next(), {}, {}, rank * o.microBatch,
                                  (rank + 1) * o.microBatch};
@@ -678,15 +646,8 @@ int run(const tools::RunOptions &o) {
   runtime::Trainer trainer(model, config, std::cout, log.get());
 
   if (o.evalOnly) {
-    runtime::EvalResult r =
-        trainer.evaluate(*eval, windowLength - 1, o.microBatch, o.evalBatches);
-    if (!rank0)
-      return 0;
-    std::cout << "eval: val loss " << r.loss << " | val ppl " << r.perplexity << " | "
-              << r.tokens << " tokens\n";
-    if (log)
-      *log << "{\"kind\": \"eval\", \"step\": 0, \"val_loss\": " << r.loss
-           << ", \"val_ppl\": " << r.perplexity << ", \"tokens\": " << r.tokens << "}\n";
+    trainer.reportEvaluation(
+        0, trainer.evaluate(*eval, windowLength - 1, o.microBatch, o.train.evalBatches));
     return 0;
   }
 

@@ -33,6 +33,21 @@ enum class Objective {
   SpanCorruption, ///< T5's corrupted spans, by an encoder-decoder (spanCorruption)
 };
 
+/// The objective named as the plan and --objective spell it ("causal-lm",
+/// "masked-lm", "span-corruption"); none for another name.
+std::optional<Objective> parseObjective(const std::string &name);
+/// The plan's / --objective's spelling of `objective`.
+const char *objectiveName(Objective objective);
+
+/// The objective a model trains with: `requested` when given, else
+/// span corruption for an encoder-decoder (a forward taking
+/// decoder_input_ids), else the plan's (`planObjective`, from
+/// plan::objectiveFor; older plans say "causal-lm" for encoder-decoders).
+/// Throws std::invalid_argument when the request does not fit the model (an
+/// encoder-decoder trains only with span corruption, and only it does).
+Objective objectiveForModel(std::optional<Objective> requested, bool encoderDecoder,
+                            const std::string &planObjective);
+
 struct TrainConfig {
   int64_t steps = 1;
   int64_t gradAccum = 1;   ///< micro-batches per optimizer step
@@ -124,6 +139,12 @@ public:
   /// divided over the ranks and the sums all-reduced (collective).
   EvalResult evaluate(const TokenFile &data, int64_t seqLen, int64_t microBatch,
                       int64_t maxBatches);
+
+  /// Prints (rank 0) an evaluation's line "eval  step N | val loss ... |
+  /// val ppl ... | N tokens" and writes its JSON line ({"kind": "eval",
+  /// "step", "val_loss", "val_ppl", "tokens"}; non-finite values as null);
+  /// step 0 for an evaluation without training.
+  void reportEvaluation(int64_t step, const EvalResult &result);
 
   /// The losses of every step so far (mean over its micro-batches).
   const std::vector<double> &losses() const { return losses_; }
