@@ -12,6 +12,7 @@
 #ifndef BMT_LIB_IMPORT_TORCHEXPORT_TORCHEXPORTIMPORTER_H
 #define BMT_LIB_IMPORT_TORCHEXPORT_TORCHEXPORTIMPORTER_H
 
+#include "../ImportSupport.h"
 #include "Pt2Archive.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -29,24 +30,9 @@
 
 namespace bmt::torch_export {
 
+using namespace bmt::import;
 using json = nlohmann::json;
-using mlir::Attribute;
-using mlir::Location;
-using mlir::MLIRContext;
-using mlir::ModuleOp;
-using mlir::OpBuilder;
-using mlir::OwningOpRef;
-using mlir::RankedTensorType;
-using mlir::Type;
-using mlir::Value;
-using llvm::SmallVectorImpl;
-namespace func = mlir::func;
 namespace pt2 = bmt::pt2;
-
-struct ImportError {
-  Location loc;
-  std::string message;
-};
 
 struct ModuleFrame {
   std::string path; // dotted, "" for the root

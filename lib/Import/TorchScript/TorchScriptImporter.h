@@ -10,6 +10,7 @@
 #ifndef BMT_LIB_IMPORT_TORCHSCRIPT_TORCHSCRIPTIMPORTER_H
 #define BMT_LIB_IMPORT_TORCHSCRIPT_TORCHSCRIPTIMPORTER_H
 
+#include "../ImportSupport.h"
 #include "bmt/Import/TorchScript.h"
 
 #include "../IValueConstants.h"
@@ -46,27 +47,11 @@
 
 namespace bmt::torch_script {
 
-using mlir::Attribute;
+using namespace bmt::import;
 using mlir::Block;
 using mlir::Operation;
 using mlir::ValueRange;
-using mlir::Location;
-using mlir::MLIRContext;
-using mlir::ModuleOp;
-using mlir::OpBuilder;
-using mlir::OwningOpRef;
-using mlir::RankedTensorType;
-using mlir::Type;
-using mlir::Value;
-using llvm::SmallVectorImpl;
-namespace func = mlir::func;
 namespace jit = torch::jit;
-
-/// An import failure: where and what. Caught once, in importTorchScript.
-struct ImportError {
-  Location loc;
-  std::string message;
-};
 
 /// What a TorchScript value stands for while its function is imported.
 struct Entry {

@@ -1,0 +1,167 @@
+//===- Batches.cpp - bmt-run's batches: --batches, span corruption's ids --===//
+
+#include "Run.h"
+
+#include "bmt/Support/ErrorText.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <iostream>
+#include <memory>
+
+namespace bmt::tools {
+
+/// Span corruption's token ids. The sentinels are the tokenizer's
+/// <extra_id_0>, <extra_id_1>, ... (the data's "sentinel_ids") or, for a
+/// tokenizer without them, the model's top ids vocab - 1, vocab - 2, ...
+/// (T5's order) when no token of the data uses them (ids below the data's
+/// vocab_size, or below `dataVocab` without a token file); EOS is the
+/// data's eos_id (1, T5's, without a file); the decoder starts with
+/// --decoder-start-id, else the data's pad_id, else 0. Prints them when
+/// `print`.
+runtime::SpanCorruptionConfig spanCorruptionSettings(const tools::RunOptions &o,
+                                                     runtime::SpanCorruptionConfig span,
+                                                     const runtime::SpanCorruptionLengths &lengths,
+                                                     int64_t vocab, const runtime::TokenFile *data,
+                                                     int64_t dataVocab, bool print) {
+  span.eosId = data ? data->eosId() : 1;
+  span.decoderStartId = o.decoderStartId >= 0      ? o.decoderStartId
+                        : data && data->padId()     ? *data->padId()
+                                                    : 0;
+  if (span.decoderStartId >= vocab)
+    throw Failure("--decoder-start-id " + std::to_string(span.decoderStartId) +
+                  " is outside the model's vocabulary of " + std::to_string(vocab));
+  std::string source;
+  if (data && !data->sentinelIds().empty()) {
+    span.sentinels = data->sentinelIds();
+    source = "the tokenizer's <extra_id_N>";
+    for (int64_t id : span.sentinels)
+      if (id >= vocab)
+        throw Failure(data->binPath() + ": the tokenizer's sentinel id " + std::to_string(id) +
+                      " is outside the model's vocabulary of " + std::to_string(vocab) +
+                      " (a model exported for another tokenizer?)");
+    if (static_cast<int64_t>(span.sentinels.size()) < lengths.spans)
+      throw Failure(data->binPath() + ": the tokenizer has " +
+                    std::to_string(span.sentinels.size()) +
+                    " sentinel tokens (<extra_id_N>), fewer than the " +
+                    std::to_string(lengths.spans) + " corrupted spans of a window; lower "
+                    "--seq-len or --noise-density, or raise --mean-span-length");
+  } else {
+    int64_t used = data ? data->vocabSize() : dataVocab;
+    if (vocab - used < lengths.spans)
+      throw Failure("span corruption needs " + std::to_string(lengths.spans) +
+                    " sentinel ids per window: " +
+                    (data ? data->binPath() + "'s tokenizer has no <extra_id_N> tokens"
+                          : std::string("there is no token file")) +
+                    ", and the model's vocabulary of " + std::to_string(vocab) + " leaves " +
+                    std::to_string(std::max<int64_t>(vocab - used, 0)) +
+                    " ids above the data's " + std::to_string(used) +
+                    " (export the model with a larger vocab_size, or use a tokenizer with "
+                    "sentinels)");
+    for (int64_t i = 0; i < lengths.spans; ++i)
+      span.sentinels.push_back(vocab - 1 - i);
+    source = "the model's top ids";
+  }
+  if (print) {
+    const int64_t window = lengths.inputLength + lengths.noiseTokens - lengths.spans - 1;
+    std::cout << "bmt-run: span corruption: windows of " << window << " tokens -> encoder input "
+              << lengths.inputLength << " + target " << lengths.targetLength << " tokens ("
+              << lengths.noiseTokens << " corrupted in " << lengths.spans
+              << (lengths.spans == 1 ? " span" : " spans") << "); sentinels from " << source << " (" << span.sentinels.front()
+              << ", ...), eos " << span.eosId << ", decoder start " << span.decoderStartId
+              << "\n";
+  }
+  return span;
+}
+
+FixedBatches loadBatches(const tools::RunOptions &o, bool encoderDecoder,
+                         const std::string &modelType, int64_t worldSize) {
+  c10::IValue v;
+  try {
+    v = torch::jit::pickle_load(readFile(o.batchesFile));
+  } catch (const c10::Error &e) {
+    throw Failure(o.batchesFile + ": not a torch.save file: " +
+                  bmt::firstErrorLine(e.what_without_backtrace()));
+  }
+  // Every rank reads the whole file and trains on its rows of each batch.
+  auto rows = [&](const at::Tensor &t) {
+    if (t.size(1) % worldSize != 0)
+      throw Failure(o.batchesFile + ": a batch of " + std::to_string(t.size(1)) +
+                    " rows cannot be split evenly over " + std::to_string(worldSize) + " ranks");
+    return t.contiguous();
+  };
+  auto isIds = [](const c10::IValue &x) {
+    return x.isTensor() && x.toTensor().dim() == 3 && x.toTensor().scalar_type() == at::kLong &&
+           x.toTensor().numel() > 0;
+  };
+  FixedBatches fixed;
+  if (v.isGenericDict()) {
+    auto d = v.toGenericDict();
+    auto ids = d.find(std::string("input_ids")), labels = d.find(std::string("labels"));
+    if (ids == d.end() || labels == d.end() || !isIds(ids->value()) || !isIds(labels->value()) ||
+        ids->value().toTensor().size(0) != labels->value().toTensor().size(0) ||
+        ids->value().toTensor().size(1) != labels->value().toTensor().size(1))
+      throw Failure(o.batchesFile + ": expected {\"input_ids\": [n, micro-batch, S], "
+                    "\"labels\": [n, micro-batch, T]} (int64, the same n and micro-batch)");
+    if (!encoderDecoder)
+      throw Failure(o.batchesFile + ": source/target pairs train an encoder-decoder; " +
+                    o.archive + " (" + modelType + ") is not one (give token windows)");
+    fixed.inputIds = rows(ids->value().toTensor());
+    fixed.labels = rows(labels->value().toTensor());
+    return fixed;
+  }
+  if (!isIds(v) || v.toTensor().size(2) < 2)
+    throw Failure(o.batchesFile + ": expected an int64 tensor [n, micro-batch, seq-len + 1]" +
+                  std::string(encoderDecoder ? " or a dict {\"input_ids\", \"labels\"}" : ""));
+  fixed.windows = rows(v.toTensor());
+  return fixed;
+}
+
+void checkBatchIds(const FixedBatches &fixed, int64_t vocab, const std::string &path) {
+  if (fixed.inputIds.defined() &&
+      (fixed.inputIds.max().item<int64_t>() >= vocab || fixed.inputIds.min().item<int64_t>() < 0 ||
+       fixed.labels.max().item<int64_t>() >= vocab ||
+       fixed.labels.ne(-100).logical_and(fixed.labels.lt(0)).any().item<bool>()))
+    throw Failure(path + ": token ids outside the model's vocabulary of " +
+                  std::to_string(vocab) + " (labels may also be -100)");
+  if (fixed.windows.defined() &&
+      (fixed.windows.max().item<int64_t>() >= vocab || fixed.windows.min().item<int64_t>() < 0))
+    throw Failure(path + ": token ids outside the model's vocabulary of " +
+                  std::to_string(vocab));
+}
+
+std::function<runtime::MicroBatch()> makeBatchSource(const FixedBatches &fixed,
+                                                     const runtime::TokenFile *train,
+                                                     int64_t microBatch, int64_t windowLength,
+                                                     uint64_t seed, int64_t rank,
+                                                     int64_t worldSize) {
+  auto cursor = std::make_shared<int64_t>(0);
+  if (fixed.inputIds.defined()) { // ready encoder-decoder pairs
+    const int64_t rows = fixed.inputIds.size(1) / worldSize;
+    return [&fixed, cursor, rows, rank]() {
+      int64_t i = (*cursor)++ % fixed.inputIds.size(0);
+      return runtime::MicroBatch{{}, fixed.inputIds[i], fixed.labels[i], rank * rows,
+                                 (rank + 1) * rows};
+    };
+  }
+  if (fixed.windows.defined()) {
+    const int64_t rows = fixed.windows.size(1) / worldSize;
+    return [&fixed, cursor, rows, rank]() {
+      return runtime::MicroBatch{fixed.windows[(*cursor)++ % fixed.windows.size(0)], {}, {},
+                                 rank * rows, (rank + 1) * rows};
+    };
+  }
+  if (!train)
+    return {};
+  // Every rank draws the same global batch (micro-batch x ranks windows)
+  // and trains on its own rows of it.
+  auto sampler = std::make_shared<runtime::BatchSampler>(*train, microBatch * worldSize,
+                                                         windowLength - 1, seed);
+  return [sampler, microBatch, rank]() {
+    return runtime::MicroBatch{sampler->next(), {}, {}, rank * microBatch,
+                               (rank + 1) * microBatch};
+  };
+}
+
+} // namespace bmt::tools

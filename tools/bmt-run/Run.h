@@ -1,0 +1,90 @@
+//===- Run.h - bmt-run's pieces apart from the driver -----------*- C++ -*-===//
+//
+// What bmt-run.cpp's run() uses beside the runtime: its files (Files.cpp),
+// its batches (Batches.cpp: --batches, span corruption's token ids, the
+// source of each rank's micro-batches) and --dump (Dump.cpp). Every failure
+// is a Failure, reported as one "error: ..." line (exit 1).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BMT_TOOLS_BMTRUN_RUN_H
+#define BMT_TOOLS_BMTRUN_RUN_H
+
+#include "Options.h"
+
+#include "bmt/Runtime/Corruption.h"
+#include "bmt/Runtime/Model.h"
+#include "bmt/Runtime/TokenData.h"
+#include "bmt/Runtime/Trainer.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace bmt::tools {
+
+/// A failure to report as "error: ..." (exit 1).
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// The bytes of `path`; Failure when it cannot be opened.
+std::vector<char> readFile(const std::string &path);
+
+/// Writes `value` (torch.save format) to `path` atomically (a temporary
+/// file renamed); Failure when it cannot be written.
+void saveIValue(const std::string &path, const c10::IValue &value);
+
+/// Refuses an output that is one of the inputs, two outputs that are one
+/// file, and an output that cannot be created, before anything is loaded or
+/// trained (Failure).
+void checkOutputs(const RunOptions &o);
+
+/// --batches FILE: the fixed global micro-batches of all ranks, either
+/// token windows int64 [n, rows, W] or an encoder-decoder's ready pairs
+/// (inputIds int64 [n, rows, S], labels [n, rows, T]); none undefined
+/// without --batches.
+struct FixedBatches {
+  at::Tensor windows, inputIds, labels;
+};
+
+/// Reads o.batchesFile. Checks the format and that the rows split evenly
+/// over `worldSize` ranks (Failure); the ids are checked by checkBatchIds.
+FixedBatches loadBatches(const RunOptions &o, bool encoderDecoder,
+                         const std::string &modelType, int64_t worldSize);
+
+/// Failure when a token id of `fixed` lies outside [0, vocab) (labels may
+/// also be -100).
+void checkBatchIds(const FixedBatches &fixed, int64_t vocab, const std::string &path);
+
+/// Span corruption's token ids for windows of `lengths` (Batches.cpp says
+/// where each comes from); prints them when `print`. Failure when there are
+/// too few sentinels or an id lies outside the vocabulary.
+runtime::SpanCorruptionConfig spanCorruptionSettings(const RunOptions &o,
+                                                     runtime::SpanCorruptionConfig span,
+                                                     const runtime::SpanCorruptionLengths &lengths,
+                                                     int64_t vocab, const runtime::TokenFile *data,
+                                                     int64_t dataVocab, bool print);
+
+/// This rank's micro-batches: the fixed batches in turn (cycled), else
+/// windows of `windowLength` tokens sampled from `train` (every rank draws
+/// the same global batch of microBatch x worldSize windows with `seed` and
+/// trains on its rows). An empty function when there is neither (evaluation
+/// only). `fixed` and `train` must outlive the function.
+std::function<runtime::MicroBatch()> makeBatchSource(const FixedBatches &fixed,
+                                                     const runtime::TokenFile *train,
+                                                     int64_t microBatch, int64_t windowLength,
+                                                     uint64_t seed, int64_t rank,
+                                                     int64_t worldSize);
+
+/// --dump INPUTS OUT: forward, loss and backward on the batch in
+/// o.dumpInputs; rank 0 saves the outputs, the loss and every gradient.
+void runDump(runtime::Model &model, const RunOptions &o, runtime::Objective objective);
+
+} // namespace bmt::tools
+
+#endif // BMT_TOOLS_BMTRUN_RUN_H
