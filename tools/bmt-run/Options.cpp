@@ -9,43 +9,43 @@
 #include <iomanip>
 #include <map>
 #include <sstream>
+#include <type_traits>
 #include <vector>
 
 namespace bmt::tools {
 
 namespace {
 
-int64_t toInt(const std::string &option, const std::string &text, int64_t min) {
+/// The number `text` spells in full (std::stoll / std::stod), at least
+/// `min`; UsageError naming `option` otherwise.
+template <typename T>
+T parseNumber(const std::string &option, const std::string &text, T min) {
+  constexpr bool integer = std::is_integral_v<T>;
   size_t used = 0;
-  int64_t v = 0;
+  T v = 0;
   try {
-    v = std::stoll(text, &used);
+    if constexpr (integer)
+      v = std::stoll(text, &used);
+    else
+      v = std::stod(text, &used);
   } catch (const std::exception &) {
     used = 0;
   }
   if (used != text.size() || text.empty())
-    throw UsageError(option + " expects an integer, got '" + text + "'");
-  if (v < min)
-    throw UsageError(option + " must be at least " + std::to_string(min) + ", got " + text);
-  return v;
-}
-
-double toDouble(const std::string &option, const std::string &text, double min) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception &) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty())
-    throw UsageError(option + " expects a number, got '" + text + "'");
+    throw UsageError(option + (integer ? " expects an integer, got '" : " expects a number, got '") +
+                     text + "'");
   if (!(v >= min))
     throw UsageError(option + " must be at least " + std::to_string(min) + ", got " + text);
   return v;
 }
 
+int64_t toInt(const std::string &option, const std::string &text, int64_t min) {
+  return parseNumber<int64_t>(option, text, min);
+}
 
+double toDouble(const std::string &option, const std::string &text, double min) {
+  return parseNumber<double>(option, text, min);
+}
 
 /// One option: its flag, the name of its value(s) in --help ("" for a
 /// switch; two words for an option of two values), its section, its help
