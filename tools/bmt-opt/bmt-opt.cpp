@@ -265,9 +265,11 @@ int main(int argc, char **argv) {
     // Shared: the callback runs inside MlirOptMain.
     auto options = std::make_shared<bmt::DefaultPipelineOptions>();
     options->worldSize = clWorldSize;
-    options->zeroStage = clZeroStage;
+    options->zeroStage = clZeroStage == 2 ? bmt::ZeroStage::Two : bmt::ZeroStage::Three;
     options->shardGroupSize = clShardGroupSize;
-    options->checkpoint = clCheckpoint;
+    options->checkpoint = clCheckpoint == "auto"   ? bmt::CheckpointMode::Auto
+                          : clCheckpoint == "none" ? bmt::CheckpointMode::None
+                                                   : bmt::CheckpointMode::All;
     options->memoryBudgetGib = clMemoryBudgetGib;
     options->microBatch = clMicroBatch;
     options->seqLen = clSeqLen;
