@@ -2,7 +2,9 @@
 //
 // What `bmt-opt model.pt -o sharded.pt` runs when no pass is named, and
 // `--bmt-default-pipeline` runs on request: causal-attention, fuse-gelu,
-// find-blocks, zero, checkpoint, overlap, summary. See docs/passes.md.
+// find-blocks, zero, checkpoint, overlap, summary. Its options are checked
+// here, for the top-level flags and the named pipeline alike. See
+// docs/passes.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -10,8 +12,84 @@
 
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Pass/PassRegistry.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <cmath>
 
 using namespace mlir;
+
+llvm::StringRef bmt::toString(ZeroStage stage) { return stage == ZeroStage::Two ? "2" : "3"; }
+
+llvm::StringRef bmt::toString(CheckpointMode mode) {
+  switch (mode) {
+  case CheckpointMode::All: return "all";
+  case CheckpointMode::None: return "none";
+  case CheckpointMode::Auto: return "auto";
+  }
+  llvm_unreachable("unknown checkpoint mode");
+}
+
+llvm::StringRef bmt::choiceNames(ZeroStage) { return "3|2"; }
+
+llvm::StringRef bmt::choiceNames(CheckpointMode) { return "all|none|auto"; }
+
+/// "--zero-stage" for a top-level flag, "zero-stage" inside a pipeline string.
+static std::string optionName(const llvm::cl::Option &option) {
+  bool topLevel = option.Subs.empty() || option.Subs.count(&llvm::cl::SubCommand::getTopLevel());
+  return ((topLevel ? "--" : "") + option.ArgStr).str();
+}
+
+bool bmt::parseChoice(const llvm::cl::Option &option, llvm::StringRef arg, ZeroStage &value) {
+  if (arg == "3" || arg == "2") {
+    value = arg == "2" ? ZeroStage::Two : ZeroStage::Three;
+    return true;
+  }
+  llvm::errs() << "error: " << optionName(option) << " must be 3 or 2, got " << arg << "\n";
+  return false;
+}
+
+bool bmt::parseChoice(const llvm::cl::Option &option, llvm::StringRef arg,
+                      CheckpointMode &value) {
+  for (CheckpointMode mode : {CheckpointMode::All, CheckpointMode::None, CheckpointMode::Auto})
+    if (arg == toString(mode)) {
+      value = mode;
+      return true;
+    }
+  llvm::errs() << "error: " << optionName(option) << " must be all, none or auto, got '" << arg
+               << "'\n";
+  return false;
+}
+
+std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
+  std::string problem;
+  llvm::raw_string_ostream os(problem);
+  auto name = [&](llvm::StringRef option) { return (prefix + option).str(); };
+  bool autoMode = checkpoint == CheckpointMode::Auto;
+  if (worldSize <= 0)
+    os << name("world-size") << " must be positive, got " << worldSize.getValue();
+  else if (shardGroupSize < 0)
+    os << name("shard-group-size") << " must be 0 (all ranks) or positive, got "
+       << shardGroupSize.getValue();
+  else if (!(memoryBudgetGib >= 0) || !std::isfinite(memoryBudgetGib))
+    os << name("memory-budget-gib") << " must be a positive number of GiB";
+  else if (autoMode && memoryBudgetGib <= 0)
+    os << name("checkpoint=auto") << " needs a per-rank memory budget: "
+       << name("memory-budget-gib=N");
+  else if (!autoMode && memoryBudgetGib > 0)
+    os << name("memory-budget-gib") << " applies to " << name("checkpoint=auto")
+       << " only (the checkpoint mode is " << toString(checkpoint) << ")";
+  else if (microBatch <= 0)
+    os << name("micro-batch") << " must be positive, got " << microBatch.getValue();
+  else if (seqLen <= 0)
+    os << name("seq-len") << " must be positive, got " << seqLen.getValue();
+  // Bounds that keep the memory estimate's products inside 64 bits.
+  else if (microBatch > (int64_t(1) << 20) || seqLen > (int64_t(1) << 24))
+    os << name("micro-batch") << " (at most 2^20) or " << name("seq-len")
+       << " (at most 2^24) is too large";
+  else if (prefetchDepth < 0)
+    os << name("prefetch-depth") << " must be 0 or positive, got " << prefetchDepth.getValue();
+  return problem;
+}
 
 void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &options) {
   // First: these rewrite every block's function alike, so identical blocks
@@ -28,11 +106,11 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
     pm.addPass(createFuseGelu());
   pm.addPass(createFindBlocks());
   ZeroOptions zero;
-  zero.stage = options.zeroStage;
+  zero.stage = static_cast<int64_t>(options.zeroStage.getValue());
   zero.shardGroupSize = options.shardGroupSize;
   pm.addPass(createZero(zero));
   CheckpointOptions checkpoint;
-  checkpoint.mode = options.checkpoint;
+  checkpoint.mode = toString(options.checkpoint).str();
   checkpoint.budgetGib = options.memoryBudgetGib;
   checkpoint.microBatch = options.microBatch;
   checkpoint.seqLen = options.seqLen;
@@ -52,11 +130,22 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
 }
 
 void bmt::registerDefaultPipeline() {
-  PassPipelineRegistration<DefaultPipelineOptions>(
+  registerPassPipeline(
       "bmt-default-pipeline",
       "bmt's default pipeline: causal-attention, fuse-gelu, find-blocks, zero, checkpoint, "
-      "overlap, then the plan "
-      "summary "
+      "overlap, then the plan summary "
       "(what `bmt-opt model.pt -o sharded.pt` runs without pass flags)",
-      buildDefaultPipeline);
+      [](OpPassManager &pm, llvm::StringRef text,
+         llvm::function_ref<LogicalResult(const llvm::Twine &)> errorHandler) {
+        DefaultPipelineOptions options;
+        if (failed(options.parseFromString(text)))
+          return failure();
+        if (std::string problem = options.verify(""); !problem.empty())
+          return errorHandler("bmt-default-pipeline: " + problem);
+        buildDefaultPipeline(pm, options);
+        return success();
+      },
+      [](llvm::function_ref<void(const detail::PassOptions &)> handler) {
+        handler(DefaultPipelineOptions());
+      });
 }

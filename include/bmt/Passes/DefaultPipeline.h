@@ -1,0 +1,149 @@
+//===- DefaultPipeline.h - the default pipeline and its options -*- C++ -*-===//
+//
+// The one declaration of the default pipeline's options: the named pipeline
+// `--bmt-default-pipeline='world-size=8 ...'`, bmt-opt's top-level flags
+// (--world-size 8 ...; bmt::CompileFlags) and the compile path all use
+// DefaultPipelineOptions. See docs/passes.md.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BMT_PASSES_DEFAULTPIPELINE_H
+#define BMT_PASSES_DEFAULTPIPELINE_H
+
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassOptions.h"
+#include "llvm/ADT/SmallVector.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/raw_ostream.h"
+
+namespace bmt {
+
+/// ZeRO stage of bmt-zero: 3 re-gathers a block's parameters for backward,
+/// 2 keeps them gathered from forward to backward.
+enum class ZeroStage { Three = 3, Two = 2 };
+/// Which blocks bmt-checkpoint recomputes in backward.
+enum class CheckpointMode { All, None, Auto };
+
+/// A choice as the command line spells it ("3", "auto").
+llvm::StringRef toString(ZeroStage stage);
+llvm::StringRef toString(CheckpointMode mode);
+/// Every choice of the enum of `any`, for --help ("3|2", "all|none|auto").
+llvm::StringRef choiceNames(ZeroStage any);
+llvm::StringRef choiceNames(CheckpointMode any);
+
+/// Reads a choice of `option` from `arg`. Returns false, after printing one
+/// line ("error: --zero-stage must be 3 or 2, got 1"; the option's name
+/// without "--" inside a pipeline string), for any other spelling.
+bool parseChoice(const llvm::cl::Option &option, llvm::StringRef arg, ZeroStage &value);
+bool parseChoice(const llvm::cl::Option &option, llvm::StringRef arg, CheckpointMode &value);
+
+/// The command-line parser of an enum choice, for llvm::cl and pass options.
+template <typename Enum> class ChoiceParser : public llvm::cl::basic_parser<Enum> {
+public:
+  ChoiceParser(llvm::cl::Option &option) : llvm::cl::basic_parser<Enum>(option) {}
+  /// True (an error, already printed) when `arg` is not a choice.
+  bool parse(llvm::cl::Option &option, llvm::StringRef, llvm::StringRef arg, Enum &value) {
+    return !parseChoice(option, arg, value);
+  }
+  llvm::StringRef getValueName() const override { return choiceNames(Enum()); }
+  void printOptionDiff(const llvm::cl::Option &option, Enum value,
+                       const llvm::cl::OptionValue<Enum> &defaultValue,
+                       size_t globalWidth) const {
+    this->printOptionName(option, globalWidth);
+    llvm::outs() << "= " << toString(value);
+    if (defaultValue.hasValue())
+      llvm::outs() << " (default: " << toString(defaultValue.getValue()) << ")";
+    llvm::outs() << "\n";
+  }
+  /// Pass options print their values through this (--dump-pass-pipeline).
+  static void print(llvm::raw_ostream &os, Enum value) { os << toString(value); }
+};
+
+} // namespace bmt
+
+namespace llvm::cl {
+template <> class parser<bmt::ZeroStage> : public bmt::ChoiceParser<bmt::ZeroStage> {
+public:
+  using ChoiceParser::ChoiceParser;
+};
+template <> class parser<bmt::CheckpointMode> : public bmt::ChoiceParser<bmt::CheckpointMode> {
+public:
+  using ChoiceParser::ChoiceParser;
+};
+} // namespace llvm::cl
+
+namespace bmt {
+
+/// Options of the default pipeline. The first nine are also bmt-opt's
+/// top-level flags of the same names (commandLineFlags()).
+struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions> {
+  Option<int64_t> worldSize{
+      *this, "world-size",
+      llvm::cl::desc("ranks of the training job (memory estimate, auto checkpoint)"),
+      llvm::cl::init(1)};
+  Option<ZeroStage> zeroStage{*this, "zero-stage", llvm::cl::desc("ZeRO stage: 3 or 2"),
+                              llvm::cl::init(ZeroStage::Three)};
+  Option<int64_t> shardGroupSize{
+      *this, "shard-group-size",
+      llvm::cl::desc("hybrid sharding: shard within groups of this many ranks (0: all ranks)"),
+      llvm::cl::init(0)};
+  Option<CheckpointMode> checkpoint{
+      *this, "checkpoint", llvm::cl::desc("blocks recomputed in backward: all, none or auto"),
+      llvm::cl::init(CheckpointMode::All)};
+  Option<double> memoryBudgetGib{
+      *this, "memory-budget-gib",
+      llvm::cl::desc("checkpoint=auto: per-rank memory budget in GiB"), llvm::cl::init(0)};
+  Option<int64_t> microBatch{*this, "micro-batch",
+                             llvm::cl::desc("sequences per rank per forward"),
+                             llvm::cl::init(1)};
+  Option<int64_t> seqLen{*this, "seq-len", llvm::cl::desc("tokens per sequence"),
+                         llvm::cl::init(1024)};
+  Option<int64_t> prefetchDepth{
+      *this, "prefetch-depth",
+      llvm::cl::desc("blocks gathered ahead of the running one (0: none)"), llvm::cl::init(1)};
+  Option<bool> assumeUnpadded{
+      *this, "assume-unpadded",
+      llvm::cl::desc("treat attention_mask as all ones, so that a causal mask ANDed with it "
+                     "becomes is_causal=True (bmt-causal-attention); recorded in the plan, "
+                     "bmt-run trains with all-ones masks and --dump refuses padded ones. "
+                     "assume-unpadded=false keeps the padding term"),
+      llvm::cl::init(true)};
+  Option<bool> fuseGelu{*this, "fuse-gelu",
+                        llvm::cl::desc("replace GELU written out as elementwise ops by "
+                                       "aten::gelu (bmt-fuse-gelu)"),
+                        llvm::cl::init(true)};
+  Option<bool> causalAttention{
+      *this, "causal-attention",
+      llvm::cl::desc("replace a causal mask built from aranges by is_causal=True in "
+                     "aten::scaled_dot_product_attention (bmt-causal-attention)"),
+      llvm::cl::init(true)};
+  Option<bool> summary{*this, "summary",
+                       llvm::cl::desc("print the plan summary to stderr at the end"),
+                       llvm::cl::init(true)};
+
+  /// The options that are also top-level flags of bmt-opt, in this order.
+  llvm::SmallVector<llvm::cl::Option *> commandLineFlags() {
+    return {&worldSize,  &zeroStage, &shardGroupSize, &checkpoint,    &memoryBudgetGib,
+            &microBatch, &seqLen,    &prefetchDepth,  &assumeUnpadded};
+  }
+
+  /// Checks the values together (sizes positive, a budget exactly with
+  /// checkpoint=auto). Returns the first problem as one sentence that names
+  /// options as `prefix` + name ("--world-size must be positive, got 0" with
+  /// prefix "--"), or an empty string when they are fine.
+  std::string verify(llvm::StringRef prefix) const;
+};
+
+/// causal-attention (unless options.causalAttention is false; with
+/// options.assumeUnpadded), fuse-gelu (unless options.fuseGelu is false),
+/// find-blocks, zero, checkpoint, overlap, then (with options.summary) the
+/// summary with the memory estimate. `options` must pass verify().
+void buildDefaultPipeline(mlir::OpPassManager &pm, const DefaultPipelineOptions &options);
+
+/// Registers `--bmt-default-pipeline` with the global pass registry; bad
+/// options there are one error (verify() without the "--").
+void registerDefaultPipeline();
+
+} // namespace bmt
+
+#endif // BMT_PASSES_DEFAULTPIPELINE_H
