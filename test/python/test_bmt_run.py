@@ -52,25 +52,35 @@ def assert_one_error(result, *fragments):
         assert fragment in errors[0], (fragment, errors[0])
 
 
+def check_eval_only_against_eager(model, sharded, tmp, val, tokens, seq_len, micro_batch):
+    """bmt-run --eval-only on the token file `val` (holding `tokens`)
+    against eager on the same consecutive windows of seq_len + 1 tokens,
+    micro_batch per batch. Returns bmt's JSON record and eager's loss."""
+    log = tmp / "eval.jsonl"
+    r = bmt_run(sharded, "--eval-only", "--eval-data", val, "--seq-len", seq_len,
+                "--micro-batch", micro_batch, "--log-file", log)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(open(log).read().splitlines()[-1])
+    width = seq_len + 1
+    n = len(tokens) // width // micro_batch * micro_batch
+    windows = tokens[: n * width].view(n, width)
+    with torch.no_grad():
+        logits = model(input_ids=windows[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                                 windows[:, 1:].reshape(-1))
+    assert got["kind"] == "eval" and got["step"] == 0
+    assert got["tokens"] == n * seq_len
+    assert_loss_close(got["val_loss"], loss.item())
+    return got, loss.item()
+
+
 def test_eval_only_matches_eager(gpt2):
     model, sharded, tmp = gpt2
     g = torch.Generator().manual_seed(5)
     tokens = torch.randint(0, 128, (1000,), generator=g)
     val = write_tokens(tmp / "val", tokens.tolist(), 128)
-    log = tmp / "eval.jsonl"
-    r = bmt_run(sharded, "--eval-only", "--eval-data", val, "--seq-len", 16, "--micro-batch", 4,
-                "--log-file", log)
-    assert r.returncode == 0, r.stderr
-    got = json.loads(open(log).read().splitlines()[-1])
-    # Eager: the same consecutive windows of 17 tokens, 4 per batch.
-    n = 1000 // 17 // 4 * 4
-    windows = tokens[: n * 17].view(n, 17)
-    with torch.no_grad():
-        logits = model(input_ids=windows[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 128), windows[:, 1:].reshape(-1))
-    assert got["tokens"] == n * 16
-    assert_loss_close(got["val_loss"], loss.item())
-    assert abs(got["val_ppl"] - math.exp(loss.item())) <= 1e-3 * math.exp(loss.item())
+    got, loss = check_eval_only_against_eager(model, sharded, tmp, val, tokens, 16, 4)
+    assert abs(got["val_ppl"] - math.exp(loss)) <= 1e-3 * math.exp(loss)
 
 
 def test_masked_lm_training_lowers_the_loss(tmp_path):

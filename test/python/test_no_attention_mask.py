@@ -32,7 +32,7 @@ import torch
 
 from bmt_paths import binary
 from numerics import assert_close, assert_gradients_close, assert_loss_close
-from test_bmt_run import write_tokens
+from test_bmt_run import check_eval_only_against_eager, write_tokens
 from test_causal_attention import build_sdpa
 from test_runtime_parity import build, causal_loss
 
@@ -160,18 +160,7 @@ def test_training_and_evaluation_on_token_files(llama_pt, tmp_path):
     model, sharded, _ = llama_pt
     tokens = ids_of((600,), 5)
     data = write_tokens(tmp_path / "data", tokens.tolist(), 128)
-    log = tmp_path / "eval.jsonl"
-    r = bmt_run(sharded, "--eval-only", "--eval-data", data, "--seq-len", 8, "--micro-batch", 4,
-                "--log-file", log)
-    assert r.returncode == 0, r.stderr
-    got = json.loads(open(log).read().splitlines()[-1])
-    n = 600 // 9 // 4 * 4  # consecutive windows of 9 tokens, 4 per batch
-    windows = tokens[: n * 9].view(n, 9)
-    with torch.no_grad():
-        logits = model(input_ids=windows[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 128), windows[:, 1:].reshape(-1))
-    assert got["tokens"] == n * 8
-    assert_loss_close(got["val_loss"], loss.item())
+    check_eval_only_against_eager(model, sharded, tmp_path, data, tokens, 8, 4)
 
     log = tmp_path / "train.jsonl"
     r = bmt_run(sharded, "--data", data, "--steps", 3, "--micro-batch", 2, "--seq-len", 8,

@@ -65,6 +65,17 @@ def segments(ids, eos_id):
     return out
 
 
+def decoded_documents(prefix):
+    """Every document of both splits, decoded with the written tokenizer,
+    and the val split's metadata."""
+    tok = Tokenizer.from_file(f"{prefix}.tokenizer.json")
+    found = []
+    for split in ("train", "val"):
+        meta, ids = read_split(prefix, split)
+        found += [tok.decode(s) for s in segments(ids, meta["eos_id"])]
+    return found, meta
+
+
 def assert_one_error(result):
     """Exit 1, exactly one 'error:' line on stderr, and it is the last line
     (notes about skipped files may come before it), no traceback."""
@@ -194,11 +205,7 @@ def test_split_on_line_fortune_style(tmp_path):
     r = run_tool("--input", tmp_path / "cookies", "--split-on", "%", "--train-bpe", 280,
                  "--output", prefix)
     assert r.returncode == 0, r.stderr
-    tok = Tokenizer.from_file(f"{prefix}.tokenizer.json")
-    found = []
-    for split in ("train", "val"):
-        meta, ids = read_split(prefix, split)
-        found += [tok.decode(s) for s in segments(ids, meta["eos_id"])]
+    found, meta = decoded_documents(prefix)
     assert sorted(found) == sorted(docs)
     # default val fraction 0.05 of 30 documents: 2 (rounded), at least 1
     assert read_split(prefix, "val")[0]["num_documents"] == 2
@@ -386,11 +393,7 @@ def test_fortunes_subset_roundtrip(tmp_path):
     prefix = tmp_path / "fs"
     r = run_tool("--input", *inputs, "--split-on", "%", "--train-bpe", 512, "--output", prefix)
     assert r.returncode == 0, r.stderr
-    tok = Tokenizer.from_file(f"{prefix}.tokenizer.json")
-    found = []
-    for split in ("train", "val"):
-        meta, ids = read_split(prefix, split)
-        found += [tok.decode(s) for s in segments(ids, meta["eos_id"])]
+    found, meta = decoded_documents(prefix)
     assert sorted(found) == sorted(fortune_reference(inputs))
     assert meta["source"] == inputs
 

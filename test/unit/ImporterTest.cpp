@@ -6,6 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ImportResult.h"
+
 #include "bmt/Dialect/BmtDialect.h"
 #include "bmt/Import/TorchScript.h"
 
@@ -41,21 +43,10 @@ public:
   std::string path;
 };
 
-/// Imports `file`, collecting the error diagnostics.
-struct Imported {
-  OwningOpRef<ModuleOp> module;
-  std::vector<std::string> errors;
-};
+using bmt::test::Imported;
 
 Imported import(const std::string &file, MLIRContext &context) {
-  Imported result;
-  ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diag) {
-    if (diag.getSeverity() == DiagnosticSeverity::Error)
-      result.errors.push_back(diag.str());
-    return success();
-  });
-  result.module = bmt::importTorchScript(file, context);
-  return result;
+  return bmt::test::importWith(bmt::importTorchScript, file, context);
 }
 
 TEST(TorchScriptImporter, TiedParametersBecomeOneSymbolWithAliases) {

@@ -12,6 +12,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ImportResult.h"
+
 #include "bmt/Dialect/BmtDialect.h"
 #include "bmt/Import/TorchExport.h"
 
@@ -45,20 +47,10 @@ std::string fixture(const std::string &name) {
   if (!llvm::sys::fs::exists(fixture(name)))                                   \
   GTEST_SKIP() << fixture(name) << " is missing (made by ctest's make-fixtures)"
 
-struct Imported {
-  OwningOpRef<ModuleOp> module;
-  std::vector<std::string> errors;
-};
+using bmt::test::Imported;
 
 Imported import(const std::string &file, MLIRContext &context) {
-  Imported result;
-  ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diag) {
-    if (diag.getSeverity() == DiagnosticSeverity::Error)
-      result.errors.push_back(diag.str());
-    return success();
-  });
-  result.module = bmt::importTorchExport(file, context);
-  return result;
+  return bmt::test::importWith(bmt::importTorchExport, file, context);
 }
 
 json readJsonFile(const std::string &path) {
