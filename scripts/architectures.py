@@ -4,7 +4,7 @@
 usage: scripts/architectures.py [--bin build/bin] [--only NAME ...] [--keep DIR]
                                 [--dynamic-only]
 
-For each architecture of issue 6 (tiny random config, eager attention, no
+For each architecture bmt supports (tiny random config, eager attention, no
 cache, seed 0): export it as a user does, to TorchScript (torch.jit.trace,
 strict=False) and to torch.export (torch.export.export(..., strict=False) +
 torch.export.save); then for each archive: bmt-opt import (functions, calls
