@@ -13,8 +13,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "bmt/Runtime/OffloadAdam.h"
-#include "bmt/Runtime/Optimizer.h"
+#include "bmt/Runtime/optim/OffloadAdam.h"
+#include "bmt/Runtime/optim/AdamW.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/empty.h>

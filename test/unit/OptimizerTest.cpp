@@ -6,7 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "bmt/Runtime/Optimizer.h"
+#include "bmt/Runtime/optim/AdamW.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
