@@ -4,6 +4,7 @@
 #include "bmt/Runtime/objectives/CrossEntropy.h"
 
 #include "bmt/Runtime/optim/AdamW.h"
+#include "bmt/Runtime/optim/OffloadAdam.h"
 #include "bmt/Runtime/parallel/Zero.h"
 
 #include <ATen/ops/ones_like.h>
@@ -154,6 +155,14 @@ HostGradientSource &Model::hostGradients(int64_t microBatchesPerStep) {
                          " trainable parameters are outside the ZeRO storage groups");
   zero_->setMicroBatchesPerStep(microBatchesPerStep);
   return *zero_;
+}
+
+std::unique_ptr<Optimizer> Model::makeOptimizer(const AdamWConfig &config,
+                                                int64_t microBatchesPerStep) {
+  if (offloadsOptimizer())
+    return std::make_unique<OffloadAdamW>(parameters_, config,
+                                          hostGradients(microBatchesPerStep));
+  return std::make_unique<AdamW>(parameters_, config);
 }
 
 at::ScalarType Model::parameterDtype() const {

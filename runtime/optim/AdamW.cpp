@@ -126,6 +126,20 @@ void AdamW::step(double lr, const std::optional<at::Tensor> &foundInf,
   }
 }
 
+void AdamW::step(const StepInputs &inputs) {
+  checkStepInputs(inputs, "AdamW");
+  step(inputs.lr, inputs.foundInf, inputs.gradNorm, inputs.maxNorm);
+}
+
+OptimizerState AdamW::state() const {
+  return stateOf({{"exp_avg", &expAvg_}, {"exp_avg_sq", &expAvgSq_}, {"step", &steps_}});
+}
+
+void AdamW::loadState(const OptimizerState &state) {
+  loadStateInto(state, {{"exp_avg", &expAvg_}, {"exp_avg_sq", &expAvgSq_}, {"step", &steps_}},
+                params_, "AdamW");
+}
+
 void AdamW::zeroGrad() {
   for (at::Tensor &p : params_)
     p.mutable_grad() = at::Tensor();

@@ -148,6 +148,43 @@ void OffloadAdamW::upload(size_t i) {
   param.copy_(staged);
 }
 
+void OffloadAdamW::step(const StepInputs &inputs) {
+  checkStepInputs(inputs, "OffloadAdamW");
+  step(inputs.lr, inputs.foundInf, inputs.lossScale,
+       inputs.gradNorm ? *inputs.gradNorm : at::Tensor(), inputs.maxNorm);
+}
+
+OptimizerState OffloadAdamW::state() const {
+  return stateOf({{"master", &masters_},
+                  {"exp_avg", &expAvg_},
+                  {"exp_avg_sq", &expAvgSq_},
+                  {"step", &steps_}});
+}
+
+void OffloadAdamW::loadState(const OptimizerState &state) {
+  c10::NoGradGuard noGrad;
+  std::optional<c10::Stream> compute;
+  if (copyStream_) {
+    copyStream_->synchronize(); // uploads in flight read the masters
+    // The uploads below come after every queued use of the parameters.
+    compute = c10::impl::VirtualGuardImpl(device_.type()).getStream(device_);
+    scalarsReady_->record(*compute);
+    scalarsReady_->block(*copyStream_);
+  }
+  loadStateInto(state,
+                {{"master", &masters_},
+                 {"exp_avg", &expAvg_},
+                 {"exp_avg_sq", &expAvgSq_},
+                 {"step", &steps_}},
+                params_, "OffloadAdamW");
+  for (size_t i = 0; i < params_.size(); ++i)
+    upload(i);
+  if (copyStream_) {
+    uploadsDone_->record(*copyStream_);
+    uploadsDone_->block(*compute);
+  }
+}
+
 void OffloadAdamW::step(double lr, const std::optional<at::Tensor> &foundInf,
                         const std::optional<at::Tensor> &lossScale, const at::Tensor &gradNorm,
                         double maxNorm) {

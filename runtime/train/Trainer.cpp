@@ -1,7 +1,7 @@
 //===- Trainer.cpp - the training and evaluation loops --------------------===//
 
 #include "bmt/Runtime/train/Trainer.h"
-#include "bmt/Runtime/optim/OffloadAdam.h"
+#include "bmt/Runtime/optim/Optimizer.h"
 #include "bmt/Runtime/train/Profile.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
@@ -276,13 +276,7 @@ void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
   // AdamW on the device, or, offloading (--offload-optimizer), AdamW with
   // its masters and moments in host memory, fed by the gradient copies the
   // ZeRO storage makes during the backward (OffloadAdam.h).
-  std::optional<AdamW> optimizer;
-  std::optional<OffloadAdamW> offloaded;
-  if (model_.offloadsOptimizer())
-    offloaded.emplace(model_.parameters(), config_.adamw,
-                      model_.hostGradients(config_.gradAccum));
-  else
-    optimizer.emplace(model_.parameters(), config_.adamw);
+  std::unique_ptr<Optimizer> optimizer = model_.makeOptimizer(config_.adamw, config_.gradAccum);
   const bool rank0 = model_.world().rank() == 0;
   const at::Device device = model_.device();
   Comm &world = model_.world();
@@ -393,10 +387,7 @@ void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
     current.step = step;
     current.lr = learningRate(config_.schedule, step);
     std::vector<at::Tensor> losses;
-    if (offloaded)
-      offloaded->zeroGrad();
-    else
-      optimizer->zeroGrad();
+    optimizer->zeroGrad();
     for (int64_t micro = 0; micro < config_.gradAccum; ++micro) {
       MicroBatchLoss result = microBatchLoss(nextMicroBatch(), rng);
       at::Tensor loss = result.loss;
@@ -426,11 +417,11 @@ void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
     // Both optimizers apply the clip factor themselves, AdamW inside its
     // fused kernel, the offloaded one on the host.
     at::Tensor gradNorm = model_.gradNorm().to(device, at::kDouble);
-    if (offloaded) // the host copies of the gradients get the same unscaling and clipping
-      offloaded->step(current.lr, found, scaler ? std::optional<at::Tensor>(stepScale) : std::nullopt,
-                      gradNorm, config_.clipGrad);
-    else
-      optimizer->step(current.lr, found, gradNorm, config_.clipGrad);
+    // (The offloaded one gives the host copies of the gradients the same
+    // unscaling and clipping.)
+    optimizer->step({current.lr, found,
+                     scaler ? std::optional<at::Tensor>(stepScale) : std::nullopt, gradNorm,
+                     config_.clipGrad});
     model_.afterOptimizerStep();
     if (scaler)
       scaler->update(*found);

@@ -24,6 +24,8 @@ namespace bmt::runtime {
 
 class ZeroStorage;
 class HostGradientSource;
+class Optimizer;
+struct AdamWConfig;
 
 struct ModelOptions {
   /// Keep the optimizer's float32 masters and moments in host memory
@@ -115,6 +117,11 @@ public:
   /// number of backward passes (micro-batches) per optimizer step, after
   /// which a group's gradient is complete and copied to the host.
   HostGradientSource &hostGradients(int64_t microBatchesPerStep);
+  /// The optimizer of parameters(): an OffloadAdamW fed by
+  /// hostGradients(microBatchesPerStep) when offloadsOptimizer(), else
+  /// AdamW on the device. Throws as their constructors and hostGradients().
+  std::unique_ptr<Optimizer> makeOptimizer(const AdamWConfig &config,
+                                           int64_t microBatchesPerStep);
 
   /// Mixed precision: the dtype of the model's floating-point parameters
   /// (the first one in plan order; float32 when there is none).

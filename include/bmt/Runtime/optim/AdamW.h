@@ -11,6 +11,8 @@
 #ifndef BMT_RUNTIME_OPTIM_ADAMW_H
 #define BMT_RUNTIME_OPTIM_ADAMW_H
 
+#include "bmt/Runtime/optim/Optimizer.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -30,7 +32,7 @@ struct AdamWConfig {
 /// the weight decay are >= 0 (AdamW's and OffloadAdamW's check).
 void checkAdamWConfig(const AdamWConfig &config);
 
-class AdamW {
+class AdamW : public Optimizer {
 public:
   /// `params`: the tensors to update in place (float32/float64, any device,
   /// requires_grad leaves). The optimizer state (exp_avg, exp_avg_sq: same
@@ -52,11 +54,21 @@ public:
   void step(double lr, const std::optional<at::Tensor> &foundInf = std::nullopt,
             const std::optional<at::Tensor> &gradNorm = std::nullopt, double maxNorm = 0);
 
+  /// The same step through the Optimizer interface (inputs.lossScale is not
+  /// used: the grads it reads are already unscaled).
+  void step(const StepInputs &inputs) override;
+
   /// Sets every param's grad to undefined (set_to_none, as torch.optim's
   /// zero_grad default).
-  void zeroGrad();
+  void zeroGrad() override;
 
-  const std::vector<at::Tensor> &params() const { return params_; }
+  /// Tensors "exp_avg.<i>", "exp_avg_sq.<i>" (shape, dtype and device of
+  /// param i), "step.<i>" (float32, 0-dim, on param i's device), and the
+  /// scalar "num_params".
+  OptimizerState state() const override;
+  void loadState(const OptimizerState &state) override;
+
+  const std::vector<at::Tensor> &params() const override { return params_; }
   /// exp_avg / exp_avg_sq of param i (for checkpoints and tests).
   const at::Tensor &expAvg(size_t i) const { return expAvg_[i]; }
   const at::Tensor &expAvgSq(size_t i) const { return expAvgSq_[i]; }

@@ -33,6 +33,8 @@
 #define BMT_RUNTIME_OPTIM_OFFLOADADAM_H
 
 #include "bmt/Runtime/optim/AdamW.h"
+#include "bmt/Runtime/optim/HostGradients.h"
+#include "bmt/Runtime/optim/Optimizer.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Event.h>
@@ -44,36 +46,7 @@
 
 namespace bmt::runtime {
 
-/// Where an OffloadAdamW finds its parameters' gradients in host memory
-/// (ZeroStorage with --offload-optimizer; a test double in unit tests).
-class HostGradientSource {
-public:
-  virtual ~HostGradientSource();
-  /// The parameters (indices) whose gradient of the current step has been
-  /// or is being copied to host memory, in the order the copies were
-  /// started. Parameters without a gradient this step are not listed.
-  virtual std::vector<size_t> hostGradientOrder() const = 0;
-  /// Blocks the calling thread until the host copy of parameter i's
-  /// gradient is complete and returns it: a CPU tensor [numel of param i]
-  /// of the master's dtype (float32; float64 for a float64 parameter),
-  /// pinned when the parameters are on CUDA. The optimizer scales it in
-  /// place; the next step's copy overwrites it.
-  virtual at::Tensor waitHostGradient(size_t i) = 0;
-};
-
-/// The dtype of the master copy and moments of a parameter of `dtype`:
-/// float32 for float32/bfloat16/float16, float64 for float64.
-c10::ScalarType masterDtype(c10::ScalarType dtype);
-
-/// An uninitialized contiguous CPU tensor [numel] of `dtype`, in page-locked
-/// memory when `pinned` (cudaHostAlloc of exactly its bytes, freed with
-/// cudaFreeHost when the last tensor using it goes; LibTorch's caching host
-/// allocator would round every buffer up to a power of two, up to twice
-/// the memory for the large, long-lived buffers of an offloaded optimizer).
-/// Throws c10::Error when pinned memory cannot be allocated.
-at::Tensor emptyHostTensor(int64_t numel, c10::ScalarType dtype, bool pinned);
-
-class OffloadAdamW {
+class OffloadAdamW : public Optimizer {
 public:
   /// `params`: the device tensors the optimizer keeps updated (float32,
   /// float64, bfloat16 or float16; all on one device; contiguous), e.g. a
@@ -86,7 +59,7 @@ public:
   OffloadAdamW(std::vector<at::Tensor> params, AdamWConfig config,
                HostGradientSource &gradients);
   /// Waits for the uploads still in flight (the masters they read die here).
-  ~OffloadAdamW();
+  ~OffloadAdamW() override;
   OffloadAdamW(const OffloadAdamW &) = delete;
   OffloadAdamW &operator=(const OffloadAdamW &) = delete;
 
@@ -112,11 +85,22 @@ public:
   void step(double lr, const std::optional<at::Tensor> &foundInf,
             const std::optional<at::Tensor> &lossScale, const at::Tensor &gradNorm,
             double maxNorm);
+  /// The same step through the Optimizer interface (StepInputs' fields are
+  /// the arguments above; gradNorm may be absent when maxNorm <= 0).
+  void step(const StepInputs &inputs) override;
 
   /// Sets every device parameter's grad to undefined (as AdamW::zeroGrad).
-  void zeroGrad();
+  void zeroGrad() override;
 
-  const std::vector<at::Tensor> &params() const { return params_; }
+  /// Tensors "master.<i>", "exp_avg.<i>", "exp_avg_sq.<i>" (host, shape and
+  /// masterDtype of param i), "step.<i>" (float32, 0-dim), and the scalar
+  /// "num_params". The masters are the optimizer's: loadState() also copies
+  /// them into the device parameters (rounding bf16/fp16 ones), so that the
+  /// parameters are the masters' values as after a step.
+  OptimizerState state() const override;
+  void loadState(const OptimizerState &state) override;
+
+  const std::vector<at::Tensor> &params() const override { return params_; }
   /// Host state of param i (for checkpoints and tests).
   const at::Tensor &master(size_t i) const { return masters_[i]; }
   const at::Tensor &expAvg(size_t i) const { return expAvg_[i]; }

@@ -40,7 +40,7 @@
 #include "bmt/Plan/Archive.h"
 #include "bmt/Runtime/comm/Comm.h"
 #include "bmt/Runtime/exec/Executor.h"
-#include "bmt/Runtime/optim/OffloadAdam.h"
+#include "bmt/Runtime/optim/HostGradients.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Event.h>
