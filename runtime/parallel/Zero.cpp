@@ -75,8 +75,6 @@ struct ZeroStorage::Group {
 
 namespace {
 
-int64_t generation = 0; // forward passes started (beginForward)
-
 /// Holds a pointer in saved_data.
 IValue pointerValue(void *p) { return IValue(static_cast<int64_t>(reinterpret_cast<intptr_t>(p))); }
 template <typename T> T *pointerOf(const IValue &v) {
@@ -550,9 +548,9 @@ at::Tensor ZeroStorage::global(int64_t index) {
   while (g.info->members[member] != index)
     ++member;
   if (c10::GradMode::is_enabled()) {
-    if (g.linkedGeneration != generation) {
+    if (g.linkedGeneration != generation_) {
       g.linked = GatherFunction::apply(g.shard, this, g.index);
-      g.linkedGeneration = generation;
+      g.linkedGeneration = generation_;
     }
     return g.linked[member];
   }
@@ -611,7 +609,7 @@ std::vector<IValue> ZeroStorage::callBlock(const plan::Instruction &inst, const 
   return results;
 }
 
-void ZeroStorage::beginForward() { ++generation; }
+void ZeroStorage::beginForward() { ++generation_; }
 
 c10::ScalarType ZeroStorage::reduceDtype(const Group &g) const {
   return reduceDtype_ ? *reduceDtype_ : g.info->dtype;

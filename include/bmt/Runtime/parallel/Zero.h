@@ -197,6 +197,9 @@ private:
   };
   std::deque<PendingGradient> pendingGradients_;
   std::optional<c10::ScalarType> reduceDtype_;
+  /// Forward passes started (beginForward); a group's parameters are linked
+  /// to its shard once per pass.
+  int64_t generation_ = 0;
   // Offloading (see the constructor and finishGradients).
   bool offload_ = false;
   int64_t microBatchesPerStep_ = 1;
