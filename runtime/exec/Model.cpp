@@ -5,6 +5,7 @@
 
 #include "bmt/Runtime/optim/AdamW.h"
 #include "bmt/Runtime/optim/OffloadAdam.h"
+#include "bmt/Runtime/parallel/Storage.h"
 #include "bmt/Runtime/parallel/Zero.h"
 
 #include <ATen/ops/ones_like.h>
@@ -34,13 +35,15 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
       total += t.nbytes();
   if (plan_.zeroStage != 0) {
     int64_t groupBytes = 0;
-    zero_ = std::make_unique<ZeroStorage>(archive, device_, *world_,
-                                          [&](int64_t d, int64_t t) {
-                                            groupBytes = t;
-                                            if (progress)
-                                              progress(d, t + total);
-                                          },
-                                          options.offloadOptimizer);
+    auto zero = std::make_unique<ZeroStorage>(archive, device_, *world_,
+                                              [&](int64_t d, int64_t t) {
+                                                groupBytes = t;
+                                                if (progress)
+                                                  progress(d, t + total);
+                                              },
+                                              options.offloadOptimizer);
+    zero_ = zero.get();
+    storage_ = std::move(zero);
     done = groupBytes;
     total += groupBytes;
     parameters_ = zero_->shards();
@@ -64,9 +67,11 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
     if (progress)
       progress(done, total);
   }
+  if (!storage_)
+    storage_ = std::make_unique<ReplicatedStorage>(parameters_, *world_);
   executor_ = std::make_unique<Executor>(plan_, std::move(tensors), device_);
   if (zero_)
-    executor_->setHooks(zero_.get());
+    executor_->setHooks(zero_);
   const plan::Function &entry = plan_.functions[plan_.entry];
   for (size_t i = 0; i < entry.resultNames.size(); ++i)
     if (entry.resultNames[i] == "logits") {
@@ -106,42 +111,17 @@ std::vector<c10::IValue> Model::run(const ModelInputs &given) {
                            "with those inputs");
     }
   }
-  if (!zero_)
-    return executor_->run(inputs);
-  zero_->beginForward();
+  storage_->beginForward();
   std::vector<c10::IValue> results = executor_->run(inputs);
-  if (!c10::GradMode::is_enabled())
-    zero_->releaseAll();
+  storage_->endForward(c10::GradMode::is_enabled());
   return results;
 }
 
-void Model::synchronizeGradients() {
-  if (zero_) {
-    zero_->finishGradients();
-    return;
-  }
-  if (world_->size() == 1)
-    return;
-  for (at::Tensor &p : parameters_) {
-    if (!p.grad().defined())
-      p.mutable_grad() = at::zeros_like(p);
-    world_->allReduce(p.mutable_grad())->wait();
-    p.mutable_grad().div_(static_cast<double>(world_->size()));
-  }
-}
+void Model::synchronizeGradients() { storage_->synchronizeGradients(); }
 
-at::Tensor Model::gradNorm() {
-  if (zero_)
-    return zero_->gradNorm();
-  return runtime::clipGradNorm(parameters_, /*maxNorm=*/0.0); // the norm only
-}
+at::Tensor Model::gradNorm() { return storage_->gradNorm(); }
 
-void Model::afterOptimizerStep() {
-  if (!zero_)
-    return;
-  zero_->refreshFromMasters();
-  zero_->releaseAll();
-}
+void Model::afterOptimizerStep() { storage_->afterOptimizerStep(); }
 
 bool Model::offloadsOptimizer() const { return zero_ && zero_->offloadsOptimizer(); }
 
@@ -173,8 +153,7 @@ at::ScalarType Model::parameterDtype() const {
 }
 
 void Model::setReduceDtype(std::optional<at::ScalarType> dtype) {
-  if (zero_)
-    zero_->setReduceDtype(dtype);
+  storage_->setReduceDtype(dtype);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Model::fullParameters(bool gradients) {

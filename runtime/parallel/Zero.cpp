@@ -611,6 +611,16 @@ std::vector<IValue> ZeroStorage::callBlock(const plan::Instruction &inst, const 
 
 void ZeroStorage::beginForward() { ++generation_; }
 
+void ZeroStorage::endForward(bool gradMode) {
+  if (!gradMode)
+    releaseAll();
+}
+
+void ZeroStorage::afterOptimizerStep() {
+  refreshFromMasters();
+  releaseAll();
+}
+
 c10::ScalarType ZeroStorage::reduceDtype(const Group &g) const {
   return reduceDtype_ ? *reduceDtype_ : g.info->dtype;
 }

@@ -22,6 +22,7 @@
 
 namespace bmt::runtime {
 
+class ParameterStorage;
 class ZeroStorage;
 class HostGradientSource;
 class Optimizer;
@@ -147,7 +148,8 @@ private:
   at::Device device_;
   std::unique_ptr<Comm> ownWorld_;
   Comm *world_ = nullptr;
-  std::unique_ptr<ZeroStorage> zero_;
+  std::unique_ptr<ParameterStorage> storage_; ///< replicated, or zero_
+  ZeroStorage *zero_ = nullptr;               ///< storage_ under ZeRO, else null
   std::unique_ptr<Executor> executor_;
   std::vector<at::Tensor> parameters_;
   std::vector<std::string> parameterNames_;

@@ -41,6 +41,7 @@
 #include "bmt/Runtime/comm/Comm.h"
 #include "bmt/Runtime/exec/Executor.h"
 #include "bmt/Runtime/optim/HostGradients.h"
+#include "bmt/Runtime/parallel/Storage.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Event.h>
@@ -58,7 +59,7 @@
 
 namespace bmt::runtime {
 
-class ZeroStorage : public ExecutorHooks, public HostGradientSource {
+class ZeroStorage : public ExecutorHooks, public HostGradientSource, public ParameterStorage {
 public:
   /// Reads this rank's shard of every storage group of `archive`'s plan
   /// (plan.zeroStage must be 2 or 3) onto `device`; the shards become
@@ -86,9 +87,17 @@ public:
   std::vector<c10::IValue> callBlock(const plan::Instruction &inst, const Run &run,
                                      std::vector<c10::IValue> args) override;
 
+  // ParameterStorage.
   /// Starts a new forward pass: the next use of each group under grad mode
   /// links its parameters to the shard anew.
-  void beginForward();
+  void beginForward() override;
+  /// Without grad mode, frees the gathered buffers (releaseAll).
+  void endForward(bool gradMode) override;
+  /// finishGradients().
+  void synchronizeGradients() override { finishGradients(); }
+  /// refreshFromMasters(), then releaseAll() (the gathered buffers are stale).
+  void afterOptimizerStep() override;
+
   /// Waits for the gradient reduce-scatters the backward started, all-reduces
   /// them across replicas (hybrid sharding), averages over all ranks and
   /// adds them to the shards' gradients. Call after the last backward of a
@@ -120,7 +129,7 @@ public:
   /// The dtype gradients are reduce-scattered in: `dtype`, or (nullopt,
   /// the default) each group's own dtype. float32 for bf16/fp16 groups
   /// reduces in full precision (--reduce-dtype float32).
-  void setReduceDtype(std::optional<c10::ScalarType> dtype) { reduceDtype_ = dtype; }
+  void setReduceDtype(std::optional<c10::ScalarType> dtype) override { reduceDtype_ = dtype; }
 
   /// The trainable shards, one per group: [shardSize] of the group's dtype,
   /// requires_grad; their .grad() is this rank's slice of the gradient
@@ -136,7 +145,7 @@ public:
   const std::vector<std::string> &shardNames() const { return shardNames_; }
   /// Global L2 norm of the gradients over all ranks (a float64 tensor of one
   /// element on the device), without a host synchronisation. Collective.
-  at::Tensor gradNorm();
+  at::Tensor gradNorm() override;
   /// The full value of grouped parameter `index` (a new CPU tensor), or its
   /// full gradient with `gradient` (zeros when none). Collective: every
   /// rank calls it for the same tensors in the same order.
