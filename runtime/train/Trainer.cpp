@@ -1,6 +1,7 @@
 //===- Trainer.cpp - the training and evaluation loops --------------------===//
 
 #include "bmt/Runtime/train/Trainer.h"
+#include "bmt/Runtime/optim/LossScaler.h"
 #include "bmt/Runtime/optim/Optimizer.h"
 #include "bmt/Runtime/train/Profile.h"
 

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Runtime/optim/AdamW.h"
+#include "bmt/Runtime/optim/LossScaler.h"
 
 #include "RandomTensor.h"
 

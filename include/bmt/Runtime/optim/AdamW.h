@@ -78,31 +78,6 @@ private:
   AdamWConfig config_;
 };
 
-/// Dynamic loss scaling with BMTrain's OptimManager rules: start at
-/// `initial`; a step with inf/NaN gradients divides the scale by `factor`
-/// (not below `minScale`) and restarts the count of clean steps; after
-/// `window` clean steps in a row the scale is multiplied by `factor`.
-/// The scale and the count live in tensors on `device` and update() runs
-/// there, so that a training step needs no host synchronisation for it.
-/// Throws std::invalid_argument unless initial > 0, factor >= 1,
-/// window >= 1 and 0 < minScale <= initial.
-class LossScaler {
-public:
-  LossScaler(double initial, double factor = 2, int64_t window = 1024, double minScale = 1,
-             c10::Device device = c10::kCPU);
-  /// The current scale: a float64 tensor of one element on the device.
-  const at::Tensor &scale() const { return scale_; }
-  /// Records a step's outcome (`foundInf`: one element, non-zero for a step
-  /// with inf/NaN gradients, any floating dtype, on the device) and moves
-  /// the scale to the next step's. Asynchronous on CUDA.
-  void update(const at::Tensor &foundInf);
-
-private:
-  at::Tensor scale_, clean_;
-  double factor_, minScale_;
-  int64_t window_;
-};
-
 /// The global L2 norm of the grads of `params` (undefined grads count as 0)
 /// as a float64 tensor of one element on the first grad's device (CPU when
 /// there is none); then, if maxNorm > 0, multiplies every grad in place by
