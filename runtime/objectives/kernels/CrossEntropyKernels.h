@@ -2,7 +2,7 @@
 //
 // Launchers of the fused softmax cross-entropy kernels (CrossEntropy.cu),
 // on raw device pointers so that the CUDA file needs no LibTorch headers.
-// The autograd function around them is in runtime/CrossEntropy.cpp.
+// The autograd function around them is in runtime/objectives/CrossEntropy.cpp.
 //
 //===----------------------------------------------------------------------===//
 
