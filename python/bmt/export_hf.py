@@ -76,7 +76,7 @@ def _first_line(e):
 
 def span_corruption_target_length(encoder_len, density=0.15, mean_span=3.0):
     """The target length bmt-run's span corruption gives an encoder input of
-    encoder_len tokens at its default settings (runtime/Corruption.cpp:
+    encoder_len tokens at its default settings (runtime/objectives/Corruption.cpp:
     spanCorruptionWindow, then spanCorruptionLengths; round() rounds half to
     even as there)."""
     def sizes(window):

@@ -10,8 +10,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "bmt/Runtime/Comm.h"
-#include "bmt/Runtime/Rendezvous.h"
+#include "bmt/Runtime/comm/Comm.h"
+#include "bmt/Runtime/comm/Rendezvous.h"
 
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>

@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "bmt/Runtime/Corruption.h"
+#include "bmt/Runtime/objectives/Corruption.h"
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>

@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "bmt/Runtime/CrossEntropy.h"
+#include "bmt/Runtime/objectives/CrossEntropy.h"
 
 #include <ATen/Context.h>
 #include <ATen/ops/cross_entropy_loss.h>

@@ -5,7 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "bmt/Runtime/LRSchedule.h"
+#include "bmt/Runtime/optim/LRSchedule.h"
 
 #include <gtest/gtest.h>
 

@@ -13,8 +13,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "bmt/Runtime/OffloadAdam.h"
-#include "bmt/Runtime/Optimizer.h"
+#include "bmt/Runtime/optim/OffloadAdam.h"
+#include "bmt/Runtime/optim/AdamW.h"
+
+#include "RandomTensor.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/empty.h>
@@ -34,16 +36,7 @@ namespace {
 
 using namespace bmt::runtime;
 
-at::Tensor randomTensor(at::IntArrayRef shape, at::ScalarType dtype, uint64_t seed,
-                        double scale = 1.0) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal;
-  at::Tensor t = at::empty(shape, at::kDouble);
-  double *data = t.data_ptr<double>();
-  for (int64_t i = 0; i < t.numel(); ++i)
-    data[i] = normal(rng) * scale;
-  return t.to(dtype);
-}
+using bmt::test::randomTensor;
 
 /// Gradients handed to the optimizer as a ZeroStorage would: flat copies,
 /// in a given order; records which ones were waited for.

@@ -6,7 +6,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "bmt/Runtime/Optimizer.h"
+#include "bmt/Runtime/optim/AdamW.h"
+#include "bmt/Runtime/optim/LossScaler.h"
+
+#include "RandomTensor.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -24,16 +27,7 @@ using bmt::runtime::AdamW;
 using bmt::runtime::AdamWConfig;
 using bmt::runtime::clipGradNorm;
 
-/// Normal random values (std::mt19937_64, independent of ATen's RNG).
-at::Tensor randomTensor(at::IntArrayRef shape, at::ScalarType dtype, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal;
-  at::Tensor t = at::empty(shape, at::kDouble);
-  double *data = t.data_ptr<double>();
-  for (int64_t i = 0; i < t.numel(); ++i)
-    data[i] = normal(rng);
-  return t.to(dtype);
-}
+using bmt::test::randomTensor;
 
 double maxAbsDiff(const at::Tensor &a, const at::Tensor &b) {
   return a.to(at::kDouble).sub(b.to(at::kDouble)).abs().max().item<double>();

@@ -6,7 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "bmt/Runtime/TokenData.h"
+#include "bmt/Runtime/data/TokenData.h"
 
 #include <ATen/ops/empty.h>
 #include <gtest/gtest.h>

@@ -3,7 +3,7 @@
 #include "Run.h"
 
 #include "bmt/Plan/Plan.h"
-#include "bmt/Runtime/CrossEntropy.h"
+#include "bmt/Runtime/objectives/CrossEntropy.h"
 #include "bmt/Support/ErrorText.h"
 
 #include <ATen/ops/ones_like.h>

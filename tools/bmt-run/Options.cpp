@@ -2,7 +2,7 @@
 
 #include "Options.h"
 
-#include "bmt/Runtime/LRSchedule.h"
+#include "bmt/Runtime/optim/LRSchedule.h"
 
 #include <cmath>
 #include <functional>

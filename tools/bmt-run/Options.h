@@ -9,7 +9,7 @@
 #ifndef BMT_TOOLS_BMTRUN_OPTIONS_H
 #define BMT_TOOLS_BMTRUN_OPTIONS_H
 
-#include "bmt/Runtime/Trainer.h"
+#include "bmt/Runtime/train/Trainer.h"
 
 #include <c10/core/ScalarType.h>
 

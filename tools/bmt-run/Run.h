@@ -12,10 +12,10 @@
 
 #include "Options.h"
 
-#include "bmt/Runtime/Corruption.h"
-#include "bmt/Runtime/Model.h"
-#include "bmt/Runtime/TokenData.h"
-#include "bmt/Runtime/Trainer.h"
+#include "bmt/Runtime/objectives/Corruption.h"
+#include "bmt/Runtime/exec/Model.h"
+#include "bmt/Runtime/data/TokenData.h"
+#include "bmt/Runtime/train/Trainer.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>

@@ -14,12 +14,12 @@
 #include "bmt/Support/ErrorText.h"
 
 #include "bmt/Plan/Archive.h"
-#include "bmt/Runtime/Corruption.h"
-#include "bmt/Runtime/Model.h"
-#include "bmt/Runtime/OffloadAdam.h"
-#include "bmt/Runtime/Rendezvous.h"
-#include "bmt/Runtime/Safetensors.h"
-#include "bmt/Runtime/Trainer.h"
+#include "bmt/Runtime/objectives/Corruption.h"
+#include "bmt/Runtime/exec/Model.h"
+#include "bmt/Runtime/optim/OffloadAdam.h"
+#include "bmt/Runtime/comm/Rendezvous.h"
+#include "bmt/Runtime/io/Safetensors.h"
+#include "bmt/Runtime/train/Trainer.h"
 
 #include <ATen/Context.h>
 #include <ATen/ops/empty.h>

@@ -1,0 +1,108 @@
+//===- TokenData.h - memory-mapped token files ------------------*- C++ -*-===//
+//
+// Reads the token files written by bmt-prepare-data (python/bmt): PREFIX.bin
+// (flat little-endian uint16 or uint32 token ids) with PREFIX.json beside it
+// ({"format": "bmt-tokens", "version": 1, "dtype", "num_tokens",
+// "vocab_size", "eos_id", "mask_id", "pad_id", "sentinel_ids", ...}). The
+// .bin is mmap-ed read-only; batches are copied out of it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BMT_RUNTIME_DATA_TOKENDATA_H
+#define BMT_RUNTIME_DATA_TOKENDATA_H
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace bmt::runtime {
+
+/// Bad data: missing file, bad metadata, wrong size or dtype, a token id
+/// outside the vocabulary, a file shorter than one sequence. The message
+/// names the file.
+class DataError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+class TokenFile {
+public:
+  /// Opens `path`, either PREFIX.bin or PREFIX.json (the other is found
+  /// beside it; a bare PREFIX works too). Checks that the metadata's format
+  /// and version are known, that dtype is uint16 or uint32, that
+  /// num_tokens, vocab_size and eos_id are integers (mask_id, pad_id:
+  /// integer or null; sentinel_ids: absent, null or a list of integers),
+  /// eos_id, mask_id and the sentinel ids < vocab_size, and the .bin size is
+  /// num_tokens times its item size. Throws DataError otherwise.
+  explicit TokenFile(const std::string &path);
+  ~TokenFile();
+  TokenFile(const TokenFile &) = delete;
+  TokenFile &operator=(const TokenFile &) = delete;
+
+  int64_t numTokens() const { return numTokens_; }
+  int64_t vocabSize() const { return vocabSize_; } ///< of the tokenizer
+  int64_t eosId() const { return eosId_; }
+  std::optional<int64_t> maskId() const { return maskId_; }
+  std::optional<int64_t> padId() const { return padId_; }
+  /// The tokenizer's span-corruption sentinels <extra_id_0>, <extra_id_1>,
+  /// ... in that order (T5's tokenizers); empty when it has none.
+  const std::vector<int64_t> &sentinelIds() const { return sentinelIds_; }
+  const std::string &binPath() const { return binPath_; }
+
+  /// Token `i` (0 <= i < numTokens(); std::out_of_range otherwise).
+  int64_t token(int64_t i) const;
+
+  /// Throws DataError naming the file, the position and the id if any token
+  /// id is >= modelVocab (scans the whole file once).
+  void checkIds(int64_t modelVocab) const;
+
+  /// Tokens [start, start + length) as an int64 CPU tensor [length]
+  /// (std::out_of_range if not inside the file).
+  at::Tensor slice(int64_t start, int64_t length) const;
+
+private:
+  std::string binPath_, jsonPath_;
+  int64_t numTokens_ = 0, vocabSize_ = 0, eosId_ = 0;
+  std::optional<int64_t> maskId_, padId_;
+  std::vector<int64_t> sentinelIds_;
+  int itemSize_ = 2;
+  const uint8_t *data_ = nullptr;
+  size_t mappedBytes_ = 0;
+};
+
+/// Draws training batches of `batch` windows of `seqLen + 1` consecutive
+/// tokens at uniformly random offsets (seeded), from this rank's part of the
+/// file: with `numParts` data-parallel ranks, part `part` is the
+/// [part/numParts, (part+1)/numParts) fraction of the tokens.
+class BatchSampler {
+public:
+  /// Throws DataError when the part holds fewer than seqLen + 1 tokens,
+  /// std::invalid_argument for batch or seqLen < 1 or a part outside
+  /// [0, numParts). Offsets are drawn by rejection from the generator's raw
+  /// output: the same batches for a seed with any standard library.
+  BatchSampler(const TokenFile &file, int64_t batch, int64_t seqLen,
+               uint64_t seed, int64_t part = 0, int64_t numParts = 1);
+
+  /// int64 CPU tensor [batch, seqLen + 1].
+  at::Tensor next();
+
+  /// The i-th of the file's consecutive, non-overlapping windows
+  /// [batch, seqLen + 1] (for evaluation: deterministic, covers the part in
+  /// order); numSequentialBatches() of them fit (std::out_of_range beyond).
+  at::Tensor sequential(int64_t i) const;
+  int64_t numSequentialBatches() const;
+
+private:
+  const TokenFile &file_;
+  int64_t batch_, seqLen_, begin_, end_;
+  std::mt19937_64 rng_;
+};
+
+} // namespace bmt::runtime
+
+#endif // BMT_RUNTIME_DATA_TOKENDATA_H

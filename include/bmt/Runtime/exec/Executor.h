@@ -1,0 +1,98 @@
+//===- Executor.h - run a plan through the ATen dispatcher ------*- C++ -*-===//
+//
+// Executes the plan's functions instruction by instruction, calling each
+// operator through c10::Dispatcher (so autograd records the graph exactly as
+// in eager PyTorch); no TorchScript interpreter is involved. The few
+// TorchScript-only operators a trace contains (aten::Int, aten::Float,
+// aten::ScalarImplicit, aten::dim) and prim::NumToTensor are implemented here.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BMT_RUNTIME_EXEC_EXECUTOR_H
+#define BMT_RUNTIME_EXEC_EXECUTOR_H
+
+#include "bmt/Plan/Plan.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace bmt::runtime {
+
+/// An operator failed, or the plan cannot run. The message names the
+/// function, the operator and its source location.
+class ExecutionError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+/// What the executor delegates to the ZeRO runtime (Zero.h): the values of
+/// sharded parameters, the plan's gather/release instructions and the calls
+/// of blocks (which may be checkpointed). Without hooks every tensor comes
+/// from the executor's own list, gather/release do nothing and blocks are
+/// plain calls.
+class ExecutorHooks {
+public:
+  virtual ~ExecutorHooks();
+  /// The value of plan tensor `index`, a member of a storage group (plan
+  /// TensorInfo::group >= 0): its shape and dtype, on the run device.
+  virtual at::Tensor global(int64_t index) = 0;
+  /// Instruction Gather / Release of storage group `group`.
+  virtual void gather(int64_t group) = 0;
+  virtual void release(int64_t group) = 0;
+  /// Runs the call `inst` of a block: `run(args)` executes the callee.
+  using Run = std::function<std::vector<c10::IValue>(std::vector<c10::IValue>)>;
+  virtual std::vector<c10::IValue> callBlock(const plan::Instruction &inst, const Run &run,
+                                             std::vector<c10::IValue> args) = 0;
+};
+
+class Executor {
+public:
+  /// Prepares `plan` to run on `device`: resolves every operator's schema
+  /// and converts constant arguments to the schema's types. Device constants
+  /// in the program (a trace records "cpu") are replaced by `device`. On a
+  /// GPU, aten::to copies of host tensors to the device are made from
+  /// pinned memory without blocking the host (a trace's host constants).
+  /// `tensors` are the plan's parameters and buffers, by plan index, already
+  /// on `device`; the executor reads them at every run, so the caller may
+  /// replace their contents (optimizer steps) in place.
+  /// Throws ExecutionError for an operator LibTorch does not have.
+  Executor(const plan::Plan &plan, std::vector<at::Tensor> tensors,
+           at::Device device);
+  ~Executor();
+
+  /// Runs the entry function. `inputs` are its arguments in order
+  /// (input_ids: int64 [batch, seq]; attention_mask: int64 [batch, seq]);
+  /// returns its results (logits: float [batch, seq, vocab]). Autograd is
+  /// recorded when parameters require grad and grad mode is on.
+  /// Throws ExecutionError naming the failing operator.
+  std::vector<c10::IValue> run(const std::vector<c10::IValue> &inputs);
+
+  /// Routes sharded parameters, gather/release and block calls to `hooks`
+  /// (not owned; must outlive the executor's runs). Null: no ZeRO.
+  void setHooks(ExecutorHooks *hooks) { hooks_ = hooks; }
+
+  /// The parameters and buffers, by plan index (undefined for members of
+  /// storage groups, which the hooks provide).
+  std::vector<at::Tensor> &tensors() { return tensors_; }
+  const plan::Plan &plan() const { return plan_; }
+
+private:
+  struct Prepared;
+  std::vector<c10::IValue> call(size_t function, std::vector<c10::IValue> args);
+
+  const plan::Plan &plan_;
+  std::vector<at::Tensor> tensors_;
+  at::Device device_;
+  ExecutorHooks *hooks_ = nullptr;
+  std::vector<std::vector<std::unique_ptr<Prepared>>> prepared_; // [function][instruction]
+};
+
+} // namespace bmt::runtime
+
+#endif // BMT_RUNTIME_EXEC_EXECUTOR_H

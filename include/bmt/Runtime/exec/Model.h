@@ -1,0 +1,172 @@
+//===- Model.h - a compiled model ready to run ------------------*- C++ -*-===//
+//
+// Loads sharded.pt (its plan and weights) onto a device and runs its
+// forward pass through the Executor; computes the training objective.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BMT_RUNTIME_EXEC_MODEL_H
+#define BMT_RUNTIME_EXEC_MODEL_H
+
+#include "bmt/Plan/Archive.h"
+#include "bmt/Runtime/comm/Comm.h"
+#include "bmt/Runtime/exec/Executor.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace bmt::runtime {
+
+class ParameterStorage;
+class ZeroStorage;
+class HostGradientSource;
+class Optimizer;
+struct AdamWConfig;
+
+struct ModelOptions {
+  /// Keep the optimizer's float32 masters and moments in host memory
+  /// (bmt-run --offload-optimizer; OffloadAdam.h): the ZeRO storage keeps no
+  /// master copies on the device and copies each group's gradient to host
+  /// memory during the backward. Needs a plan with storage groups.
+  bool offloadOptimizer = false;
+};
+
+/// What bmt-run gives a model's forward, by the names of the forward's
+/// parameters (the names transformers' models use). int64 tensors on the
+/// model's device.
+struct ModelInputs {
+  at::Tensor inputIds;      ///< "input_ids" [batch, seq]
+  at::Tensor attentionMask; ///< "attention_mask" [batch, seq]; undefined: all ones
+  /// "decoder_input_ids" [batch, target seq] of an encoder-decoder (T5):
+  /// the target shifted right (Corruption.h shiftRight). A forward that
+  /// also takes "decoder_attention_mask" gets all ones of this shape.
+  at::Tensor decoderInputIds;
+};
+
+class Model {
+public:
+  /// Loads `archive` onto `device` for this rank of `world` (null: a single
+  /// process). A plan with storage groups (ZeRO-2/3) becomes a ZeroStorage:
+  /// this rank reads only its shard of each group; tensors outside groups
+  /// are read whole by every rank. Without groups every rank holds every
+  /// parameter and gradients are all-reduced (plain data parallelism).
+  /// Trainable parameters become autograd leaves. `progress(done, total)`
+  /// is called with this rank's bytes read so far.
+  /// Collective when world has several ranks. Throws plan::PlanError for a
+  /// bad archive, ExecutionError for a plan that cannot run (or offloading
+  /// the optimizer without storage groups), CommError.
+  Model(plan::Archive &archive, at::Device device, Comm *world = nullptr,
+        const std::function<void(int64_t, int64_t)> &progress = nullptr,
+        const ModelOptions &options = {});
+  ~Model();
+
+  /// Runs forward on `inputs`. Returns the logits, float [batch, seq,
+  /// vocab] (the result named "logits", else the first result; for an
+  /// encoder-decoder seq is the decoder's length). Collective under ZeRO.
+  /// Throws ExecutionError when the forward takes an input that `inputs`
+  /// lacks (decoder_input_ids) or that bmt-run never provides, naming it.
+  at::Tensor forward(const ModelInputs &inputs);
+  /// forward({inputIds, attentionMask}) of a model without a decoder.
+  at::Tensor forward(const at::Tensor &inputIds, const at::Tensor &attentionMask) {
+    return forward(ModelInputs{inputIds, attentionMask, {}});
+  }
+
+  /// Runs forward and returns every result with its name ("logits",
+  /// "last_hidden_state", ...; "result<i>" where the program names none).
+  std::vector<std::pair<std::string, c10::IValue>> forwardAll(const ModelInputs &inputs);
+
+  /// Whether the forward takes decoder_input_ids (an encoder-decoder such
+  /// as T5, trained with span corruption).
+  bool isEncoderDecoder() const;
+
+  /// Whether the forward has a result named "logits" (a language-model head).
+  bool hasLogits() const { return hasLogits_; }
+
+  /// What the optimizer updates: the distinct trainable parameters (tied
+  /// ones once) in plan order, or under ZeRO this rank's shard of each
+  /// storage group ([shard size], one per group).
+  const std::vector<at::Tensor> &parameters() const { return parameters_; }
+  /// Their names (the plan's symbol names, or the groups' names), same order.
+  const std::vector<std::string> &parameterNames() const { return parameterNames_; }
+
+  /// Makes every rank's gradients the average over ranks: under ZeRO waits
+  /// for the reduce-scatters the backward started and adds them to the
+  /// shards' gradients; without ZeRO all-reduces every gradient. Call after
+  /// the last backward of a step. Collective.
+  void synchronizeGradients();
+  /// Global L2 norm of the gradients over all ranks (a float64 tensor of
+  /// one element on the model's device, computed without a host
+  /// synchronisation). The optimizers apply the clipping (AdamW::step).
+  /// Collective.
+  at::Tensor gradNorm();
+  /// After an optimizer step: copies the float32 masters of low-precision
+  /// ZeRO shards into the shards; gathered ZeRO buffers are stale; free them.
+  void afterOptimizerStep();
+
+  /// Whether the optimizer's state lives in host memory
+  /// (ModelOptions::offloadOptimizer). Then parameters() are the ZeRO
+  /// shards on the device in their own dtype (bf16/fp16 ones with float32
+  /// gradients) and the optimizer is an OffloadAdamW over them fed by
+  /// hostGradients().
+  bool offloadsOptimizer() const;
+  /// Offloading: the host copies of the gradients of parameters(), and the
+  /// number of backward passes (micro-batches) per optimizer step, after
+  /// which a group's gradient is complete and copied to the host.
+  HostGradientSource &hostGradients(int64_t microBatchesPerStep);
+  /// The optimizer of parameters(): an OffloadAdamW fed by
+  /// hostGradients(microBatchesPerStep) when offloadsOptimizer(), else
+  /// AdamW on the device. Throws as their constructors and hostGradients().
+  std::unique_ptr<Optimizer> makeOptimizer(const AdamWConfig &config,
+                                           int64_t microBatchesPerStep);
+
+  /// Mixed precision: the dtype of the model's floating-point parameters
+  /// (the first one in plan order; float32 when there is none).
+  at::ScalarType parameterDtype() const;
+  /// The dtype ZeRO reduce-scatters gradients in (nullopt: each storage
+  /// group's own dtype). Without ZeRO storage groups this does nothing.
+  void setReduceDtype(std::optional<at::ScalarType> dtype);
+
+  /// Every trainable parameter's full value (or gradient, with
+  /// `gradients`; parameters without one are skipped) by plan name, CPU
+  /// copies; under ZeRO gathered from the shards. Collective.
+  std::vector<std::pair<std::string, at::Tensor>> fullParameters(bool gradients = false);
+
+  /// Elements in all distinct trainable parameters (of the whole model).
+  int64_t numParameters() const;
+  const plan::Plan &plan() const { return plan_; }
+  at::Device device() const { return device_; }
+  /// The communicator of all ranks (a local one for a single process).
+  Comm &world() { return *world_; }
+
+private:
+  plan::Plan plan_;
+  at::Device device_;
+  std::unique_ptr<Comm> ownWorld_;
+  Comm *world_ = nullptr;
+  std::unique_ptr<ParameterStorage> storage_; ///< replicated, or zero_
+  ZeroStorage *zero_ = nullptr;               ///< storage_ under ZeRO, else null
+  std::unique_ptr<Executor> executor_;
+  std::vector<at::Tensor> parameters_;
+  std::vector<std::string> parameterNames_;
+  size_t logitsIndex_ = 0;
+  bool hasLogits_ = false;
+  std::vector<c10::IValue> run(const ModelInputs &inputs);
+};
+
+/// The language-modelling loss, mean over positions whose label is not -100:
+/// cross-entropy of logits [batch, seq, vocab] against labels [batch, seq]
+/// (int64). With `shift`, position t predicts label t+1 (causal LM, as
+/// transformers' ForCausalLMLoss); without, position t predicts label t
+/// (masked LM). Computed in float32 or wider (crossEntropy(): fused CUDA
+/// kernels on the GPU).
+at::Tensor languageModelLoss(const at::Tensor &logits, const at::Tensor &labels,
+                             bool shift);
+
+} // namespace bmt::runtime
+
+#endif // BMT_RUNTIME_EXEC_MODEL_H

@@ -1,0 +1,222 @@
+//===- Zero.h - ZeRO-3/2 sharded parameters at run time ---------*- C++ -*-===//
+//
+// Holds each storage group of the plan (Plan.h) as this rank's 1/N shard and
+// drives the plan's schedule, as BMTrain's DistributedParameter /
+// CheckpointBlock / TransformerBlockList do by hand:
+//
+//   - loading: rank r reads only its contiguous range of each group's record
+//     (Archive::readGroupRange); tensors outside groups are read whole;
+//   - forward: `bmt.all_gather` starts gathering a group's flat buffer
+//     (asynchronously; the prefetch), a parameter's first use waits for it,
+//     `bmt.release` frees the buffer (ZeRO-3);
+//   - backward: a released block is gathered again before its backward runs
+//     and the `prefetch depth` blocks before it are prefetched; when a
+//     group's gradient is complete its reduce-scatter starts (overlapping the
+//     backward of the blocks before it) and the gathered buffer is freed;
+//     finishGradients() adds the results (all-reduced across replicas under
+//     hybrid sharding) to the shards' gradients;
+//   - checkpointed blocks run without autograd in forward and are recomputed
+//     (same RNG state) in backward, as torch.utils.checkpoint's reentrant
+//     variant;
+//   - the optimizer updates the shards; clipping uses the global norm.
+//   - with the optimizer offloaded (OffloadAdam.h), each group's gradient
+//     is copied to host memory as soon as its last reduce-scatter of the
+//     step has finished, on a copy stream, while the backward of the blocks
+//     before it runs; there are no float32 master copies on the device.
+//
+// Gradients are averaged over all ranks (each rank runs its own slice of
+// the global batch), so N ranks with micro-batch b train exactly as one
+// process with micro-batch N*b.
+//
+// Rank layout (hybrid sharding with shard group size G, world size W):
+// shard group s = ranks [s*G, (s+1)*G), shard rank = rank % G; replica group
+// of shard rank k = ranks {k, k+G, ...}. G = 0 means G = W.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BMT_RUNTIME_PARALLEL_ZERO_H
+#define BMT_RUNTIME_PARALLEL_ZERO_H
+
+#include "bmt/Plan/Archive.h"
+#include "bmt/Runtime/comm/Comm.h"
+#include "bmt/Runtime/exec/Executor.h"
+#include "bmt/Runtime/optim/HostGradients.h"
+#include "bmt/Runtime/parallel/Storage.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+
+#include <deque>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace bmt::runtime {
+
+class ZeroStorage : public ExecutorHooks, public HostGradientSource, public ParameterStorage {
+public:
+  /// Reads this rank's shard of every storage group of `archive`'s plan
+  /// (plan.zeroStage must be 2 or 3) onto `device`; the shards become
+  /// autograd leaves. `world` is the communicator of all ranks; the shard
+  /// and replica communicators are split from it (collective: every rank
+  /// constructs its ZeroStorage at the same time). `progress(done, total)`
+  /// reports bytes read of this rank's share.
+  /// `offloadOptimizer`: the optimizer keeps its state in host memory
+  /// (OffloadAdamW over shards(), fed by this storage as its
+  /// HostGradientSource): bf16/fp16 groups get no float32 master on the
+  /// device, and every group's gradient is copied to a host buffer when
+  /// it is complete (see setMicroBatchesPerStep).
+  /// Throws plan::PlanError for a bad archive, CommError when the world size
+  /// is not a multiple of the plan's shard group size (naming both) or a
+  /// collective fails.
+  ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
+              const std::function<void(int64_t, int64_t)> &progress = nullptr,
+              bool offloadOptimizer = false);
+  ~ZeroStorage() override;
+
+  // ExecutorHooks.
+  at::Tensor global(int64_t index) override;
+  void gather(int64_t group) override;
+  void release(int64_t group) override;
+  std::vector<c10::IValue> callBlock(const plan::Instruction &inst, const Run &run,
+                                     std::vector<c10::IValue> args) override;
+
+  // ParameterStorage.
+  /// Starts a new forward pass: the next use of each group under grad mode
+  /// links its parameters to the shard anew.
+  void beginForward() override;
+  /// Without grad mode, frees the gathered buffers (releaseAll).
+  void endForward(bool gradMode) override;
+  /// finishGradients().
+  void synchronizeGradients() override { finishGradients(); }
+  /// refreshFromMasters(), then releaseAll() (the gathered buffers are stale).
+  void afterOptimizerStep() override;
+
+  /// Waits for the gradient reduce-scatters the backward started, all-reduces
+  /// them across replicas (hybrid sharding), averages over all ranks and
+  /// adds them to the shards' gradients. Call after the last backward of a
+  /// step, before reading the gradients. Collective.
+  /// Offloading, each reduce-scatter is processed this way on the copy
+  /// stream while the backward still runs (when the next one starts), and
+  /// a group's gradient is copied to its host buffer after its
+  /// micro-batches-per-step-th reduce-scatter of the step; this call
+  /// processes the rest, copies the gradients of the groups that had fewer
+  /// and makes the compute stream wait for the copy stream (the device
+  /// gradients may then be modified in place: fp16 unscaling).
+  void finishGradients();
+  /// Offloading: the backward passes (micro-batches) of one optimizer step,
+  /// so that a group's gradient goes to the host as soon as it is complete
+  /// (default 1). A step "starts" at the first reduce-scatter after
+  /// finishGradients().
+  void setMicroBatchesPerStep(int64_t n) { microBatchesPerStep_ = n; }
+  bool offloadsOptimizer() const { return offload_; }
+
+  // HostGradientSource (offloading): parameter i is shards()[i].
+  std::vector<size_t> hostGradientOrder() const override { return hostOrder_; }
+  at::Tensor waitHostGradient(size_t i) override;
+  /// Frees every gathered buffer (after an optimizer step the buffers are
+  /// stale; after a forward without grad nothing needs them).
+  void releaseAll();
+  /// Copies every float32 master into its low-precision shard (rounding);
+  /// call after the optimizer updated the masters.
+  void refreshFromMasters();
+  /// The dtype gradients are reduce-scattered in: `dtype`, or (nullopt,
+  /// the default) each group's own dtype. float32 for bf16/fp16 groups
+  /// reduces in full precision (--reduce-dtype float32).
+  void setReduceDtype(std::optional<c10::ScalarType> dtype) override { reduceDtype_ = dtype; }
+
+  /// The trainable shards, one per group: [shardSize] of the group's dtype,
+  /// requires_grad; their .grad() is this rank's slice of the gradient
+  /// averaged over all ranks. The padding elements stay zero. For a group
+  /// of dtype bfloat16/float16 it is the shard's float32 master copy (mixed
+  /// precision, as BMTrain): its gradient is float32, the optimizer updates
+  /// it, and refreshFromMasters() copies it into the low-precision shard
+  /// that is gathered for forward and backward. Offloading, it is the shard
+  /// itself for every dtype (the masters live in host memory, in the
+  /// OffloadAdamW), and the gradient of a bf16/fp16 shard is float32.
+  const std::vector<at::Tensor> &shards() const { return shards_; }
+  /// Their names (the groups' names).
+  const std::vector<std::string> &shardNames() const { return shardNames_; }
+  /// Global L2 norm of the gradients over all ranks (a float64 tensor of one
+  /// element on the device), without a host synchronisation. Collective.
+  at::Tensor gradNorm() override;
+  /// The full value of grouped parameter `index` (a new CPU tensor), or its
+  /// full gradient with `gradient` (zeros when none). Collective: every
+  /// rank calls it for the same tensors in the same order.
+  at::Tensor gatherParameter(int64_t index, bool gradient = false);
+
+  /// Elements in the groups' real (unpadded) buffers, counting each
+  /// parameter once.
+  int64_t numParameters() const;
+  Comm &world() { return world_; }
+
+private:
+  struct Group;
+  friend struct GatherFunction;
+  friend struct RegatherFunction;
+  friend struct CheckpointFunction;
+
+  void startGather(Group &g);
+  void ensureGathered(Group &g);
+  void freeBuffer(Group &g);
+  /// Gathers the groups of block `blockIndex` of `list` (waiting) and
+  /// starts the gathers of the `prefetchDepth` blocks before it: the
+  /// backward order.
+  void prepareBackward(const std::string &list, int64_t blockIndex);
+  /// Member tensors aliasing group g's gathered buffer (no autograd).
+  std::vector<at::Tensor> memberViews(Group &g);
+  /// Starts reduce-scattering the full gradient `flat` of group g
+  /// (finishGradients adds the result to the shard's gradient).
+  void startReduceGradient(Group &g, const at::Tensor &flat);
+  struct PendingGradient;
+  /// Waits for a reduce-scatter and adds its result to the gradient
+  /// (offloading: on the copy stream; then the host copy when complete).
+  void addGradient(PendingGradient &p);
+  /// Offloading: copies group g's gradient to g.hostGrad (called on the
+  /// copy stream).
+  void copyGradientToHost(Group &g);
+  /// The dtype of group g's gradient: float32 for bf16/fp16 (their
+  /// masters'), else the group's.
+  c10::ScalarType gradientDtype(const Group &g) const;
+  const std::vector<int64_t> &blockGroups(const std::string &list, int64_t index) const;
+  c10::ScalarType reduceDtype(const Group &g) const;
+
+  const plan::Plan &plan_;
+  at::Device device_;
+  Comm &world_;
+  std::unique_ptr<Comm> shardComm_, replicaComm_;
+  std::vector<std::unique_ptr<Group>> groups_;
+  std::vector<at::Tensor> shards_;
+  std::vector<std::string> shardNames_;
+  std::map<std::pair<std::string, int64_t>, std::vector<int64_t>> blocks_;
+  struct PendingGradient {
+    int64_t group = 0;
+    at::Tensor flat; ///< the reduce-scatter's input (kept for the copy stream's use)
+    at::Tensor out;
+    std::shared_ptr<Work> work;
+    /// Offloading on CUDA: recorded on the compute stream after the
+    /// collective was issued (the local backend copies on that stream).
+    std::optional<c10::Event> issued;
+  };
+  std::deque<PendingGradient> pendingGradients_;
+  std::optional<c10::ScalarType> reduceDtype_;
+  /// Forward passes started (beginForward); a group's parameters are linked
+  /// to its shard once per pass.
+  int64_t generation_ = 0;
+  // Offloading (see the constructor and finishGradients).
+  bool offload_ = false;
+  int64_t microBatchesPerStep_ = 1;
+  bool stepOpen_ = false;         ///< a reduce-scatter came after the last finishGradients
+  std::vector<size_t> hostOrder_; ///< groups whose gradient went to the host this step
+  std::optional<c10::Stream> copyStream_; ///< CUDA: gradient accumulation and D2H copies
+};
+
+} // namespace bmt::runtime
+
+#endif // BMT_RUNTIME_PARALLEL_ZERO_H

@@ -1,0 +1,176 @@
+//===- Trainer.h - the training and evaluation loops ------------*- C++ -*-===//
+
+#ifndef BMT_RUNTIME_TRAIN_TRAINER_H
+#define BMT_RUNTIME_TRAIN_TRAINER_H
+
+#include "bmt/Runtime/objectives/Corruption.h"
+#include "bmt/Runtime/optim/LRSchedule.h"
+#include "bmt/Runtime/exec/Model.h"
+#include "bmt/Runtime/optim/AdamW.h"
+#include "bmt/Runtime/data/TokenData.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+namespace bmt::runtime {
+
+/// Training must stop: a NaN/inf loss, a bad batch. The message names the step.
+class TrainingError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+/// What a model is trained to predict from a token window.
+enum class Objective {
+  CausalLM,       ///< each next token (decoder-only models)
+  MaskedLM,       ///< BERT's masked tokens (maskTokens)
+  SpanCorruption, ///< T5's corrupted spans, by an encoder-decoder (spanCorruption)
+};
+
+/// The objective named as the plan and --objective spell it ("causal-lm",
+/// "masked-lm", "span-corruption"); none for another name.
+std::optional<Objective> parseObjective(const std::string &name);
+/// The plan's / --objective's spelling of `objective`.
+const char *objectiveName(Objective objective);
+
+/// The objective a model trains with: `requested` when given, else
+/// span corruption for an encoder-decoder (a forward taking
+/// decoder_input_ids), else the plan's (`planObjective`, from
+/// plan::objectiveFor; older plans say "causal-lm" for encoder-decoders).
+/// Throws std::invalid_argument when the request does not fit the model (an
+/// encoder-decoder trains only with span corruption, and only it does).
+Objective objectiveForModel(std::optional<Objective> requested, bool encoderDecoder,
+                            const std::string &planObjective);
+
+struct TrainConfig {
+  int64_t steps = 1;
+  int64_t gradAccum = 1;   ///< micro-batches per optimizer step
+  LRScheduleConfig schedule;
+  AdamWConfig adamw;
+  double clipGrad = 1.0;   ///< max global grad norm; 0 = no clipping
+  Objective objective = Objective::CausalLM;
+  int64_t maskId = -1;     ///< masked-LM: the [MASK] token id
+  int64_t vocabSize = 0;   ///< masked-LM: random replacements are drawn from [0, vocabSize)
+  double maskProb = 0.15;
+  SpanCorruptionConfig spanCorruption; ///< span corruption: density, span length, token ids
+  uint64_t seed = 0;
+  int64_t evalEvery = 0;   ///< evaluate every N steps; 0 = after the last only
+  int64_t evalBatches = 0; ///< batches per evaluation; 0 = the whole file
+  int64_t logEvery = 1;    ///< human line every N steps (JSON: every step)
+  /// Profile steps profileFrom..profileTo (0: off) on rank 0 and print the
+  /// per-op table (Profile.h); write the Chrome trace to profileTrace when set.
+  int64_t profileFrom = 0, profileTo = 0;
+  std::string profileTrace;
+  // Dynamic loss scaling (BMTrain's OptimManager): the loss is multiplied
+  // by the scale before backward; a step whose gradients hold an inf/NaN on
+  // any rank is skipped on every rank and the scale divided by the factor
+  // (not below minLossScale); after lossScaleWindow clean steps in a row it
+  // is multiplied by the factor. 0 = off (no scaling, a non-finite gradient
+  // norm stops training).
+  double lossScale = 0;
+  double lossScaleFactor = 2;
+  int64_t lossScaleWindow = 1024;
+  double minLossScale = 1;
+};
+
+/// One micro-batch: token windows, which the objective turns into inputs
+/// and labels, or (encoder-decoders) ready source/target pairs.
+struct MicroBatch {
+  at::Tensor window; ///< int64 [batch, seq + 1], CPU
+  /// Without a window: an encoder-decoder's encoder input [batch, n] and
+  /// target [batch, m] (int64, CPU; -100 labels are ignored), trained
+  /// with teacher forcing (decoder input = shiftRight(labels)).
+  at::Tensor inputIds, labels;
+  /// The rows [rowBegin, rowEnd) this rank trains on when the batch above
+  /// is the global one of all ranks (every rank corrupts all of it the same
+  /// way, then takes its rows, and weights its loss by its share of the
+  /// predicted tokens: N ranks train as one process with the whole batch).
+  /// rowEnd -1: every row is this rank's own.
+  int64_t rowBegin = 0, rowEnd = -1;
+};
+
+/// Loss and perplexity over held-out data.
+struct EvalResult {
+  double loss = 0;       ///< mean cross-entropy per predicted token (nats)
+  double perplexity = 0; ///< exp(loss)
+  int64_t tokens = 0;    ///< predicted tokens
+};
+
+/// Runs the optimizer loop on `model` (on every rank of model.world(), each
+/// with its own slice of the global batch; only rank 0 prints and logs): for each step, gradAccum micro-batches
+/// from `nextMicroBatch` (token windows [batch, seq + 1]: the model reads
+/// the first seq tokens; causal-LM predicts tokens 1..seq, masked-LM the
+/// masked ones of the first seq; span corruption turns the whole window of
+/// seq + 1 tokens into an encoder input and a target; or ready
+/// encoder-decoder pairs), AdamW, the LR schedule, clipping.
+/// Prints one line per logEvery steps to `out` and a JSON line per step and
+/// per evaluation to `jsonLog` (when given). Evaluates on `evalData` (when
+/// given) every evalEvery steps and after the last step.
+/// Throws TrainingError when a loss or a gradient norm is not finite,
+/// naming the step.
+///
+/// A step queues its work without host synchronisation (inputs copied from
+/// pinned memory, clipping, loss-scale checks and the optimizer on the
+/// device); on CUDA it is reported (its loss read, printed and logged) once
+/// the next step has been queued, so a non-finite loss is found after its
+/// update has been applied: training stops and nothing is saved.
+/// Diagnostic: BMT_DEBUG_SYNC=1 makes any synchronising CUDA call inside a
+/// step after the first an error (c10's sync debug mode).
+///
+/// Test hook: with the environment variable BMT_DEBUG_INJECT_INF_STEP=k
+/// (and optionally BMT_DEBUG_INJECT_INF_RANK=r, default 0) rank r writes an
+/// inf into its first gradient after the gradients of step k are
+/// synchronized, as an fp16 overflow would (tests of loss scaling).
+class Trainer {
+public:
+  Trainer(Model &model, TrainConfig config, std::ostream &out, std::ostream *jsonLog);
+
+  void train(const std::function<MicroBatch()> &nextMicroBatch,
+             const TokenFile *evalData, int64_t seqLen, int64_t microBatch);
+
+  /// Loss of the model on `data` in sequential windows [microBatch, seqLen+1]
+  /// (at most maxBatches; 0 = all), without gradients; the windows are
+  /// divided over the ranks and the sums all-reduced (collective).
+  EvalResult evaluate(const TokenFile &data, int64_t seqLen, int64_t microBatch,
+                      int64_t maxBatches);
+
+  /// Prints (rank 0) an evaluation's line "eval  step N | val loss ... |
+  /// val ppl ... | N tokens" and writes its JSON line ({"kind": "eval",
+  /// "step", "val_loss", "val_ppl", "tokens"}; non-finite values as null);
+  /// step 0 for an evaluation without training.
+  void reportEvaluation(int64_t step, const EvalResult &result);
+
+  /// The losses of every step so far (mean over its micro-batches).
+  const std::vector<double> &losses() const { return losses_; }
+  /// The current loss scale (0 when loss scaling is off).
+  double lossScale() const { return lossScale_; }
+
+private:
+  struct PendingStep;
+  /// Loss of one micro-batch window, forward only (grad mode decides
+  /// autograd): the mean over its predicted tokens (a scalar on the
+  /// device), their number, and the tokens the model read (the encoder's
+  /// for an encoder-decoder).
+  struct MicroBatchLoss {
+    at::Tensor loss;
+    int64_t predicted = 0, inputTokens = 0;
+  };
+  MicroBatchLoss microBatchLoss(const MicroBatch &batch, std::mt19937_64 &rng);
+
+  Model &model_;
+  TrainConfig config_;
+  std::ostream &out_;
+  std::ostream *jsonLog_;
+  std::vector<double> losses_;
+  double lossScale_ = 0;
+};
+
+} // namespace bmt::runtime
+
+#endif // BMT_RUNTIME_TRAIN_TRAINER_H

@@ -1,0 +1,333 @@
+//===- Executor.cpp - run a plan through the ATen dispatcher --------------===//
+
+#include "bmt/Runtime/exec/Executor.h"
+
+#include "bmt/Support/ErrorText.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ScalarOps.h>
+#include <c10/util/Exception.h>
+
+#include <functional>
+
+using c10::IValue;
+
+namespace bmt::runtime {
+
+namespace {
+
+/// Operators TorchScript registers outside the dispatcher.
+using Native = std::function<IValue(std::vector<IValue> &)>;
+
+const Native *findNative(const std::string &name) {
+  static const std::map<std::string, Native> natives = {
+      {"aten::Int.Tensor",
+       [](std::vector<IValue> &a) { return IValue(a[0].toTensor().item<int64_t>()); }},
+      {"aten::Float.Tensor",
+       [](std::vector<IValue> &a) { return IValue(a[0].toTensor().item<double>()); }},
+      {"aten::Bool.Tensor",
+       [](std::vector<IValue> &a) { return IValue(a[0].toTensor().item<bool>()); }},
+      {"aten::ScalarImplicit",
+       [](std::vector<IValue> &a) { return IValue(a[0].toTensor().item()); }},
+      {"aten::dim",
+       [](std::vector<IValue> &a) { return IValue(a[0].toTensor().dim()); }},
+  };
+  auto it = natives.find(name);
+  return it == natives.end() ? nullptr : &it->second;
+}
+
+/// The element type of a list schema type (unwrapping Optional), or null.
+c10::TypePtr listElementType(const c10::TypePtr &type) {
+  c10::TypePtr t = type;
+  if (auto optional = t->cast<c10::OptionalType>())
+    t = optional->getElementType();
+  if (auto list = t->cast<c10::ListType>())
+    return list->getElementType();
+  return nullptr;
+}
+
+/// A list IValue typed as the schema wants it (int[] -> List<int64_t>, ...).
+IValue typedList(const std::vector<IValue> &elements, const c10::TypePtr &elementType) {
+  switch (elementType->kind()) {
+  case c10::TypeKind::IntType:
+  case c10::TypeKind::SymIntType: {
+    c10::List<int64_t> l;
+    for (const IValue &e : elements)
+      l.push_back(e.toInt());
+    return l;
+  }
+  case c10::TypeKind::FloatType: {
+    c10::List<double> l;
+    for (const IValue &e : elements)
+      l.push_back(e.toDouble());
+    return l;
+  }
+  case c10::TypeKind::BoolType: {
+    c10::List<bool> l;
+    for (const IValue &e : elements)
+      l.push_back(e.toBool());
+    return l;
+  }
+  case c10::TypeKind::TensorType: {
+    c10::List<at::Tensor> l;
+    for (const IValue &e : elements)
+      l.push_back(e.toTensor());
+    return l;
+  }
+  case c10::TypeKind::OptionalType: {
+    c10::List<std::optional<at::Tensor>> l;
+    for (const IValue &e : elements)
+      l.push_back(e.isNone() ? std::optional<at::Tensor>() : e.toTensor());
+    return l;
+  }
+  default:
+    throw ExecutionError("unsupported list element type " + elementType->repr_str());
+  }
+}
+
+bool hasRegister(const plan::Arg &arg) {
+  if (arg.kind == plan::Arg::Kind::Register)
+    return true;
+  for (const plan::Arg &e : arg.elements)
+    if (hasRegister(e))
+      return true;
+  return false;
+}
+
+} // namespace
+
+/// An instruction ready to run: resolved operator, typed constants.
+struct Executor::Prepared {
+  std::optional<c10::OperatorHandle> op;
+  const Native *native = nullptr;
+  std::vector<c10::TypePtr> argTypes;   // schema argument types (Aten)
+  std::vector<std::optional<IValue>> fixed; // constant args, already typed
+  /// aten::to to the run device (a GPU): the index of its non_blocking
+  /// argument, and of its target device for to.dtype_layout (-1: none).
+  int nonBlocking = -1, targetDevice = -1;
+};
+
+Executor::Executor(const plan::Plan &plan, std::vector<at::Tensor> tensors,
+                   at::Device device)
+    : plan_(plan), tensors_(std::move(tensors)), device_(device) {
+  if (tensors_.size() != plan.tensors.size())
+    throw ExecutionError("executor: " + std::to_string(tensors_.size()) +
+                         " tensors given, the plan has " +
+                         std::to_string(plan.tensors.size()));
+  // Constants: device constants become the run device; other values are kept.
+  std::function<IValue(const IValue &)> retarget = [&](const IValue &v) -> IValue {
+    if (v.isDevice())
+      return IValue(device_);
+    if (v.isTensor() && v.toTensor().dim() > 0)
+      return IValue(v.toTensor().to(device_));
+    if (v.isList()) {
+      c10::impl::GenericList out(c10::AnyType::get());
+      for (const IValue &e : v.toListRef())
+        out.push_back(retarget(e));
+      return out;
+    }
+    return v;
+  };
+  std::function<IValue(const plan::Arg &)> constantValue = [&](const plan::Arg &a) {
+    if (a.kind == plan::Arg::Kind::List) {
+      c10::impl::GenericList out(c10::AnyType::get());
+      for (const plan::Arg &e : a.elements)
+        out.push_back(constantValue(e));
+      return IValue(out);
+    }
+    return retarget(a.constant);
+  };
+
+  for (const plan::Function &f : plan.functions) {
+    prepared_.emplace_back();
+    for (const plan::Instruction &inst : f.body) {
+      auto p = std::make_unique<Prepared>();
+      if (inst.kind == plan::Instruction::Kind::Constant) {
+        p->fixed.push_back(constantValue(inst.args.at(0)));
+      } else if (inst.kind == plan::Instruction::Kind::Aten) {
+        size_t ns = inst.op.find("::");
+        size_t dot = inst.op.find('.', ns == std::string::npos ? 0 : ns + 2);
+        std::string name = inst.op.substr(0, dot);
+        std::string overload = dot == std::string::npos ? "" : inst.op.substr(dot + 1);
+        p->native = findNative(inst.op);
+        if (!p->native) {
+          p->op = c10::Dispatcher::singleton().findSchema({name, overload});
+          if (!p->op)
+            throw ExecutionError("operator " + inst.op + " (in " + f.name +
+                                 ") is not available in this LibTorch");
+          const auto &args = p->op->schema().arguments();
+          if (args.size() != inst.args.size())
+            throw ExecutionError("operator " + inst.op + " takes " +
+                                 std::to_string(args.size()) + " arguments, the plan gives " +
+                                 std::to_string(inst.args.size()));
+          for (const c10::Argument &a : args)
+            p->argTypes.push_back(a.type());
+          // A trace copies host tensors it made (torch.tensor(0.0) in a
+          // mask, say) to the device with aten::to; on a GPU that copy is
+          // made from pinned memory without blocking (see call()).
+          if (device_.is_cuda() && name == "aten::to" &&
+              (overload == "device" || overload == "dtype_layout" || overload == "other"))
+            for (size_t i = 0; i < args.size(); ++i) {
+              if (args[i].name() == "non_blocking")
+                p->nonBlocking = static_cast<int>(i);
+              if (overload == "dtype_layout" && args[i].name() == "device")
+                p->targetDevice = static_cast<int>(i);
+            }
+        }
+        for (size_t i = 0; i < inst.args.size(); ++i) {
+          const plan::Arg &a = inst.args[i];
+          if (hasRegister(a)) {
+            p->fixed.emplace_back();
+            continue;
+          }
+          IValue v = constantValue(a);
+          if (v.isList() && !p->argTypes.empty()) {
+            if (c10::TypePtr elementType = listElementType(p->argTypes[i])) {
+              std::vector<IValue> elements(v.toListRef().begin(), v.toListRef().end());
+              v = typedList(elements, elementType);
+            }
+          }
+          p->fixed.push_back(std::move(v));
+        }
+      }
+      prepared_.back().push_back(std::move(p));
+    }
+  }
+}
+
+Executor::~Executor() = default;
+
+ExecutorHooks::~ExecutorHooks() = default;
+
+std::vector<IValue> Executor::run(const std::vector<IValue> &inputs) {
+  return call(static_cast<size_t>(plan_.entry), inputs);
+}
+
+std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
+  const plan::Function &f = plan_.functions[index];
+  if (args.size() != f.params.size())
+    throw ExecutionError(f.name + " takes " + std::to_string(f.params.size()) +
+                         " arguments, got " + std::to_string(args.size()));
+  std::vector<IValue> regs(static_cast<size_t>(f.numRegisters));
+  for (size_t i = 0; i < args.size(); ++i)
+    regs[f.params[i]] = std::move(args[i]);
+
+  std::function<IValue(const plan::Arg &, const c10::TypePtr &)> value =
+      [&](const plan::Arg &a, const c10::TypePtr &type) -> IValue {
+    switch (a.kind) {
+    case plan::Arg::Kind::Register:
+      return regs[a.reg];
+    case plan::Arg::Kind::Constant:
+      return a.constant;
+    case plan::Arg::Kind::List: {
+      c10::TypePtr elementType = type ? listElementType(type) : nullptr;
+      std::vector<IValue> elements;
+      for (const plan::Arg &e : a.elements)
+        elements.push_back(value(e, elementType));
+      if (!elementType)
+        throw ExecutionError("a list argument where the schema wants none");
+      return typedList(elements, elementType);
+    }
+    }
+    return IValue();
+  };
+
+  for (size_t n = 0; n < f.body.size(); ++n) {
+    const plan::Instruction &inst = f.body[n];
+    Prepared &p = *prepared_[index][n];
+    try {
+      switch (inst.kind) {
+      case plan::Instruction::Kind::Global:
+        regs[inst.results[0]] = hooks_ && plan_.tensors[inst.target].group >= 0
+                                    ? hooks_->global(inst.target)
+                                    : tensors_[inst.target];
+        break;
+      case plan::Instruction::Kind::Gather:
+        if (hooks_)
+          hooks_->gather(inst.target);
+        break;
+      case plan::Instruction::Kind::Release:
+        if (hooks_)
+          hooks_->release(inst.target);
+        break;
+      case plan::Instruction::Kind::Constant:
+        regs[inst.results[0]] = *p.fixed[0];
+        break;
+      case plan::Instruction::Kind::NumToTensor:
+        regs[inst.results[0]] =
+            at::scalar_to_tensor(regs[inst.args[0].reg].toScalar());
+        break;
+      case plan::Instruction::Kind::Call: {
+        std::vector<IValue> callArgs;
+        for (const plan::Arg &a : inst.args)
+          callArgs.push_back(regs[a.reg]);
+        std::vector<IValue> results;
+        if (hooks_ && !inst.blockList.empty()) {
+          size_t target = static_cast<size_t>(inst.target);
+          results = hooks_->callBlock(
+              inst, [this, target](std::vector<IValue> a) { return call(target, std::move(a)); },
+              std::move(callArgs));
+        } else {
+          results = call(inst.target, std::move(callArgs));
+        }
+        for (size_t i = 0; i < inst.results.size(); ++i)
+          regs[inst.results[i]] = std::move(results[i]);
+        break;
+      }
+      case plan::Instruction::Kind::Aten: {
+        std::vector<IValue> stack;
+        stack.reserve(inst.args.size());
+        for (size_t i = 0; i < inst.args.size(); ++i)
+          stack.push_back(p.fixed[i] ? *p.fixed[i]
+                                     : value(inst.args[i], p.argTypes.empty()
+                                                               ? nullptr
+                                                               : p.argTypes[i]));
+        if (p.native) {
+          regs[inst.results.at(0)] = (*p.native)(stack);
+          break;
+        }
+        if (p.nonBlocking >= 0 && stack[0].isTensor() && stack[0].toTensor().is_cpu() &&
+            (p.targetDevice < 0 || stack[p.targetDevice].isDevice()) &&
+            !stack[0].toTensor().is_pinned()) {
+          // A host-to-device copy from pageable memory blocks the host until
+          // the device is idle; from pinned memory it is queued (the caching
+          // host allocator keeps the block until the copy has run).
+          stack[0] = stack[0].toTensor().pin_memory();
+          stack[p.nonBlocking] = true;
+        }
+        p.op->callBoxed(stack);
+        if (stack.size() == 1 && stack[0].isTensorList() && inst.results.size() != 1) {
+          std::vector<at::Tensor> list = stack[0].toTensorVector();
+          if (list.size() != inst.results.size())
+            throw ExecutionError(inst.op + " returned " + std::to_string(list.size()) +
+                                 " tensors, the program unpacks " +
+                                 std::to_string(inst.results.size()));
+          for (size_t i = 0; i < list.size(); ++i)
+            regs[inst.results[i]] = list[i];
+        } else {
+          if (stack.size() != inst.results.size())
+            throw ExecutionError(inst.op + " returned " + std::to_string(stack.size()) +
+                                 " values, the plan expects " +
+                                 std::to_string(inst.results.size()));
+          for (size_t i = 0; i < stack.size(); ++i)
+            regs[inst.results[i]] = std::move(stack[i]);
+        }
+        break;
+      }
+      }
+    } catch (const ExecutionError &) {
+      throw;
+    } catch (const c10::Error &e) {
+      throw ExecutionError(
+          (inst.op.empty() ? std::string("instruction") : inst.op) + " in " + f.name +
+          (inst.location.empty() ? "" : " (" + inst.location + ")") + " failed: " +
+          bmt::firstErrorLine(e.what_without_backtrace()));
+    }
+  }
+  std::vector<IValue> results;
+  for (int64_t r : f.returns)
+    results.push_back(regs[r]);
+  return results;
+}
+
+} // namespace bmt::runtime

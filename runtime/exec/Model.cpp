@@ -1,0 +1,222 @@
+//===- Model.cpp - a compiled model ready to run --------------------------===//
+
+#include "bmt/Runtime/exec/Model.h"
+#include "bmt/Runtime/objectives/CrossEntropy.h"
+
+#include "bmt/Runtime/optim/AdamW.h"
+#include "bmt/Runtime/optim/OffloadAdam.h"
+#include "bmt/Runtime/parallel/Storage.h"
+#include "bmt/Runtime/parallel/Zero.h"
+
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <ATen/ops/cross_entropy_loss.h>
+
+namespace bmt::runtime {
+
+Model::Model(plan::Archive &archive, at::Device device, Comm *world,
+             const std::function<void(int64_t, int64_t)> &progress,
+             const ModelOptions &options)
+    : plan_(archive.plan()), device_(device), world_(world) {
+  if (options.offloadOptimizer && plan_.zeroStage == 0)
+    throw ExecutionError(archive.path() + ": offloading the optimizer needs ZeRO storage "
+                         "groups, and the plan has none (compile with bmt-opt's default "
+                         "pipeline or --bmt-zero)");
+  if (!world_) {
+    ownWorld_ = createLocalComm();
+    world_ = ownWorld_.get();
+  }
+  int64_t total = 0, done = 0;
+  for (const plan::TensorInfo &t : plan_.tensors)
+    if (t.group < 0)
+      total += t.nbytes();
+  if (plan_.zeroStage != 0) {
+    int64_t groupBytes = 0;
+    auto zero = std::make_unique<ZeroStorage>(archive, device_, *world_,
+                                              [&](int64_t d, int64_t t) {
+                                                groupBytes = t;
+                                                if (progress)
+                                                  progress(d, t + total);
+                                              },
+                                              options.offloadOptimizer);
+    zero_ = zero.get();
+    storage_ = std::move(zero);
+    done = groupBytes;
+    total += groupBytes;
+    parameters_ = zero_->shards();
+    parameterNames_ = zero_->shardNames();
+  }
+  std::vector<at::Tensor> tensors;
+  for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+    const plan::TensorInfo &info = plan_.tensors[i];
+    if (info.group >= 0) {
+      tensors.emplace_back();
+      continue;
+    }
+    at::Tensor t = archive.readTensor(i).to(device_);
+    if (info.isParameter && info.requiresGrad) {
+      t.set_requires_grad(true);
+      parameters_.push_back(t);
+      parameterNames_.push_back(info.name);
+    }
+    tensors.push_back(t);
+    done += info.nbytes();
+    if (progress)
+      progress(done, total);
+  }
+  if (!storage_)
+    storage_ = std::make_unique<ReplicatedStorage>(parameters_, *world_);
+  executor_ = std::make_unique<Executor>(plan_, std::move(tensors), device_);
+  if (zero_)
+    executor_->setHooks(zero_);
+  const plan::Function &entry = plan_.functions[plan_.entry];
+  for (size_t i = 0; i < entry.resultNames.size(); ++i)
+    if (entry.resultNames[i] == "logits") {
+      logitsIndex_ = i;
+      hasLogits_ = true;
+    }
+  if (entry.returns.empty())
+    throw ExecutionError("the model's forward returns nothing");
+}
+
+Model::~Model() = default;
+
+std::vector<c10::IValue> Model::run(const ModelInputs &given) {
+  const plan::Function &entry = plan_.functions[plan_.entry];
+  if (!given.inputIds.defined())
+    throw ExecutionError("the model's forward needs input_ids");
+  std::vector<c10::IValue> inputs;
+  for (const std::string &name : entry.paramNames) {
+    if (name == "input_ids") {
+      inputs.emplace_back(given.inputIds);
+    } else if (name == "attention_mask") {
+      inputs.emplace_back(given.attentionMask.defined() ? given.attentionMask
+                                                        : at::ones_like(given.inputIds));
+    } else if (name == "decoder_input_ids") {
+      if (!given.decoderInputIds.defined())
+        throw ExecutionError("the model's forward takes decoder_input_ids (an encoder-decoder): "
+                             "train it with the span-corruption objective, or give "
+                             "decoder_input_ids in --dump's inputs");
+      inputs.emplace_back(given.decoderInputIds);
+    } else if (name == "decoder_attention_mask" && given.decoderInputIds.defined()) {
+      inputs.emplace_back(at::ones_like(given.decoderInputIds));
+    } else {
+      throw ExecutionError("the model's forward takes an input '" + name +
+                           "' that bmt-run does not provide (it provides input_ids, "
+                           "attention_mask, and decoder_input_ids with "
+                           "decoder_attention_mask for encoder-decoders); export the model "
+                           "with those inputs");
+    }
+  }
+  storage_->beginForward();
+  std::vector<c10::IValue> results = executor_->run(inputs);
+  storage_->endForward(c10::GradMode::is_enabled());
+  return results;
+}
+
+void Model::synchronizeGradients() { storage_->synchronizeGradients(); }
+
+at::Tensor Model::gradNorm() { return storage_->gradNorm(); }
+
+void Model::afterOptimizerStep() { storage_->afterOptimizerStep(); }
+
+bool Model::offloadsOptimizer() const { return zero_ && zero_->offloadsOptimizer(); }
+
+HostGradientSource &Model::hostGradients(int64_t microBatchesPerStep) {
+  if (!offloadsOptimizer())
+    throw ExecutionError("the model was loaded without --offload-optimizer: its gradients "
+                         "stay on the device");
+  if (parameters_.size() != zero_->shards().size())
+    throw ExecutionError("offloading the optimizer: " +
+                         std::to_string(parameters_.size() - zero_->shards().size()) +
+                         " trainable parameters are outside the ZeRO storage groups");
+  zero_->setMicroBatchesPerStep(microBatchesPerStep);
+  return *zero_;
+}
+
+std::unique_ptr<Optimizer> Model::makeOptimizer(const AdamWConfig &config,
+                                                int64_t microBatchesPerStep) {
+  if (offloadsOptimizer())
+    return std::make_unique<OffloadAdamW>(parameters_, config,
+                                          hostGradients(microBatchesPerStep));
+  return std::make_unique<AdamW>(parameters_, config);
+}
+
+at::ScalarType Model::parameterDtype() const {
+  for (const plan::TensorInfo &t : plan_.tensors)
+    if (t.isParameter && at::isFloatingType(t.dtype))
+      return t.dtype;
+  return at::kFloat;
+}
+
+void Model::setReduceDtype(std::optional<at::ScalarType> dtype) {
+  storage_->setReduceDtype(dtype);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Model::fullParameters(bool gradients) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+    const plan::TensorInfo &info = plan_.tensors[i];
+    if (!info.isParameter || !info.requiresGrad)
+      continue;
+    if (info.group >= 0) {
+      out.emplace_back(info.name, zero_->gatherParameter(static_cast<int64_t>(i), gradients));
+      continue;
+    }
+    for (size_t k = 0; k < parameters_.size(); ++k)
+      if (parameterNames_[k] == info.name) {
+        at::Tensor t = gradients ? parameters_[k].grad() : parameters_[k].detach();
+        if (t.defined())
+          out.emplace_back(info.name, t.cpu().clone());
+      }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, c10::IValue>>
+Model::forwardAll(const ModelInputs &inputs) {
+  std::vector<c10::IValue> results = run(inputs);
+  const plan::Function &entry = plan_.functions[plan_.entry];
+  std::vector<std::pair<std::string, c10::IValue>> named;
+  for (size_t i = 0; i < results.size(); ++i) {
+    std::string name = i < entry.resultNames.size() ? entry.resultNames[i] : "";
+    named.emplace_back(name.empty() ? "result" + std::to_string(i) : name, results[i]);
+  }
+  return named;
+}
+
+at::Tensor Model::forward(const ModelInputs &inputs) {
+  std::vector<c10::IValue> results = run(inputs);
+  if (!results.at(logitsIndex_).isTensor())
+    throw ExecutionError("the model's logits result is not a tensor");
+  return results[logitsIndex_].toTensor();
+}
+
+bool Model::isEncoderDecoder() const {
+  const plan::Function &entry = plan_.functions[plan_.entry];
+  return std::find(entry.paramNames.begin(), entry.paramNames.end(), "decoder_input_ids") !=
+         entry.paramNames.end();
+}
+
+int64_t Model::numParameters() const {
+  int64_t n = 0;
+  for (const plan::TensorInfo &t : plan_.tensors)
+    if (t.isParameter && t.requiresGrad)
+      n += t.numel();
+  return n;
+}
+
+at::Tensor languageModelLoss(const at::Tensor &logits, const at::Tensor &labels,
+                             bool shift) {
+  at::Tensor l = logits, y = labels;
+  if (shift) {
+    l = l.slice(1, 0, l.size(1) - 1);
+    y = y.slice(1, 1, y.size(1));
+  }
+  return crossEntropy(l.reshape({-1, l.size(-1)}), y.reshape({-1}), /*ignoreIndex=*/-100);
+}
+
+} // namespace bmt::runtime

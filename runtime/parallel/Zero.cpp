@@ -1,0 +1,681 @@
+//===- Zero.cpp - ZeRO-3/2 sharded parameters at run time -----------------===//
+//
+// Each group's gathered buffer lives in one c10::StorageImpl for the whole
+// run; "freeing" it swaps its data pointer for an empty one and "gathering"
+// allocates a new one and fills it. Every tensor that aliases the buffer
+// (the member views handed to operators, and the ones autograd saved for
+// backward) keeps pointing at that StorageImpl, so a buffer freed after the
+// forward and gathered again before the backward is seen by the saved
+// tensors without any bookkeeping. (FSDP1 frees its flat parameters the same
+// way, by resizing their storage to zero.)
+//
+// Offloading the optimizer (--offload-optimizer), the reduce-scatter results
+// are added to the gradients on a copy stream, one reduce-scatter behind the
+// backward (when the next one starts), and a group's gradient is copied to
+// pinned host memory as soon as it is complete, so that the copies overlap
+// the backward of the blocks before it:
+//
+//   compute: bwd(k)  bwd(k-1)  bwd(k-2) ...            [finish] wait(copy) -> norm, ...
+//   nccl:          RS(k)     RS(k-1)   ...
+//   copy:                wait(RS k) acc(k) D2H(k)  wait(RS k-1) acc(k-1) D2H(k-1) ...
+//
+// Caching-allocator safety: a reduce-scatter's input and output are used on
+// the copy stream after it waited for the collective (record_stream(copy));
+// a gradient allocated on the copy stream is used by the compute stream
+// afterwards (record_stream(compute)), so neither block is reused before
+// the other stream is done with it. The host buffers live as long as the
+// storage, whose destructor waits for the copy stream.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bmt/Runtime/parallel/Zero.h"
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <ATen/ops/_foreach_norm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+
+using c10::IValue;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace bmt::runtime {
+
+struct ZeroStorage::Group {
+  int64_t index = 0;
+  const plan::StorageGroup *info = nullptr;
+  plan::ShardRange range;       ///< this rank's elements of the buffer
+  int64_t padded = 0;           ///< shardSize * shard ranks
+  at::Tensor shard;             ///< [shardSize] of the group's dtype: gathered from
+  at::Tensor master;            ///< [shardSize] float32 master of a bf16/fp16 shard
+                                ///< (what the optimizer updates), else undefined
+  c10::intrusive_ptr<c10::StorageImpl> storage; ///< the gathered buffer's bytes
+  at::Tensor full;              ///< [padded] over `storage`
+  std::vector<at::Tensor> views; ///< members over `storage`, no autograd
+  bool live = false;            ///< `storage` holds the gathered values
+  std::shared_ptr<Work> pending; ///< gather in flight
+  int64_t linkedGeneration = -1; ///< forward pass that `linked` belongs to
+  variable_list linked;         ///< members linked to `shard` by a GatherFunction
+  // Offloading:
+  int64_t contributions = 0;    ///< reduce-scatters added to the gradient this step
+  bool onHost = false;          ///< its copy to hostGrad was started this step
+  at::Tensor hostGrad;          ///< [shardSize] of gradientDtype, pinned on CUDA
+  std::optional<c10::Event> hostGradReady; ///< CUDA: after the latest copy to hostGrad
+};
+
+namespace {
+
+/// Holds a pointer in saved_data.
+IValue pointerValue(void *p) { return IValue(static_cast<int64_t>(reinterpret_cast<intptr_t>(p))); }
+template <typename T> T *pointerOf(const IValue &v) {
+  return reinterpret_cast<T *>(static_cast<intptr_t>(v.toInt()));
+}
+
+} // namespace
+
+/// shard -> the group's members, gathered. Backward: the members' gradients
+/// laid out flat, reduce-scattered into the shard's gradient; then the
+/// gathered buffer is freed (nothing of this pass needs it any more).
+struct GatherFunction : torch::autograd::Function<GatherFunction> {
+  static variable_list forward(AutogradContext *ctx, const at::Tensor &shard,
+                               ZeroStorage *zero, int64_t group) {
+    ctx->saved_data["zero"] = pointerValue(zero);
+    ctx->saved_data["group"] = group;
+    ZeroStorage::Group &g = *zero->groups_[group];
+    zero->ensureGathered(g);
+    return zero->memberViews(g);
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto *zero = pointerOf<ZeroStorage>(ctx->saved_data["zero"]);
+    ZeroStorage::Group &g = *zero->groups_[ctx->saved_data["group"].toInt()];
+    at::Tensor flat = at::zeros({g.padded}, g.shard.options().dtype(zero->reduceDtype(g)));
+    for (size_t m = 0; m < grads.size(); ++m)
+      if (grads[m].defined())
+        flat.narrow(0, g.info->offsets[m], grads[m].numel()).copy_(grads[m].reshape({-1}));
+    zero->startReduceGradient(g, flat);
+    zero->freeBuffer(g);
+    // The shard's gradient arrives in finishGradients(), so that this
+    // reduce-scatter overlaps the backward of the blocks before this one.
+    return {at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+/// Identity on a block's outputs whose backward first gathers the block
+/// again (ZeRO-3 released it after the forward) and prefetches the blocks
+/// before it.
+struct RegatherFunction : torch::autograd::Function<RegatherFunction> {
+  // (Tensor lists are passed as at::TensorList: autograd counts only those,
+  // not a std::vector, as tensor inputs.)
+  static variable_list forward(AutogradContext *ctx, at::TensorList outputs, ZeroStorage *zero,
+                               std::string list, int64_t index) {
+    ctx->saved_data["zero"] = pointerValue(zero);
+    ctx->saved_data["list"] = list;
+    ctx->saved_data["index"] = index;
+    return outputs.vec();
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto *zero = pointerOf<ZeroStorage>(ctx->saved_data["zero"]);
+    zero->prepareBackward(ctx->saved_data["list"].toStringRef(),
+                          ctx->saved_data["index"].toInt());
+    grads.push_back(at::Tensor());
+    grads.push_back(at::Tensor());
+    grads.push_back(at::Tensor());
+    return grads;
+  }
+};
+
+/// What a checkpointed block call needs again in backward.
+struct CheckpointState : torch::CustomClassHolder {
+  const plan::Instruction *inst = nullptr;
+  ExecutorHooks::Run run;
+  std::vector<IValue> args;           ///< non-tensor arguments in place, tensors undefined
+  std::vector<size_t> tensorArgs;     ///< positions of the tensor arguments
+  std::vector<IValue> results;        ///< non-tensor results in place
+  std::vector<size_t> tensorResults;  ///< positions of the tensor results
+  at::Tensor rngState;
+  at::Device device{at::kCPU};
+};
+
+/// A block run without autograd in forward and recomputed in backward
+/// (torch.utils.checkpoint, reentrant variant): forward keeps only the
+/// inputs; backward gathers the block, restores the RNG state, runs it again
+/// with autograd and back-propagates through it, which reduce-scatters its
+/// parameters' gradients on the way (GatherFunction).
+struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  static variable_list forward(AutogradContext *ctx, at::TensorList inputs, ZeroStorage *zero,
+                               c10::intrusive_ptr<CheckpointState> state) {
+    ctx->saved_data["zero"] = pointerValue(zero);
+    ctx->saved_data["state"] = IValue::make_capsule(state);
+    ctx->save_for_backward(inputs.vec());
+    state->rngState = at::globalContext().defaultGenerator(state->device).get_state();
+    std::vector<IValue> args = state->args;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      args[state->tensorArgs[i]] = inputs[i];
+    state->results = state->run(std::move(args));
+    variable_list outputs;
+    state->tensorResults.clear();
+    for (size_t i = 0; i < state->results.size(); ++i)
+      if (state->results[i].isTensor()) {
+        state->tensorResults.push_back(i);
+        outputs.push_back(state->results[i].toTensor());
+        state->results[i] = IValue();
+      }
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto *zero = pointerOf<ZeroStorage>(ctx->saved_data["zero"]);
+    auto state = c10::static_intrusive_pointer_cast<CheckpointState>(
+        ctx->saved_data["state"].toCapsule());
+    variable_list saved = ctx->get_saved_variables();
+    zero->prepareBackward(state->inst->blockList, state->inst->blockIndex);
+    for (int64_t g : zero->blockGroups(state->inst->blockList, state->inst->blockIndex))
+      zero->groups_[g]->linkedGeneration = -1; // link anew in the recompute
+
+    variable_list detached;
+    std::vector<IValue> args = state->args;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      at::Tensor d = saved[i].detach();
+      if (saved[i].requires_grad())
+        d.requires_grad_(true);
+      detached.push_back(d);
+      args[state->tensorArgs[i]] = d;
+    }
+    at::Generator generator = at::globalContext().defaultGenerator(state->device);
+    at::Tensor current = generator.get_state();
+    generator.set_state(state->rngState);
+    std::vector<IValue> results;
+    {
+      c10::AutoGradMode enable(true);
+      results = state->run(std::move(args));
+    }
+    generator.set_state(current);
+
+    variable_list outputs, outputGrads;
+    for (size_t k = 0; k < state->tensorResults.size(); ++k) {
+      const IValue &r = results.at(state->tensorResults[k]);
+      if (!r.isTensor() || !grads[k].defined())
+        continue;
+      at::Tensor t = r.toTensor();
+      if (t.requires_grad()) {
+        outputs.push_back(t);
+        outputGrads.push_back(grads[k]);
+      }
+    }
+    if (!outputs.empty())
+      torch::autograd::backward(outputs, outputGrads);
+    variable_list inputGrads;
+    for (const at::Tensor &d : detached)
+      inputGrads.push_back(d.requires_grad() ? d.grad() : at::Tensor());
+    inputGrads.push_back(at::Tensor());
+    inputGrads.push_back(at::Tensor());
+    return inputGrads;
+  }
+};
+
+ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
+                         const std::function<void(int64_t, int64_t)> &progress,
+                         bool offloadOptimizer)
+    : plan_(archive.plan()), device_(device), world_(world), offload_(offloadOptimizer) {
+  if (plan_.zeroStage != 2 && plan_.zeroStage != 3)
+    throw plan::PlanError(archive.path() + ": the plan has no ZeRO storage groups");
+  int64_t worldSize = world.size(), rank = world.rank();
+  int64_t shardSize = plan_.shardGroupSize > 0 ? plan_.shardGroupSize : worldSize;
+  if (worldSize % shardSize != 0)
+    throw CommError("world size " + std::to_string(worldSize) +
+                    " is not a multiple of the plan's shard group size " +
+                    std::to_string(shardSize) + " (hybrid sharding; recompile with "
+                    "--shard-group-size dividing the number of ranks)");
+  shardComm_ = world.split(rank / shardSize, rank, "shard");
+  replicaComm_ = world.split(rank % shardSize, rank, "replica");
+
+  int64_t total = 0, done = 0;
+  std::vector<plan::ShardRange> ranges;
+  for (const plan::StorageGroup &info : plan_.groups) {
+    ranges.push_back(plan::shardRange(info.size, shardComm_->rank(), shardComm_->size()));
+    total += (ranges.back().end - ranges.back().begin) *
+             static_cast<int64_t>(c10::elementSize(info.dtype)) / replicaComm_->size();
+  }
+  for (size_t i = 0; i < plan_.groups.size(); ++i) {
+    const plan::StorageGroup &info = plan_.groups[i];
+    auto g = std::make_unique<Group>();
+    g->index = static_cast<int64_t>(i);
+    g->info = &info;
+    g->range = ranges[i];
+    g->padded = g->range.shardSize * shardComm_->size();
+    at::TensorOptions options = at::TensorOptions().dtype(info.dtype).device(device_);
+    at::Tensor shard = at::zeros({g->range.shardSize}, options);
+    if (replicaComm_->size() == 1) {
+      at::Tensor local = archive.readGroupRange(i, g->range.begin, g->range.end);
+      shard.narrow(0, 0, local.numel()).copy_(local);
+    } else {
+      // Hybrid sharding: the R replicas of a shard each read 1/R of it and
+      // all-gather the rest, so that every rank reads 1/N of the weights.
+      int64_t replicas = replicaComm_->size();
+      plan::ShardRange piece =
+          plan::shardRange(g->range.shardSize, replicaComm_->rank(), replicas);
+      int64_t begin = std::min(g->range.end, g->range.begin + piece.begin);
+      int64_t end = std::min(g->range.end, g->range.begin + piece.end);
+      at::Tensor mine = at::zeros({piece.shardSize}, options);
+      at::Tensor local = archive.readGroupRange(i, begin, end);
+      mine.narrow(0, 0, local.numel()).copy_(local);
+      at::Tensor gathered = at::empty({piece.shardSize * replicas}, options);
+      replicaComm_->allGather(gathered, mine)->wait();
+      shard.copy_(gathered.narrow(0, 0, g->range.shardSize));
+    }
+    shard.set_requires_grad(true); // GatherFunction's input (its gradient stays undefined)
+    g->shard = shard;
+    at::Tensor trainable = shard;
+    if ((info.dtype == at::kBFloat16 || info.dtype == at::kHalf) && !offload_) {
+      // Mixed precision: the optimizer updates a float32 master of the
+      // shard; the shard (what is gathered) is refreshed from it.
+      // (Offloading, the master lives in host memory, in the optimizer.)
+      g->master = shard.detach().to(at::kFloat);
+      g->master.set_requires_grad(true);
+      trainable = g->master;
+    }
+    if (offload_) {
+      g->hostGrad = emptyHostTensor(g->range.shardSize, gradientDtype(*g), device_.is_cuda());
+      if (device_.is_cuda())
+        g->hostGradReady.emplace(device_.type());
+    }
+
+    at::Tensor holder = at::empty({g->padded}, options);
+    g->storage = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
+        holder.storage().unsafeGetStorageImpl());
+    g->full = at::empty({0}, options).set_(holder.storage(), 0, {g->padded}, {1});
+    for (size_t m = 0; m < info.members.size(); ++m) {
+      const plan::TensorInfo &t = plan_.tensors[info.members[m]];
+      std::vector<int64_t> strides(t.shape.size(), 1);
+      for (int64_t d = static_cast<int64_t>(t.shape.size()) - 2; d >= 0; --d)
+        strides[d] = strides[d + 1] * t.shape[d + 1];
+      g->views.push_back(
+          at::empty({0}, options).set_(holder.storage(), info.offsets[m], t.shape, strides));
+    }
+    freeBuffer(*g);
+    if (!info.blockList.empty())
+      blocks_[{info.blockList, info.blockIndex}].push_back(g->index);
+    shards_.push_back(trainable);
+    shardNames_.push_back(info.name);
+    groups_.push_back(std::move(g));
+    done += (ranges[i].end - ranges[i].begin) *
+            static_cast<int64_t>(c10::elementSize(info.dtype)) / replicaComm_->size();
+    if (progress)
+      progress(done, total);
+  }
+  if (offload_ && device_.is_cuda())
+    copyStream_ = c10::impl::VirtualGuardImpl(device_.type())
+                      .getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
+}
+
+ZeroStorage::~ZeroStorage() {
+  for (PendingGradient &p : pendingGradients_) {
+    try {
+      p.work->wait();
+    } catch (...) {
+    }
+  }
+  for (auto &g : groups_)
+    if (g->pending) {
+      try {
+        g->pending->wait();
+      } catch (...) {
+      }
+    }
+  if (copyStream_) {
+    try {
+      copyStream_->synchronize(); // the copies into the host buffers freed here
+    } catch (...) {
+    }
+  }
+}
+
+void ZeroStorage::startGather(Group &g) {
+  if (g.live || g.pending)
+    return;
+  size_t nbytes = static_cast<size_t>(g.padded) * c10::elementSize(g.info->dtype);
+  if (shardComm_->size() == 1 && g.range.shardSize == g.padded) {
+    // One rank holds the whole group: the "gathered" buffer is the shard
+    // itself (a non-owning pointer; freeBuffer drops it), no copy.
+    g.storage->set_data_ptr_noswap(at::DataPtr(g.shard.data_ptr(), device_));
+    g.storage->set_nbytes(nbytes);
+    g.live = true;
+    return;
+  }
+  if (g.storage->nbytes() != nbytes) {
+    g.storage->set_data_ptr_noswap(g.storage->allocator()->allocate(nbytes));
+    g.storage->set_nbytes(nbytes);
+  }
+  g.pending = shardComm_->allGather(g.full, g.shard.detach());
+}
+
+void ZeroStorage::ensureGathered(Group &g) {
+  if (g.live)
+    return;
+  startGather(g);
+  if (g.live) // one rank: the shard itself, nothing to wait for
+    return;
+  std::shared_ptr<Work> work = std::move(g.pending);
+  g.pending.reset();
+  work->wait();
+  g.live = true;
+}
+
+void ZeroStorage::freeBuffer(Group &g) {
+  if (g.pending) {
+    std::shared_ptr<Work> work = std::move(g.pending);
+    g.pending.reset();
+    work->wait();
+  }
+  g.storage->set_data_ptr_noswap(at::DataPtr(nullptr, device_));
+  g.storage->set_nbytes(0);
+  g.live = false;
+}
+
+std::vector<at::Tensor> ZeroStorage::memberViews(Group &g) {
+  // Fresh tensor objects over the same storage (autograd gives each output
+  // of a custom function its own history).
+  std::vector<at::Tensor> out;
+  for (const at::Tensor &v : g.views)
+    out.push_back(at::empty({0}, v.options()).set_(v.storage(), v.storage_offset(), v.sizes(),
+                                                    v.strides()));
+  return out;
+}
+
+void ZeroStorage::startReduceGradient(Group &g, const at::Tensor &flat) {
+  if (offload_ && !stepOpen_) {
+    // The first reduce-scatter of a step.
+    stepOpen_ = true;
+    hostOrder_.clear();
+    for (auto &group : groups_) {
+      group->contributions = 0;
+      group->onHost = false;
+    }
+  }
+  PendingGradient pending;
+  pending.group = g.index;
+  pending.flat = flat;
+  // One rank: the flat gradient is the shard's (the local reduce-scatter
+  // sees the same memory and copies nothing).
+  pending.out = shardComm_->size() == 1 && g.range.shardSize == flat.numel()
+                    ? flat
+                    : at::empty({g.range.shardSize}, flat.options());
+  pending.work = shardComm_->reduceScatter(pending.out, flat);
+  if (copyStream_) {
+    pending.issued.emplace(device_.type());
+    pending.issued->record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+  }
+  pendingGradients_.push_back(std::move(pending));
+  if (!offload_)
+    return;
+  // Offloading: finish the previous reduce-scatter now (on the copy stream,
+  // without blocking the host on CUDA; the CPU backend blocks, but that
+  // collective had the backward of a block to complete).
+  while (pendingGradients_.size() > 1) {
+    PendingGradient p = std::move(pendingGradients_.front());
+    pendingGradients_.pop_front();
+    addGradient(p);
+  }
+}
+
+c10::ScalarType ZeroStorage::gradientDtype(const Group &g) const {
+  c10::ScalarType t = g.info->dtype;
+  return t == at::kBFloat16 || t == at::kHalf ? at::kFloat : t;
+}
+
+void ZeroStorage::addGradient(PendingGradient &p) {
+  Group &g = *groups_[p.group];
+  at::Tensor &param = shards_[g.index];
+  std::optional<c10::Stream> compute;
+  std::optional<c10::StreamGuard> onCopyStream;
+  if (copyStream_) {
+    compute = c10::impl::VirtualGuardImpl(device_.type()).getStream(device_);
+    onCopyStream.emplace(*copyStream_);
+  }
+  // The copy stream follows the compute stream up to the collective's
+  // issue (`flat` was written there; the local backend copies there) and
+  // the collective itself (NCCL: wait() makes the current stream wait).
+  if (p.issued)
+    p.issued->block(*copyStream_);
+  p.work->wait();
+  if (replicaComm_->size() > 1)
+    replicaComm_->allReduce(p.out)->wait();
+  at::Tensor out = p.out.to(gradientDtype(g)); // fp32 accumulation of a master's gradient
+  if (world_.size() > 1)
+    out.div_(static_cast<double>(world_.size()));
+  if (param.grad().defined())
+    param.mutable_grad().add_(out);
+  else
+    param.mutable_grad() = out;
+  if (!offload_)
+    return;
+  if (copyStream_) {
+    p.flat.record_stream(*copyStream_);
+    p.out.record_stream(*copyStream_);
+    param.grad().record_stream(*copyStream_);
+    param.grad().record_stream(*compute);
+  }
+  ++g.contributions;
+  if (g.contributions >= microBatchesPerStep_)
+    copyGradientToHost(g); // complete (a later contribution copies again)
+}
+
+void ZeroStorage::copyGradientToHost(Group &g) {
+  const at::Tensor &grad = shards_[g.index].grad();
+  // Pinned host memory: asynchronous on the (current) copy stream.
+  g.hostGrad.copy_(grad.reshape({-1}), /*non_blocking=*/copyStream_.has_value());
+  if (copyStream_)
+    g.hostGradReady->record(*copyStream_);
+  if (!g.onHost) {
+    g.onHost = true;
+    hostOrder_.push_back(static_cast<size_t>(g.index));
+  }
+}
+
+at::Tensor ZeroStorage::waitHostGradient(size_t i) {
+  Group &g = *groups_.at(i);
+  if (!g.onHost)
+    throw std::logic_error("ZeroStorage: group " + g.info->name +
+                           " has no gradient in host memory this step");
+  if (g.hostGradReady)
+    g.hostGradReady->synchronize();
+  return g.hostGrad;
+}
+
+void ZeroStorage::finishGradients() {
+  std::deque<PendingGradient> pending = std::move(pendingGradients_);
+  pendingGradients_.clear();
+  for (PendingGradient &p : pending)
+    addGradient(p);
+  if (!offload_)
+    return;
+  {
+    std::optional<c10::StreamGuard> onCopyStream;
+    if (copyStream_)
+      onCopyStream.emplace(*copyStream_);
+    for (auto &g : groups_)
+      if (g->contributions > 0 && !g->onHost)
+        copyGradientToHost(*g); // fewer micro-batches than announced
+  }
+  for (auto &g : groups_)
+    if (g->pending) { // (none in practice) the compute stream waits for every read of a shard
+      std::shared_ptr<Work> work = std::move(g->pending);
+      g->pending.reset();
+      work->wait();
+      g->live = true;
+    }
+  if (copyStream_) {
+    // The device gradients are complete, and no longer read by the copies
+    // to the host, once the compute stream gets past this point.
+    c10::Event copied(device_.type());
+    copied.record(*copyStream_);
+    copied.block(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+  }
+  stepOpen_ = false;
+}
+
+const std::vector<int64_t> &ZeroStorage::blockGroups(const std::string &list,
+                                                     int64_t index) const {
+  static const std::vector<int64_t> none;
+  auto it = blocks_.find({list, index});
+  return it == blocks_.end() ? none : it->second;
+}
+
+void ZeroStorage::prepareBackward(const std::string &list, int64_t blockIndex) {
+  for (int64_t d = 1; d <= plan_.prefetchDepth; ++d)
+    for (int64_t g : blockGroups(list, blockIndex - d))
+      startGather(*groups_[g]);
+  for (int64_t g : blockGroups(list, blockIndex))
+    ensureGathered(*groups_[g]);
+}
+
+at::Tensor ZeroStorage::global(int64_t index) {
+  const plan::TensorInfo &info = plan_.tensors.at(index);
+  Group &g = *groups_.at(info.group);
+  size_t member = 0;
+  while (g.info->members[member] != index)
+    ++member;
+  if (c10::GradMode::is_enabled()) {
+    if (g.linkedGeneration != generation_) {
+      g.linked = GatherFunction::apply(g.shard, this, g.index);
+      g.linkedGeneration = generation_;
+    }
+    return g.linked[member];
+  }
+  ensureGathered(g);
+  return g.views[member];
+}
+
+void ZeroStorage::gather(int64_t group) { startGather(*groups_.at(group)); }
+
+void ZeroStorage::release(int64_t group) {
+  Group &g = *groups_.at(group);
+  // Under ZeRO-2 the plan has no release; a buffer still needed for a
+  // backward is gathered again by RegatherFunction/CheckpointFunction.
+  freeBuffer(g);
+}
+
+std::vector<IValue> ZeroStorage::callBlock(const plan::Instruction &inst, const Run &run,
+                                           std::vector<IValue> args) {
+  if (!c10::GradMode::is_enabled())
+    return run(std::move(args));
+  if (inst.checkpoint) {
+    auto state = c10::make_intrusive<CheckpointState>();
+    state->inst = &inst;
+    state->run = run;
+    state->device = device_;
+    variable_list inputs;
+    for (size_t i = 0; i < args.size(); ++i)
+      if (args[i].isTensor()) {
+        state->tensorArgs.push_back(i);
+        inputs.push_back(args[i].toTensor());
+        args[i] = IValue();
+      }
+    state->args = std::move(args);
+    variable_list outputs = CheckpointFunction::apply(at::TensorList(inputs), this, state);
+    std::vector<IValue> results = state->results;
+    for (size_t k = 0; k < state->tensorResults.size(); ++k)
+      results[state->tensorResults[k]] = outputs[k];
+    return results;
+  }
+  std::vector<IValue> results = run(std::move(args));
+  if (plan_.zeroStage != 3)
+    return results;
+  variable_list outputs;
+  std::vector<size_t> positions;
+  for (size_t i = 0; i < results.size(); ++i)
+    if (results[i].isTensor() && results[i].toTensor().requires_grad()) {
+      positions.push_back(i);
+      outputs.push_back(results[i].toTensor());
+    }
+  if (outputs.empty())
+    return results;
+  variable_list gated =
+      RegatherFunction::apply(at::TensorList(outputs), this, inst.blockList, inst.blockIndex);
+  for (size_t k = 0; k < positions.size(); ++k)
+    results[positions[k]] = gated[k];
+  return results;
+}
+
+void ZeroStorage::beginForward() { ++generation_; }
+
+void ZeroStorage::endForward(bool gradMode) {
+  if (!gradMode)
+    releaseAll();
+}
+
+void ZeroStorage::afterOptimizerStep() {
+  refreshFromMasters();
+  releaseAll();
+}
+
+c10::ScalarType ZeroStorage::reduceDtype(const Group &g) const {
+  return reduceDtype_ ? *reduceDtype_ : g.info->dtype;
+}
+
+void ZeroStorage::refreshFromMasters() {
+  c10::NoGradGuard noGrad;
+  for (auto &g : groups_)
+    if (g->master.defined())
+      g->shard.detach().copy_(g->master.detach());
+}
+
+void ZeroStorage::releaseAll() {
+  for (auto &g : groups_) {
+    freeBuffer(*g);
+    g->linkedGeneration = -1;
+    g->linked.clear();
+  }
+}
+
+at::Tensor ZeroStorage::gradNorm() {
+  c10::NoGradGuard noGrad;
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor &s : shards_)
+    if (s.grad().defined())
+      grads.push_back(s.grad());
+  // Sum of squares of this rank's shards (foreach norms, float64 across
+  // shards and ranks), all-reduced over the shard group; no host sync.
+  at::Tensor sumSquares = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  if (!grads.empty())
+    sumSquares += at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2).sum();
+  shardComm_->allReduce(sumSquares)->wait();
+  return sumSquares.sqrt();
+}
+
+at::Tensor ZeroStorage::gatherParameter(int64_t index, bool gradient) {
+  const plan::TensorInfo &info = plan_.tensors.at(index);
+  Group &g = *groups_.at(info.group);
+  size_t member = 0;
+  while (g.info->members[member] != index)
+    ++member;
+  const at::Tensor &param = shards_[g.index];
+  at::Tensor local = gradient ? param.grad() : g.shard.detach();
+  if (!local.defined())
+    local = at::zeros({g.range.shardSize}, g.shard.options().dtype(gradientDtype(g)));
+  at::Tensor full = at::empty({g.padded}, local.options());
+  shardComm_->allGather(full, local.contiguous())->wait();
+  return full.narrow(0, g.info->offsets[member], info.numel()).view(info.shape).cpu().clone();
+}
+
+int64_t ZeroStorage::numParameters() const {
+  int64_t n = 0;
+  for (const auto &g : groups_)
+    for (int64_t m : g->info->members)
+      n += plan_.tensors[m].numel();
+  return n;
+}
+
+} // namespace bmt::runtime

@@ -1,0 +1,471 @@
+//===- Trainer.cpp - the training and evaluation loops --------------------===//
+
+#include "bmt/Runtime/train/Trainer.h"
+#include "bmt/Runtime/optim/LossScaler.h"
+#include "bmt/Runtime/optim/Optimizer.h"
+#include "bmt/Runtime/train/Profile.h"
+
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <algorithm>
+#include <chrono>
+#include <tuple>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+#include <sys/resource.h>
+
+namespace bmt::runtime {
+
+std::optional<Objective> parseObjective(const std::string &name) {
+  for (Objective o : {Objective::CausalLM, Objective::MaskedLM, Objective::SpanCorruption})
+    if (name == objectiveName(o))
+      return o;
+  return std::nullopt;
+}
+
+const char *objectiveName(Objective objective) {
+  switch (objective) {
+  case Objective::CausalLM:
+    return "causal-lm";
+  case Objective::MaskedLM:
+    return "masked-lm";
+  case Objective::SpanCorruption:
+    return "span-corruption";
+  }
+  return "?";
+}
+
+Objective objectiveForModel(std::optional<Objective> requested, bool encoderDecoder,
+                            const std::string &planObjective) {
+  Objective chosen = requested               ? *requested
+                     : encoderDecoder        ? Objective::SpanCorruption
+                     : parseObjective(planObjective).value_or(Objective::CausalLM);
+  if (encoderDecoder && chosen != Objective::SpanCorruption)
+    throw std::invalid_argument(std::string("the model is an encoder-decoder (its forward takes "
+                                            "decoder_input_ids); it trains with --objective "
+                                            "span-corruption, not ") + objectiveName(chosen));
+  if (!encoderDecoder && chosen == Objective::SpanCorruption)
+    throw std::invalid_argument("--objective span-corruption trains an encoder-decoder (a "
+                                "forward taking decoder_input_ids, such as T5); this model is "
+                                "not one");
+  return chosen;
+}
+
+namespace {
+
+/// Peak memory of this process in GiB: the CUDA caching allocator's peak
+/// of allocated bytes on a CUDA device, else the peak resident set size.
+double peakMemoryGiB(at::Device device) {
+  if (device.is_cuda()) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return static_cast<double>(stats.allocated_bytes[0].peak) / (1024.0 * 1024.0 * 1024.0);
+  }
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / (1024.0 * 1024.0); // ru_maxrss is KiB
+}
+
+std::string jsonNumber(double v) {
+  if (!std::isfinite(v))
+    return "null";
+  std::ostringstream os;
+  os << std::setprecision(9) << v;
+  return os.str();
+}
+
+} // namespace
+
+Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
+                 std::ostream *jsonLog)
+    : model_(model), config_(std::move(config)), out_(out), jsonLog_(jsonLog),
+      lossScale_(config_.lossScale) {}
+
+namespace {
+
+/// Multiplies every gradient of `params` by 1 / scale (`scale`: one element
+/// on `device`) and returns a float32 flag of one element on `device`,
+/// non-zero when any of them holds an inf or NaN on any rank of `world`
+/// (all-reduce Max of the local flags; collective). No host sync.
+at::Tensor unscaleAndCheckGradients(const std::vector<at::Tensor> &params,
+                                    const at::Tensor &scale, Comm &world, at::Device device) {
+  c10::NoGradGuard noGrad;
+  at::TensorOptions options = at::TensorOptions().dtype(at::kFloat).device(device);
+  at::Tensor found = at::zeros({1}, options);
+  at::Tensor inv = scale.reciprocal().to(device, at::kFloat);
+  for (const at::Tensor &p : params) {
+    const at::Tensor &grad = p.grad();
+    if (!grad.defined())
+      continue;
+    // One kernel: found |= !isfinite(grad); grad *= inv (as torch.amp's
+    // GradScaler.unscale_).
+    at::Tensor f = grad.device() == device ? found : at::zeros({1}, options.device(grad.device()));
+    at::_amp_foreach_non_finite_check_and_unscale_({grad}, f, inv.to(grad.device()));
+    if (grad.device() != device)
+      found.add_(f.to(device));
+  }
+  if (world.size() > 1) {
+    if (found.device() != world.device() && world.backend() != "local")
+      found = found.to(world.device());
+    world.allReduce(found, ReduceOp::Max)->wait();
+    found = found.to(device);
+  }
+  return found;
+}
+
+/// Copies a token window to `device`: on CUDA from pinned memory without
+/// blocking the host (the caching host allocator keeps the pinned buffer
+/// until the copy is done).
+at::Tensor toDevice(const at::Tensor &t, at::Device device) {
+  if (!device.is_cuda())
+    return t.to(device);
+  return t.contiguous().pin_memory().to(device, /*non_blocking=*/true);
+}
+
+int64_t envInt(const char *name, int64_t fallback) {
+  const char *v = std::getenv(name);
+  return v && *v ? std::atoll(v) : fallback;
+}
+
+} // namespace
+
+Trainer::MicroBatchLoss Trainer::microBatchLoss(const MicroBatch &micro,
+                                                std::mt19937_64 &rng) {
+  const at::Device device = model_.device();
+  // The whole batch is corrupted the same way on every rank (the same
+  // generator, the same rows), then each rank takes its own rows: a row's
+  // corruption does not depend on which rank trains it.
+  at::Tensor inputIds, decoderInputIds, labels;
+  if (!micro.window.defined()) { // ready encoder-decoder pairs
+    inputIds = micro.inputIds;
+    labels = micro.labels;
+    decoderInputIds = shiftRight(labels, config_.spanCorruption.decoderStartId);
+  } else {
+    const int64_t seq = micro.window.size(1) - 1;
+    switch (config_.objective) {
+    case Objective::MaskedLM:
+      std::tie(inputIds, labels) = maskTokens(micro.window.slice(1, 0, seq), config_.maskId,
+                                              config_.vocabSize, config_.maskProb, rng);
+      break;
+    case Objective::SpanCorruption: {
+      Seq2SeqBatch b = spanCorruption(micro.window, config_.spanCorruption, rng);
+      inputIds = b.inputIds;
+      labels = b.labels;
+      decoderInputIds = b.decoderInputIds;
+      break;
+    }
+    case Objective::CausalLM:
+      inputIds = micro.window.slice(1, 0, seq);
+      labels = micro.window.slice(1, 1, seq + 1);
+      break;
+    }
+  }
+  const bool global = micro.rowEnd >= 0;
+  auto own = [&](const at::Tensor &t) {
+    return global && t.defined() ? t.slice(0, micro.rowBegin, micro.rowEnd).contiguous()
+                                 : t.contiguous();
+  };
+  at::Tensor ownLabels = own(labels);
+  // Counted on the host (the batch is still there): no synchronisation.
+  const int64_t predicted = ownLabels.ne(-100).sum().item<int64_t>();
+  ModelInputs inputs;
+  inputs.inputIds = toDevice(own(inputIds), device);
+  if (decoderInputIds.defined())
+    inputs.decoderInputIds = toDevice(own(decoderInputIds), device);
+  at::Tensor logits = model_.forward(inputs);
+  if (predicted == 0) // nothing to predict here; still a backward for the collectives
+    return {logits.sum().mul(0.0), 0, inputs.inputIds.numel()};
+  at::Tensor loss = languageModelLoss(logits, toDevice(ownLabels, device), /*shift=*/false);
+  if (global) {
+    // The ranks average their gradients and losses: weight this rank's mean
+    // by its share of the batch's predicted tokens, so that the average is
+    // the mean over all of them (as one process with the whole batch).
+    const int64_t total = labels.ne(-100).sum().item<int64_t>();
+    const int64_t ranks = model_.world().size();
+    if (predicted * ranks != total)
+      loss = loss.mul(static_cast<double>(predicted * ranks) / static_cast<double>(total));
+  }
+  return {loss, predicted, inputs.inputIds.numel()};
+}
+
+EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t microBatch,
+                             int64_t maxBatches) {
+  c10::NoGradGuard noGrad;
+  BatchSampler sampler(data, microBatch, seqLen, config_.seed);
+  int64_t n = sampler.numSequentialBatches();
+  if (maxBatches > 0)
+    n = std::min(n, maxBatches);
+  // Window i goes to rank i % W. Every rank runs the same number of
+  // forwards (they are collective under ZeRO): a rank without a window of
+  // its own in the last round runs window 0 and does not count it.
+  Comm &world = model_.world();
+  int64_t ranks = world.size(), rank = world.rank();
+  double sum = 0;
+  double tokens = 0;
+  for (int64_t round = 0; round * ranks < n; ++round) {
+    int64_t i = round * ranks + rank;
+    bool counted = i < n;
+    std::mt19937_64 rng(config_.seed + 1 + static_cast<uint64_t>(counted ? i : 0)); // masked-LM masks
+    auto [loss, count, inputTokens] = microBatchLoss({sampler.sequential(counted ? i : 0)}, rng);
+    if (counted) {
+      sum += loss.item<double>() * static_cast<double>(count);
+      tokens += static_cast<double>(count);
+    }
+  }
+  if (ranks > 1) {
+    at::Tensor totals = at::tensor({sum, tokens}, at::TensorOptions().dtype(at::kDouble));
+    if (world.backend() != "local")
+      totals = totals.to(world.device());
+    world.allReduce(totals)->wait();
+    totals = totals.cpu();
+    sum = totals[0].item<double>();
+    tokens = totals[1].item<double>();
+  }
+  EvalResult r;
+  r.tokens = static_cast<int64_t>(tokens);
+  r.loss = tokens > 0 ? sum / tokens : std::nan("");
+  r.perplexity = std::exp(r.loss);
+  return r;
+}
+
+/// What a step leaves for its report: its values on the device, copied to
+/// the host without blocking, and an event that says when they are there.
+/// On CUDA the step is reported after the next one has been queued, so
+/// that reading the loss never stalls the GPU (no host synchronisation
+/// inside a step); on the CPU at once.
+void Trainer::reportEvaluation(int64_t step, const EvalResult &r) {
+  if (model_.world().rank() != 0)
+    return;
+  out_ << "eval  step " << step << " | val loss " << std::fixed << std::setprecision(4)
+       << r.loss << " | val ppl " << std::setprecision(2) << r.perplexity << " | " << r.tokens
+       << " tokens" << std::defaultfloat << "\n";
+  out_.flush();
+  if (jsonLog_) {
+    *jsonLog_ << "{\"kind\": \"eval\", \"step\": " << step
+              << ", \"val_loss\": " << jsonNumber(r.loss)
+              << ", \"val_ppl\": " << jsonNumber(r.perplexity) << ", \"tokens\": " << r.tokens
+              << "}\n";
+    jsonLog_->flush();
+  }
+}
+
+struct Trainer::PendingStep {
+  int64_t step = 0;
+  double lr = 0;
+  int64_t tokens = 0;
+  at::Tensor values; ///< float64 [gradAccum + 4]: losses, grad norm, found inf, scale, next scale
+  std::optional<c10::Event> ready;
+  std::chrono::steady_clock::time_point queued; ///< when the host had queued all its work
+};
+
+void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
+                    const TokenFile *evalData, int64_t seqLen, int64_t microBatch) {
+  // AdamW on the device, or, offloading (--offload-optimizer), AdamW with
+  // its masters and moments in host memory, fed by the gradient copies the
+  // ZeRO storage makes during the backward (OffloadAdam.h).
+  std::unique_ptr<Optimizer> optimizer = model_.makeOptimizer(config_.adamw, config_.gradAccum);
+  const bool rank0 = model_.world().rank() == 0;
+  const at::Device device = model_.device();
+  Comm &world = model_.world();
+  std::mt19937_64 rng(config_.seed);
+  using Clock = std::chrono::steady_clock;
+  auto start = Clock::now();
+  auto lastReport = start;
+  double numParams = static_cast<double>(model_.numParameters());
+  const int64_t injectInfStep = envInt("BMT_DEBUG_INJECT_INF_STEP", 0);
+  const int64_t injectInfRank = envInt("BMT_DEBUG_INJECT_INF_RANK", 0);
+  const bool syncDebug = envInt("BMT_DEBUG_SYNC", 0) != 0 && device.is_cuda();
+  std::optional<LossScaler> scaler;
+  if (config_.lossScale > 0)
+    scaler.emplace(config_.lossScale, config_.lossScaleFactor, config_.lossScaleWindow,
+                   std::min(config_.minLossScale, config_.lossScale), device);
+  at::TensorOptions doubles = at::TensorOptions().dtype(at::kDouble).device(device);
+
+  auto runEval = [&](int64_t step) {
+    if (!evalData)
+      return;
+    reportEvaluation(step, evaluate(*evalData, seqLen, microBatch, config_.evalBatches));
+  };
+
+  // Reads a step's values (waiting for them) and prints/logs it; throws
+  // TrainingError for a non-finite loss or gradient norm.
+  //
+  // A step is done when the host has queued it and the device has run it:
+  // its time is from the previous step's end to that. The device's end is
+  // known when the report has to wait for it; when it has already finished
+  // the host was the slower one and the step ended when it was queued.
+  auto report = [&](PendingStep &p) {
+    Clock::time_point done = p.queued;
+    if (p.ready && !p.ready->query()) {
+      p.ready->synchronize();
+      done = Clock::now();
+    }
+    done = std::max(done, lastReport);
+    const double *v = p.values.const_data_ptr<double>();
+    const int64_t m = config_.gradAccum;
+    double loss = 0;
+    for (int64_t micro = 0; micro < m; ++micro) {
+      if (!std::isfinite(v[micro]))
+        throw TrainingError("the loss is " + std::string(std::isnan(v[micro]) ? "NaN" : "infinite") +
+                            " at step " + std::to_string(p.step) + " (micro-batch " +
+                            std::to_string(micro + 1) + "); stopping");
+      loss += v[micro];
+    }
+    loss /= static_cast<double>(m);
+    const bool skipped = v[m + 1] != 0;
+    const double gradNorm = skipped ? std::nan("") : v[m];
+    if (!skipped && !std::isfinite(gradNorm))
+      throw TrainingError("the gradient norm is not finite at step " + std::to_string(p.step) +
+                          "; stopping");
+    const double stepScale = scaler ? v[m + 2] : 0, nextScale = scaler ? v[m + 3] : 0;
+    lossScale_ = nextScale;
+    losses_.push_back(loss);
+    double stepSeconds = std::chrono::duration<double>(done - lastReport).count();
+    lastReport = done;
+    double elapsed = std::chrono::duration<double>(done - start).count();
+    double tokensPerSecond = static_cast<double>(p.tokens) / stepSeconds;
+    double tflops = 6.0 * numParams * tokensPerSecond / 1e12;
+    if (rank0 && skipped) {
+      out_ << "step " << p.step << "/" << config_.steps << " | loss " << std::fixed
+           << std::setprecision(4) << loss << " | skipped: inf/NaN gradients, loss scale "
+           << std::setprecision(0) << stepScale << " -> " << nextScale << std::defaultfloat
+           << "\n";
+      out_.flush();
+    } else if (rank0 && (p.step % config_.logEvery == 0 || p.step == config_.steps)) {
+      out_ << "step " << p.step << "/" << config_.steps << " | loss " << std::fixed
+           << std::setprecision(4) << loss << " | lr " << std::scientific
+           << std::setprecision(2) << p.lr << " | grad norm " << std::fixed
+           << std::setprecision(3) << gradNorm << " | ";
+      if (stepScale > 0)
+        out_ << "loss scale " << std::setprecision(0) << stepScale << " | ";
+      out_ << std::setprecision(0) << tokensPerSecond << " tokens/s | " << std::setprecision(1)
+           << elapsed << " s" << std::defaultfloat << "\n";
+      out_.flush();
+    }
+    if (jsonLog_ && rank0) {
+      *jsonLog_ << "{\"kind\": \"train\", \"step\": " << p.step
+                << ", \"loss\": " << jsonNumber(loss) << ", \"lr\": " << jsonNumber(p.lr)
+                << ", \"grad_norm\": " << jsonNumber(gradNorm)
+                << ", \"loss_scale\": " << (stepScale > 0 ? jsonNumber(stepScale) : "null")
+                << ", \"skipped\": " << (skipped ? "true" : "false")
+                << ", \"tokens\": " << p.tokens
+                << ", \"tokens_per_s\": " << jsonNumber(tokensPerSecond)
+                << ", \"tflops\": " << jsonNumber(tflops)
+                << ", \"elapsed_s\": " << jsonNumber(elapsed)
+                << ", \"peak_mem_gib\": " << jsonNumber(peakMemoryGiB(device)) << "}\n";
+      jsonLog_->flush();
+    }
+  };
+
+  std::optional<PendingStep> pending;
+  StepProfiler profiler;
+  const bool profiling = rank0 && config_.profileFrom > 0;
+  for (int64_t step = 1; step <= config_.steps; ++step) {
+    if (profiling && step == config_.profileFrom) {
+      if (pending) { // the window starts with an idle device
+        report(*pending);
+        pending.reset();
+      }
+      profiler.start(device.is_cuda());
+    }
+    if (syncDebug && step > 1)
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    PendingStep current;
+    current.step = step;
+    current.lr = learningRate(config_.schedule, step);
+    std::vector<at::Tensor> losses;
+    optimizer->zeroGrad();
+    for (int64_t micro = 0; micro < config_.gradAccum; ++micro) {
+      MicroBatchLoss result = microBatchLoss(nextMicroBatch(), rng);
+      at::Tensor loss = result.loss;
+      losses.push_back(loss.detach().reshape({1}).to(at::kDouble));
+      at::Tensor objective = loss.div(static_cast<double>(config_.gradAccum));
+      if (scaler)
+        objective = objective.mul(scaler->scale().to(objective.scalar_type()).reshape({}));
+      objective.backward();
+      current.tokens += result.inputTokens * world.size();
+    }
+    model_.synchronizeGradients();
+    if (step == injectInfStep && world.rank() == injectInfRank)
+      for (const at::Tensor &p : model_.parameters())
+        if (p.grad().defined()) {
+          c10::NoGradGuard noGrad;
+          p.grad().view({-1})[0].fill_(std::numeric_limits<double>::infinity());
+          break;
+        }
+    std::optional<at::Tensor> found;
+    at::Tensor stepScale = at::zeros({1}, doubles);
+    if (scaler) {
+      stepScale = scaler->scale().clone();
+      found = unscaleAndCheckGradients(model_.parameters(), stepScale, world, device);
+    }
+    // Clipping and the update happen on the device; a step with an inf/NaN
+    // gradient on any rank (fp16) is skipped by the fused kernel itself.
+    // Both optimizers apply the clip factor themselves, AdamW inside its
+    // fused kernel, the offloaded one on the host.
+    at::Tensor gradNorm = model_.gradNorm().to(device, at::kDouble);
+    // (The offloaded one gives the host copies of the gradients the same
+    // unscaling and clipping.)
+    optimizer->step({current.lr, found,
+                     scaler ? std::optional<at::Tensor>(stepScale) : std::nullopt, gradNorm,
+                     config_.clipGrad});
+    model_.afterOptimizerStep();
+    if (scaler)
+      scaler->update(*found);
+
+    // The step's values: the micro-batch losses averaged over ranks (one
+    // all-reduce), the grad norm, the overflow flag and the loss scales.
+    at::Tensor lossValues = at::cat(losses).to(device);
+    if (world.size() > 1) {
+      at::Tensor t = lossValues;
+      if (t.device() != world.device() && world.backend() != "local")
+        t = t.to(world.device());
+      world.allReduce(t)->wait();
+      lossValues = t.to(device).div(static_cast<double>(world.size()));
+    }
+    at::Tensor values = at::cat({lossValues, gradNorm.reshape({1}),
+                                 found ? found->to(at::kDouble).reshape({1}) : at::zeros({1}, doubles),
+                                 stepScale, scaler ? scaler->scale().reshape({1}) : at::zeros({1}, doubles)});
+    if (syncDebug)
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    if (device.is_cuda()) {
+      current.values = at::empty(values.sizes(), at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+      current.values.copy_(values, /*non_blocking=*/true);
+      current.ready.emplace(c10::DeviceType::CUDA);
+      current.ready->record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
+    } else {
+      current.values = values.cpu();
+    }
+    current.queued = Clock::now();
+    if (pending)
+      report(*pending);
+    pending = std::move(current);
+    const bool profileEnds = profiling && step == config_.profileTo;
+    if (!device.is_cuda() || step == config_.steps || profileEnds ||
+        (config_.evalEvery > 0 && step % config_.evalEvery == 0)) {
+      report(*pending);
+      pending.reset();
+    }
+    if (profileEnds)
+      profiler.stop(out_, config_.profileTrace, config_.profileTo - config_.profileFrom + 1);
+    if (config_.evalEvery > 0 && step % config_.evalEvery == 0 && step != config_.steps)
+      runEval(step);
+  }
+  runEval(config_.steps);
+}
+
+} // namespace bmt::runtime
