@@ -15,7 +15,6 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 
 #include <algorithm>
@@ -27,7 +26,6 @@
 #include <iomanip>
 #include <limits>
 #include <sstream>
-#include <sys/resource.h>
 
 namespace bmt::runtime {
 
@@ -66,34 +64,10 @@ Objective objectiveForModel(std::optional<Objective> requested, bool encoderDeco
   return chosen;
 }
 
-namespace {
-
-/// Peak memory of this process in GiB: the CUDA caching allocator's peak
-/// of allocated bytes on a CUDA device, else the peak resident set size.
-double peakMemoryGiB(at::Device device) {
-  if (device.is_cuda()) {
-    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    return static_cast<double>(stats.allocated_bytes[0].peak) / (1024.0 * 1024.0 * 1024.0);
-  }
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / (1024.0 * 1024.0); // ru_maxrss is KiB
-}
-
-std::string jsonNumber(double v) {
-  if (!std::isfinite(v))
-    return "null";
-  std::ostringstream os;
-  os << std::setprecision(9) << v;
-  return os.str();
-}
-
-} // namespace
-
 Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
                  std::ostream *jsonLog)
-    : model_(model), config_(std::move(config)), out_(out), jsonLog_(jsonLog),
-      lossScale_(config_.lossScale) {}
+    : model_(model), config_(std::move(config)), out_(out),
+      metrics_(out, jsonLog, config_.logEvery), lossScale_(config_.lossScale) {}
 
 namespace {
 
@@ -248,19 +222,8 @@ EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t micr
 /// that reading the loss never stalls the GPU (no host synchronisation
 /// inside a step); on the CPU at once.
 void Trainer::reportEvaluation(int64_t step, const EvalResult &r) {
-  if (model_.world().rank() != 0)
-    return;
-  out_ << "eval  step " << step << " | val loss " << std::fixed << std::setprecision(4)
-       << r.loss << " | val ppl " << std::setprecision(2) << r.perplexity << " | " << r.tokens
-       << " tokens" << std::defaultfloat << "\n";
-  out_.flush();
-  if (jsonLog_) {
-    *jsonLog_ << "{\"kind\": \"eval\", \"step\": " << step
-              << ", \"val_loss\": " << jsonNumber(r.loss)
-              << ", \"val_ppl\": " << jsonNumber(r.perplexity) << ", \"tokens\": " << r.tokens
-              << "}\n";
-    jsonLog_->flush();
-  }
+  if (model_.world().rank() == 0)
+    metrics_.evaluation(step, r);
 }
 
 struct Trainer::PendingStep {
@@ -272,6 +235,104 @@ struct Trainer::PendingStep {
   std::chrono::steady_clock::time_point queued; ///< when the host had queued all its work
 };
 
+/// The environment's test and diagnostic hooks (Trainer.h), read once a run.
+struct Trainer::DebugHooks {
+  int64_t injectInfStep = 0, injectInfRank = 0; ///< BMT_DEBUG_INJECT_INF_STEP / _RANK
+  bool syncDebug = false;                       ///< BMT_DEBUG_SYNC=1 on CUDA
+};
+
+namespace {
+
+Trainer::DebugHooks debugHooksFromEnvironment(at::Device device) {
+  Trainer::DebugHooks hooks;
+  hooks.injectInfStep = envInt("BMT_DEBUG_INJECT_INF_STEP", 0);
+  hooks.injectInfRank = envInt("BMT_DEBUG_INJECT_INF_RANK", 0);
+  hooks.syncDebug = envInt("BMT_DEBUG_SYNC", 0) != 0 && device.is_cuda();
+  return hooks;
+}
+
+} // namespace
+
+/// Queues one optimizer step (gradAccum micro-batches forward and backward,
+/// gradient synchronisation, unscaling and the overflow check, clipping and
+/// the update, the loss scale's update) without waiting for the device, and
+/// returns what report() reads once it has run.
+Trainer::PendingStep Trainer::queueStep(int64_t step,
+                                        const std::function<MicroBatch()> &nextMicroBatch,
+                                        Optimizer &optimizer, LossScaler *scaler,
+                                        std::mt19937_64 &rng, const DebugHooks &hooks) {
+  const at::Device device = model_.device();
+  Comm &world = model_.world();
+  const at::TensorOptions doubles = at::TensorOptions().dtype(at::kDouble).device(device);
+  PendingStep current;
+  current.step = step;
+  current.lr = learningRate(config_.schedule, step);
+  std::vector<at::Tensor> losses;
+  optimizer.zeroGrad();
+  for (int64_t micro = 0; micro < config_.gradAccum; ++micro) {
+    MicroBatchLoss result = microBatchLoss(nextMicroBatch(), rng);
+    at::Tensor loss = result.loss;
+    losses.push_back(loss.detach().reshape({1}).to(at::kDouble));
+    at::Tensor objective = loss.div(static_cast<double>(config_.gradAccum));
+    if (scaler)
+      objective = objective.mul(scaler->scale().to(objective.scalar_type()).reshape({}));
+    objective.backward();
+    current.tokens += result.inputTokens * world.size();
+  }
+  model_.synchronizeGradients();
+  if (step == hooks.injectInfStep && world.rank() == hooks.injectInfRank)
+    for (const at::Tensor &p : model_.parameters())
+      if (p.grad().defined()) {
+        c10::NoGradGuard noGrad;
+        p.grad().view({-1})[0].fill_(std::numeric_limits<double>::infinity());
+        break;
+      }
+  std::optional<at::Tensor> found;
+  at::Tensor stepScale = at::zeros({1}, doubles);
+  if (scaler) {
+    stepScale = scaler->scale().clone();
+    found = unscaleAndCheckGradients(model_.parameters(), stepScale, world, device);
+  }
+  // Clipping and the update happen on the device; a step with an inf/NaN
+  // gradient on any rank (fp16) is skipped by the fused kernel itself.
+  // Both optimizers apply the clip factor themselves, AdamW inside its
+  // fused kernel, the offloaded one on the host.
+  at::Tensor gradNorm = model_.gradNorm().to(device, at::kDouble);
+  // (The offloaded one gives the host copies of the gradients the same
+  // unscaling and clipping.)
+  optimizer.step({current.lr, found,
+                   scaler ? std::optional<at::Tensor>(stepScale) : std::nullopt, gradNorm,
+                   config_.clipGrad});
+  model_.afterOptimizerStep();
+  if (scaler)
+    scaler->update(*found);
+
+  // The step's values: the micro-batch losses averaged over ranks (one
+  // all-reduce), the grad norm, the overflow flag and the loss scales.
+  at::Tensor lossValues = at::cat(losses).to(device);
+  if (world.size() > 1) {
+    at::Tensor t = lossValues;
+    if (t.device() != world.device() && world.backend() != "local")
+      t = t.to(world.device());
+    world.allReduce(t)->wait();
+    lossValues = t.to(device).div(static_cast<double>(world.size()));
+  }
+  at::Tensor values = at::cat({lossValues, gradNorm.reshape({1}),
+                               found ? found->to(at::kDouble).reshape({1}) : at::zeros({1}, doubles),
+                               stepScale, scaler ? scaler->scale().reshape({1}) : at::zeros({1}, doubles)});
+  if (hooks.syncDebug)
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  if (device.is_cuda()) {
+    current.values = at::empty(values.sizes(), at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+    current.values.copy_(values, /*non_blocking=*/true);
+    current.ready.emplace(c10::DeviceType::CUDA);
+    current.ready->record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
+  } else {
+    current.values = values.cpu();
+  }
+  return current;
+}
+
 void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
                     const TokenFile *evalData, int64_t seqLen, int64_t microBatch) {
   // AdamW on the device, or, offloading (--offload-optimizer), AdamW with
@@ -280,21 +341,16 @@ void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
   std::unique_ptr<Optimizer> optimizer = model_.makeOptimizer(config_.adamw, config_.gradAccum);
   const bool rank0 = model_.world().rank() == 0;
   const at::Device device = model_.device();
-  Comm &world = model_.world();
   std::mt19937_64 rng(config_.seed);
   using Clock = std::chrono::steady_clock;
   auto start = Clock::now();
   auto lastReport = start;
   double numParams = static_cast<double>(model_.numParameters());
-  const int64_t injectInfStep = envInt("BMT_DEBUG_INJECT_INF_STEP", 0);
-  const int64_t injectInfRank = envInt("BMT_DEBUG_INJECT_INF_RANK", 0);
-  const bool syncDebug = envInt("BMT_DEBUG_SYNC", 0) != 0 && device.is_cuda();
+  const DebugHooks hooks = debugHooksFromEnvironment(device);
   std::optional<LossScaler> scaler;
   if (config_.lossScale > 0)
     scaler.emplace(config_.lossScale, config_.lossScaleFactor, config_.lossScaleWindow,
                    std::min(config_.minLossScale, config_.lossScale), device);
-  at::TensorOptions doubles = at::TensorOptions().dtype(at::kDouble).device(device);
-
   auto runEval = [&](int64_t step) {
     if (!evalData)
       return;
@@ -339,35 +395,22 @@ void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
     double elapsed = std::chrono::duration<double>(done - start).count();
     double tokensPerSecond = static_cast<double>(p.tokens) / stepSeconds;
     double tflops = 6.0 * numParams * tokensPerSecond / 1e12;
-    if (rank0 && skipped) {
-      out_ << "step " << p.step << "/" << config_.steps << " | loss " << std::fixed
-           << std::setprecision(4) << loss << " | skipped: inf/NaN gradients, loss scale "
-           << std::setprecision(0) << stepScale << " -> " << nextScale << std::defaultfloat
-           << "\n";
-      out_.flush();
-    } else if (rank0 && (p.step % config_.logEvery == 0 || p.step == config_.steps)) {
-      out_ << "step " << p.step << "/" << config_.steps << " | loss " << std::fixed
-           << std::setprecision(4) << loss << " | lr " << std::scientific
-           << std::setprecision(2) << p.lr << " | grad norm " << std::fixed
-           << std::setprecision(3) << gradNorm << " | ";
-      if (stepScale > 0)
-        out_ << "loss scale " << std::setprecision(0) << stepScale << " | ";
-      out_ << std::setprecision(0) << tokensPerSecond << " tokens/s | " << std::setprecision(1)
-           << elapsed << " s" << std::defaultfloat << "\n";
-      out_.flush();
-    }
-    if (jsonLog_ && rank0) {
-      *jsonLog_ << "{\"kind\": \"train\", \"step\": " << p.step
-                << ", \"loss\": " << jsonNumber(loss) << ", \"lr\": " << jsonNumber(p.lr)
-                << ", \"grad_norm\": " << jsonNumber(gradNorm)
-                << ", \"loss_scale\": " << (stepScale > 0 ? jsonNumber(stepScale) : "null")
-                << ", \"skipped\": " << (skipped ? "true" : "false")
-                << ", \"tokens\": " << p.tokens
-                << ", \"tokens_per_s\": " << jsonNumber(tokensPerSecond)
-                << ", \"tflops\": " << jsonNumber(tflops)
-                << ", \"elapsed_s\": " << jsonNumber(elapsed)
-                << ", \"peak_mem_gib\": " << jsonNumber(peakMemoryGiB(device)) << "}\n";
-      jsonLog_->flush();
+    if (rank0) {
+      StepMetrics metrics;
+      metrics.step = p.step;
+      metrics.steps = config_.steps;
+      metrics.loss = loss;
+      metrics.lr = p.lr;
+      metrics.gradNorm = gradNorm;
+      metrics.skipped = skipped;
+      metrics.lossScale = stepScale;
+      metrics.nextLossScale = nextScale;
+      metrics.tokens = p.tokens;
+      metrics.tokensPerSecond = tokensPerSecond;
+      metrics.tflops = tflops;
+      metrics.elapsedSeconds = elapsed;
+      metrics.peakMemoryGiB = peakMemoryGiB(device);
+      metrics_.step(metrics);
     }
   };
 
@@ -382,74 +425,9 @@ void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
       }
       profiler.start(device.is_cuda());
     }
-    if (syncDebug && step > 1)
+    if (hooks.syncDebug && step > 1)
       c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-    PendingStep current;
-    current.step = step;
-    current.lr = learningRate(config_.schedule, step);
-    std::vector<at::Tensor> losses;
-    optimizer->zeroGrad();
-    for (int64_t micro = 0; micro < config_.gradAccum; ++micro) {
-      MicroBatchLoss result = microBatchLoss(nextMicroBatch(), rng);
-      at::Tensor loss = result.loss;
-      losses.push_back(loss.detach().reshape({1}).to(at::kDouble));
-      at::Tensor objective = loss.div(static_cast<double>(config_.gradAccum));
-      if (scaler)
-        objective = objective.mul(scaler->scale().to(objective.scalar_type()).reshape({}));
-      objective.backward();
-      current.tokens += result.inputTokens * world.size();
-    }
-    model_.synchronizeGradients();
-    if (step == injectInfStep && world.rank() == injectInfRank)
-      for (const at::Tensor &p : model_.parameters())
-        if (p.grad().defined()) {
-          c10::NoGradGuard noGrad;
-          p.grad().view({-1})[0].fill_(std::numeric_limits<double>::infinity());
-          break;
-        }
-    std::optional<at::Tensor> found;
-    at::Tensor stepScale = at::zeros({1}, doubles);
-    if (scaler) {
-      stepScale = scaler->scale().clone();
-      found = unscaleAndCheckGradients(model_.parameters(), stepScale, world, device);
-    }
-    // Clipping and the update happen on the device; a step with an inf/NaN
-    // gradient on any rank (fp16) is skipped by the fused kernel itself.
-    // Both optimizers apply the clip factor themselves, AdamW inside its
-    // fused kernel, the offloaded one on the host.
-    at::Tensor gradNorm = model_.gradNorm().to(device, at::kDouble);
-    // (The offloaded one gives the host copies of the gradients the same
-    // unscaling and clipping.)
-    optimizer->step({current.lr, found,
-                     scaler ? std::optional<at::Tensor>(stepScale) : std::nullopt, gradNorm,
-                     config_.clipGrad});
-    model_.afterOptimizerStep();
-    if (scaler)
-      scaler->update(*found);
-
-    // The step's values: the micro-batch losses averaged over ranks (one
-    // all-reduce), the grad norm, the overflow flag and the loss scales.
-    at::Tensor lossValues = at::cat(losses).to(device);
-    if (world.size() > 1) {
-      at::Tensor t = lossValues;
-      if (t.device() != world.device() && world.backend() != "local")
-        t = t.to(world.device());
-      world.allReduce(t)->wait();
-      lossValues = t.to(device).div(static_cast<double>(world.size()));
-    }
-    at::Tensor values = at::cat({lossValues, gradNorm.reshape({1}),
-                                 found ? found->to(at::kDouble).reshape({1}) : at::zeros({1}, doubles),
-                                 stepScale, scaler ? scaler->scale().reshape({1}) : at::zeros({1}, doubles)});
-    if (syncDebug)
-      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-    if (device.is_cuda()) {
-      current.values = at::empty(values.sizes(), at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
-      current.values.copy_(values, /*non_blocking=*/true);
-      current.ready.emplace(c10::DeviceType::CUDA);
-      current.ready->record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
-    } else {
-      current.values = values.cpu();
-    }
+    PendingStep current = queueStep(step, nextMicroBatch, *optimizer, scaler ? &*scaler : nullptr, rng, hooks);
     current.queued = Clock::now();
     if (pending)
       report(*pending);

@@ -4,6 +4,7 @@
 #define BMT_RUNTIME_TRAIN_TRAINER_H
 
 #include "bmt/Runtime/objectives/Corruption.h"
+#include "bmt/Runtime/train/Metrics.h"
 #include "bmt/Runtime/optim/LRSchedule.h"
 #include "bmt/Runtime/exec/Model.h"
 #include "bmt/Runtime/optim/AdamW.h"
@@ -19,6 +20,9 @@
 #include <string>
 
 namespace bmt::runtime {
+
+class LossScaler;
+class Optimizer;
 
 /// Training must stop: a NaN/inf loss, a bad batch. The message names the step.
 class TrainingError : public std::runtime_error {
@@ -95,12 +99,6 @@ struct MicroBatch {
   int64_t rowBegin = 0, rowEnd = -1;
 };
 
-/// Loss and perplexity over held-out data.
-struct EvalResult {
-  double loss = 0;       ///< mean cross-entropy per predicted token (nats)
-  double perplexity = 0; ///< exp(loss)
-  int64_t tokens = 0;    ///< predicted tokens
-};
 
 /// Runs the optimizer loop on `model` (on every rank of model.world(), each
 /// with its own slice of the global batch; only rank 0 prints and logs): for each step, gradAccum micro-batches
@@ -151,8 +149,14 @@ public:
   /// The current loss scale (0 when loss scaling is off).
   double lossScale() const { return lossScale_; }
 
+  /// The environment's test and diagnostic hooks above, read once a run.
+  struct DebugHooks;
+
 private:
   struct PendingStep;
+  PendingStep queueStep(int64_t step, const std::function<MicroBatch()> &nextMicroBatch,
+                        Optimizer &optimizer, LossScaler *scaler, std::mt19937_64 &rng,
+                        const DebugHooks &hooks);
   /// Loss of one micro-batch window, forward only (grad mode decides
   /// autograd): the mean over its predicted tokens (a scalar on the
   /// device), their number, and the tokens the model read (the encoder's
@@ -166,7 +170,7 @@ private:
   Model &model_;
   TrainConfig config_;
   std::ostream &out_;
-  std::ostream *jsonLog_;
+  MetricsWriter metrics_;
   std::vector<double> losses_;
   double lossScale_ = 0;
 };

@@ -1,0 +1,69 @@
+//===- Metrics.h - what a run reports, as text and as JSON lines -*- C++ -*-===//
+//
+// One writer for both outputs of a run: a human line per step (every
+// logEvery steps, the last step and every skipped one) and per evaluation,
+// and one JSON line per step and per evaluation (docs/runtime.md lists the
+// fields). Non-finite numbers are written as JSON null. Rank 0 writes.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BMT_RUNTIME_TRAIN_METRICS_H
+#define BMT_RUNTIME_TRAIN_METRICS_H
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <ostream>
+
+namespace bmt::runtime {
+
+/// Loss and perplexity over held-out data.
+struct EvalResult {
+  double loss = 0;       ///< mean cross-entropy per predicted token (nats)
+  double perplexity = 0; ///< exp(loss)
+  int64_t tokens = 0;    ///< predicted tokens
+};
+
+/// One optimizer step as reported.
+struct StepMetrics {
+  int64_t step = 0, steps = 0; ///< this step (from 1) and the run's last
+  double loss = 0;             ///< mean over micro-batches and ranks
+  double lr = 0;
+  double gradNorm = 0;         ///< global, before clipping; NaN when skipped
+  bool skipped = false;        ///< inf/NaN gradients on some rank (fp16)
+  double lossScale = 0;        ///< the scale the step used; 0: loss scaling off
+  double nextLossScale = 0;    ///< the scale after the step's update
+  int64_t tokens = 0;          ///< input tokens of all ranks
+  double tokensPerSecond = 0, tflops = 0, elapsedSeconds = 0, peakMemoryGiB = 0;
+};
+
+class MetricsWriter {
+public:
+  /// `json` may be null (no --log-file); logEvery >= 1.
+  MetricsWriter(std::ostream &out, std::ostream *json, int64_t logEvery);
+
+  /// "step N/M | loss ... | lr ... | grad norm ... | [loss scale ... |]
+  /// tokens/s | elapsed" (or "... | skipped: inf/NaN gradients, loss scale
+  /// A -> B"), and {"kind": "train", "step", "loss", "lr", "grad_norm",
+  /// "loss_scale", "skipped", "tokens", "tokens_per_s", "tflops",
+  /// "elapsed_s", "peak_mem_gib"}.
+  void step(const StepMetrics &m);
+
+  /// "eval  step N | val loss ... | val ppl ... | N tokens" and {"kind":
+  /// "eval", "step", "val_loss", "val_ppl", "tokens"}; step 0 for an
+  /// evaluation without training.
+  void evaluation(int64_t step, const EvalResult &r);
+
+private:
+  std::ostream &out_;
+  std::ostream *json_;
+  int64_t logEvery_;
+};
+
+/// Peak memory of this process in GiB: the CUDA caching allocator's peak of
+/// allocated bytes on a CUDA device, else the peak resident set size.
+double peakMemoryGiB(c10::Device device);
+
+} // namespace bmt::runtime
+
+#endif // BMT_RUNTIME_TRAIN_METRICS_H

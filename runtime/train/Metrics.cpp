@@ -1,0 +1,83 @@
+//===- Metrics.cpp - what a run reports, as text and as JSON lines --------===//
+
+#include "bmt/Runtime/train/Metrics.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+#include <string>
+#include <sys/resource.h>
+
+namespace bmt::runtime {
+
+namespace {
+
+std::string jsonNumber(double v) {
+  if (!std::isfinite(v))
+    return "null";
+  std::ostringstream os;
+  os << std::setprecision(9) << v;
+  return os.str();
+}
+
+} // namespace
+
+MetricsWriter::MetricsWriter(std::ostream &out, std::ostream *json, int64_t logEvery)
+    : out_(out), json_(json), logEvery_(logEvery) {}
+
+void MetricsWriter::step(const StepMetrics &m) {
+  if (m.skipped) {
+    out_ << "step " << m.step << "/" << m.steps << " | loss " << std::fixed
+         << std::setprecision(4) << m.loss << " | skipped: inf/NaN gradients, loss scale "
+         << std::setprecision(0) << m.lossScale << " -> " << m.nextLossScale << std::defaultfloat
+         << "\n";
+    out_.flush();
+  } else if (m.step % logEvery_ == 0 || m.step == m.steps) {
+    out_ << "step " << m.step << "/" << m.steps << " | loss " << std::fixed
+         << std::setprecision(4) << m.loss << " | lr " << std::scientific << std::setprecision(2)
+         << m.lr << " | grad norm " << std::fixed << std::setprecision(3) << m.gradNorm << " | ";
+    if (m.lossScale > 0)
+      out_ << "loss scale " << std::setprecision(0) << m.lossScale << " | ";
+    out_ << std::setprecision(0) << m.tokensPerSecond << " tokens/s | " << std::setprecision(1)
+         << m.elapsedSeconds << " s" << std::defaultfloat << "\n";
+    out_.flush();
+  }
+  if (json_) {
+    *json_ << "{\"kind\": \"train\", \"step\": " << m.step << ", \"loss\": " << jsonNumber(m.loss)
+           << ", \"lr\": " << jsonNumber(m.lr) << ", \"grad_norm\": " << jsonNumber(m.gradNorm)
+           << ", \"loss_scale\": " << (m.lossScale > 0 ? jsonNumber(m.lossScale) : "null")
+           << ", \"skipped\": " << (m.skipped ? "true" : "false") << ", \"tokens\": " << m.tokens
+           << ", \"tokens_per_s\": " << jsonNumber(m.tokensPerSecond)
+           << ", \"tflops\": " << jsonNumber(m.tflops)
+           << ", \"elapsed_s\": " << jsonNumber(m.elapsedSeconds)
+           << ", \"peak_mem_gib\": " << jsonNumber(m.peakMemoryGiB) << "}\n";
+    json_->flush();
+  }
+}
+
+void MetricsWriter::evaluation(int64_t step, const EvalResult &r) {
+  out_ << "eval  step " << step << " | val loss " << std::fixed << std::setprecision(4) << r.loss
+       << " | val ppl " << std::setprecision(2) << r.perplexity << " | " << r.tokens << " tokens"
+       << std::defaultfloat << "\n";
+  out_.flush();
+  if (json_) {
+    *json_ << "{\"kind\": \"eval\", \"step\": " << step << ", \"val_loss\": " << jsonNumber(r.loss)
+           << ", \"val_ppl\": " << jsonNumber(r.perplexity) << ", \"tokens\": " << r.tokens
+           << "}\n";
+    json_->flush();
+  }
+}
+
+double peakMemoryGiB(c10::Device device) {
+  if (device.is_cuda()) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return static_cast<double>(stats.allocated_bytes[0].peak) / (1024.0 * 1024.0 * 1024.0);
+  }
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / (1024.0 * 1024.0); // ru_maxrss is KiB
+}
+
+} // namespace bmt::runtime
