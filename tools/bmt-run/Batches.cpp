@@ -164,4 +164,34 @@ std::function<runtime::MicroBatch()> makeBatchSource(const FixedBatches &fixed,
   };
 }
 
+std::unique_ptr<runtime::TokenFile> openTrainingData(const RunOptions &o, int64_t vocab) {
+  if (o.data.empty())
+    return nullptr;
+  auto train = std::make_unique<runtime::TokenFile>(o.data);
+  train->checkIds(vocab);
+  return train;
+}
+
+std::unique_ptr<runtime::TokenFile> openEvaluationData(const RunOptions &o, int64_t vocab,
+                                                       int64_t windowLength) {
+  if (o.evalData.empty())
+    return nullptr;
+  auto eval = std::make_unique<runtime::TokenFile>(o.evalData);
+  eval->checkIds(vocab);
+  int64_t needed = o.microBatch * windowLength;
+  if (eval->numTokens() < needed)
+    throw runtime::DataError(eval->binPath() + ": " + std::to_string(eval->numTokens()) +
+                             " tokens, fewer than one evaluation batch of " +
+                             std::to_string(o.microBatch) + " x " + std::to_string(windowLength) +
+                             " = " + std::to_string(needed) + " (lower --micro-batch or --seq-len)");
+  return eval;
+}
+
+int64_t maskTokenId(const runtime::TokenFile *data) {
+  if (!data || !data->maskId())
+    throw Failure("masked-LM training needs a [MASK] token id, and the data's metadata has "
+                  "none (prepare the data with a tokenizer that has [MASK])");
+  return *data->maskId();
+}
+
 } // namespace bmt::tools

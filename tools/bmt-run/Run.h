@@ -21,6 +21,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -69,6 +70,19 @@ runtime::SpanCorruptionConfig spanCorruptionSettings(const RunOptions &o,
                                                      const runtime::SpanCorruptionLengths &lengths,
                                                      int64_t vocab, const runtime::TokenFile *data,
                                                      int64_t dataVocab, bool print);
+
+/// --data (null without it), its ids checked against the model's `vocab`
+/// (runtime::DataError).
+std::unique_ptr<runtime::TokenFile> openTrainingData(const RunOptions &o, int64_t vocab);
+
+/// --eval-data (null without it), its ids checked against `vocab`, holding
+/// at least one batch of --micro-batch windows of `windowLength` tokens
+/// (runtime::DataError).
+std::unique_ptr<runtime::TokenFile> openEvaluationData(const RunOptions &o, int64_t vocab,
+                                                       int64_t windowLength);
+
+/// Masked LM's [MASK] id, from the data's metadata (Failure without one).
+int64_t maskTokenId(const runtime::TokenFile *data);
 
 /// This rank's micro-batches: the fixed batches in turn (cycled), else
 /// windows of `windowLength` tokens sampled from `train` (every rank draws

@@ -282,22 +282,8 @@ int run(const tools::RunOptions &o) {
   const int64_t vocab =
       probeVocabulary(o, model, fixed, spanCorruption ? &span : nullptr, spanLengths.targetLength);
 
-  std::unique_ptr<runtime::TokenFile> train, eval;
-  if (!o.data.empty()) {
-    train = std::make_unique<runtime::TokenFile>(o.data);
-    train->checkIds(vocab);
-  }
-  if (!o.evalData.empty()) {
-    eval = std::make_unique<runtime::TokenFile>(o.evalData);
-    eval->checkIds(vocab);
-    int64_t needed = o.microBatch * windowLength;
-    if (eval->numTokens() < needed)
-      throw runtime::DataError(eval->binPath() + ": " + std::to_string(eval->numTokens()) +
-                               " tokens, fewer than one evaluation batch of " +
-                               std::to_string(o.microBatch) + " x " +
-                               std::to_string(windowLength) + " = " + std::to_string(needed) +
-                               " (lower --micro-batch or --seq-len)");
-  }
+  std::unique_ptr<runtime::TokenFile> train = tools::openTrainingData(o, vocab);
+  std::unique_ptr<runtime::TokenFile> eval = tools::openEvaluationData(o, vocab, windowLength);
 
   // The command line's settings, completed by what the model and the data say.
   runtime::TrainConfig config = o.train;
@@ -315,13 +301,8 @@ int run(const tools::RunOptions &o) {
   if (rank0)
     printPrecision(o, model, config.lossScale);
 
-  if (maskedLM) {
-    runtime::TokenFile *source = train ? train.get() : eval.get();
-    if (!source || !source->maskId())
-      throw Failure("masked-LM training needs a [MASK] token id, and the data's metadata has "
-                    "none (prepare the data with a tokenizer that has [MASK])");
-    config.maskId = *source->maskId();
-  }
+  if (maskedLM)
+    config.maskId = tools::maskTokenId(train ? train.get() : eval.get());
   if (spanCorruption && o.batchesFile.empty()) // (--batches: below, from the file's windows)
     config.spanCorruption = tools::spanCorruptionSettings(
         o, span, spanLengths, vocab, train ? train.get() : eval.get(), 0, rank0);
