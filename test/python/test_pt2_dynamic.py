@@ -31,6 +31,7 @@ import torch
 from bmt_paths import REPO, binary
 from numerics import assert_close, assert_gradients_close, assert_loss_close
 from test_runtime_parity import build, causal_loss, check_dump_against_eager, run_bmt
+from test_runtime_parity_pt2 import compile_exported
 
 sys.path.insert(0, os.path.join(REPO, "test", "fixtures"))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -48,12 +49,7 @@ ARCHITECTURES = ["bert (masked LM)", "opt", "bloom", "gpt_neox", "falcon", "phi"
 
 
 def compile_pt2(exported, tmp_path, name, check_ir=True):
-    pt2 = str(tmp_path / f"{name}-dyn.pt2")
-    torch.export.save(exported, pt2)
-    sharded = str(tmp_path / f"{name}-dyn.sharded.pt")
-    result = subprocess.run([binary("bmt-opt"), pt2, "-o", sharded], capture_output=True,
-                            text=True)
-    assert result.returncode == 0, result.stderr
+    sharded, pt2 = compile_exported(exported, tmp_path, f"{name}-dyn")
     if check_ir:
         # The program really is symbolic: its sizes come from aten::size.int.
         ir = subprocess.run([binary("bmt-opt"), pt2], capture_output=True, text=True,
