@@ -147,6 +147,17 @@ def build_config(args, transformers):
     return config
 
 
+def _positive(text):
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects an integer, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with bmt's error convention: one 'error:' line, exit 1."""
 
@@ -155,16 +166,22 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv=None):
-    parser = _Parser(prog="bmt-export-hf", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="bmt-export-hf",
+                     description="Exports a Hugging Face transformers model to a TorchScript "
+                                 "(.pt) or torch.export (.pt2) archive for bmt-opt.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", help="architecture name (gpt2, llama, ...) or config.json path")
     source.add_argument("--checkpoint", help="local checkpoint directory (config.json + weights)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field (repeatable)")
-    parser.add_argument("-o", "--output", required=True, help="output archive (.pt)")
-    parser.add_argument("--seq-len", type=int, default=8, help="example sequence length (tokens)")
-    parser.add_argument("--batch", type=int, default=2, help="example batch size")
-    parser.add_argument("--decoder-seq-len", type=int,
+    parser.add_argument("-o", "--output", required=True,
+                        help="output archive: NAME.pt (TorchScript) or NAME.pt2 (torch.export)")
+    parser.add_argument("--seq-len", type=_positive, default=8,
+                        help="example sequence length in tokens (default 8; a .pt2 runs at "
+                             "--batch x --seq-len only)")
+    parser.add_argument("--batch", type=_positive, default=2,
+                        help="example batch size (default 2)")
+    parser.add_argument("--decoder-seq-len", type=_positive,
                         help="encoder-decoders (T5): the example decoder input's length "
                              "(default: the target length of bmt-run's span corruption for "
                              "an encoder input of --seq-len tokens, which a .pt2 is fixed to)")

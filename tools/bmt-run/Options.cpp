@@ -35,7 +35,8 @@ T parseNumber(const std::string &option, const std::string &text, T min) {
     throw UsageError(option + (integer ? " expects an integer, got '" : " expects a number, got '") +
                      text + "'");
   if (!(v >= min))
-    throw UsageError(option + " must be at least " + std::to_string(min) + ", got " + text);
+    throw UsageError(option + " must be at least " + (std::ostringstream() << min).str() +
+                     ", got " + text);
   return v;
 }
 
