@@ -25,6 +25,8 @@
 
 namespace bmt::plan {
 
+uint32_t crc32(const void *data, size_t nbytes) { return crc32_fast(data, nbytes); }
+
 namespace {
 
 const char *kVersionRecord = "bmt/version";

@@ -28,9 +28,7 @@ using c10::IValue;
 
 namespace bmt::plan {
 
-namespace {
-
-const std::map<c10::ScalarType, std::string> &dtypeNames() {
+static const std::map<c10::ScalarType, std::string> &dtypeNames() {
   static const std::map<c10::ScalarType, std::string> names = {
       {c10::ScalarType::Float, "float32"},   {c10::ScalarType::Half, "float16"},
       {c10::ScalarType::BFloat16, "bfloat16"}, {c10::ScalarType::Double, "float64"},
@@ -53,6 +51,9 @@ c10::ScalarType dtypeFromName(const std::string &name) {
       return type;
   throw PlanError("plan: unknown dtype '" + name + "'");
 }
+
+
+namespace {
 
 c10::impl::GenericList anyList() { return c10::impl::GenericList(c10::AnyType::get()); }
 

@@ -15,6 +15,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <sstream>
 #include <fstream>
 #include <limits>
 
@@ -286,6 +287,21 @@ at::Tensor BatchSampler::sequential(int64_t i) const {
   // The batch's windows are consecutive: one contiguous run of tokens.
   at::Tensor flat = file_.slice(begin_ + i * batch_ * window, batch_ * window);
   return flat.view({batch_, window});
+}
+
+std::string BatchSampler::generatorState() const {
+  std::ostringstream out;
+  out << rng_;
+  return out.str();
+}
+
+void BatchSampler::setGeneratorState(const std::string &state) {
+  std::istringstream in(state);
+  std::mt19937_64 rng;
+  in >> rng;
+  if (in.fail())
+    throw std::invalid_argument("not a std::mt19937_64 state: '" + state.substr(0, 40) + "...'");
+  rng_ = rng;
 }
 
 } // namespace bmt::runtime

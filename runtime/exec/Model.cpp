@@ -145,6 +145,42 @@ std::unique_ptr<Optimizer> Model::makeOptimizer(const AdamWConfig &config,
   return std::make_unique<AdamW>(parameters_, config);
 }
 
+std::vector<ParameterSpace> Model::parameterSpaces() const {
+  std::vector<ParameterSpace> spaces;
+  const size_t numShards = zero_ ? zero_->shards().size() : 0;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    ParameterSpace s;
+    s.parameter = i;
+    if (i < numShards) {
+      const plan::StorageGroup &g = plan_.groups[i];
+      ZeroStorage::ShardPlace place = zero_->shardPlace(static_cast<int64_t>(i));
+      s.name = g.name;
+      s.dtype = g.dtype;
+      s.size = g.size;
+      s.members = g.members;
+      s.offsets = g.offsets;
+      s.numShards = place.numShards;
+      s.shardIndex = place.shardIndex;
+      s.shardSize = place.shard.numel();
+      s.writer = place.firstReplica;
+      s.value = place.shard;
+    } else {
+      const int64_t index = plan_.findTensor(parameterNames_[i]);
+      const plan::TensorInfo &t = plan_.tensors.at(index);
+      s.name = t.name;
+      s.dtype = t.dtype;
+      s.size = t.numel();
+      s.members = {index};
+      s.offsets = {0};
+      s.shardSize = s.size;
+      s.writer = world_->rank() == 0;
+      s.value = parameters_[i].detach().view({-1});
+    }
+    spaces.push_back(std::move(s));
+  }
+  return spaces;
+}
+
 at::ScalarType Model::parameterDtype() const {
   for (const plan::TensorInfo &t : plan_.tensors)
     if (t.isParameter && at::isFloatingType(t.dtype))

@@ -36,4 +36,10 @@ void LossScaler::update(const at::Tensor &foundInf) {
   clean_.copy_(at::where(overflow.logical_or(grow), at::zeros_like(clean), clean));
 }
 
+void LossScaler::setState(double scale, int64_t cleanSteps) {
+  c10::NoGradGuard noGrad;
+  scale_.fill_(scale);
+  clean_.fill_(static_cast<double>(cleanSteps));
+}
+
 } // namespace bmt::runtime

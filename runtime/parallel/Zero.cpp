@@ -670,6 +670,11 @@ at::Tensor ZeroStorage::gatherParameter(int64_t index, bool gradient) {
   return full.narrow(0, g.info->offsets[member], info.numel()).view(info.shape).cpu().clone();
 }
 
+ZeroStorage::ShardPlace ZeroStorage::shardPlace(int64_t group) const {
+  const Group &g = *groups_.at(group);
+  return {g.shard.detach(), shardComm_->rank(), shardComm_->size(), replicaComm_->rank() == 0};
+}
+
 int64_t ZeroStorage::numParameters() const {
   int64_t n = 0;
   for (const auto &g : groups_)

@@ -70,6 +70,50 @@ void MetricsWriter::evaluation(int64_t step, const EvalResult &r) {
   }
 }
 
+namespace {
+
+/// `text` as a JSON string literal.
+std::string jsonString(const std::string &text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\')
+      out += '\\', out += c;
+    else if (c == '\n')
+      out += "\\n";
+    else if (static_cast<unsigned char>(c) < 0x20)
+      out += ' ';
+    else
+      out += c;
+  }
+  return out + "\"";
+}
+
+} // namespace
+
+void MetricsWriter::checkpoint(int64_t step, bool ok, const std::string &where, int64_t bytes,
+                               double writeSeconds, double heldSeconds) {
+  std::string why = where;
+  while (!why.empty() && why.back() == '\n')
+    why.pop_back();
+  if (ok)
+    out_ << "checkpoint step " << step << " -> " << where << " | " << bytes
+         << " bytes (rank 0) | written in " << std::fixed << std::setprecision(2) << writeSeconds
+         << " s, training held " << std::setprecision(3) << heldSeconds << " s"
+         << std::defaultfloat << "\n";
+  else
+    out_ << "warning: checkpoint step " << step << " failed: " << why
+         << "; the previous checkpoints stay, training goes on\n";
+  out_.flush();
+  if (json_) {
+    *json_ << "{\"kind\": \"checkpoint\", \"step\": " << step << ", \"ok\": "
+           << (ok ? "true" : "false") << ", " << (ok ? "\"path\": " : "\"error\": ")
+           << jsonString(why) << ", \"bytes\": " << bytes
+           << ", \"write_s\": " << jsonNumber(writeSeconds)
+           << ", \"held_s\": " << jsonNumber(heldSeconds) << "}\n";
+    json_->flush();
+  }
+}
+
 double peakMemoryGiB(c10::Device device) {
   if (device.is_cuda()) {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());

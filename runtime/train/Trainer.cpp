@@ -67,7 +67,48 @@ Objective objectiveForModel(std::optional<Objective> requested, bool encoderDeco
 Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
                  std::ostream *jsonLog)
     : model_(model), config_(std::move(config)), out_(out),
-      metrics_(out, jsonLog, config_.logEvery), lossScale_(config_.lossScale) {}
+      metrics_(out, jsonLog, config_.logEvery), rng_(config_.seed),
+      lossScale_(config_.lossScale) {
+  // AdamW on the device, or, offloading (--offload-optimizer), AdamW with
+  // its masters and moments in host memory, fed by the gradient copies the
+  // ZeRO storage makes during the backward (OffloadAdam.h).
+  optimizer_ = model_.makeOptimizer(config_.adamw, config_.gradAccum);
+  if (config_.lossScale > 0)
+    scaler_.emplace(config_.lossScale, config_.lossScaleFactor, config_.lossScaleWindow,
+                    std::min(config_.minLossScale, config_.lossScale), model_.device());
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::setCheckpoints(CheckpointOptions options, RunIdentity identity) {
+  identity.optimizer = model_.offloadsOptimizer() ? "offload-adamw" : "adamw";
+  identity.lr = config_.schedule.peakLR;
+  identity.adamw = config_.adamw;
+  identity.schedule = config_.schedule;
+  checkpoints_.emplace(std::move(options), std::move(identity));
+}
+
+ResumeReport Trainer::resume(const std::string &folder) {
+  ResumeReport report = loadCheckpoint(folder, model_, *optimizer_, scaler_ ? &*scaler_ : nullptr);
+  startStep_ = report.progress.step;
+  resumePosition_ = report.progress.data;
+  std::istringstream in(report.progress.objectiveGenerator);
+  std::mt19937_64 rng;
+  in >> rng;
+  if (in.fail())
+    throw CheckpointError(folder + "/checkpoint.json: objective_rng is not a generator state");
+  rng_ = rng;
+  if (scaler_ && report.progress.lossScale)
+    lossScale_ = *report.progress.lossScale;
+  return report;
+}
+
+void Trainer::reportCheckpoint(const CheckpointResult &r) {
+  if (model_.world().rank() != 0)
+    return;
+  metrics_.checkpoint(r.step, r.ok, r.ok ? r.path : r.error, r.bytes, r.writeSeconds,
+                      saveHeldSeconds_);
+}
 
 namespace {
 
@@ -238,6 +279,7 @@ struct Trainer::PendingStep {
 /// The environment's test and diagnostic hooks (Trainer.h), read once a run.
 struct Trainer::DebugHooks {
   int64_t injectInfStep = 0, injectInfRank = 0; ///< BMT_DEBUG_INJECT_INF_STEP / _RANK
+  int64_t exitAfterStep = 0;                    ///< BMT_DEBUG_EXIT_AFTER_STEP
   bool syncDebug = false;                       ///< BMT_DEBUG_SYNC=1 on CUDA
 };
 
@@ -247,6 +289,7 @@ Trainer::DebugHooks debugHooksFromEnvironment(at::Device device) {
   Trainer::DebugHooks hooks;
   hooks.injectInfStep = envInt("BMT_DEBUG_INJECT_INF_STEP", 0);
   hooks.injectInfRank = envInt("BMT_DEBUG_INJECT_INF_RANK", 0);
+  hooks.exitAfterStep = envInt("BMT_DEBUG_EXIT_AFTER_STEP", 0);
   hooks.syncDebug = envInt("BMT_DEBUG_SYNC", 0) != 0 && device.is_cuda();
   return hooks;
 }
@@ -257,10 +300,11 @@ Trainer::DebugHooks debugHooksFromEnvironment(at::Device device) {
 /// gradient synchronisation, unscaling and the overflow check, clipping and
 /// the update, the loss scale's update) without waiting for the device, and
 /// returns what report() reads once it has run.
-Trainer::PendingStep Trainer::queueStep(int64_t step,
-                                        const std::function<MicroBatch()> &nextMicroBatch,
-                                        Optimizer &optimizer, LossScaler *scaler,
-                                        std::mt19937_64 &rng, const DebugHooks &hooks) {
+Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
+                                        const DebugHooks &hooks) {
+  Optimizer &optimizer = *optimizer_;
+  LossScaler *scaler = scaler_ ? &*scaler_ : nullptr;
+  std::mt19937_64 &rng = rng_;
   const at::Device device = model_.device();
   Comm &world = model_.world();
   const at::TensorOptions doubles = at::TensorOptions().dtype(at::kDouble).device(device);
@@ -270,7 +314,7 @@ Trainer::PendingStep Trainer::queueStep(int64_t step,
   std::vector<at::Tensor> losses;
   optimizer.zeroGrad();
   for (int64_t micro = 0; micro < config_.gradAccum; ++micro) {
-    MicroBatchLoss result = microBatchLoss(nextMicroBatch(), rng);
+    MicroBatchLoss result = microBatchLoss(source.next(), rng);
     at::Tensor loss = result.loss;
     losses.push_back(loss.detach().reshape({1}).to(at::kDouble));
     at::Tensor objective = loss.div(static_cast<double>(config_.gradAccum));
@@ -299,7 +343,10 @@ Trainer::PendingStep Trainer::queueStep(int64_t step,
   // fused kernel, the offloaded one on the host.
   at::Tensor gradNorm = model_.gradNorm().to(device, at::kDouble);
   // (The offloaded one gives the host copies of the gradients the same
-  // unscaling and clipping.)
+  // unscaling and clipping.) A checkpoint's snapshot of the state must be
+  // taken before the update changes it.
+  if (saver_)
+    saveHeldSeconds_ += saver_->beforeStateChange();
   optimizer.step({current.lr, found,
                    scaler ? std::optional<at::Tensor>(stepScale) : std::nullopt, gradNorm,
                    config_.clipGrad});
@@ -333,24 +380,26 @@ Trainer::PendingStep Trainer::queueStep(int64_t step,
   return current;
 }
 
-void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
-                    const TokenFile *evalData, int64_t seqLen, int64_t microBatch) {
-  // AdamW on the device, or, offloading (--offload-optimizer), AdamW with
-  // its masters and moments in host memory, fed by the gradient copies the
-  // ZeRO storage makes during the backward (OffloadAdam.h).
-  std::unique_ptr<Optimizer> optimizer = model_.makeOptimizer(config_.adamw, config_.gradAccum);
+void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t seqLen,
+                    int64_t microBatch) {
   const bool rank0 = model_.world().rank() == 0;
   const at::Device device = model_.device();
-  std::mt19937_64 rng(config_.seed);
+  if (resumePosition_) {
+    try {
+      source.seek(*resumePosition_);
+    } catch (const std::invalid_argument &e) {
+      throw CheckpointError(std::string("resuming: ") + e.what());
+    }
+  }
+  if (checkpoints_ && !saver_)
+    saver_ = std::make_unique<CheckpointSaver>(model_, *optimizer_, scaler_ ? &*scaler_ : nullptr,
+                                               checkpoints_->first, checkpoints_->second);
   using Clock = std::chrono::steady_clock;
   auto start = Clock::now();
   auto lastReport = start;
   double numParams = static_cast<double>(model_.numParameters());
   const DebugHooks hooks = debugHooksFromEnvironment(device);
-  std::optional<LossScaler> scaler;
-  if (config_.lossScale > 0)
-    scaler.emplace(config_.lossScale, config_.lossScaleFactor, config_.lossScaleWindow,
-                   std::min(config_.minLossScale, config_.lossScale), device);
+  LossScaler *scaler = scaler_ ? &*scaler_ : nullptr;
   auto runEval = [&](int64_t step) {
     if (!evalData)
       return;
@@ -417,7 +466,7 @@ void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
   std::optional<PendingStep> pending;
   StepProfiler profiler;
   const bool profiling = rank0 && config_.profileFrom > 0;
-  for (int64_t step = 1; step <= config_.steps; ++step) {
+  for (int64_t step = startStep_ + 1; step <= config_.steps; ++step) {
     if (profiling && step == config_.profileFrom) {
       if (pending) { // the window starts with an idle device
         report(*pending);
@@ -427,7 +476,20 @@ void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
     }
     if (hooks.syncDebug && step > 1)
       c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-    PendingStep current = queueStep(step, nextMicroBatch, *optimizer, scaler ? &*scaler : nullptr, rng, hooks);
+    PendingStep current = queueStep(step, source, hooks);
+    if (saver_ && (saver_->due(step) || step == config_.steps)) {
+      // The state after this step, snapshotted before the next one changes it.
+      if (std::optional<CheckpointResult> done = saver_->wait())
+        reportCheckpoint(*done);
+      saveHeldSeconds_ = 0;
+      std::ostringstream generator;
+      generator << rng_;
+      TrainingProgress progress;
+      progress.step = step;
+      progress.data = source.position();
+      progress.objectiveGenerator = generator.str();
+      saveHeldSeconds_ += saver_->save(progress);
+    }
     current.queued = Clock::now();
     if (pending)
       report(*pending);
@@ -440,9 +502,27 @@ void Trainer::train(const std::function<MicroBatch()> &nextMicroBatch,
     }
     if (profileEnds)
       profiler.stop(out_, config_.profileTrace, config_.profileTo - config_.profileFrom + 1);
+    if (saver_)
+      if (std::optional<CheckpointResult> done = saver_->poll())
+        reportCheckpoint(*done);
+    if (step == hooks.exitAfterStep) {
+      // Test hook: the run dies here (after its report and checkpoint), as
+      // a killed job would, so that a resumed run can be compared with one
+      // never interrupted.
+      if (pending)
+        report(*pending);
+      if (saver_)
+        if (std::optional<CheckpointResult> done = saver_->wait())
+          reportCheckpoint(*done);
+      out_.flush();
+      std::_Exit(75);
+    }
     if (config_.evalEvery > 0 && step % config_.evalEvery == 0 && step != config_.steps)
       runEval(step);
   }
+  if (saver_)
+    if (std::optional<CheckpointResult> done = saver_->wait())
+      reportCheckpoint(*done);
   runEval(config_.steps);
 }
 

@@ -131,37 +131,16 @@ void checkBatchIds(const FixedBatches &fixed, int64_t vocab, const std::string &
                   std::to_string(vocab));
 }
 
-std::function<runtime::MicroBatch()> makeBatchSource(const FixedBatches &fixed,
-                                                     const runtime::TokenFile *train,
-                                                     int64_t microBatch, int64_t windowLength,
-                                                     uint64_t seed, int64_t rank,
-                                                     int64_t worldSize) {
-  auto cursor = std::make_shared<int64_t>(0);
-  if (fixed.inputIds.defined()) { // ready encoder-decoder pairs
-    const int64_t rows = fixed.inputIds.size(1) / worldSize;
-    return [&fixed, cursor, rows, rank]() {
-      int64_t i = (*cursor)++ % fixed.inputIds.size(0);
-      return runtime::MicroBatch{{}, fixed.inputIds[i], fixed.labels[i], rank * rows,
-                                 (rank + 1) * rows};
-    };
-  }
-  if (fixed.windows.defined()) {
-    const int64_t rows = fixed.windows.size(1) / worldSize;
-    return [&fixed, cursor, rows, rank]() {
-      return runtime::MicroBatch{fixed.windows[(*cursor)++ % fixed.windows.size(0)], {}, {},
-                                 rank * rows, (rank + 1) * rows};
-    };
-  }
+std::unique_ptr<runtime::MicroBatchSource> makeBatchSource(const FixedBatches &fixed,
+                                                           const runtime::TokenFile *train,
+                                                           int64_t microBatch,
+                                                           int64_t windowLength, uint64_t seed,
+                                                           int64_t rank, int64_t worldSize) {
+  if (fixed.inputIds.defined() || fixed.windows.defined())
+    return runtime::fixedBatches(fixed.windows, fixed.inputIds, fixed.labels, rank, worldSize);
   if (!train)
-    return {};
-  // Every rank draws the same global batch (micro-batch x ranks windows)
-  // and trains on its own rows of it.
-  auto sampler = std::make_shared<runtime::BatchSampler>(*train, microBatch * worldSize,
-                                                         windowLength - 1, seed);
-  return [sampler, microBatch, rank]() {
-    return runtime::MicroBatch{sampler->next(), {}, {}, rank * microBatch,
-                               (rank + 1) * microBatch};
-  };
+    return nullptr;
+  return runtime::randomWindows(*train, microBatch, windowLength, seed, rank, worldSize);
 }
 
 std::unique_ptr<runtime::TokenFile> openTrainingData(const RunOptions &o, int64_t vocab) {

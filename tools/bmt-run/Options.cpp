@@ -68,7 +68,7 @@ unsigned valueCount(const Option &option) {
 }
 
 const char *const kSections[] = {"data", "training", "mixed precision", "objective",
-                                 "evaluation", "output"};
+                                 "evaluation", "checkpoints", "output"};
 
 using Values = std::vector<std::string>;
 
@@ -218,6 +218,23 @@ const std::vector<Option> &optionTable() {
        "after training, save the parameters as safetensors (every name\n"
        "of the state dict; transformers' from_pretrained reads it)",
        [](RunOptions &o, auto &, const Values &v) { o.saveParams = v[0]; }},
+      // checkpoints
+      {"--checkpoint-dir", "DIR", "checkpoints",
+       "save checkpoints in DIR/step-NNNNNNNN (every rank its shards;\n"
+       "docs/checkpoint-format.md), after --checkpoint-every steps and\n"
+       "after the last step",
+       [](RunOptions &o, auto &, const Values &v) { o.checkpoints.dir = v[0]; }},
+      {"--checkpoint-every", "N", "checkpoints", "save after every N-th step (needs --checkpoint-dir)",
+       [](RunOptions &o, auto &k, const Values &v) { o.checkpoints.every = toInt(k, v[0], 1); }},
+      {"--keep", "K", "checkpoints",
+       "keep the newest K complete checkpoints, removing older ones\n"
+       "once a newer one is complete (default 0: keep all)",
+       [](RunOptions &o, auto &k, const Values &v) { o.checkpoints.keep = toInt(k, v[0], 1); }},
+      {"--resume", "DIR|auto", "checkpoints",
+       "continue from the checkpoint folder DIR (bit-identical to a run\n"
+       "never interrupted; any world size, ZeRO stage, shard group); auto:\n"
+       "the newest complete one in --checkpoint-dir, or a fresh start",
+       [](RunOptions &o, auto &, const Values &v) { o.resume = v[0]; }},
       {"--dump", "INPUTS OUT", "output",
        "debugging: run forward and backward on the batch in INPUTS\n"
        "(torch.save of {\"input_ids\", \"attention_mask\", \"labels\"}) and\n"
@@ -291,6 +308,13 @@ void checkCombination(const RunOptions &o) {
     throw UsageError("--eval-only needs --eval-data");
   if (!training && o.offloadOptimizer)
     throw UsageError("--offload-optimizer moves the optimizer to the host; it has no effect "
+                     "with " + other);
+  if (o.checkpoints.dir.empty() && (o.checkpoints.every > 0 || o.checkpoints.keep > 0))
+    throw UsageError("--checkpoint-every and --keep need --checkpoint-dir");
+  if (o.resume == "auto" && o.checkpoints.dir.empty())
+    throw UsageError("--resume auto looks in --checkpoint-dir; give it");
+  if (!training && (!o.checkpoints.dir.empty() || !o.resume.empty()))
+    throw UsageError("--checkpoint-dir and --resume are for training; they have no effect "
                      "with " + other);
   if (!training && !o.saveParams.empty())
     throw UsageError("--save-params writes trained parameters; it has no effect with " + other);

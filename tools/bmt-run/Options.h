@@ -48,6 +48,9 @@ struct RunOptions {
   int64_t decoderStartId = -1; ///< -1: the data's pad_id, else 0
 
   bool evalOnly = false;
+  // Checkpoints
+  runtime::CheckpointOptions checkpoints;
+  std::string resume; ///< a checkpoint folder, "auto", or empty
   // Output
   std::string logFile, saveParams;
   // Debugging / parity

@@ -87,13 +87,13 @@ int64_t maskTokenId(const runtime::TokenFile *data);
 /// This rank's micro-batches: the fixed batches in turn (cycled), else
 /// windows of `windowLength` tokens sampled from `train` (every rank draws
 /// the same global batch of microBatch x worldSize windows with `seed` and
-/// trains on its rows). An empty function when there is neither (evaluation
-/// only). `fixed` and `train` must outlive the function.
-std::function<runtime::MicroBatch()> makeBatchSource(const FixedBatches &fixed,
-                                                     const runtime::TokenFile *train,
-                                                     int64_t microBatch, int64_t windowLength,
-                                                     uint64_t seed, int64_t rank,
-                                                     int64_t worldSize);
+/// trains on its rows). Null when there is neither (evaluation only).
+/// `fixed` and `train` must outlive the source.
+std::unique_ptr<runtime::MicroBatchSource> makeBatchSource(const FixedBatches &fixed,
+                                                           const runtime::TokenFile *train,
+                                                           int64_t microBatch,
+                                                           int64_t windowLength, uint64_t seed,
+                                                           int64_t rank, int64_t worldSize);
 
 /// --dump INPUTS OUT: forward, loss and backward on the batch in
 /// o.dumpInputs; rank 0 saves the outputs, the loss and every gradient.

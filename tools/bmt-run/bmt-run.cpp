@@ -14,6 +14,7 @@
 #include "bmt/Support/ErrorText.h"
 
 #include "bmt/Plan/Archive.h"
+#include "bmt/Runtime/checkpoint/Checkpoint.h"
 #include "bmt/Runtime/objectives/Corruption.h"
 #include "bmt/Runtime/exec/Model.h"
 #include "bmt/Runtime/optim/OffloadAdam.h"
@@ -220,6 +221,26 @@ void saveParameters(runtime::Model &model, const std::string &path) {
   std::cout << "saved " << named.size() << " parameters -> " << path << "\n";
 }
 
+/// Prints (rank 0) where a resumed run continues and the bytes each rank
+/// read from the checkpoint (an all-gather: collective).
+void printResume(const runtime::ResumeReport &r, const std::string &folder,
+                 runtime::Comm &world) {
+  at::Tensor mine = at::full({1}, r.bytesRead, at::TensorOptions().dtype(at::kLong))
+                        .to(world.device());
+  at::Tensor all = at::empty({world.size()}, mine.options());
+  world.allGather(all, mine)->wait();
+  all = all.cpu();
+  if (world.rank() != 0)
+    return;
+  std::cout << "bmt-run: resumed from " << folder << " at step " << r.progress.step
+            << " (saved by " << r.savedWorldSize << (r.savedWorldSize == 1 ? " rank" : " ranks")
+            << (r.resharded ? ", resharded to this run's layout" : "")
+            << "); bytes read per rank:";
+  for (int64_t i = 0; i < world.size(); ++i)
+    std::cout << " " << all[i].item<int64_t>();
+  std::cout << "\n";
+}
+
 int run(const tools::RunOptions &o) {
   tools::checkOutputs(o);
   runtime::RendezvousInfo rendezvous = runtime::rendezvousFromEnvironment();
@@ -314,16 +335,39 @@ int run(const tools::RunOptions &o) {
     config.spanCorruption = tools::spanCorruptionSettings(
         o, span, runtime::spanCorruptionLengths(fixed.windows.size(2), span), vocab, nullptr,
         fixed.windows.max().item<int64_t>() + 1, rank0);
-  std::function<runtime::MicroBatch()> next = tools::makeBatchSource(
+  std::unique_ptr<runtime::MicroBatchSource> batches = tools::makeBatchSource(
       fixed, train.get(), o.microBatch, windowLength, o.train.seed, rank, worldSize);
 
+  // The checkpoint to continue from: named, or the newest complete one.
+  std::string resumeFrom = o.resume;
+  if (o.resume == "auto") {
+    resumeFrom = runtime::latestCheckpoint(o.checkpoints.dir).value_or("");
+    if (resumeFrom.empty() && rank0)
+      std::cout << "bmt-run: --resume auto: no complete checkpoint in " << o.checkpoints.dir
+                << "; starting at step 1\n";
+  }
   std::unique_ptr<std::ofstream> log;
   if (!o.logFile.empty()) {
-    log = std::make_unique<std::ofstream>(o.logFile, std::ios::trunc);
+    // A resumed run adds its steps to the log of the run it continues.
+    log = std::make_unique<std::ofstream>(o.logFile, resumeFrom.empty() ? std::ios::trunc
+                                                                        : std::ios::app);
     if (!*log)
       throw Failure(o.logFile + ": cannot write the log");
   }
   runtime::Trainer trainer(model, config, std::cout, log.get());
+  if (!o.checkpoints.dir.empty()) {
+    runtime::RunIdentity identity;
+    identity.planIdentity = runtime::planIdentity(p, archive.programText(), worldSize);
+    identity.modelIdentity = runtime::modelIdentity(p);
+    identity.source = p.source;
+    identity.modelType = p.modelType;
+    identity.worldSize = worldSize;
+    identity.zeroStage = p.zeroStage;
+    identity.shardGroupSize = p.shardGroupSize > 0 ? p.shardGroupSize : worldSize;
+    trainer.setCheckpoints(o.checkpoints, identity);
+  }
+  if (!resumeFrom.empty() && !o.evalOnly)
+    printResume(trainer.resume(resumeFrom), resumeFrom, model.world()); // collective
 
   if (o.evalOnly) {
     trainer.reportEvaluation(
@@ -331,7 +375,7 @@ int run(const tools::RunOptions &o) {
     return 0;
   }
 
-  trainer.train(next, eval.get(), windowLength - 1, o.microBatch);
+  trainer.train(*batches, eval.get(), windowLength - 1, o.microBatch);
 
   if (!o.saveParams.empty())
     saveParameters(model, o.saveParams);

@@ -151,6 +151,15 @@ struct ShardRange {
 };
 ShardRange shardRange(int64_t size, int64_t rank, int64_t shards);
 
+/// The plan's name of a dtype ("float32", "bfloat16", ...) and back. Throw
+/// PlanError for a dtype the plan format has no name for.
+std::string dtypeName(c10::ScalarType dtype);
+c10::ScalarType dtypeFromName(const std::string &name);
+
+/// CRC-32 (IEEE 802.3, zlib's crc32) of `nbytes` bytes at `data`: the
+/// checksum of sharded.pt's tensors and of checkpoint shards.
+uint32_t crc32(const void *data, size_t nbytes);
+
 /// The whole plan.
 struct Plan {
   /// The version read (fromIValue); writers write formatVersionOf(plan).

@@ -97,6 +97,13 @@ public:
   at::Tensor sequential(int64_t i) const;
   int64_t numSequentialBatches() const;
 
+  /// The generator's state in std::mt19937_64's text form (operator<<),
+  /// and back: setGeneratorState(generatorState()) continues the same
+  /// sequence of windows. Throws std::invalid_argument for text that does
+  /// not parse.
+  std::string generatorState() const;
+  void setGeneratorState(const std::string &state);
+
 private:
   const TokenFile &file_;
   int64_t batch_, seqLen_, begin_, end_;

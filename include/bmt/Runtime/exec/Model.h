@@ -48,6 +48,26 @@ struct ModelInputs {
   at::Tensor decoderInputIds;
 };
 
+/// One flat buffer of trainable values as a checkpoint saves it
+/// (Checkpoint.h): a ZeRO storage group, sharded over the shard group, or
+/// one replicated trainable tensor (one shard).
+struct ParameterSpace {
+  std::string name;             ///< the group's name, or the tensor's
+  c10::ScalarType dtype = c10::ScalarType::Float; ///< the parameters' dtype
+  int64_t size = 0;             ///< elements of the whole buffer
+  std::vector<int64_t> members; ///< plan tensor indices
+  std::vector<int64_t> offsets; ///< their element offsets in the buffer
+  int64_t numShards = 1, shardIndex = 0;
+  int64_t shardSize = 0;        ///< ceil(size / numShards)
+  bool writer = true;           ///< this rank saves the shard (its first replica)
+  /// This rank's shard, [shardSize] of `dtype` (a flat view of a
+  /// replicated tensor), live.
+  at::Tensor value;
+  /// Its index in parameters() (and the optimizer's): that tensor is a
+  /// float32 master of `value` when their dtypes differ, else `value`'s.
+  size_t parameter = 0;
+};
+
 class Model {
 public:
   /// Loads `archive` onto `device` for this rank of `world` (null: a single
@@ -135,6 +155,14 @@ public:
   /// `gradients`; parameters without one are skipped) by plan name, CPU
   /// copies; under ZeRO gathered from the shards. Collective.
   std::vector<std::pair<std::string, at::Tensor>> fullParameters(bool gradients = false);
+
+  /// The buffers parameters() hold, for checkpoints: one a parameter, in
+  /// the same order.
+  std::vector<ParameterSpace> parameterSpaces() const;
+  /// After a checkpoint's values were copied into parameters() (and the
+  /// spaces' values): refreshes low-precision ZeRO shards from their
+  /// masters and frees gathered buffers, as after an optimizer step.
+  void parametersChanged() { afterOptimizerStep(); }
 
   /// Elements in all distinct trainable parameters (of the whole model).
   int64_t numParameters() const;

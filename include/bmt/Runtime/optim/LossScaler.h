@@ -33,6 +33,11 @@ public:
   /// with inf/NaN gradients, any floating dtype, on the device) and moves
   /// the scale to the next step's. Asynchronous on CUDA.
   void update(const at::Tensor &foundInf);
+  /// The clean steps in a row so far: a float64 tensor of one element on
+  /// the device (with scale(), the scaler's state for checkpoints).
+  const at::Tensor &cleanSteps() const { return clean_; }
+  /// Restores a checkpoint's scale and count of clean steps.
+  void setState(double scale, int64_t cleanSteps);
 
 private:
   at::Tensor scale_, clean_;

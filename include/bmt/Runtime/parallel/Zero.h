@@ -151,6 +151,17 @@ public:
   /// rank calls it for the same tensors in the same order.
   at::Tensor gatherParameter(int64_t index, bool gradient = false);
 
+  /// Group `group`'s place on this rank, for checkpoints: its shard in the
+  /// group's dtype ([shardSize], not a master copy), this rank's shard
+  /// index and the number of shards (the shard group's size), and whether
+  /// this rank is the first replica of that shard (hybrid sharding).
+  struct ShardPlace {
+    at::Tensor shard;
+    int64_t shardIndex = 0, numShards = 1;
+    bool firstReplica = true;
+  };
+  ShardPlace shardPlace(int64_t group) const;
+
   /// Elements in the groups' real (unpadded) buffers, counting each
   /// parameter once.
   int64_t numParameters() const;

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <ostream>
+#include <string>
 
 namespace bmt::runtime {
 
@@ -53,6 +54,13 @@ public:
   /// "eval", "step", "val_loss", "val_ppl", "tokens"}; step 0 for an
   /// evaluation without training.
   void evaluation(int64_t step, const EvalResult &r);
+  /// A finished checkpoint save: "checkpoint step N -> PATH | B bytes
+  /// (rank 0) | written in W s, training held H s" (or "warning:
+  /// checkpoint step N failed: WHY; the previous checkpoints stay, training
+  /// goes on") and {"kind": "checkpoint", "step", "ok", "path" | "error",
+  /// "bytes", "write_s", "held_s"}. `where`: the path, or the error.
+  void checkpoint(int64_t step, bool ok, const std::string &where, int64_t bytes,
+                  double writeSeconds, double heldSeconds);
 
 private:
   std::ostream &out_;

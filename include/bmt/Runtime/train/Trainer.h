@@ -3,7 +3,10 @@
 #ifndef BMT_RUNTIME_TRAIN_TRAINER_H
 #define BMT_RUNTIME_TRAIN_TRAINER_H
 
+#include "bmt/Runtime/checkpoint/Checkpoint.h"
+#include "bmt/Runtime/data/Batches.h"
 #include "bmt/Runtime/objectives/Corruption.h"
+#include "bmt/Runtime/optim/LossScaler.h"
 #include "bmt/Runtime/train/Metrics.h"
 #include "bmt/Runtime/optim/LRSchedule.h"
 #include "bmt/Runtime/exec/Model.h"
@@ -13,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <random>
@@ -21,7 +25,6 @@
 
 namespace bmt::runtime {
 
-class LossScaler;
 class Optimizer;
 
 /// Training must stop: a NaN/inf loss, a bad batch. The message names the step.
@@ -83,26 +86,9 @@ struct TrainConfig {
   double minLossScale = 1;
 };
 
-/// One micro-batch: token windows, which the objective turns into inputs
-/// and labels, or (encoder-decoders) ready source/target pairs.
-struct MicroBatch {
-  at::Tensor window; ///< int64 [batch, seq + 1], CPU
-  /// Without a window: an encoder-decoder's encoder input [batch, n] and
-  /// target [batch, m] (int64, CPU; -100 labels are ignored), trained
-  /// with teacher forcing (decoder input = shiftRight(labels)).
-  at::Tensor inputIds, labels;
-  /// The rows [rowBegin, rowEnd) this rank trains on when the batch above
-  /// is the global one of all ranks (every rank corrupts all of it the same
-  /// way, then takes its rows, and weights its loss by its share of the
-  /// predicted tokens: N ranks train as one process with the whole batch).
-  /// rowEnd -1: every row is this rank's own.
-  int64_t rowBegin = 0, rowEnd = -1;
-};
-
-
 /// Runs the optimizer loop on `model` (on every rank of model.world(), each
 /// with its own slice of the global batch; only rank 0 prints and logs): for each step, gradAccum micro-batches
-/// from `nextMicroBatch` (token windows [batch, seq + 1]: the model reads
+/// from the source (token windows [batch, seq + 1]: the model reads
 /// the first seq tokens; causal-LM predicts tokens 1..seq, masked-LM the
 /// masked ones of the first seq; span corruption turns the whole window of
 /// seq + 1 tokens into an encoder input and a target; or ready
@@ -124,13 +110,30 @@ struct MicroBatch {
 /// Test hook: with the environment variable BMT_DEBUG_INJECT_INF_STEP=k
 /// (and optionally BMT_DEBUG_INJECT_INF_RANK=r, default 0) rank r writes an
 /// inf into its first gradient after the gradients of step k are
-/// synchronized, as an fp16 overflow would (tests of loss scaling).
+/// synchronized, as an fp16 overflow would (tests of loss scaling). With
+/// BMT_DEBUG_EXIT_AFTER_STEP=k every rank exits with status 75 right after
+/// step k is reported and its checkpoint (if due) written, as a killed job
+/// would (tests of resume).
 class Trainer {
 public:
+  /// Makes the optimizer (Model::makeOptimizer) and the loss scaler.
   Trainer(Model &model, TrainConfig config, std::ostream &out, std::ostream *jsonLog);
+  ~Trainer();
 
-  void train(const std::function<MicroBatch()> &nextMicroBatch,
-             const TokenFile *evalData, int64_t seqLen, int64_t microBatch);
+  /// Saves checkpoints during train() (Checkpoint.h): after every
+  /// options.every-th step and after the last one. `identity` describes the
+  /// run (its plan fields; the optimizer's are filled in here).
+  void setCheckpoints(CheckpointOptions options, RunIdentity identity);
+  /// Loads the checkpoint in `folder` (Checkpoint.h loadCheckpoint): the
+  /// parameters, the optimizer and loss scaler, the step, the generator of
+  /// the objective, and the data position that train() gives its source.
+  /// Throws CheckpointError.
+  ResumeReport resume(const std::string &folder);
+
+  /// Trains steps (the resumed step + 1) .. config.steps on micro-batches
+  /// of `source`.
+  void train(MicroBatchSource &source, const TokenFile *evalData, int64_t seqLen,
+             int64_t microBatch);
 
   /// Loss of the model on `data` in sequential windows [microBatch, seqLen+1]
   /// (at most maxBatches; 0 = all), without gradients; the windows are
@@ -154,9 +157,9 @@ public:
 
 private:
   struct PendingStep;
-  PendingStep queueStep(int64_t step, const std::function<MicroBatch()> &nextMicroBatch,
-                        Optimizer &optimizer, LossScaler *scaler, std::mt19937_64 &rng,
-                        const DebugHooks &hooks);
+  PendingStep queueStep(int64_t step, MicroBatchSource &source, const DebugHooks &hooks);
+  /// Reports (rank 0) a save that finished: its line and JSON record.
+  void reportCheckpoint(const CheckpointResult &result);
   /// Loss of one micro-batch window, forward only (grad mode decides
   /// autograd): the mean over its predicted tokens (a scalar on the
   /// device), their number, and the tokens the model read (the encoder's
@@ -171,6 +174,14 @@ private:
   TrainConfig config_;
   std::ostream &out_;
   MetricsWriter metrics_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::optional<LossScaler> scaler_;
+  std::mt19937_64 rng_; ///< the objective's draws (masks, spans), the same on every rank
+  int64_t startStep_ = 0; ///< steps done before this run (resumed)
+  std::optional<DataPosition> resumePosition_;
+  std::optional<std::pair<CheckpointOptions, RunIdentity>> checkpoints_;
+  std::unique_ptr<CheckpointSaver> saver_;
+  double saveHeldSeconds_ = 0; ///< host time the save in flight held training
   std::vector<double> losses_;
   double lossScale_ = 0;
 };

@@ -1,0 +1,162 @@
+//===- Checkpoint.h - sharded training checkpoints --------------*- C++ -*-===//
+//
+// Saves and loads the whole state of a training run as one file per rank
+// plus metadata committed last (the format and the commit protocol:
+// docs/checkpoint-format.md; the shape follows PyTorch DCP). Every rank
+// writes only its own shards and reads only the slices of its own layout,
+// so a checkpoint of N ranks resumes on M ranks, under another ZeRO stage
+// or shard group size.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BMT_RUNTIME_CHECKPOINT_CHECKPOINT_H
+#define BMT_RUNTIME_CHECKPOINT_CHECKPOINT_H
+
+#include "bmt/Runtime/data/Batches.h"
+#include "bmt/Runtime/optim/AdamW.h"
+#include "bmt/Runtime/optim/LRSchedule.h"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace bmt::plan {
+struct Plan;
+} // namespace bmt::plan
+
+namespace bmt::runtime {
+
+class LossScaler;
+class Model;
+class Optimizer;
+
+/// A checkpoint that cannot be written or read: a folder that is not
+/// writable, an incomplete or corrupt checkpoint, one of another model. The
+/// message names the file and what differs.
+class CheckpointError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+/// bmt-run's --checkpoint-dir, --checkpoint-every, --keep.
+struct CheckpointOptions {
+  std::string dir;
+  int64_t every = 0; ///< save after every N-th step; 0: never
+  int64_t keep = 0;  ///< complete checkpoints kept (the newest); 0: all
+};
+
+/// What a checkpoint says about the run that saved it (checkpoint.json's
+/// "plan", "optimizer" and "schedule").
+struct RunIdentity {
+  std::string planIdentity;  ///< planIdentity() of the run
+  std::string modelIdentity; ///< modelIdentity() of its plan
+  std::string source, modelType;
+  int64_t worldSize = 1, zeroStage = 0, shardGroupSize = 1;
+  std::string optimizer; ///< "adamw" or "offload-adamw"
+  double lr = 0;
+  AdamWConfig adamw;
+  LRScheduleConfig schedule;
+};
+
+/// FNV-1a 64 (hex) of `programText`, the plan's storage layout and
+/// tensors, the world size, the ZeRO stage and the shard group size.
+std::string planIdentity(const plan::Plan &plan, const std::string &programText,
+                         int64_t worldSize);
+/// FNV-1a 64 (hex) of the trainable tensors' names, shapes and dtypes in
+/// plan order: equal for plans of the same model under any layout.
+std::string modelIdentity(const plan::Plan &plan);
+
+/// The state of a run besides its parameters and optimizer tensors.
+struct TrainingProgress {
+  int64_t step = 0; ///< optimizer steps done
+  DataPosition data;
+  std::string objectiveGenerator; ///< masked-LM / span corruption draws (mt19937_64 text)
+  /// Loaded only: the loss scaler's scale and clean steps (saving reads
+  /// them from the scaler).
+  std::optional<double> lossScale;
+  int64_t cleanSteps = 0;
+};
+
+/// The outcome of one save, once written (and, on rank 0, committed).
+struct CheckpointResult {
+  int64_t step = 0;
+  bool ok = false;
+  std::string error;        ///< why not, when !ok
+  std::string path;         ///< the complete checkpoint's folder
+  int64_t bytes = 0;        ///< this rank's file
+  double writeSeconds = 0;  ///< from the snapshot to the commit, in the background
+};
+
+/// Saves checkpoints of `model` (parameters), `optimizer` (its state) and
+/// `scaler` (may be null) on every rank, in the background:
+/// save() snapshots the state into host memory (pinned, on a side stream
+/// on CUDA) and returns; a thread writes this rank's file while training
+/// goes on, and rank 0's thread commits the checkpoint once every rank's
+/// file is written. A failed save (a full disk) removes its folder and is
+/// reported by poll()/wait(); the previous checkpoints stay.
+/// All references must outlive the saver.
+class CheckpointSaver {
+public:
+  /// Creates options.dir if needed and checks that it can be written; on
+  /// rank 0 removes the folders of saves that died (".tmp-" ones).
+  /// Collective (the ranks agree on the run's save folder names). Throws
+  /// CheckpointError naming the folder.
+  CheckpointSaver(Model &model, Optimizer &optimizer, const LossScaler *scaler,
+                  CheckpointOptions options, RunIdentity identity);
+  /// Waits for the save in flight.
+  ~CheckpointSaver();
+  CheckpointSaver(const CheckpointSaver &) = delete;
+  CheckpointSaver &operator=(const CheckpointSaver &) = delete;
+
+  /// Whether the run saves after `step`.
+  bool due(int64_t step) const;
+  /// Snapshots the state after `progress.step` (call after the step was
+  /// queued, before the next) and starts writing it. Waits first for the
+  /// previous save to be written. Returns the seconds the calling thread
+  /// was held, the wait included.
+  double save(const TrainingProgress &progress);
+  /// Call before anything changes the parameters or the optimizer's state
+  /// (the optimizer step): on CUDA the current stream waits for the
+  /// snapshot's copies (no host wait); host tensors are copied by the
+  /// saving thread, which this waits for. Returns the seconds waited.
+  double beforeStateChange();
+  /// The result of a save that finished since the last call, if any
+  /// (never waits).
+  std::optional<CheckpointResult> poll();
+  /// Waits for the save in flight (rank 0: and its commit) and returns its
+  /// result, if there was one not yet reported.
+  std::optional<CheckpointResult> wait();
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The newest complete checkpoint folder in `dir` (one with a valid
+/// COMPLETE file), or none. Incomplete and in-progress folders are ignored.
+std::optional<std::string> latestCheckpoint(const std::string &dir);
+
+/// What a resume read.
+struct ResumeReport {
+  TrainingProgress progress;
+  int64_t bytesRead = 0;       ///< by this rank, from the rank files
+  int64_t savedWorldSize = 0;  ///< of the run that saved it
+  bool resharded = false;      ///< its layout differs from this run's
+};
+
+/// Loads the checkpoint in `folder` into `model`'s parameters, the
+/// `optimizer`'s state and `scaler` (when both have loss scaling), reading
+/// only this rank's slices; at the same world size it restores each rank's
+/// CPU and CUDA generator states. Returns the rest of the run's state.
+/// Throws CheckpointError, changing nothing, for a folder that is not a
+/// complete checkpoint, another format version, another model (naming the
+/// first tensor that differs), missing or truncated rank files; and for a
+/// checksum mismatch (then the model may be partly loaded: stop the run).
+ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &optimizer,
+                            LossScaler *scaler);
+
+} // namespace bmt::runtime
+
+#endif // BMT_RUNTIME_CHECKPOINT_CHECKPOINT_H

@@ -1,0 +1,1090 @@
+//===- Checkpoint.cpp - sharded training checkpoints ----------------------===//
+//
+// Saving (docs/checkpoint-format.md has the protocol):
+//
+//   main thread:  save(): snapshot the device tensors into pinned host
+//                 buffers on a side stream (CUDA), queue the host ones;
+//                 hand the snapshot to the saving thread; return.
+//                 beforeStateChange() (before the next optimizer step): the
+//                 compute stream waits for the copies; the host waits for
+//                 the saving thread's host copies.
+//   saving thread: host copies; wait for the device copies; CRC-32s; write
+//                 and fsync rank-R.safetensors; rank-R.done. Rank 0 then
+//                 waits for every rank's marker and commits: checkpoint.json,
+//                 rename the folder, COMPLETE, remove old checkpoints.
+//
+// The saving thread runs no collective: the ranks meet through the files,
+// so a save never stalls the training's communication.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bmt/Runtime/checkpoint/Checkpoint.h"
+
+#include "bmt/Plan/Plan.h"
+#include "bmt/Runtime/comm/Comm.h"
+#include "bmt/Runtime/exec/Model.h"
+#include "bmt/Runtime/io/Safetensors.h"
+#include "bmt/Runtime/optim/LossScaler.h"
+#include "bmt/Runtime/optim/Optimizer.h"
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/Event.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace bmt::runtime {
+
+namespace {
+
+constexpr int kFormatVersion = 1;
+const char *kFormat = "bmt-checkpoint";
+
+using Clock = std::chrono::steady_clock;
+double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// --- identities -------------------------------------------------------------
+
+struct Fnv {
+  uint64_t h = 1469598103934665603ull;
+  void add(const void *data, size_t n) {
+    const auto *p = static_cast<const unsigned char *>(data);
+    for (size_t i = 0; i < n; ++i)
+      h = (h ^ p[i]) * 1099511628211ull;
+  }
+  void add(const std::string &s) {
+    add(s.data(), s.size());
+    add("\0", 1);
+  }
+  void add(int64_t v) { add(&v, sizeof v); }
+  std::string hex() const {
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
+    return text;
+  }
+};
+
+void addTrainables(Fnv &f, const plan::Plan &p) {
+  for (const plan::TensorInfo &t : p.tensors)
+    if (t.isParameter && t.requiresGrad) {
+      f.add(t.name);
+      f.add(plan::dtypeName(t.dtype));
+      for (int64_t d : t.shape)
+        f.add(d);
+    }
+}
+
+// --- file names -------------------------------------------------------------
+
+std::string stepName(int64_t step) {
+  char text[32];
+  std::snprintf(text, sizeof text, "step-%08lld", static_cast<long long>(step));
+  return text;
+}
+
+std::string rankName(int64_t rank, const char *suffix) {
+  char text[48];
+  std::snprintf(text, sizeof text, "rank-%05lld%s", static_cast<long long>(rank), suffix);
+  return text;
+}
+
+std::string completeLine(int64_t step) {
+  return std::string(kFormat) + " " + std::to_string(kFormatVersion) + " step " +
+         std::to_string(step) + "\n";
+}
+
+std::string systemError() { return std::strerror(errno); }
+
+/// Writes `text` to `path` and fsyncs it. Throws std::runtime_error.
+void writeSynced(const std::string &path, const std::string &text) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw std::runtime_error(path + ": cannot write (" + systemError() + ")");
+  const char *p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      std::string reason = systemError();
+      ::close(fd);
+      throw std::runtime_error(path + ": write failed (" + reason + ")");
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    std::string reason = systemError();
+    ::close(fd);
+    throw std::runtime_error(path + ": fsync failed (" + reason + ")");
+  }
+  ::close(fd);
+}
+
+void syncDirectory(const std::string &dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+std::string readText(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+/// The step of a complete checkpoint folder, or -1.
+int64_t completeStep(const fs::path &folder) {
+  const std::string name = folder.filename().string();
+  if (name.size() != 13 || name.rfind("step-", 0) != 0 ||
+      !std::all_of(name.begin() + 5, name.end(), ::isdigit))
+    return -1;
+  const int64_t step = std::stoll(name.substr(5));
+  std::error_code ec;
+  if (!fs::is_regular_file(folder / "COMPLETE", ec))
+    return -1;
+  return readText((folder / "COMPLETE").string()) == completeLine(step) ? step : -1;
+}
+
+std::string scheduleKindName(LRScheduleKind k) {
+  switch (k) {
+  case LRScheduleKind::NoDecay: return "constant";
+  case LRScheduleKind::Noam: return "noam";
+  case LRScheduleKind::Linear: return "linear";
+  case LRScheduleKind::Cosine: return "cosine";
+  case LRScheduleKind::Exponential: return "exponential";
+  }
+  return "?";
+}
+
+/// The checkpoint's field of an optimizer state slot ("exp_avg" ->
+/// "exp_avg"); "master" is saved only for low-precision spaces.
+std::string fieldName(int64_t space, const std::string &field) {
+  return "s" + std::to_string(space) + "." + field;
+}
+
+bool lowPrecision(c10::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+/// Splits an optimizer state key "exp_avg.3" into ("exp_avg", 3).
+std::pair<std::string, size_t> splitStateKey(const std::string &key) {
+  size_t dot = key.rfind('.');
+  if (dot == std::string::npos)
+    throw std::logic_error("optimizer state key without an index: " + key);
+  return {key.substr(0, dot), static_cast<size_t>(std::stoull(key.substr(dot + 1)))};
+}
+
+} // namespace
+
+std::string planIdentity(const plan::Plan &p, const std::string &programText, int64_t worldSize) {
+  Fnv f;
+  f.add(programText);
+  addTrainables(f, p);
+  for (const plan::StorageGroup &g : p.groups) {
+    f.add(g.name);
+    f.add(plan::dtypeName(g.dtype));
+    f.add(g.size);
+    for (size_t m = 0; m < g.members.size(); ++m) {
+      f.add(g.members[m]);
+      f.add(g.offsets[m]);
+    }
+  }
+  f.add(worldSize);
+  f.add(p.zeroStage);
+  f.add(p.shardGroupSize);
+  return f.hex();
+}
+
+std::string modelIdentity(const plan::Plan &p) {
+  Fnv f;
+  addTrainables(f, p);
+  return f.hex();
+}
+
+// --- saving -----------------------------------------------------------------
+
+namespace {
+
+/// One tensor of this rank's file: the live tensor and its host copy.
+struct Item {
+  std::string name;
+  at::Tensor live;      ///< the state (device or host); undefined for derived items
+  at::Tensor host;      ///< persistent host buffer (pinned on CUDA)
+  at::Tensor deriveFrom; ///< host buffer of another item this one is a dtype conversion of
+  bool hostCopy = false; ///< live is on the host: the saving thread copies it
+};
+
+struct Snapshot {
+  int64_t step = 0;
+  std::vector<Item *> items;
+  std::optional<c10::Event> copied; ///< CUDA: the device copies are done
+  std::string folder;               ///< the .tmp folder
+  json metadata;                    ///< checkpoint.json without the loss scale
+  at::Tensor lossScale, cleanSteps; ///< host copies
+  Clock::time_point started;
+};
+
+} // namespace
+
+struct CheckpointSaver::Impl {
+  Model &model;
+  Optimizer &optimizer;
+  const LossScaler *scaler;
+  CheckpointOptions options;
+  RunIdentity identity;
+  int64_t rank = 0, worldSize = 1;
+  std::string nonce;
+  at::Device device = at::kCPU;
+  std::optional<c10::Stream> copyStream;
+  std::map<std::string, Item> items; ///< persistent buffers, by name
+  at::Tensor lossScaleHost, cleanStepsHost;
+
+  std::thread thread;
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool hostCopiesDone = true;        ///< the saving thread finished reading live host tensors
+  std::optional<c10::Event> pendingCopies; ///< CUDA copies not yet waited for by the compute stream
+  std::optional<CheckpointResult> finished; ///< not yet reported
+
+  Impl(Model &m, Optimizer &o, const LossScaler *s, CheckpointOptions opts, RunIdentity id)
+      : model(m), optimizer(o), scaler(s), options(std::move(opts)), identity(std::move(id)) {}
+
+  void join() {
+    if (thread.joinable())
+      thread.join();
+  }
+
+  std::string tmpFolder(int64_t step) const {
+    return (fs::path(options.dir) / (stepName(step) + ".tmp-" + nonce)).string();
+  }
+
+  Item &item(const std::string &name, const at::Tensor &live) {
+    Item &it = items[name];
+    it.name = name;
+    it.live = live.detach();
+    if (!it.host.defined() || it.host.sizes() != live.sizes() ||
+        it.host.scalar_type() != live.scalar_type())
+      it.host = at::empty(live.sizes(), at::TensorOptions().dtype(live.scalar_type())
+                                            .pinned_memory(live.is_cuda()));
+    it.hostCopy = !live.is_cuda();
+    return it;
+  }
+
+  json spacesJson(const std::vector<ParameterSpace> &spaces) const {
+    const plan::Plan &p = model.plan();
+    json out = json::array();
+    for (size_t k = 0; k < spaces.size(); ++k) {
+      const ParameterSpace &s = spaces[k];
+      json members = json::array();
+      for (size_t m = 0; m < s.members.size(); ++m) {
+        const plan::TensorInfo &t = p.tensors.at(s.members[m]);
+        members.push_back({{"tensor", t.name}, {"shape", t.shape}, {"offset", s.offsets[m]},
+                           {"aliases", t.aliases}});
+      }
+      out.push_back({{"name", s.name}, {"dtype", plan::dtypeName(s.dtype)},
+                     {"master", lowPrecision(s.dtype)}, {"size", s.size},
+                     {"shards", s.numShards}, {"shard_size", s.shardSize},
+                     {"members", members}});
+    }
+    return out;
+  }
+
+  json metadataJson(const TrainingProgress &progress,
+                    const std::vector<ParameterSpace> &spaces) const {
+    const LRScheduleConfig &sc = identity.schedule;
+    json data = {{"kind", progress.data.kind}};
+    if (progress.data.kind == "random-windows") {
+      data["sampler"] = progress.data.generator;
+      data["windows"] = progress.data.windows;
+    } else {
+      data["micro_batches"] = progress.data.microBatches;
+    }
+    return {{"format", kFormat},
+            {"version", kFormatVersion},
+            {"step", progress.step},
+            {"world_size", worldSize},
+            {"zero_stage", identity.zeroStage},
+            {"shard_group_size", identity.shardGroupSize},
+            {"plan",
+             {{"identity", identity.planIdentity},
+              {"model", identity.modelIdentity},
+              {"source", identity.source},
+              {"model_type", identity.modelType}}},
+            {"optimizer",
+             {{"kind", identity.optimizer},
+              {"lr", identity.lr},
+              {"beta1", identity.adamw.beta1},
+              {"beta2", identity.adamw.beta2},
+              {"eps", identity.adamw.eps},
+              {"weight_decay", identity.adamw.weightDecay}}},
+            {"schedule",
+             {{"kind", scheduleKindName(sc.kind)},
+              {"peak_lr", sc.peakLR},
+              {"warmup_steps", sc.warmupSteps},
+              {"total_steps", sc.totalSteps},
+              {"min_lr", sc.minLR},
+              {"gamma", sc.gamma}}},
+            {"loss_scale", nullptr},
+            {"data", data},
+            {"objective_rng", progress.objectiveGenerator},
+            {"spaces", spacesJson(spaces)}};
+  }
+
+  /// The items of this rank's file, their live tensors as of now.
+  std::vector<Item *> collectItems() {
+    std::vector<ParameterSpace> spaces = model.parameterSpaces();
+    OptimizerState state = optimizer.state();
+    const bool derivedParams = [&] {
+      for (const auto &[key, t] : state.tensors)
+        if (splitStateKey(key).first == "master")
+          return true;
+      return false;
+    }();
+    std::vector<Item *> out;
+    std::map<size_t, size_t> spaceOfParameter;
+    for (size_t k = 0; k < spaces.size(); ++k)
+      spaceOfParameter[spaces[k].parameter] = k;
+    for (size_t k = 0; k < spaces.size(); ++k) {
+      const ParameterSpace &s = spaces[k];
+      if (!s.writer)
+        continue;
+      const at::Tensor &trainable = model.parameters().at(s.parameter);
+      if (!derivedParams)
+        out.push_back(&item(fieldName(k, "param"), s.value));
+      if (lowPrecision(s.dtype) && trainable.scalar_type() != s.dtype)
+        out.push_back(&item(fieldName(k, "master"), trainable.view({-1})));
+    }
+    for (const auto &[key, tensor] : state.tensors) {
+      auto [slot, i] = splitStateKey(key);
+      const size_t k = spaceOfParameter.at(i);
+      const ParameterSpace &s = spaces[k];
+      if (!s.writer)
+        continue;
+      at::Tensor flat = tensor.dim() == 0 ? tensor : tensor.view({-1});
+      if (slot == "master") {
+        // An offloaded optimizer's master (host memory): the device
+        // parameters are its copy, in flight on a side stream at this
+        // point, so the saved parameters are converted from the master.
+        Item &master = item(fieldName(k, "master"), flat);
+        out.push_back(&master);
+        if (!lowPrecision(s.dtype))
+          masterOnlyForDerive.insert(master.name); // (float32: it is the parameter)
+        Item &param = items[fieldName(k, "param")];
+        param.name = fieldName(k, "param");
+        param.live = at::Tensor();
+        param.hostCopy = false;
+        if (!param.host.defined() || param.host.numel() != flat.numel())
+          param.host = at::empty({flat.numel()}, at::TensorOptions().dtype(s.dtype));
+        param.deriveFrom = master.host;
+        out.push_back(&param);
+        continue;
+      }
+      out.push_back(&item(fieldName(k, slot), flat));
+    }
+    // The RNG states.
+    out.push_back(&item("rng.cpu", at::detail::getDefaultCPUGenerator().get_state()));
+    if (device.is_cuda())
+      out.push_back(&item("rng.cuda", at::globalContext().defaultGenerator(device).get_state()));
+    return out;
+  }
+
+  std::set<std::string> masterOnlyForDerive; ///< host copies used to derive params, not saved
+  /// BMT_DEBUG_CHECKPOINT_SLOW_MS: sleep after writing each tensor (tests
+  /// that kill a rank during a save).
+  int64_t slowWriteMs = [] {
+    const char *v = std::getenv("BMT_DEBUG_CHECKPOINT_SLOW_MS");
+    return v && *v ? std::atoll(v) : 0;
+  }();
+
+  /// The saving thread: copies, writes, commits.
+  void write(std::shared_ptr<Snapshot> snap) {
+    CheckpointResult result;
+    result.step = snap->step;
+    const std::string myFile = (fs::path(snap->folder) / rankName(rank, ".safetensors")).string();
+    try {
+      {
+        c10::NoGradGuard noGrad;
+        for (Item *it : snap->items)
+          if (it->hostCopy)
+            it->host.copy_(it->live);
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        hostCopiesDone = true;
+      }
+      changed.notify_all();
+      if (snap->copied)
+        snap->copied->synchronize();
+      for (Item *it : snap->items)
+        if (it->deriveFrom.defined())
+          it->host.copy_(it->deriveFrom.view({-1}));
+      // This rank's file.
+      std::vector<SafetensorsEntry> entries;
+      json crcs = json::object();
+      std::vector<Item *> saved;
+      for (Item *it : snap->items) {
+        if (masterOnlyForDerive.count(it->name))
+          continue;
+        saved.push_back(it);
+        entries.push_back({it->name, it->host.scalar_type(), it->host.sizes().vec()});
+        char hex[9];
+        std::snprintf(hex, sizeof hex, "%08x", plan::crc32(it->host.data_ptr(), it->host.nbytes()));
+        crcs[it->name] = hex;
+      }
+      SafetensorsWriter writer(myFile, entries,
+                               {{"format", kFormat},
+                                {"version", std::to_string(kFormatVersion)},
+                                {"rank", std::to_string(rank)},
+                                {"crc32", crcs.dump()}});
+      for (Item *it : saved) {
+        writer.write(it->host.data_ptr(), static_cast<int64_t>(it->host.nbytes()));
+        if (slowWriteMs > 0) // test hook: a save that lasts long enough to be killed
+          std::this_thread::sleep_for(std::chrono::milliseconds(slowWriteMs));
+      }
+      writer.close();
+      result.bytes = writer.bytesWritten();
+      writeSynced((fs::path(snap->folder) / rankName(rank, ".done")).string(),
+                  std::to_string(result.bytes) + "\n");
+      result.ok = true;
+      if (rank == 0)
+        commit(*snap, result);
+    } catch (const std::exception &e) {
+      result.ok = false;
+      result.error = e.what();
+      std::error_code ec;
+      fs::remove(myFile, ec); // give the space back
+      try {
+        writeSynced((fs::path(snap->folder) / rankName(rank, ".failed")).string(),
+                    result.error + "\n");
+      } catch (const std::exception &) {
+      }
+      if (rank == 0)
+        fs::remove_all(snap->folder, ec);
+      std::lock_guard<std::mutex> lock(mutex);
+      hostCopiesDone = true;
+    }
+    changed.notify_all();
+    result.writeSeconds = secondsSince(snap->started);
+    std::lock_guard<std::mutex> lock(mutex);
+    finished = result;
+  }
+
+  /// Rank 0: waits for every rank's file, then makes the checkpoint
+  /// complete (docs/checkpoint-format.md). Throws std::runtime_error.
+  void commit(Snapshot &snap, CheckpointResult &result) {
+    const fs::path tmp = snap.folder;
+    json rankBytes = json::array();
+    const auto deadline = Clock::now() + std::chrono::minutes(30);
+    for (int64_t r = 0; r < worldSize; ++r) {
+      for (;;) {
+        std::error_code ec;
+        if (fs::exists(tmp / rankName(r, ".done"), ec))
+          break;
+        if (fs::exists(tmp / rankName(r, ".failed"), ec))
+          throw std::runtime_error("rank " + std::to_string(r) + ": " +
+                                   readText((tmp / rankName(r, ".failed")).string()));
+        if (Clock::now() > deadline)
+          throw std::runtime_error("rank " + std::to_string(r) + " did not write its file "
+                                   "within 30 minutes");
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      std::string bytes = readText((tmp / rankName(r, ".done")).string());
+      rankBytes.push_back(std::stoll(bytes));
+    }
+    json meta = snap.metadata;
+    meta["rank_bytes"] = rankBytes;
+    if (snap.lossScale.defined())
+      meta["loss_scale"] = {{"scale", snap.lossScale.item<double>()},
+                            {"clean_steps", static_cast<int64_t>(snap.cleanSteps.item<double>())}};
+    writeSynced((tmp / "checkpoint.json").string(), meta.dump(1) + "\n");
+    for (int64_t r = 0; r < worldSize; ++r)
+      fs::remove(tmp / rankName(r, ".done"));
+    syncDirectory(tmp.string());
+    const fs::path final = fs::path(options.dir) / stepName(snap.step);
+    std::error_code ec;
+    if (completeStep(final) == snap.step) {
+      // A resumed run saved the same step again: keep the one there.
+      fs::remove_all(tmp, ec);
+    } else {
+      fs::remove_all(final, ec); // an incomplete one
+      fs::rename(tmp, final);
+      syncDirectory(options.dir);
+      writeSynced((final / "COMPLETE").string(), completeLine(snap.step));
+      syncDirectory(final.string());
+    }
+    result.path = final.string();
+    removeOld();
+  }
+
+  /// Removes the oldest complete checkpoints beyond options.keep.
+  void removeOld() {
+    if (options.keep <= 0)
+      return;
+    std::vector<std::pair<int64_t, fs::path>> complete;
+    std::error_code ec;
+    for (const auto &entry : fs::directory_iterator(options.dir, ec)) {
+      int64_t step = completeStep(entry.path());
+      if (step >= 0)
+        complete.emplace_back(step, entry.path());
+    }
+    std::sort(complete.begin(), complete.end());
+    for (size_t i = 0; i + static_cast<size_t>(options.keep) < complete.size(); ++i) {
+      // COMPLETE first: a removal that dies half-way leaves no checkpoint
+      // that looks complete.
+      fs::remove(complete[i].second / "COMPLETE", ec);
+      fs::remove_all(complete[i].second, ec);
+    }
+  }
+};
+
+CheckpointSaver::CheckpointSaver(Model &model, Optimizer &optimizer, const LossScaler *scaler,
+                                 CheckpointOptions options, RunIdentity identity)
+    : impl_(std::make_unique<Impl>(model, optimizer, scaler, std::move(options),
+                                   std::move(identity))) {
+  Impl &s = *impl_;
+  Comm &world = model.world();
+  s.rank = world.rank();
+  s.worldSize = world.size();
+  s.device = model.device();
+  // The run's name for its save folders: rank 0's random number, so that
+  // the folder of a save that died (in an earlier run) is never mistaken
+  // for this run's.
+  at::Tensor nonce = at::full({1}, static_cast<int64_t>(std::random_device{}() >> 1),
+                              at::TensorOptions().dtype(at::kLong));
+  if (s.worldSize > 1) {
+    at::Tensor t = world.backend() == "local" ? nonce : nonce.to(world.device());
+    world.broadcast(t, 0)->wait();
+    nonce = t.cpu();
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%08llx", static_cast<unsigned long long>(nonce.item<int64_t>()));
+  s.nonce = hex;
+  std::error_code ec;
+  fs::create_directories(s.options.dir, ec);
+  const fs::path probe = fs::path(s.options.dir) / (".probe-" + s.nonce + "-" + std::to_string(s.rank));
+  try {
+    writeSynced(probe.string(), "");
+    fs::remove(probe, ec);
+  } catch (const std::runtime_error &e) {
+    throw CheckpointError(s.options.dir + ": cannot write checkpoints there (" +
+                          (ec ? ec.message() : std::string(e.what())) + ")");
+  }
+  if (s.rank == 0)
+    for (const auto &entry : fs::directory_iterator(s.options.dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("step-", 0) == 0 && name.find(".tmp-") != std::string::npos &&
+          name.find(".tmp-" + s.nonce) == std::string::npos)
+        fs::remove_all(entry.path(), ec);
+    }
+  if (s.worldSize > 1)
+    world.barrier(); // rank 0 removed the dead saves before anyone writes
+  if (s.device.is_cuda())
+    s.copyStream = c10::impl::VirtualGuardImpl(s.device.type())
+                       .getStreamFromGlobalPool(s.device, /*isHighPriority=*/false);
+}
+
+CheckpointSaver::~CheckpointSaver() { impl_->join(); }
+
+bool CheckpointSaver::due(int64_t step) const {
+  return impl_->options.every > 0 && step % impl_->options.every == 0;
+}
+
+double CheckpointSaver::save(const TrainingProgress &progress) {
+  Impl &s = *impl_;
+  const auto start = Clock::now();
+  s.join(); // the previous save
+  auto snap = std::make_shared<Snapshot>();
+  snap->step = progress.step;
+  snap->started = start;
+  snap->folder = s.tmpFolder(progress.step);
+  std::error_code ec;
+  fs::create_directories(snap->folder, ec);
+  snap->items = s.collectItems();
+  if (s.rank == 0)
+    snap->metadata = s.metadataJson(progress, s.model.parameterSpaces());
+  // Device tensors: copied on the side stream once the compute stream has
+  // produced them.
+  if (s.copyStream) {
+    c10::impl::VirtualGuardImpl guard(s.device.type());
+    c10::Stream compute = guard.getStream(s.device);
+    c10::Event produced(s.device.type());
+    produced.record(compute);
+    produced.block(*s.copyStream);
+    {
+      c10::StreamGuard onCopy(*s.copyStream);
+      c10::NoGradGuard noGrad;
+      for (Item *it : snap->items)
+        if (it->live.defined() && it->live.is_cuda())
+          it->host.copy_(it->live, /*non_blocking=*/true);
+      if (s.scaler) {
+        s.lossScaleHost = at::empty({1}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+        s.cleanStepsHost = at::empty({1}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+        s.lossScaleHost.copy_(s.scaler->scale(), true);
+        s.cleanStepsHost.copy_(s.scaler->cleanSteps(), true);
+      }
+    }
+    snap->copied.emplace(s.device.type());
+    snap->copied->record(*s.copyStream);
+    s.pendingCopies.emplace(s.device.type());
+    s.pendingCopies->record(*s.copyStream);
+  } else if (s.scaler) {
+    s.lossScaleHost = s.scaler->scale().cpu().clone();
+    s.cleanStepsHost = s.scaler->cleanSteps().cpu().clone();
+  }
+  if (s.scaler) {
+    snap->lossScale = s.lossScaleHost;
+    snap->cleanSteps = s.cleanStepsHost;
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.hostCopiesDone = false;
+  }
+  s.thread = std::thread([&s, snap] { s.write(snap); });
+  return secondsSince(start);
+}
+
+double CheckpointSaver::beforeStateChange() {
+  Impl &s = *impl_;
+  const auto start = Clock::now();
+  if (s.pendingCopies) {
+    c10::impl::VirtualGuardImpl guard(s.device.type());
+    s.pendingCopies->block(guard.getStream(s.device));
+    s.pendingCopies.reset();
+  }
+  std::unique_lock<std::mutex> lock(s.mutex);
+  s.changed.wait(lock, [&] { return s.hostCopiesDone; });
+  return secondsSince(start);
+}
+
+std::optional<CheckpointResult> CheckpointSaver::poll() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  std::optional<CheckpointResult> r = std::move(impl_->finished);
+  impl_->finished.reset();
+  return r;
+}
+
+std::optional<CheckpointResult> CheckpointSaver::wait() {
+  impl_->join();
+  return poll();
+}
+
+std::optional<std::string> latestCheckpoint(const std::string &dir) {
+  std::error_code ec;
+  int64_t best = -1;
+  fs::path bestPath;
+  for (const auto &entry : fs::directory_iterator(dir, ec)) {
+    int64_t step = completeStep(entry.path());
+    if (step > best) {
+      best = step;
+      bestPath = entry.path();
+    }
+  }
+  if (best < 0)
+    return std::nullopt;
+  return bestPath.string();
+}
+
+// --- loading ----------------------------------------------------------------
+
+namespace {
+
+struct SavedMember {
+  size_t space = 0;
+  int64_t offset = 0, numel = 0;
+  std::vector<int64_t> shape;
+  std::string dtype;
+};
+
+struct SavedSpace {
+  std::string name, dtype;
+  bool master = false;
+  int64_t size = 0, shards = 1, shardSize = 0;
+};
+
+/// Reads this rank's pieces from the checkpoint's rank files.
+class CheckpointReader {
+public:
+  CheckpointReader(std::string folder, const json &meta) : folder_(std::move(folder)) {
+    try {
+      worldSize_ = meta.at("world_size").get<int64_t>();
+      for (const json &s : meta.at("spaces")) {
+        SavedSpace space;
+        space.name = s.at("name").get<std::string>();
+        space.dtype = s.at("dtype").get<std::string>();
+        space.master = s.at("master").get<bool>();
+        space.size = s.at("size").get<int64_t>();
+        space.shards = s.at("shards").get<int64_t>();
+        space.shardSize = s.at("shard_size").get<int64_t>();
+        for (const json &m : s.at("members")) {
+          SavedMember member;
+          member.space = spaces_.size();
+          member.offset = m.at("offset").get<int64_t>();
+          member.shape = m.at("shape").get<std::vector<int64_t>>();
+          member.numel = 1;
+          for (int64_t d : member.shape)
+            member.numel *= d;
+          member.dtype = space.dtype;
+          members_[m.at("tensor").get<std::string>()] = member;
+        }
+        spaces_.push_back(space);
+      }
+    } catch (const json::exception &e) {
+      throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + e.what() + ")");
+    }
+  }
+
+  const std::map<std::string, SavedMember> &members() const { return members_; }
+  const std::vector<SavedSpace> &spaces() const { return spaces_; }
+  int64_t worldSize() const { return worldSize_; }
+
+  SafetensorsFile &file(int64_t rank) {
+    auto it = files_.find(rank);
+    if (it != files_.end())
+      return *it->second;
+    const std::string path = (fs::path(folder_) / rankName(rank, ".safetensors")).string();
+    std::error_code ec;
+    if (!fs::exists(path, ec))
+      throw CheckpointError(path + ": missing (the checkpoint of " + std::to_string(worldSize_) +
+                            " ranks has no file of rank " + std::to_string(rank) + ")");
+    std::unique_ptr<SafetensorsFile> f;
+    try {
+      f = std::make_unique<SafetensorsFile>(path);
+    } catch (const std::runtime_error &e) {
+      throw CheckpointError(e.what());
+    }
+    auto crc = f->metadata().find("crc32");
+    if (f->metadata().count("format") == 0 || f->metadata().at("format") != kFormat ||
+        crc == f->metadata().end())
+      throw CheckpointError(path + ": not a bmt checkpoint shard");
+    try {
+      const json table = json::parse(crc->second);
+      for (const auto &[name, value] : table.items())
+        crcs_[{rank, name}] = static_cast<uint32_t>(std::stoul(value.get<std::string>(), nullptr, 16));
+    } catch (const std::exception &) {
+      throw CheckpointError(path + ": bad checksums in its header");
+    }
+    return *files_.emplace(rank, std::move(f)).first->second;
+  }
+
+  /// Queues a copy of `numel` elements of field `field` of saved space
+  /// `space`, from element `begin` of its flat buffer, to `dst`.
+  void request(size_t space, const std::string &field, int64_t begin, int64_t numel,
+               char *dst, c10::ScalarType dtype) {
+    const size_t elementSize = c10::elementSize(dtype);
+    const SavedSpace &s = spaces_[space];
+    int64_t at = begin, end = begin + numel;
+    while (at < end) {
+      const int64_t shard = at / s.shardSize;
+      const int64_t upTo = std::min(end, (shard + 1) * s.shardSize);
+      Piece p;
+      p.offset = (at - shard * s.shardSize) * static_cast<int64_t>(elementSize);
+      p.nbytes = (upTo - at) * static_cast<int64_t>(elementSize);
+      p.dst = dst + (at - begin) * static_cast<int64_t>(elementSize);
+      // Shard q of a space is in rank q's file.
+      p.dtype = dtype;
+      pending_[{shard, fieldName(static_cast<int64_t>(space), field)}].push_back(p);
+      at = upTo;
+    }
+  }
+
+  /// Reads every queued piece: a tensor read whole (the same layout) is
+  /// checked against its CRC-32; pieces are read with one pread each.
+  void flush() {
+    for (auto &[key, pieces] : pending_) {
+      const auto &[rank, name] = key;
+      SafetensorsFile &f = file(rank);
+      const SafetensorsEntry *e = f.find(name);
+      if (!e)
+        throw CheckpointError(f.path() + ": has no tensor " + name);
+      if (e->dtype != pieces.front().dtype)
+        throw CheckpointError(f.path() + ": tensor " + name + " is " +
+                              c10::toString(e->dtype) + ", this run keeps it in " +
+                              c10::toString(pieces.front().dtype));
+      std::sort(pieces.begin(), pieces.end(),
+                [](const Piece &a, const Piece &b) { return a.offset < b.offset; });
+      bool whole = true;
+      int64_t next = 0;
+      for (const Piece &p : pieces) {
+        whole = whole && p.offset == next;
+        next = p.offset + p.nbytes;
+      }
+      whole = whole && next == e->nbytes();
+      try {
+        if (whole) {
+          std::vector<char> buffer(static_cast<size_t>(e->nbytes()));
+          f.read(name, 0, e->nbytes(), buffer.data());
+          if (plan::crc32(buffer.data(), buffer.size()) != crcs_.at({rank, name}))
+            throw CheckpointError(f.path() + ": corrupt tensor " + name + " (checksum mismatch)");
+          for (const Piece &p : pieces)
+            std::memcpy(p.dst, buffer.data() + p.offset, static_cast<size_t>(p.nbytes));
+        } else {
+          for (const Piece &p : pieces)
+            f.read(name, p.offset, p.nbytes, p.dst);
+        }
+      } catch (const CheckpointError &) {
+        throw;
+      } catch (const std::exception &ex) {
+        throw CheckpointError(ex.what());
+      }
+    }
+    pending_.clear();
+  }
+
+  int64_t bytesRead() const {
+    int64_t n = 0;
+    for (const auto &[rank, f] : files_)
+      n += f->bytesRead();
+    return n;
+  }
+
+private:
+  struct Piece {
+    int64_t offset = 0, nbytes = 0; ///< in the saved tensor
+    char *dst = nullptr;
+    c10::ScalarType dtype = c10::ScalarType::Float; ///< the reader's
+  };
+  std::string folder_;
+  int64_t worldSize_ = 0;
+  std::vector<SavedSpace> spaces_;
+  std::map<std::string, SavedMember> members_;
+  std::map<int64_t, std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::pair<int64_t, std::string>, uint32_t> crcs_;
+  std::map<std::pair<int64_t, std::string>, std::vector<Piece>> pending_;
+};
+
+std::string shapeText(const std::vector<int64_t> &shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+/// Throws CheckpointError naming the first trainable tensor that differs
+/// between the checkpoint and `plan`.
+void checkSameModel(const CheckpointReader &reader, const plan::Plan &p,
+                    const std::string &folder) {
+  std::set<std::string> seen;
+  for (const plan::TensorInfo &t : p.tensors) {
+    if (!(t.isParameter && t.requiresGrad))
+      continue;
+    seen.insert(t.name);
+    auto it = reader.members().find(t.name);
+    if (it == reader.members().end())
+      throw CheckpointError(folder + " is a checkpoint of another model: it has no parameter " +
+                            t.name);
+    if (it->second.shape != t.shape)
+      throw CheckpointError(folder + " is a checkpoint of another model: " + t.name + " is " +
+                            shapeText(it->second.shape) + " there, " + shapeText(t.shape) +
+                            " here");
+    if (it->second.dtype != plan::dtypeName(t.dtype))
+      throw CheckpointError(folder + ": " + t.name + " is " + it->second.dtype +
+                            " in the checkpoint, " + plan::dtypeName(t.dtype) +
+                            " in this plan (compile with the checkpoint's --dtype)");
+  }
+  for (const auto &[name, member] : reader.members())
+    if (!seen.count(name))
+      throw CheckpointError(folder + " is a checkpoint of another model: it has a parameter " +
+                            name + " that this model has not");
+}
+
+} // namespace
+
+ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &optimizer,
+                            LossScaler *scaler) {
+  fs::path dir = fs::path(folder).lexically_normal();
+  if (dir.filename().empty())
+    dir = dir.parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw CheckpointError(folder + ": no such checkpoint folder");
+  json meta;
+  {
+    int64_t step = completeStep(dir);
+    if (step < 0)
+      throw CheckpointError(folder + ": not a complete checkpoint (no valid COMPLETE file: the "
+                            "save did not finish)");
+    try {
+      meta = json::parse(readText((dir / "checkpoint.json").string()));
+    } catch (const json::exception &e) {
+      throw CheckpointError(folder + "/checkpoint.json: not JSON (" + e.what() + ")");
+    }
+    if (meta.value("format", "") != kFormat)
+      throw CheckpointError(folder + "/checkpoint.json: not a bmt checkpoint");
+    if (meta.value("version", 0) != kFormatVersion)
+      throw CheckpointError(folder + ": checkpoint format version " +
+                            std::to_string(meta.value("version", 0)) + "; this bmt-run reads " +
+                            std::to_string(kFormatVersion));
+  }
+  CheckpointReader reader(folder, meta);
+  const plan::Plan &p = model.plan();
+  checkSameModel(reader, p, folder);
+
+  ResumeReport report;
+  report.savedWorldSize = reader.worldSize();
+  std::vector<ParameterSpace> spaces = model.parameterSpaces();
+  // Host buffers of every field of every space, filled by the reader.
+  struct Fields {
+    std::map<std::string, at::Tensor> byName;
+  };
+  std::vector<Fields> loaded(spaces.size());
+  OptimizerState state = optimizer.state();
+  std::map<size_t, size_t> spaceOfParameter;
+  for (size_t k = 0; k < spaces.size(); ++k)
+    spaceOfParameter[spaces[k].parameter] = k;
+
+  // Which fields each space needs, with their dtypes.
+  std::vector<std::map<std::string, c10::ScalarType>> needed(spaces.size());
+  for (size_t k = 0; k < spaces.size(); ++k) {
+    const ParameterSpace &s = spaces[k];
+    needed[k]["param"] = s.dtype;
+    const at::Tensor &trainable = model.parameters().at(s.parameter);
+    if (trainable.scalar_type() != s.dtype)
+      needed[k]["master"] = trainable.scalar_type();
+  }
+  for (const auto &[key, tensor] : state.tensors) {
+    auto [slot, i] = splitStateKey(key);
+    if (slot != "step")
+      needed[spaceOfParameter.at(i)][slot] = tensor.scalar_type();
+  }
+  bool resharded = reader.worldSize() != model.world().size();
+  for (size_t k = 0; k < spaces.size(); ++k) {
+    const ParameterSpace &s = spaces[k];
+    const int64_t begin = s.shardIndex * s.shardSize;
+    const int64_t end = std::min(s.size, begin + s.shardSize);
+    for (const auto &[field, dtype] : needed[k]) {
+      at::Tensor buffer = at::zeros({s.shardSize}, at::TensorOptions().dtype(dtype));
+      loaded[k].byName[field] = buffer;
+      const size_t elementSize = c10::elementSize(dtype);
+      for (size_t m = 0; m < s.members.size(); ++m) {
+        const plan::TensorInfo &t = p.tensors.at(s.members[m]);
+        const int64_t from = std::max(begin, s.offsets[m]);
+        const int64_t to = std::min(end, s.offsets[m] + t.numel());
+        if (from >= to)
+          continue;
+        const SavedMember &saved = reader.members().at(t.name);
+        const SavedSpace &savedSpace = reader.spaces()[saved.space];
+        resharded = resharded || savedSpace.name != s.name || saved.offset != s.offsets[m] ||
+                    savedSpace.shards != s.numShards;
+        // A float32 space's master is its parameter.
+        std::string savedField = field;
+        if (field == "master" && !savedSpace.master)
+          savedField = "param";
+        reader.request(saved.space, savedField, saved.offset + (from - s.offsets[m]), to - from,
+                       static_cast<char *>(buffer.data_ptr()) + (from - begin) * elementSize,
+                       dtype);
+      }
+    }
+  }
+  reader.flush();
+  // The step counts: the saved space of each space's first member (in
+  // shard 0's file, rank 0's).
+  for (size_t k = 0; k < spaces.size(); ++k) {
+    const plan::TensorInfo &t = p.tensors.at(spaces[k].members.at(0));
+    const size_t savedSpace = reader.members().at(t.name).space;
+    try {
+      loaded[k].byName["step"] =
+          reader.file(0).readTensor(fieldName(static_cast<int64_t>(savedSpace), "step"));
+    } catch (const std::runtime_error &e) {
+      if (state.tensors.count("step." + std::to_string(spaces[k].parameter)))
+        throw CheckpointError(e.what());
+    }
+  }
+
+  // Into the model and the optimizer.
+  {
+    c10::NoGradGuard noGrad;
+    for (size_t k = 0; k < spaces.size(); ++k) {
+      const ParameterSpace &s = spaces[k];
+      s.value.copy_(loaded[k].byName.at("param").view(s.value.sizes()));
+      const at::Tensor &trainable = model.parameters().at(s.parameter);
+      if (trainable.scalar_type() != s.dtype)
+        trainable.detach().view({-1}).copy_(loaded[k].byName.at("master"));
+    }
+  }
+  OptimizerState restored;
+  restored.scalars = state.scalars;
+  for (const auto &[key, tensor] : state.tensors) {
+    auto [slot, i] = splitStateKey(key);
+    at::Tensor value = loaded[spaceOfParameter.at(i)].byName.at(slot);
+    restored.tensors[key] = value.view(tensor.sizes());
+  }
+  try {
+    optimizer.loadState(restored);
+  } catch (const std::invalid_argument &e) {
+    throw CheckpointError(folder + ": " + e.what());
+  }
+  model.parametersChanged();
+
+  // The rest of the state.
+  try {
+    report.progress.step = meta.at("step").get<int64_t>();
+    const json &data = meta.at("data");
+    report.progress.data.kind = data.at("kind").get<std::string>();
+    if (report.progress.data.kind == "random-windows") {
+      report.progress.data.generator = data.at("sampler").get<std::string>();
+      report.progress.data.windows = data.at("windows").get<int64_t>();
+    } else {
+      report.progress.data.microBatches = data.at("micro_batches").get<int64_t>();
+    }
+    report.progress.objectiveGenerator = meta.at("objective_rng").get<std::string>();
+    const json &ls = meta.at("loss_scale");
+    if (!ls.is_null()) {
+      report.progress.lossScale = ls.at("scale").get<double>();
+      report.progress.cleanSteps = ls.at("clean_steps").get<int64_t>();
+    }
+  } catch (const json::exception &e) {
+    throw CheckpointError(folder + "/checkpoint.json: " + e.what());
+  }
+  if (scaler && report.progress.lossScale)
+    scaler->setState(*report.progress.lossScale, report.progress.cleanSteps);
+  // Each rank's generators, when the ranks are the same.
+  if (reader.worldSize() == model.world().size()) {
+    SafetensorsFile &mine = reader.file(model.world().rank());
+    auto restore = [&](at::Generator g, const char *name) {
+      if (!mine.find(name))
+        return;
+      at::Tensor state = mine.readTensor(name);
+      std::lock_guard<std::mutex> lock(g.mutex());
+      g.set_state(state);
+    };
+    restore(at::detail::getDefaultCPUGenerator(), "rng.cpu");
+    if (model.device().is_cuda())
+      restore(at::globalContext().defaultGenerator(model.device()), "rng.cuda");
+  }
+  report.bytesRead = reader.bytesRead();
+  report.resharded = resharded;
+  return report;
+}
+
+} // namespace bmt::runtime
