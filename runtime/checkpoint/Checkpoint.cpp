@@ -813,13 +813,16 @@ public:
       p.dst = dst + (at - begin) * static_cast<int64_t>(elementSize);
       // Shard q of a space is in rank q's file.
       p.dtype = dtype;
+      p.memberBytes = memberElements(space, shard) * static_cast<int64_t>(elementSize);
       pending_[{shard, fieldName(static_cast<int64_t>(space), field)}].push_back(p);
       at = upTo;
     }
   }
 
-  /// Reads every queued piece: a tensor read whole (the same layout) is
-  /// checked against its CRC-32; pieces are read with one pread each.
+  /// Reads every queued piece: a saved shard whose every member element is
+  /// needed (the same layout) is read whole and checked against its
+  /// CRC-32; slices of it (another layout) are read with one pread each,
+  /// unchecked.
   void flush() {
     for (auto &[key, pieces] : pending_) {
       const auto &[rank, name] = key;
@@ -833,13 +836,14 @@ public:
                               c10::toString(pieces.front().dtype));
       std::sort(pieces.begin(), pieces.end(),
                 [](const Piece &a, const Piece &b) { return a.offset < b.offset; });
-      bool whole = true;
-      int64_t next = 0;
-      for (const Piece &p : pieces) {
-        whole = whole && p.offset == next;
-        next = p.offset + p.nbytes;
-      }
-      whole = whole && next == e->nbytes();
+      // A read of every member's bytes of a saved shard (the same layout:
+      // only the alignment padding is not needed) reads all of it and
+      // checks its CRC-32; a read of slices (another layout) reads only
+      // those.
+      int64_t requested = 0;
+      for (const Piece &p : pieces)
+        requested += p.nbytes;
+      const bool whole = requested == pieces.front().memberBytes;
       try {
         if (whole) {
           std::vector<char> buffer(static_cast<size_t>(e->nbytes()));
@@ -861,6 +865,36 @@ public:
     pending_.clear();
   }
 
+  /// The elements of saved space `space`'s members in its shard `shard`.
+  int64_t memberElements(size_t space, int64_t shard) {
+    auto cached = memberElements_.find({space, shard});
+    if (cached != memberElements_.end())
+      return cached->second;
+    const SavedSpace &s = spaces_[space];
+    const int64_t begin = shard * s.shardSize, end = begin + s.shardSize;
+    int64_t n = 0;
+    for (const auto &[name, m] : members_)
+      if (m.space == space)
+        n += std::max<int64_t>(0, std::min(end, m.offset + m.numel) - std::max(begin, m.offset));
+    memberElements_[{space, shard}] = n;
+    return n;
+  }
+
+  /// Tensor `name` of rank `rank`'s file, whole, checked against its CRC-32.
+  at::Tensor readChecked(int64_t rank, const std::string &name) {
+    SafetensorsFile &f = file(rank);
+    at::Tensor t;
+    try {
+      t = f.readTensor(name);
+    } catch (const std::runtime_error &e) {
+      throw CheckpointError(e.what());
+    }
+    auto crc = crcs_.find({rank, name});
+    if (crc == crcs_.end() || plan::crc32(t.data_ptr(), t.nbytes()) != crc->second)
+      throw CheckpointError(f.path() + ": corrupt tensor " + name + " (checksum mismatch)");
+    return t;
+  }
+
   int64_t bytesRead() const {
     int64_t n = 0;
     for (const auto &[rank, f] : files_)
@@ -873,6 +907,7 @@ private:
     int64_t offset = 0, nbytes = 0; ///< in the saved tensor
     char *dst = nullptr;
     c10::ScalarType dtype = c10::ScalarType::Float; ///< the reader's
+    int64_t memberBytes = 0; ///< of all the members' elements in the saved shard
   };
   std::string folder_;
   int64_t worldSize_ = 0;
@@ -880,6 +915,7 @@ private:
   std::map<std::string, SavedMember> members_;
   std::map<int64_t, std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::pair<int64_t, std::string>, uint32_t> crcs_;
+  std::map<std::pair<size_t, int64_t>, int64_t> memberElements_;
   std::map<std::pair<int64_t, std::string>, std::vector<Piece>> pending_;
 };
 
@@ -1012,13 +1048,9 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
   for (size_t k = 0; k < spaces.size(); ++k) {
     const plan::TensorInfo &t = p.tensors.at(spaces[k].members.at(0));
     const size_t savedSpace = reader.members().at(t.name).space;
-    try {
+    if (state.tensors.count("step." + std::to_string(spaces[k].parameter)))
       loaded[k].byName["step"] =
-          reader.file(0).readTensor(fieldName(static_cast<int64_t>(savedSpace), "step"));
-    } catch (const std::runtime_error &e) {
-      if (state.tensors.count("step." + std::to_string(spaces[k].parameter)))
-        throw CheckpointError(e.what());
-    }
+          reader.readChecked(0, fieldName(static_cast<int64_t>(savedSpace), "step"));
   }
 
   // Into the model and the optimizer.
@@ -1070,11 +1102,12 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     scaler->setState(*report.progress.lossScale, report.progress.cleanSteps);
   // Each rank's generators, when the ranks are the same.
   if (reader.worldSize() == model.world().size()) {
-    SafetensorsFile &mine = reader.file(model.world().rank());
+    const int64_t rank = model.world().rank();
+    SafetensorsFile &mine = reader.file(rank);
     auto restore = [&](at::Generator g, const char *name) {
       if (!mine.find(name))
         return;
-      at::Tensor state = mine.readTensor(name);
+      at::Tensor state = reader.readChecked(rank, name);
       std::lock_guard<std::mutex> lock(g.mutex());
       g.set_state(state);
     };

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iomanip>
 #include <limits>
 #include <sstream>
@@ -149,6 +150,13 @@ at::Tensor toDevice(const at::Tensor &t, at::Device device) {
   if (!device.is_cuda())
     return t.to(device);
   return t.contiguous().pin_memory().to(device, /*non_blocking=*/true);
+}
+
+/// `v` as the shortest of "%g"'s forms ("1", "0.5", "65536").
+std::string formatNumber(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
 }
 
 int64_t envInt(const char *name, int64_t fallback) {
@@ -278,7 +286,8 @@ struct Trainer::PendingStep {
 
 /// The environment's test and diagnostic hooks (Trainer.h), read once a run.
 struct Trainer::DebugHooks {
-  int64_t injectInfStep = 0, injectInfRank = 0; ///< BMT_DEBUG_INJECT_INF_STEP / _RANK
+  /// BMT_DEBUG_INJECT_INF_STEP ("k" or "k-l": steps k..l) / _RANK
+  int64_t injectInfStep = 0, injectInfLast = 0, injectInfRank = 0;
   int64_t exitAfterStep = 0;                    ///< BMT_DEBUG_EXIT_AFTER_STEP
   bool syncDebug = false;                       ///< BMT_DEBUG_SYNC=1 on CUDA
 };
@@ -288,6 +297,9 @@ namespace {
 Trainer::DebugHooks debugHooksFromEnvironment(at::Device device) {
   Trainer::DebugHooks hooks;
   hooks.injectInfStep = envInt("BMT_DEBUG_INJECT_INF_STEP", 0);
+  hooks.injectInfLast = hooks.injectInfStep;
+  if (const char *v = std::getenv("BMT_DEBUG_INJECT_INF_STEP"); v && std::strchr(v, '-'))
+    hooks.injectInfLast = std::atoll(std::strchr(v, '-') + 1);
   hooks.injectInfRank = envInt("BMT_DEBUG_INJECT_INF_RANK", 0);
   hooks.exitAfterStep = envInt("BMT_DEBUG_EXIT_AFTER_STEP", 0);
   hooks.syncDebug = envInt("BMT_DEBUG_SYNC", 0) != 0 && device.is_cuda();
@@ -324,7 +336,8 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
     current.tokens += result.inputTokens * world.size();
   }
   model_.synchronizeGradients();
-  if (step == hooks.injectInfStep && world.rank() == hooks.injectInfRank)
+  if (step >= hooks.injectInfStep && step <= hooks.injectInfLast && hooks.injectInfStep > 0 &&
+      world.rank() == hooks.injectInfRank)
     for (const at::Tensor &p : model_.parameters())
       if (p.grad().defined()) {
         c10::NoGradGuard noGrad;
@@ -400,6 +413,8 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
   double numParams = static_cast<double>(model_.numParameters());
   const DebugHooks hooks = debugHooksFromEnvironment(device);
   LossScaler *scaler = scaler_ ? &*scaler_ : nullptr;
+  const double minScale = std::min(config_.minLossScale, config_.lossScale);
+  int64_t minScaleSkips = 0;
   auto runEval = [&](int64_t step) {
     if (!evalData)
       return;
@@ -437,6 +452,17 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
       throw TrainingError("the gradient norm is not finite at step " + std::to_string(p.step) +
                           "; stopping");
     const double stepScale = scaler ? v[m + 2] : 0, nextScale = scaler ? v[m + 3] : 0;
+    // Overflowing at the minimum scale, step after step: the gradients are
+    // not finite at any scale (a diverged run); stop instead of skipping
+    // forever.
+    minScaleSkips = skipped && stepScale <= minScale ? minScaleSkips + 1 : 0;
+    if (minScaleSkips >= config_.lossScaleWindow)
+      throw TrainingError("the gradients overflowed at the minimum loss scale " +
+                          formatNumber(minScale) + " in " + std::to_string(minScaleSkips) +
+                          " steps in a row (steps " +
+                          std::to_string(p.step - minScaleSkips + 1) + " to " +
+                          std::to_string(p.step) + "); stopping at step " +
+                          std::to_string(p.step));
     lossScale_ = nextScale;
     losses_.push_back(loss);
     double stepSeconds = std::chrono::duration<double>(done - lastReport).count();

@@ -97,7 +97,8 @@ struct TrainConfig {
 /// per evaluation to `jsonLog` (when given). Evaluates on `evalData` (when
 /// given) every evalEvery steps and after the last step.
 /// Throws TrainingError when a loss or a gradient norm is not finite,
-/// naming the step.
+/// naming the step, and when the gradients overflow at the minimum loss
+/// scale in lossScaleWindow steps in a row.
 ///
 /// A step queues its work without host synchronisation (inputs copied from
 /// pinned memory, clipping, loss-scale checks and the optimizer on the
@@ -108,9 +109,9 @@ struct TrainConfig {
 /// step after the first an error (c10's sync debug mode).
 ///
 /// Test hook: with the environment variable BMT_DEBUG_INJECT_INF_STEP=k
-/// (and optionally BMT_DEBUG_INJECT_INF_RANK=r, default 0) rank r writes an
-/// inf into its first gradient after the gradients of step k are
-/// synchronized, as an fp16 overflow would (tests of loss scaling). With
+/// (or k-l: steps k to l; and optionally BMT_DEBUG_INJECT_INF_RANK=r,
+/// default 0) rank r writes an inf into its first gradient after the
+/// gradients of step k are synchronized, as an fp16 overflow would (tests of loss scaling). With
 /// BMT_DEBUG_EXIT_AFTER_STEP=k every rank exits with status 75 right after
 /// step k is reported and its checkpoint (if due) written, as a killed job
 /// would (tests of resume).

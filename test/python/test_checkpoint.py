@@ -1,0 +1,438 @@
+"""Sharded checkpoints (docs/checkpoint-format.md), on CPU ranks under torchrun.
+
+- Resume is bit-identical: 10 steps straight against 5 steps, a checkpoint,
+  the process gone, and a resumed run of the other 5 (losses and final
+  parameters equal to the bit), for grad accumulation, fp16 loss scaling
+  with a skipped step, bf16 with the optimizer offloaded, masked LM and span
+  corruption on random windows of a token file.
+- Resume on another layout (2 -> 3 ranks, 4 -> 2 with hybrid -> flat,
+  1 -> 4 with ZeRO-2 -> ZeRO-3): losses within 1e-5 of a run on the new
+  layout from the start (on the same global batches and the same windows of
+  the token file: the data position carries over), each rank reading at
+  most 1/M of the checkpoint (+1 %).
+- Failures: a rank killed with SIGKILL under torchrun --max-restarts (the
+  job resumes from the last complete checkpoint and ends with the
+  parameters of a run never interrupted); a kill during a save (the
+  previous checkpoint stays complete and is chosen); bad checkpoints and
+  folders (one clear error each); a full disk (a small tmpfs: the save
+  fails, the previous checkpoint stays, training goes on).
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from bmt_paths import binary
+from numerics import assert_identical
+from test_bmt_run import write_tokens
+from test_runtime_parity import build
+
+SEQ = 8
+GLOBAL_BATCH = 12  # rows per micro-batch of all ranks (divisible by 1..4)
+STEPS = 10
+HALF = 5
+
+
+def torchrun(n, *args, env=None, extra=()):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={n}", *extra, "--no-python", binary("bmt-run"),
+           *map(str, args), "--device", "cpu"]
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", BMT_COMM_TIMEOUT_S="120", **(env or {}))
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=600)
+
+
+def errors(r):
+    return [line for line in r.stderr.splitlines() if line.startswith("error:")]
+
+
+def trace(model, path, inputs):
+    with torch.no_grad():
+        torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False).save(str(path))
+
+
+def compile(pt, out, *flags):
+    r = subprocess.run([binary("bmt-opt"), str(pt), "-o", str(out), *flags],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Traces of the tiny fixtures (GPT-2 in float32, float16 and bfloat16,
+    BERT, T5), fixed batches and a token file."""
+    tmp = tmp_path_factory.mktemp("ckpt")
+    out = {"tmp": tmp}
+    ids = torch.randint(0, 100, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    lm_inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        name = {torch.float32: "gpt2", torch.float16: "gpt2-fp16", torch.bfloat16: "gpt2-bf16"}[dtype]
+        trace(build("gpt2").to(dtype), tmp / f"{name}.pt", lm_inputs)
+    trace(build("llama"), tmp / "llama.pt", lm_inputs)
+    trace(build("bert"), tmp / "bert.pt", lm_inputs)
+    labels = torch.randint(0, 100, (2, 5), generator=torch.Generator().manual_seed(2))
+    decoder = torch.cat([torch.zeros(2, 1, dtype=torch.long), labels[:, :-1]], 1)
+    trace(build("t5"), tmp / "t5.pt", {**lm_inputs, "decoder_input_ids": decoder})
+    vocab = build("gpt2").config.vocab_size
+    torch.save(torch.randint(0, vocab, (2 * STEPS, GLOBAL_BATCH, SEQ + 1),
+                             generator=torch.Generator().manual_seed(3)), tmp / "batches.pt")
+    out["tokens"] = write_tokens(tmp / "tokens", [5 + (i * 7 + i // 13) % 90 for i in range(20000)],
+                                 100, eos_id=1, mask_id=3)
+    return out
+
+
+def train_log(path):
+    return [json.loads(x) for x in open(path) if '"kind": "train"' in x]
+
+
+def straight_and_resumed(tmp, ranks, sharded, common, env=None, resume_ranks=None,
+                         resumed_sharded=None):
+    """Runs STEPS steps straight, and HALF steps + death + a resumed run of the
+    rest (on resume_ranks ranks and resumed_sharded, default the same).
+    Returns both logs' train records, the saved parameters of both, and the
+    resumed run's output."""
+    from safetensors.torch import load_file
+    resume_ranks = resume_ranks or ranks
+    resumed_sharded = resumed_sharded or sharded
+    a = torchrun(resume_ranks, resumed_sharded, *common, "--steps", STEPS, "--log-file",
+                 tmp / "a.jsonl", "--save-params", tmp / "a.safetensors", env=env)
+    assert a.returncode == 0, a.stdout[-2000:] + a.stderr[-3000:]
+    ck = tmp / "ck"
+    b1 = torchrun(ranks, sharded, *common, "--steps", STEPS, "--checkpoint-dir", ck,
+                  "--checkpoint-every", HALF, "--log-file", tmp / "b.jsonl",
+                  env={**(env or {}), "BMT_DEBUG_EXIT_AFTER_STEP": str(HALF)})
+    assert b1.returncode != 0 and not errors(b1), b1.stderr[-3000:]
+    assert (ck / f"step-{HALF:08d}" / "COMPLETE").is_file()
+    b2 = torchrun(resume_ranks, resumed_sharded, *common, "--steps", STEPS, "--checkpoint-dir", ck,
+                  "--resume", "auto", "--log-file", tmp / "b.jsonl",
+                  "--save-params", tmp / "b.safetensors", env=env)
+    assert b2.returncode == 0, b2.stdout[-2000:] + b2.stderr[-3000:]
+    assert f"resumed from {ck}/step-{HALF:08d} at step {HALF}" in b2.stdout, b2.stdout
+    return (train_log(tmp / "a.jsonl"), train_log(tmp / "b.jsonl"),
+            load_file(tmp / "a.safetensors"), load_file(tmp / "b.safetensors"), b2)
+
+
+RESUME_CASES = {
+    # name: (model, ranks, bmt-run flags, environment)
+    "gpt2-zero3-n2-accum2": ("gpt2", 2, ["--batches", "BATCHES", "--grad-accum", 2], None),
+    "gpt2-fp16-skip-n2": ("gpt2-fp16", 2, ["--batches", "BATCHES", "--loss-scale", 1024,
+                                            "--loss-scale-window", 3],
+                          {"BMT_DEBUG_INJECT_INF_STEP": "4"}),
+    "gpt2-bf16-offload-n2": ("gpt2-bf16", 2, ["--batches", "BATCHES", "--offload-optimizer"], None),
+    "bert-masked-lm-n2": ("bert", 2, ["--data", "TOKENS", "--micro-batch", 3, "--seq-len", 16], None),
+    "t5-span-corruption-n1": ("t5", 1, ["--data", "TOKENS", "--micro-batch", 2, "--seq-len", 16], None),
+}
+
+
+def flags_for(models, flags):
+    sub = {"BATCHES": models["tmp"] / "batches.pt", "TOKENS": models["tokens"]}
+    return [sub.get(f, f) for f in flags] + ["--lr", "1e-3", "--seed", 7]
+
+
+@pytest.mark.parametrize("case", list(RESUME_CASES))
+def test_resume_is_bit_identical(models, case):
+    name, ranks, flags, env = RESUME_CASES[case]
+    tmp = models["tmp"] / case
+    tmp.mkdir()
+    sharded = compile(models["tmp"] / f"{name}.pt", tmp / "sharded.pt")
+    a, b, pa, pb, _ = straight_and_resumed(tmp, ranks, sharded, flags_for(models, flags), env)
+    assert [x["step"] for x in a] == list(range(1, STEPS + 1))
+    assert [x["step"] for x in b] == list(range(1, STEPS + 1))
+    for x, y in zip(a, b):
+        assert (x["loss"], x["grad_norm"], x["loss_scale"]) == (y["loss"], y["grad_norm"], y["loss_scale"]), (x, y)
+    if "skip" in case:
+        assert [x["step"] for x in a if x["skipped"]] == [4], a
+        assert len({x["loss_scale"] for x in a[HALF:]}) > 1, "the scale grows after the resume"
+    assert_identical(pb, pa, f"{case}: parameters of the resumed run")
+
+
+LAYOUT_CASES = {
+    # name: (ranks, bmt-opt flags, ranks on resume, bmt-opt flags on resume, data)
+    "zero3-n2-to-n3-tokens": (2, [], 3, [], "tokens"),
+    "hybrid-g2-n4-to-flat-n2": (4, ["--shard-group-size", "2"], 2, [], "batches"),
+    "zero2-n1-to-zero3-n4": (1, ["--zero-stage", "2"], 4, [], "batches"),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYOUT_CASES))
+def test_resume_on_another_layout(models, case):
+    ranks, opt_flags, new_ranks, new_opt_flags, data = LAYOUT_CASES[case]
+    tmp = models["tmp"] / case
+    tmp.mkdir()
+    sharded = compile(models["tmp"] / "gpt2.pt", tmp / "saved.pt", *opt_flags)
+    resumed = compile(models["tmp"] / "gpt2.pt", tmp / "resumed.pt", *new_opt_flags)
+    if data == "tokens":  # the same global batch of 12 windows on either world size
+        common = ["--data", models["tokens"], "--seq-len", SEQ]
+        a_flags = common + ["--micro-batch", GLOBAL_BATCH // new_ranks]
+        b_flags = common + ["--micro-batch", GLOBAL_BATCH // ranks]
+    else:
+        a_flags = b_flags = ["--batches", models["tmp"] / "batches.pt"]
+    a_flags, b_flags = flags_for(models, a_flags), flags_for(models, b_flags)
+    # The reference: the new layout from the start.
+    a = torchrun(new_ranks, resumed, *a_flags, "--steps", STEPS, "--log-file", tmp / "a.jsonl")
+    assert a.returncode == 0, a.stderr[-3000:]
+    ck = tmp / "ck"
+    b1 = torchrun(ranks, sharded, *b_flags, "--steps", STEPS, "--checkpoint-dir", ck,
+                  "--checkpoint-every", HALF, "--log-file", tmp / "b.jsonl",
+                  env={"BMT_DEBUG_EXIT_AFTER_STEP": str(HALF)})
+    assert b1.returncode != 0 and not errors(b1), b1.stderr[-3000:]
+    b2 = torchrun(new_ranks, resumed, *a_flags, "--steps", STEPS, "--checkpoint-dir", ck,
+                  "--resume", ck / f"step-{HALF:08d}", "--log-file", tmp / "b.jsonl")
+    assert b2.returncode == 0, b2.stdout[-2000:] + b2.stderr[-3000:]
+    assert "resharded to this run's layout" in b2.stdout, b2.stdout
+    la, lb = train_log(tmp / "a.jsonl"), train_log(tmp / "b.jsonl")
+    assert [x["step"] for x in lb] == list(range(1, STEPS + 1))
+    worst = max(abs(x["loss"] - y["loss"]) for x, y in zip(la[HALF:], lb[HALF:]))
+    assert worst <= 1e-5, (worst, [x["loss"] for x in la], [x["loss"] for x in lb])
+    # Each rank read only its slices: at most 1/M of what was saved (+1 %).
+    meta = json.load(open(ck / f"step-{HALF:08d}" / "checkpoint.json"))
+    total = sum(meta["rank_bytes"])
+    m = re.search(r"resumed from .*; bytes read per rank: ([\d ]+)", b2.stdout)
+    per_rank = [int(x) for x in m.group(1).split()]
+    assert len(per_rank) == new_ranks
+    for got in per_rank:
+        assert got <= total / new_ranks * 1.01, (got, total, new_ranks)
+    print(f"{case}: max loss difference {worst:.1e}; bytes read per rank {per_rank} of {total}")
+
+
+# --- failures -------------------------------------------------------------
+
+
+def workers_of(launcher_pid):
+    """The bmt-run processes torchrun started, by rank (from /proc)."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            if not cmd or not cmd[0].endswith(b"bmt-run"):
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
+        except OSError:
+            continue
+        if env.get(b"BMT_TEST_JOB") == str(launcher_pid).encode():
+            found[int(env[b"RANK"])] = int(pid)
+    return found
+
+
+def launch(n, *args, env=None, extra=()):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={n}", *extra, "--no-python", binary("bmt-run"),
+           *map(str, args), "--device", "cpu"]
+    tag = str(os.getpid()) + str(time.time_ns())
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", BMT_COMM_TIMEOUT_S="120",
+                    BMT_TEST_JOB=tag, **(env or {}))
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=full_env), tag
+
+
+def wait_for(condition, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def steps_logged(path):
+    try:
+        return [x["step"] for x in train_log(path)]
+    except (OSError, json.JSONDecodeError):
+        return []
+
+
+@pytest.fixture(scope="module")
+def gpt2_run(models):
+    """The sharded GPT-2 on 2 ranks and an uninterrupted 12-step run's parameters."""
+    from safetensors.torch import load_file
+    tmp = models["tmp"] / "restart"
+    tmp.mkdir()
+    sharded = compile(models["tmp"] / "gpt2.pt", tmp / "sharded.pt")
+    common = ["--batches", models["tmp"] / "batches.pt", "--lr", "1e-3", "--steps", 12]
+    r = torchrun(2, sharded, *common, "--save-params", tmp / "straight.safetensors")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {"tmp": tmp, "sharded": sharded, "common": common,
+            "params": load_file(tmp / "straight.safetensors")}
+
+
+def test_restart_after_a_killed_rank(gpt2_run):
+    """torchrun --max-restarts=2: rank 1 killed with SIGKILL after step 5;
+    torchrun restarts both ranks, which resume from the newest complete
+    checkpoint and end with the parameters of the run never interrupted."""
+    from safetensors.torch import load_file
+    tmp = gpt2_run["tmp"] / "killed"
+    tmp.mkdir()
+    log = tmp / "log.jsonl"
+    # Slow steps (a sleep in each save) so that the kill lands mid-run.
+    proc, tag = launch(2, gpt2_run["sharded"], *gpt2_run["common"], "--checkpoint-dir",
+                       tmp / "ck", "--checkpoint-every", 2, "--resume", "auto", "--log-file", log,
+                       "--save-params", tmp / "params.safetensors",
+                       env={"BMT_DEBUG_CHECKPOINT_SLOW_MS": "150"}, extra=["--max-restarts=2"])
+    try:
+        assert wait_for(lambda: len(steps_logged(log)) >= 5), steps_logged(log)
+        ranks = workers_of(tag)
+        assert 1 in ranks, ranks
+        os.kill(ranks[1], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    assert "resumed from" in out, out
+    steps = steps_logged(log)
+    assert steps[-1] == 12 and len(steps) > 12, steps  # some steps ran twice
+    assert_identical(load_file(tmp / "params.safetensors"), gpt2_run["params"],
+                     "parameters after a restart")
+
+
+def test_kill_during_a_save_keeps_the_previous_checkpoint(gpt2_run):
+    from safetensors.torch import load_file
+    tmp = gpt2_run["tmp"] / "save-killed"
+    tmp.mkdir()
+    ck = tmp / "ck"
+    proc, tag = launch(2, gpt2_run["sharded"], *gpt2_run["common"], "--checkpoint-dir", ck,
+                       "--checkpoint-every", 3, env={"BMT_DEBUG_CHECKPOINT_SLOW_MS": "200"})
+    try:
+        def inside_second_save():
+            if not (ck / "step-00000003" / "COMPLETE").is_file():
+                return False
+            return any(p.name.startswith("step-00000006.tmp-") and any(p.glob("rank-*.safetensors"))
+                       for p in ck.iterdir())
+        assert wait_for(inside_second_save)
+        os.kill(workers_of(tag)[0], signal.SIGKILL)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert not (ck / "step-00000006").exists()
+    r = torchrun(2, gpt2_run["sharded"], *gpt2_run["common"], "--checkpoint-dir", ck,
+                 "--resume", "auto", "--save-params", tmp / "params.safetensors")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {ck}/step-00000003 at step 3" in r.stdout, r.stdout
+    assert not any(".tmp-" in p.name for p in ck.iterdir()), list(ck.iterdir())
+    assert_identical(load_file(tmp / "params.safetensors"), gpt2_run["params"],
+                     "parameters after resuming from the earlier checkpoint")
+
+
+@pytest.fixture(scope="module")
+def saved(gpt2_run):
+    """A checkpoint of steps 2 and 4 of GPT-2 on 2 ranks, to be copied and damaged."""
+    ck = gpt2_run["tmp"] / "saved"
+    r = torchrun(2, gpt2_run["sharded"], "--batches", gpt2_run["common"][1], "--steps", 4,
+                 "--checkpoint-dir", ck, "--checkpoint-every", 2, "--keep", 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in ck.iterdir()) == ["step-00000002", "step-00000004"]
+    return ck
+
+
+def resume_error(gpt2_run, folder, tmp, sharded=None):
+    r = torchrun(2, sharded or gpt2_run["sharded"], *gpt2_run["common"], "--resume", folder,
+                 "--log-file", tmp / "log.jsonl")
+    assert r.returncode != 0
+    errs = errors(r)
+    assert errs, r.stderr[-3000:]
+    assert not steps_logged(tmp / "log.jsonl"), "nothing is trained"
+    return errs[0]
+
+
+def damaged(saved, tmp, damage):
+    folder = tmp / "ck" / "step-00000004"
+    shutil.copytree(saved / "step-00000004", folder)
+    damage(folder)
+    return folder
+
+
+def test_corrupt_shard_is_an_error(gpt2_run, saved, tmp_path):
+    def flip(folder):  # one bit of the first tensor's data
+        path = folder / "rank-00001.safetensors"
+        data = bytearray(path.read_bytes())
+        data[8 + int.from_bytes(data[:8], "little") + 10] ^= 0x01
+        path.write_bytes(bytes(data))
+    e = resume_error(gpt2_run, damaged(saved, tmp_path, flip), tmp_path)
+    assert "rank-00001.safetensors" in e and "checksum mismatch" in e, e
+
+
+def test_truncated_shard_is_an_error(gpt2_run, saved, tmp_path):
+    def cut(folder):
+        path = folder / "rank-00000.safetensors"
+        path.write_bytes(path.read_bytes()[:-1000])
+    e = resume_error(gpt2_run, damaged(saved, tmp_path, cut), tmp_path)
+    assert "rank-00000.safetensors" in e and "truncated" in e, e
+
+
+def test_missing_rank_file_is_an_error(gpt2_run, saved, tmp_path):
+    e = resume_error(gpt2_run, damaged(saved, tmp_path,
+                                       lambda f: (f / "rank-00001.safetensors").unlink()), tmp_path)
+    assert "rank-00001.safetensors: missing" in e, e
+
+
+def test_incomplete_checkpoint_is_ignored_by_auto_and_refused_by_name(gpt2_run, saved, tmp_path):
+    shutil.copytree(saved, tmp_path / "ck")
+    (tmp_path / "ck" / "step-00000004" / "COMPLETE").unlink()
+    e = resume_error(gpt2_run, tmp_path / "ck" / "step-00000004", tmp_path)
+    assert "not a complete checkpoint" in e, e
+    r = torchrun(2, gpt2_run["sharded"], *gpt2_run["common"], "--checkpoint-dir", tmp_path / "ck",
+                 "--resume", "auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from " + str(tmp_path / "ck" / "step-00000002") + " at step 2" in r.stdout
+
+
+def test_checkpoint_of_another_model_is_an_error(gpt2_run, saved, tmp_path):
+    llama = compile(gpt2_run["tmp"].parent / "llama.pt", tmp_path / "llama.pt")
+    e = resume_error(gpt2_run, saved / "step-00000004", tmp_path, sharded=llama)
+    assert "is a checkpoint of another model" in e and "has no parameter" in e, e
+
+
+def test_folder_that_cannot_be_written_is_an_error(gpt2_run, tmp_path):
+    (tmp_path / "file").write_text("")
+    r = torchrun(1, gpt2_run["sharded"], *gpt2_run["common"], "--checkpoint-dir",
+                 tmp_path / "file" / "ck")
+    assert r.returncode != 0
+    assert any("cannot write checkpoints there" in e for e in errors(r)), r.stderr[-2000:]
+
+
+def test_full_disk_keeps_the_previous_checkpoint(gpt2_run, saved, tmp_path):
+    """A tmpfs that holds one checkpoint but not two: with --keep 1 the
+    second save fails (the first is removed only after a newer one is
+    complete), the run says so, goes on and ends well."""
+    size = sum(p.stat().st_size for p in (saved / "step-00000004").iterdir())
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * 1.5)}", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        r = torchrun(2, gpt2_run["sharded"], *gpt2_run["common"], "--checkpoint-dir", mnt / "ck",
+                     "--checkpoint-every", 4, "--keep", 1, "--log-file", tmp_path / "log.jsonl")
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "warning: checkpoint step 8 failed" in r.stdout and "No space left" in r.stdout, r.stdout
+        records = [json.loads(x) for x in open(tmp_path / "log.jsonl") if '"checkpoint"' in x]
+        assert [(x["step"], x["ok"]) for x in records][:2] == [(4, True), (8, False)], records
+        assert steps_logged(tmp_path / "log.jsonl")[-1] == 12
+        assert (mnt / "ck" / "step-00000004" / "COMPLETE").is_file()
+        assert not any(".tmp-" in p.name for p in (mnt / "ck").iterdir())
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_overflow_at_the_minimum_loss_scale_stops(models, tmp_path):
+    sharded = compile(models["tmp"] / "gpt2-fp16.pt", tmp_path / "sharded.pt")
+    r = torchrun(1, sharded, "--batches", models["tmp"] / "batches.pt", "--steps", 20,
+                 "--loss-scale", 4, "--min-loss-scale", 1, "--loss-scale-window", 3,
+                 env={"BMT_DEBUG_INJECT_INF_STEP": "2-20"})
+    assert r.returncode != 0
+    e = errors(r)
+    assert e and "overflowed at the minimum loss scale 1 in 3 steps in a row (steps 4 to 6)" in e[0] \
+        and "stopping at step 6" in e[0], r.stderr[-2000:]
