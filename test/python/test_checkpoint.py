@@ -191,8 +191,14 @@ def test_resume_on_another_layout(models, case):
     assert [x["step"] for x in lb] == list(range(1, STEPS + 1))
     worst = max(abs(x["loss"] - y["loss"]) for x, y in zip(la[HALF:], lb[HALF:]))
     assert worst <= 1e-5, (worst, [x["loss"] for x in la], [x["loss"] for x in lb])
-    # Each rank read only its slices: at most 1/M of what was saved (+1 %).
+    # The data position: HALF steps of GLOBAL_BATCH windows drawn.
     meta = json.load(open(ck / f"step-{HALF:08d}" / "checkpoint.json"))
+    if data == "tokens":
+        assert meta["data"]["kind"] == "random-windows"
+        assert meta["data"]["windows"] == HALF * GLOBAL_BATCH, meta["data"]
+    else:
+        assert meta["data"] == {"kind": "fixed-batches", "micro_batches": HALF}, meta["data"]
+    # Each rank read only its slices: at most 1/M of what was saved (+1 %).
     total = sum(meta["rank_bytes"])
     m = re.search(r"resumed from .*; bytes read per rank: ([\d ]+)", b2.stdout)
     per_rank = [int(x) for x in m.group(1).split()]
@@ -200,6 +206,28 @@ def test_resume_on_another_layout(models, case):
     for got in per_rank:
         assert got <= total / new_ranks * 1.01, (got, total, new_ranks)
     print(f"{case}: max loss difference {worst:.1e}; bytes read per rank {per_rank} of {total}")
+
+
+def test_resume_with_the_optimizer_offloaded(models):
+    """A bf16 checkpoint of AdamW on the device resumes under
+    --offload-optimizer (the masters and moments move to host memory) and
+    trains on as the device optimizer would."""
+    tmp = models["tmp"] / "offload-toggle"
+    tmp.mkdir()
+    sharded = compile(models["tmp"] / "gpt2-bf16.pt", tmp / "sharded.pt")
+    common = flags_for(models, ["--batches", "BATCHES"]) + ["--steps", STEPS]
+    a = torchrun(2, sharded, *common, "--log-file", tmp / "a.jsonl")
+    assert a.returncode == 0, a.stderr[-3000:]
+    b1 = torchrun(2, sharded, *common, "--checkpoint-dir", tmp / "ck", "--checkpoint-every", HALF,
+                  env={"BMT_DEBUG_EXIT_AFTER_STEP": str(HALF)})
+    assert b1.returncode != 0 and not errors(b1), b1.stderr[-3000:]
+    b2 = torchrun(2, sharded, *common, "--offload-optimizer", "--checkpoint-dir", tmp / "ck",
+                  "--resume", "auto", "--log-file", tmp / "b.jsonl")
+    assert b2.returncode == 0, b2.stderr[-3000:]
+    la, lb = train_log(tmp / "a.jsonl"), train_log(tmp / "b.jsonl")
+    assert [x["step"] for x in lb] == list(range(HALF + 1, STEPS + 1))
+    worst = max(abs(x["loss"] - y["loss"]) for x, y in zip(la[HALF:], lb))
+    assert worst <= 1e-5, (worst, la, lb)
 
 
 # --- failures -------------------------------------------------------------
