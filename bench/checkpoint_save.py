@@ -86,8 +86,9 @@ def run_bmt(args, bmt_run, archive, data, out):
     complete = sorted(d for d in os.listdir(ck) if d.startswith("step-") and "." not in d)
     if len(complete) >= 2:
         resume_log = os.path.join(out, "bmt-resumed.jsonl")
-        r2 = subprocess.run(common + ["--resume", os.path.join(ck, complete[0]), "--log-file",
-                                      resume_log, "--checkpoint-every", "0"],
+        plain = common[:common.index("--checkpoint-dir")]
+        r2 = subprocess.run(plain + ["--resume", os.path.join(ck, complete[0]), "--log-file",
+                                     resume_log],
                             capture_output=True, text=True)
         if r2.returncode != 0:
             print(r2.stdout[-3000:], r2.stderr[-3000:])
@@ -151,7 +152,11 @@ def reference(args):
             if future is not None:
                 future.result()
                 saves[-1]["bytes"] = folder_bytes(saves[-1]["path"])
+                r0 = time.perf_counter()
                 subprocess.run(["rm", "-rf", saves[-1]["path"]])  # the disk holds two at most
+                removed = time.perf_counter() - r0
+                h0 += removed  # (not the save's time, nor the next step's)
+                last += removed
             msd, osd = get_state_dict(model, opt)
             path = os.path.join(ck, f"step-{step:08d}")
             future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=path)

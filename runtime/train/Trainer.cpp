@@ -404,10 +404,22 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
       throw CheckpointError(std::string("resuming: ") + e.what());
     }
   }
-  if (checkpoints_ && !saver_)
+  using Clock = std::chrono::steady_clock;
+  if (checkpoints_ && !saver_) {
+    const auto t0 = Clock::now();
     saver_ = std::make_unique<CheckpointSaver>(model_, *optimizer_, scaler_ ? &*scaler_ : nullptr,
                                                checkpoints_->first, checkpoints_->second);
-  using Clock = std::chrono::steady_clock;
+    if (rank0) {
+      const CheckpointOptions &c = checkpoints_->first;
+      out_ << "bmt-run: checkpoints in " << c.dir << " after "
+           << (c.every > 0 ? "every " + std::to_string(c.every) + " steps and " : std::string())
+           << "the last step" << (c.keep > 0 ? ", keeping " + std::to_string(c.keep) : "")
+           << "; host buffers of " << saver_->hostBytes() << " bytes on rank 0 ("
+           << std::fixed << std::setprecision(1)
+           << std::chrono::duration<double>(Clock::now() - t0).count() << " s)"
+           << std::defaultfloat << "\n";
+    }
+  }
   auto start = Clock::now();
   auto lastReport = start;
   double numParams = static_cast<double>(model_.numParameters());
@@ -504,10 +516,15 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
       c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
     PendingStep current = queueStep(step, source, hooks);
     if (saver_ && (saver_->due(step) || step == config_.steps)) {
-      // The state after this step, snapshotted before the next one changes it.
-      if (std::optional<CheckpointResult> done = saver_->wait())
-        reportCheckpoint(*done);
-      saveHeldSeconds_ = 0;
+      // The state after this step, snapshotted before the next one changes
+      // it; first the save before it must be written (a wait that counts as
+      // this save's hold on training).
+      const auto waitStart = Clock::now();
+      std::optional<CheckpointResult> previous = saver_->wait();
+      const double waited = std::chrono::duration<double>(Clock::now() - waitStart).count();
+      if (previous)
+        reportCheckpoint(*previous);
+      saveHeldSeconds_ = waited;
       std::ostringstream generator;
       generator << rng_;
       TrainingProgress progress;

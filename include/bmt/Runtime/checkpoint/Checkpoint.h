@@ -110,6 +110,9 @@ public:
   CheckpointSaver(const CheckpointSaver &) = delete;
   CheckpointSaver &operator=(const CheckpointSaver &) = delete;
 
+  /// Bytes of the host buffers a save copies into (allocated, pinned on
+  /// CUDA, by the constructor).
+  int64_t hostBytes() const;
   /// Whether the run saves after `step`.
   bool due(int64_t step) const;
   /// Snapshots the state after `progress.step` (call after the step was
