@@ -5,8 +5,8 @@
   parameters equal to the bit), for grad accumulation, fp16 loss scaling
   with a skipped step, bf16 with the optimizer offloaded, masked LM and span
   corruption on random windows of a token file.
-- Resume on another layout (2 -> 3 ranks, 4 -> 2 with hybrid -> flat,
-  1 -> 4 with ZeRO-2 -> ZeRO-3): losses within 1e-5 of a run on the new
+- Resume on another layout (2 -> 3 ranks with ZeRO-3 -> ZeRO-2, 4 -> 2 with
+  hybrid -> flat, 1 -> 4 with ZeRO-2 -> ZeRO-3): losses within 1e-5 of a run on the new
   layout from the start (on the same global batches and the same windows of
   the token file: the data position carries over), each rank reading at
   most 1/M of the checkpoint (+1 %).
@@ -155,7 +155,7 @@ def test_resume_is_bit_identical(models, case):
 
 LAYOUT_CASES = {
     # name: (ranks, bmt-opt flags, ranks on resume, bmt-opt flags on resume, data)
-    "zero3-n2-to-n3-tokens": (2, [], 3, [], "tokens"),
+    "zero3-n2-to-zero2-n3-tokens": (2, [], 3, ["--zero-stage", "2"], "tokens"),
     "hybrid-g2-n4-to-flat-n2": (4, ["--shard-group-size", "2"], 2, [], "batches"),
     "zero2-n1-to-zero3-n4": (1, ["--zero-stage", "2"], 4, [], "batches"),
 }
