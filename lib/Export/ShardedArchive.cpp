@@ -24,6 +24,7 @@
 
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/serialization/import.h>
 
@@ -387,6 +388,28 @@ std::map<std::string, std::string> initRules(ModuleOp module) {
   return rules;
 }
 
+/// The Hugging Face files (plan::kHfFileNames) that the model archive at
+/// `source` carries as extra files ("extra/config.json": TorchScript's
+/// _extra_files, torch.export.save's extra_files; bmt-export-hf writes
+/// them). None for an archive without them; a file that cannot be read as
+/// a zip has none either (reading its weights reports it).
+std::vector<plan::NamedFile> hfFilesOf(const std::string &source) {
+  std::vector<plan::NamedFile> files;
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(source);
+    for (const char *name : plan::kHfFileNames) {
+      std::string record = std::string("extra/") + name;
+      if (!reader.hasRecord(record))
+        continue;
+      auto [data, size] = reader.getRecord(record);
+      files.emplace_back(name, std::string(static_cast<const char *>(data.get()), size));
+    }
+  } catch (const c10::Error &) {
+    return {};
+  }
+  return files;
+}
+
 } // namespace
 
 LogicalResult bmt::exportShardedArchive(ModuleOp module, llvm::StringRef path,
@@ -425,7 +448,7 @@ LogicalResult bmt::exportShardedArchive(ModuleOp module, llvm::StringRef path,
         throw plan::PlanError("the source model " + p.source + " has no tensor " + info.name);
       return it->second;
     };
-    plan::writeArchive(path.str(), p, programText.str(), weightOf);
+    plan::writeArchive(path.str(), p, programText.str(), weightOf, hfFilesOf(p.source));
     if (stats) {
       stats->numTensors = static_cast<int64_t>(p.tensors.size());
       for (const auto &t : p.tensors)

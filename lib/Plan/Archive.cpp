@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <iterator>
 #include <cstring>
 #include <sstream>
 #include <cerrno>
@@ -32,6 +33,7 @@ namespace {
 const char *kVersionRecord = "bmt/version";
 const char *kProgramRecord = "bmt/program.mlir";
 const char *kPlanRecord = "bmt/plan.pkl";
+const std::string kHfRecordPrefix = "bmt/hf/";
 
 std::string versionLine(const Plan &plan) {
   return "bmt-sharded " + std::to_string(formatVersionOf(plan)) + "\n";
@@ -69,7 +71,12 @@ at::Tensor initValues(const TensorInfo &info, int64_t begin, int64_t end, uint64
 
 void writeArchive(const std::string &path, Plan &plan,
                   const std::string &programText,
-                  const std::function<at::Tensor(size_t)> &weightOf) {
+                  const std::function<at::Tensor(size_t)> &weightOf,
+                  const std::vector<NamedFile> &hfFiles) {
+  for (const auto &[name, content] : hfFiles)
+    if (std::find(std::begin(kHfFileNames), std::end(kHfFileNames), name) ==
+        std::end(kHfFileNames))
+      throw PlanError("'" + name + "' is not a Hugging Face file an archive carries");
   std::string tmpPath = path + ".tmp." + std::to_string(::getpid());
   try {
     caffe2::serialize::PyTorchStreamWriter writer(tmpPath);
@@ -129,6 +136,8 @@ void writeArchive(const std::string &path, Plan &plan,
       writer.writeRecord(info.record, t.data_ptr(), t.nbytes());
     }
     writer.writeRecord(kProgramRecord, programText.data(), programText.size());
+    for (const auto &[name, content] : hfFiles)
+      writer.writeRecord(kHfRecordPrefix + name, content.data(), content.size());
     std::vector<char> planBytes = torch::jit::pickle_save(toIValue(plan));
     writer.writeRecord(kPlanRecord, planBytes.data(), planBytes.size());
     writer.writeEndOfFile();
@@ -230,6 +239,23 @@ std::string Archive::programText() {
     throw PlanError(path_ + ": corrupt record " + kProgramRecord + ": " +
                     bmt::firstErrorLine(e.what_without_backtrace()));
   }
+}
+
+std::vector<NamedFile> Archive::hfFiles() {
+  std::vector<NamedFile> files;
+  for (const char *name : kHfFileNames) {
+    const std::string record = kHfRecordPrefix + name;
+    if (!reader_->hasRecord(record))
+      continue;
+    try {
+      auto [data, size] = reader_->getRecord(record);
+      files.emplace_back(name, std::string(static_cast<const char *>(data.get()), size));
+    } catch (const c10::Error &e) {
+      throw PlanError(path_ + ": corrupt record " + record + ": " +
+                      bmt::firstErrorLine(e.what_without_backtrace()));
+    }
+  }
+  return files;
 }
 
 at::Tensor Archive::readTensor(size_t index) {

@@ -30,6 +30,11 @@ Examples:
 Encoder-decoders (T5) are exported with decoder_input_ids as well; bmt-run
 trains them with T5's span corruption (--seq-len is the encoder input's).
 
+The archive carries the model's Hugging Face config.json (and
+generation_config.json when the model generates), as save_pretrained writes
+them, as extra files (extra/config.json); bmt-opt keeps them in sharded.pt
+and bmt-to-hf writes them into the Hugging Face directory it exports.
+
 Exit status 0 on success; on bad input (unknown architecture, unreadable
 config, a model that cannot be traced) one "error: ..." line and status 1,
 and no output file (the archive is written to a temporary name and renamed).
@@ -147,6 +152,32 @@ def build_config(args, transformers):
     return config
 
 
+def hf_files(model):
+    """config.json and generation_config.json as model.save_pretrained
+    writes them (architectures and dtype of the model), by name, for the
+    archive's extra files. use_cache goes back to the config class's
+    default: it is off only for tracing."""
+    import copy
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__]
+    config.dtype = str(model.dtype).removeprefix("torch.")
+    if hasattr(config, "use_cache"):
+        config.use_cache = getattr(type(config)(), "use_cache", True)
+    files = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        config.save_pretrained(tmp)
+        if model.can_generate() and model.generation_config is not None:
+            generation = copy.deepcopy(model.generation_config)
+            if hasattr(generation, "use_cache"):
+                generation.use_cache = config.use_cache
+            generation.save_pretrained(tmp)
+        for name in ("config.json", "generation_config.json"):
+            if os.path.exists(os.path.join(tmp, name)):
+                with open(os.path.join(tmp, name), encoding="utf-8") as f:
+                    files[name] = f.read()
+    return files
+
+
 def _positive(text):
     """argparse type: an integer of at least 1."""
     try:
@@ -259,10 +290,11 @@ def main(argv=None):
         # save under the final name inside a temporary directory, then move it.
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             tmp_path = os.path.join(tmp, os.path.basename(args.output))
+            extra = hf_files(model)
             if use_export:
-                torch.export.save(traced, tmp_path)
+                torch.export.save(traced, tmp_path, extra_files=extra)
             else:
-                traced.save(tmp_path)
+                traced.save(tmp_path, _extra_files=extra)
             os.replace(tmp_path, args.output)
     except OSError as e:
         error(f"cannot write {args.output}: {e.strerror or e}")

@@ -3,7 +3,8 @@
 // shardRange against the definition (ceil(size / N) per shard, clipped);
 // a plan with a storage group through IValue and back; the structural
 // checks of fromIValue; an archive written with a group and read back by
-// ranges (bytes read, checksums, weights-free init rules).
+// ranges (bytes read, checksums, weights-free init rules); the Hugging Face
+// files an archive carries.
 //
 //===----------------------------------------------------------------------===//
 
@@ -233,6 +234,23 @@ TEST_F(ArchiveFile, CorruptGroupBytesAreFound) {
   } catch (const PlanError &e) {
     EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
   }
+}
+
+TEST_F(ArchiveFile, CarriesTheHuggingFaceFilesVerbatim) {
+  auto weights = [](size_t i) {
+    return std::vector<at::Tensor>{at::ones({2, 3}), at::ones({3}), at::ones({4})}[i];
+  };
+  Plan p = twoParameterPlan();
+  std::string with = (dir_ / "hf.pt").string(), without = (dir_ / "plain.pt").string();
+  const std::string config = "{\n  \"model_type\": \"gpt2\"\n}\n";
+  writeArchive(with, p, "module {}", weights, {{"config.json", config}});
+  writeArchive(without, p, "module {}", weights);
+  EXPECT_EQ(Archive(with).hfFiles(), (std::vector<NamedFile>{{"config.json", config}}));
+  EXPECT_TRUE(Archive(without).hfFiles().empty());
+  // Only the files of kHfFileNames; nothing is written otherwise.
+  std::string bad = (dir_ / "bad.pt").string();
+  EXPECT_THROW(writeArchive(bad, p, "module {}", weights, {{"tokenizer.json", "{}"}}), PlanError);
+  EXPECT_FALSE(std::filesystem::exists(bad));
 }
 
 } // namespace

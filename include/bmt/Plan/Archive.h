@@ -8,6 +8,8 @@
 //   bmt/plan.pkl      the plan (Plan.h), torch::jit::pickle_save format
 //   bmt/weights/<i>   raw bytes of tensor i of the plan (little-endian,
 //                     row-major), at the offset the plan gives
+//   bmt/hf/<name>     optional: the model's Hugging Face files (config.json,
+//                     generation_config.json), verbatim
 // docs/sharded-format.md describes it for readers outside bmt.
 //
 //===----------------------------------------------------------------------===//
@@ -22,6 +24,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace caffe2::serialize {
 class PyTorchStreamReader;
@@ -29,17 +33,28 @@ class PyTorchStreamReader;
 
 namespace bmt::plan {
 
+/// The Hugging Face files a sharded.pt may carry (record bmt/hf/<name>):
+/// bmt-export-hf stores them in the model archive as extra files
+/// (extra/<name>), bmt-opt copies them, bmt-run copies them into every
+/// checkpoint (hf/<name>) and bmt-to-hf into the exported directory.
+inline constexpr const char *kHfFileNames[] = {"config.json", "generation_config.json"};
+
+/// A file by name and content (the Hugging Face files above).
+using NamedFile = std::pair<std::string, std::string>;
+
 /// Writes `plan`, `programText` and the weights to `path` atomically (the
 /// tensors with an init rule get no bytes: a weights-free plan): the
 /// archive is written to a temporary file beside `path` and renamed, so a
 /// failure leaves no file. `weightOf(i)` returns tensor i's value (any
 /// device, any layout; converted to contiguous CPU bytes of the plan's dtype
 /// and shape, which must match: a mismatch throws PlanError). Sets each
-/// TensorInfo's record and offset. Throws PlanError (or c10::Error from
-/// LibTorch) on failure.
+/// TensorInfo's record and offset. `hfFiles` (names from kHfFileNames)
+/// are written as records bmt/hf/<name>. Throws PlanError (or c10::Error
+/// from LibTorch) on failure, and PlanError for a name not in kHfFileNames.
 void writeArchive(const std::string &path, Plan &plan,
                   const std::string &programText,
-                  const std::function<at::Tensor(size_t)> &weightOf);
+                  const std::function<at::Tensor(size_t)> &weightOf,
+                  const std::vector<NamedFile> &hfFiles = {});
 
 /// An opened sharded.pt. Construction reads and checks the version record
 /// and the plan; it throws PlanError naming the file for: a missing file, a
@@ -53,6 +68,10 @@ public:
   const std::string &path() const { return path_; }
   /// The compiled program as MLIR text.
   std::string programText();
+  /// The Hugging Face files the archive carries (bmt/hf/<name>, in
+  /// kHfFileNames order; none for a model traced without them). Throws
+  /// PlanError naming a corrupt record.
+  std::vector<NamedFile> hfFiles();
   /// Reads tensor `index` of the plan into a new CPU tensor (its dtype and
   /// shape); a tensor with an init rule is generated instead (initValues).
   /// Throws PlanError if the record is missing or too short.
