@@ -192,23 +192,50 @@ void Model::setReduceDtype(std::optional<at::ScalarType> dtype) {
   storage_->setReduceDtype(dtype);
 }
 
-std::vector<std::pair<std::string, at::Tensor>> Model::fullParameters(bool gradients) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
+std::vector<int64_t> Model::fullParameterOrder() const {
+  std::vector<int64_t> order;
+  if (zero_)
+    for (const plan::StorageGroup &g : plan_.groups)
+      order.insert(order.end(), g.members.begin(), g.members.end());
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const plan::TensorInfo &info = plan_.tensors[i];
-    if (!info.isParameter || !info.requiresGrad)
-      continue;
-    if (info.group >= 0) {
-      out.emplace_back(info.name, zero_->gatherParameter(static_cast<int64_t>(i), gradients));
-      continue;
+    if (info.isParameter && info.requiresGrad && (info.group < 0 || !zero_))
+      order.push_back(static_cast<int64_t>(i));
+  }
+  return order;
+}
+
+void Model::forEachFullParameter(
+    const std::function<void(int64_t, const at::Tensor &)> &visit, bool gradients) {
+  if (zero_)
+    for (size_t g = 0; g < plan_.groups.size(); ++g) {
+      const plan::StorageGroup &group = plan_.groups[g];
+      at::Tensor full = zero_->gatherGroup(static_cast<int64_t>(g), gradients); // collective
+      for (size_t m = 0; m < group.members.size(); ++m) {
+        const plan::TensorInfo &info = plan_.tensors[group.members[m]];
+        visit(group.members[m], full.narrow(0, group.offsets[m], info.numel()).view(info.shape));
+      }
     }
+  for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+    const plan::TensorInfo &info = plan_.tensors[i];
+    if (!info.isParameter || !info.requiresGrad || (info.group >= 0 && zero_))
+      continue;
     for (size_t k = 0; k < parameters_.size(); ++k)
       if (parameterNames_[k] == info.name) {
         at::Tensor t = gradients ? parameters_[k].grad() : parameters_[k].detach();
         if (t.defined())
-          out.emplace_back(info.name, t.cpu().clone());
+          visit(static_cast<int64_t>(i), t);
       }
   }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Model::fullParameters(bool gradients) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  forEachFullParameter(
+      [&](int64_t index, const at::Tensor &value) {
+        out.emplace_back(plan_.tensors[index].name, value.cpu().clone());
+      },
+      gradients);
   return out;
 }
 

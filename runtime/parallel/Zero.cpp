@@ -655,19 +655,15 @@ at::Tensor ZeroStorage::gradNorm() {
   return sumSquares.sqrt();
 }
 
-at::Tensor ZeroStorage::gatherParameter(int64_t index, bool gradient) {
-  const plan::TensorInfo &info = plan_.tensors.at(index);
-  Group &g = *groups_.at(info.group);
-  size_t member = 0;
-  while (g.info->members[member] != index)
-    ++member;
+at::Tensor ZeroStorage::gatherGroup(int64_t group, bool gradient) {
+  Group &g = *groups_.at(group);
   const at::Tensor &param = shards_[g.index];
   at::Tensor local = gradient ? param.grad() : g.shard.detach();
   if (!local.defined())
     local = at::zeros({g.range.shardSize}, g.shard.options().dtype(gradientDtype(g)));
   at::Tensor full = at::empty({g.padded}, local.options());
   shardComm_->allGather(full, local.contiguous())->wait();
-  return full.narrow(0, g.info->offsets[member], info.numel()).view(info.shape).cpu().clone();
+  return full;
 }
 
 ZeroStorage::ShardPlace ZeroStorage::shardPlace(int64_t group) const {

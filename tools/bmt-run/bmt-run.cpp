@@ -30,11 +30,14 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <unistd.h>
@@ -202,23 +205,62 @@ void printPrecision(const tools::RunOptions &o, runtime::Model &model, double lo
 
 /// Saves the trained parameters as safetensors at `path` (rank 0) under
 /// every name of the state dict, tied ones under each, so that transformers
-/// can load the file. Gathers the shards: collective.
+/// can load the file. Gathers one storage group at a time, which rank 0
+/// streams into the file (SafetensorsWriter): no rank holds more than its
+/// shards and one group. Written to a temporary name and renamed.
+/// Collective; a failure to write is thrown on rank 0 after the last
+/// gather, so that the other ranks are not left waiting.
 void saveParameters(runtime::Model &model, const std::string &path) {
   const plan::Plan &p = model.plan();
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  for (const auto &[name, value] : model.fullParameters()) { // collective
-    named.emplace_back(name, value);
-    for (const std::string &alias : p.tensors.at(p.findTensor(name)).aliases)
-      named.emplace_back(alias, value);
+  const bool rank0 = model.world().rank() == 0;
+  std::vector<runtime::SafetensorsEntry> entries;
+  for (int64_t index : model.fullParameterOrder()) {
+    const plan::TensorInfo &t = p.tensors.at(index);
+    entries.push_back({t.name, t.dtype, t.shape});
+    for (const std::string &alias : t.aliases)
+      entries.push_back({alias, t.dtype, t.shape});
   }
-  if (model.world().rank() != 0)
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  std::unique_ptr<runtime::SafetensorsWriter> writer;
+  std::string failure;
+  auto fail = [&](const std::exception &e) {
+    failure = path + ": cannot write: " + e.what();
+    writer.reset();
+    std::remove(tmp.c_str());
+  };
+  if (rank0) {
+    try {
+      writer = std::make_unique<runtime::SafetensorsWriter>(
+          tmp, entries, std::map<std::string, std::string>{{"format", "pt"}, {"source", "bmt-run"}});
+    } catch (const std::runtime_error &e) {
+      fail(e);
+    }
+  }
+  model.forEachFullParameter([&](int64_t index, const at::Tensor &value) { // collective
+    if (!writer)
+      return;
+    try {
+      at::Tensor host = value.cpu().contiguous();
+      for (size_t k = 0; k <= p.tensors[index].aliases.size(); ++k)
+        writer->write(host.data_ptr(), static_cast<int64_t>(host.nbytes()));
+    } catch (const std::runtime_error &e) {
+      fail(e);
+    }
+  });
+  if (!rank0)
     return;
-  try {
-    runtime::saveSafetensors(path, named, {{"format", "pt"}, {"source", "bmt-run"}});
-  } catch (const std::runtime_error &e) {
-    throw Failure(e.what());
+  if (writer) {
+    try {
+      writer->close();
+      if (std::rename(tmp.c_str(), path.c_str()) != 0)
+        throw std::runtime_error(std::strerror(errno));
+    } catch (const std::runtime_error &e) {
+      fail(e);
+    }
   }
-  std::cout << "saved " << named.size() << " parameters -> " << path << "\n";
+  if (!failure.empty())
+    throw Failure(failure);
+  std::cout << "saved " << entries.size() << " parameters -> " << path << "\n";
 }
 
 /// Prints (rank 0) where a resumed run continues and the bytes each rank

@@ -151,9 +151,26 @@ public:
   /// group's own dtype). Without ZeRO storage groups this does nothing.
   void setReduceDtype(std::optional<at::ScalarType> dtype);
 
+  /// The trainable parameters (plan tensor indices, tied ones once) in the
+  /// order forEachFullParameter visits them: each storage group's members
+  /// in the group's order, groups in plan order, then the parameters
+  /// outside groups in plan order.
+  std::vector<int64_t> fullParameterOrder() const;
+  /// Calls `visit(index, value)` on every rank for every trainable
+  /// parameter in fullParameterOrder(): `value` is its full value (or
+  /// gradient, with `gradients`: zeros for a grouped parameter without
+  /// one; an ungrouped one without a gradient is skipped) on the model's
+  /// device, valid during the call only. Under ZeRO one storage group is
+  /// gathered at a time and freed before the next, so a rank holds at most
+  /// its shards plus one group. Collective. Throws CommError, and what
+  /// `visit` throws (then the other ranks wait in the next gather: a
+  /// visitor that may fail should note the failure and return).
+  void forEachFullParameter(const std::function<void(int64_t, const at::Tensor &)> &visit,
+                            bool gradients = false);
   /// Every trainable parameter's full value (or gradient, with
   /// `gradients`; parameters without one are skipped) by plan name, CPU
-  /// copies; under ZeRO gathered from the shards. Collective.
+  /// copies (forEachFullParameter, collected: the whole model on every
+  /// rank; for small models and tests). Collective.
   std::vector<std::pair<std::string, at::Tensor>> fullParameters(bool gradients = false);
 
   /// The buffers parameters() hold, for checkpoints: one a parameter, in

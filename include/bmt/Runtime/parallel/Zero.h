@@ -146,10 +146,13 @@ public:
   /// Global L2 norm of the gradients over all ranks (a float64 tensor of one
   /// element on the device), without a host synchronisation. Collective.
   at::Tensor gradNorm() override;
-  /// The full value of grouped parameter `index` (a new CPU tensor), or its
-  /// full gradient with `gradient` (zeros when none). Collective: every
-  /// rank calls it for the same tensors in the same order.
-  at::Tensor gatherParameter(int64_t index, bool gradient = false);
+  /// Storage group `group`'s whole flat buffer [shard size x shard ranks]
+  /// (a new tensor on the device; members at the plan's offsets, padding
+  /// after the last shard's end), or its gradient with `gradient` (zeros
+  /// when none; float32 for a bf16/fp16 group). Gathered from the shard
+  /// group's shards: collective, every rank calls it for the same groups in
+  /// the same order. Throws CommError.
+  at::Tensor gatherGroup(int64_t group, bool gradient = false);
 
   /// Group `group`'s place on this rank, for checkpoints: its shard in the
   /// group's dtype ([shardSize], not a master copy), this rank's shard
