@@ -10,8 +10,9 @@
 //                 the saving thread's host copies.
 //   saving thread: host copies; wait for the device copies; CRC-32s; write
 //                 and fsync rank-R.safetensors; rank-R.done. Rank 0 then
-//                 waits for every rank's marker and commits: checkpoint.json,
-//                 rename the folder, COMPLETE, remove old checkpoints.
+//                 waits for every rank's marker and commits: the model's
+//                 Hugging Face files (hf/), checkpoint.json, rename the
+//                 folder, COMPLETE, remove old checkpoints.
 //
 // The saving thread runs no collective: the ranks meet through the files,
 // so a save never stalls the training's communication.
@@ -527,6 +528,12 @@ struct CheckpointSaver::Impl {
     if (snap.lossScale.defined())
       meta["loss_scale"] = {{"scale", snap.lossScale.item<double>()},
                             {"clean_steps", static_cast<int64_t>(snap.cleanSteps.item<double>())}};
+    if (!identity.hfFiles.empty()) {
+      fs::create_directories(tmp / "hf");
+      for (const auto &[name, content] : identity.hfFiles)
+        writeSynced((tmp / "hf" / name).string(), content);
+      syncDirectory((tmp / "hf").string());
+    }
     writeSynced((tmp / "checkpoint.json").string(), meta.dump(1) + "\n");
     for (int64_t r = 0; r < worldSize; ++r)
       fs::remove(tmp / rankName(r, ".done"));

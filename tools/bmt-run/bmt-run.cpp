@@ -406,6 +406,7 @@ int run(const tools::RunOptions &o) {
     identity.worldSize = worldSize;
     identity.zeroStage = p.zeroStage;
     identity.shardGroupSize = p.shardGroupSize > 0 ? p.shardGroupSize : worldSize;
+    identity.hfFiles = archive.hfFiles();
     trainer.setCheckpoints(o.checkpoints, identity);
   }
   if (!resumeFrom.empty() && !o.evalOnly)

@@ -21,6 +21,8 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace bmt::plan {
 struct Plan;
@@ -58,6 +60,10 @@ struct RunIdentity {
   double lr = 0;
   AdamWConfig adamw;
   LRScheduleConfig schedule;
+  /// The model's Hugging Face files (plan::Archive::hfFiles: config.json,
+  /// generation_config.json), copied into every checkpoint as hf/<name>
+  /// for bmt-to-hf.
+  std::vector<std::pair<std::string, std::string>> hfFiles;
 };
 
 /// FNV-1a 64 (hex) of `programText`, the plan's storage layout and
