@@ -1,7 +1,7 @@
 """`pip install .` of a checkout gives working console scripts: the package
 (pyproject.toml, python/bmt) is installed offline (--no-deps
 --no-build-isolation --no-index) into a temporary --target directory, and
-bmt-export-hf, bmt-prepare-data and bmt-plot run from its bin/ with only
+bmt-export-hf, bmt-prepare-data, bmt-plot and bmt-to-hf run from its bin/ with only
 that directory on PYTHONPATH, so they import the copy just installed (not
 the checkout's python/, nor one in the shared Python). The other tests run
 the tools as `python3 -m bmt.*` from the checkout."""
@@ -19,7 +19,7 @@ import pytest
 from bmt_paths import PYTHON_DIR, REPO
 
 SCRIPTS = {"bmt-export-hf": "bmt.export_hf", "bmt-prepare-data": "bmt.prepare_data",
-           "bmt-plot": "bmt.plot"}
+           "bmt-plot": "bmt.plot", "bmt-to-hf": "bmt.to_hf"}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,546 @@
+"""bmt-to-hf: export a bmt-run checkpoint to a Hugging Face model directory.
+
+    bmt-to-hf CHECKPOINT -o DIR [--max-shard-size 5GB] [--config FILE | --sharded sharded.pt]
+
+CHECKPOINT is a complete checkpoint folder of `bmt-run --checkpoint-dir D`
+(D/step-00000010; docs/checkpoint-format.md). DIR gets what
+`model.save_pretrained(DIR)` writes, and `AutoModelFor...from_pretrained(DIR)`
+loads it:
+
+  config.json                       the model's Hugging Face config
+  generation_config.json            when the model has one
+  model.safetensors                 the trained parameters, or, beyond
+  model-0000k-of-0000n.safetensors  --max-shard-size, shards and
+  model.safetensors.index.json      their index (weight_map)
+
+The config comes from the checkpoint (bmt-run copies the one sharded.pt
+carries, which bmt-export-hf stored with the model, into every checkpoint
+as hf/config.json), else from --sharded's record bmt/hf/config.json, or
+from --config (a model traced by hand). The original model is not needed:
+transformers builds the config's class on the meta device (no memory) only
+to learn its state-dict names and which tied names it omits
+(save_pretrained's remove_tied_weights_from_state_dict: of tied names, the
+ones in the class's tied-weights keys are left out, e.g. GPT-2's
+lm_head.weight; the tie itself is in the config).
+
+The parameters are streamed: each one's pieces are read from the rank files
+that hold them (one pread per piece of at most 16 MiB, the layout of
+checkpoint.json's spaces) and written into the output shards through a
+safetensors writer of the format's own (header first, then the bytes in
+order), so that memory stays flat whatever the model's size; the peak RSS
+is printed. Every rank file's tensors are read in order and checked against
+their CRC-32s as they stream.
+
+Exit status 0 on success. On bad input (a folder that is not a complete
+checkpoint, a missing or truncated rank file, a checksum mismatch, no
+config, a config whose class does not have the checkpoint's parameters)
+one "error: ..." line and status 1, and no DIR: it is written as a
+temporary folder beside DIR and renamed at the end.
+"""
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import struct
+import sys
+import tempfile
+import time
+import warnings
+import zlib
+
+CHUNK = 16 << 20  # bytes per read and write
+CHECKPOINT_FORMAT = "bmt-checkpoint"
+CHECKPOINT_VERSION = 1
+HF_FILES = ("config.json", "generation_config.json")
+
+# The checkpoint's dtype names (plan::dtypeName) -> safetensors dtype codes.
+SAFETENSORS_DTYPE = {
+    "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
+    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+}
+ELEMENT_SIZE = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+                "U8": 1, "BOOL": 1}
+
+
+class Failure(Exception):
+    """Bad input or a failed write: one error line."""
+
+
+def peak_rss_mib():
+    """This process's peak resident set size so far, MiB: Linux's VmHWM
+    (/proc/self/status), which starts afresh at exec, where getrusage's
+    ru_maxrss keeps the parent's at fork (a big parent, such as pytest,
+    would hide ours); getrusage elsewhere."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# --- reading the checkpoint --------------------------------------------------
+
+def latest_checkpoint(folder):
+    """The newest complete step-NNNNNNNN folder in `folder` (a --checkpoint-dir),
+    or None."""
+    try:
+        names = sorted(n for n in os.listdir(folder)
+                       if re.fullmatch(r"step-[0-9]{8}", n)
+                       and os.path.isfile(os.path.join(folder, n, "COMPLETE")))
+    except OSError:
+        return None
+    return os.path.join(folder, names[-1]) if names else None
+
+
+def read_checkpoint(folder):
+    """checkpoint.json of a complete checkpoint folder, checked."""
+    if not os.path.isdir(folder):
+        raise Failure(f"{folder}: no such checkpoint folder")
+    try:
+        with open(os.path.join(folder, "COMPLETE"), encoding="utf-8") as f:
+            complete = f.read()
+    except OSError:
+        complete = ""
+    words = complete.split()
+    if (len(words) != 4 or words[0] != CHECKPOINT_FORMAT or words[2] != "step"
+            or not words[3].isdigit()):
+        latest = latest_checkpoint(folder)
+        raise Failure(f"{folder}: not a complete checkpoint (no valid COMPLETE file: the save "
+                      "did not finish, or this is not a checkpoint folder)"
+                      + (f"; the newest complete checkpoint in it is {latest}" if latest else ""))
+    if words[1] != str(CHECKPOINT_VERSION):
+        raise Failure(f"{folder}: checkpoint format version {words[1]}; bmt-to-hf reads "
+                      f"{CHECKPOINT_VERSION}")
+    path = os.path.join(folder, "checkpoint.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise Failure(f"{path}: cannot read it ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        raise Failure(f"{path}: not a bmt checkpoint")
+    if meta.get("version") != CHECKPOINT_VERSION or meta.get("step") != int(words[3]):
+        raise Failure(f"{path}: version {meta.get('version')}, step {meta.get('step')} do not "
+                      f"match the COMPLETE file's ({words[1]}, step {words[3]})")
+    try:
+        for space in meta["spaces"]:
+            for key in ("name", "dtype", "size", "shards", "shard_size", "members"):
+                space[key]  # noqa: B018 - presence check
+            if space["dtype"] not in SAFETENSORS_DTYPE:
+                raise Failure(f"{path}: space {space['name']} has dtype {space['dtype']}, "
+                              "which safetensors has no code for")
+            for m in space["members"]:
+                m["tensor"], m["shape"], m["offset"], m["aliases"]  # noqa: B018
+        int(meta["world_size"])
+        rank_bytes = meta["rank_bytes"]
+    except (KeyError, TypeError) as e:
+        raise Failure(f"{path}: bad layout (no {e})") from None
+    if len(rank_bytes) != meta["world_size"]:
+        raise Failure(f"{path}: bad layout (rank_bytes of {len(rank_bytes)} ranks, world size "
+                      f"{meta['world_size']})")
+    return meta
+
+
+class RankFile:
+    """One rank's safetensors file, read by byte ranges (pread), its
+    tensors' CRC-32s checked as they are read in order."""
+
+    def __init__(self, folder, rank, expected_bytes, world_size):
+        self.path = os.path.join(folder, f"rank-{rank:05d}.safetensors")
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise Failure(f"{self.path}: missing (the checkpoint of {world_size} ranks has no "
+                          f"file of rank {rank})") from None
+        except OSError as e:
+            raise Failure(f"{self.path}: cannot open ({e.strerror})") from None
+        size = os.fstat(self.fd).st_size
+        if size != expected_bytes:
+            raise Failure(f"{self.path}: {size} bytes, checkpoint.json says {expected_bytes} "
+                          "(a truncated or replaced file)")
+        head = os.pread(self.fd, 8, 0)
+        length = struct.unpack("<Q", head)[0] if len(head) == 8 else size
+        try:
+            if length > size - 8:
+                raise ValueError("header longer than the file")
+            header = json.loads(os.pread(self.fd, length, 8))
+            metadata = header.pop("__metadata__", {})
+            if metadata.get("format") != CHECKPOINT_FORMAT:
+                raise ValueError("no bmt-checkpoint metadata")
+            self.crc = {k: int(v, 16) for k, v in json.loads(metadata["crc32"]).items()}
+            self.start = 8 + length
+            self.entries = {k: (v["dtype"], v["shape"], v["data_offsets"])
+                            for k, v in header.items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise Failure(f"{self.path}: not a bmt checkpoint shard ({e})") from None
+        self.running = {}  # tensor -> [bytes checked so far, crc so far]
+
+    def entry(self, name, dtype, numel):
+        """The byte range of tensor `name`, checked to be `numel` elements of `dtype`."""
+        if name not in self.entries:
+            raise Failure(f"{self.path}: has no tensor {name}")
+        code, shape, (begin, end) = self.entries[name]
+        count = 1
+        for d in shape:
+            count *= d
+        if code != dtype or count != numel or end - begin != numel * ELEMENT_SIZE[dtype]:
+            raise Failure(f"{self.path}: tensor {name} is {code} {shape}, checkpoint.json says "
+                          f"{dtype} [{numel}]")
+        return self.start + begin, self.start + end
+
+    def read(self, name, offset, nbytes, dtype, numel):
+        """Bytes [offset, offset + nbytes) of tensor `name`. Read front to back
+        (a range again for a second name of the same bytes), so that the
+        bytes before it (padding between members) and these go into the
+        tensor's CRC-32 as they are read; finish() checks it."""
+        begin, _ = self.entry(name, dtype, numel)
+        done, crc = self.running.setdefault(name, (0, 0))
+        if offset < done:  # the same bytes again
+            return self._pread(begin + offset, nbytes)
+        while done < offset:
+            n = min(CHUNK, offset - done)
+            crc = zlib.crc32(self._pread(begin + done, n), crc)
+            done += n
+        data = self._pread(begin + offset, nbytes)
+        self.running[name] = (offset + nbytes, zlib.crc32(data, crc))
+        return data
+
+    def finish(self, name, dtype, numel):
+        """Reads the rest of tensor `name` (the padding after its last member)
+        and checks its CRC-32 against the file's."""
+        begin, end = self.entry(name, dtype, numel)
+        done, _ = self.running.get(name, (0, 0))
+        if done < end - begin:
+            self.read(name, end - begin, 0, dtype, numel)
+        if self.running[name][1] != self.crc.get(name):
+            raise Failure(f"{self.path}: corrupt tensor {name} (checksum mismatch)")
+
+    def _pread(self, at, nbytes):
+        data = os.pread(self.fd, nbytes, at)
+        if len(data) != nbytes:
+            raise Failure(f"{self.path}: unexpected end of file")
+        return data
+
+    def close(self):
+        os.close(self.fd)
+
+
+# --- the Hugging Face files ---------------------------------------------------
+
+def hf_files(folder, args):
+    """{name: text} of config.json (and generation_config.json) and where
+    they came from."""
+    if args.config:
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                files = {"config.json": f.read()}
+        except OSError as e:
+            raise Failure(f"{args.config}: cannot read ({e.strerror})") from None
+        generation = os.path.join(os.path.dirname(os.path.abspath(args.config)),
+                                  "generation_config.json")
+        if os.path.exists(generation):
+            with open(generation, encoding="utf-8") as f:
+                files["generation_config.json"] = f.read()
+        return files, args.config
+    files = {}
+    for name in HF_FILES:
+        path = os.path.join(folder, "hf", name)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                files[name] = f.read()
+    if files:
+        return files, os.path.join(folder, "hf")
+    if args.sharded:
+        import zipfile
+        try:
+            with zipfile.ZipFile(args.sharded) as z:
+                for record in z.namelist():
+                    top, _, rest = record.partition("/")
+                    if rest.startswith("bmt/hf/") and rest[len("bmt/hf/"):] in HF_FILES:
+                        files[rest[len("bmt/hf/"):]] = z.read(record).decode("utf-8")
+        except (OSError, zipfile.BadZipFile) as e:
+            raise Failure(f"{args.sharded}: not a sharded.pt archive ({e})") from None
+        if "config.json" in files:
+            return files, args.sharded
+        raise Failure(f"{args.sharded} has no Hugging Face config (bmt/hf/config.json): its "
+                      "model was not exported by bmt-export-hf; give --config config.json")
+    raise Failure(f"{folder} has no Hugging Face config (hf/config.json): give --sharded "
+                  "sharded.pt or --config config.json")
+
+
+def model_class(config_text, where, meta, transformers, tmp):
+    """The config and the transformers class it names (config.architectures,
+    else the class of the plan's model_type), built from `tmp`/config.json."""
+    try:
+        fields = json.loads(config_text)
+        if not isinstance(fields, dict) or "model_type" not in fields:
+            raise ValueError("no model_type")
+    except ValueError as e:
+        raise Failure(f"{where}: not a Hugging Face config.json ({e})") from None
+    names = fields.get("architectures") or []
+    plan_type = meta.get("plan", {}).get("model_type", "")
+    name = names[0] if names else plan_type.rsplit(".", 1)[-1]
+    cls = getattr(transformers, name, None)
+    if cls is None or not hasattr(cls, "from_pretrained"):
+        raise Failure(f"{where}: transformers {transformers.__version__} has no model class "
+                      f"'{name}'")
+    try:
+        config = transformers.AutoConfig.from_pretrained(tmp, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - any loader failure is one line
+        raise Failure(f"{where}: transformers cannot read this config: {e}") from None
+    return cls, config
+
+
+def hf_names(cls, config, torch):
+    """The names save_pretrained writes for `cls(config)`, in state-dict
+    order: its state dict without the tied names it omits (transformers'
+    own remove_tied_weights_from_state_dict on a model on the meta device)."""
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+    with torch.device("meta"):
+        model = cls(config)
+    state = model.state_dict()
+    kept = remove_tied_weights_from_state_dict(dict(state), model)
+    return [n for n in state if n in kept]
+
+
+# --- writing -----------------------------------------------------------------
+
+class Tensor:
+    """An output tensor: its name, dtype code, shape and where its bytes are
+    (a member of a checkpoint space)."""
+
+    def __init__(self, name, dtype, shape, space, offset):
+        self.name, self.dtype, self.shape = name, dtype, shape
+        self.space, self.offset = space, offset
+        self.numel = 1
+        for d in shape:
+            self.numel *= d
+        self.nbytes = self.numel * ELEMENT_SIZE[dtype]
+
+
+def split_into_files(tensors, max_size):
+    """{file name: tensors}, in order: as huggingface_hub's
+    split_state_dict_into_shards_factory splits a state dict for
+    save_pretrained (a new file when the next tensor would take the current
+    one past max_size; a tensor larger than max_size alone), except that a
+    large tensor's file keeps its place in the order, so that the rank files
+    are read front to back. model.safetensors when one file holds them all,
+    else model-0000k-of-0000n.safetensors."""
+    groups, current, size = [], [], 0
+    for t in tensors:
+        if current and size + t.nbytes > max_size:
+            groups.append(current)
+            current, size = [], 0
+        current.append(t)
+        size += t.nbytes
+    if current:
+        groups.append(current)
+    if len(groups) == 1:
+        return {"model.safetensors": groups[0]}
+    n = len(groups)
+    return {f"model-{k + 1:05d}-of-{n:05d}.safetensors": g for k, g in enumerate(groups)}
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def write_safetensors(path, tensors, stream):
+    """A safetensors file of `tensors` (in order), their bytes from
+    stream(tensor) chunk by chunk: header (JSON padded to 8 bytes, as the
+    safetensors library writes it), then the data."""
+    header, offset = {}, 0
+    for t in tensors:
+        header[t.name] = {"dtype": t.dtype, "shape": t.shape,
+                          "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * ((8 - len(text) % 8) % 8)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        write_all(fd, struct.pack("<Q", len(text)) + text)
+        for t in tensors:
+            written = 0
+            for chunk in stream(t):
+                write_all(fd, chunk)
+                written += len(chunk)
+            if written != t.nbytes:
+                raise Failure(f"{t.name}: {written} bytes read, {t.nbytes} expected")
+    finally:
+        os.close(fd)
+
+
+def _size(text):
+    """argparse type: a byte count, '5GB' (10^9, as transformers reads it),
+    '500MB', '2GiB' (2^30), ... at least 1."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in units or float(m.group(1)) * units[m.group(2).upper()] < 1:
+        raise argparse.ArgumentTypeError(f"expects a size such as 5GB or 500MB, got "
+                                         f"'{text}'")
+    return int(float(m.group(1)) * units[m.group(2).upper()])
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with bmt's error convention: one 'error:' line, exit 1."""
+
+    def error(self, message):
+        print(f"error: {message} (see bmt-to-hf --help)", file=sys.stderr)
+        sys.exit(1)
+
+
+def convert(args):
+    start = time.time()
+    folder = args.checkpoint.rstrip("/") or "/"
+    meta = read_checkpoint(folder)
+    files, where = hf_files(folder, args)
+    out = os.path.abspath(args.output)
+    if os.path.exists(out) and not (os.path.isdir(out) and not os.listdir(out)):
+        raise Failure(f"{args.output} exists; bmt-to-hf writes a new directory (remove it or "
+                      "choose another -o)")
+    parent = os.path.dirname(out)
+    if not os.path.isdir(parent):
+        raise Failure(f"{args.output}: the directory {parent} does not exist")
+    # Rank files, opened and checked before anything is written.
+    world = meta["world_size"]
+    spaces = meta["spaces"]
+    needed = sorted({q for s in spaces for q in range(s["shards"])})
+    ranks = {r: RankFile(folder, r, meta["rank_bytes"][r], world) for r in needed}
+    for k, s in enumerate(spaces):
+        for q in range(s["shards"]):
+            ranks[q].entry(f"s{k}.param", SAFETENSORS_DTYPE[s["dtype"]], s["shard_size"])
+
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import torch
+    import transformers
+
+    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.tmp-")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # as os.makedirs would make it (mkdtemp: 0700)
+        for name, text in files.items():
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        cls, config = model_class(files["config.json"], where, meta, transformers, tmp)
+        names = hf_names(cls, config, torch)
+        wanted = set(names)
+
+        # The output tensors, in the checkpoint's layout order (so that every
+        # rank file is read front to back, its checksums checked on the way).
+        tensors, seen, ties = [], set(), []
+        for k, s in enumerate(spaces):
+            for m in sorted(s["members"], key=lambda m: m["offset"]):
+                all_names = [m["tensor"], *m["aliases"]]
+                mine = [n for n in all_names if n in wanted]
+                if not mine:
+                    raise Failure(f"the checkpoint's parameter {m['tensor']} is not a weight "
+                                  f"of {cls.__name__} ({where}): another model's config?")
+                for n in mine:
+                    tensors.append(Tensor(n, SAFETENSORS_DTYPE[s["dtype"]], list(m["shape"]),
+                                          k, m["offset"]))
+                    seen.add(n)
+                ties += [f"{n} = {mine[0]}" for n in all_names if n not in mine]
+        missing = [n for n in names if n not in seen]
+        if missing:
+            raise Failure(f"{cls.__name__} has {len(missing)} weight(s) the checkpoint does not "
+                          f"hold: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
+                          "(bmt-run checkpoints hold the trainable parameters; buffers and "
+                          "frozen parameters are not exported)")
+
+        files_of = split_into_files(tensors, args.max_shard_size)
+
+        def stream(t):
+            s = spaces[t.space]
+            shard_size, size = s["shard_size"], ELEMENT_SIZE[t.dtype]
+            field = f"s{t.space}.param"
+            at, end = t.offset, t.offset + t.numel
+            while at < end:
+                q = at // shard_size
+                upto = min(end, (q + 1) * shard_size, at + CHUNK // size)
+                yield ranks[q].read(field, (at - q * shard_size) * size, (upto - at) * size,
+                                    t.dtype, shard_size)
+                at = upto
+
+        before_weights = peak_rss_mib()
+        for filename, group in files_of.items():
+            write_safetensors(os.path.join(tmp, filename), group, stream)
+        # The padding after each space's last member, for the checksums.
+        for k, s in enumerate(spaces):
+            for q in range(s["shards"]):
+                ranks[q].finish(f"s{k}.param", SAFETENSORS_DTYPE[s["dtype"]], s["shard_size"])
+        if len(files_of) > 1:
+            index = {"metadata": {"total_parameters": sum(t.numel for t in tensors),
+                                  "total_size": sum(t.nbytes for t in tensors)},
+                     "weight_map": {t.name: f for f, group in files_of.items() for t in group}}
+            with open(os.path.join(tmp, "model.safetensors.index.json"), "w",
+                      encoding="utf-8") as f:
+                f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        for name in [*os.listdir(tmp), "."]:  # on disk before the rename
+            fd = os.open(os.path.join(tmp, name), os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        if os.path.isdir(out):
+            os.rmdir(out)  # empty (checked above)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        for f in ranks.values():
+            f.close()
+    largest = max(t.nbytes for t in tensors)
+    weights = sum(t.nbytes for t in tensors)
+    print(f"bmt-to-hf: wrote {args.output}: {cls.__name__}, {len(tensors)} tensors "
+          f"({weights} bytes) in " + (next(iter(files_of)) if len(files_of) == 1 else
+                                      f"{len(files_of)} files with an index")
+          + f", step {meta['step']} "
+          f"of {folder}" + (f"; tied, omitted as transformers does: {', '.join(ties)}"
+                            if ties else "") + f"; {time.time() - start:.1f} s")
+    print(f"bmt-to-hf: peak RSS {peak_rss_mib():.0f} MiB ({before_weights:.0f} MiB before the "
+          f"weights; weights {weights / 2**20:.0f} MiB, largest tensor {largest / 2**20:.0f} MiB)")
+    return 0
+
+
+def main(argv=None):
+    parser = _Parser(prog="bmt-to-hf",
+                     description="Exports a bmt-run checkpoint folder to a Hugging Face model "
+                                 "directory (config.json + safetensors) that "
+                                 "from_pretrained loads.")
+    parser.add_argument("checkpoint", help="a complete checkpoint folder (D/step-00000010 of "
+                                           "bmt-run --checkpoint-dir D)")
+    parser.add_argument("-o", "--output", required=True,
+                        help="the directory to write (must not exist, or be empty)")
+    parser.add_argument("--max-shard-size", type=_size, default="5GB",
+                        help="largest safetensors file before splitting into shards with an "
+                             "index (default 5GB, huggingface_hub's; transformers 5's "
+                             "save_pretrained uses 50GB)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--sharded", help="take config.json from this sharded.pt (for a "
+                                          "checkpoint without hf/config.json)")
+    source.add_argument("--config", help="a config.json to use (a model traced without one); "
+                                         "generation_config.json beside it is taken too")
+    args = parser.parse_args(argv)
+    try:
+        return convert(args)
+    except Failure as e:
+        print(f"error: {e}", file=sys.stderr)
+    except OSError as e:
+        print(f"error: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
