@@ -1,7 +1,7 @@
 """bmt-to-hf: a bmt-run checkpoint to a Hugging Face directory.
 
-For GPT-2 (tied embeddings), LLaMA (untied, and tied with
-tie_word_embeddings), BERT (masked LM: tied decoder weight and bias) and T5
+For GPT-2 (tied embeddings; float32 and bfloat16), LLaMA (untied, and tied
+with tie_word_embeddings), BERT (masked LM: tied decoder weight and bias) and T5
 (span corruption's seq2seq: three names tied to shared.weight): the fixture
 model's config exported by bmt-export-hf (which stores config.json with the
 model), compiled, trained 2 steps on 2 CPU ranks under torchrun with a
@@ -36,10 +36,11 @@ warnings.filterwarnings("ignore")
 
 AUTO_CLASS = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMaskedLM",
               "span-corruption": "AutoModelForSeq2SeqLM"}
-MODELS = {  # name: (fixture config, --set overrides)
+MODELS = {  # name: (fixture config, more bmt-export-hf arguments)
     "gpt2": ("gpt2", []),
+    "gpt2-bf16": ("gpt2", ["--dtype", "bfloat16"]),
     "llama": ("llama", []),
-    "llama-tied": ("llama", ["tie_word_embeddings=true"]),
+    "llama-tied": ("llama", ["--set", "tie_word_embeddings=true"]),
     "bert": ("bert", []),
     "t5": ("t5", []),
 }
@@ -90,14 +91,12 @@ def export(name, tmp, suffix=".pt"):
     """bmt-export-hf of the fixture's config (as a config.json file)."""
     import transformers
     from bmt import export_hf
-    fixture, overrides = MODELS[name]
+    fixture, more = MODELS[name]
     _, config = make_fixtures.MODELS[fixture](transformers)
     config.to_json_file(str(tmp / "fixture-config.json"))
     out = tmp / f"{name}{suffix}"
     args = ["--config", str(tmp / "fixture-config.json"), "-o", str(out), "--seq-len", "8"]
-    for item in overrides:
-        args += ["--set", item]
-    assert export_hf.main(args) == 0
+    assert export_hf.main(args + more) == 0
     return out
 
 
@@ -160,7 +159,8 @@ def test_from_pretrained_loads_the_trained_weights(trained):
     from safetensors.torch import load_file
     plan, out = trained["plan"], trained["out"]
     auto = getattr(transformers, AUTO_CLASS[plan["objective"]])
-    model, info = auto.from_pretrained(str(out), output_loading_info=True, dtype=torch.float32)
+    dtype = getattr(torch, json.loads(trained["hf_files"]["config.json"])["dtype"])
+    model, info = auto.from_pretrained(str(out), output_loading_info=True, dtype=dtype)
     assert type(model).__name__ == plan["model_type"].rsplit(".", 1)[-1]
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert not info["mismatched_keys"] and not info["error_msgs"], info
