@@ -421,6 +421,7 @@ struct CheckpointSaver::Impl {
   }
 
   std::set<std::string> masterOnlyForDerive; ///< host copies used to derive params, not saved
+  bool committing = false; ///< rank 0's saving thread: waitForRanks of commit() has run
   /// BMT_DEBUG_CHECKPOINT_SLOW_MS: sleep after writing each tensor (tests
   /// that kill a rank during a save).
   int64_t slowWriteMs = [] {
@@ -430,9 +431,34 @@ struct CheckpointSaver::Impl {
 
   /// The saving thread: copies, writes, commits.
   void write(std::shared_ptr<Snapshot> snap) {
+    committing = false;
     CheckpointResult result;
     result.step = snap->step;
     const std::string myFile = (fs::path(snap->folder) / rankName(rank, ".safetensors")).string();
+    const std::string failedFile = (fs::path(snap->folder) / rankName(rank, ".failed")).string();
+    // The rank's marker (rank-R.done, or rank-R.failed with the reason),
+    // its room taken before the big write, so that it can be written on a
+    // disk that fills up: written in place, then renamed to its name.
+    const std::string markerFile = (fs::path(snap->folder) / rankName(rank, ".marker")).string();
+    int markerFd = ::open(markerFile.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (markerFd >= 0 && ::posix_fallocate(markerFd, 0, 4096) != 0) {
+      ::close(markerFd);
+      markerFd = -1;
+    }
+    auto writeMarker = [&](const std::string &text, const std::string &target) {
+      if (markerFd < 0) {
+        writeSynced(target, text);
+        return;
+      }
+      const int fd = markerFd;
+      markerFd = -1;
+      const bool ok = ::pwrite(fd, text.data(), text.size(), 0) ==
+                          static_cast<ssize_t>(text.size()) &&
+                      ::ftruncate(fd, static_cast<off_t>(text.size())) == 0 && ::fsync(fd) == 0;
+      ::close(fd);
+      if (!ok || std::rename(markerFile.c_str(), target.c_str()) != 0)
+        throw std::runtime_error(target + ": cannot write (" + systemError() + ")");
+    };
     try {
       {
         c10::NoGradGuard noGrad;
@@ -475,8 +501,8 @@ struct CheckpointSaver::Impl {
       }
       writer.close();
       result.bytes = writer.bytesWritten();
-      writeSynced((fs::path(snap->folder) / rankName(rank, ".done")).string(),
-                  std::to_string(result.bytes) + "\n");
+      writeMarker(std::to_string(result.bytes) + "\n",
+                  (fs::path(snap->folder) / rankName(rank, ".done")).string());
       result.ok = true;
       if (rank == 0)
         commit(*snap, result);
@@ -486,43 +512,72 @@ struct CheckpointSaver::Impl {
       std::error_code ec;
       fs::remove(myFile, ec); // give the space back
       try {
-        writeSynced((fs::path(snap->folder) / rankName(rank, ".failed")).string(),
-                    result.error + "\n");
+        writeMarker(result.error.substr(0, 4000) + "\n", failedFile);
       } catch (const std::exception &) {
       }
-      if (rank == 0)
+      if (rank == 0) {
+        // Remove the folder once no rank writes into it any more.
+        if (!committing) {
+          try {
+            waitForRanks(snap->folder);
+          } catch (const std::exception &) {
+          }
+        }
         fs::remove_all(snap->folder, ec);
+      }
       std::lock_guard<std::mutex> lock(mutex);
       hostCopiesDone = true;
     }
+    if (markerFd >= 0)
+      ::close(markerFd);
     changed.notify_all();
     result.writeSeconds = secondsSince(snap->started);
     std::lock_guard<std::mutex> lock(mutex);
     finished = result;
   }
 
-  /// Rank 0: waits for every rank's file, then makes the checkpoint
-  /// complete (docs/checkpoint-format.md). Throws std::runtime_error.
-  void commit(Snapshot &snap, CheckpointResult &result) {
-    const fs::path tmp = snap.folder;
+  /// Rank 0: waits until every rank has its marker in `tmp` (done or
+  /// failed, at most 30 minutes); returns the bytes of each rank's file, or
+  /// throws std::runtime_error with the first failed rank's reason.
+  json waitForRanks(const fs::path &tmp) {
     json rankBytes = json::array();
+    std::string failure;
     const auto deadline = Clock::now() + std::chrono::minutes(30);
     for (int64_t r = 0; r < worldSize; ++r) {
+      std::error_code ec;
       for (;;) {
-        std::error_code ec;
-        if (fs::exists(tmp / rankName(r, ".done"), ec))
+        if (fs::exists(tmp / rankName(r, ".done"), ec) ||
+            fs::exists(tmp / rankName(r, ".failed"), ec))
           break;
-        if (fs::exists(tmp / rankName(r, ".failed"), ec))
-          throw std::runtime_error("rank " + std::to_string(r) + ": " +
-                                   readText((tmp / rankName(r, ".failed")).string()));
         if (Clock::now() > deadline)
           throw std::runtime_error("rank " + std::to_string(r) + " did not write its file "
                                    "within 30 minutes");
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
-      std::string bytes = readText((tmp / rankName(r, ".done")).string());
-      rankBytes.push_back(std::stoll(bytes));
+      if (fs::exists(tmp / rankName(r, ".done"), ec)) {
+        rankBytes.push_back(std::stoll(readText((tmp / rankName(r, ".done")).string())));
+        continue;
+      }
+      std::string why = readText((tmp / rankName(r, ".failed")).string());
+      while (!why.empty() && why.back() == '\n')
+        why.pop_back();
+      if (failure.empty())
+        failure = "rank " + std::to_string(r) + ": " +
+                  (why.empty() ? "could not write its file (no reason recorded: the disk may be "
+                                 "full; the rank's own warning says why)"
+                               : why);
     }
+    if (!failure.empty())
+      throw std::runtime_error(failure);
+    return rankBytes;
+  }
+
+  /// Rank 0: waits for every rank's file, then makes the checkpoint
+  /// complete (docs/checkpoint-format.md). Throws std::runtime_error.
+  void commit(Snapshot &snap, CheckpointResult &result) {
+    const fs::path tmp = snap.folder;
+    committing = true; // from here on every rank has its marker
+    json rankBytes = waitForRanks(tmp);
     json meta = snap.metadata;
     meta["rank_bytes"] = rankBytes;
     if (snap.lossScale.defined())

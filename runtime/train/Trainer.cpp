@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
+#include <iostream>
 #include <limits>
 #include <sstream>
 
@@ -105,8 +106,13 @@ ResumeReport Trainer::resume(const std::string &folder) {
 }
 
 void Trainer::reportCheckpoint(const CheckpointResult &r) {
-  if (model_.world().rank() != 0)
+  if (model_.world().rank() != 0) {
+    // Rank 0 reports every save; a rank says why its own part failed.
+    if (!r.ok)
+      std::cerr << "warning: rank " << model_.world().rank() << ": checkpoint step " << r.step
+                << " failed: " << r.error << "\n";
     return;
+  }
   metrics_.checkpoint(r.step, r.ok, r.ok ? r.path : r.error, r.bytes, r.writeSeconds,
                       saveHeldSeconds_);
 }
@@ -557,6 +563,10 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
       if (saver_)
         if (std::optional<CheckpointResult> done = saver_->wait())
           reportCheckpoint(*done);
+      // Rank 0's wait includes the commit: no rank exits before it (torchrun
+      // stops the others when one exits).
+      if (model_.world().size() > 1)
+        model_.world().barrier();
       out_.flush();
       std::_Exit(75);
     }
