@@ -199,6 +199,8 @@ Executor::~Executor() = default;
 
 ExecutorHooks::~ExecutorHooks() = default;
 
+ExecutorObserver::~ExecutorObserver() = default;
+
 std::vector<IValue> Executor::run(const std::vector<IValue> &inputs) {
   return call(static_cast<size_t>(plan_.entry), inputs);
 }
@@ -241,6 +243,8 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
         regs[inst.results[0]] = hooks_ && plan_.tensors[inst.target].group >= 0
                                     ? hooks_->global(inst.target)
                                     : tensors_[inst.target];
+        if (observer_ && observer_->checkInstructions)
+          observer_->instructionDone(index, n, regs);
         break;
       case plan::Instruction::Kind::Gather:
         if (hooks_)
@@ -270,6 +274,8 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
         } else {
           results = call(inst.target, std::move(callArgs));
         }
+        if (observer_ && !inst.blockList.empty())
+          observer_->blockReturned(inst, results);
         for (size_t i = 0; i < inst.results.size(); ++i)
           regs[inst.results[i]] = std::move(results[i]);
         break;
@@ -312,6 +318,8 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
           for (size_t i = 0; i < stack.size(); ++i)
             regs[inst.results[i]] = std::move(stack[i]);
         }
+        if (observer_ && observer_->checkInstructions)
+          observer_->instructionDone(index, n, regs);
         break;
       }
       }

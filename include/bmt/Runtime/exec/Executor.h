@@ -51,6 +51,24 @@ public:
                                              std::vector<c10::IValue> args) = 0;
 };
 
+/// Watches an executor's runs (train/Inspect.h): the results of block
+/// calls, and, while `checkInstructions` is set, of every instruction.
+/// Without an observer (the default) the executor does nothing extra.
+class ExecutorObserver {
+public:
+  virtual ~ExecutorObserver();
+  /// After the call `inst` of a block (Instruction::blockList non-empty)
+  /// returned `results`, in the function that calls the block.
+  virtual void blockReturned(const plan::Instruction &inst,
+                             const std::vector<c10::IValue> &results) = 0;
+  /// While checkInstructions is set: after instruction `index` of function
+  /// `function` (of kind Aten or Global) wrote its results into
+  /// `registers` (the function's registers; its arguments are there too).
+  virtual void instructionDone(size_t function, size_t index,
+                               const std::vector<c10::IValue> &registers) = 0;
+  bool checkInstructions = false;
+};
+
 class Executor {
 public:
   /// Prepares `plan` to run on `device`: resolves every operator's schema
@@ -76,6 +94,9 @@ public:
   /// Routes sharded parameters, gather/release and block calls to `hooks`
   /// (not owned; must outlive the executor's runs). Null: no ZeRO.
   void setHooks(ExecutorHooks *hooks) { hooks_ = hooks; }
+  /// Reports block results (and instructions) to `observer` (not owned;
+  /// null: none).
+  void setObserver(ExecutorObserver *observer) { observer_ = observer; }
 
   /// The parameters and buffers, by plan index (undefined for members of
   /// storage groups, which the hooks provide).
@@ -90,6 +111,7 @@ private:
   std::vector<at::Tensor> tensors_;
   at::Device device_;
   ExecutorHooks *hooks_ = nullptr;
+  ExecutorObserver *observer_ = nullptr;
   std::vector<std::vector<std::unique_ptr<Prepared>>> prepared_; // [function][instruction]
 };
 
