@@ -114,6 +114,23 @@ void MetricsWriter::checkpoint(int64_t step, bool ok, const std::string &where, 
   }
 }
 
+void MetricsWriter::inspection(int64_t step, const std::vector<BlockInspection> &blocks) {
+  if (!json_)
+    return;
+  *json_ << "{\"kind\": \"inspect\", \"step\": " << step << ", \"blocks\": [";
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const BlockInspection &b = blocks[i];
+    *json_ << (i ? ", " : "") << "{\"name\": " << jsonString(b.name)
+           << ", \"param_norm\": " << jsonNumber(b.paramNorm)
+           << ", \"param_max_abs\": " << jsonNumber(b.paramMaxAbs)
+           << ", \"grad_norm\": " << jsonNumber(b.gradNorm)
+           << ", \"grad_max_abs\": " << jsonNumber(b.gradMaxAbs)
+           << ", \"output_max_abs\": " << jsonNumber(b.outputMaxAbs) << "}";
+  }
+  *json_ << "]}\n";
+  json_->flush();
+}
+
 double peakMemoryGiB(c10::Device device) {
   if (device.is_cuda()) {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 namespace bmt::runtime {
 
@@ -36,6 +37,15 @@ struct StepMetrics {
   double nextLossScale = 0;    ///< the scale after the step's update
   int64_t tokens = 0;          ///< input tokens of all ranks
   double tokensPerSecond = 0, tflops = 0, elapsedSeconds = 0, peakMemoryGiB = 0;
+};
+
+/// One block's (or the parameters outside blocks') statistics at an
+/// inspected step (bmt-run --inspect-every; train/Inspect.h). Norms are L2
+/// over all of the block's parameters / gradients; NaN when not finite or
+/// not measured (outputMaxAbs outside blocks).
+struct BlockInspection {
+  std::string name; ///< the block's module path ("transformer.h.0"), or "outside_blocks"
+  double paramNorm = 0, paramMaxAbs = 0, gradNorm = 0, gradMaxAbs = 0, outputMaxAbs = 0;
 };
 
 class MetricsWriter {
@@ -61,6 +71,11 @@ public:
   /// "bytes", "write_s", "held_s"}. `where`: the path, or the error.
   void checkpoint(int64_t step, bool ok, const std::string &where, int64_t bytes,
                   double writeSeconds, double heldSeconds);
+
+  /// {"kind": "inspect", "step", "blocks": [{"name", "param_norm",
+  /// "param_max_abs", "grad_norm", "grad_max_abs", "output_max_abs"}, ...]}
+  /// (JSON only; nothing when there is no JSON log).
+  void inspection(int64_t step, const std::vector<BlockInspection> &blocks);
 
 private:
   std::ostream &out_;
