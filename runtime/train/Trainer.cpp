@@ -1,6 +1,7 @@
 //===- Trainer.cpp - the training and evaluation loops --------------------===//
 
 #include "bmt/Runtime/train/Trainer.h"
+#include "bmt/Runtime/train/Inspect.h"
 #include "bmt/Runtime/optim/LossScaler.h"
 #include "bmt/Runtime/optim/Optimizer.h"
 #include "bmt/Runtime/train/Profile.h"
@@ -288,6 +289,8 @@ struct Trainer::PendingStep {
   at::Tensor values; ///< float64 [gradAccum + 4]: losses, grad norm, found inf, scale, next scale
   std::optional<c10::Event> ready;
   std::chrono::steady_clock::time_point queued; ///< when the host had queued all its work
+  std::vector<MicroBatch> batches; ///< and the generator before them: to replay a failed step
+  std::mt19937_64 rng;
 };
 
 /// The environment's test and diagnostic hooks (Trainer.h), read once a run.
@@ -331,8 +334,11 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
   current.lr = learningRate(config_.schedule, step);
   std::vector<at::Tensor> losses;
   optimizer.zeroGrad();
+  current.rng = rng;
+  inspector_->beginStep(step);
   for (int64_t micro = 0; micro < config_.gradAccum; ++micro) {
-    MicroBatchLoss result = microBatchLoss(source.next(), rng);
+    current.batches.push_back(source.next());
+    MicroBatchLoss result = microBatchLoss(current.batches.back(), rng);
     at::Tensor loss = result.loss;
     losses.push_back(loss.detach().reshape({1}).to(at::kDouble));
     at::Tensor objective = loss.div(static_cast<double>(config_.gradAccum));
@@ -356,6 +362,7 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
     stepScale = scaler->scale().clone();
     found = unscaleAndCheckGradients(model_.parameters(), stepScale, world, device);
   }
+  inspector_->afterGradients(step);
   // Clipping and the update happen on the device; a step with an inf/NaN
   // gradient on any rank (fp16) is skipped by the fused kernel itself.
   // Both optimizers apply the clip factor themselves, AdamW inside its
@@ -363,10 +370,13 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
   at::Tensor gradNorm = model_.gradNorm().to(device, at::kDouble);
   // (The offloaded one gives the host copies of the gradients the same
   // unscaling and clipping.) A checkpoint's snapshot of the state must be
-  // taken before the update changes it.
+  // taken before the update changes it. Without loss scaling, a non-finite
+  // norm stops training: that step and any queued after it leave the
+  // weights as they are, for the replay that looks for the source
+  // (Inspect.h).
   if (saver_)
     saveHeldSeconds_ += saver_->beforeStateChange();
-  optimizer.step({current.lr, found,
+  optimizer.step({current.lr, scaler ? found : inspector_->haltOnNonFinite(gradNorm),
                    scaler ? std::optional<at::Tensor>(stepScale) : std::nullopt, gradNorm,
                    config_.clipGrad});
   model_.afterOptimizerStep();
@@ -433,6 +443,14 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
   LossScaler *scaler = scaler_ ? &*scaler_ : nullptr;
   const double minScale = std::min(config_.minLossScale, config_.lossScale);
   int64_t minScaleSkips = 0;
+  inspector_ = std::make_unique<Inspector>(model_, config_.inspectEvery);
+  // A step that ran into a non-finite value: replayed to name its source.
+  auto stopAt = [&](const PendingStep &p, const std::string &what) {
+    StepReplay replay{p.step, static_cast<int64_t>(p.batches.size()), p.rng,
+                      [&](int64_t m, std::mt19937_64 &r) { return microBatchLoss(p.batches[m], r).loss; },
+                      [&] { optimizer_->zeroGrad(); }};
+    return TrainingError(what + "; " + inspector_->locateNonFinite(replay) + "; stopping");
+  };
   auto runEval = [&](int64_t step) {
     if (!evalData)
       return;
@@ -458,29 +476,27 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
     double loss = 0;
     for (int64_t micro = 0; micro < m; ++micro) {
       if (!std::isfinite(v[micro]))
-        throw TrainingError("the loss is " + std::string(std::isnan(v[micro]) ? "NaN" : "infinite") +
+        throw stopAt(p, "the loss is " + std::string(std::isnan(v[micro]) ? "NaN" : "infinite") +
                             " at step " + std::to_string(p.step) + " (micro-batch " +
-                            std::to_string(micro + 1) + "); stopping");
+                            std::to_string(micro + 1) + ")");
       loss += v[micro];
     }
     loss /= static_cast<double>(m);
     const bool skipped = v[m + 1] != 0;
     const double gradNorm = skipped ? std::nan("") : v[m];
     if (!skipped && !std::isfinite(gradNorm))
-      throw TrainingError("the gradient norm is not finite at step " + std::to_string(p.step) +
-                          "; stopping");
+      throw stopAt(p, "the gradient norm is not finite at step " + std::to_string(p.step));
     const double stepScale = scaler ? v[m + 2] : 0, nextScale = scaler ? v[m + 3] : 0;
     // Overflowing at the minimum scale, step after step: the gradients are
     // not finite at any scale (a diverged run); stop instead of skipping
     // forever.
     minScaleSkips = skipped && stepScale <= minScale ? minScaleSkips + 1 : 0;
     if (minScaleSkips >= config_.lossScaleWindow)
-      throw TrainingError("the gradients overflowed at the minimum loss scale " +
+      throw stopAt(p, "the gradients overflowed at the minimum loss scale " +
                           formatNumber(minScale) + " in " + std::to_string(minScaleSkips) +
                           " steps in a row (steps " +
                           std::to_string(p.step - minScaleSkips + 1) + " to " +
-                          std::to_string(p.step) + "); stopping at step " +
-                          std::to_string(p.step));
+                          std::to_string(p.step) + ")");
     lossScale_ = nextScale;
     losses_.push_back(loss);
     double stepSeconds = std::chrono::duration<double>(done - lastReport).count();
@@ -505,6 +521,7 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
       metrics.peakMemoryGiB = peakMemoryGiB(device);
       metrics_.step(metrics);
     }
+    inspector_->report(p.step, rank0 ? &metrics_ : nullptr);
   };
 
   std::optional<PendingStep> pending;

@@ -214,6 +214,12 @@ const std::vector<Option> &optionTable() {
        [](RunOptions &o, auto &, const Values &v) { o.logFile = v[0]; }},
       {"--log-every", "N", "output", "print a step line every N steps (default 1)",
        [](RunOptions &o, auto &k, const Values &v) { o.train.logEvery = toInt(k, v[0], 1); }},
+      {"--inspect-every", "N", "output",
+       "every N steps, add to --log-file a line {\"kind\": \"inspect\"} with,\n"
+       "per block and for the parameters outside blocks, the L2 norm\n"
+       "and max-abs of the parameters and of the gradients and the\n"
+       "max-abs of the block's output (global over the ranks)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.inspectEvery = toInt(k, v[0], 1); }},
       {"--save-params", "FILE", "output",
        "after training, save the parameters as safetensors (every name\n"
        "of the state dict; transformers' from_pretrained reads it)",
@@ -316,6 +322,10 @@ void checkCombination(const RunOptions &o) {
   if (!training && (!o.checkpoints.dir.empty() || !o.resume.empty()))
     throw UsageError("--checkpoint-dir and --resume are for training; they have no effect "
                      "with " + other);
+  if (!training && o.train.inspectEvery > 0)
+    throw UsageError("--inspect-every inspects training steps; it has no effect with " + other);
+  if (o.train.inspectEvery > 0 && o.logFile.empty())
+    throw UsageError("--inspect-every writes its lines to the JSON log: give --log-file FILE");
   if (!training && !o.saveParams.empty())
     throw UsageError("--save-params writes trained parameters; it has no effect with " + other);
 }

@@ -25,6 +25,7 @@
 
 namespace bmt::runtime {
 
+class Inspector;
 class Optimizer;
 
 /// Training must stop: a NaN/inf loss, a bad batch. The message names the step.
@@ -84,6 +85,9 @@ struct TrainConfig {
   double lossScaleFactor = 2;
   int64_t lossScaleWindow = 1024;
   double minLossScale = 1;
+  /// Per-block statistics of parameters, gradients and outputs every N
+  /// steps as JSON lines (Inspect.h; bmt-run --inspect-every); 0 = off.
+  int64_t inspectEvery = 0;
 };
 
 /// Runs the optimizer loop on `model` (on every rank of model.world(), each
@@ -98,7 +102,12 @@ struct TrainConfig {
 /// given) every evalEvery steps and after the last step.
 /// Throws TrainingError when a loss or a gradient norm is not finite,
 /// naming the step, and when the gradients overflow at the minimum loss
-/// scale in lossScaleWindow steps in a row.
+/// scale in lossScaleWindow steps in a row; the message names the first
+/// block (and operator) that produced a non-finite value
+/// (Inspector::locateNonFinite: the step is replayed; a step whose
+/// gradient norm is not finite is not applied, without loss scaling, so
+/// that the replay runs on the weights the step ran with).
+/// With inspectEvery, writes an inspect JSON line after every N-th step's.
 ///
 /// A step queues its work without host synchronisation (inputs copied from
 /// pinned memory, clipping, loss-scale checks and the optimizer on the
@@ -185,6 +194,7 @@ private:
   double saveHeldSeconds_ = 0; ///< host time the save in flight held training
   std::vector<double> losses_;
   double lossScale_ = 0;
+  std::unique_ptr<Inspector> inspector_; ///< during train()
 };
 
 } // namespace bmt::runtime
