@@ -221,6 +221,10 @@ Inspector::Inspector(Model &model, int64_t every)
   recorder_ = std::make_unique<OutputRecorder>(blocks_);
   if (every_ > 0)
     model_.setObserver(recorder_.get());
+  if (every_ > 0 && model_.device().is_cuda())
+    for (at::Tensor &b : hostBuffers_) // allocated before any step: no allocation inside one
+      b = at::empty({static_cast<int64_t>(entries), 5},
+                    at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
 }
 
 Inspector::~Inspector() { model_.setObserver(nullptr); }
@@ -302,8 +306,9 @@ void Inspector::afterGradients(int64_t step) {
   record.step = step;
   if (table.is_cuda()) {
     // Read when the step is reported, after its event (recorded later on
-    // the same stream) says the device has run it.
-    record.values = at::empty(table.sizes(), at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+    // the same stream) says the device has run it; by then the record
+    // before it (the other buffer) has been reported.
+    record.values = hostBuffers_[nextBuffer_++ % hostBuffers_.size()];
     record.values.copy_(table, /*non_blocking=*/true);
   } else {
     record.values = table.cpu().contiguous();

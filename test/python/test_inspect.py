@@ -8,8 +8,9 @@ non-finite loss or gradient.
    gradients and the max-abs of the block's output (a forward hook on the
    eager block) must agree within numerics.py's bounds, on 1 rank (GPT-2,
    LLaMA) and 2 ranks with gradient accumulation 2 under ZeRO-3 (global
-   values from the shards and from each rank's rows). The lines come every N
-   steps, after that step's train line.
+   values from the shards and from each rank's rows), and under hybrid
+   sharding (2 replicas of one shard). The lines come every N steps, after
+   that step's train line.
 2. A non-finite loss or gradient norm: one error line, exit status 1, naming
    the first block (and operator with its source location) that produced a
    non-finite value. A NaN in one weight (the parameter and the addmm reading
@@ -130,10 +131,9 @@ def check_against_eager(got, want, train_line):
     assert_close(total, train_line["grad_norm"], PARITY_ULPS, what="global gradient norm")
 
 
-@pytest.mark.parametrize("name,ranks,accum", [("gpt2", 1, 1), ("llama", 1, 1), ("gpt2", 2, 2)])
-def test_inspection_matches_eager(name, ranks, accum, tmp_path):
+def inspection_against_eager(name, ranks, accum, tmp_path, *flags):
     model = build(name)
-    sharded = compile_model(model, tmp_path / name, "--world-size", ranks)
+    sharded = compile_model(model, tmp_path / name, "--world-size", ranks, *flags)
     batches = torch.randint(0, model.config.vocab_size, (accum, 4, SEQ + 1),
                             generator=torch.Generator().manual_seed(3))
     torch.save(batches, tmp_path / "batches.pt")
@@ -146,6 +146,17 @@ def test_inspection_matches_eager(name, ranks, accum, tmp_path):
     assert inspect["step"] == 1
     want = eager_inspection(model, list(batches))
     check_against_eager(inspect["blocks"], want, train)
+
+
+@pytest.mark.parametrize("name,ranks,accum", [("gpt2", 1, 1), ("llama", 1, 1), ("gpt2", 2, 2)])
+def test_inspection_matches_eager(name, ranks, accum, tmp_path):
+    inspection_against_eager(name, ranks, accum, tmp_path)
+
+
+def test_inspection_under_hybrid_sharding(tmp_path):
+    """Shard group size 1 on 2 ranks: each rank holds every shard (two
+    replicas), so only the first shard group's rank may count them."""
+    inspection_against_eager("gpt2", 2, 1, tmp_path, "--shard-group-size", 1)
 
 
 def test_inspection_every_n_steps(tmp_path):

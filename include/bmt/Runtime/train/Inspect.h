@@ -26,6 +26,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -111,15 +112,18 @@ private:
     int64_t step = 0;
     at::Tensor values; ///< float64 [entries, 5], on the host (pinned on CUDA)
   };
-  /// This rank's part of entry e: model.parameters() indices whose values
-  /// it adds to the global sums (each element once over all ranks).
   Model &model_;
   int64_t every_;
   PlanBlocks blocks_;
-  std::vector<std::vector<size_t>> contributions_; ///< by entry (blocks, then outside)
+  /// By entry (the blocks, then outside blocks): the model.parameters()
+  /// whose values this rank adds to the global sums (each element once
+  /// over all ranks).
+  std::vector<std::vector<size_t>> contributions_;
   std::vector<int64_t> entryOfParameter_;          ///< by model.parameters() index
   std::unique_ptr<OutputRecorder> recorder_;
-  std::deque<Record> records_;
+  std::deque<Record> records_;   ///< inspected steps not reported yet (at most 2)
+  std::array<at::Tensor, 2> hostBuffers_; ///< CUDA: pinned memory the records are copied to
+  size_t nextBuffer_ = 0;
   std::vector<BlockInspection> last_;
   at::Tensor halted_;
 };
