@@ -180,6 +180,7 @@ public:
   /// spaces' values): refreshes low-precision ZeRO shards from their
   /// masters and frees gathered buffers, as after an optimizer step.
   void parametersChanged() { afterOptimizerStep(); }
+
   /// Reports the executor's block results (and instructions) to `observer`
   /// (train/Inspect.h; not owned, null: none).
   void setObserver(ExecutorObserver *observer) { executor_->setObserver(observer); }
