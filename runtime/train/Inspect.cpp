@@ -96,6 +96,29 @@ bool usesRegister(const plan::Arg &a, int64_t reg) {
   return false;
 }
 
+/// The `ord`-norms of `ts` (foreach kernels) as float64 tensors of one
+/// element, in order; bf16/fp16 tensors accumulate and return in float32.
+std::vector<at::Tensor> norms(const std::vector<at::Tensor> &ts, double ord) {
+  std::vector<at::Tensor> reduced, full, out(ts.size());
+  std::vector<size_t> reducedAt, fullAt;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const bool low = ts[i].scalar_type() == at::kHalf || ts[i].scalar_type() == at::kBFloat16;
+    (low ? reduced : full).push_back(ts[i]);
+    (low ? reducedAt : fullAt).push_back(i);
+  }
+  if (!reduced.empty()) {
+    std::vector<at::Tensor> n = at::_foreach_norm(reduced, ord, at::kFloat);
+    for (size_t j = 0; j < n.size(); ++j)
+      out[reducedAt[j]] = n[j].to(at::kDouble);
+  }
+  if (!full.empty()) {
+    std::vector<at::Tensor> n = at::_foreach_norm(full, ord);
+    for (size_t j = 0; j < n.size(); ++j)
+      out[fullAt[j]] = n[j].to(at::kDouble);
+  }
+  return out;
+}
+
 /// A tensor of the communicator's device (the CPU backend's tensors live
 /// on the CPU, NCCL's on its GPU).
 at::Tensor onCommDevice(const at::Tensor &t, Comm &world) {
@@ -259,13 +282,9 @@ void Inspector::afterGradients(int64_t step) {
   // Per entry: sum of squares (col 0) and max-abs (col 1) of `ts`.
   auto reduce = [&](const std::vector<at::Tensor> &ts, const std::vector<size_t> &end,
                     std::vector<at::Tensor> &sums, std::vector<at::Tensor> &maxes) {
-    std::vector<at::Tensor> squares, maxAbs;
-    if (!ts.empty()) {
-      for (const at::Tensor &n : at::_foreach_norm(ts, 2))
-        squares.push_back(n.to(at::kDouble).pow(2));
-      for (const at::Tensor &n : at::_foreach_norm(ts, kInf))
-        maxAbs.push_back(n.to(at::kDouble));
-    }
+    std::vector<at::Tensor> squares, maxAbs = norms(ts, kInf);
+    for (const at::Tensor &n : norms(ts, 2))
+      squares.push_back(n.pow(2));
     size_t begin = 0;
     for (size_t e = 0; e < entries; ++e) {
       if (end[e] == begin) {
@@ -627,10 +646,13 @@ std::string Inspector::locateNonFinite(const StepReplay &replay) {
       if (flags.const_data_ptr<double>()[e] != 0)
         bad.push_back(e + 1 == entries ? "outside blocks" : "block " + blocks_.names[e]);
     std::string gradients;
-    if (!bad.empty()) {
+    if (!bad.empty()) { // at most three named, in the backward's order
+      const size_t named = bad.size() <= 3 ? bad.size() : 2;
       gradients = "the gradients of " + bad[0];
-      for (size_t i = 1; i < bad.size(); ++i)
+      for (size_t i = 1; i < named; ++i)
         gradients += (i + 1 == bad.size() ? " and " : ", ") + bad[i];
+      if (named < bad.size())
+        gradients += " and " + std::to_string(bad.size() - named) + " more blocks";
       gradients += " are not finite";
     }
     if (f.kind == Finding::Gradient)
