@@ -445,11 +445,12 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
   int64_t minScaleSkips = 0;
   inspector_ = std::make_unique<Inspector>(model_, config_.inspectEvery);
   // A step that ran into a non-finite value: replayed to name its source.
-  auto stopAt = [&](const PendingStep &p, const std::string &what) {
+  auto stopAt = [&](const PendingStep &p, const std::string &what,
+                    const std::string &stopping = "stopping") {
     StepReplay replay{p.step, static_cast<int64_t>(p.batches.size()), p.rng,
                       [&](int64_t m, std::mt19937_64 &r) { return microBatchLoss(p.batches[m], r).loss; },
                       [&] { optimizer_->zeroGrad(); }};
-    return TrainingError(what + "; " + inspector_->locateNonFinite(replay) + "; stopping");
+    return TrainingError(what + "; " + inspector_->locateNonFinite(replay) + "; " + stopping);
   };
   auto runEval = [&](int64_t step) {
     if (!evalData)
@@ -496,7 +497,8 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
                           formatNumber(minScale) + " in " + std::to_string(minScaleSkips) +
                           " steps in a row (steps " +
                           std::to_string(p.step - minScaleSkips + 1) + " to " +
-                          std::to_string(p.step) + ")");
+                          std::to_string(p.step) + ")",
+                   "stopping at step " + std::to_string(p.step));
     lossScale_ = nextScale;
     losses_.push_back(loss);
     double stepSeconds = std::chrono::duration<double>(done - lastReport).count();
