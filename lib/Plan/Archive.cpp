@@ -67,59 +67,94 @@ at::Tensor initValues(const TensorInfo &info, int64_t begin, int64_t end, uint64
   return out;
 }
 
+/// A group whose every member has an init rule: it gets no record.
+bool weightsFree(const Plan &plan, const StorageGroup &group) {
+  for (int64_t m : group.members)
+    if (plan.tensors[m].init.empty())
+      return false;
+  return true;
+}
+
 } // namespace
 
-void writeArchive(const std::string &path, Plan &plan,
-                  const std::string &programText,
-                  const std::function<at::Tensor(size_t)> &weightOf,
-                  const std::vector<NamedFile> &hfFiles) {
+WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &programText,
+                        const TensorReader &read, const std::vector<NamedFile> &hfFiles,
+                        int64_t maxGroupRecordBytes) {
   for (const auto &[name, content] : hfFiles)
     if (std::find(std::begin(kHfFileNames), std::end(kHfFileNames), name) ==
         std::end(kHfFileNames))
       throw PlanError("'" + name + "' is not a Hugging Face file an archive carries");
+  if (maxGroupRecordBytes <= 0)
+    throw PlanError("writeArchive: the largest group record must be positive");
+  WriteStats stats;
   std::string tmpPath = path + ".tmp." + std::to_string(::getpid());
   try {
     caffe2::serialize::PyTorchStreamWriter writer(tmpPath);
-    std::string version = versionLine(plan);
-    writer.writeRecord(kVersionRecord, version.data(), version.size());
-    auto checkedWeight = [&](size_t i) {
-      const TensorInfo &info = plan.tensors[i];
-      at::Tensor t = weightOf(i);
-      if (t.scalar_type() != info.dtype || t.sizes().vec() != info.shape)
-        throw PlanError("weights of " + info.name + " do not match the plan (" +
-                        std::string(c10::toString(t.scalar_type())) + " " +
-                        c10::str(t.sizes()) + ")");
-      return t.contiguous().cpu();
+    auto writeRecord = [&](const std::string &name, const void *data, size_t size) {
+      writer.writeRecord(name, data, size);
+      stats.records += 1;
     };
-    // Storage groups: one record per group holding its flat buffer (members
-    // at their offsets, zeros between), so that a rank reads one range.
+    // The version depends on whether groups are split: decide that first.
+    for (StorageGroup &group : plan.groups) {
+      group.parts.clear();
+      group.partSize = 0;
+      if (!weightsFree(plan, group) && group.nbytes() > maxGroupRecordBytes) {
+        group.partSize = std::max<int64_t>(
+            1, maxGroupRecordBytes / static_cast<int64_t>(c10::elementSize(group.dtype)));
+        group.parts.resize((group.size + group.partSize - 1) / group.partSize);
+      }
+    }
+    std::string version = versionLine(plan);
+    writeRecord(kVersionRecord, version.data(), version.size());
+    // Storage groups: the flat buffer (members at their offsets, zeros
+    // between), in one record or in parts, so that a rank reads one range.
     for (size_t g = 0; g < plan.groups.size(); ++g) {
       StorageGroup &group = plan.groups[g];
-      at::Tensor buffer = at::zeros({group.size}, at::TensorOptions().dtype(group.dtype));
-      group.record = "bmt/weights/group" + std::to_string(g);
+      std::string record = "bmt/weights/group" + std::to_string(g);
       int64_t elementBytes = static_cast<int64_t>(c10::elementSize(group.dtype));
-      bool weightsFree = true;
-      for (int64_t m : group.members)
-        weightsFree = weightsFree && !plan.tensors[m].init.empty();
-      if (weightsFree) { // a weights-free group: no record
-        group.record.clear();
-        for (size_t m = 0; m < group.members.size(); ++m) {
-          TensorInfo &info = plan.tensors[group.members[m]];
-          info.record.clear();
-          info.offset = group.offsets[m] * elementBytes;
-          info.crc32 = 0;
-        }
-        continue;
-      }
+      bool free = weightsFree(plan, group);
+      group.record = free || !group.parts.empty() ? "" : record;
       for (size_t m = 0; m < group.members.size(); ++m) {
         TensorInfo &info = plan.tensors[group.members[m]];
-        at::Tensor t = checkedWeight(group.members[m]);
-        buffer.narrow(0, group.offsets[m], t.numel()).copy_(t.reshape({-1}));
         info.record = group.record;
         info.offset = group.offsets[m] * elementBytes;
-        info.crc32 = crc32_fast(t.data_ptr(), t.nbytes());
+        info.crc32 = 0;
       }
-      writer.writeRecord(group.record, buffer.data_ptr(), buffer.nbytes());
+      if (free) // a weights-free group: no record
+        continue;
+      // Members in buffer order; each part takes the pieces it covers.
+      std::vector<size_t> order(group.members.size());
+      for (size_t m = 0; m < order.size(); ++m)
+        order[m] = m;
+      std::sort(order.begin(), order.end(),
+                [&](size_t a, size_t b) { return group.offsets[a] < group.offsets[b]; });
+      int64_t partSize = group.parts.empty() ? group.size : group.partSize;
+      int64_t numParts = group.parts.empty() ? 1 : static_cast<int64_t>(group.parts.size());
+      at::Tensor buffer = at::empty({std::min(partSize, group.size)},
+                                    at::TensorOptions().dtype(group.dtype));
+      std::vector<uint32_t> crc(group.members.size(), 0);
+      for (int64_t k = 0; k < numParts; ++k) {
+        int64_t first = k * partSize, last = std::min(group.size, first + partSize);
+        at::Tensor part = buffer.narrow(0, 0, last - first);
+        part.zero_();
+        for (size_t m : order) {
+          const TensorInfo &info = plan.tensors[group.members[m]];
+          int64_t begin = std::max(first, group.offsets[m]);
+          int64_t end = std::min(last, group.offsets[m] + info.numel());
+          if (begin >= end)
+            continue;
+          at::Tensor dst = part.narrow(0, begin - first, end - begin);
+          read(group.members[m], begin - group.offsets[m], end - group.offsets[m], dst);
+          crc[m] = crc32_fast(dst.data_ptr(), dst.nbytes(), crc[m]);
+        }
+        std::string name = group.parts.empty() ? record : record + "." + std::to_string(k);
+        if (!group.parts.empty())
+          group.parts[k] = name;
+        writeRecord(name, part.data_ptr(), part.nbytes());
+        stats.weightBytes += part.nbytes();
+      }
+      for (size_t m = 0; m < group.members.size(); ++m)
+        plan.tensors[group.members[m]].crc32 = crc[m];
     }
     for (size_t i = 0; i < plan.tensors.size(); ++i) {
       TensorInfo &info = plan.tensors[i];
@@ -129,17 +164,19 @@ void writeArchive(const std::string &path, Plan &plan,
         info.record.clear();
         continue;
       }
-      at::Tensor t = checkedWeight(i);
+      at::Tensor t = at::empty({info.numel()}, at::TensorOptions().dtype(info.dtype));
+      read(i, 0, info.numel(), t);
       info.record = "bmt/weights/" + std::to_string(i);
       info.offset = 0;
       info.crc32 = crc32_fast(t.data_ptr(), t.nbytes());
-      writer.writeRecord(info.record, t.data_ptr(), t.nbytes());
+      writeRecord(info.record, t.data_ptr(), t.nbytes());
+      stats.weightBytes += t.nbytes();
     }
-    writer.writeRecord(kProgramRecord, programText.data(), programText.size());
+    writeRecord(kProgramRecord, programText.data(), programText.size());
     for (const auto &[name, content] : hfFiles)
-      writer.writeRecord(kHfRecordPrefix + name, content.data(), content.size());
+      writeRecord(kHfRecordPrefix + name, content.data(), content.size());
     std::vector<char> planBytes = torch::jit::pickle_save(toIValue(plan));
-    writer.writeRecord(kPlanRecord, planBytes.data(), planBytes.size());
+    writeRecord(kPlanRecord, planBytes.data(), planBytes.size());
     writer.writeEndOfFile();
   } catch (...) {
     std::remove(tmpPath.c_str());
@@ -150,6 +187,29 @@ void writeArchive(const std::string &path, Plan &plan,
     std::remove(tmpPath.c_str());
     throw PlanError("cannot rename " + tmpPath + " to " + path + ": " + reason);
   }
+  return stats;
+}
+
+WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &programText,
+                        const std::function<at::Tensor(size_t)> &weightOf,
+                        const std::vector<NamedFile> &hfFiles, int64_t maxGroupRecordBytes) {
+  // Ranges of one tensor come in order: keep its flattened value between them.
+  size_t current = SIZE_MAX;
+  at::Tensor flat;
+  auto read = [&](size_t i, int64_t begin, int64_t end, at::Tensor &dst) {
+    if (i != current) {
+      const TensorInfo &info = plan.tensors[i];
+      at::Tensor t = weightOf(i);
+      if (t.scalar_type() != info.dtype || t.sizes().vec() != info.shape)
+        throw PlanError("weights of " + info.name + " do not match the plan (" +
+                        std::string(c10::toString(t.scalar_type())) + " " +
+                        c10::str(t.sizes()) + ")");
+      flat = t.contiguous().cpu().reshape({-1});
+      current = i;
+    }
+    dst.copy_(flat.narrow(0, begin, end - begin));
+  };
+  return writeArchive(path, plan, programText, TensorReader(read), hfFiles, maxGroupRecordBytes);
 }
 
 Archive::Archive(const std::string &path) : path_(path) {
@@ -262,6 +322,10 @@ at::Tensor Archive::readTensor(size_t index) {
   const TensorInfo &info = plan_.tensors.at(index);
   if (!info.init.empty())
     return initValues(info, 0, info.numel(), initSeed_).view(info.shape);
+  if (info.group >= 0 && !plan_.groups.at(info.group).parts.empty()) {
+    int64_t first = info.offset / static_cast<int64_t>(c10::elementSize(info.dtype));
+    return readGroupRange(info.group, first, first + info.numel()).view(info.shape);
+  }
   at::Tensor out = at::empty(info.shape, at::TensorOptions().dtype(info.dtype));
   readRecordRange(info.record, info.offset, info.nbytes(), out.data_ptr(), info.name);
   if (static_cast<int64_t>(crc32_fast(out.data_ptr(), info.nbytes())) != info.crc32)
@@ -276,7 +340,7 @@ at::Tensor Archive::readGroupRange(size_t group, int64_t begin, int64_t end) {
     throw PlanError(path_ + ": range [" + std::to_string(begin) + ", " + std::to_string(end) +
                     ") is outside storage group " + g.name);
   int64_t elementBytes = static_cast<int64_t>(c10::elementSize(g.dtype));
-  if (g.record.empty()) { // weights-free: every member by its init rule
+  if (g.record.empty() && g.parts.empty()) { // weights-free: every member by its init rule
     at::Tensor out = at::zeros({end - begin}, at::TensorOptions().dtype(g.dtype));
     for (size_t m = 0; m < g.members.size(); ++m) {
       const TensorInfo &info = plan_.tensors[g.members[m]];
@@ -289,8 +353,20 @@ at::Tensor Archive::readGroupRange(size_t group, int64_t begin, int64_t end) {
     return out;
   }
   at::Tensor out = at::empty({end - begin}, at::TensorOptions().dtype(g.dtype));
-  readRecordRange(g.record, begin * elementBytes, out.nbytes(), out.data_ptr(),
-                  "storage group " + g.name);
+  if (g.parts.empty()) {
+    readRecordRange(g.record, begin * elementBytes, out.nbytes(), out.data_ptr(),
+                    "storage group " + g.name);
+  } else {
+    // The range across the parts it covers (part k: [k * partSize, ...)).
+    char *dst = static_cast<char *>(out.data_ptr());
+    for (int64_t k = begin / g.partSize; k * g.partSize < end; ++k) {
+      int64_t first = std::max(begin, k * g.partSize);
+      int64_t last = std::min(end, (k + 1) * g.partSize);
+      readRecordRange(g.parts.at(k), (first - k * g.partSize) * elementBytes,
+                      (last - first) * elementBytes, dst + (first - begin) * elementBytes,
+                      "storage group " + g.name);
+    }
+  }
   for (size_t m = 0; m < g.members.size(); ++m) {
     const TensorInfo &info = plan_.tensors[g.members[m]];
     int64_t first = g.offsets[m], last = first + info.numel();
