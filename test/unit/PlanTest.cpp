@@ -234,6 +234,27 @@ TEST_F(ArchiveFile, AGroupSplitIntoPartsReadsAsOne) {
   EXPECT_THROW(fromIValue(toIValue(bad)), PlanError);
 }
 
+TEST_F(ArchiveFile, AFailingReaderLeavesNoFile) {
+  // The reader fails in the second part of the group (read by the helper
+  // thread) and, in another archive, on the tensor outside groups.
+  for (size_t failing : {size_t(1), size_t(2)}) {
+    Plan p = twoParameterPlan();
+    std::string path = (dir_ / "failed.pt").string();
+    TensorReader read = [&](size_t i, int64_t, int64_t, at::Tensor &dst) {
+      if (i == failing)
+        throw PlanError("no bytes for tensor " + std::to_string(i));
+      dst.fill_(1.0);
+    };
+    try {
+      writeArchive(path, p, "module {}", read, {}, /*maxGroupRecordBytes=*/12);
+      FAIL() << "no error";
+    } catch (const PlanError &e) {
+      EXPECT_EQ(std::string(e.what()), "no bytes for tensor " + std::to_string(failing));
+    }
+    EXPECT_TRUE(std::filesystem::is_empty(dir_)) << "tensor " << failing;
+  }
+}
+
 TEST_F(ArchiveFile, WeightsFreePlanHasNoGroupRecord) {
   Plan p = twoParameterPlan();
   p.tensors[0].init = "normal:0.02";

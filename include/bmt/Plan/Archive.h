@@ -77,9 +77,14 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
                         const TensorReader &read, const std::vector<NamedFile> &hfFiles = {},
                         int64_t maxGroupRecordBytes = kMaxGroupRecordBytes);
 
-/// writeArchive with `weightOf(i)`, tensor i's whole value (any device, any
-/// layout; converted to contiguous CPU bytes of the plan's dtype and shape,
-/// which must match: a mismatch throws PlanError).
+/// A TensorReader over `weightOf(i)`, tensor i's whole value (any device,
+/// any layout; converted to contiguous CPU bytes of the plan's dtype and
+/// shape, which must match: a mismatch throws PlanError). It keeps the last
+/// tensor asked for, flattened, until another is asked for.
+TensorReader readerOfWholeTensors(const Plan &plan,
+                                  std::function<at::Tensor(size_t)> weightOf);
+
+/// writeArchive with readerOfWholeTensors(plan, weightOf).
 WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &programText,
                         const std::function<at::Tensor(size_t)> &weightOf,
                         const std::vector<NamedFile> &hfFiles = {},
