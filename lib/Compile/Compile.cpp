@@ -21,10 +21,13 @@
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Support/Timing.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/raw_ostream.h"
+
+#include <sys/resource.h>
 
 using namespace mlir;
 
@@ -155,6 +158,16 @@ static LogicalResult writeArchive(ModuleOp module, llvm::StringRef path,
   llvm::errs() << "wrote " << path << ": " << stats.numTensors << " tensors ("
                << stats.weightBytes << " bytes), " << stats.numFunctions << " functions, "
                << stats.numInstructions << " instructions\n";
+  if (!stats.checkpoint.empty()) {
+    struct rusage usage;
+    ::getrusage(RUSAGE_SELF, &usage);
+    llvm::errs() << "streamed the weights from " << stats.checkpointFiles
+                 << " safetensors file" << (stats.checkpointFiles == 1 ? "" : "s") << " in "
+                 << stats.checkpoint << ": read " << stats.bytesRead << " bytes, wrote "
+                 << stats.bytesWritten << " bytes in "
+                 << llvm::format("%.1f", stats.seconds) << " s; peak memory "
+                 << llvm::format("%.2f", usage.ru_maxrss / 1048576.0) << " GiB\n";
+  }
   return success();
 }
 
