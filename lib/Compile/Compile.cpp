@@ -70,6 +70,23 @@ LogicalResult bmt::writeOutputFile(llvm::StringRef path, llvm::StringRef text) {
     return failure(llvm::outs().has_error());
   }
   auto cannot = [&](std::error_code ec) { return fail("cannot write " + path + ": " + ec.message()); };
+  llvm::sys::fs::file_status status;
+  if (!llvm::sys::fs::status(path, status) && llvm::sys::fs::exists(status) &&
+      !llvm::sys::fs::is_regular_file(status) && !llvm::sys::fs::is_directory(status)) {
+    // A device or a FIFO (/dev/null): written in place, as renaming a
+    // temporary file over it would replace it.
+    std::error_code ec;
+    llvm::raw_fd_ostream out(path, ec);
+    if (ec)
+      return cannot(ec);
+    out << text;
+    out.close();
+    if ((ec = out.error())) {
+      out.clear_error();
+      return cannot(ec);
+    }
+    return success();
+  }
   llvm::SmallString<256> tmp;
   int fd;
   if (std::error_code ec = llvm::sys::fs::createUniqueFile(path + ".tmp-%%%%%%", fd, tmp))
