@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <stdexcept>
@@ -32,6 +33,9 @@ const char *kFormat = "bmt-checkpoint-weights";
 constexpr int64_t kVersion = 1;
 /// The safetensors library's own limit on the header.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+/// O_DIRECT reads: offsets, sizes and the buffer aligned to this; at most
+/// kBounceBytes a read.
+constexpr int64_t kAlign = 4096, kBounceBytes = int64_t(8) << 20;
 
 [[noreturn]] void fail(const std::string &message) { throw std::runtime_error(message); }
 
@@ -193,6 +197,7 @@ std::unique_ptr<CheckpointWeights> CheckpointWeights::open(const std::string &mo
       if (fd < 0)
         fail("checkpoint file " + path + where + ": cannot open: " + std::strerror(errno));
       out->fds_.push_back(fd);
+      out->directFds_.push_back(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
       out->paths_.push_back(path);
       out->totalBytes_ += size;
       ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -230,12 +235,52 @@ std::unique_ptr<CheckpointWeights> CheckpointWeights::open(const std::string &mo
   } catch (const json::exception &e) {
     fail(modelPath + ": corrupt record " + kRecord + ": " + e.what());
   }
+  if (::posix_memalign(reinterpret_cast<void **>(&out->bounce_), kAlign,
+                       kBounceBytes + 2 * kAlign) != 0)
+    fail("out of memory for the checkpoint's read buffer");
   return out;
 }
 
 CheckpointWeights::~CheckpointWeights() {
   for (int fd : fds_)
     ::close(fd);
+  for (int fd : directFds_)
+    if (fd >= 0)
+      ::close(fd);
+  std::free(bounce_);
+}
+
+void CheckpointWeights::readBytes(size_t file, int64_t offset, int64_t nbytes, void *dst) {
+  const std::string &path = paths_[file];
+  char *out = static_cast<char *>(dst);
+  int64_t done = 0;
+  while (done < nbytes && directFds_[file] >= 0) {
+    // The aligned window around the next piece, read into the buffer.
+    int64_t start = offset + done, first = start / kAlign * kAlign;
+    int64_t take = std::min(nbytes - done, kBounceBytes - (start - first));
+    int64_t last = (start + take + kAlign - 1) / kAlign * kAlign, got = 0;
+    while (got < start - first + take) {
+      ssize_t n = ::pread(directFds_[file], bounce_ + got, static_cast<size_t>(last - first - got),
+                          static_cast<off_t>(first + got));
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0 && errno == EINVAL) { // O_DIRECT refused: read through the page cache
+        ::close(directFds_[file]);
+        directFds_[file] = -1;
+        break;
+      }
+      if (n <= 0)
+        fail(path + ": cannot read " + std::to_string(take) + " bytes at " +
+             std::to_string(start) + ": " + (n < 0 ? std::strerror(errno) : "unexpected end of file"));
+      got += n;
+    }
+    if (directFds_[file] < 0)
+      break;
+    std::memcpy(out + done, bounce_ + (start - first), static_cast<size_t>(take));
+    done += take;
+  }
+  if (done < nbytes)
+    preadAll(fds_[file], out + done, nbytes - done, offset + done, path);
 }
 
 const CheckpointWeights::Tensor *CheckpointWeights::find(const std::string &name) const {
@@ -249,12 +294,11 @@ void CheckpointWeights::read(const Tensor &tensor, int64_t begin, int64_t end, a
   if (begin < 0 || end > tensor.numel() || dst.numel() != end - begin || !dst.is_contiguous())
     fail("internal error: bad range [" + std::to_string(begin) + ", " + std::to_string(end) +
          ") of checkpoint tensor " + tensor.key);
-  const std::string &path = paths_[tensor.file];
   if (dst.scalar_type() == tensor.dtype) {
-    preadAll(fds_[tensor.file], dst.data_ptr(), nbytes, offset, path);
+    readBytes(tensor.file, offset, nbytes, dst.data_ptr());
   } else {
     at::Tensor stored = at::empty({end - begin}, at::TensorOptions().dtype(tensor.dtype));
-    preadAll(fds_[tensor.file], stored.data_ptr(), nbytes, offset, path);
+    readBytes(tensor.file, offset, nbytes, stored.data_ptr());
     dst.copy_(stored);
   }
   bytesRead_ += nbytes;

@@ -261,17 +261,22 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       const Part &p = parts[i];
       const StorageGroup &group = plan.groups[p.group];
       at::Tensor part = slotOf(i);
-      part.zero_();
+      int64_t cursor = p.first; // zeros between the members (alignment padding)
       for (size_t m : order[p.group]) {
         const TensorInfo &info = plan.tensors[group.members[m]];
         int64_t begin = std::max(p.first, group.offsets[m]);
         int64_t end = std::min(p.last, group.offsets[m] + info.numel());
         if (begin >= end)
           continue;
+        if (begin > cursor)
+          part.narrow(0, cursor - p.first, begin - cursor).zero_();
         at::Tensor dst = part.narrow(0, begin - p.first, end - begin);
         read(group.members[m], begin - group.offsets[m], end - group.offsets[m], dst);
         crc[p.group][m] = crc32_fast(dst.data_ptr(), dst.nbytes(), crc[p.group][m]);
+        cursor = end;
       }
+      if (p.last > cursor)
+        part.narrow(0, cursor - p.first, p.last - cursor).zero_();
     };
     std::mutex mutex;
     std::condition_variable changed;

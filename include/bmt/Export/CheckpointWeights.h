@@ -27,7 +27,9 @@
 namespace bmt {
 
 /// The safetensors files of a checkpoint, read a tensor range at a time with
-/// pread (never mapped, never read whole).
+/// pread (never mapped, never read whole): past the page cache (O_DIRECT,
+/// through an aligned 8 MiB buffer) where the filesystem allows it, as a
+/// compile reads each byte once.
 class CheckpointWeights {
 public:
   /// One tensor of the checkpoint, as its file's header gives it.
@@ -72,9 +74,13 @@ public:
 
 private:
   CheckpointWeights() = default;
+  /// Copies `nbytes` at byte `offset` of file `file` to `dst`.
+  void readBytes(size_t file, int64_t offset, int64_t nbytes, void *dst);
   std::string directory_;
   std::vector<std::string> paths_;
   std::vector<int> fds_;
+  std::vector<int> directFds_; ///< the files opened with O_DIRECT, or -1
+  char *bounce_ = nullptr;     ///< aligned buffer of the O_DIRECT reads
   std::map<std::string, Tensor> byName_;
   int64_t bytesRead_ = 0;
   int64_t totalBytes_ = 0;
