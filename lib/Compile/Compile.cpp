@@ -21,10 +21,13 @@
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Support/Timing.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/raw_ostream.h"
+
+#include <sys/resource.h>
 
 using namespace mlir;
 
@@ -67,6 +70,23 @@ LogicalResult bmt::writeOutputFile(llvm::StringRef path, llvm::StringRef text) {
     return failure(llvm::outs().has_error());
   }
   auto cannot = [&](std::error_code ec) { return fail("cannot write " + path + ": " + ec.message()); };
+  llvm::sys::fs::file_status status;
+  if (!llvm::sys::fs::status(path, status) && llvm::sys::fs::exists(status) &&
+      !llvm::sys::fs::is_regular_file(status) && !llvm::sys::fs::is_directory(status)) {
+    // A device or a FIFO (/dev/null): written in place, as renaming a
+    // temporary file over it would replace it.
+    std::error_code ec;
+    llvm::raw_fd_ostream out(path, ec);
+    if (ec)
+      return cannot(ec);
+    out << text;
+    out.close();
+    if ((ec = out.error())) {
+      out.clear_error();
+      return cannot(ec);
+    }
+    return success();
+  }
   llvm::SmallString<256> tmp;
   int fd;
   if (std::error_code ec = llvm::sys::fs::createUniqueFile(path + ".tmp-%%%%%%", fd, tmp))
@@ -155,6 +175,16 @@ static LogicalResult writeArchive(ModuleOp module, llvm::StringRef path,
   llvm::errs() << "wrote " << path << ": " << stats.numTensors << " tensors ("
                << stats.weightBytes << " bytes), " << stats.numFunctions << " functions, "
                << stats.numInstructions << " instructions\n";
+  if (!stats.checkpoint.empty()) {
+    struct rusage usage;
+    ::getrusage(RUSAGE_SELF, &usage);
+    llvm::errs() << "streamed the weights from " << stats.checkpointFiles
+                 << " safetensors file" << (stats.checkpointFiles == 1 ? "" : "s") << " in "
+                 << stats.checkpoint << ": read " << stats.bytesRead << " bytes, wrote "
+                 << stats.bytesWritten << " bytes in "
+                 << llvm::format("%.1f", stats.seconds) << " s; peak memory "
+                 << llvm::format("%.2f", usage.ru_maxrss / 1048576.0) << " GiB\n";
+  }
   return success();
 }
 

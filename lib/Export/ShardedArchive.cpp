@@ -9,6 +9,7 @@
 
 #include "bmt/Export/ShardedArchive.h"
 
+#include "bmt/Export/CheckpointWeights.h"
 #include "bmt/Import/TorchExportWeights.h"
 
 #include "bmt/Dialect/AtenArgs.h"
@@ -28,7 +29,9 @@
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/serialization/import.h>
 
+#include <chrono>
 #include <map>
+#include <sys/stat.h>
 
 using namespace mlir;
 namespace plan = bmt::plan;
@@ -355,6 +358,51 @@ std::map<std::string, at::Tensor> loadTorchScriptTensors(const std::string &path
   return out;
 }
 
+/// For each tensor of the plan, the checkpoint tensor it is streamed from
+/// (found by its name or an alias), or null: read from the model file
+/// (buffers the checkpoint does not hold, plans without a checkpoint).
+/// Checks, before anything is written, that every parameter that needs
+/// bytes is in the checkpoint with the plan's shape and a dtype that
+/// converts to the plan's (floating to floating, else the same).
+std::vector<const bmt::CheckpointWeights::Tensor *>
+checkpointTensors(const plan::Plan &p, const bmt::CheckpointWeights *checkpoint, Location loc) {
+  std::vector<const bmt::CheckpointWeights::Tensor *> stored(p.tensors.size(), nullptr);
+  if (!checkpoint)
+    return stored;
+  auto shapeText = [](const std::vector<int64_t> &shape) {
+    std::string text = "[";
+    for (size_t i = 0; i < shape.size(); ++i)
+      text += (i ? ", " : "") + std::to_string(shape[i]);
+    return text + "]";
+  };
+  for (size_t i = 0; i < p.tensors.size(); ++i) {
+    const plan::TensorInfo &info = p.tensors[i];
+    const bmt::CheckpointWeights::Tensor *t = checkpoint->find(info.name);
+    for (size_t a = 0; !t && a < info.aliases.size(); ++a)
+      t = checkpoint->find(info.aliases[a]);
+    std::string what = (info.isParameter ? "parameter " : "buffer ") + info.name;
+    if (!t) {
+      if (info.isParameter && info.init.empty())
+        throw ExportError{loc, p.source + " records the checkpoint " + checkpoint->directory() +
+                                   " but no tensor of it for " + what};
+      continue;
+    }
+    std::string file = checkpoint->files()[t->file];
+    if (t->shape != info.shape)
+      throw ExportError{loc, "checkpoint tensor " + t->key + " (" + file + ") has shape " +
+                                 shapeText(t->shape) + ", the program's " + what + " has " +
+                                 shapeText(info.shape)};
+    bool floats = c10::isFloatingType(t->dtype) && c10::isFloatingType(info.dtype);
+    if (!floats && t->dtype != info.dtype)
+      throw ExportError{loc, "checkpoint tensor " + t->key + " (" + file + ") is " +
+                                 std::string(c10::toString(t->dtype)) + ", the program's " +
+                                 what + " is " + std::string(c10::toString(info.dtype))};
+    if (info.init.empty())
+      stored[i] = t;
+  }
+  return stored;
+}
+
 /// The init rule of each trainable parameter for a weights-free plan (see
 /// ExportOptions::randomInit), by symbol name.
 std::map<std::string, std::string> initRules(ModuleOp module) {
@@ -428,6 +476,12 @@ LogicalResult bmt::exportShardedArchive(ModuleOp module, llvm::StringRef path,
       throw ExportError{module.getLoc(), "weights of source format '" + format.str() +
                                              "' cannot be read yet"};
     std::map<std::string, at::Tensor> weights;
+    std::unique_ptr<bmt::CheckpointWeights> checkpoint;
+    try {
+      checkpoint = bmt::CheckpointWeights::open(p.source);
+    } catch (const std::runtime_error &e) {
+      throw ExportError{module.getLoc(), e.what()};
+    }
     try {
       weights = format.getValue() == "torch.export" ? bmt::loadTorchExportTensors(p.source)
                                                     : loadTorchScriptTensors(p.source);
@@ -439,6 +493,8 @@ LogicalResult bmt::exportShardedArchive(ModuleOp module, llvm::StringRef path,
       throw ExportError{module.getLoc(), "cannot read the weights from " + p.source +
                                              ": " + what.substr(0, what.find('\n'))};
     }
+    std::vector<const bmt::CheckpointWeights::Tensor *> stored =
+        checkpointTensors(p, checkpoint.get(), module.getLoc());
     auto weightOf = [&](size_t i) -> at::Tensor {
       const plan::TensorInfo &info = p.tensors[i];
       if (!info.init.empty())
@@ -448,7 +504,27 @@ LogicalResult bmt::exportShardedArchive(ModuleOp module, llvm::StringRef path,
         throw plan::PlanError("the source model " + p.source + " has no tensor " + info.name);
       return it->second;
     };
-    plan::writeArchive(path.str(), p, programText.str(), weightOf, hfFilesOf(p.source));
+    plan::TensorReader fromModel = plan::readerOfWholeTensors(p, weightOf);
+    auto read = [&](size_t i, int64_t begin, int64_t end, at::Tensor &dst) {
+      if (stored[i])
+        checkpoint->read(*stored[i], begin, end, dst);
+      else
+        fromModel(i, begin, end, dst);
+    };
+    auto start = std::chrono::steady_clock::now();
+    plan::writeArchive(path.str(), p, programText.str(), read, hfFilesOf(p.source));
+    if (stats) {
+      stats->seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      struct stat st;
+      if (::stat(path.str().c_str(), &st) == 0)
+        stats->bytesWritten = st.st_size;
+      if (checkpoint) {
+        stats->checkpoint = checkpoint->directory();
+        stats->checkpointFiles = static_cast<int64_t>(checkpoint->files().size());
+        stats->bytesRead = checkpoint->bytesRead();
+      }
+    }
     if (stats) {
       stats->numTensors = static_cast<int64_t>(p.tensors.size());
       for (const auto &t : p.tensors)

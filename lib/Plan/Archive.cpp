@@ -15,12 +15,18 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <functional>
 #include <iterator>
+#include <memory>
 #include <cstring>
 #include <sstream>
 #include <cerrno>
+#include <cstdlib>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -67,60 +73,268 @@ at::Tensor initValues(const TensorInfo &info, int64_t begin, int64_t end, uint64
   return out;
 }
 
+/// The archive's file, written past the page cache (O_DIRECT) where the
+/// filesystem allows it: on the virtual machines bmt runs on, copying
+/// gigabytes into the page cache costs several times the write itself, and
+/// a compile's output is not read back soon. Bytes are staged in an aligned
+/// buffer and written in whole blocks; the tail goes out without O_DIRECT
+/// at close. A filesystem that refuses O_DIRECT (tmpfs) gets plain writes.
+class ArchiveFile {
+public:
+  explicit ArchiveFile(const std::string &path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0666);
+    direct_ = fd_ >= 0;
+    if (fd_ < 0 && errno == EINVAL)
+      fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd_ < 0)
+      throw PlanError("cannot write " + path + ": " + std::strerror(errno));
+    if (::posix_memalign(reinterpret_cast<void **>(&stage_), kAlign, kStage) != 0) {
+      ::close(fd_);
+      throw PlanError("cannot write " + path + ": out of memory");
+    }
+  }
+  ~ArchiveFile() {
+    if (fd_ >= 0)
+      ::close(fd_);
+    std::free(stage_);
+  }
+  /// PyTorchStreamWriter's writer function: n on success, 0 on failure
+  /// (the writer then throws; error() says why).
+  size_t write(const void *data, size_t n) {
+    const char *in = static_cast<const char *>(data);
+    size_t left = n;
+    while (left > 0) {
+      size_t take = std::min(left, kStage - used_);
+      std::memcpy(stage_ + used_, in, take);
+      used_ += take;
+      in += take;
+      left -= take;
+      if (used_ == kStage && !flush(kStage))
+        return 0;
+    }
+    return n;
+  }
+  /// Writes what is staged and closes the file; false on failure.
+  bool close() {
+    size_t blocks = used_ / kAlign * kAlign;
+    if (blocks && !flush(blocks))
+      return false;
+    if (used_ > 0) { // the tail: not a whole block
+      if (direct_ && ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_DIRECT) != 0)
+        return fail();
+      direct_ = false;
+      if (!flush(used_))
+        return false;
+    }
+    int fd = fd_;
+    fd_ = -1;
+    return ::close(fd) == 0 || fail();
+  }
+  const std::string &error() const { return error_; }
+
+private:
+  static constexpr size_t kAlign = 4096, kStage = size_t(8) << 20;
+  /// Writes the first n staged bytes (whole blocks while direct_) and moves
+  /// the rest to the front.
+  bool flush(size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      ssize_t w = ::write(fd_, stage_ + done, n - done);
+      if (w < 0 && errno == EINTR)
+        continue;
+      if (w < 0 && errno == EINVAL && direct_) { // O_DIRECT refused at write time
+        if (::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_DIRECT) != 0)
+          return fail();
+        direct_ = false;
+        continue;
+      }
+      if (w <= 0)
+        return fail();
+      done += static_cast<size_t>(w);
+    }
+    std::memmove(stage_, stage_ + n, used_ - n);
+    used_ -= n;
+    return true;
+  }
+  bool fail() {
+    if (error_.empty())
+      error_ = "cannot write " + path_ + ": " + std::strerror(errno ? errno : EIO);
+    return false;
+  }
+  std::string path_;
+  int fd_ = -1;
+  bool direct_ = false;
+  char *stage_ = nullptr;
+  size_t used_ = 0;
+  std::string error_;
+};
+
+/// A group whose every member has an init rule: it gets no record.
+bool weightsFree(const Plan &plan, const StorageGroup &group) {
+  for (int64_t m : group.members)
+    if (plan.tensors[m].init.empty())
+      return false;
+  return true;
+}
+
 } // namespace
 
-void writeArchive(const std::string &path, Plan &plan,
-                  const std::string &programText,
-                  const std::function<at::Tensor(size_t)> &weightOf,
-                  const std::vector<NamedFile> &hfFiles) {
+WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &programText,
+                        const TensorReader &read, const std::vector<NamedFile> &hfFiles,
+                        int64_t maxGroupRecordBytes) {
   for (const auto &[name, content] : hfFiles)
     if (std::find(std::begin(kHfFileNames), std::end(kHfFileNames), name) ==
         std::end(kHfFileNames))
       throw PlanError("'" + name + "' is not a Hugging Face file an archive carries");
+  if (maxGroupRecordBytes <= 0)
+    throw PlanError("writeArchive: the largest group record must be positive");
+  WriteStats stats;
   std::string tmpPath = path + ".tmp." + std::to_string(::getpid());
+  std::unique_ptr<ArchiveFile> file; // outlives the writer, which writes at destruction
   try {
-    caffe2::serialize::PyTorchStreamWriter writer(tmpPath);
-    std::string version = versionLine(plan);
-    writer.writeRecord(kVersionRecord, version.data(), version.size());
-    auto checkedWeight = [&](size_t i) {
-      const TensorInfo &info = plan.tensors[i];
-      at::Tensor t = weightOf(i);
-      if (t.scalar_type() != info.dtype || t.sizes().vec() != info.shape)
-        throw PlanError("weights of " + info.name + " do not match the plan (" +
-                        std::string(c10::toString(t.scalar_type())) + " " +
-                        c10::str(t.sizes()) + ")");
-      return t.contiguous().cpu();
+    file = std::make_unique<ArchiveFile>(tmpPath);
+    caffe2::serialize::PyTorchStreamWriter writer(
+        [&file](const void *data, size_t n) { return file->write(data, n); });
+    auto writeRecord = [&](const std::string &name, const void *data, size_t size) {
+      writer.writeRecord(name, data, size);
+      stats.records += 1;
     };
-    // Storage groups: one record per group holding its flat buffer (members
-    // at their offsets, zeros between), so that a rank reads one range.
+    // The version depends on whether groups are split: decide that first.
+    for (StorageGroup &group : plan.groups) {
+      group.parts.clear();
+      group.partSize = 0;
+      if (!weightsFree(plan, group) && group.nbytes() > maxGroupRecordBytes) {
+        group.partSize = std::max<int64_t>(
+            1, maxGroupRecordBytes / static_cast<int64_t>(c10::elementSize(group.dtype)));
+        group.parts.resize((group.size + group.partSize - 1) / group.partSize);
+      }
+    }
+    std::string version = versionLine(plan);
+    writeRecord(kVersionRecord, version.data(), version.size());
+    // Storage groups: the flat buffer (members at their offsets, zeros
+    // between), in one record or in parts, so that a rank reads one range.
+    struct Part {
+      size_t group;
+      int64_t k, first, last; // part k: elements [first, last) of the buffer
+    };
+    std::vector<Part> parts;
+    std::vector<std::vector<size_t>> order(plan.groups.size()); // members by offset
+    std::vector<std::vector<uint32_t>> crc(plan.groups.size());
+    int64_t slotBytes = 0;
     for (size_t g = 0; g < plan.groups.size(); ++g) {
       StorageGroup &group = plan.groups[g];
-      at::Tensor buffer = at::zeros({group.size}, at::TensorOptions().dtype(group.dtype));
-      group.record = "bmt/weights/group" + std::to_string(g);
       int64_t elementBytes = static_cast<int64_t>(c10::elementSize(group.dtype));
-      bool weightsFree = true;
-      for (int64_t m : group.members)
-        weightsFree = weightsFree && !plan.tensors[m].init.empty();
-      if (weightsFree) { // a weights-free group: no record
-        group.record.clear();
-        for (size_t m = 0; m < group.members.size(); ++m) {
-          TensorInfo &info = plan.tensors[group.members[m]];
-          info.record.clear();
-          info.offset = group.offsets[m] * elementBytes;
-          info.crc32 = 0;
-        }
-        continue;
-      }
+      bool free = weightsFree(plan, group); // no record
+      group.record = free || !group.parts.empty() ? "" : "bmt/weights/group" + std::to_string(g);
       for (size_t m = 0; m < group.members.size(); ++m) {
         TensorInfo &info = plan.tensors[group.members[m]];
-        at::Tensor t = checkedWeight(group.members[m]);
-        buffer.narrow(0, group.offsets[m], t.numel()).copy_(t.reshape({-1}));
         info.record = group.record;
         info.offset = group.offsets[m] * elementBytes;
-        info.crc32 = crc32_fast(t.data_ptr(), t.nbytes());
+        info.crc32 = 0;
+        order[g].push_back(m);
       }
-      writer.writeRecord(group.record, buffer.data_ptr(), buffer.nbytes());
+      std::sort(order[g].begin(), order[g].end(),
+                [&](size_t a, size_t b) { return group.offsets[a] < group.offsets[b]; });
+      crc[g].assign(group.members.size(), 0);
+      if (free)
+        continue;
+      int64_t partSize = group.parts.empty() ? group.size : group.partSize;
+      for (int64_t first = 0, k = 0; first < group.size || k == 0; first += partSize, ++k) {
+        parts.push_back({g, k, first, std::min(group.size, first + partSize)});
+        slotBytes = std::max(slotBytes, (parts.back().last - first) * elementBytes);
+        if (!group.parts.empty())
+          group.parts[k] = "bmt/weights/group" + std::to_string(g) + "." + std::to_string(k);
+      }
     }
+    // A helper thread fills the parts (reads, converts, checksums) while
+    // this one writes the one before (the zip's checksum, the write), in
+    // two buffers in turn: reading overlaps writing, two parts in memory.
+    at::Tensor slots[2] = {at::empty({slotBytes}, at::TensorOptions().dtype(at::kByte)),
+                           at::empty({slotBytes}, at::TensorOptions().dtype(at::kByte))};
+    auto slotOf = [&](size_t i) {
+      const Part &p = parts[i];
+      const StorageGroup &group = plan.groups[p.group];
+      int64_t bytes = (p.last - p.first) * static_cast<int64_t>(c10::elementSize(group.dtype));
+      return slots[i % 2].narrow(0, 0, bytes).view(group.dtype);
+    };
+    auto fill = [&](size_t i) {
+      const Part &p = parts[i];
+      const StorageGroup &group = plan.groups[p.group];
+      at::Tensor part = slotOf(i);
+      int64_t cursor = p.first; // zeros between the members (alignment padding)
+      for (size_t m : order[p.group]) {
+        const TensorInfo &info = plan.tensors[group.members[m]];
+        int64_t begin = std::max(p.first, group.offsets[m]);
+        int64_t end = std::min(p.last, group.offsets[m] + info.numel());
+        if (begin >= end)
+          continue;
+        if (begin > cursor)
+          part.narrow(0, cursor - p.first, begin - cursor).zero_();
+        at::Tensor dst = part.narrow(0, begin - p.first, end - begin);
+        read(group.members[m], begin - group.offsets[m], end - group.offsets[m], dst);
+        crc[p.group][m] = crc32_fast(dst.data_ptr(), dst.nbytes(), crc[p.group][m]);
+        cursor = end;
+      }
+      if (p.last > cursor)
+        part.narrow(0, cursor - p.first, p.last - cursor).zero_();
+    };
+    std::mutex mutex;
+    std::condition_variable changed;
+    size_t filled = 0, written = 0;
+    bool stop = false;
+    std::exception_ptr fillError;
+    std::thread filler([&] {
+      try {
+        for (size_t i = 0; i < parts.size(); ++i) {
+          {
+            std::unique_lock<std::mutex> lock(mutex);
+            changed.wait(lock, [&] { return stop || i < written + 2; });
+            if (stop)
+              return;
+          }
+          fill(i);
+          std::lock_guard<std::mutex> lock(mutex);
+          filled = i + 1;
+          changed.notify_all();
+        }
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex);
+        fillError = std::current_exception();
+        changed.notify_all();
+      }
+    });
+    try {
+      for (size_t i = 0; i < parts.size(); ++i) {
+        {
+          std::unique_lock<std::mutex> lock(mutex);
+          changed.wait(lock, [&] { return fillError || filled > i; });
+          if (filled <= i)
+            break; // the filler failed: its error is rethrown below
+        }
+        const StorageGroup &group = plan.groups[parts[i].group];
+        at::Tensor part = slotOf(i);
+        writeRecord(group.parts.empty() ? group.record : group.parts[parts[i].k],
+                    part.data_ptr(), part.nbytes());
+        stats.weightBytes += part.nbytes();
+        std::lock_guard<std::mutex> lock(mutex);
+        written = i + 1;
+        changed.notify_all();
+      }
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        stop = true;
+        changed.notify_all();
+      }
+      filler.join();
+      throw;
+    }
+    filler.join();
+    if (fillError)
+      std::rethrow_exception(fillError);
+    for (size_t g = 0; g < plan.groups.size(); ++g)
+      for (size_t m = 0; m < plan.groups[g].members.size(); ++m)
+        plan.tensors[plan.groups[g].members[m]].crc32 = crc[g][m];
     for (size_t i = 0; i < plan.tensors.size(); ++i) {
       TensorInfo &info = plan.tensors[i];
       if (info.group != -1)
@@ -129,19 +343,32 @@ void writeArchive(const std::string &path, Plan &plan,
         info.record.clear();
         continue;
       }
-      at::Tensor t = checkedWeight(i);
+      at::Tensor t = at::empty({info.numel()}, at::TensorOptions().dtype(info.dtype));
+      read(i, 0, info.numel(), t);
       info.record = "bmt/weights/" + std::to_string(i);
       info.offset = 0;
       info.crc32 = crc32_fast(t.data_ptr(), t.nbytes());
-      writer.writeRecord(info.record, t.data_ptr(), t.nbytes());
+      writeRecord(info.record, t.data_ptr(), t.nbytes());
+      stats.weightBytes += t.nbytes();
     }
-    writer.writeRecord(kProgramRecord, programText.data(), programText.size());
+    writeRecord(kProgramRecord, programText.data(), programText.size());
     for (const auto &[name, content] : hfFiles)
-      writer.writeRecord(kHfRecordPrefix + name, content.data(), content.size());
+      writeRecord(kHfRecordPrefix + name, content.data(), content.size());
     std::vector<char> planBytes = torch::jit::pickle_save(toIValue(plan));
-    writer.writeRecord(kPlanRecord, planBytes.data(), planBytes.size());
+    writeRecord(kPlanRecord, planBytes.data(), planBytes.size());
     writer.writeEndOfFile();
+    if (!file->close())
+      throw PlanError(file->error());
+  } catch (const c10::Error &e) {
+    std::string why = file && !file->error().empty()
+                          ? file->error()
+                          : "cannot write " + path + ": " +
+                                bmt::firstErrorLine(e.what_without_backtrace());
+    file.reset();
+    std::remove(tmpPath.c_str());
+    throw PlanError(why);
   } catch (...) {
+    file.reset();
     std::remove(tmpPath.c_str());
     throw;
   }
@@ -150,6 +377,37 @@ void writeArchive(const std::string &path, Plan &plan,
     std::remove(tmpPath.c_str());
     throw PlanError("cannot rename " + tmpPath + " to " + path + ": " + reason);
   }
+  return stats;
+}
+
+TensorReader readerOfWholeTensors(const Plan &plan,
+                                  std::function<at::Tensor(size_t)> weightOf) {
+  struct Current {
+    size_t index = SIZE_MAX;
+    at::Tensor flat;
+  };
+  auto current = std::make_shared<Current>();
+  return [&plan, weightOf = std::move(weightOf), current](size_t i, int64_t begin, int64_t end,
+                                                          at::Tensor &dst) {
+    if (i != current->index) {
+      const TensorInfo &info = plan.tensors[i];
+      at::Tensor t = weightOf(i);
+      if (t.scalar_type() != info.dtype || t.sizes().vec() != info.shape)
+        throw PlanError("weights of " + info.name + " do not match the plan (" +
+                        std::string(c10::toString(t.scalar_type())) + " " +
+                        c10::str(t.sizes()) + ")");
+      current->flat = t.contiguous().cpu().reshape({-1});
+      current->index = i;
+    }
+    dst.copy_(current->flat.narrow(0, begin, end - begin));
+  };
+}
+
+WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &programText,
+                        const std::function<at::Tensor(size_t)> &weightOf,
+                        const std::vector<NamedFile> &hfFiles, int64_t maxGroupRecordBytes) {
+  return writeArchive(path, plan, programText, readerOfWholeTensors(plan, weightOf), hfFiles,
+                      maxGroupRecordBytes);
 }
 
 Archive::Archive(const std::string &path) : path_(path) {
@@ -262,6 +520,10 @@ at::Tensor Archive::readTensor(size_t index) {
   const TensorInfo &info = plan_.tensors.at(index);
   if (!info.init.empty())
     return initValues(info, 0, info.numel(), initSeed_).view(info.shape);
+  if (info.group >= 0 && !plan_.groups.at(info.group).parts.empty()) {
+    int64_t first = info.offset / static_cast<int64_t>(c10::elementSize(info.dtype));
+    return readGroupRange(info.group, first, first + info.numel()).view(info.shape);
+  }
   at::Tensor out = at::empty(info.shape, at::TensorOptions().dtype(info.dtype));
   readRecordRange(info.record, info.offset, info.nbytes(), out.data_ptr(), info.name);
   if (static_cast<int64_t>(crc32_fast(out.data_ptr(), info.nbytes())) != info.crc32)
@@ -276,7 +538,7 @@ at::Tensor Archive::readGroupRange(size_t group, int64_t begin, int64_t end) {
     throw PlanError(path_ + ": range [" + std::to_string(begin) + ", " + std::to_string(end) +
                     ") is outside storage group " + g.name);
   int64_t elementBytes = static_cast<int64_t>(c10::elementSize(g.dtype));
-  if (g.record.empty()) { // weights-free: every member by its init rule
+  if (g.record.empty() && g.parts.empty()) { // weights-free: every member by its init rule
     at::Tensor out = at::zeros({end - begin}, at::TensorOptions().dtype(g.dtype));
     for (size_t m = 0; m < g.members.size(); ++m) {
       const TensorInfo &info = plan_.tensors[g.members[m]];
@@ -289,8 +551,20 @@ at::Tensor Archive::readGroupRange(size_t group, int64_t begin, int64_t end) {
     return out;
   }
   at::Tensor out = at::empty({end - begin}, at::TensorOptions().dtype(g.dtype));
-  readRecordRange(g.record, begin * elementBytes, out.nbytes(), out.data_ptr(),
-                  "storage group " + g.name);
+  if (g.parts.empty()) {
+    readRecordRange(g.record, begin * elementBytes, out.nbytes(), out.data_ptr(),
+                    "storage group " + g.name);
+  } else {
+    // The range across the parts it covers (part k: [k * partSize, ...)).
+    char *dst = static_cast<char *>(out.data_ptr());
+    for (int64_t k = begin / g.partSize; k * g.partSize < end; ++k) {
+      int64_t first = std::max(begin, k * g.partSize);
+      int64_t last = std::min(end, (k + 1) * g.partSize);
+      readRecordRange(g.parts.at(k), (first - k * g.partSize) * elementBytes,
+                      (last - first) * elementBytes, dst + (first - begin) * elementBytes,
+                      "storage group " + g.name);
+    }
+  }
   for (size_t m = 0; m < g.members.size(); ++m) {
     const TensorInfo &info = plan_.tensors[g.members[m]];
     int64_t first = g.offsets[m], last = first + info.numel();

@@ -6,7 +6,8 @@
 //                     assumptions (version 3 only)}
 //   tensor     dict  {name, aliases, is_parameter, requires_grad, dtype, shape, record,
 //                     offset, crc32, group, init}
-//   group      dict  {name, dtype, members, offsets, size, block_list, block_index, record}
+//   group      dict  {name, dtype, members, offsets, size, block_list, block_index, record,
+//                     parts, part_size (version 4 only)}
 //   function   dict  {name, module_path, num_registers, params, returns,
 //                     param_names, result_names, body}
 //   instruction tuple (kind, op, args, target, results, location, block_list,
@@ -233,7 +234,12 @@ bool Plan::assumes(const std::string &assumption) const {
   return std::find(assumptions.begin(), assumptions.end(), assumption) != assumptions.end();
 }
 
-int64_t formatVersionOf(const Plan &plan) { return plan.assumptions.empty() ? 2 : 3; }
+int64_t formatVersionOf(const Plan &plan) {
+  for (const StorageGroup &g : plan.groups)
+    if (!g.parts.empty())
+      return 4;
+  return plan.assumptions.empty() ? 2 : 3;
+}
 
 std::string objectiveFor(const Plan &plan) {
   if (plan.entry >= 0 && plan.entry < static_cast<int64_t>(plan.functions.size())) {
@@ -287,6 +293,10 @@ IValue toIValue(const Plan &plan) {
     d.insert("block_list", g.blockList);
     d.insert("block_index", g.blockIndex);
     d.insert("record", g.record);
+    if (version >= 4) {
+      d.insert("parts", listOf(g.parts));
+      d.insert("part_size", g.partSize);
+    }
     groups.push_back(d);
   }
   root.insert("groups", groups);
@@ -374,6 +384,10 @@ Plan fromIValue(const IValue &value) {
     g.blockList = asString(field(d, "block_list"), "group block_list");
     g.blockIndex = asInt(field(d, "block_index"), "group block_index");
     g.record = asString(field(d, "record"), "group record");
+    if (plan.version >= 4) {
+      g.parts = asStrings(field(d, "parts"), "group parts");
+      g.partSize = asInt(field(d, "part_size"), "group part_size");
+    }
     plan.groups.push_back(std::move(g));
   }
 
@@ -436,6 +450,10 @@ Plan fromIValue(const IValue &value) {
   for (const StorageGroup &g : plan.groups) {
     if (g.members.size() != g.offsets.size() || g.size < 0)
       throw PlanError("plan: storage group " + g.name + " is malformed");
+    if (!g.parts.empty() &&
+        (!g.record.empty() || g.partSize <= 0 ||
+         static_cast<int64_t>(g.parts.size()) != (g.size + g.partSize - 1) / g.partSize))
+      throw PlanError("plan: the parts of storage group " + g.name + " do not cover it");
     for (size_t i = 0; i < g.members.size(); ++i) {
       if (g.members[i] < 0 || g.members[i] >= numTensors)
         throw PlanError("plan: storage group " + g.name + " names a tensor out of range");

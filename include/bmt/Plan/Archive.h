@@ -8,6 +8,8 @@
 //   bmt/plan.pkl      the plan (Plan.h), torch::jit::pickle_save format
 //   bmt/weights/<i>   raw bytes of tensor i of the plan (little-endian,
 //                     row-major), at the offset the plan gives
+//   bmt/weights/group<g>[.<k>]  storage group g's flat buffer (part k of it
+//                     when the group is split: StorageGroup::parts)
 //   bmt/hf/<name>     optional: the model's Hugging Face files (config.json,
 //                     generation_config.json), verbatim
 // docs/sharded-format.md describes it for readers outside bmt.
@@ -42,19 +44,51 @@ inline constexpr const char *kHfFileNames[] = {"config.json", "generation_config
 /// A file by name and content (the Hugging Face files above).
 using NamedFile = std::pair<std::string, std::string>;
 
+/// Fills `dst` (a contiguous 1-D CPU tensor of the plan's dtype for tensor
+/// `index`, `end - begin` elements) with elements [begin, end) of tensor
+/// `index`'s row-major value. writeArchive asks for each tensor's ranges in
+/// increasing order; it throws what it cannot do (PlanError, ...).
+using TensorReader =
+    std::function<void(size_t index, int64_t begin, int64_t end, at::Tensor &dst)>;
+
+/// The largest record writeArchive writes for a storage group (64 MiB): a
+/// larger group is split into parts of that size (format version 4), so
+/// that writing holds one part, not the group, in memory.
+constexpr int64_t kMaxGroupRecordBytes = int64_t(64) << 20;
+
+/// What writeArchive did: bytes of tensor data written (storage group
+/// buffers with their padding, tensors outside groups) and records written.
+struct WriteStats {
+  int64_t weightBytes = 0;
+  int64_t records = 0;
+};
+
 /// Writes `plan`, `programText` and the weights to `path` atomically (the
 /// tensors with an init rule get no bytes: a weights-free plan): the
 /// archive is written to a temporary file beside `path` and renamed, so a
-/// failure leaves no file. `weightOf(i)` returns tensor i's value (any
-/// device, any layout; converted to contiguous CPU bytes of the plan's dtype
-/// and shape, which must match: a mismatch throws PlanError). Sets each
-/// TensorInfo's record and offset. `hfFiles` (names from kHfFileNames)
-/// are written as records bmt/hf/<name>. Throws PlanError (or c10::Error
-/// from LibTorch) on failure, and PlanError for a name not in kHfFileNames.
-void writeArchive(const std::string &path, Plan &plan,
-                  const std::string &programText,
-                  const std::function<at::Tensor(size_t)> &weightOf,
-                  const std::vector<NamedFile> &hfFiles = {});
+/// failure leaves no file. The weights come from `read`, a range at a time:
+/// at most one storage group part (maxGroupRecordBytes) and one tensor
+/// outside groups are in memory at once. Sets each TensorInfo's record,
+/// offset and crc32 and each group's record or parts. `hfFiles` (names from
+/// kHfFileNames) are written as records bmt/hf/<name>. Throws PlanError (or
+/// what `read` throws, c10::Error from LibTorch) on failure, and PlanError
+/// for a name not in kHfFileNames.
+WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &programText,
+                        const TensorReader &read, const std::vector<NamedFile> &hfFiles = {},
+                        int64_t maxGroupRecordBytes = kMaxGroupRecordBytes);
+
+/// A TensorReader over `weightOf(i)`, tensor i's whole value (any device,
+/// any layout; converted to contiguous CPU bytes of the plan's dtype and
+/// shape, which must match: a mismatch throws PlanError). It keeps the last
+/// tensor asked for, flattened, until another is asked for.
+TensorReader readerOfWholeTensors(const Plan &plan,
+                                  std::function<at::Tensor(size_t)> weightOf);
+
+/// writeArchive with readerOfWholeTensors(plan, weightOf).
+WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &programText,
+                        const std::function<at::Tensor(size_t)> &weightOf,
+                        const std::vector<NamedFile> &hfFiles = {},
+                        int64_t maxGroupRecordBytes = kMaxGroupRecordBytes);
 
 /// An opened sharded.pt. Construction reads and checks the version record
 /// and the plan; it throws PlanError naming the file for: a missing file, a
@@ -74,11 +108,13 @@ public:
   std::vector<NamedFile> hfFiles();
   /// Reads tensor `index` of the plan into a new CPU tensor (its dtype and
   /// shape); a tensor with an init rule is generated instead (initValues).
+  /// A member of a storage group is read from the group (readGroupRange).
   /// Throws PlanError if the record is missing or too short.
   at::Tensor readTensor(size_t index);
   /// Reads elements [begin, end) of storage group `group`'s flat buffer
   /// into a new 1-D CPU tensor of the group's dtype, reading only those
-  /// bytes from the file (rank-local loading). Checks the CRC-32 of every
+  /// bytes from the file (rank-local loading; from each part the range
+  /// covers, for a group split into parts). Checks the CRC-32 of every
   /// member that lies wholly inside the range (members cut by the range's
   /// ends are not checked on this read). Throws PlanError for a missing or
   /// short record, a range outside the buffer, or a checksum mismatch.

@@ -28,8 +28,9 @@
 namespace bmt::plan {
 
 /// Version of the plan and archive layout. Bumped on any incompatible change.
-/// 3 adds `assumptions` (version 2 plans have none).
-constexpr int64_t kPlanFormatVersion = 3;
+/// 3 adds `assumptions` (version 2 plans have none); 4 adds storage groups
+/// split into several records (StorageGroup::parts).
+constexpr int64_t kPlanFormatVersion = 4;
 /// The oldest version readers still take.
 constexpr int64_t kOldestPlanFormatVersion = 2;
 
@@ -58,7 +59,8 @@ struct TensorInfo {
   /// Index of the storage group holding this parameter, or -1 (buffers,
   /// frozen parameters, plans without ZeRO): such tensors have a record of
   /// their own and every rank reads them whole. A member of group g has
-  /// record == groups[g].record and offset == its byte offset in the group.
+  /// record == groups[g].record and offset == its byte offset in the
+  /// group's buffer (record is empty when the group is split into parts).
   int64_t group = -1;
   /// Non-empty in a weights-free plan (bmt-opt --random-init): the tensor
   /// has no bytes in the archive and is initialized at load by this rule:
@@ -138,6 +140,12 @@ struct StorageGroup {
   std::string blockList;     ///< the block list it belongs to, "" outside blocks
   int64_t blockIndex = -1;   ///< the block's index in blockList, -1 outside
   std::string record;        ///< archive record holding the `size` elements
+  /// Version 4: the buffer split into records, part k holding elements
+  /// [k * partSize, min((k + 1) * partSize, size)) in record parts[k]
+  /// (`record` is then empty), so that a writer holds one part at a time.
+  /// Empty for a group in one record (or none: weights-free).
+  std::vector<std::string> parts;
+  int64_t partSize = 0;
 
   int64_t nbytes() const { return size * static_cast<int64_t>(c10::elementSize(dtype)); }
 };
@@ -189,8 +197,9 @@ struct Plan {
   bool assumes(const std::string &assumption) const;
 };
 
-/// The version a writer gives `plan`: 2, or 3 when it has assumptions (an
-/// older reader must refuse such a plan rather than ignore them).
+/// The version a writer gives `plan`: 2; 3 when it has assumptions; 4 when
+/// a storage group is split into parts (an older reader must refuse such a
+/// plan rather than ignore what it does not know).
 int64_t formatVersionOf(const Plan &plan);
 
 /// Plan <-> IValue. fromIValue throws PlanError on a malformed value, a

@@ -188,6 +188,9 @@ struct CommOptions {
 ///   - every wait is a store wait with the communicator's timeout (one
 ///     deadline for the whole collective); on expiry the CommError lists the
 ///     ranks whose keys are still missing;
+///   - a value over 4 MiB is stored in 4 MiB pieces, "<key>/+1", "<key>/+2",
+///     ... after the first, which is <key>'s and is set last (TCPStore's
+///     libuv server, torchrun's, refuses messages over 8 MiB);
 ///   - after reading, each rank adds 1 to "<seq>/done"; the rank that brings
 ///     it to size() deletes the collective's keys.
 /// Throws CommError for rank/size out of range.
