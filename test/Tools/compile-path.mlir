@@ -18,11 +18,6 @@
 // RUN: not bmt-opt %s --bmt-default-pipeline='checkpoint=some' 2>&1 | FileCheck %s --check-prefix=BADMODE --implicit-check-not=remark
 // BADMODE: error: checkpoint must be all, none or auto, got 'some'
 
-// An output that is a device is written, not replaced by a renamed
-// temporary file (as root, the rename would turn /dev/null into a file).
-// RUN: bmt-opt %s -o /dev/null
-// RUN: test -c /dev/null
-
 // --verify-diagnostics needs MLIR text to read the expectations from.
 // RUN: not bmt-opt %fixtures/gpt2.pt --verify-diagnostics 2>&1 | FileCheck %s --check-prefix=VERIFY
 // VERIFY: error: --verify-diagnostics needs an MLIR text input, not {{.*}}gpt2.pt
