@@ -61,32 +61,6 @@ int64_t entryBytes(const SafetensorsEntry &e) {
 
 } // namespace
 
-void saveSafetensors(const std::string &path,
-                     const std::vector<std::pair<std::string, at::Tensor>> &tensors,
-                     const std::vector<std::pair<std::string, std::string>> &metadata) {
-  std::vector<at::Tensor> data;
-  std::vector<SafetensorsEntry> entries;
-  for (const auto &[name, tensor] : tensors) {
-    data.push_back(tensor.detach().cpu().contiguous());
-    entries.push_back({name, data.back().scalar_type(), data.back().sizes().vec()});
-  }
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  try {
-    SafetensorsWriter writer(tmp, entries, {metadata.begin(), metadata.end()});
-    for (const at::Tensor &t : data)
-      writer.write(t.data_ptr(), static_cast<int64_t>(t.nbytes()));
-    writer.close();
-  } catch (const std::runtime_error &e) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error(path + ": cannot write: " + e.what());
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::string reason = systemError();
-    std::remove(tmp.c_str());
-    throw std::runtime_error(path + ": cannot write (" + reason + ")");
-  }
-}
-
 // --- SafetensorsWriter ------------------------------------------------------
 
 SafetensorsWriter::SafetensorsWriter(const std::string &path,

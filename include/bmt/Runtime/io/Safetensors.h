@@ -22,14 +22,6 @@
 
 namespace bmt::runtime {
 
-/// Writes `tensors` (any device; copied to CPU, made contiguous) to `path`
-/// atomically (a temporary file renamed over it). `metadata` goes into the
-/// header's "__metadata__" (string values). Throws std::runtime_error naming
-/// the file when it cannot be written or a dtype has no safetensors code.
-void saveSafetensors(const std::string &path,
-                     const std::vector<std::pair<std::string, at::Tensor>> &tensors,
-                     const std::vector<std::pair<std::string, std::string>> &metadata = {});
-
 /// One tensor of a safetensors file: its dtype, shape and the byte range of
 /// its data from the start of the file.
 struct SafetensorsEntry {
