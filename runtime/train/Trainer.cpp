@@ -249,7 +249,8 @@ Trainer::MicroBatchLoss Trainer::modelMicroBatchLoss(ModelInputs inputs,
   const int64_t tokens = inputs.inputIds.numel();
   // Nothing to predict in this rank's rows (transformers' mean is then
   // NaN): a zero loss, still with a backward for the collectives, through
-  // the logits where the model returns them (not through the NaN).
+  // the logits where the model returns them (not through the NaN; a model
+  // returning its loss alone gets that loss's own gradient).
   if (predicted == 0)
     return {(result.logits.defined() ? result.logits.sum() : result.loss.nan_to_num()).mul(0.0),
             0, tokens};
