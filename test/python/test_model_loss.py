@@ -8,7 +8,8 @@ on it, feeding the labels transformers' models expect.
     transformers computing model(input_ids, labels=input_ids).loss with
     torch.optim.AdamW; on 2 ranks each rank's loss counts equally.
     T5 traced with labels, on ready source/target pairs on 2 ranks whose
-    target counts differ (the ranks' losses count equally).
+    target counts differ (the ranks' losses count equally), or one of which
+    has none (its loss counts as 0).
 (b) A user's wrapper whose loss is not plain cross-entropy: label-smoothed
     cross-entropy plus PaLM's z-loss (1e-4 * logsumexp^2 over the targets),
     traced with torch.jit.trace (forward(input_ids, labels)) and exported
@@ -177,12 +178,14 @@ def shift_right(labels):
     return dec.masked_fill(dec == -100, 0)
 
 
-@pytest.mark.parametrize("ranks", [2])
-def test_t5_model_loss_on_pairs_matches_eager(ranks, tmp_path):
-    """An encoder-decoder traced with labels, trained on ready pairs: the
-    model gets the target as labels (and decoder_input_ids, the target
-    shifted right). Rank 0's rows have fewer targets than rank 1's, so the
-    equal weighting of the ranks' losses is what is checked."""
+@pytest.mark.parametrize("case", ["unequal", "rank-without-targets"])
+def test_t5_model_loss_on_pairs_matches_eager(case, tmp_path):
+    """An encoder-decoder traced with labels, trained on ready pairs on 2
+    ranks: the model gets the target as labels (and decoder_input_ids, the
+    target shifted right). Rank 0's rows have fewer targets than rank 1's,
+    so the equal weighting of the ranks' losses is what is checked; or rank
+    1's rows have none, and its loss counts as 0 (transformers': NaN)."""
+    ranks = 2
     import copy
     import transformers
     torch.manual_seed(0)
@@ -199,6 +202,8 @@ def test_t5_model_loss_on_pairs_matches_eager(ranks, tmp_path):
     ids = torch.randint(0, VOCAB, (STEPS, 4, 9), generator=g)
     labels = torch.randint(0, VOCAB, (STEPS, 4, 6), generator=g)
     labels[:, 0, -4:] = -100  # rank 0's rows (0, 1 of 4 on 2 ranks): 8 targets against 12
+    if case == "rank-without-targets":
+        labels[:, 2:] = -100  # rank 1's rows
     torch.save({"input_ids": ids, "labels": labels}, tmp_path / "pairs.pt")
     start, records, params = train(sharded, tmp_path / "pairs.pt", tmp_path, ranks)
     assert "objective model-loss (the loss its forward returns, fed span-corruption labels)" in start
@@ -211,10 +216,10 @@ def test_t5_model_loss_on_pairs_matches_eager(ranks, tmp_path):
     losses = []
     for step in range(1, STEPS + 1):
         opt.zero_grad()
-        parts = [loss_of(reference, i, y) for i, y in zip(ids[step - 1].chunk(ranks),
-                                                         labels[step - 1].chunk(ranks))]
+        parts = [loss_of(reference, i, y) if y.ne(-100).any() else 0
+                 for i, y in zip(ids[step - 1].chunk(ranks), labels[step - 1].chunk(ranks))]
         loss = sum(parts) / ranks
-        if step == 1 and ranks == 2:  # weighting by targets would give another value
+        if step == 1 and case == "unequal":  # weighting by targets would give another value
             counts = [y.ne(-100).sum().item() for y in labels[0].chunk(2)]
             weighted = sum(p.item() * c for p, c in zip(parts, counts)) / sum(counts)
             assert abs(weighted - records[0]["loss"]) > 1e-3, (weighted, records[0]["loss"])
