@@ -362,6 +362,9 @@ def main(argv=None):
     print(f"exported {class_name} ({config.model_type}, {params / 1e6:.1f} M parameters, "
           f"{config.num_hidden_layers} layers, {model.config._attn_implementation} attention) "
           f"to {args.output} in {time.time() - start:.1f} s")
+    if args.labels:
+        print(f"with labels {list(inputs['labels'].shape)}: the program returns the model's own "
+              f"loss first; bmt-run trains on it (docs/runtime.md, The model's own loss)")
     if decoder_len is not None:
         print(f"encoder-decoder: example encoder input {args.batch} x {args.seq_len}, decoder "
               f"input {args.batch} x {decoder_len}"

@@ -99,7 +99,8 @@ public:
   /// vocab] (the result named "logits", else the first result; for an
   /// encoder-decoder seq is the decoder's length). Collective under ZeRO.
   /// Throws ExecutionError when the forward takes an input that `inputs`
-  /// lacks (decoder_input_ids) or that bmt-run never provides, naming it.
+  /// lacks (decoder_input_ids, labels) or that bmt-run never provides,
+  /// naming it.
   at::Tensor forward(const ModelInputs &inputs);
   /// forward({inputIds, attentionMask}) of a model without a decoder.
   at::Tensor forward(const at::Tensor &inputIds, const at::Tensor &attentionMask) {
