@@ -351,7 +351,12 @@ documentLayout(const tools::RunOptions &o, runtime::Model &model,
                 << f->numDocuments() << " documents" << (f->hasLossMask() ? " (supervised)" : "")
                 << ", sequences " << name << " in rows of "
                 << (*layout == runtime::SequenceLayout::Padded ? "up to " : "") << windowLength
-                << " tokens; " << overlong << " truncated to " << windowLength << " tokens\n";
+                << " tokens; " << overlong << " truncated to " << windowLength << " tokens"
+                << (f->preparedTruncated() > 0
+                        ? " (and " + std::to_string(f->preparedTruncated()) +
+                              " cut to max_length by bmt-prepare-data)"
+                        : std::string())
+                << "\n";
   }
   return layout;
 }
