@@ -272,8 +272,8 @@ const std::vector<Option> &optionTable() {
        [](RunOptions &o, auto &, const Values &v) { o.resume = v[0]; }},
       {"--dump", "INPUTS OUT", "output",
        "debugging: run forward and backward on the batch in INPUTS\n"
-       "(torch.save of {\"input_ids\", \"attention_mask\", \"labels\"}) and\n"
-       "save logits, loss and gradients to OUT",
+       "(torch.save of {\"input_ids\", \"attention_mask\", \"labels\"}, optionally\n"
+       "\"position_ids\") and save logits, loss and gradients to OUT",
        [](RunOptions &o, auto &, const Values &v) {
          o.dumpInputs = v[0];
          o.dumpOutput = v[1];
