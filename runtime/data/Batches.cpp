@@ -6,7 +6,6 @@
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
-#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
