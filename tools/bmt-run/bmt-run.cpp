@@ -301,8 +301,13 @@ documentLayout(const tools::RunOptions &o, runtime::Model &model,
   std::optional<runtime::SequenceLayout> layout = o.sequences;
   if (!layout && data->hasLossMask())
     layout = runtime::SequenceLayout::Padded; // supervised data
-  if (!layout)
+  if (!layout) {
+    if (rank0 && eval && eval->hasLossMask())
+      std::cout << "bmt-run: note: " << eval->binPath() << " is supervised, but the training "
+                << "data is read in random windows: evaluation reads windows too and ignores "
+                << "its loss mask (--sequences padded or packed evaluates its documents)\n";
     return std::nullopt;
+  }
   const char *name = *layout == runtime::SequenceLayout::Padded ? "padded" : "packed";
   if (!data->hasDocuments())
     throw Failure(data->binPath() + ": --sequences " + name + " trains on whole documents, and "
