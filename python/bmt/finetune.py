@@ -242,6 +242,8 @@ def chat_tools(tokenizer, template_file, where_data):
         raise UserError(f"tokenizer {tokenizer.path} is not a fast tokenizer (tokenizer.json): "
                         f"conversations need its offsets")
     backend.encode_special_tokens = False   # the template's special tokens are special
+    backend.no_padding()                    # whole conversations (see TokTokenizer)
+    backend.no_truncation()
     if template is None and not getattr(hf, "chat_template", None):
         raise UserError(f"{where_data} holds conversations, but tokenizer {tokenizer.path} has no "
                         f"chat template; give one with --chat-template FILE")
@@ -372,19 +374,20 @@ def prepare_records(args, tokenizer, dtype, writer, prefix, note):
         for source in sources:
             yield from source.chunks(None if source.kind == "jsonl" else fields)
 
-    from tqdm import tqdm
-    bar = tqdm(total=total, unit=" records", file=sys.stderr, dynamic_ncols=True,
-               disable=args.quiet or not sys.stderr.isatty(), desc="tokenizing")
     index = 0
     workers = max(1, args.workers)
-    pool = None
+    pool = bar = None
     start = time.perf_counter()
     try:
         if workers > 1:
             # Each worker encodes with one thread: the tokenizers library's
             # own thread pool would fight the processes for the cores.
+            # Forked before the progress bar starts its monitor thread.
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
             pool = multiprocessing.get_context("fork").Pool(workers)
+        from tqdm import tqdm
+        bar = tqdm(total=total, unit=" records", file=sys.stderr, dynamic_ncols=True, leave=False,
+                   disable=args.quiet or not sys.stderr.isatty(), desc="tokenizing")
         pending = collections.deque()
         source_chunks = chunks()
 
@@ -420,7 +423,8 @@ def prepare_records(args, tokenizer, dtype, writer, prefix, note):
             done, result = pending.popleft()
             consume(done, result.get())
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         if pool is not None:
             pool.terminate()
             pool.join()

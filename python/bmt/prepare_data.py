@@ -214,6 +214,10 @@ class TokTokenizer:
     def __init__(self, tok, path, eos_token=None):
         self.tok, self.path = tok, path
         tok.encode_special_tokens = True   # text "<|endoftext|>" is not an EOS
+        # Whole documents: no padding or truncation a tokenizer.json may
+        # carry (sentence-transformers' pad and cut to 128 tokens).
+        tok.no_padding()
+        tok.no_truncation()
         vocab = tok.get_vocab(with_added_tokens=True)
         self.vocab_size = max(vocab.values()) + 1
         specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
@@ -589,10 +593,9 @@ def run_records(args, tokenizer, prefix, out_dir):
         writer.abort()
         raise
 
-    layout = {"text": f"texts of field '{stats['fields'][0]}'",
-              "messages": f"conversations of field '{stats['fields'][0]}'",
-              "prompt": f"prompt/response pairs of fields '{stats['fields'][0]}', "
-                        f"'{stats['fields'][1]}'"}[stats["layout"]]
+    fields = " and ".join(f"'{f}'" for f in stats["fields"])
+    layout = {"text": "texts", "messages": "conversations",
+              "prompt": "prompt/response pairs"}[stats["layout"]] + f" of {fields}"
     print(f"read {stats['records']} records ({layout}) with {args.workers} worker"
           f"{'s' if args.workers > 1 else ''} in {stats['seconds']:.2f} s "
           f"(+ {stats['count_seconds']:.2f} s counting)")
