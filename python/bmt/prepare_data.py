@@ -596,9 +596,11 @@ def run_records(args, tokenizer, prefix, out_dir):
     fields = " and ".join(f"'{f}'" for f in stats["fields"])
     layout = {"text": "texts", "messages": "conversations",
               "prompt": "prompt/response pairs"}[stats["layout"]] + f" of {fields}"
+    tokens = sum(split.num_tokens for split in splits.values())
+    rate = tokens / stats["seconds"] if stats["seconds"] > 0 else float("inf")
     print(f"read {stats['records']} records ({layout}) with {args.workers} worker"
           f"{'s' if args.workers > 1 else ''} in {stats['seconds']:.2f} s "
-          f"(+ {stats['count_seconds']:.2f} s counting)")
+          f"(+ {stats['count_seconds']:.2f} s counting), tokenized at {rate / 1e6:.2f} M tokens/s")
     if stats["empty"]:
         note(f"skipped {stats['empty']} records with an empty text: "
              f"{shown(stats['empty_at'], stats['empty'])}")
@@ -612,10 +614,9 @@ def run_records(args, tokenizer, prefix, out_dir):
     for name, split in splits.items():
         targets = (f", {split.num_targets} targets ({100 * split.num_targets / split.num_tokens:.1f} %)"
                    if split.supervised else "")
-        rate = split.num_tokens / stats["seconds"] if stats["seconds"] > 0 else float("inf")
         print(f"{name}: {split.num_documents} documents, {split.num_tokens} tokens "
-              f"({split.num_tokens / split.num_documents:.1f}/document){targets}, "
-              f"tokenized at {rate / 1e6:.2f} M tokens/s -> {args.output}.{name}.bin "
+              f"({split.num_tokens / split.num_documents:.1f}/document){targets} "
+              f"-> {args.output}.{name}.bin "
               f"({dtype}, {human_bytes(split.num_tokens * np.dtype(dtype).itemsize)})")
     return 0
 
