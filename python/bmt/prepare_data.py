@@ -1,46 +1,80 @@
-"""bmt-prepare-data: turn text into token files that bmt-run memory-maps.
+"""bmt-prepare-data: turn text, documents or conversations into token files that bmt-run memory-maps.
 
     bmt-prepare-data --input /usr/share/games/fortunes --split-on % \\
                      --train-bpe 4096 --output data/fortunes
+    bmt-prepare-data --input chats.jsonl.zst --hf-tokenizer DIR --max-length 2048 \\
+                     --output data/chats
 
-Inputs (--input PATH..., repeatable) are text files or directories (walked
-recursively in name order; hidden entries skipped; a file reached twice,
-e.g. through a symlink such as fortune's NAME.u8 -> NAME, is read once).
-Binary files (a NUL byte, or not valid UTF-8, e.g. fortune's .dat indexes)
-are skipped with a note on stderr.  Documents are separated by a blank line,
-or with --split-on LINE by a line consisting only of LINE (`%` for fortune
-cookie files); leading/trailing blank lines of a document are dropped and
-empty documents are ignored.
+The format of the outputs is in docs/token-files.md.
+
+Plain text inputs (--input PATH..., repeatable) are text files or
+directories (walked recursively in name order; hidden entries skipped; a file
+reached twice, e.g. through a symlink such as fortune's NAME.u8 -> NAME, is
+read once). Binary files (a NUL byte, or not valid UTF-8, e.g. fortune's .dat
+indexes) are skipped with a note on stderr.  Documents are separated by a
+blank line, or with --split-on LINE by a line consisting only of LINE (`%` for
+fortune cookie files); leading/trailing blank lines of a document are dropped
+and empty documents are ignored. They are shuffled with --seed and split by
+--val-fraction (at least one document per split).
+
+Records (bmt/finetune.py, bmt/records.py) are JSON lines files (.jsonl,
+.ndjson, .json; plain, .gz or .zst), Parquet files (.parquet) and folders
+written by datasets' save_to_disk (read with datasets.load_from_disk), given
+or found in the given directories (plain text files among them are skipped
+with a note). Layouts: --text-field NAME (a document per record), or
+--messages-field NAME (a list of {"role": system|user|assistant, "content"}),
+or --prompt-field/--response-field (a user and an assistant message); without
+one, the first record's text, messages or prompt and response fields decide.
+Conversations are rendered by the tokenizer's chat template (--chat-template
+FILE gives one) and masked: 1 on each assistant message's tokens and on what
+the template closes it with, 0 elsewhere. Records are tokenized by --workers
+processes and written in input order as they are done (memory bounded: a few
+chunks in flight); val gets round(n * --val-fraction) records (at least 1 and
+at most n - 1) drawn by numpy.random.default_rng(--seed).choice without
+replacement. Records with an empty text are skipped with a note.
 
 Tokenizer, exactly one of:
-  --train-bpe VOCAB_SIZE  train a byte-level BPE (HF tokenizers) on the
-                          training documents, special tokens <|endoftext|>
-                          (id 0), [MASK] (1), [PAD] (2); saved as
-                          PREFIX.tokenizer.json
+  --train-bpe VOCAB_SIZE  (plain text only) train a byte-level BPE (HF
+                          tokenizers) on the training documents, special
+                          tokens <|endoftext|> (id 0), [MASK] (1), [PAD] (2);
+                          saved as PREFIX.tokenizer.json
   --tokenizer FILE        an existing tokenizer.json
   --hf-tokenizer DIR      a local transformers tokenizer directory
 The end-of-text token is looked up by name (<|endoftext|>, </s>, <eos>, ...;
-override with --eos-token); text that spells a special token is tokenized as
-plain text, so only the appended separators carry the end-of-text id.
+override with --eos-token); in documents, text that spells a special token is
+tokenized as plain text, so only the appended separators carry the end-of-text
+id (conversations are tokenized as transformers' apply_chat_template does,
+special tokens recognised, so that the template's markers are special).
 
-Documents are shuffled with --seed and split by --val-fraction (at least one
-document per split).  Outputs, for each SPLIT in train, val:
-  PREFIX.SPLIT.bin   flat little-endian token ids (uint16 when the vocabulary
-                     has <= 65536 ids, else uint32; --dtype forces one), each
-                     document's tokens followed by the end-of-text id
-  PREFIX.SPLIT.json  {"format": "bmt-tokens", "version": 1, "dtype",
-                     "num_tokens", "num_documents", "vocab_size", "eos_id",
-                     "mask_id", "pad_id", "sentinel_ids", "tokenizer", "source"}
-                     (num_tokens * itemsize(dtype) == size of the .bin;
-                     "tokenizer" and "source" are absolute paths; "sentinel_ids"
-                     lists the ids of <extra_id_0>, <extra_id_1>, ... for a
-                     tokenizer that has them, T5's, which bmt-run's span
-                     corruption uses, else null)
+--max-length N: a longer document keeps its first N tokens (a text document:
+its first N - 1 and the end-of-text id; a conversation with no response token
+left is skipped with a note); the count goes to stderr and to the json
+("truncated"); --overlong error refuses it, naming the record instead.
+
+Outputs, for each SPLIT in train, val:
+  PREFIX.SPLIT.bin       flat little-endian token ids (uint16 when the
+                         vocabulary has <= 65536 ids, else uint32; --dtype
+                         forces one); a text document's tokens are followed by
+                         the end-of-text id
+  PREFIX.SPLIT.docs.bin  (version 2) int64 [num_documents + 1]: where each
+                         document starts, then num_tokens
+  PREFIX.SPLIT.mask.bin  (version 2, conversations) uint8 [num_tokens]: 1 on
+                         the tokens that are training targets
+  PREFIX.SPLIT.json      {"format": "bmt-tokens", "version", "dtype",
+                         "num_tokens", "num_documents", "vocab_size", "eos_id",
+                         "mask_id", "pad_id", "sentinel_ids", "tokenizer",
+                         "source"} and in version 2 "documents", "loss_mask",
+                         "supervised", "truncated", "max_length",
+                         "chat_template" (docs/token-files.md)
+Records give version 2; plain text gives version 1 (what bmt-run builds from
+before version 2 read), or version 2 with --max-length or --format-version 2.
 
 Exit status 0 on success; on bad input (missing or empty input, unreadable
-tokenizer, unwritable output, too small a vocabulary, ...) one "error: ..."
-line and status 1, and no output files (all are written under temporary
-names and renamed at the end).
+tokenizer, unwritable output, too small a vocabulary, a record without the
+field or with malformed JSON (FILE:LINE), an empty response, an unknown role,
+conversations without a chat template, a Parquet file without the column, ...)
+one "error: ..." line and status 1, and no output files (all are written under
+temporary names and renamed at the end).
 """
 
 import argparse
