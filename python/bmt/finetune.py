@@ -29,6 +29,9 @@ import os
 import sys
 import time
 
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
 import numpy as np
 
 from bmt.records import Source, UserError, kind_of, parse_line
@@ -236,7 +239,10 @@ def chat_tools(tokenizer, template_file, where_data):
     hf = getattr(tokenizer, "tok", None)
     import transformers
     if not isinstance(hf, transformers.PreTrainedTokenizerBase):
-        hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer.tok)
+        # A tokenizer.json: wrapped for apply_chat_template, with the eos
+        # that templates may name as eos_token.
+        hf = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tokenizer.tok, eos_token=tokenizer.tok.id_to_token(tokenizer.eos_id))
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is None:
         raise UserError(f"tokenizer {tokenizer.path} is not a fast tokenizer (tokenizer.json): "
@@ -383,8 +389,11 @@ def prepare_records(args, tokenizer, dtype, writer, prefix, note):
             # Each worker encodes with one thread: the tokenizers library's
             # own thread pool would fight the processes for the cores.
             # Forked before the progress bar starts its monitor thread.
+            # A process pool of concurrent.futures, not multiprocessing's:
+            # a worker that dies (out of memory, killed) fails the run
+            # instead of hanging it.
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-            pool = multiprocessing.get_context("fork").Pool(workers)
+            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
         from tqdm import tqdm
         bar = tqdm(total=total, unit=" records", file=sys.stderr, dynamic_ncols=True, leave=False,
                    disable=args.quiet or not sys.stderr.isatty(), desc="tokenizing")
@@ -415,19 +424,20 @@ def prepare_records(args, tokenizer, dtype, writer, prefix, note):
                 continue
             # At most a few chunks in flight: memory stays bounded however
             # fast the reader is, and documents are written in input order.
-            pending.append((chunk, pool.apply_async(_encode, (chunk,))))
+            pending.append((chunk, pool.submit(_encode, chunk)))
             while len(pending) > 2 * workers:
                 done, result = pending.popleft()
-                consume(done, result.get())
+                consume(done, result.result())
         while pending:
             done, result = pending.popleft()
-            consume(done, result.get())
+            consume(done, result.result())
+    except BrokenProcessPool as e:
+        raise UserError(f"a worker process died ({e}); out of memory? try fewer --workers") from e
     finally:
         if bar is not None:
             bar.close()
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            pool.shutdown(wait=True, cancel_futures=True)
         for split in splits.values():
             split.close()
     stats["seconds"] = time.perf_counter() - start
