@@ -333,6 +333,25 @@ def test_plain_text_version_2(tok_dirs, hf, tmp_path):
         found += split_docs
     assert sorted(found) == sorted(text_reference(hf, t) for t in docs)
 
+    # --max-length on plain text: version 2 by itself; a cut document keeps
+    # its first N - 1 tokens and the end-of-text id.
+    n = 24
+    r = ok(run_tool("--input", tmp_path / "t.txt", "--tokenizer", tok_dirs[1] / "tokenizer.json",
+                    "--max-length", n, "--output", tmp_path / "cut"))
+    cut, truncated = [], 0
+    for split in ("train", "val"):
+        meta, split_docs, _ = read_v2(tmp_path / "cut", split)
+        assert meta["max_length"] == n
+        truncated += meta["truncated"]
+        cut += split_docs
+        if meta["truncated"]:
+            assert (f"note: {tmp_path / 'cut'}.{split}.bin: {meta['truncated']} documents "
+                    f"truncated to --max-length {n} tokens") in r.stderr
+    references = [text_reference(hf, t) for t in docs]
+    assert sorted(cut) == sorted(ids if len(ids) <= n else ids[:n - 1] + [hf.sep_token_id]
+                                 for ids in references)
+    assert truncated == sum(len(ids) > n for ids in references) > 0
+
 
 BAD_LINES = {
     "missing field": ('{"text": "a"}\n{"text": "b"}\n{"body": "c"}\n', [], "bad.jsonl:3: no field 'text'"),
