@@ -90,7 +90,8 @@ def conversation(layout, fields, record, where):
     messages = []
     for j, m in enumerate(raw):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise UserError(f"{where}: message {j} of '{fields[0]}' is not a {{\"role\", \"content\"}} object")
+            raise UserError(f"{where}: message {j} of '{fields[0]}' is not a "
+                            f"{{\"role\", \"content\"}} object")
         role, content = m["role"], m["content"]
         if role not in ROLES:
             raise UserError(f"{where}: message {j} has unknown role {role!r} "

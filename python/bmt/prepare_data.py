@@ -78,7 +78,6 @@ temporary names and renamed at the end).
 """
 
 import argparse
-import json
 import os
 import random
 import sys

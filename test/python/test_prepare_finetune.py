@@ -263,8 +263,10 @@ def test_split_follows_the_seed(tok_dirs, tmp_path):
 def test_parquet_prompt_response_with_template_file(tok_dirs, hf, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
-    prompts = [f"Add {i} and {i + 3}." for i in range(30)]
-    responses = [f"The sum is {2 * i + 3}." for i in range(30)]
+    # Non-ASCII text before and inside the responses: the tool maps
+    # character offsets (BERT's normalizer strips the accents).
+    prompts = [f"Ajoute ☃ {i} et {i + 3}, s'il te plaît." for i in range(30)]
+    responses = [f"La somme est {2 * i + 3} — voilà, ça fait {2 * i + 3}." for i in range(30)]
     pq.write_table(pa.table({"question": prompts, "answer": responses, "n": list(range(30))}),
                    tmp_path / "pairs.parquet", row_group_size=7)
     prefix = tmp_path / "pq"
