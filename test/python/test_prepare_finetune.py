@@ -438,7 +438,7 @@ def children(pid):
 def test_a_killed_worker_fails_the_run(tok_dirs, tmp_path):
     import signal
     import time
-    lines = [json.dumps({"text": t}) for t in texts(60)] * 600   # about 20 MB
+    lines = [json.dumps({"text": t}) for t in texts(60)] * 2000   # 23 MB: several seconds
     (tmp_path / "big.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
     out.mkdir()
@@ -453,13 +453,14 @@ def test_a_killed_worker_fails_the_run(tok_dirs, tmp_path):
             time.sleep(0.05)
             workers = children(proc.pid)
         assert workers, "no worker process appeared"
-        time.sleep(0.5)   # the pool is working
+        time.sleep(0.2)   # the pool is working
         os.kill(workers[0], signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    assert proc.returncode != 0, "the run finished before the worker was killed"
     result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert_one_error(result)
     assert "a worker process died" in stderr
