@@ -66,8 +66,9 @@ Outputs, for each SPLIT in train, val:
                          "source"} and in version 2 "documents", "loss_mask",
                          "supervised", "truncated", "max_length",
                          "chat_template" (docs/token-files.md)
-Records give version 2; plain text gives version 1 (what bmt-run builds from
-before version 2 read), or version 2 with --max-length or --format-version 2.
+Records give version 2; plain text gives version 1 (one stream of tokens;
+bmt-run reads both), or version 2 (with its documents, which bmt-run's
+--sequences padded|packed can train on) with --max-length or --format-version 2.
 
 Exit status 0 on success; on bad input (missing or empty input, unreadable
 tokenizer, unwritable output, too small a vocabulary, a record without the
