@@ -10,7 +10,7 @@
 #include "bmt/Runtime/train/Metrics.h"
 #include "bmt/Runtime/optim/LRSchedule.h"
 #include "bmt/Runtime/exec/Model.h"
-#include "bmt/Runtime/optim/AdamW.h"
+#include "bmt/Runtime/optim/Optimizers.h"
 #include "bmt/Runtime/data/TokenData.h"
 
 #include <ATen/core/Tensor.h>
@@ -60,7 +60,7 @@ struct TrainConfig {
   int64_t steps = 1;
   int64_t gradAccum = 1;   ///< micro-batches per optimizer step
   LRScheduleConfig schedule;
-  AdamWConfig adamw;
+  OptimizerConfig optimizer; ///< --optimizer and its hyperparameters (Optimizers.h)
   double clipGrad = 1.0;   ///< max global grad norm; 0 = no clipping
   Objective objective = Objective::CausalLM;
   int64_t maskId = -1;     ///< masked-LM: the [MASK] token id
