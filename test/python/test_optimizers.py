@@ -23,7 +23,7 @@ import torch
 
 from bmt_paths import binary
 from numerics import OPTIMIZER_LOSS_TOL, OPTIMIZER_PARAM_TOL
-from test_runtime_parity import build
+from test_runtime_parity import build, decay_groups
 
 STEPS = 5
 GLOBAL_BATCH = 6  # rows per step, divisible by 1 and 3
@@ -69,16 +69,9 @@ OPTIMIZERS = {
 }
 
 
-def decay_groups(model, wd):
-    """The default weight-decay groups: parameters of 2+ dimensions decay."""
-    params = list(model.parameters())  # tied ones once
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-
-
 def eager_run(name, batches, lrs):
     model = build("gpt2")
-    groups = decay_groups(model, WD)
+    groups = decay_groups(model.parameters(), WD)  # tied parameters once
     if name == "lion":
         step = lion_reference(None, None, (0.9, 0.99), WD)
     else:
