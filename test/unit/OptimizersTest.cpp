@@ -150,7 +150,7 @@ TEST(Optimizers, DecayOnlyOnMatricesByDefault) {
   for (const at::Tensor &p : params)
     p.mutable_grad() = at::zeros_like(p);
   opt->step({0.5});
-  EXPECT_TRUE(at::allclose(params[0].detach(), start[0] * (1 - 0.5 * 0.1)));
+  EXPECT_TRUE(at::allclose(params[0].detach(), start[0].mul(1 - 0.5 * 0.1)));
   EXPECT_TRUE(at::equal(params[1].detach(), start[1])) << "a vector was decayed";
 }
 
