@@ -419,6 +419,10 @@ Adafactor::Adafactor(std::vector<at::Tensor> params, AdafactorConfig config,
                      std::vector<ParameterLayout> layouts, Comm *shardComm)
     : params_(std::move(params)), config_(config), shardComm_(shardComm) {
   checkParams(params_, "Adafactor");
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!params_[i].is_contiguous())
+      throw std::invalid_argument("Adafactor: parameter " + std::to_string(i) +
+                                  " is not contiguous");
   layouts_ = layoutsFor(params_, std::move(layouts), "Adafactor");
   c10::NoGradGuard noGrad;
   variance_ = zerosLike(params_);

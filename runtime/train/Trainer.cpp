@@ -368,7 +368,7 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
   inspector_->afterGradients(step);
   // Clipping and the update happen on the device; a step with an inf/NaN
   // gradient on any rank (fp16) is skipped by the fused kernel itself.
-  // Both optimizers apply the clip factor themselves, AdamW inside its
+  // Every optimizer applies the clip factor itself, the fused ones inside their
   // fused kernel, the offloaded one on the host.
   at::Tensor gradNorm = model_.gradNorm().to(device, at::kDouble);
   // (The offloaded one gives the host copies of the gradients the same

@@ -1,7 +1,7 @@
 //===- Optimizer.h - the optimizer interface --------------------*- C++ -*-===//
 //
-// What the trainer calls on an optimizer, whichever it is (AdamW on the
-// device, OffloadAdamW with its state in host memory): one step over the
+// What the trainer calls on an optimizer, whichever it is (AdamW, SGD, Lion,
+// Adafactor on the device, OffloadAdamW with its state in host memory): one step over the
 // parameters it was built with (a rank's ZeRO shards, or the replicated
 // parameters), clearing the gradients, and its state as named tensors and
 // scalars, which it saves and loads itself (a checkpoint's unit, in the

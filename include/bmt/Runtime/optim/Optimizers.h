@@ -162,8 +162,9 @@ struct AdafactorConfig {
 /// concatenated in member order; the same on every rank of the group).
 class Adafactor : public Optimizer {
 public:
-  /// Throws std::invalid_argument for a layout that is split without a
-  /// shardComm, or whose members do not fit the parameter.
+  /// `params`: contiguous float32/float64 tensors. Throws
+  /// std::invalid_argument for a non-contiguous one, a layout that is split
+  /// without a shardComm, or one whose members do not fit the parameter.
   Adafactor(std::vector<at::Tensor> params, AdafactorConfig config,
             std::vector<ParameterLayout> layouts = {}, Comm *shardComm = nullptr);
   void step(const StepInputs &inputs) override;

@@ -96,7 +96,7 @@ struct TrainConfig {
 /// the first seq tokens; causal-LM predicts tokens 1..seq, masked-LM the
 /// masked ones of the first seq; span corruption turns the whole window of
 /// seq + 1 tokens into an encoder input and a target; or ready
-/// encoder-decoder pairs), AdamW, the LR schedule, clipping.
+/// encoder-decoder pairs), the optimizer (--optimizer), the LR schedule, clipping.
 /// Prints one line per logEvery steps to `out` and a JSON line per step and
 /// per evaluation to `jsonLog` (when given). Evaluates on `evalData` (when
 /// given) every evalEvery steps and after the last step.
