@@ -40,6 +40,12 @@ Examples:
 Encoder-decoders (T5) are exported with decoder_input_ids as well; bmt-run
 trains them with T5's span corruption (--seq-len is the encoder input's).
 
+--labels exports forward(..., labels=...) as well: the program computes the
+model's own loss (transformers' loss function, returned first as "loss"),
+and bmt-run trains on it, feeding the labels transformers expects
+(docs/runtime.md, "Objectives"). find-blocks, ZeRO and recompute work as
+without it: the loss ops are outside the blocks.
+
 The archive carries the model's Hugging Face config.json (and
 generation_config.json when the model generates), as save_pretrained writes
 them, as extra files (extra/config.json); bmt-opt keeps them in sharded.pt
@@ -242,10 +248,15 @@ def main(argv=None):
                         help="attention to export: sdpa (scaled_dot_product_attention) or eager "
                              "(matmul and softmax); default: transformers' own choice for the "
                              "architecture (sdpa where it has it)")
+    parser.add_argument("--labels", action="store_true",
+                        help="export with labels: the program returns the model's own loss "
+                             "(first, as 'loss'), which bmt-run then trains on")
     parser.add_argument("--head", choices=["lm", "none"], default="lm",
                         help="lm: the architecture's language-model class (default); "
                              "none: the bare model (AutoModel: hidden states, no head)")
     args = parser.parse_args(argv)
+    if args.labels and args.head == "none":
+        error("--labels needs a model with a head (--head lm): the bare model computes no loss")
     if args.load_weights and not args.checkpoint:
         error("--load-weights is for --checkpoint DIR")
     if not args.output.endswith((".pt", ".pth", ".pt2")):
@@ -299,6 +310,19 @@ def main(argv=None):
         inputs["decoder_input_ids"] = torch.randint(0, vocab, (args.batch, decoder_len))
     elif args.decoder_seq_len is not None:
         error(f"--decoder-seq-len is for encoder-decoders; {class_name} has no decoder input")
+    if args.labels:
+        # The labels transformers' loss takes (docs/runtime.md): the decoder's
+        # target, the masked-LM targets (-100 elsewhere), or input_ids (the
+        # causal-LM loss shifts them). A tensor of its own: one passed twice
+        # would be one input of the program.
+        if decoder_len is not None:
+            labels = torch.randint(0, vocab, (args.batch, decoder_len))
+        elif class_name.endswith("ForMaskedLM"):
+            labels = torch.full_like(inputs["input_ids"], -100)
+            labels[:, ::3] = inputs["input_ids"][:, ::3]
+        else:
+            labels = inputs["input_ids"].clone()
+        inputs["labels"] = labels
     try:
         if streamed:
             traced = (checkpoint.export_weight_free if use_export
@@ -338,6 +362,9 @@ def main(argv=None):
     print(f"exported {class_name} ({config.model_type}, {params / 1e6:.1f} M parameters, "
           f"{config.num_hidden_layers} layers, {model.config._attn_implementation} attention) "
           f"to {args.output} in {time.time() - start:.1f} s")
+    if args.labels:
+        print(f"with labels {list(inputs['labels'].shape)}: the program returns the model's own "
+              f"loss first; bmt-run trains on it (docs/runtime.md, The model's own loss)")
     if decoder_len is not None:
         print(f"encoder-decoder: example encoder input {args.batch} x {args.seq_len}, decoder "
               f"input {args.batch} x {decoder_len}"

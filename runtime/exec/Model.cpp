@@ -78,6 +78,8 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
     if (entry.resultNames[i] == "logits") {
       logitsIndex_ = i;
       hasLogits_ = true;
+    } else if (entry.resultNames[i] == "loss") {
+      lossIndex_ = i;
     }
   if (entry.returns.empty())
     throw ExecutionError("the model's forward returns nothing");
@@ -104,10 +106,16 @@ std::vector<c10::IValue> Model::run(const ModelInputs &given) {
       inputs.emplace_back(given.decoderInputIds);
     } else if (name == "decoder_attention_mask" && given.decoderInputIds.defined()) {
       inputs.emplace_back(at::ones_like(given.decoderInputIds));
+    } else if (name == "labels") {
+      if (!given.labels.defined())
+        throw ExecutionError("the model's forward takes labels (it computes its own loss): "
+                             "train it with bmt-run, which feeds them, or give 'labels' in "
+                             "--dump's inputs");
+      inputs.emplace_back(given.labels);
     } else {
       throw ExecutionError("the model's forward takes an input '" + name +
                            "' that bmt-run does not provide (it provides input_ids, "
-                           "attention_mask, and decoder_input_ids with "
+                           "attention_mask, labels, and decoder_input_ids with "
                            "decoder_attention_mask for encoder-decoders); export the model "
                            "with those inputs");
     }
@@ -281,6 +289,35 @@ at::Tensor Model::forward(const ModelInputs &inputs) {
   if (!results.at(logitsIndex_).isTensor())
     throw ExecutionError("the model's logits result is not a tensor");
   return results[logitsIndex_].toTensor();
+}
+
+bool Model::takesLabels() const {
+  const plan::Function &entry = plan_.functions[plan_.entry];
+  return std::find(entry.paramNames.begin(), entry.paramNames.end(), "labels") !=
+         entry.paramNames.end();
+}
+
+ModelLoss Model::forwardLoss(const ModelInputs &inputs) { return lossOf(forwardAll(inputs)); }
+
+ModelLoss Model::lossOf(const std::vector<std::pair<std::string, c10::IValue>> &results) const {
+  const auto &[name, value] = results.at(lossIndex_);
+  std::string what;
+  if (!value.isTensor())
+    what = "a " + value.tagKind();
+  else if (!at::isFloatingType(value.toTensor().scalar_type()) || value.toTensor().numel() != 1)
+    what = "a " + std::string(c10::toString(value.toTensor().scalar_type())) +
+           " tensor of shape " + c10::str(value.toTensor().sizes());
+  if (!what.empty())
+    throw ExecutionError("the model's forward takes labels, so bmt-run trains on the loss it "
+                         "returns (the result named 'loss', else the first), but its result '" +
+                         name + "' is " + what + ", not a scalar loss; return the loss first "
+                         "(or as 'loss'), or export the model without labels to train it on "
+                         "bmt-run's cross-entropy of its logits");
+  ModelLoss out;
+  out.loss = value.toTensor().reshape({});
+  if (hasLogits_ && results.at(logitsIndex_).second.isTensor())
+    out.logits = results[logitsIndex_].second.toTensor();
+  return out;
 }
 
 bool Model::isEncoderDecoder() const {

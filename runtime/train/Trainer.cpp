@@ -51,6 +51,13 @@ const char *objectiveName(Objective objective) {
   return "?";
 }
 
+at::Tensor modelLabels(Objective objective, const at::Tensor &targets) {
+  if (objective != Objective::CausalLM)
+    return targets;
+  at::Tensor first = at::full({targets.size(0), 1}, -100, targets.options());
+  return at::cat({first, targets.slice(1, 0, targets.size(1) - 1)}, 1);
+}
+
 Objective objectiveForModel(std::optional<Objective> requested, bool encoderDecoder,
                             const std::string &planObjective) {
   Objective chosen = requested               ? *requested
@@ -219,6 +226,8 @@ Trainer::MicroBatchLoss Trainer::microBatchLoss(const MicroBatch &micro,
   inputs.inputIds = toDevice(own(inputIds), device);
   if (decoderInputIds.defined())
     inputs.decoderInputIds = toDevice(own(decoderInputIds), device);
+  if (config_.modelLoss)
+    return modelMicroBatchLoss(std::move(inputs), own(modelLabels(config_.objective, labels)));
   at::Tensor logits = model_.forward(inputs);
   if (predicted == 0) // nothing to predict here; still a backward for the collectives
     return {logits.sum().mul(0.0), 0, inputs.inputIds.numel()};
@@ -233,6 +242,24 @@ Trainer::MicroBatchLoss Trainer::microBatchLoss(const MicroBatch &micro,
       loss = loss.mul(static_cast<double>(predicted * ranks) / static_cast<double>(total));
   }
   return {loss, predicted, inputs.inputIds.numel()};
+}
+
+Trainer::MicroBatchLoss Trainer::modelMicroBatchLoss(ModelInputs inputs,
+                                                     const at::Tensor &labels) {
+  const int64_t predicted = labels.ne(-100).sum().item<int64_t>(); // on the host
+  inputs.labels = toDevice(labels, model_.device());
+  ModelLoss result = model_.forwardLoss(inputs);
+  const int64_t tokens = inputs.inputIds.numel();
+  // Nothing to predict in this rank's rows (transformers' mean is then
+  // NaN): a zero loss, still with a backward for the collectives, through
+  // the logits where the model returns them (not through the NaN; a model
+  // returning its loss alone gets that loss's own gradient).
+  if (predicted == 0)
+    return {(result.logits.defined() ? result.logits.sum() : result.loss.nan_to_num()).mul(0.0),
+            0, tokens};
+  // The model's reduction is its own (a token mean, a sum, extra terms):
+  // each rank's loss counts equally, as in a data-parallel user's loop.
+  return {result.loss, predicted, tokens};
 }
 
 EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t microBatch,

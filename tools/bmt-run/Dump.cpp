@@ -105,30 +105,39 @@ void runDump(runtime::Model &model, const tools::RunOptions &o, runtime::Objecti
             ? get("decoder_input_ids")
             : runtime::shiftRight(labels, std::max<int64_t>(o.decoderStartId, 0));
   }
+  // A forward taking labels computes its loss: it gets the batch's labels
+  // as given (transformers' convention; default input_ids), and its loss
+  // is the one dumped and differentiated.
+  if (model.takesLabels())
+    inputs.labels = labels;
   c10::impl::GenericDict out(c10::StringType::get(), c10::TensorType::get());
   at::Tensor logits;
-  for (auto &[name, value] : model.forwardAll(inputs)) {
+  const auto results = model.forwardAll(inputs);
+  const at::Tensor modelLoss = model.takesLabels() ? model.lossOf(results).loss : at::Tensor();
+  for (auto &[name, value] : results) {
     if (!value.isTensor())
       continue;
     out.insert(name, value.toTensor().detach().cpu());
     if (name == "logits")
       logits = value.toTensor();
   }
-  if (!logits.defined()) { // no language-model head: outputs only
+  if (!logits.defined() && !modelLoss.defined()) { // no language-model head: outputs only
     if (model.world().rank() != 0)
       return;
     saveIValue(o.dumpOutput, out);
     std::cout << "dump: " << out.size() << " outputs -> " << o.dumpOutput << "\n";
     return;
   }
-  at::Tensor loss = runtime::languageModelLoss(
-      logits, labels, /*shift=*/objective == runtime::Objective::CausalLM);
+  at::Tensor loss = modelLoss.defined()
+                        ? modelLoss
+                        : runtime::languageModelLoss(
+                              logits, labels, /*shift=*/objective == runtime::Objective::CausalLM);
   if (!std::isfinite(loss.item<double>()))
     throw Failure(o.dumpInputs + ": the loss is " +
                   std::string(std::isnan(loss.item<double>()) ? "NaN" : "infinite") +
                   " (no label to predict, or a non-finite output); nothing written");
   loss.backward();
-  out.insert("loss", loss.detach().cpu());
+  out.insert_or_assign("loss", loss.detach().cpu());
   model.synchronizeGradients();
   auto grads = model.fullParameters(/*gradients=*/true);
   for (const auto &[name, g] : grads)

@@ -222,18 +222,23 @@ const std::vector<Option> &optionTable() {
        }},
       // objective
       {"--objective", "NAME", "objective",
-       "auto | causal-lm | masked-lm | span-corruption (default auto:\n"
-       "span-corruption for an encoder-decoder such as T5, masked-lm\n"
-       "for *ForMaskedLM, else causal-lm)",
+       "auto | causal-lm | masked-lm | span-corruption | model-loss\n"
+       "(default auto: span-corruption for an encoder-decoder such as T5,\n"
+       "masked-lm for *ForMaskedLM, else causal-lm). A model whose forward\n"
+       "takes labels (exported with them: bmt-export-hf --labels) trains on\n"
+       "the loss it returns, fed the labels transformers expect for that\n"
+       "objective (causal-lm: input_ids, the model shifts; docs/runtime.md);\n"
+       "model-loss: the same, and an error for a forward without labels",
        [](RunOptions &o, auto &k, const Values &v) {
-         if (v[0] == "auto") {
+         o.modelLoss = v[0] == "model-loss";
+         if (v[0] == "auto" || o.modelLoss) {
            o.objective.reset();
            return;
          }
          o.objective = runtime::parseObjective(v[0]);
          if (!o.objective)
-           throw UsageError(k + " must be auto, causal-lm, masked-lm or span-corruption, got " +
-                            v[0]);
+           throw UsageError(k + " must be auto, causal-lm, masked-lm, span-corruption or "
+                            "model-loss, got " + v[0]);
        }},
       {"--mask-prob", "F", "objective", "masked-LM selection probability (default 0.15)",
        [](RunOptions &o, auto &k, const Values &v) { o.train.maskProb = toDouble(k, v[0], 0); }},

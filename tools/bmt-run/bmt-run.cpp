@@ -37,6 +37,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -130,7 +131,7 @@ int64_t probeVocabulary(const tools::RunOptions &o, runtime::Model &model,
   const bool encoderDecoder = model.isEncoderDecoder(), spanCorruption = span != nullptr;
   const int64_t worldSize = model.world().size();
   const at::Device device = model.device();
-  int64_t vocab;
+  int64_t vocab = 0;
   c10::NoGradGuard noGrad;
   int64_t rows = o.microBatch, length = o.seqLen, target = targetLength;
   if (fixed.inputIds.defined()) {
@@ -152,8 +153,14 @@ int64_t probeVocabulary(const tools::RunOptions &o, runtime::Model &model,
   probe.inputIds = at::zeros({rows, length}, ids);
   if (encoderDecoder)
     probe.decoderInputIds = at::zeros({rows, target}, ids);
+  std::vector<std::pair<std::string, c10::IValue>> results;
+  if (model.takesLabels())
+    probe.labels = at::zeros({rows, encoderDecoder ? target : length}, ids);
   try {
-    vocab = model.forward(probe).size(-1);
+    if (model.takesLabels())
+      results = model.forwardAll(probe);
+    else
+      vocab = model.forward(probe).size(-1);
   } catch (const runtime::ExecutionError &e) {
     std::string shape = std::to_string(rows) + " x " + std::to_string(length) +
                         (encoderDecoder ? " (decoder " + std::to_string(target) + ")" : "");
@@ -163,6 +170,14 @@ int64_t probeVocabulary(const tools::RunOptions &o, runtime::Model &model,
                   ": the model cannot run a micro-batch of " + shape +
                   " tokens (it may have fewer positions, or be a torch.export program fixed "
                   "to other shapes): " + e.what());
+  }
+  // A model computing its own loss: its result must be a scalar (an
+  // ExecutionError naming it, before any training); one that returns no
+  // logits leaves the vocabulary unknown (an id outside it fails in the
+  // model's embedding).
+  if (model.takesLabels()) {
+    runtime::ModelLoss loss = model.lossOf(results);
+    return loss.logits.defined() ? loss.logits.size(-1) : std::numeric_limits<int64_t>::max();
   }
   return vocab;
 }
@@ -309,8 +324,19 @@ int run(const tools::RunOptions &o) {
   } catch (const std::invalid_argument &e) {
     throw Failure(o.archive + " (" + p.modelType + "): " + e.what());
   }
-  const std::string objective = runtime::objectiveName(objectiveKind);
-  if (!model.hasLogits() && o.dumpInputs.empty())
+  // A forward taking labels computes its own loss: bmt-run trains on it,
+  // feeding the labels of the data objective (Trainer.h modelLabels).
+  const bool modelLoss = model.takesLabels();
+  if (o.modelLoss && !modelLoss)
+    throw Failure(o.archive + ": --objective model-loss trains on the loss the model computes "
+                  "from its labels, but its forward takes no 'labels' input (it was traced or "
+                  "exported without them); export it with labels (bmt-export-hf --labels), or "
+                  "train it with bmt-run's own cross-entropy (--objective auto)");
+  const std::string objective =
+      modelLoss ? std::string("model-loss (the loss its forward returns, fed ") +
+                      runtime::objectiveName(objectiveKind) + " labels)"
+                : std::string(runtime::objectiveName(objectiveKind));
+  if (!model.hasLogits() && !modelLoss && o.dumpInputs.empty())
     throw Failure(o.archive + ": the model has no language-model head (no 'logits' "
                   "result: " + p.modelType + "); it can be run with --dump but not trained");
   const bool maskedLM = objectiveKind == runtime::Objective::MaskedLM;
@@ -345,6 +371,10 @@ int run(const tools::RunOptions &o) {
   const int64_t vocab =
       probeVocabulary(o, model, fixed, spanCorruption ? &span : nullptr, spanLengths.targetLength);
 
+  if (vocab == std::numeric_limits<int64_t>::max() && objectiveKind != runtime::Objective::CausalLM)
+    throw Failure(o.archive + ": the model returns its loss but no 'logits', so bmt-run does not "
+                  "know its vocabulary, which " + runtime::objectiveName(objectiveKind) +
+                  " needs (random replacement tokens, sentinels); return the logits as well");
   std::unique_ptr<runtime::TokenFile> train = tools::openTrainingData(o, vocab);
   std::unique_ptr<runtime::TokenFile> eval = tools::openEvaluationData(o, vocab, windowLength);
 
@@ -355,6 +385,7 @@ int run(const tools::RunOptions &o) {
   // run at lr 0); with --steps 1 and no warmup the one step runs at --lr.
   config.schedule.totalSteps = std::max<int64_t>(o.train.steps, 1) + 1;
   config.objective = objectiveKind;
+  config.modelLoss = modelLoss;
   config.vocabSize = vocab;
   // Mixed precision.
   at::ScalarType modelDtype = model.parameterDtype();

@@ -47,6 +47,16 @@ struct ModelInputs {
   /// the target shifted right (Corruption.h shiftRight). A forward that
   /// also takes "decoder_attention_mask" gets all ones of this shape.
   at::Tensor decoderInputIds;
+  /// "labels" of a forward that computes its own loss (Model::forwardLoss):
+  /// [batch, seq] (an encoder-decoder's: [batch, target seq]) as
+  /// transformers' models take them, -100 where a token is no target.
+  at::Tensor labels;
+};
+
+/// What a forward that takes labels returns (Model::forwardLoss).
+struct ModelLoss {
+  at::Tensor loss;   ///< the scalar the model computed (its own reduction)
+  at::Tensor logits; ///< the result named "logits"; undefined when there is none
 };
 
 /// One flat buffer of trainable values as a checkpoint saves it
@@ -90,7 +100,8 @@ public:
   /// vocab] (the result named "logits", else the first result; for an
   /// encoder-decoder seq is the decoder's length). Collective under ZeRO.
   /// Throws ExecutionError when the forward takes an input that `inputs`
-  /// lacks (decoder_input_ids) or that bmt-run never provides, naming it.
+  /// lacks (decoder_input_ids, labels) or that bmt-run never provides,
+  /// naming it.
   at::Tensor forward(const ModelInputs &inputs);
   /// forward({inputIds, attentionMask}) of a model without a decoder.
   at::Tensor forward(const at::Tensor &inputIds, const at::Tensor &attentionMask) {
@@ -107,6 +118,19 @@ public:
 
   /// Whether the forward has a result named "logits" (a language-model head).
   bool hasLogits() const { return hasLogits_; }
+
+  /// Whether the forward takes "labels": the model computes its loss itself
+  /// (transformers' forward(labels=...), or a user's module traced with them).
+  bool takesLabels() const;
+  /// Runs forward on `inputs` (with inputs.labels) and returns the model's
+  /// loss: the result named "loss", else the first one, which must be a
+  /// floating-point tensor of one element (its gradient flows back through
+  /// the program). Collective under ZeRO. Throws ExecutionError, naming the
+  /// result, when it is not such a scalar, and as forward().
+  ModelLoss forwardLoss(const ModelInputs &inputs);
+  /// The loss (and logits) among forwardAll()'s results, checked as
+  /// forwardLoss() does.
+  ModelLoss lossOf(const std::vector<std::pair<std::string, c10::IValue>> &results) const;
 
   /// What the optimizer updates: the distinct trainable parameters (tied
   /// ones once) in plan order, or under ZeRO this rank's shard of each
@@ -214,6 +238,7 @@ private:
   std::vector<std::string> parameterNames_;
   size_t logitsIndex_ = 0;
   bool hasLogits_ = false;
+  size_t lossIndex_ = 0; ///< the result named "loss", else 0
   std::vector<c10::IValue> run(const ModelInputs &inputs);
 };
 

@@ -47,6 +47,15 @@ std::optional<Objective> parseObjective(const std::string &name);
 /// The plan's / --objective's spelling of `objective`.
 const char *objectiveName(Objective objective);
 
+/// The labels a model that computes its own loss gets for `objective`,
+/// from the labels bmt's loss uses (`targets` [batch, seq]: the token
+/// position t's logits predict, -100 where none): transformers' convention.
+/// Causal LM: the model shifts, so labels[:, t] = targets[:, t - 1] (the
+/// input token t where it is a target, i.e. input_ids) and labels[:, 0] =
+/// -100 (no position predicts token 0); masked LM and span corruption
+/// (the decoder's target): `targets` unchanged. int64, on targets' device.
+at::Tensor modelLabels(Objective objective, const at::Tensor &targets);
+
 /// The objective a model trains with: `requested` when given, else
 /// span corruption for an encoder-decoder (a forward taking
 /// decoder_input_ids), else the plan's (`planObjective`, from
@@ -63,6 +72,11 @@ struct TrainConfig {
   OptimizerConfig optimizer; ///< --optimizer and its hyperparameters (Optimizers.h)
   double clipGrad = 1.0;   ///< max global grad norm; 0 = no clipping
   Objective objective = Objective::CausalLM;
+  /// Train on the loss the model computes itself (a forward taking labels;
+  /// Model::forwardLoss): `objective` then only says which labels it gets
+  /// (modelLabels). Each rank's micro-batch loss counts equally in the
+  /// average over ranks (docs/runtime.md, "Objectives").
+  bool modelLoss = false;
   int64_t maskId = -1;     ///< masked-LM: the [MASK] token id
   int64_t vocabSize = 0;   ///< masked-LM: random replacements are drawn from [0, vocabSize)
   double maskProb = 0.15;
@@ -179,6 +193,10 @@ private:
     int64_t predicted = 0, inputTokens = 0;
   };
   MicroBatchLoss microBatchLoss(const MicroBatch &batch, std::mt19937_64 &rng);
+  /// microBatchLoss of a model that computes its loss (config.modelLoss):
+  /// `inputs` with this rank's labels (modelLabels); the loss as the model
+  /// reduces it, not re-weighted across ranks.
+  MicroBatchLoss modelMicroBatchLoss(ModelInputs inputs, const at::Tensor &labels);
 
   Model &model_;
   TrainConfig config_;
