@@ -37,6 +37,11 @@ Examples:
   bmt-export-hf --config t5 --set num_layers=2 --seq-len 128 -o t5.pt
   bmt-export-hf --checkpoint llama-3-8b/ --dtype bfloat16 -o llama.pt   # weights stay in llama-3-8b/
 
+--position-ids traces the forward with input_ids and position_ids and without
+attention_mask: the program bmt-run --sequences packed trains, documents packed
+into rows with position_ids that restart at 0 at each one (transformers' own
+packed-sequence detection keeps them from attending to each other).
+
 Encoder-decoders (T5) are exported with decoder_input_ids as well; bmt-run
 trains them with T5's span corruption (--seq-len is the encoder input's).
 
@@ -251,6 +256,11 @@ def main(argv=None):
     parser.add_argument("--labels", action="store_true",
                         help="export with labels: the program returns the model's own loss "
                              "(first, as 'loss'), which bmt-run then trains on")
+    parser.add_argument("--position-ids", action="store_true",
+                        help="trace the forward with input_ids and position_ids and without "
+                             "attention_mask, for bmt-run --sequences packed: transformers "
+                             "then keeps packed documents apart (its packed-sequence mask from "
+                             "position_ids, which restart at 0 at each document)")
     parser.add_argument("--head", choices=["lm", "none"], default="lm",
                         help="lm: the architecture's language-model class (default); "
                              "none: the bare model (AutoModel: hidden states, no head)")
@@ -301,8 +311,14 @@ def main(argv=None):
         "input_ids": torch.randint(0, vocab, (args.batch, args.seq_len)),
         "attention_mask": torch.ones(args.batch, args.seq_len, dtype=torch.long),
     }
+    if args.position_ids:
+        # transformers builds its packed-sequence mask only when attention_mask is None.
+        del inputs["attention_mask"]
+        inputs["position_ids"] = torch.arange(args.seq_len).expand(args.batch, -1).contiguous()
     decoder_len = None
     if getattr(config, "is_encoder_decoder", False):
+        if args.position_ids:
+            error(f"--position-ids is for decoder-only models; {class_name} is an encoder-decoder")
         # Teacher forcing: bmt-run feeds the target shifted right as
         # decoder_input_ids.
         decoder_len = args.decoder_seq_len or (span_corruption_target_length(args.seq_len)

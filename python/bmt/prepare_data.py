@@ -1,50 +1,84 @@
-"""bmt-prepare-data: turn text into token files that bmt-run memory-maps.
+"""bmt-prepare-data: turn text, documents or conversations into token files that bmt-run memory-maps.
 
     bmt-prepare-data --input /usr/share/games/fortunes --split-on % \\
                      --train-bpe 4096 --output data/fortunes
+    bmt-prepare-data --input chats.jsonl.zst --hf-tokenizer DIR --max-length 2048 \\
+                     --output data/chats
 
-Inputs (--input PATH..., repeatable) are text files or directories (walked
-recursively in name order; hidden entries skipped; a file reached twice,
-e.g. through a symlink such as fortune's NAME.u8 -> NAME, is read once).
-Binary files (a NUL byte, or not valid UTF-8, e.g. fortune's .dat indexes)
-are skipped with a note on stderr.  Documents are separated by a blank line,
-or with --split-on LINE by a line consisting only of LINE (`%` for fortune
-cookie files); leading/trailing blank lines of a document are dropped and
-empty documents are ignored.
+The format of the outputs is in docs/token-files.md.
+
+Plain text inputs (--input PATH..., repeatable) are text files or
+directories (walked recursively in name order; hidden entries skipped; a file
+reached twice, e.g. through a symlink such as fortune's NAME.u8 -> NAME, is
+read once). Binary files (a NUL byte, or not valid UTF-8, e.g. fortune's .dat
+indexes) are skipped with a note on stderr.  Documents are separated by a
+blank line, or with --split-on LINE by a line consisting only of LINE (`%` for
+fortune cookie files); leading/trailing blank lines of a document are dropped
+and empty documents are ignored. They are shuffled with --seed and split by
+--val-fraction (at least one document per split).
+
+Records (bmt/finetune.py, bmt/records.py) are JSON lines files (.jsonl,
+.ndjson, .json; plain, .gz or .zst), Parquet files (.parquet) and folders
+written by datasets' save_to_disk (read with datasets.load_from_disk), given
+or found in the given directories (plain text files among them are skipped
+with a note). Layouts: --text-field NAME (a document per record), or
+--messages-field NAME (a list of {"role": system|user|assistant, "content"}),
+or --prompt-field/--response-field (a user and an assistant message); without
+one, the first record's text, messages or prompt and response fields decide.
+Conversations are rendered by the tokenizer's chat template (--chat-template
+FILE gives one) and masked: 1 on each assistant message's tokens and on what
+the template closes it with, 0 elsewhere. Records are tokenized by --workers
+processes and written in input order as they are done (memory bounded: a few
+chunks in flight); val gets round(n * --val-fraction) records (at least 1 and
+at most n - 1) drawn by numpy.random.default_rng(--seed).choice without
+replacement. Records with an empty text are skipped with a note.
 
 Tokenizer, exactly one of:
-  --train-bpe VOCAB_SIZE  train a byte-level BPE (HF tokenizers) on the
-                          training documents, special tokens <|endoftext|>
-                          (id 0), [MASK] (1), [PAD] (2); saved as
-                          PREFIX.tokenizer.json
+  --train-bpe VOCAB_SIZE  (plain text only) train a byte-level BPE (HF
+                          tokenizers) on the training documents, special
+                          tokens <|endoftext|> (id 0), [MASK] (1), [PAD] (2);
+                          saved as PREFIX.tokenizer.json
   --tokenizer FILE        an existing tokenizer.json
   --hf-tokenizer DIR      a local transformers tokenizer directory
 The end-of-text token is looked up by name (<|endoftext|>, </s>, <eos>, ...;
-override with --eos-token); text that spells a special token is tokenized as
-plain text, so only the appended separators carry the end-of-text id.
+override with --eos-token); in documents, text that spells a special token is
+tokenized as plain text, so only the appended separators carry the end-of-text
+id (conversations are tokenized as transformers' apply_chat_template does,
+special tokens recognised, so that the template's markers are special).
 
-Documents are shuffled with --seed and split by --val-fraction (at least one
-document per split).  Outputs, for each SPLIT in train, val:
-  PREFIX.SPLIT.bin   flat little-endian token ids (uint16 when the vocabulary
-                     has <= 65536 ids, else uint32; --dtype forces one), each
-                     document's tokens followed by the end-of-text id
-  PREFIX.SPLIT.json  {"format": "bmt-tokens", "version": 1, "dtype",
-                     "num_tokens", "num_documents", "vocab_size", "eos_id",
-                     "mask_id", "pad_id", "sentinel_ids", "tokenizer", "source"}
-                     (num_tokens * itemsize(dtype) == size of the .bin;
-                     "tokenizer" and "source" are absolute paths; "sentinel_ids"
-                     lists the ids of <extra_id_0>, <extra_id_1>, ... for a
-                     tokenizer that has them, T5's, which bmt-run's span
-                     corruption uses, else null)
+--max-length N: a longer document keeps its first N tokens (a text document:
+its first N - 1 and the end-of-text id; a conversation with no response token
+left is skipped with a note); the count goes to stderr and to the json
+("truncated"); --overlong error refuses it, naming the record instead.
+
+Outputs, for each SPLIT in train, val:
+  PREFIX.SPLIT.bin       flat little-endian token ids (uint16 when the
+                         vocabulary has <= 65536 ids, else uint32; --dtype
+                         forces one); a text document's tokens are followed by
+                         the end-of-text id
+  PREFIX.SPLIT.docs.bin  (version 2) int64 [num_documents + 1]: where each
+                         document starts, then num_tokens
+  PREFIX.SPLIT.mask.bin  (version 2, conversations) uint8 [num_tokens]: 1 on
+                         the tokens that are training targets
+  PREFIX.SPLIT.json      {"format": "bmt-tokens", "version", "dtype",
+                         "num_tokens", "num_documents", "vocab_size", "eos_id",
+                         "mask_id", "pad_id", "sentinel_ids", "tokenizer",
+                         "source"} and in version 2 "documents", "loss_mask",
+                         "supervised", "truncated", "max_length",
+                         "chat_template" (docs/token-files.md)
+Records give version 2; plain text gives version 1 (one stream of tokens;
+bmt-run reads both), or version 2 (with its documents, which bmt-run's
+--sequences padded|packed can train on) with --max-length or --format-version 2.
 
 Exit status 0 on success; on bad input (missing or empty input, unreadable
-tokenizer, unwritable output, too small a vocabulary, ...) one "error: ..."
-line and status 1, and no output files (all are written under temporary
-names and renamed at the end).
+tokenizer, unwritable output, too small a vocabulary, a record without the
+field or with malformed JSON (FILE:LINE), an empty response, an unknown role,
+conversations without a chat template, a Parquet file without the column, ...)
+one "error: ..." line and status 1, and no output files (all are written under
+temporary names and renamed at the end).
 """
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -53,18 +87,15 @@ import time
 
 import numpy as np
 
-FORMAT = "bmt-tokens"
-VERSION = 1
+from bmt.records import UserError
+from bmt.tokenfile import AtomicWriter, SplitWriter, output_names
+
 BPE_SPECIALS = ["<|endoftext|>", "[MASK]", "[PAD]"]
 EOS_NAMES = ["<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "[SEP]", "<|im_end|>"]
 MASK_NAMES = ["[MASK]", "<mask>", "<|mask|>"]
 PAD_NAMES = ["[PAD]", "<pad>", "<|pad|>", "<|padding|>"]
 BINARY_PROBE = 8192          # bytes looked at for a NUL before decoding
 ENCODE_CHUNK = 2048          # documents per encode call (progress granularity)
-
-
-class UserError(Exception):
-    """Bad input: reported as one 'error: ...' line, exit status 1."""
 
 
 def error(message):
@@ -76,23 +107,11 @@ def note(message):
     print(f"note: {message}", file=sys.stderr)
 
 
-class Progress:
-    """A '\\r' counter on stderr, only when stderr is a terminal."""
-
-    def __init__(self, label, total=None):
-        self.enabled = sys.stderr.isatty()
-        self.label, self.total, self.last = label, total, 0.0
-
-    def update(self, count, force=False):
-        now = time.monotonic()
-        if self.enabled and (force or now - self.last > 0.2):
-            self.last = now
-            total = f"/{self.total}" if self.total else ""
-            print(f"\r{self.label}: {count}{total}", end="", file=sys.stderr, flush=True)
-
-    def done(self):
-        if self.enabled:
-            print("\r\033[K", end="", file=sys.stderr, flush=True)
+def progress_bar(label, total, quiet):
+    """A tqdm bar on stderr, off with --quiet or when stderr is no terminal."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=label, file=sys.stderr, dynamic_ncols=True, leave=False,
+                disable=quiet or not sys.stderr.isatty())
 
 
 # --------------------------------------------------------------------------
@@ -167,12 +186,12 @@ def split_documents(text, split_on=None):
     return docs
 
 
-def read_documents(inputs, split_on):
+def read_documents(inputs, split_on, quiet=False):
     files = list_files(inputs)
     docs, used, skipped = [], 0, {}
-    progress = Progress("reading files", len(files))
-    for i, path in enumerate(files):
-        progress.update(i)
+    progress = progress_bar("reading files", len(files), quiet)
+    for path in files:
+        progress.update(1)
         text, reason = read_text(path)
         if text is None:
             skipped.setdefault(reason, []).append(path)
@@ -181,7 +200,7 @@ def read_documents(inputs, split_on):
         if found:
             used += 1
         docs.extend(found)
-    progress.done()
+    progress.close()
     for reason, paths in skipped.items():   # one note per kind, not per file
         shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
         note(f"skipped {len(paths)} {reason} file{'s' if len(paths) > 1 else ''}: {shown}")
@@ -229,6 +248,10 @@ class TokTokenizer:
     def __init__(self, tok, path, eos_token=None):
         self.tok, self.path = tok, path
         tok.encode_special_tokens = True   # text "<|endoftext|>" is not an EOS
+        # Whole documents: no padding or truncation a tokenizer.json may
+        # carry (sentence-transformers' pad and cut to 128 tokens).
+        tok.no_padding()
+        tok.no_truncation()
         vocab = tok.get_vocab(with_added_tokens=True)
         self.vocab_size = max(vocab.values()) + 1
         specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
@@ -323,23 +346,6 @@ def load_hf_tokenizer(path, eos_token):
     return HFTokenizer(tok, os.path.abspath(path), eos_token)
 
 
-def tokenize(tokenizer, docs, dtype, label):
-    """All documents' ids, each followed by eos, as one array; and seconds."""
-    start = time.perf_counter()
-    parts = []
-    progress = Progress(f"tokenizing {label}", len(docs))
-    for i in range(0, len(docs), ENCODE_CHUNK):
-        progress.update(i)
-        for ids in tokenizer.encode(docs[i:i + ENCODE_CHUNK]):
-            parts.append(np.asarray(ids, dtype=np.int64))
-    progress.done()
-    eos = np.array([tokenizer.eos_id], dtype=np.int64)
-    flat = np.concatenate([x for ids in parts for x in (ids, eos)])
-    if flat.size and (flat.min() < 0 or flat.max() >= np.iinfo(dtype).max + 1):
-        raise UserError(f"token id {flat.max()} does not fit {np.dtype(dtype).name}")
-    return flat.astype(np.dtype(dtype).newbyteorder("<")), time.perf_counter() - start
-
-
 # --------------------------------------------------------------------------
 # Output
 
@@ -362,44 +368,33 @@ def check_output_dir(prefix):
         raise UserError(f"output prefix {prefix} names a directory; give PREFIX as DIR/NAME")
 
 
-class AtomicWriter:
-    """Files written under temporary names, renamed together by commit()."""
-
-    def __init__(self, directory):
-        self.directory = directory
-        self.pending = []   # (temporary path, final path)
-
-    def path_for(self, final):
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{os.path.basename(final)}.",
-                                   suffix=".tmp")
-        os.close(fd)
-        self.pending.append((tmp, final))
-        return tmp
-
-    def write_bytes(self, final, data):
-        with open(self.path_for(final), "wb") as f:
-            f.write(data)
-
-    def commit(self):
-        for tmp, final in self.pending:
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, final)
-        self.pending = []
-
-    def abort(self):
-        for tmp, _ in self.pending:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-        self.pending = []
-
-
 def human_bytes(n):
     for unit in ["B", "KiB", "MiB", "GiB"]:
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
+
+
+
+def plain_text_documents(tokenizer, docs, max_length, overlong, quiet, label):
+    """(ids with the end-of-text id appended, truncated or not) per document
+    of a plain text split, in order; a document over max_length keeps its
+    first max_length - 1 tokens and the end-of-text id."""
+    progress = progress_bar(f"tokenizing {label}", len(docs), quiet)
+    for i in range(0, len(docs), ENCODE_CHUNK):
+        part = docs[i:i + ENCODE_CHUNK]
+        for k, ids in enumerate(tokenizer.encode(part)):
+            ids = np.asarray(list(ids) + [tokenizer.eos_id], dtype=np.int64)
+            truncated = max_length is not None and ids.size > max_length
+            if truncated:
+                if overlong == "error":
+                    first = part[k].split("\n", 1)[0][:60]
+                    raise UserError(f"{label} document {i + k} ({first!r}...) has {ids.size} "
+                                    f"tokens, more than --max-length {max_length}")
+                ids = np.concatenate([ids[:max_length - 1], ids[-1:]])
+            yield ids, truncated
+        progress.update(len(part))
+    progress.close()
 
 
 class Parser(argparse.ArgumentParser):
@@ -408,26 +403,54 @@ class Parser(argparse.ArgumentParser):
 
 
 def main(argv=None):
-    parser = Parser(prog="bmt-prepare-data", description=__doc__.splitlines()[0])
+    parser = Parser(prog="bmt-prepare-data", description=__doc__.splitlines()[0],
+                    epilog="Token files: docs/token-files.md.")
     parser.add_argument("--input", nargs="+", action="extend", required=True, metavar="PATH",
-                        help="text file or directory (repeatable)")
+                        help="text file or directory, JSON lines file (.jsonl, .ndjson, .json; "
+                             ".gz, .zst), Parquet file, datasets save_to_disk folder (repeatable)")
     parser.add_argument("--split-on", metavar="LINE",
-                        help="a line consisting only of LINE separates documents "
+                        help="plain text: a line consisting only of LINE separates documents "
                              "(default: a blank line)")
     tokenizer_group = parser.add_mutually_exclusive_group(required=True)
     tokenizer_group.add_argument("--train-bpe", type=int, metavar="VOCAB_SIZE",
-                                 help="train a byte-level BPE with this vocabulary size")
+                                 help="train a byte-level BPE with this vocabulary size "
+                                      "(plain text only)")
     tokenizer_group.add_argument("--tokenizer", metavar="FILE", help="an existing tokenizer.json")
     tokenizer_group.add_argument("--hf-tokenizer", metavar="DIR",
                                  help="a local transformers tokenizer directory")
     parser.add_argument("--eos-token", help="end-of-text token (default: looked up by name)")
+    records = parser.add_argument_group("records (JSON lines, Parquet, datasets folders)")
+    records.add_argument("--text-field", metavar="NAME",
+                         help="documents are the text in field NAME (default, when no field "
+                              "option is given: text, messages, or prompt and response, whichever "
+                              "the first record has)")
+    records.add_argument("--messages-field", metavar="NAME",
+                         help="conversations: a list of {role, content} messages in field NAME "
+                              "(default name: messages)")
+    records.add_argument("--prompt-field", metavar="NAME",
+                         help="instruction pairs: the prompt's field (default name: prompt)")
+    records.add_argument("--response-field", metavar="NAME",
+                         help="instruction pairs: the response's field (default name: response)")
+    records.add_argument("--chat-template", metavar="FILE",
+                         help="a Jinja chat template to render conversations with (default: the "
+                              "tokenizer's own)")
+    records.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 8), metavar="N",
+                         help="tokenizing processes (default: min(CPU count, 8))")
+    parser.add_argument("--max-length", type=int, metavar="N",
+                        help="a document over N tokens is truncated to N (counted in the json)")
+    parser.add_argument("--overlong", choices=["truncate", "error"], default="truncate",
+                        help="what a document over --max-length gets (default truncate)")
+    parser.add_argument("--format-version", type=int, choices=[1, 2],
+                        help="token file version (default: 2 for records or with --max-length, "
+                             "else 1)")
     parser.add_argument("-o", "--output", required=True, metavar="PREFIX",
-                        help="writes PREFIX.{train,val}.{bin,json}")
+                        help="writes PREFIX.{train,val}.{bin,json} (v2: and .docs.bin, .mask.bin)")
     parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
     parser.add_argument("--val-fraction", type=float, default=0.05,
                         help="fraction of documents for validation (default 0.05)")
     parser.add_argument("--dtype", choices=["uint16", "uint32"],
                         help="token id type (default: uint16 if the vocabulary fits)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
 
     try:
@@ -436,7 +459,7 @@ def main(argv=None):
         error(str(e))
 
 
-def run(args):
+def check_options(args, records):
     if not 0.0 < args.val_fraction < 1.0:
         raise UserError(f"--val-fraction must be between 0 and 1, got {args.val_fraction}")
     if args.split_on is not None and (args.split_on.strip() == "" or "\n" in args.split_on):
@@ -445,10 +468,44 @@ def run(args):
         raise UserError(f"--train-bpe {args.train_bpe} is too small: a byte-level BPE needs at "
                         f"least 256 byte tokens + {len(BPE_SPECIALS)} special tokens = "
                         f"{256 + len(BPE_SPECIALS)}")
+    if args.max_length is not None and args.max_length < 2:
+        raise UserError(f"--max-length must be at least 2, got {args.max_length}")
+    if args.workers < 1:
+        raise UserError(f"--workers must be at least 1, got {args.workers}")
+    if args.format_version == 1 and (records or args.max_length is not None):
+        raise UserError("--format-version 1 cannot hold " +
+                        ("records' documents" if records else "--max-length's counts") +
+                        ": use version 2")
+    record_options = [name for name in ("text_field", "messages_field", "prompt_field",
+                                        "response_field", "chat_template")
+                      if getattr(args, name) is not None]
+    if records:
+        if args.split_on is not None:
+            raise UserError("--split-on applies to plain text inputs, not to JSON lines, "
+                            "Parquet or datasets inputs")
+        if args.train_bpe is not None:
+            raise UserError("--train-bpe trains on plain text inputs only; give the model's "
+                            "tokenizer (--hf-tokenizer DIR or --tokenizer FILE) for JSON lines, "
+                            "Parquet or datasets inputs")
+        if len([n for n in ("text_field", "messages_field", "prompt_field") if
+                getattr(args, n) is not None]) > 1 or (
+                args.text_field and args.response_field) or (
+                args.messages_field and args.response_field):
+            raise UserError("give one layout: --text-field, --messages-field, or "
+                            "--prompt-field/--response-field")
+    elif record_options:
+        raise UserError(f"--{record_options[0].replace('_', '-')} applies to JSON lines, Parquet "
+                        f"or datasets inputs; {', '.join(args.input)} holds plain text")
+
+
+def run(args):
+    from bmt.finetune import has_records
+    records = has_records(args.input)
+    check_options(args, records)
     check_output_dir(args.output)
     # No output may be one of the inputs (PREFIX.train.bin given as --input).
-    outputs = [f"{args.output}.{split}.{ext}" for split in ("train", "val")
-               for ext in ("bin", "json")] + [f"{args.output}.tokenizer.json"]
+    outputs = [path for split in ("train", "val") for path in output_names(args.output, split).values()]
+    outputs.append(f"{args.output}.tokenizer.json")
     for out in outputs:
         for given in args.input:
             if os.path.exists(out) and os.path.exists(given) and (
@@ -463,15 +520,17 @@ def run(args):
         tokenizer = load_tokenizer_file(args.tokenizer, args.eos_token)
     elif args.hf_tokenizer:
         tokenizer = load_hf_tokenizer(args.hf_tokenizer, args.eos_token)
+    prefix = os.path.abspath(args.output)
+    out_dir = os.path.dirname(prefix)
+    if records:
+        return run_records(args, tokenizer, prefix, out_dir)
 
     start = time.perf_counter()
-    docs, used_files, num_files = read_documents(args.input, args.split_on)
+    docs, used_files, num_files = read_documents(args.input, args.split_on, args.quiet)
     print(f"read {len(docs)} documents from {used_files} of {num_files} files "
           f"in {time.perf_counter() - start:.2f} s")
     train, val = shuffle_split(docs, args.seed, args.val_fraction)
 
-    prefix = os.path.abspath(args.output)
-    out_dir = os.path.dirname(prefix)
     tokenizer_json = None
     if tokenizer is None:
         start = time.perf_counter()
@@ -480,35 +539,36 @@ def run(args):
         tokenizer = TokTokenizer(tok, prefix + ".tokenizer.json", args.eos_token)
         print(f"trained byte-level BPE: vocabulary {tok.get_vocab_size()} (asked {args.train_bpe}) "
               f"on {len(train)} train documents in {time.perf_counter() - start:.2f} s")
-
-    dtype = args.dtype or ("uint16" if tokenizer.vocab_size <= 65536 else "uint32")
-    if dtype == "uint16" and tokenizer.vocab_size > 65536:
-        raise UserError(f"--dtype uint16 cannot hold a vocabulary of {tokenizer.vocab_size} ids")
-
-    splits = []
-    for name, split_docs in [("train", train), ("val", val)]:
-        ids, seconds = tokenize(tokenizer, split_docs, dtype, name)
-        splits.append((name, split_docs, ids, seconds))
+    dtype = choose_dtype(args, tokenizer)
+    version = args.format_version or (2 if args.max_length is not None else 1)
 
     os.makedirs(out_dir, exist_ok=True)
     writer = AtomicWriter(out_dir)
+    summary = []
     try:
         if tokenizer_json is not None:
             writer.write_bytes(prefix + ".tokenizer.json", tokenizer_json.encode())
-        for name, split_docs, ids, _ in splits:
-            writer.write_bytes(f"{prefix}.{name}.bin", ids.tobytes())
-        for name, split_docs, ids, _ in splits:  # metadata last: it vouches for the .bin
-            meta = {
-                "format": FORMAT, "version": VERSION, "dtype": dtype,
-                "num_tokens": int(ids.size), "num_documents": len(split_docs),
-                "vocab_size": int(tokenizer.vocab_size), "eos_id": int(tokenizer.eos_id),
-                "mask_id": None if tokenizer.mask_id is None else int(tokenizer.mask_id),
-                "pad_id": None if tokenizer.pad_id is None else int(tokenizer.pad_id),
-                "sentinel_ids": tokenizer.sentinel_ids,
-                "tokenizer": tokenizer.path,
-                "source": [os.path.abspath(p) for p in args.input],
-            }
-            writer.write_bytes(f"{prefix}.{name}.json", (json.dumps(meta, indent=2) + "\n").encode())
+        splits = []
+        limit = np.iinfo(dtype).max
+        for name, split_docs in [("train", train), ("val", val)]:
+            start = time.perf_counter()
+            split = SplitWriter(writer, prefix, name, dtype, version, supervised=False)
+            try:
+                for ids, cut in plain_text_documents(tokenizer, split_docs, args.max_length,
+                                                     args.overlong, args.quiet, name):
+                    if ids.size and (ids.min() < 0 or ids.max() > limit):
+                        raise UserError(f"token id {ids.max()} does not fit {dtype}")
+                    split.add(ids, truncated=cut)
+            finally:
+                split.close()
+            splits.append(split)
+            summary.append((name, split, time.perf_counter() - start))
+        common = common_meta(tokenizer, args.input)
+        for split in splits:   # metadata last: it vouches for the .bin
+            split.write_meta(split.meta(common, args.max_length, chat_template=False))
+            if split.num_truncated:
+                note(f"{split.names['bin']}: {split.num_truncated} documents truncated to "
+                     f"--max-length {args.max_length} tokens")
         writer.commit()
     except OSError as e:
         writer.abort()
@@ -517,11 +577,81 @@ def run(args):
         writer.abort()
         raise
 
-    for name, split_docs, ids, seconds in splits:
-        rate = ids.size / seconds if seconds > 0 else float("inf")
-        print(f"{name}: {len(split_docs)} documents, {ids.size} tokens "
-              f"({ids.size / len(split_docs):.1f}/document), tokenized at {rate / 1e6:.2f} M tokens/s "
-              f"-> {args.output}.{name}.bin ({dtype}, {human_bytes(ids.size * ids.itemsize)})")
+    for name, split, seconds in summary:
+        rate = split.num_tokens / seconds if seconds > 0 else float("inf")
+        print(f"{name}: {split.num_documents} documents, {split.num_tokens} tokens "
+              f"({split.num_tokens / split.num_documents:.1f}/document), tokenized at "
+              f"{rate / 1e6:.2f} M tokens/s -> {args.output}.{name}.bin "
+              f"({dtype}, {human_bytes(split.num_tokens * np.dtype(dtype).itemsize)})")
+    return 0
+
+
+def choose_dtype(args, tokenizer):
+    dtype = args.dtype or ("uint16" if tokenizer.vocab_size <= 65536 else "uint32")
+    if dtype == "uint16" and tokenizer.vocab_size > 65536:
+        raise UserError(f"--dtype uint16 cannot hold a vocabulary of {tokenizer.vocab_size} ids")
+    return dtype
+
+
+def common_meta(tokenizer, inputs):
+    """The json fields every split shares (after format, version, dtype,
+    num_tokens, num_documents)."""
+    return {
+        "vocab_size": int(tokenizer.vocab_size), "eos_id": int(tokenizer.eos_id),
+        "mask_id": None if tokenizer.mask_id is None else int(tokenizer.mask_id),
+        "pad_id": None if tokenizer.pad_id is None else int(tokenizer.pad_id),
+        "sentinel_ids": tokenizer.sentinel_ids,
+        "tokenizer": tokenizer.path,
+        "source": [os.path.abspath(p) for p in inputs],
+    }
+
+
+def run_records(args, tokenizer, prefix, out_dir):
+    """JSON lines, Parquet and datasets inputs: token files v2 (bmt.finetune)."""
+    from bmt.finetune import prepare_records, shown
+
+    dtype = choose_dtype(args, tokenizer)
+    os.makedirs(out_dir, exist_ok=True)
+    writer = AtomicWriter(out_dir)
+    try:
+        splits, stats = prepare_records(args, tokenizer, dtype, writer, prefix, note)
+        common = common_meta(tokenizer, args.input)
+        for split in splits.values():   # metadata last: it vouches for the .bin
+            split.write_meta(split.meta(common, args.max_length,
+                                        chat_template=stats["layout"] != "text"))
+        writer.commit()
+    except OSError as e:
+        writer.abort()
+        raise UserError(f"cannot write {args.output}.*: {e.strerror or e}") from e
+    except BaseException:
+        writer.abort()
+        raise
+
+    fields = " and ".join(f"'{f}'" for f in stats["fields"])
+    layout = {"text": "texts", "messages": "conversations",
+              "prompt": "prompt/response pairs"}[stats["layout"]] + f" of {fields}"
+    tokens = sum(split.num_tokens for split in splits.values())
+    rate = tokens / stats["seconds"] if stats["seconds"] > 0 else float("inf")
+    print(f"read {stats['records']} records ({layout}) with {args.workers} worker"
+          f"{'s' if args.workers > 1 else ''} in {stats['seconds']:.2f} s "
+          f"(+ {stats['count_seconds']:.2f} s counting), tokenized at {rate / 1e6:.2f} M tokens/s")
+    if stats["empty"]:
+        note(f"skipped {stats['empty']} records with an empty text: "
+             f"{shown(stats['empty_at'], stats['empty'])}")
+    if stats["truncated"]:
+        note(f"truncated {stats['truncated']} documents to --max-length {args.max_length} "
+             f"tokens: {shown(stats['truncated_at'], stats['truncated'])}")
+    if stats["no_target"]:
+        note(f"skipped {stats['no_target']} conversations without a response token in the "
+             f"first --max-length {args.max_length} tokens: "
+             f"{shown(stats['no_target_at'], stats['no_target'])}")
+    for name, split in splits.items():
+        targets = (f", {split.num_targets} targets ({100 * split.num_targets / split.num_tokens:.1f} %)"
+                   if split.supervised else "")
+        print(f"{name}: {split.num_documents} documents, {split.num_tokens} tokens "
+              f"({split.num_tokens / split.num_documents:.1f}/document){targets} "
+              f"-> {args.output}.{name}.bin "
+              f"({dtype}, {human_bytes(split.num_tokens * np.dtype(dtype).itemsize)})")
     return 0
 
 

@@ -399,6 +399,8 @@ struct CheckpointSaver::Impl {
     if (progress.data.kind == "random-windows") {
       data["sampler"] = progress.data.generator;
       data["windows"] = progress.data.windows;
+    } else if (progress.data.kind == "documents") {
+      data["documents"] = progress.data.documents;
     } else {
       data["micro_batches"] = progress.data.microBatches;
     }
@@ -1249,6 +1251,8 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     if (report.progress.data.kind == "random-windows") {
       report.progress.data.generator = data.at("sampler").get<std::string>();
       report.progress.data.windows = data.at("windows").get<int64_t>();
+    } else if (report.progress.data.kind == "documents") {
+      report.progress.data.documents = data.at("documents").get<int64_t>();
     } else {
       report.progress.data.microBatches = data.at("micro_batches").get<int64_t>();
     }

@@ -2,6 +2,10 @@
 
 #include "bmt/Runtime/data/Batches.h"
 
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
@@ -76,7 +80,140 @@ private:
   int64_t consumed_ = 0;
 };
 
+uint64_t splitMix64(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 } // namespace
+
+std::vector<int64_t> documentOrder(int64_t numDocuments, uint64_t seed, int64_t epoch) {
+  const uint64_t base = splitMix64(seed + static_cast<uint64_t>(epoch));
+  std::vector<std::pair<uint64_t, int64_t>> keyed(static_cast<size_t>(numDocuments));
+  for (int64_t d = 0; d < numDocuments; ++d)
+    keyed[d] = {splitMix64(base + static_cast<uint64_t>(d)), d};
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<int64_t> order(keyed.size());
+  for (size_t i = 0; i < keyed.size(); ++i)
+    order[i] = keyed[i].second;
+  return order;
+}
+
+std::pair<int64_t, int64_t> overlongDocuments(const TokenFile &file, int64_t windowLength) {
+  int64_t count = 0, first = -1;
+  for (int64_t d = 0; d < file.numDocuments(); ++d)
+    if (file.documentEnd(d) - file.documentStart(d) > windowLength) {
+      if (count++ == 0)
+        first = d;
+    }
+  return {count, first};
+}
+
+DocumentBatches::DocumentBatches(const TokenFile &file, SequenceLayout layout, int64_t microBatch,
+                                 int64_t windowLength, uint64_t seed, bool shuffle, int64_t rank,
+                                 int64_t worldSize)
+    : file_(file), layout_(layout), microBatch_(microBatch), windowLength_(windowLength),
+      seed_(seed), shuffle_(shuffle), rank_(rank), worldSize_(worldSize),
+      padId_(file.padId().value_or(file.eosId())) {
+  if (!file.hasDocuments())
+    throw DataError(file.binPath() + ": has no document boundaries (a version-1 token file); "
+                    "prepare it again with bmt-prepare-data to train on whole documents");
+  if (file.numDocuments() == 0)
+    throw DataError(file.binPath() + ": holds no documents");
+  if (microBatch < 1 || windowLength < 2 || worldSize < 1 || rank < 0 || rank >= worldSize)
+    throw std::invalid_argument("DocumentBatches: micro-batch " + std::to_string(microBatch) +
+                                ", window " + std::to_string(windowLength) + ", rank " +
+                                std::to_string(rank) + " of " + std::to_string(worldSize));
+}
+
+int64_t DocumentBatches::document(int64_t n) {
+  const int64_t count = file_.numDocuments();
+  if (!shuffle_)
+    return n;
+  const int64_t epoch = n / count;
+  if (epoch != orderEpoch_) {
+    order_ = documentOrder(count, seed_, epoch);
+    orderEpoch_ = epoch;
+  }
+  return order_[n % count];
+}
+
+MicroBatch DocumentBatches::next() {
+  const int64_t wanted = shuffle_ ? microBatch_ * worldSize_ : microBatch_;
+  // Each row's documents: (first token, length), in order.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> rows;
+  int64_t longest = 0;
+  while (static_cast<int64_t>(rows.size()) < wanted && !exhausted()) {
+    std::vector<std::pair<int64_t, int64_t>> row;
+    int64_t used = 0;
+    while (!exhausted()) {
+      const int64_t d = document(consumed_);
+      const int64_t start = file_.documentStart(d);
+      const int64_t length = std::min(file_.documentEnd(d) - start, windowLength_);
+      if (used + length > windowLength_)
+        break; // starts the next row (or the next micro-batch)
+      row.emplace_back(start, length);
+      used += length;
+      ++consumed_;
+      if (layout_ == SequenceLayout::Padded)
+        break;
+    }
+    longest = std::max(longest, used);
+    rows.push_back(std::move(row));
+  }
+  const int64_t numRows = static_cast<int64_t>(rows.size());
+  const int64_t width =
+      layout_ == SequenceLayout::Packed ? windowLength_ : std::max<int64_t>(longest, 2);
+  MicroBatch out;
+  out.window = at::full({numRows, width}, padId_, at::kLong);
+  out.targets = at::zeros({numRows, width}, at::kBool);
+  at::Tensor mask = at::zeros({numRows, width}, at::kLong);
+  at::Tensor positions = at::zeros({numRows, width}, at::kLong);
+  int64_t *ids = out.window.data_ptr<int64_t>();
+  bool *targets = out.targets.data_ptr<bool>();
+  int64_t *m = mask.data_ptr<int64_t>(), *pos = positions.data_ptr<int64_t>();
+  for (int64_t r = 0; r < numRows; ++r) {
+    int64_t offset = r * width;
+    for (const auto &[start, length] : rows[r]) {
+      at::Tensor tokens = file_.slice(start, length);
+      const int64_t *src = tokens.const_data_ptr<int64_t>();
+      for (int64_t t = 0; t < length; ++t) {
+        ids[offset + t] = src[t];
+        targets[offset + t] = t > 0 && file_.isTarget(start + t);
+        m[offset + t] = 1;
+        pos[offset + t] = t;
+      }
+      offset += length;
+    }
+    for (int64_t p = 0; offset + p < (r + 1) * width; ++p)
+      pos[offset + p] = p; // the padding: a sequence of its own
+  }
+  out.attentionMask = mask;
+  if (layout_ == SequenceLayout::Packed)
+    out.positionIds = positions;
+  if (shuffle_) {
+    out.rowBegin = rank_ * microBatch_;
+    out.rowEnd = (rank_ + 1) * microBatch_;
+  }
+  return out;
+}
+
+DataPosition DocumentBatches::position() const {
+  DataPosition p;
+  p.kind = "documents";
+  p.documents = consumed_;
+  return p;
+}
+
+void DocumentBatches::seek(const DataPosition &p) {
+  checkKind(p, "documents");
+  if (p.documents < 0)
+    throw std::invalid_argument("the checkpoint's data position counts " +
+                                std::to_string(p.documents) + " documents");
+  consumed_ = p.documents;
+}
 
 std::unique_ptr<MicroBatchSource> randomWindows(const TokenFile &file, int64_t microBatch,
                                                 int64_t windowLength, uint64_t seed,

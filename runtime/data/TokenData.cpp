@@ -32,7 +32,7 @@ namespace bmt::runtime {
 namespace {
 
 constexpr const char *kFormat = "bmt-tokens";
-constexpr int64_t kVersion = 1;
+constexpr int64_t kOldestVersion = 1, kVersion = 2;
 
 bool endsWith(const std::string &s, const std::string &suffix) {
   return s.size() >= suffix.size() &&
@@ -114,10 +114,12 @@ TokenFile::TokenFile(const std::string &path) {
                     ", expected \"" + kFormat + "\"");
   auto version = meta.find("version");
   if (version == meta.end() || !version->is_number_integer() ||
-      version->get<int64_t>() != kVersion)
+      version->get<int64_t>() < kOldestVersion || version->get<int64_t>() > kVersion)
     throw DataError(jsonPath_ + ": unsupported " + kFormat + " version " +
                     (version == meta.end() ? std::string("(none)") : version->dump()) +
-                    ", expected " + std::to_string(kVersion));
+                    ", expected " + std::to_string(kOldestVersion) + " to " +
+                    std::to_string(kVersion));
+  version_ = version->get<int64_t>();
   auto dtype = meta.find("dtype");
   std::string dtypeName = dtype != meta.end() && dtype->is_string() ? dtype->get<std::string>() : "";
   if (dtypeName == "uint16")
@@ -181,6 +183,115 @@ TokenFile::TokenFile(const std::string &path) {
     mappedBytes_ = static_cast<size_t>(expected);
   }
   ::close(fd); // the mapping keeps the file
+
+  if (version_ >= 2) {
+    try {
+      readDocuments(meta);
+    } catch (...) {
+      if (data_)
+        ::munmap(const_cast<uint8_t *>(data_), mappedBytes_);
+      data_ = nullptr;
+      throw;
+    }
+  }
+}
+
+void TokenFile::readDocuments(const nlohmann::json &meta) {
+  const int64_t numDocuments = *readInt(meta, "num_documents", jsonPath_, false, 0);
+  preparedTruncated_ = readInt(meta, "truncated", jsonPath_, true, 0).value_or(0);
+  // Files named relative to the json's folder.
+  const std::string::size_type slash = jsonPath_.rfind('/');
+  const std::string folder = slash == std::string::npos ? "" : jsonPath_.substr(0, slash + 1);
+  auto fileName = [&](const char *key, bool required) -> std::optional<std::string> {
+    auto it = meta.find(key);
+    if (it == meta.end() || it->is_null()) {
+      if (required)
+        throw DataError(jsonPath_ + ": version 2 metadata lacks \"" + key + "\"");
+      return std::nullopt;
+    }
+    if (!it->is_string() || it->get<std::string>().empty())
+      throw DataError(jsonPath_ + ": metadata \"" + key + "\" must be a file name, got " +
+                      it->dump());
+    const std::string name = it->get<std::string>();
+    return name.front() == '/' ? name : folder + name;
+  };
+  // Reads exactly `bytes` bytes of `path` into `out`.
+  auto readWhole = [&](const std::string &path, void *out, int64_t bytes, const char *what,
+                       const std::string &count) {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    if (!in)
+      throw DataError(path + ": cannot open the " + std::string(what) + " (" + errnoText() +
+                      "); " + jsonPath_ + " names it");
+    const int64_t size = static_cast<int64_t>(in.tellg());
+    if (size != bytes)
+      throw DataError(path + ": size is " + std::to_string(size) + " bytes, but " + jsonPath_ +
+                      " says " + count + " (" + std::to_string(bytes) + " bytes)");
+    in.seekg(0);
+    if (bytes > 0 && !in.read(static_cast<char *>(out), bytes))
+      throw DataError(path + ": cannot read the " + std::string(what));
+  };
+
+  const std::string docsPath = *fileName("documents", true);
+  if (numDocuments > numTokens_)
+    throw DataError(jsonPath_ + ": num_documents " + std::to_string(numDocuments) +
+                    " is more than num_tokens " + std::to_string(numTokens_) +
+                    " (every document holds a token)");
+  documentOffsets_.resize(static_cast<size_t>(numDocuments) + 1);
+  readWhole(docsPath, documentOffsets_.data(), (numDocuments + 1) * 8, "document offsets",
+            std::to_string(numDocuments) + " documents, " + std::to_string(numDocuments + 1) +
+                " int64 offsets");
+  if (documentOffsets_.front() != 0)
+    throw DataError(docsPath + ": the first document offset is " +
+                    std::to_string(documentOffsets_.front()) + ", not 0");
+  if (documentOffsets_.back() != numTokens_)
+    throw DataError(docsPath + ": the last document offset is " +
+                    std::to_string(documentOffsets_.back()) + ", not num_tokens " +
+                    std::to_string(numTokens_));
+  for (int64_t d = 0; d < numDocuments; ++d)
+    if (documentOffsets_[d + 1] <= documentOffsets_[d])
+      throw DataError(docsPath + ": document " + std::to_string(d) + " is " +
+                      (documentOffsets_[d + 1] < documentOffsets_[d] ? "of negative length"
+                                                                      : "empty") +
+                      " (offsets " + std::to_string(documentOffsets_[d]) + " then " +
+                      std::to_string(documentOffsets_[d + 1]) +
+                      "; offsets must increase)");
+
+  auto supervised = meta.find("supervised");
+  if (supervised != meta.end() && !supervised->is_null() && !supervised->is_boolean())
+    throw DataError(jsonPath_ + ": metadata \"supervised\" must be true or false, got " +
+                    supervised->dump());
+  const bool isSupervised = supervised != meta.end() && supervised->is_boolean() &&
+                            supervised->get<bool>();
+  std::optional<std::string> maskPath = fileName("loss_mask", isSupervised);
+  if (!maskPath)
+    return;
+  lossMask_.resize(static_cast<size_t>(numTokens_));
+  readWhole(*maskPath, lossMask_.data(), numTokens_, "loss mask",
+            std::to_string(numTokens_) + " uint8 mask values");
+  for (int64_t i = 0; i < numTokens_; ++i)
+    if (lossMask_[i] > 1)
+      throw DataError(*maskPath + ": loss-mask value " + std::to_string(lossMask_[i]) +
+                      " at token " + std::to_string(i) + " (values must be 0 or 1)");
+  hasLossMask_ = true;
+}
+
+int64_t TokenFile::documentStart(int64_t d) const {
+  if (d < 0 || d >= numDocuments())
+    throw std::out_of_range(binPath_ + ": document " + std::to_string(d) + " is outside [0, " +
+                            std::to_string(numDocuments()) + ")");
+  return documentOffsets_[d];
+}
+
+int64_t TokenFile::documentEnd(int64_t d) const {
+  documentStart(d);
+  return documentOffsets_[d + 1];
+}
+
+bool TokenFile::isTarget(int64_t i) const {
+  if (i < 0 || i >= numTokens_)
+    throw std::out_of_range(binPath_ + ": token index " + std::to_string(i) +
+                            " is outside [0, " + std::to_string(numTokens_) + ")");
+  return !hasLossMask_ || lossMask_[i] != 0;
 }
 
 TokenFile::~TokenFile() {

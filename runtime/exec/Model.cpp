@@ -9,6 +9,7 @@
 #include "bmt/Runtime/parallel/Storage.h"
 #include "bmt/Runtime/parallel/Zero.h"
 
+#include <ATen/ops/arange.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
@@ -98,6 +99,13 @@ std::vector<c10::IValue> Model::run(const ModelInputs &given) {
     } else if (name == "attention_mask") {
       inputs.emplace_back(given.attentionMask.defined() ? given.attentionMask
                                                         : at::ones_like(given.inputIds));
+    } else if (name == "position_ids") {
+      // Default: each row's positions 0 .. seq - 1 (transformers' own).
+      inputs.emplace_back(given.positionIds.defined()
+                              ? given.positionIds
+                              : at::arange(given.inputIds.size(1), given.inputIds.options())
+                                    .expand_as(given.inputIds)
+                                    .contiguous());
     } else if (name == "decoder_input_ids") {
       if (!given.decoderInputIds.defined())
         throw ExecutionError("the model's forward takes decoder_input_ids (an encoder-decoder): "
@@ -291,11 +299,7 @@ at::Tensor Model::forward(const ModelInputs &inputs) {
   return results[logitsIndex_].toTensor();
 }
 
-bool Model::takesLabels() const {
-  const plan::Function &entry = plan_.functions[plan_.entry];
-  return std::find(entry.paramNames.begin(), entry.paramNames.end(), "labels") !=
-         entry.paramNames.end();
-}
+bool Model::takesLabels() const { return takesInput("labels"); }
 
 ModelLoss Model::forwardLoss(const ModelInputs &inputs) { return lossOf(forwardAll(inputs)); }
 
@@ -320,9 +324,11 @@ ModelLoss Model::lossOf(const std::vector<std::pair<std::string, c10::IValue>> &
   return out;
 }
 
-bool Model::isEncoderDecoder() const {
+bool Model::isEncoderDecoder() const { return takesInput("decoder_input_ids"); }
+
+bool Model::takesInput(const std::string &name) const {
   const plan::Function &entry = plan_.functions[plan_.entry];
-  return std::find(entry.paramNames.begin(), entry.paramNames.end(), "decoder_input_ids") !=
+  return std::find(entry.paramNames.begin(), entry.paramNames.end(), name) !=
          entry.paramNames.end();
 }
 

@@ -28,7 +28,10 @@ MetricsWriter::MetricsWriter(std::ostream &out, std::ostream *json, int64_t logE
     : out_(out), json_(json), logEvery_(logEvery) {}
 
 void MetricsWriter::step(const StepMetrics &m) {
-  if (m.skipped) {
+  if (m.skipped && m.skipReason) {
+    out_ << "step " << m.step << "/" << m.steps << " | skipped: " << m.skipReason << "\n";
+    out_.flush();
+  } else if (m.skipped) {
     out_ << "step " << m.step << "/" << m.steps << " | loss " << std::fixed
          << std::setprecision(4) << m.loss << " | skipped: inf/NaN gradients, loss scale "
          << std::setprecision(0) << m.lossScale << " -> " << m.nextLossScale << std::defaultfloat
@@ -49,6 +52,7 @@ void MetricsWriter::step(const StepMetrics &m) {
            << ", \"lr\": " << jsonNumber(m.lr) << ", \"grad_norm\": " << jsonNumber(m.gradNorm)
            << ", \"loss_scale\": " << (m.lossScale > 0 ? jsonNumber(m.lossScale) : "null")
            << ", \"skipped\": " << (m.skipped ? "true" : "false") << ", \"tokens\": " << m.tokens
+           << ", \"target_tokens\": " << m.targetTokens
            << ", \"tokens_per_s\": " << jsonNumber(m.tokensPerSecond)
            << ", \"tflops\": " << jsonNumber(m.tflops)
            << ", \"elapsed_s\": " << jsonNumber(m.elapsedSeconds)

@@ -10,6 +10,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
@@ -186,10 +187,11 @@ int64_t envInt(const char *name, int64_t fallback) {
 Trainer::MicroBatchLoss Trainer::microBatchLoss(const MicroBatch &micro,
                                                 std::mt19937_64 &rng) {
   const at::Device device = model_.device();
-  // The whole batch is corrupted the same way on every rank (the same
-  // generator, the same rows), then each rank takes its own rows: a row's
-  // corruption does not depend on which rank trains it.
-  at::Tensor inputIds, decoderInputIds, labels;
+  // 1. The model's inputs and the labels (-100: not a target) of the whole
+  // batch. It is corrupted the same way on every rank (the same generator,
+  // the same rows), then each rank takes its own rows: a row's corruption
+  // does not depend on which rank trains it.
+  at::Tensor inputIds, decoderInputIds, labels, attentionMask, positionIds;
   if (!micro.window.defined()) { // ready encoder-decoder pairs
     inputIds = micro.inputIds;
     labels = micro.labels;
@@ -213,65 +215,120 @@ Trainer::MicroBatchLoss Trainer::microBatchLoss(const MicroBatch &micro,
       labels = micro.window.slice(1, 1, seq + 1);
       break;
     }
+    // Documents (DocumentBatches): position t predicts token t + 1 only
+    // where that token is a target of t's document; padding is not attended
+    // (padded rows: attention_mask) or is a sequence of its own (packed
+    // rows: position_ids restart at 0 at each document).
+    if (micro.targets.defined()) {
+      labels = labels.masked_fill(micro.targets.slice(1, 1, seq + 1).logical_not(), -100);
+      if (micro.positionIds.defined())
+        positionIds = micro.positionIds.slice(1, 0, seq);
+      else if (micro.attentionMask.defined())
+        attentionMask = micro.attentionMask.slice(1, 0, seq);
+    }
   }
   const bool global = micro.rowEnd >= 0;
   auto own = [&](const at::Tensor &t) {
     return global && t.defined() ? t.slice(0, micro.rowBegin, micro.rowEnd).contiguous()
                                  : t.contiguous();
   };
-  at::Tensor ownLabels = own(labels);
   // Counted on the host (the batch is still there): no synchronisation.
-  const int64_t predicted = ownLabels.ne(-100).sum().item<int64_t>();
+  // Input tokens are those that are not padding.
+  auto realTokens = [&](const at::Tensor &ids, bool ownRows) -> int64_t {
+    if (!micro.targets.defined() || !micro.attentionMask.defined())
+      return ids.numel();
+    at::Tensor m = micro.attentionMask.slice(1, 0, ids.size(1));
+    return (ownRows && global ? m.slice(0, micro.rowBegin, micro.rowEnd) : m).sum().item<int64_t>();
+  };
+  at::Tensor ownIds = own(inputIds), ownLabels = own(labels);
+  MicroBatchLoss result;
+  result.predicted = ownLabels.ne(-100).sum().item<int64_t>();
+  result.batchPredicted = global ? labels.ne(-100).sum().item<int64_t>() : result.predicted;
+  result.inputTokens = realTokens(ownIds, true);
+  result.batchInputTokens = global ? realTokens(inputIds, false) : result.inputTokens;
+
+  // 2. The forward and the loss.
   ModelInputs inputs;
-  inputs.inputIds = toDevice(own(inputIds), device);
+  inputs.inputIds = toDevice(ownIds, device);
+  if (attentionMask.defined())
+    inputs.attentionMask = toDevice(own(attentionMask), device);
+  if (positionIds.defined())
+    inputs.positionIds = toDevice(own(positionIds), device);
   if (decoderInputIds.defined())
     inputs.decoderInputIds = toDevice(own(decoderInputIds), device);
   if (config_.modelLoss)
-    return modelMicroBatchLoss(std::move(inputs), own(modelLabels(config_.objective, labels)));
+    return modelMicroBatchLoss(std::move(inputs), own(modelLabels(config_.objective, labels)),
+                               result);
   at::Tensor logits = model_.forward(inputs);
-  if (predicted == 0) // nothing to predict here; still a backward for the collectives
-    return {logits.sum().mul(0.0), 0, inputs.inputIds.numel()};
-  at::Tensor loss = languageModelLoss(logits, toDevice(ownLabels, device), /*shift=*/false);
+  if (result.predicted == 0) { // nothing to predict here; still a backward for the collectives
+    result.loss = logits.sum().mul(0.0);
+    return result;
+  }
+  result.loss = languageModelLoss(logits, toDevice(ownLabels, device), /*shift=*/false);
   if (global) {
     // The ranks average their gradients and losses: weight this rank's mean
     // by its share of the batch's predicted tokens, so that the average is
     // the mean over all of them (as one process with the whole batch).
-    const int64_t total = labels.ne(-100).sum().item<int64_t>();
     const int64_t ranks = model_.world().size();
-    if (predicted * ranks != total)
-      loss = loss.mul(static_cast<double>(predicted * ranks) / static_cast<double>(total));
+    if (result.predicted * ranks != result.batchPredicted)
+      result.loss = result.loss.mul(static_cast<double>(result.predicted * ranks) /
+                                    static_cast<double>(result.batchPredicted));
   }
-  return {loss, predicted, inputs.inputIds.numel()};
+  return result;
 }
 
 Trainer::MicroBatchLoss Trainer::modelMicroBatchLoss(ModelInputs inputs,
-                                                     const at::Tensor &labels) {
+                                                     const at::Tensor &labels,
+                                                     MicroBatchLoss counts) {
   const int64_t predicted = labels.ne(-100).sum().item<int64_t>(); // on the host
   inputs.labels = toDevice(labels, model_.device());
   ModelLoss result = model_.forwardLoss(inputs);
-  const int64_t tokens = inputs.inputIds.numel();
   // Nothing to predict in this rank's rows (transformers' mean is then
   // NaN): a zero loss, still with a backward for the collectives, through
   // the logits where the model returns them (not through the NaN; a model
   // returning its loss alone gets that loss's own gradient).
   if (predicted == 0)
-    return {(result.logits.defined() ? result.logits.sum() : result.loss.nan_to_num()).mul(0.0),
-            0, tokens};
-  // The model's reduction is its own (a token mean, a sum, extra terms):
-  // each rank's loss counts equally, as in a data-parallel user's loop.
-  return {result.loss, predicted, tokens};
+    counts.loss =
+        (result.logits.defined() ? result.logits.sum() : result.loss.nan_to_num()).mul(0.0);
+  else // the model's reduction is its own (a token mean, a sum, extra terms):
+    counts.loss = result.loss; // each rank's loss counts equally, as in a user's loop
+  counts.predicted = predicted;
+  return counts;
 }
 
 EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t microBatch,
                              int64_t maxBatches) {
   c10::NoGradGuard noGrad;
-  BatchSampler sampler(data, microBatch, seqLen, config_.seed);
-  int64_t n = sampler.numSequentialBatches();
+  // Token windows in order, or (TrainConfig::evalDocuments) the documents in
+  // file order, micro-batch after micro-batch (the positions where each
+  // micro-batch starts, found by one pass).
+  std::optional<BatchSampler> sampler;
+  std::optional<DocumentBatches> documents;
+  std::vector<DataPosition> starts;
+  int64_t n = 0;
+  if (config_.evalDocuments) {
+    documents.emplace(data, *config_.evalDocuments, microBatch, seqLen + 1, config_.seed,
+                      /*shuffle=*/false, 0, 1);
+    while (!documents->exhausted() && (maxBatches <= 0 || n < maxBatches)) {
+      starts.push_back(documents->position());
+      documents->next();
+      ++n;
+    }
+  } else {
+    sampler.emplace(data, microBatch, seqLen, config_.seed);
+    n = sampler->numSequentialBatches();
+  }
   if (maxBatches > 0)
     n = std::min(n, maxBatches);
-  // Window i goes to rank i % W. Every rank runs the same number of
-  // forwards (they are collective under ZeRO): a rank without a window of
-  // its own in the last round runs window 0 and does not count it.
+  auto batch = [&](int64_t i) -> MicroBatch {
+    if (sampler)
+      return {sampler->sequential(i)};
+    documents->seek(starts[i]);
+    return documents->next();
+  };
+  // Batch i goes to rank i % W. Every rank runs the same number of
+  // forwards (they are collective under ZeRO): a rank without a batch of
+  // its own in the last round runs batch 0 and does not count it.
   Comm &world = model_.world();
   int64_t ranks = world.size(), rank = world.rank();
   double sum = 0;
@@ -280,10 +337,10 @@ EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t micr
     int64_t i = round * ranks + rank;
     bool counted = i < n;
     std::mt19937_64 rng(config_.seed + 1 + static_cast<uint64_t>(counted ? i : 0)); // masked-LM masks
-    auto [loss, count, inputTokens] = microBatchLoss({sampler.sequential(counted ? i : 0)}, rng);
+    MicroBatchLoss result = microBatchLoss(batch(counted ? i : 0), rng);
     if (counted) {
-      sum += loss.item<double>() * static_cast<double>(count);
-      tokens += static_cast<double>(count);
+      sum += result.loss.item<double>() * static_cast<double>(result.predicted);
+      tokens += static_cast<double>(result.predicted);
     }
   }
   if (ranks > 1) {
@@ -315,7 +372,8 @@ void Trainer::reportEvaluation(int64_t step, const EvalResult &r) {
 struct Trainer::PendingStep {
   int64_t step = 0;
   double lr = 0;
-  int64_t tokens = 0;
+  int64_t tokens = 0;  ///< input tokens of all ranks (without padding)
+  int64_t targets = 0; ///< predicted (target) tokens of all ranks
   at::Tensor values; ///< float64 [gradAccum + 4]: losses, grad norm, found inf, scale, next scale
   std::optional<c10::Event> ready;
   std::chrono::steady_clock::time_point queued; ///< when the host had queued all its work
@@ -375,8 +433,15 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
     if (scaler)
       objective = objective.mul(scaler->scale().to(objective.scalar_type()).reshape({}));
     objective.backward();
-    current.tokens += result.inputTokens * world.size();
+    current.tokens += result.batchInputTokens;
+    current.targets += result.batchPredicted;
   }
+  // A step whose global batch has no target token (supervised data whose
+  // loss mask is 0 there, or cut off) has nothing to learn from: its update
+  // is skipped on every rank (they all see the same global batch). Its
+  // gradients are zero, and an AdamW step on them would still move the
+  // weights (decay and the moments).
+  const bool noTargets = current.targets == 0;
   model_.synchronizeGradients();
   if (step >= hooks.injectInfStep && step <= hooks.injectInfLast && hooks.injectInfStep > 0 &&
       world.rank() == hooks.injectInfRank)
@@ -406,11 +471,14 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
   // (Inspect.h).
   if (saver_)
     saveHeldSeconds_ += saver_->beforeStateChange();
-  optimizer.step({current.lr, scaler ? found : inspector_->haltOnNonFinite(gradNorm),
+  std::optional<at::Tensor> skip = scaler ? found : inspector_->haltOnNonFinite(gradNorm);
+  if (noTargets)
+    skip = at::ones({1}, at::TensorOptions().dtype(at::kFloat).device(device));
+  optimizer.step({current.lr, skip,
                    scaler ? std::optional<at::Tensor>(stepScale) : std::nullopt, gradNorm,
                    config_.clipGrad});
   model_.afterOptimizerStep();
-  if (scaler)
+  if (scaler && !noTargets)
     scaler->update(*found);
 
   // The step's values: the micro-batch losses averaged over ranks (one
@@ -513,15 +581,19 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
       loss += v[micro];
     }
     loss /= static_cast<double>(m);
-    const bool skipped = v[m + 1] != 0;
+    const bool noTargets = p.targets == 0;
+    const bool skipped = v[m + 1] != 0 || noTargets;
     const double gradNorm = skipped ? std::nan("") : v[m];
+    if (noTargets && rank0)
+      std::cerr << "warning: step " << p.step << ": the global batch has no target token (its "
+                << "documents' loss mask is 0 or cut off by --seq-len); the update is skipped\n";
     if (!skipped && !std::isfinite(gradNorm))
       throw stopAt(p, "the gradient norm is not finite at step " + std::to_string(p.step));
     const double stepScale = scaler ? v[m + 2] : 0, nextScale = scaler ? v[m + 3] : 0;
     // Overflowing at the minimum scale, step after step: the gradients are
     // not finite at any scale (a diverged run); stop instead of skipping
     // forever.
-    minScaleSkips = skipped && stepScale <= minScale ? minScaleSkips + 1 : 0;
+    minScaleSkips = skipped && !noTargets && stepScale <= minScale ? minScaleSkips + 1 : 0;
     if (minScaleSkips >= config_.lossScaleWindow)
       throw stopAt(p, "the gradients overflowed at the minimum loss scale " +
                           formatNumber(minScale) + " in " + std::to_string(minScaleSkips) +
@@ -540,10 +612,13 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
       StepMetrics metrics;
       metrics.step = p.step;
       metrics.steps = config_.steps;
-      metrics.loss = loss;
+      metrics.loss = noTargets ? std::nan("") : loss;
       metrics.lr = p.lr;
       metrics.gradNorm = gradNorm;
       metrics.skipped = skipped;
+      if (noTargets)
+        metrics.skipReason = "no target tokens";
+      metrics.targetTokens = p.targets;
       metrics.lossScale = stepScale;
       metrics.nextLossScale = nextScale;
       metrics.tokens = p.tokens;

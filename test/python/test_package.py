@@ -83,6 +83,8 @@ def test_metadata_names_the_scripts_and_dependencies(installed):
     assert dist.metadata["Name"] == "bmt"
     scripts = {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
     assert scripts == {script: f"{module}:main" for script, module in SCRIPTS.items()}
-    # What the tools import (safetensors: checkpoint weights, read through transformers).
+    # What the tools import (safetensors: checkpoint weights, read through transformers;
+    # pyarrow, datasets, zstandard, tqdm: bmt-prepare-data's records).
     assert sorted(re.match(r"[A-Za-z0-9._-]+", r).group() for r in dist.requires) == [
-        "matplotlib", "numpy", "safetensors", "tokenizers", "torch", "transformers"]
+        "datasets", "matplotlib", "numpy", "pyarrow", "safetensors", "tokenizers", "torch", "tqdm",
+        "transformers", "zstandard"]

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "bmt/Runtime/data/Batches.h"
 #include "bmt/Runtime/data/TokenData.h"
 
 #include <ATen/ops/empty.h>
@@ -23,6 +24,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using bmt::runtime::BatchSampler;
+using bmt::runtime::DataPosition;
+using bmt::runtime::DocumentBatches;
+using bmt::runtime::MicroBatch;
+using bmt::runtime::SequenceLayout;
 using bmt::runtime::DataError;
 using bmt::runtime::TokenFile;
 
@@ -82,6 +87,38 @@ protected:
     for (int64_t i = 0; i < n; ++i)
       ids[i] = static_cast<uint32_t>(i);
     return writeFile(name, ids, "uint32", n);
+  }
+
+  /// A version-2 file: documents of the given lengths, ids 10 + their
+  /// position in the file, mask 1 on each document's second half (none
+  /// without `supervised`). `meta` is added to the json.
+  std::string writeDocuments(const std::string &name, const std::vector<int64_t> &lengths,
+                             bool supervised = true, const std::string &meta = "") {
+    std::string p = prefix(name);
+    std::vector<uint32_t> ids;
+    std::vector<int64_t> offsets{0};
+    std::string mask;
+    for (int64_t n : lengths) {
+      for (int64_t t = 0; t < n; ++t) {
+        ids.push_back(static_cast<uint32_t>(10 + ids.size()));
+        mask.push_back(static_cast<char>(t >= n / 2 ? 1 : 0));
+      }
+      offsets.push_back(static_cast<int64_t>(ids.size()));
+    }
+    writeBin(p, ids, "uint16");
+    writeText(p + ".docs.bin", std::string(reinterpret_cast<const char *>(offsets.data()),
+                                           offsets.size() * sizeof(int64_t)));
+    if (supervised)
+      writeText(p + ".mask.bin", mask);
+    writeText(p + ".json",
+              "{\"format\": \"bmt-tokens\", \"version\": 2, \"dtype\": \"uint16\", "
+              "\"num_tokens\": " + std::to_string(ids.size()) +
+                  ", \"num_documents\": " + std::to_string(lengths.size()) +
+                  ", \"vocab_size\": 1000, \"eos_id\": 1, \"mask_id\": null, \"pad_id\": 0, "
+                  "\"documents\": \"" + name + ".docs.bin\", \"loss_mask\": " +
+                  (supervised ? "\"" + name + ".mask.bin\"" : std::string("null")) +
+                  ", \"supervised\": " + (supervised ? "true" : "false") + meta + "}");
+    return p;
   }
 
   fs::path dir_;
@@ -197,8 +234,8 @@ TEST_F(TokenData, UnknownFormatVersionDtype) {
   writeBin(p, {1, 2, 3, 4}, "uint16");
   writeText(p + ".json", metadata("uint16", 4, 100, "1", "\"numpy\""));
   expectDataError([&] { TokenFile f(p + ".bin"); }, {p + ".json", "format", "numpy"});
-  writeText(p + ".json", metadata("uint16", 4, 100, "1", "\"bmt-tokens\"", "2"));
-  expectDataError([&] { TokenFile f(p + ".bin"); }, {p + ".json", "version 2"});
+  writeText(p + ".json", metadata("uint16", 4, 100, "1", "\"bmt-tokens\"", "3"));
+  expectDataError([&] { TokenFile f(p + ".bin"); }, {p + ".json", "version 3"});
   writeText(p + ".json", metadata("int8", 8, 100));
   expectDataError([&] { TokenFile f(p + ".bin"); }, {p + ".json", "dtype", "int8"});
   // Missing and mistyped fields.
@@ -320,3 +357,144 @@ TEST_F(TokenData, SequentialBatches) {
 }
 
 } // namespace
+
+//===----------------------------------------------------------------------===//
+// Version 2: documents and the loss mask; DocumentBatches
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+std::vector<int64_t> row(const at::Tensor &t, int64_t r) { return values(t[r]); }
+
+} // namespace
+
+TEST_F(TokenData, ReadsDocumentsAndLossMask) {
+  std::string p = writeDocuments("v2", {3, 4, 2}, true, ", \"truncated\": 5");
+  TokenFile f(p + ".json");
+  EXPECT_EQ(f.version(), 2);
+  ASSERT_TRUE(f.hasDocuments());
+  EXPECT_EQ(f.numDocuments(), 3);
+  EXPECT_EQ(f.documentStart(1), 3);
+  EXPECT_EQ(f.documentEnd(1), 7);
+  EXPECT_TRUE(f.hasLossMask());
+  EXPECT_FALSE(f.isTarget(3)); // document 1: tokens 3..6, mask on 5, 6
+  EXPECT_TRUE(f.isTarget(5));
+  EXPECT_EQ(f.preparedTruncated(), 5);
+  EXPECT_THROW(f.documentStart(3), std::out_of_range);
+  TokenFile plain(writeDocuments("plain", {2, 2}, false) + ".bin");
+  EXPECT_FALSE(plain.hasLossMask());
+  EXPECT_TRUE(plain.isTarget(0));
+  TokenFile v1(writeIota("v1", 8));
+  EXPECT_FALSE(v1.hasDocuments());
+  EXPECT_EQ(v1.numDocuments(), 0);
+}
+
+TEST_F(TokenData, BadDocumentsAndMasks) {
+  auto offsets = [&](const std::string &p, const std::vector<int64_t> &o) {
+    writeText(p + ".docs.bin", std::string(reinterpret_cast<const char *>(o.data()),
+                                           o.size() * sizeof(int64_t)));
+  };
+  std::string p = writeDocuments("bad", {3, 4, 2});
+  offsets(p, {1, 3, 7, 9});
+  expectDataError([&] { TokenFile f(p); }, {p + ".docs.bin", "first document offset is 1"});
+  offsets(p, {0, 3, 7, 8});
+  expectDataError([&] { TokenFile f(p); }, {p + ".docs.bin", "not num_tokens 9"});
+  offsets(p, {0, 7, 3, 9});
+  expectDataError([&] { TokenFile f(p); }, {p + ".docs.bin", "document 1", "increase"});
+  offsets(p, {0, 3, 3, 9});
+  expectDataError([&] { TokenFile f(p); }, {p + ".docs.bin", "document 1 is empty"});
+  offsets(p, {0, 3, 9});
+  expectDataError([&] { TokenFile f(p); }, {p + ".docs.bin", "size is 24 bytes", "32 bytes"});
+  offsets(p, {0, 3, 7, 9});
+  writeText(p + ".mask.bin", std::string("\0\0\1\0\0\1\1\0\3", 9));
+  expectDataError([&] { TokenFile f(p); }, {p + ".mask.bin", "value 3 at token 8"});
+  writeText(p + ".mask.bin", std::string("\0\1", 2));
+  expectDataError([&] { TokenFile f(p); }, {p + ".mask.bin", "size is 2 bytes"});
+  fs::remove(p + ".mask.bin");
+  expectDataError([&] { TokenFile f(p); }, {p + ".mask.bin", "cannot open the loss mask"});
+}
+
+TEST_F(TokenData, PaddedRowsTargetsAndMask) {
+  // Documents of 3, 6, 2 tokens; rows of at most 5 (document 1 is cut).
+  TokenFile f(writeDocuments("pad", {3, 6, 2}));
+  DocumentBatches b(f, SequenceLayout::Padded, 3, 5, 0, /*shuffle=*/false, 0, 1);
+  MicroBatch m = b.next();
+  EXPECT_TRUE(b.exhausted());
+  ASSERT_EQ(m.window.sizes(), (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(row(m.window, 0), (std::vector<int64_t>{10, 11, 12, 0, 0}));
+  EXPECT_EQ(row(m.window, 1), (std::vector<int64_t>{13, 14, 15, 16, 17}));
+  EXPECT_EQ(row(m.attentionMask, 0), (std::vector<int64_t>{1, 1, 1, 0, 0}));
+  EXPECT_EQ(row(m.targets.to(at::kLong), 0), (std::vector<int64_t>{0, 1, 1, 0, 0}));
+  EXPECT_EQ(row(m.targets.to(at::kLong), 1), (std::vector<int64_t>{0, 0, 0, 1, 1}));
+  // Document 2 (2 tokens): its first token is never a target.
+  EXPECT_EQ(row(m.targets.to(at::kLong), 2), (std::vector<int64_t>{0, 1, 0, 0, 0}));
+  EXPECT_FALSE(m.positionIds.defined());
+  EXPECT_EQ(m.rowEnd, -1);
+  auto [overlong, first] = bmt::runtime::overlongDocuments(f, 5);
+  EXPECT_EQ(overlong, 1);
+  EXPECT_EQ(first, 1);
+}
+
+TEST_F(TokenData, PackedRowsPositions) {
+  // 2 + 3 fit a row of 6; 4 does not fit after them and starts the next.
+  TokenFile f(writeDocuments("pack", {2, 3, 4, 6}, false));
+  DocumentBatches b(f, SequenceLayout::Packed, 2, 6, 0, /*shuffle=*/false, 0, 1);
+  MicroBatch m = b.next();
+  EXPECT_EQ(row(m.window, 0), (std::vector<int64_t>{10, 11, 12, 13, 14, 0}));
+  EXPECT_EQ(row(m.positionIds, 0), (std::vector<int64_t>{0, 1, 0, 1, 2, 0}));
+  EXPECT_EQ(row(m.targets.to(at::kLong), 0), (std::vector<int64_t>{0, 1, 0, 1, 1, 0}));
+  EXPECT_EQ(row(m.window, 1), (std::vector<int64_t>{15, 16, 17, 18, 0, 0}));
+  EXPECT_EQ(row(m.positionIds, 1), (std::vector<int64_t>{0, 1, 2, 3, 0, 1}));
+  EXPECT_EQ(b.position().documents, 3); // the 6-token one starts the next micro-batch
+  MicroBatch n = b.next();
+  EXPECT_EQ(n.window.size(0), 1);
+  EXPECT_EQ(row(n.positionIds, 0), (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_TRUE(b.exhausted());
+}
+
+TEST_F(TokenData, DocumentOrderIsTheSameForEveryWorldSize) {
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < 13; ++i)
+    lengths.push_back(2 + (i * 7) % 9);
+  TokenFile f(writeDocuments("order", lengths));
+  // Epochs are permutations, and differ.
+  std::vector<int64_t> e0 = bmt::runtime::documentOrder(13, 5, 0),
+                       e1 = bmt::runtime::documentOrder(13, 5, 1);
+  std::vector<int64_t> sorted = e0;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 13; ++i)
+    EXPECT_EQ(sorted[i], i);
+  EXPECT_NE(e0, e1);
+  for (SequenceLayout layout : {SequenceLayout::Padded, SequenceLayout::Packed}) {
+    DocumentBatches one(f, layout, 4, 8, 5, true, 0, 1);
+    DocumentBatches r0(f, layout, 2, 8, 5, true, 0, 2), r1(f, layout, 2, 8, 5, true, 1, 2);
+    for (int step = 0; step < 9; ++step) { // several epochs
+      MicroBatch a = one.next(), b0 = r0.next(), b1 = r1.next();
+      EXPECT_TRUE(a.window.equal(b0.window));
+      EXPECT_TRUE(a.window.equal(b1.window));
+      EXPECT_EQ(b0.rowBegin, 0);
+      EXPECT_EQ(b1.rowBegin, 2);
+      EXPECT_EQ(b1.rowEnd, 4);
+    }
+    // seek: the same continuation from a saved position.
+    DataPosition saved = one.position();
+    MicroBatch want = one.next();
+    DocumentBatches again(f, layout, 4, 8, 5, true, 0, 1);
+    again.seek(saved);
+    EXPECT_TRUE(again.next().window.equal(want.window));
+    DataPosition other{"random-windows", "", 0, 0};
+    EXPECT_THROW(again.seek(other), std::invalid_argument);
+  }
+  // Padded, one epoch of micro-batch 13: the rows follow documentOrder.
+  DocumentBatches all(f, SequenceLayout::Padded, 13, 16, 5, true, 0, 1);
+  MicroBatch m = all.next();
+  for (int64_t r = 0; r < 13; ++r)
+    EXPECT_EQ(m.window[r][0].item<int64_t>(), 10 + f.documentStart(e0[r]));
+}
+
+TEST_F(TokenData, DocumentBatchesNeedDocuments) {
+  TokenFile v1(writeIota("v1docs", 32));
+  expectDataError(
+      [&] { DocumentBatches b(v1, SequenceLayout::Padded, 2, 8, 0, true, 0, 1); },
+      {"no document boundaries"});
+}

@@ -158,7 +158,7 @@ std::unique_ptr<runtime::TokenFile> openEvaluationData(const RunOptions &o, int6
   auto eval = std::make_unique<runtime::TokenFile>(o.evalData);
   eval->checkIds(vocab);
   int64_t needed = o.microBatch * windowLength;
-  if (eval->numTokens() < needed)
+  if (!eval->hasDocuments() && eval->numTokens() < needed) // (documents: any number)
     throw runtime::DataError(eval->binPath() + ": " + std::to_string(eval->numTokens()) +
                              " tokens, fewer than one evaluation batch of " +
                              std::to_string(o.microBatch) + " x " + std::to_string(windowLength) +

@@ -92,6 +92,8 @@ void runDump(runtime::Model &model, const tools::RunOptions &o, runtime::Objecti
   inputs.attentionMask = dict.contains(std::string("attention_mask"))
                              ? get("attention_mask")
                              : at::ones_like(inputs.inputIds);
+  if (dict.contains(std::string("position_ids"))) // else 0 .. seq-1 where the forward takes them
+    inputs.positionIds = get("position_ids");
   at::Tensor labels = dict.contains(std::string("labels")) ? get("labels") : inputs.inputIds;
   if (model.isEncoderDecoder()) {
     // Teacher forcing: the decoder reads the target shifted right, unless

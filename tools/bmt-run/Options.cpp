@@ -90,6 +90,35 @@ const std::vector<Option> &optionTable() {
        "{\"input_ids\": [n, micro-batch, S], \"labels\": [n, micro-batch, T]};\n"
        "micro-batch is the global one, split over the ranks",
        [](RunOptions &o, auto &, const Values &v) { o.batchesFile = v[0]; }},
+      {"--sequences", "LAYOUT", "data",
+       "how whole documents of a version-2 token file become rows\n"
+       "(supervised fine-tuning; docs/runtime.md): padded (one document a\n"
+       "row, right-padded; needs a plan compiled with bmt-opt\n"
+       "--assume-unpadded=false) | packed (whole documents packed into\n"
+       "rows of --seq-len + 1 tokens, position_ids restarting at each;\n"
+       "needs a model exported with bmt-export-hf --position-ids) |\n"
+       "windows (random windows of the token stream, ignoring the\n"
+       "documents). Default: padded for supervised data (a loss mask),\n"
+       "else windows",
+       [](RunOptions &o, auto &k, const Values &v) {
+         if (v[0] == "padded")
+           o.sequences = runtime::SequenceLayout::Padded;
+         else if (v[0] == "packed")
+           o.sequences = runtime::SequenceLayout::Packed;
+         else if (v[0] == "windows")
+           o.windows = true;
+         else
+           throw UsageError(k + " must be padded, packed or windows, got '" + v[0] + "'");
+       }},
+      {"--overlong", "WHAT", "data",
+       "a document longer than --seq-len + 1 tokens: truncate (keep its\n"
+       "first --seq-len + 1 tokens; the count is printed at start; default)\n"
+       "| error (refuse the data)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         if (v[0] != "truncate" && v[0] != "error")
+           throw UsageError(k + " must be truncate or error, got '" + v[0] + "'");
+         o.overlongError = v[0] == "error";
+       }},
       // training
       {"--steps", "N", "training", "optimizer steps (required unless --eval-only / --dump)",
        [](RunOptions &o, auto &k, const Values &v) { o.train.steps = toInt(k, v[0], 1); }},
@@ -301,8 +330,8 @@ const std::vector<Option> &optionTable() {
        [](RunOptions &o, auto &, const Values &v) { o.resume = v[0]; }},
       {"--dump", "INPUTS OUT", "output",
        "debugging: run forward and backward on the batch in INPUTS\n"
-       "(torch.save of {\"input_ids\", \"attention_mask\", \"labels\"}) and\n"
-       "save logits, loss and gradients to OUT",
+       "(torch.save of {\"input_ids\", \"attention_mask\", \"labels\"}, optionally\n"
+       "\"position_ids\") and save logits, loss and gradients to OUT",
        [](RunOptions &o, auto &, const Values &v) {
          o.dumpInputs = v[0];
          o.dumpOutput = v[1];

@@ -34,6 +34,11 @@ struct RunOptions {
   // Data and the shape of a micro-batch
   std::string data, evalData, batchesFile;
   int64_t microBatch = 8, seqLen = 128;
+  /// --sequences padded|packed: whole documents; none: padded for
+  /// supervised data, else random windows (`windows`: --sequences windows).
+  std::optional<runtime::SequenceLayout> sequences;
+  bool windows = false;
+  bool overlongError = false; ///< --overlong error: refuse documents longer than a row
   /// The training settings the command line gives (steps, accumulation,
   /// schedule, AdamW, clipping, masking and span-corruption rates, seed,
   /// evaluation, logging, profiling, loss-scale rules); run() completes

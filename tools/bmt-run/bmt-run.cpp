@@ -298,6 +298,89 @@ void printResume(const runtime::ResumeReport &r, const std::string &folder,
   std::cout << "\n";
 }
 
+/// Whole documents (--sequences, or supervised data by default): the layout,
+/// or none for random windows. Checks that the data, the objective and the
+/// plan fit the layout (Failure otherwise, saying what to change), and
+/// prints (rank 0) the documents and how many are truncated.
+std::optional<runtime::SequenceLayout>
+documentLayout(const tools::RunOptions &o, runtime::Model &model,
+               runtime::Objective objective, const runtime::TokenFile *train,
+               const runtime::TokenFile *eval, int64_t windowLength, bool rank0) {
+  const runtime::TokenFile *data = train ? train : eval;
+  if (o.windows || !data || !o.batchesFile.empty()) {
+    if (o.sequences && !o.batchesFile.empty())
+      throw tools::UsageError("--sequences lays out the documents of --data; --batches gives "
+                              "ready batches");
+    return std::nullopt;
+  }
+  std::optional<runtime::SequenceLayout> layout = o.sequences;
+  if (!layout && data->hasLossMask())
+    layout = runtime::SequenceLayout::Padded; // supervised data
+  if (!layout) {
+    if (rank0 && eval && eval->hasLossMask())
+      std::cout << "bmt-run: note: " << eval->binPath() << " is supervised, but the training "
+                << "data is read in random windows: evaluation reads windows too and ignores "
+                << "its loss mask (--sequences padded or packed evaluates its documents)\n";
+    return std::nullopt;
+  }
+  const char *name = *layout == runtime::SequenceLayout::Padded ? "padded" : "packed";
+  if (!data->hasDocuments())
+    throw Failure(data->binPath() + ": --sequences " + name + " trains on whole documents, and "
+                  "this version-1 token file has no document boundaries (prepare it again "
+                  "with bmt-prepare-data, which writes version 2)");
+  if (objective != runtime::Objective::CausalLM)
+    throw Failure(std::string("--sequences ") + name + " trains causal LMs on whole documents; "
+                  "the objective is " + runtime::objectiveName(objective));
+  const plan::Plan &p = model.plan();
+  if (*layout == runtime::SequenceLayout::Padded) {
+    if (p.assumes(plan::kAssumeAttentionMaskAllOnes))
+      throw Failure(o.archive + " was compiled assuming attention_mask all ones (bmt-opt "
+                    "--assume-unpadded, the default: its attention has no padding term), and "
+                    "padded sequences (--sequences padded) have padding; recompile with "
+                    "bmt-opt --assume-unpadded=false, or train with --sequences packed");
+    if (!model.takesInput("attention_mask"))
+      throw Failure(o.archive + "'s forward takes no attention_mask, which padded sequences "
+                    "(--sequences padded) need; export the model with attention_mask "
+                    "(bmt-export-hf does by default), or train with --sequences packed");
+  } else {
+    if (!model.takesInput("position_ids"))
+      throw Failure(o.archive + "'s forward takes no position_ids, which packed sequences "
+                    "(--sequences packed) need to keep documents apart; export the model with "
+                    "bmt-export-hf --position-ids and compile it again, or train with "
+                    "--sequences padded");
+    if (model.takesInput("attention_mask"))
+      throw Failure(o.archive + "'s forward takes attention_mask as well as position_ids, and "
+                    "transformers keeps packed documents apart (from position_ids) only "
+                    "without one; export the model with bmt-export-hf --position-ids (which "
+                    "traces without attention_mask) and compile it again");
+  }
+  for (const runtime::TokenFile *f : {train, eval}) {
+    if (!f || !f->hasDocuments())
+      continue;
+    auto [overlong, first] = runtime::overlongDocuments(*f, windowLength);
+    if (overlong > 0 && o.overlongError)
+      throw runtime::DataError(
+          f->binPath() + ": " + std::to_string(overlong) + " of " +
+          std::to_string(f->numDocuments()) + " documents are longer than --seq-len + 1 = " +
+          std::to_string(windowLength) + " tokens (the first: document " +
+          std::to_string(first) + ", " +
+          std::to_string(f->documentEnd(first) - f->documentStart(first)) +
+          " tokens); raise --seq-len, or drop --overlong error to truncate them");
+    if (rank0)
+      std::cout << "bmt-run: " << (f == train ? "training" : "evaluation") << " data: "
+                << f->numDocuments() << " documents" << (f->hasLossMask() ? " (supervised)" : "")
+                << ", sequences " << name << " in rows of "
+                << (*layout == runtime::SequenceLayout::Padded ? "up to " : "") << windowLength
+                << " tokens; " << overlong << " truncated to " << windowLength << " tokens"
+                << (f->preparedTruncated() > 0
+                        ? " (and " + std::to_string(f->preparedTruncated()) +
+                              " cut to max_length by bmt-prepare-data)"
+                        : std::string())
+                << "\n";
+  }
+  return layout;
+}
+
 int run(const tools::RunOptions &o) {
   tools::checkOutputs(o);
   runtime::RendezvousInfo rendezvous = runtime::rendezvousFromEnvironment();
@@ -377,6 +460,8 @@ int run(const tools::RunOptions &o) {
                   " needs (random replacement tokens, sentinels); return the logits as well");
   std::unique_ptr<runtime::TokenFile> train = tools::openTrainingData(o, vocab);
   std::unique_ptr<runtime::TokenFile> eval = tools::openEvaluationData(o, vocab, windowLength);
+  const std::optional<runtime::SequenceLayout> layout =
+      documentLayout(o, model, objectiveKind, train.get(), eval.get(), windowLength, rank0);
 
   // The command line's settings, completed by what the model and the data say.
   runtime::TrainConfig config = o.train;
@@ -387,6 +472,8 @@ int run(const tools::RunOptions &o) {
   config.objective = objectiveKind;
   config.modelLoss = modelLoss;
   config.vocabSize = vocab;
+  if (layout && eval && eval->hasDocuments())
+    config.evalDocuments = layout;
   // Mixed precision.
   at::ScalarType modelDtype = model.parameterDtype();
   config.lossScale = o.lossScale >= 0 ? o.lossScale : (modelDtype == at::kHalf ? 65536.0 : 0.0);
@@ -408,8 +495,14 @@ int run(const tools::RunOptions &o) {
     config.spanCorruption = tools::spanCorruptionSettings(
         o, span, runtime::spanCorruptionLengths(fixed.windows.size(2), span), vocab, nullptr,
         fixed.windows.max().item<int64_t>() + 1, rank0);
-  std::unique_ptr<runtime::MicroBatchSource> batches = tools::makeBatchSource(
-      fixed, train.get(), o.microBatch, windowLength, o.train.seed, rank, worldSize);
+  std::unique_ptr<runtime::MicroBatchSource> batches;
+  if (layout && train)
+    batches = std::make_unique<runtime::DocumentBatches>(
+        *train, *layout, o.microBatch, windowLength, o.train.seed, /*shuffle=*/true, rank,
+        worldSize);
+  else
+    batches = tools::makeBatchSource(fixed, train.get(), o.microBatch, windowLength,
+                                     o.train.seed, rank, worldSize);
 
   // The checkpoint to continue from: named, or the newest complete one.
   std::string resumeFrom = o.resume;

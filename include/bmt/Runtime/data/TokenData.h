@@ -6,12 +6,20 @@
 // "vocab_size", "eos_id", "mask_id", "pad_id", "sentinel_ids", ...}). The
 // .bin is mmap-ed read-only; batches are copied out of it.
 //
+// Version 2 (docs/runtime.md "Token files") adds document boundaries,
+// PREFIX.docs.bin (int64 [num_documents + 1] token offsets), and for
+// supervised data a loss mask, PREFIX.mask.bin (uint8 [num_tokens]: 1 where
+// the token is a training target); the json names both files ("documents",
+// "loss_mask") and says "num_documents", "supervised", "truncated",
+// "max_length". Version 1 files have neither (one stream of tokens).
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef BMT_RUNTIME_DATA_TOKENDATA_H
 #define BMT_RUNTIME_DATA_TOKENDATA_H
 
 #include <ATen/core/Tensor.h>
+#include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -38,7 +46,13 @@ public:
   /// num_tokens, vocab_size and eos_id are integers (mask_id, pad_id:
   /// integer or null; sentinel_ids: absent, null or a list of integers),
   /// eos_id, mask_id and the sentinel ids < vocab_size, and the .bin size is
-  /// num_tokens times its item size. Throws DataError otherwise.
+  /// num_tokens times its item size. Version 2: the documents file holds
+  /// num_documents + 1 int64 offsets, the first 0, the last num_tokens,
+  /// strictly increasing (no empty document); the loss mask (when "loss_mask"
+  /// names one, required when "supervised" is true) holds num_tokens bytes,
+  /// each 0 or 1. Throws DataError otherwise, naming the file.
+  /// Reads and validates both files into memory (8 bytes a document and
+  /// one byte a token).
   explicit TokenFile(const std::string &path);
   ~TokenFile();
   TokenFile(const TokenFile &) = delete;
@@ -54,6 +68,27 @@ public:
   const std::vector<int64_t> &sentinelIds() const { return sentinelIds_; }
   const std::string &binPath() const { return binPath_; }
 
+  /// The file's format version (1 or 2).
+  int64_t version() const { return version_; }
+  /// Whether the file has document boundaries (version 2).
+  bool hasDocuments() const { return !documentOffsets_.empty(); }
+  /// Documents (0 for version 1: the file is one stream).
+  int64_t numDocuments() const {
+    return documentOffsets_.empty() ? 0 : static_cast<int64_t>(documentOffsets_.size()) - 1;
+  }
+  /// Document `d` is tokens [documentStart(d), documentEnd(d))
+  /// (0 <= d < numDocuments(); std::out_of_range otherwise).
+  int64_t documentStart(int64_t d) const;
+  int64_t documentEnd(int64_t d) const;
+  /// Whether the file is supervised data with a loss mask.
+  bool hasLossMask() const { return hasLossMask_; }
+  /// Whether token `i` is a training target: its loss-mask byte, or true
+  /// without a loss mask. std::out_of_range outside the file.
+  bool isTarget(int64_t i) const;
+  /// Documents the data preparation cut to its max_length (metadata
+  /// "truncated"; 0 when absent).
+  int64_t preparedTruncated() const { return preparedTruncated_; }
+
   /// Token `i` (0 <= i < numTokens(); std::out_of_range otherwise).
   int64_t token(int64_t i) const;
 
@@ -66,11 +101,17 @@ public:
   at::Tensor slice(int64_t start, int64_t length) const;
 
 private:
+  void readDocuments(const nlohmann::json &meta);
+
   std::string binPath_, jsonPath_;
   int64_t numTokens_ = 0, vocabSize_ = 0, eosId_ = 0;
   std::optional<int64_t> maskId_, padId_;
   std::vector<int64_t> sentinelIds_;
   int itemSize_ = 2;
+  int64_t version_ = 1, preparedTruncated_ = 0;
+  std::vector<int64_t> documentOffsets_; ///< [num_documents + 1]; empty for version 1
+  std::vector<uint8_t> lossMask_;        ///< [num_tokens]; empty without a loss mask
+  bool hasLossMask_ = false;
   const uint8_t *data_ = nullptr;
   size_t mappedBytes_ = 0;
 };

@@ -43,6 +43,9 @@ struct ModelOptions {
 struct ModelInputs {
   at::Tensor inputIds;      ///< "input_ids" [batch, seq]
   at::Tensor attentionMask; ///< "attention_mask" [batch, seq]; undefined: all ones
+  /// "position_ids" [batch, seq] (packed documents: 0 at each document's
+  /// start); undefined: 0 .. seq - 1 in every row.
+  at::Tensor positionIds;
   /// "decoder_input_ids" [batch, target seq] of an encoder-decoder (T5):
   /// the target shifted right (Corruption.h shiftRight). A forward that
   /// also takes "decoder_attention_mask" gets all ones of this shape.
@@ -105,7 +108,10 @@ public:
   at::Tensor forward(const ModelInputs &inputs);
   /// forward({inputIds, attentionMask}) of a model without a decoder.
   at::Tensor forward(const at::Tensor &inputIds, const at::Tensor &attentionMask) {
-    return forward(ModelInputs{inputIds, attentionMask, {}});
+    ModelInputs inputs;
+    inputs.inputIds = inputIds;
+    inputs.attentionMask = attentionMask;
+    return forward(inputs);
   }
 
   /// Runs forward and returns every result with its name ("logits",
@@ -115,6 +121,9 @@ public:
   /// Whether the forward takes decoder_input_ids (an encoder-decoder such
   /// as T5, trained with span corruption).
   bool isEncoderDecoder() const;
+  /// Whether the forward takes the input `name` ("attention_mask",
+  /// "position_ids", ...).
+  bool takesInput(const std::string &name) const;
 
   /// Whether the forward has a result named "logits" (a language-model head).
   bool hasLogits() const { return hasLogits_; }

@@ -32,10 +32,12 @@ struct StepMetrics {
   double loss = 0;             ///< mean over micro-batches and ranks
   double lr = 0;
   double gradNorm = 0;         ///< global, before clipping; NaN when skipped
-  bool skipped = false;        ///< inf/NaN gradients on some rank (fp16)
+  bool skipped = false;        ///< inf/NaN gradients on some rank (fp16), or skipReason
+  const char *skipReason = nullptr; ///< why, when not inf/NaN gradients ("no target tokens")
   double lossScale = 0;        ///< the scale the step used; 0: loss scaling off
   double nextLossScale = 0;    ///< the scale after the step's update
-  int64_t tokens = 0;          ///< input tokens of all ranks
+  int64_t tokens = 0;          ///< input tokens of all ranks (padding not counted)
+  int64_t targetTokens = 0;    ///< predicted (target) tokens of all ranks
   double tokensPerSecond = 0, tflops = 0, elapsedSeconds = 0, peakMemoryGiB = 0;
 };
 

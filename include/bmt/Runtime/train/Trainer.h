@@ -84,6 +84,10 @@ struct TrainConfig {
   uint64_t seed = 0;
   int64_t evalEvery = 0;   ///< evaluate every N steps; 0 = after the last only
   int64_t evalBatches = 0; ///< batches per evaluation; 0 = the whole file
+  /// Evaluate on whole documents of the (version-2) evaluation data in this
+  /// layout, in file order, with their loss mask (DocumentBatches without
+  /// shuffle); none: sequential token windows.
+  std::optional<SequenceLayout> evalDocuments;
   int64_t logEvery = 1;    ///< human line every N steps (JSON: every step)
   /// Profile steps profileFrom..profileTo (0: off) on rank 0 and print the
   /// per-op table (Profile.h); write the Chrome trace to profileTrace when set.
@@ -110,7 +114,11 @@ struct TrainConfig {
 /// the first seq tokens; causal-LM predicts tokens 1..seq, masked-LM the
 /// masked ones of the first seq; span corruption turns the whole window of
 /// seq + 1 tokens into an encoder input and a target; or ready
-/// encoder-decoder pairs), the optimizer (--optimizer), the LR schedule, clipping.
+/// encoder-decoder pairs; or whole documents, MicroBatch::targets saying
+/// which tokens are predicted), the optimizer (--optimizer), the LR
+/// schedule, clipping. A step whose global batch has no target token is not
+/// applied (a warning names it; its JSON record says "skipped" with a null
+/// loss).
 /// Prints one line per logEvery steps to `out` and a JSON line per step and
 /// per evaluation to `jsonLog` (when given). Evaluates on `evalData` (when
 /// given) every evalEvery steps and after the last step.
@@ -160,7 +168,9 @@ public:
              int64_t microBatch);
 
   /// Loss of the model on `data` in sequential windows [microBatch, seqLen+1]
-  /// (at most maxBatches; 0 = all), without gradients; the windows are
+  /// or, with config.evalDocuments, on its documents in file order
+  /// (micro-batches of microBatch rows; the mean over their target tokens)
+  /// (at most maxBatches; 0 = all), without gradients; the batches are
   /// divided over the ranks and the sums all-reduced (collective).
   EvalResult evaluate(const TokenFile &data, int64_t seqLen, int64_t microBatch,
                       int64_t maxBatches);
@@ -190,13 +200,17 @@ private:
   /// for an encoder-decoder).
   struct MicroBatchLoss {
     at::Tensor loss;
-    int64_t predicted = 0, inputTokens = 0;
+    int64_t predicted = 0, inputTokens = 0; ///< this rank's; input tokens without padding
+    /// The same counts over the whole (global) micro-batch of all ranks.
+    int64_t batchPredicted = 0, batchInputTokens = 0;
   };
   MicroBatchLoss microBatchLoss(const MicroBatch &batch, std::mt19937_64 &rng);
   /// microBatchLoss of a model that computes its loss (config.modelLoss):
   /// `inputs` with this rank's labels (modelLabels); the loss as the model
-  /// reduces it, not re-weighted across ranks.
-  MicroBatchLoss modelMicroBatchLoss(ModelInputs inputs, const at::Tensor &labels);
+  /// reduces it, not re-weighted across ranks; `counts`: the micro-batch's
+  /// token counts, returned with the loss and this rank's predicted labels.
+  MicroBatchLoss modelMicroBatchLoss(ModelInputs inputs, const at::Tensor &labels,
+                                     MicroBatchLoss counts);
 
   Model &model_;
   TrainConfig config_;

@@ -1,0 +1,111 @@
+"""Token files that bmt-run memory-maps (docs/token-files.md has the format):
+written under temporary names and renamed together at the end, so that a
+failed run leaves nothing behind.
+
+Version 1: PREFIX.SPLIT.bin (flat little-endian uint16/uint32 token ids) and
+PREFIX.SPLIT.json. Version 2 adds PREFIX.SPLIT.docs.bin (int64 [D + 1]: the
+token offset where each document starts, then num_tokens) and, for supervised
+data, PREFIX.SPLIT.mask.bin (uint8 [num_tokens]: 1 where the token is a
+training target).
+"""
+
+import json
+import os
+import tempfile
+
+import numpy as np
+
+FORMAT = "bmt-tokens"
+
+
+class AtomicWriter:
+    """Files written under temporary names, renamed together by commit()."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.pending = []   # (temporary path, final path)
+
+    def path_for(self, final):
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{os.path.basename(final)}.",
+                                   suffix=".tmp")
+        os.close(fd)
+        self.pending.append((tmp, final))
+        return tmp
+
+    def write_bytes(self, final, data):
+        with open(self.path_for(final), "wb") as f:
+            f.write(data)
+
+    def commit(self):
+        for tmp, final in self.pending:
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, final)
+        self.pending = []
+
+    def abort(self):
+        for tmp, _ in self.pending:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        self.pending = []
+
+
+def output_names(prefix, split):
+    """The files of one split: {kind: path} for bin, docs, mask, json."""
+    return {"bin": f"{prefix}.{split}.bin", "docs": f"{prefix}.{split}.docs.bin",
+            "mask": f"{prefix}.{split}.mask.bin", "json": f"{prefix}.{split}.json"}
+
+
+class SplitWriter:
+    """Streams one split's documents to its files (through an AtomicWriter):
+    add() appends a document; meta() is its json once close() is done."""
+
+    def __init__(self, writer, prefix, split, dtype, version, supervised):
+        self.names = output_names(prefix, split)
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self.version, self.supervised = version, supervised
+        self.writer = writer
+        self.num_tokens = self.num_documents = self.num_targets = self.num_truncated = 0
+        self.bin = open(writer.path_for(self.names["bin"]), "wb")
+        self.docs = self.mask = None
+        if version >= 2:
+            self.docs = open(writer.path_for(self.names["docs"]), "wb")
+            self.docs.write(np.zeros(1, "<i8").tobytes())
+        if supervised:
+            self.mask = open(writer.path_for(self.names["mask"]), "wb")
+
+    def add(self, ids, mask=None, truncated=False):
+        """One document: ids (integers < 2**bits of dtype), mask (uint8, same
+        length) for supervised data; truncated: it was cut to --max-length."""
+        self.num_truncated += bool(truncated)
+        self.bin.write(np.asarray(ids).astype(self.dtype, copy=False).tobytes())
+        self.num_tokens += len(ids)
+        self.num_documents += 1
+        if self.docs is not None:
+            self.docs.write(np.array([self.num_tokens], "<i8").tobytes())
+        if self.mask is not None:
+            self.mask.write(np.asarray(mask, np.uint8).tobytes())
+            self.num_targets += int(np.count_nonzero(mask))
+
+    def close(self):
+        for f in (self.bin, self.docs, self.mask):
+            if f is not None:
+                f.close()
+
+    def meta(self, common, max_length=None, chat_template=False):
+        """The split's json: v1's fields (`common` gives the tokenizer's and
+        the sources'), and v2's when version is 2."""
+        meta = {"format": FORMAT, "version": self.version, "dtype": self.dtype.name,
+                "num_tokens": self.num_tokens, "num_documents": self.num_documents}
+        meta.update(common)
+        if self.version >= 2:
+            meta.update({
+                "documents": os.path.basename(self.names["docs"]),
+                "loss_mask": os.path.basename(self.names["mask"]) if self.supervised else None,
+                "supervised": self.supervised, "truncated": self.num_truncated,
+                "max_length": max_length, "chat_template": bool(chat_template)})
+        return meta
+
+    def write_meta(self, meta):
+        self.writer.write_bytes(self.names["json"], (json.dumps(meta, indent=2) + "\n").encode())
