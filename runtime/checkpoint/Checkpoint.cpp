@@ -198,6 +198,77 @@ std::string fieldName(int64_t space, const std::string &field) {
 
 bool lowPrecision(c10::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 
+/// checkpoint.json's "optimizer": the kind, the peak learning rate and the
+/// kind's hyperparameters (a version-1 AdamW checkpoint has kind, lr,
+/// beta1, beta2, eps and weight_decay; no weight_decay_params: "all").
+json optimizerJson(const std::string &kind, double lr, const OptimizerConfig &c) {
+  json j = {{"kind", kind}, {"lr", lr}, {"weight_decay", c.weightDecayValue()},
+            {"weight_decay_params",
+             c.decayParams == WeightDecayParams::All ? "all" : "matrices"}};
+  switch (c.kind) {
+  case OptimizerKind::Adam:
+  case OptimizerKind::AdamW:
+    j["eps"] = c.eps;
+    [[fallthrough]];
+  case OptimizerKind::Lion:
+    j["beta1"] = c.beta1Value();
+    j["beta2"] = c.beta2Value();
+    break;
+  case OptimizerKind::SGD:
+    j["momentum"] = c.momentum;
+    j["dampening"] = c.dampening;
+    j["nesterov"] = c.nesterov;
+    break;
+  case OptimizerKind::Adafactor:
+    j["beta2_decay"] = c.beta2Decay;
+    j["eps1"] = c.eps1 ? json(*c.eps1) : json(nullptr);
+    j["eps2"] = c.eps2;
+    j["d"] = c.clipThreshold;
+    break;
+  }
+  return j;
+}
+
+/// The optimizer kind without "offload-".
+std::string baseKind(const std::string &kind) {
+  return kind.rfind("offload-", 0) == 0 ? kind.substr(8) : kind;
+}
+
+/// Throws CheckpointError unless `saved` (checkpoint.json's "optimizer")
+/// has the kind and hyperparameters of `expected`.
+void checkSameOptimizer(const json &saved, const OptimizerConfig &expected,
+                        const std::string &folder) {
+  json want = optimizerJson(optimizerKindName(expected.kind), 0, expected);
+  json have = saved;
+  if (!have.contains("weight_decay_params"))
+    have["weight_decay_params"] = "all"; // version-1 checkpoints decayed every parameter
+  const std::string savedKind = baseKind(have.value("kind", std::string("?")));
+  auto describe = [](const json &j) {
+    std::string s = j.value("kind", std::string("?"));
+    for (const auto &[key, value] : j.items())
+      if (key != "kind" && key != "lr")
+        s += " " + key + "=" + value.dump();
+    return s;
+  };
+  if (savedKind != want["kind"].get<std::string>())
+    throw CheckpointError(folder + " was saved by --optimizer " + savedKind +
+                          "; this run uses --optimizer " + want["kind"].get<std::string>() +
+                          " (its state cannot be loaded into another optimizer: resume with "
+                          "the same --optimizer)");
+  for (const auto &[key, value] : want.items()) {
+    if (key == "kind" || key == "lr")
+      continue;
+    auto it = have.find(key);
+    const bool same = it != have.end() && (value.is_number() && it->is_number()
+                                               ? value.get<double>() == it->get<double>()
+                                               : value == *it);
+    if (!same)
+      throw CheckpointError(folder + " was saved with optimizer settings " + describe(have) +
+                            "; this run has " + describe(want) + " (" + key +
+                            " differs): resume with the settings it was saved with");
+  }
+}
+
 /// Splits an optimizer state key "exp_avg.3" into ("exp_avg", 3).
 std::pair<std::string, size_t> splitStateKey(const std::string &key) {
   size_t dot = key.rfind('.');
@@ -344,13 +415,8 @@ struct CheckpointSaver::Impl {
               {"model", identity.modelIdentity},
               {"source", identity.source},
               {"model_type", identity.modelType}}},
-            {"optimizer",
-             {{"kind", identity.optimizer},
-              {"lr", identity.lr},
-              {"beta1", identity.adamw.beta1},
-              {"beta2", identity.adamw.beta2},
-              {"eps", identity.adamw.eps},
-              {"weight_decay", identity.adamw.weightDecay}}},
+            {"optimizer", optimizerJson(identity.optimizer, identity.lr,
+                                        identity.optimizerConfig)},
             {"schedule",
              {{"kind", scheduleKindName(sc.kind)},
               {"peak_lr", sc.peakLR},
@@ -393,6 +459,9 @@ struct CheckpointSaver::Impl {
       const size_t k = spaceOfParameter.at(i);
       const ParameterSpace &s = spaces[k];
       if (!s.writer)
+        continue;
+      // Replicated over the shard group (Adafactor's factors): shard 0 saves it.
+      if (state.replicatedSlots.count(slot) && s.shardIndex != 0)
         continue;
       at::Tensor flat = tensor.dim() == 0 ? tensor : tensor.view({-1});
       if (slot == "master") {
@@ -1032,7 +1101,7 @@ void checkSameModel(const CheckpointReader &reader, const plan::Plan &p,
 } // namespace
 
 ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &optimizer,
-                            LossScaler *scaler) {
+                            LossScaler *scaler, const OptimizerConfig *expected) {
   fs::path dir = fs::path(folder).lexically_normal();
   if (dir.filename().empty())
     dir = dir.parent_path();
@@ -1057,6 +1126,8 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
                             std::to_string(meta.value("version", 0)) + "; this bmt-run reads " +
                             std::to_string(kFormatVersion));
   }
+  if (expected)
+    checkSameOptimizer(meta.value("optimizer", json::object()), *expected, folder);
   CheckpointReader reader(folder, meta);
   const plan::Plan &p = model.plan();
   checkSameModel(reader, p, folder);
@@ -1085,7 +1156,7 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
   }
   for (const auto &[key, tensor] : state.tensors) {
     auto [slot, i] = splitStateKey(key);
-    if (slot != "step")
+    if (slot != "step" && !state.replicatedSlots.count(slot))
       needed[spaceOfParameter.at(i)][slot] = tensor.scalar_type();
   }
   bool resharded = reader.worldSize() != model.world().size();
@@ -1126,6 +1197,25 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     if (state.tensors.count("step." + std::to_string(spaces[k].parameter)))
       loaded[k].byName["step"] =
           reader.readChecked(0, fieldName(static_cast<int64_t>(savedSpace), "step"));
+    // Replicated slots (Adafactor's factors, concatenated over the space's
+    // members): whole, from shard 0, when the saved space has the same
+    // members (any number of shards).
+    for (const std::string &slot : state.replicatedSlots) {
+      if (!state.tensors.count(slot + "." + std::to_string(spaces[k].parameter)))
+        continue;
+      const SavedSpace &saved = reader.spaces()[savedSpace];
+      bool sameMembers = saved.name == spaces[k].name;
+      for (size_t m = 0; m < spaces[k].members.size() && sameMembers; ++m) {
+        const SavedMember &member = reader.members().at(p.tensors.at(spaces[k].members[m]).name);
+        sameMembers = member.space == savedSpace && member.offset == spaces[k].offsets[m];
+      }
+      if (!sameMembers)
+        throw CheckpointError(folder + ": the optimizer's " + slot + " of " + spaces[k].name +
+                              " is kept per storage group, and the checkpoint's groups differ "
+                              "(another plan's layout): resume with the plan it was saved with");
+      loaded[k].byName[slot] =
+          reader.readChecked(0, fieldName(static_cast<int64_t>(savedSpace), slot));
+    }
   }
 
   // Into the model and the optimizer.

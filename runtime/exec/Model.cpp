@@ -5,6 +5,7 @@
 
 #include "bmt/Runtime/optim/AdamW.h"
 #include "bmt/Runtime/optim/OffloadAdam.h"
+#include "bmt/Runtime/optim/Optimizers.h"
 #include "bmt/Runtime/parallel/Storage.h"
 #include "bmt/Runtime/parallel/Zero.h"
 
@@ -153,12 +154,36 @@ HostGradientSource &Model::hostGradients(int64_t microBatchesPerStep) {
   return *zero_;
 }
 
-std::unique_ptr<Optimizer> Model::makeOptimizer(const AdamWConfig &config,
+std::unique_ptr<Optimizer> Model::makeOptimizer(const OptimizerConfig &config,
                                                 int64_t microBatchesPerStep) {
-  if (offloadsOptimizer())
-    return std::make_unique<OffloadAdamW>(parameters_, config,
-                                          hostGradients(microBatchesPerStep));
-  return std::make_unique<AdamW>(parameters_, config);
+  checkOptimizerConfig(config);
+  if (offloadsOptimizer()) {
+    if (config.kind != OptimizerKind::Adam && config.kind != OptimizerKind::AdamW)
+      throw std::invalid_argument(std::string("--offload-optimizer runs Adam or AdamW on the "
+                                              "host; --optimizer ") +
+                                  optimizerKindName(config.kind) +
+                                  " is not offloaded (drop --offload-optimizer)");
+    return std::make_unique<OffloadAdamW>(parameters_, adamWConfig(config),
+                                          hostGradients(microBatchesPerStep),
+                                          parameterLayouts());
+  }
+  return makeDeviceOptimizer(parameters_, parameterLayouts(), config,
+                             zero_ ? &zero_->shardComm() : nullptr);
+}
+
+std::vector<ParameterLayout> Model::parameterLayouts() const {
+  std::vector<ParameterLayout> layouts;
+  for (const ParameterSpace &s : parameterSpaces()) {
+    ParameterLayout layout;
+    for (size_t m = 0; m < s.members.size(); ++m) {
+      const plan::TensorInfo &t = plan_.tensors.at(s.members[m]);
+      layout.members.push_back({t.name, t.shape, s.offsets[m]});
+    }
+    layout.begin = s.shardIndex * s.shardSize;
+    layout.split = s.numShards > 1;
+    layouts.push_back(std::move(layout));
+  }
+  return layouts;
 }
 
 std::vector<ParameterSpace> Model::parameterSpaces() const {

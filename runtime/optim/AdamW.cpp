@@ -11,6 +11,7 @@
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/_foreach_sub.h>
+#include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/stack.h>
@@ -43,21 +44,24 @@ Group &groupFor(std::vector<Group> &groups, const at::Tensor &t) {
   return groups.back();
 }
 
-/// One AdamW update of a group. `gradScale` (grads are multiplied by it,
-/// the kernel divides by it) and `foundInf` (non-zero: the kernel leaves
-/// everything as it is) are for mixed precision; both live on the group's
-/// device. The step counts are incremented first, as torch.optim does, and
-/// taken back when `foundInf` is given (the kernel skipped the update).
-void fusedAdamW(Group &group, double lr, const AdamWConfig &config,
-                const std::optional<at::Tensor> &gradScale,
-                const std::optional<at::Tensor> &foundInf) {
-  at::_foreach_add_(group.steps, 1);
-  at::_fused_adamw_(group.params, group.grads, group.expAvgs, group.expAvgSqs,
-                    /*max_exp_avg_sqs=*/{}, group.steps, lr, config.beta1, config.beta2,
-                    config.weightDecay, config.eps, /*amsgrad=*/false, /*maximize=*/false,
-                    gradScale, foundInf);
-  if (foundInf)
-    at::_foreach_sub_(group.steps, std::vector<at::Tensor>(group.steps.size(), *foundInf));
+/// One Adam/AdamW update of a group with weight decay `weightDecay`.
+/// `gradScale` (grads are multiplied by it, the kernel divides by it) and
+/// `foundInf` (non-zero: the kernel leaves everything as it is) are for
+/// mixed precision and clipping; both live on the group's device. The
+/// step counts were incremented by the caller (torch.optim's order).
+void fusedAdam(Group &group, double lr, const AdamWConfig &config, double weightDecay,
+               const std::optional<at::Tensor> &gradScale,
+               const std::optional<at::Tensor> &foundInf) {
+  if (config.decoupled)
+    at::_fused_adamw_(group.params, group.grads, group.expAvgs, group.expAvgSqs,
+                      /*max_exp_avg_sqs=*/{}, group.steps, lr, config.beta1, config.beta2,
+                      weightDecay, config.eps, /*amsgrad=*/false, /*maximize=*/false,
+                      gradScale, foundInf);
+  else
+    at::_fused_adam_(group.params, group.grads, group.expAvgs, group.expAvgSqs,
+                     /*max_exp_avg_sqs=*/{}, group.steps, lr, config.beta1, config.beta2,
+                     weightDecay, config.eps, /*amsgrad=*/false, /*maximize=*/false, gradScale,
+                     foundInf);
 }
 
 } // namespace
@@ -72,9 +76,25 @@ void checkAdamWConfig(const AdamWConfig &config) {
     throw std::invalid_argument("AdamW: eps and weight decay must be >= 0");
 }
 
-AdamW::AdamW(std::vector<at::Tensor> params, AdamWConfig config)
+std::vector<ParameterLayout> layoutsFor(const std::vector<at::Tensor> &params,
+                                        std::vector<ParameterLayout> layouts,
+                                        const std::string &who) {
+  if (layouts.empty()) {
+    for (const at::Tensor &p : params)
+      layouts.push_back(p.defined() ? wholeLayout(p) : ParameterLayout{});
+    return layouts;
+  }
+  if (layouts.size() != params.size())
+    throw std::invalid_argument(who + ": " + std::to_string(layouts.size()) + " layouts for " +
+                                std::to_string(params.size()) + " parameters");
+  return layouts;
+}
+
+AdamW::AdamW(std::vector<at::Tensor> params, AdamWConfig config,
+             std::vector<ParameterLayout> layouts)
     : params_(std::move(params)), config_(config) {
   checkAdamWConfig(config_);
+  layouts_ = layoutsFor(params_, std::move(layouts), config_.decoupled ? "AdamW" : "Adam");
   expAvg_.reserve(params_.size());
   expAvgSq_.reserve(params_.size());
   steps_.reserve(params_.size());
@@ -98,34 +118,51 @@ AdamW::AdamW(std::vector<at::Tensor> params, AdamWConfig config)
 void AdamW::step(double lr, const std::optional<at::Tensor> &foundInf,
                   const std::optional<at::Tensor> &gradNorm, double maxNorm) {
   c10::NoGradGuard noGrad;
-  std::vector<Group> groups;
+  std::vector<at::Tensor> grads, steps;
   for (size_t i = 0; i < params_.size(); ++i) {
-    const at::Tensor &grad = params_[i].grad();
-    if (!grad.defined())
-      continue;
-    Group &g = groupFor(groups, params_[i]);
-    g.params.push_back(params_[i]);
-    g.grads.push_back(grad);
-    g.expAvgs.push_back(expAvg_[i]);
-    g.expAvgSqs.push_back(expAvgSq_[i]);
-    g.steps.push_back(steps_[i]);
+    grads.push_back(params_[i].grad());
+    if (grads.back().defined())
+      steps.push_back(steps_[i]);
   }
+  if (steps.empty())
+    return;
+  // torch.optim's order: the step counts first (taken back below where the
+  // kernel skipped the update).
+  at::_foreach_add_(steps, 1);
   // The kernel divides the grads by grad_scale: 1 / the clip factor.
   std::optional<at::Tensor> divisor;
   if (gradNorm && maxNorm > 0)
     divisor = clipFactor(gradNorm->reshape({1}).to(at::kDouble), maxNorm).reciprocal();
-  for (Group &g : groups) {
-    std::optional<at::Tensor> inf, scale;
-    if (foundInf)
-      inf = foundInf->to(g.device, at::kFloat).reshape({});
-    if (divisor)
-      scale = divisor->to(g.device, at::kFloat).reshape({});
-    fusedAdamW(g, lr, config_, scale, inf);
+  // Two weight-decay groups (member pieces that decay, and the others),
+  // each grouped by (device, dtype) as torch.optim(fused=True) does.
+  for (bool decay : {true, false}) {
+    PieceViews views = pieceViews(params_, grads, {&expAvg_, &expAvgSq_}, layouts_,
+                                  config_.decayParams, decay);
+    std::vector<Group> groups;
+    for (size_t k = 0; k < views.params.size(); ++k) {
+      Group &g = groupFor(groups, views.params[k]);
+      g.params.push_back(views.params[k]);
+      g.grads.push_back(views.grads[k]);
+      g.expAvgs.push_back(views.states[0][k]);
+      g.expAvgSqs.push_back(views.states[1][k]);
+      g.steps.push_back(steps_[views.index[k]]);
+    }
+    for (Group &g : groups) {
+      std::optional<at::Tensor> inf, scale;
+      if (foundInf)
+        inf = foundInf->to(g.device, at::kFloat).reshape({});
+      if (divisor)
+        scale = divisor->to(g.device, at::kFloat).reshape({});
+      fusedAdam(g, lr, config_, decay ? config_.weightDecay : 0.0, scale, inf);
+    }
   }
+  if (foundInf)
+    for (at::Tensor &s : steps)
+      s.sub_(foundInf->to(s.device(), at::kFloat).reshape({}));
 }
 
 void AdamW::step(const StepInputs &inputs) {
-  checkStepInputs(inputs, "AdamW");
+  checkStepInputs(inputs, config_.decoupled ? "AdamW" : "Adam");
   step(inputs.lr, inputs.foundInf, inputs.gradNorm, inputs.maxNorm);
 }
 
@@ -135,7 +172,7 @@ OptimizerState AdamW::state() const {
 
 void AdamW::loadState(const OptimizerState &state) {
   loadStateInto(state, {{"exp_avg", &expAvg_}, {"exp_avg_sq", &expAvgSq_}, {"step", &steps_}},
-                params_, "AdamW");
+                params_, config_.decoupled ? "AdamW" : "Adam");
 }
 
 void AdamW::zeroGrad() {

@@ -27,6 +27,7 @@
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -64,9 +65,10 @@ at::Tensor emptyHostTensor(int64_t numel, c10::ScalarType dtype, bool pinned) {
 }
 
 OffloadAdamW::OffloadAdamW(std::vector<at::Tensor> params, AdamWConfig config,
-                           HostGradientSource &gradients)
+                           HostGradientSource &gradients, std::vector<ParameterLayout> layouts)
     : params_(std::move(params)), config_(config), gradients_(gradients) {
   checkAdamWConfig(config_);
+  layouts_ = layoutsFor(params_, std::move(layouts), "OffloadAdamW");
   c10::NoGradGuard noGrad;
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor &p = params_[i];
@@ -238,6 +240,7 @@ void OffloadAdamW::step(double lr, const std::optional<at::Tensor> &foundInf,
       throw std::logic_error("OffloadAdamW: the host gradient of parameter " + std::to_string(i) +
                              " does not match its master");
     grad = grad.view(master.sizes());
+    const std::vector<at::Tensor> expAvgOne{expAvg_[i]}, expAvgSqOne{expAvgSq_[i]};
     // The unscaling the device gradients went through, in the same dtype
     // (x * 1 == x: skipped).
     if (lossScale && values[1] != 1.0)
@@ -248,10 +251,26 @@ void OffloadAdamW::step(double lr, const std::optional<at::Tensor> &foundInf,
     if (maxNorm > 0)
       gradScale = divisorHost;
     steps_[i].add_(1);
-    at::_fused_adamw_({master}, {grad}, {expAvg_[i]}, {expAvgSq_[i]}, /*max_exp_avg_sqs=*/{},
-                      {steps_[i]}, lr, config_.beta1, config_.beta2, config_.weightDecay,
-                      config_.eps, /*amsgrad=*/false, /*maximize=*/false, gradScale,
-                      /*found_inf=*/std::nullopt);
+    // The weight-decay groups as AdamW::step forms them: the decayed
+    // member pieces of this parameter, then the others.
+    for (bool decay : {true, false}) {
+      PieceViews v = pieceViews({master}, {grad}, {&expAvgOne, &expAvgSqOne}, {layouts_[i]},
+                                config_.decayParams, decay);
+      if (v.params.empty())
+        continue;
+      const double weightDecay = decay ? config_.weightDecay : 0.0;
+      std::vector<at::Tensor> steps(v.params.size(), steps_[i]);
+      if (config_.decoupled)
+        at::_fused_adamw_(v.params, v.grads, v.states[0], v.states[1], /*max_exp_avg_sqs=*/{},
+                          steps, lr, config_.beta1, config_.beta2, weightDecay, config_.eps,
+                          /*amsgrad=*/false, /*maximize=*/false, gradScale,
+                          /*found_inf=*/std::nullopt);
+      else
+        at::_fused_adam_(v.params, v.grads, v.states[0], v.states[1], /*max_exp_avg_sqs=*/{},
+                         steps, lr, config_.beta1, config_.beta2, weightDecay, config_.eps,
+                         /*amsgrad=*/false, /*maximize=*/false, gradScale,
+                         /*found_inf=*/std::nullopt);
+    }
     upload(i);
   }
   if (copyStream_) {

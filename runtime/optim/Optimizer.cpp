@@ -4,6 +4,8 @@
 
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
+#include <functional>
 #include <set>
 #include <stdexcept>
 
@@ -67,6 +69,67 @@ void loadStateInto(const OptimizerState &state, const StateSlots &slots,
   for (const auto &[name, tensors] : slots)
     for (size_t i = 0; i < tensors->size(); ++i)
       (*tensors)[i].copy_(state.tensors.at(stateKey(name, i)));
+}
+
+ParameterLayout wholeLayout(const at::Tensor &param, const std::string &name) {
+  ParameterLayout layout;
+  layout.members.push_back({name, param.sizes().vec(), 0});
+  return layout;
+}
+
+bool decays(const std::vector<int64_t> &shape, WeightDecayParams rule) {
+  return rule == WeightDecayParams::All || shape.size() >= 2;
+}
+
+std::vector<ParameterPiece> piecesOf(const ParameterLayout &layout, int64_t numel) {
+  std::vector<ParameterPiece> pieces;
+  const int64_t begin = layout.begin, end = layout.begin + numel;
+  for (size_t m = 0; m < layout.members.size(); ++m) {
+    const ParameterLayout::Member &member = layout.members[m];
+    int64_t size = 1;
+    for (int64_t d : member.shape)
+      size *= d;
+    const int64_t from = std::max(begin, member.offset);
+    const int64_t to = std::min(end, member.offset + size);
+    if (from < to)
+      pieces.push_back({m, from - begin, to - from, from - member.offset});
+  }
+  return pieces;
+}
+
+PieceViews pieceViews(const std::vector<at::Tensor> &params,
+                      const std::vector<at::Tensor> &grads,
+                      const std::vector<const std::vector<at::Tensor> *> &states,
+                      const std::vector<ParameterLayout> &layouts, WeightDecayParams rule,
+                      bool decay) {
+  PieceViews views;
+  views.states.resize(states.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!grads[i].defined())
+      continue;
+    const ParameterLayout &layout = layouts.at(i);
+    const int64_t numel = params[i].numel();
+    std::vector<ParameterPiece> pieces = piecesOf(layout, numel);
+    auto add = [&](const at::Tensor &p, const at::Tensor &g,
+                   const std::function<at::Tensor(const at::Tensor &)> &view) {
+      views.params.push_back(view(p));
+      views.grads.push_back(view(g));
+      for (size_t k = 0; k < states.size(); ++k)
+        views.states[k].push_back(view((*states[k])[i]));
+      views.index.push_back(i);
+    };
+    if (pieces.size() == 1 && pieces[0].numel == numel) {
+      if (decays(layout.members[pieces[0].member].shape, rule) == decay)
+        add(params[i].detach(), grads[i], [](const at::Tensor &t) { return t; });
+      continue;
+    }
+    for (const ParameterPiece &piece : pieces)
+      if (decays(layout.members[piece.member].shape, rule) == decay)
+        add(params[i].detach(), grads[i], [&](const at::Tensor &t) {
+          return t.view({-1}).narrow(0, piece.offset, piece.numel);
+        });
+  }
+  return views;
 }
 
 void checkStepInputs(const StepInputs &inputs, const std::string &who) {

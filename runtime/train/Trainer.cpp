@@ -80,10 +80,11 @@ Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
     : model_(model), config_(std::move(config)), out_(out),
       metrics_(out, jsonLog, config_.logEvery), rng_(config_.seed),
       lossScale_(config_.lossScale) {
-  // AdamW on the device, or, offloading (--offload-optimizer), AdamW with
-  // its masters and moments in host memory, fed by the gradient copies the
-  // ZeRO storage makes during the backward (OffloadAdam.h).
-  optimizer_ = model_.makeOptimizer(config_.adamw, config_.gradAccum);
+  // The optimizer on the device (Optimizers.h), or, offloading
+  // (--offload-optimizer), Adam/AdamW with its masters and moments in host
+  // memory, fed by the gradient copies the ZeRO storage makes during the
+  // backward (OffloadAdam.h).
+  optimizer_ = model_.makeOptimizer(config_.optimizer, config_.gradAccum);
   if (config_.lossScale > 0)
     scaler_.emplace(config_.lossScale, config_.lossScaleFactor, config_.lossScaleWindow,
                     std::min(config_.minLossScale, config_.lossScale), model_.device());
@@ -92,15 +93,17 @@ Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
 Trainer::~Trainer() = default;
 
 void Trainer::setCheckpoints(CheckpointOptions options, RunIdentity identity) {
-  identity.optimizer = model_.offloadsOptimizer() ? "offload-adamw" : "adamw";
+  identity.optimizer = std::string(model_.offloadsOptimizer() ? "offload-" : "") +
+                       optimizerKindName(config_.optimizer.kind);
   identity.lr = config_.schedule.peakLR;
-  identity.adamw = config_.adamw;
+  identity.optimizerConfig = config_.optimizer;
   identity.schedule = config_.schedule;
   checkpoints_.emplace(std::move(options), std::move(identity));
 }
 
 ResumeReport Trainer::resume(const std::string &folder) {
-  ResumeReport report = loadCheckpoint(folder, model_, *optimizer_, scaler_ ? &*scaler_ : nullptr);
+  ResumeReport report = loadCheckpoint(folder, model_, *optimizer_, scaler_ ? &*scaler_ : nullptr,
+                                       &config_.optimizer);
   startStep_ = report.progress.step;
   resumePosition_ = report.progress.data;
   std::istringstream in(report.progress.objectiveGenerator);
@@ -457,7 +460,7 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
   inspector_->afterGradients(step);
   // Clipping and the update happen on the device; a step with an inf/NaN
   // gradient on any rank (fp16) is skipped by the fused kernel itself.
-  // Both optimizers apply the clip factor themselves, AdamW inside its
+  // Every optimizer applies the clip factor itself, the fused ones inside their
   // fused kernel, the offloaded one on the host.
   at::Tensor gradNorm = model_.gradNorm().to(device, at::kDouble);
   // (The offloaded one gives the host copies of the gradients the same

@@ -28,7 +28,7 @@ import torch
 
 from bmt_paths import binary
 from numerics import assert_identical, assert_loss_close, assert_trained_close
-from test_runtime_parity import build
+from test_runtime_parity import build, decay_groups
 
 SEQ = 8
 GLOBAL_BATCH = 4
@@ -69,7 +69,7 @@ def reference_mixed_precision(model, batches, steps, lrs, clip, wd):
     from the masters."""
     params = list(model.parameters())  # tied parameters once
     masters = [p.detach().float().clone().requires_grad_(True) for p in params]
-    opt = torch.optim.AdamW(masters, lr=1.0, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+    opt = torch.optim.AdamW(decay_groups(masters, wd), lr=1.0, betas=(0.9, 0.999), eps=1e-8)
     losses = []
     for step in range(1, steps + 1):
         for p in params:

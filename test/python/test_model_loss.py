@@ -30,6 +30,7 @@ import torch
 
 from bmt_paths import REPO, binary, tool
 from numerics import assert_loss_close, assert_trained_close
+from test_runtime_parity import decay_groups
 
 sys.path.insert(0, os.path.join(REPO, "test", "fixtures"))
 import make_fixtures  # noqa: E402  (the tiny model configs)
@@ -75,8 +76,8 @@ def eager(model, loss_of, batches, ranks, lrs):
     """The reference: torch.optim.AdamW on the same global batches; each
     rank's rows give one loss (the model's), and the step's objective is
     their mean (each rank counts equally), as bmt-run defines it."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1.0, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=0.01)
+    opt = torch.optim.AdamW(decay_groups(model.parameters(), 0.01), lr=1.0, betas=(0.9, 0.999),
+                            eps=1e-8)
     losses = []
     for step in range(1, STEPS + 1):
         opt.zero_grad()
@@ -212,7 +213,7 @@ def test_t5_model_loss_on_pairs_matches_eager(case, tmp_path):
         return m(input_ids=i, attention_mask=torch.ones_like(i), decoder_input_ids=shift_right(y),
                  labels=y).loss
     reference = copy.deepcopy(model)
-    opt = torch.optim.AdamW(reference.parameters(), lr=1.0, weight_decay=0.01)
+    opt = torch.optim.AdamW(decay_groups(reference.parameters(), 0.01), lr=1.0)
     losses = []
     for step in range(1, STEPS + 1):
         opt.zero_grad()

@@ -39,7 +39,7 @@ ACCUM = 2
 RANKS = 2
 CLIP = 0.05  # the tiny models' gradient norms are ~1-5: every step clips
 
-OFFLOAD_LINE = re.compile(r"--offload-optimizer: float32 master weights, AdamW moments and "
+OFFLOAD_LINE = re.compile(r"--offload-optimizer: float32 master weights, Adam moments and "
                           r"gradient copies of (\d+) elements in host memory")
 
 

@@ -25,7 +25,7 @@ from bmt_paths import binary
 from numerics import (assert_close, assert_gradients_close, assert_loss_close,
                       assert_trained_close)
 from test_bmt_run import assert_one_error, bmt_run, write_tokens
-from test_runtime_parity import build, compile_model
+from test_runtime_parity import build, compile_model, decay_groups
 from test_zero_multirank import torchrun
 
 warnings.filterwarnings("ignore")
@@ -103,8 +103,8 @@ def test_t5_forward_and_gradients_match_eager(fmt, tmp_path):
 
 
 def eager_pairs_training(model, ids, labels, steps, accum, lrs, clip):
-    opt = torch.optim.AdamW(model.parameters(), lr=1.0, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=0.01)
+    opt = torch.optim.AdamW(decay_groups(model.parameters(), 0.01), lr=1.0, betas=(0.9, 0.999),
+                            eps=1e-8)
     losses, k = [], 0
     for step in range(1, steps + 1):
         opt.zero_grad()

@@ -28,6 +28,7 @@ import torch
 from bmt_paths import binary, tool
 from numerics import assert_loss_close, assert_trained_close
 from test_bmt_run import assert_one_error, bmt_run
+from test_runtime_parity import decay_groups
 from test_zero_multirank import torchrun
 
 VOCAB = 128
@@ -162,8 +163,8 @@ def document_loss_sum(model, doc, mask):
 def eager_sft(model, docs, masks, batches, lrs, clip=1.0, weight_decay=0.01):
     """Losses (None for a step without targets, whose update is skipped) and
     the trained parameters."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1.0, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=weight_decay)
+    opt = torch.optim.AdamW(decay_groups(model.parameters(), weight_decay), lr=1.0,
+                            betas=(0.9, 0.999), eps=1e-8)
     losses = []
     for step, batch in enumerate(batches, 1):
         opt.zero_grad()

@@ -3,10 +3,12 @@
 #include "Options.h"
 
 #include "bmt/Runtime/optim/LRSchedule.h"
+#include "bmt/Runtime/optim/Optimizers.h"
 
 #include <cmath>
 #include <functional>
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <type_traits>
@@ -149,22 +151,73 @@ const std::vector<Option> &optionTable() {
        [](RunOptions &o, auto &k, const Values &v) { o.train.schedule.minLR = toDouble(k, v[0], 0); }},
       {"--lr-gamma", "F", "training", "per-step factor of exponential decay (default 0.999)",
        [](RunOptions &o, auto &k, const Values &v) { o.train.schedule.gamma = toDouble(k, v[0], 0); }},
-      {"--weight-decay", "F", "training", "AdamW decoupled weight decay (default 0.01)",
+      {"--optimizer", "NAME", "training",
+       "sgd | adam | adamw | lion | adafactor (default adamw), each\n"
+       "with torch.optim's update and defaults (docs/runtime.md)",
        [](RunOptions &o, auto &k, const Values &v) {
-         o.train.adamw.weightDecay = toDouble(k, v[0], 0);
+         std::optional<runtime::OptimizerKind> kind = runtime::parseOptimizerKind(v[0]);
+         if (!kind)
+           throw UsageError(k + ": unknown optimizer '" + v[0] +
+                            "' (sgd, adam, adamw, lion or adafactor)");
+         o.train.optimizer.kind = *kind;
        }},
-      {"--beta1", "F", "training", "AdamW's first-moment decay (default 0.9)",
-       [](RunOptions &o, auto &k, const Values &v) { o.train.adamw.beta1 = toDouble(k, v[0], 0); }},
-      {"--beta2", "F", "training", "AdamW's second-moment decay (default 0.999)",
-       [](RunOptions &o, auto &k, const Values &v) { o.train.adamw.beta2 = toDouble(k, v[0], 0); }},
-      {"--eps", "F", "training", "AdamW's epsilon (default 1e-8)",
-       [](RunOptions &o, auto &k, const Values &v) { o.train.adamw.eps = toDouble(k, v[0], 0); }},
+      {"--weight-decay", "F", "training",
+       "weight decay: decoupled for adamw, lion, adafactor, L2 added to\n"
+       "the gradient for sgd, adam (default 0.01 for adamw, else 0)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         o.train.optimizer.weightDecay = toDouble(k, v[0], 0);
+       }},
+      {"--weight-decay-params", "WHICH", "training",
+       "matrices: decay parameters of 2+ dimensions only, none on biases\n"
+       "and norm weights (default); all: every parameter",
+       [](RunOptions &o, auto &k, const Values &v) {
+         if (v[0] == "matrices")
+           o.train.optimizer.decayParams = runtime::WeightDecayParams::Matrices;
+         else if (v[0] == "all")
+           o.train.optimizer.decayParams = runtime::WeightDecayParams::All;
+         else
+           throw UsageError(k + ": '" + v[0] + "' is neither matrices nor all");
+       }},
+      {"--beta1", "F", "training",
+       "adam/adamw/lion first-moment decay (default 0.9)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.optimizer.beta1 = toDouble(k, v[0], 0); }},
+      {"--beta2", "F", "training",
+       "adam/adamw second-moment decay (default 0.999); lion's\n"
+       "momentum decay (default 0.99)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.optimizer.beta2 = toDouble(k, v[0], 0); }},
+      {"--eps", "F", "training", "adam/adamw epsilon (default 1e-8)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.optimizer.eps = toDouble(k, v[0], 0); }},
+      {"--momentum", "F", "training", "sgd momentum (default 0)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.optimizer.momentum = toDouble(k, v[0], 0); }},
+      {"--dampening", "F", "training", "sgd dampening (default 0)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.optimizer.dampening = toDouble(k, v[0], 0); }},
+      {"--nesterov", "", "training", "sgd Nesterov momentum",
+       [](RunOptions &o, auto &, const Values &) { o.train.optimizer.nesterov = true; }},
+      {"--adafactor-beta2-decay", "F", "training",
+       "adafactor: beta2_t = 1 - t^F (default -0.8)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         o.train.optimizer.beta2Decay = toDouble(k, v[0], -std::numeric_limits<double>::infinity());
+       }},
+      {"--adafactor-eps1", "F", "training",
+       "adafactor: floor of the second moment (default: the dtype's\n"
+       "machine epsilon)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.optimizer.eps1 = toDouble(k, v[0], 0); }},
+      {"--adafactor-eps2", "F", "training",
+       "adafactor: floor of the parameter RMS in the relative step\n"
+       "(default 1e-3)",
+       [](RunOptions &o, auto &k, const Values &v) { o.train.optimizer.eps2 = toDouble(k, v[0], 0); }},
+      {"--adafactor-d", "F", "training",
+       "adafactor: update clipping threshold d (default 1)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         o.train.optimizer.clipThreshold = toDouble(k, v[0], 0);
+       }},
       {"--clip-grad", "F", "training", "clip the global gradient norm to F; 0 = off (default 1.0)",
        [](RunOptions &o, auto &k, const Values &v) { o.train.clipGrad = toDouble(k, v[0], 0); }},
       {"--offload-optimizer", "", "training",
-       "keep the float32 master weights and AdamW moments in (pinned)\n"
-       "host memory and run AdamW on the CPU; gradients are copied to\n"
-       "the host during the backward (ZeRO plans only; docs/runtime.md)",
+       "keep the float32 master weights and Adam/AdamW moments in\n"
+       "(pinned) host memory and run the optimizer on the CPU; gradients\n"
+       "are copied to the host during the backward (adam and adamw,\n"
+       "ZeRO plans only; docs/runtime.md)",
        [](RunOptions &o, auto &, const Values &) { o.offloadOptimizer = true; }},
       // mixed precision
       {"--loss-scale", "F", "mixed precision",
@@ -321,8 +374,17 @@ void checkCombination(const RunOptions &o) {
     throw UsageError("--min-loss-scale must be positive");
   if (o.lossScale > 0 && o.train.minLossScale > o.lossScale)
     throw UsageError("--min-loss-scale is above --loss-scale");
-  if (!(o.train.adamw.beta1 < 1) || !(o.train.adamw.beta2 < 1))
-    throw UsageError("--beta1 and --beta2 must lie in [0, 1)");
+  try {
+    runtime::checkOptimizerConfig(o.train.optimizer);
+  } catch (const std::invalid_argument &e) {
+    throw UsageError(e.what());
+  }
+  if (o.offloadOptimizer && o.train.optimizer.kind != runtime::OptimizerKind::Adam &&
+      o.train.optimizer.kind != runtime::OptimizerKind::AdamW)
+    throw UsageError(std::string("--offload-optimizer runs adam or adamw on the host; "
+                                 "--optimizer ") +
+                     runtime::optimizerKindName(o.train.optimizer.kind) +
+                     " is not offloaded (drop --offload-optimizer)");
   if (!(o.train.maskProb > 0 && o.train.maskProb < 1))
     throw UsageError("--mask-prob must be in (0, 1)");
   const runtime::SpanCorruptionConfig &span = o.train.spanCorruption;

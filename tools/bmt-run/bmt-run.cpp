@@ -209,11 +209,11 @@ void printPrecision(const tools::RunOptions &o, runtime::Model &model, double lo
       bytes += shard.numel() * 4 *
                static_cast<int64_t>(c10::elementSize(runtime::masterDtype(shard.scalar_type())));
     }
-    std::cout << "bmt-run: --offload-optimizer: float32 master weights, AdamW moments and "
+    std::cout << "bmt-run: --offload-optimizer: float32 master weights, Adam moments and "
                  "gradient copies of "
               << elements << " elements in " << (device.is_cuda() ? "pinned " : "")
               << "host memory (" << std::fixed << std::setprecision(1)
-              << static_cast<double>(bytes) / (1024.0 * 1024.0) << " MiB on rank 0); AdamW "
+              << static_cast<double>(bytes) / (1024.0 * 1024.0) << " MiB on rank 0); the optimizer "
               << "runs on the CPU" << std::defaultfloat << "\n";
   }
 }

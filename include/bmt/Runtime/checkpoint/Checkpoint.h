@@ -13,7 +13,7 @@
 #define BMT_RUNTIME_CHECKPOINT_CHECKPOINT_H
 
 #include "bmt/Runtime/data/Batches.h"
-#include "bmt/Runtime/optim/AdamW.h"
+#include "bmt/Runtime/optim/Optimizers.h"
 #include "bmt/Runtime/optim/LRSchedule.h"
 
 #include <cstdint>
@@ -56,9 +56,11 @@ struct RunIdentity {
   std::string modelIdentity; ///< modelIdentity() of its plan
   std::string source, modelType;
   int64_t worldSize = 1, zeroStage = 0, shardGroupSize = 1;
-  std::string optimizer; ///< "adamw" or "offload-adamw"
+  /// "sgd", "adam", "adamw", "lion", "adafactor", or "offload-adam",
+  /// "offload-adamw" (--offload-optimizer)
+  std::string optimizer;
   double lr = 0;
-  AdamWConfig adamw;
+  OptimizerConfig optimizerConfig; ///< its hyperparameters (a resume must match them)
   LRScheduleConfig schedule;
   /// The model's Hugging Face files (plan::Archive::hfFiles: config.json,
   /// generation_config.json), copied into every checkpoint as hf/<name>
@@ -163,8 +165,13 @@ struct ResumeReport {
 /// complete checkpoint, another format version, another model (naming the
 /// first tensor that differs), missing or truncated rank files; and for a
 /// checksum mismatch (then the model may be partly loaded: stop the run).
+/// With `expected` (the run's optimizer, `offloaded` or not): throws
+/// CheckpointError, changing nothing, when the checkpoint was saved by
+/// another optimizer or with other hyperparameters (its kind and settings
+/// as checkpoint.json's "optimizer" records them, the "offload-" prefix
+/// and the learning rate aside), naming both.
 ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &optimizer,
-                            LossScaler *scaler);
+                            LossScaler *scaler, const OptimizerConfig *expected = nullptr);
 
 } // namespace bmt::runtime
 

@@ -26,7 +26,8 @@ class ParameterStorage;
 class ZeroStorage;
 class HostGradientSource;
 class Optimizer;
-struct AdamWConfig;
+struct OptimizerConfig;
+struct ParameterLayout;
 
 struct ModelOptions {
   /// Keep the optimizer's float32 masters and moments in host memory
@@ -171,11 +172,20 @@ public:
   /// number of backward passes (micro-batches) per optimizer step, after
   /// which a group's gradient is complete and copied to the host.
   HostGradientSource &hostGradients(int64_t microBatchesPerStep);
-  /// The optimizer of parameters(): an OffloadAdamW fed by
-  /// hostGradients(microBatchesPerStep) when offloadsOptimizer(), else
-  /// AdamW on the device. Throws as their constructors and hostGradients().
-  std::unique_ptr<Optimizer> makeOptimizer(const AdamWConfig &config,
+  /// The optimizer of parameters() (Optimizers.h), with their layouts
+  /// (parameterLayouts()) for the weight-decay groups and Adafactor's
+  /// factors, and under ZeRO the shard group's communicator: an
+  /// OffloadAdamW (Adam/AdamW) fed by hostGradients(microBatchesPerStep)
+  /// when offloadsOptimizer(), else the device optimizer of config.kind.
+  /// Throws std::invalid_argument for bad hyperparameters and for
+  /// offloading an optimizer other than Adam/AdamW (naming it), else as
+  /// the constructors and hostGradients().
+  std::unique_ptr<Optimizer> makeOptimizer(const OptimizerConfig &config,
                                            int64_t microBatchesPerStep);
+  /// What each of parameters() holds (same order): a ZeRO shard's members
+  /// (plan shapes, offsets in the group's buffer, the shard's first
+  /// element), or a replicated parameter as one member.
+  std::vector<ParameterLayout> parameterLayouts() const;
 
   /// Mixed precision: the dtype of the model's floating-point parameters
   /// (the first one in plan order; float32 when there is none).

@@ -3,8 +3,9 @@
 // AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization") with
 // the exact update of torch.optim.AdamW, implemented with ATen's fused
 // kernel at::_fused_adamw_ (CPU and CUDA), which also takes a gradient scale
-// and a found-inf flag for mixed precision. Plus global-norm gradient
-// clipping as torch.nn.utils.clip_grad_norm_.
+// and a found-inf flag for mixed precision; and Adam (Kingma & Ba) with
+// coupled L2 weight decay as torch.optim.Adam (at::_fused_adam_). Plus
+// global-norm gradient clipping as torch.nn.utils.clip_grad_norm_.
 //
 //===----------------------------------------------------------------------===//
 
@@ -26,18 +27,35 @@ struct AdamWConfig {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weightDecay = 0.01;
+  /// true: AdamW's decoupled decay (p *= 1 - lr * decay); false: Adam's
+  /// L2 penalty added to the gradient (torch.optim.Adam's weight_decay).
+  bool decoupled = true;
+  /// Which parameters (member tensors, see ParameterLayout) get the decay.
+  WeightDecayParams decayParams = WeightDecayParams::All;
 };
 
 /// Throws std::invalid_argument unless the betas lie in [0, 1) and eps and
 /// the weight decay are >= 0 (AdamW's and OffloadAdamW's check).
 void checkAdamWConfig(const AdamWConfig &config);
 
+/// `layouts` as given, or (empty) each param one member, whole. Throws
+/// std::invalid_argument naming `who` when the counts differ.
+std::vector<ParameterLayout> layoutsFor(const std::vector<at::Tensor> &params,
+                                        std::vector<ParameterLayout> layouts,
+                                        const std::string &who);
+
 class AdamW : public Optimizer {
 public:
   /// `params`: the tensors to update in place (float32/float64, any device,
   /// requires_grad leaves). The optimizer state (exp_avg, exp_avg_sq: same
   /// shape and dtype as each param; a float32 step count) is created here.
-  AdamW(std::vector<at::Tensor> params, AdamWConfig config);
+  /// `layouts` (one a param, or empty: each param is one member, whole)
+  /// say which pieces of a param get weight decay (config.decayParams):
+  /// the kernel runs once over the decayed pieces and once, with decay 0,
+  /// over the others. Throws std::invalid_argument for a bad config, an
+  /// undefined or non-floating param, or layouts of another count.
+  AdamW(std::vector<at::Tensor> params, AdamWConfig config,
+        std::vector<ParameterLayout> layouts = {});
 
   /// One update with learning rate `lr` using each param's `.grad()`.
   /// Params whose grad is undefined are skipped (as torch.optim does).
@@ -76,6 +94,7 @@ public:
 private:
   std::vector<at::Tensor> params_, expAvg_, expAvgSq_, steps_;
   AdamWConfig config_;
+  std::vector<ParameterLayout> layouts_;
 };
 
 /// The global L2 norm of the grads of `params` (undefined grads count as 0)

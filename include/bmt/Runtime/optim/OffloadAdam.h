@@ -56,8 +56,11 @@ public:
   /// it must outlive the optimizer.
   /// Throws std::invalid_argument for bad betas/eps/decay (as AdamW), an
   /// undefined or non-floating parameter, or parameters on several devices.
+  /// `config.decoupled` false: Adam's coupled L2 decay (at::_fused_adam_).
+  /// `layouts` (one a param, or empty: each one member, whole) select the
+  /// pieces that get weight decay, as for AdamW.
   OffloadAdamW(std::vector<at::Tensor> params, AdamWConfig config,
-               HostGradientSource &gradients);
+               HostGradientSource &gradients, std::vector<ParameterLayout> layouts = {});
   /// Waits for the uploads still in flight (the masters they read die here).
   ~OffloadAdamW() override;
   OffloadAdamW(const OffloadAdamW &) = delete;
@@ -116,6 +119,7 @@ private:
 
   std::vector<at::Tensor> params_, masters_, expAvg_, expAvgSq_, steps_;
   AdamWConfig config_;
+  std::vector<ParameterLayout> layouts_;
   HostGradientSource &gradients_;
   at::Device device_{at::kCPU};
   /// CUDA: the host-to-device stream, the step's scalars in pinned memory

@@ -1,7 +1,7 @@
 //===- Optimizer.h - the optimizer interface --------------------*- C++ -*-===//
 //
-// What the trainer calls on an optimizer, whichever it is (AdamW on the
-// device, OffloadAdamW with its state in host memory): one step over the
+// What the trainer calls on an optimizer, whichever it is (AdamW, SGD, Lion,
+// Adafactor on the device, OffloadAdamW with its state in host memory): one step over the
 // parameters it was built with (a rank's ZeRO shards, or the replicated
 // parameters), clearing the gradients, and its state as named tensors and
 // scalars, which it saves and loads itself (a checkpoint's unit, in the
@@ -14,8 +14,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,7 +48,61 @@ struct StepInputs {
 struct OptimizerState {
   std::map<std::string, at::Tensor> tensors;
   std::map<std::string, double> scalars;
+  /// Slots (the "<name>" of "<name>.<i>") whose tensors are not shaped
+  /// like parameter i but are the same on every rank of the shard group
+  /// (Adafactor's factored row and column statistics of its members): a
+  /// checkpoint saves them once (with shard 0) and loads them whole.
+  std::set<std::string> replicatedSlots;
 };
+
+/// What an optimizer parameter holds: a flat ZeRO shard holds a contiguous
+/// piece of its storage group's buffer, which holds the group's member
+/// tensors at element offsets (Model::parameterLayouts(); Plan.h's
+/// StorageGroup); a replicated parameter is one member, whole. Optimizers
+/// use it for the weight-decay groups (a member's number of dimensions)
+/// and for Adafactor's factored statistics (a member's shape).
+struct ParameterLayout {
+  struct Member {
+    std::string name;           ///< the plan tensor's name (for messages)
+    std::vector<int64_t> shape; ///< its full shape
+    int64_t offset = 0;         ///< its first element in the buffer
+  };
+  std::vector<Member> members; ///< in buffer order, not overlapping
+  /// The buffer element at the parameter's (flattened) element 0: the
+  /// shard's index times the shard size under ZeRO, else 0.
+  int64_t begin = 0;
+  /// The buffer is split over the shard group (more than one shard): a
+  /// statistic over a whole member (Adafactor's) needs the group's sum.
+  bool split = false;
+};
+
+/// The layout of a tensor that is one member, whole.
+ParameterLayout wholeLayout(const at::Tensor &param, const std::string &name = "");
+
+/// Which parameters get weight decay (bmt-run --weight-decay-params).
+enum class WeightDecayParams {
+  /// Matrices and embeddings (2 or more dimensions) only; biases and
+  /// normalization weights (fewer than 2 dimensions) get none, the rule of
+  /// Megatron-LM, nanoGPT and the Hugging Face Trainer. The default.
+  Matrices,
+  All, ///< every parameter (torch.optim with one parameter group)
+};
+
+/// Whether a member of shape `shape` gets weight decay under `rule`.
+bool decays(const std::vector<int64_t> &shape, WeightDecayParams rule);
+
+/// A member's piece inside an optimizer parameter (flattened): elements
+/// [offset, offset + numel) of the parameter are elements [memberOffset,
+/// memberOffset + numel) of layout.members[member] (row-major).
+struct ParameterPiece {
+  size_t member = 0;
+  int64_t offset = 0, numel = 0, memberOffset = 0;
+};
+
+/// The pieces of `layout`'s members that lie in a parameter of `numel`
+/// elements (buffer elements [layout.begin, layout.begin + numel)), in
+/// order; members outside it are left out, padding is in no piece.
+std::vector<ParameterPiece> piecesOf(const ParameterLayout &layout, int64_t numel);
 
 class Optimizer {
 public:
@@ -92,6 +148,22 @@ void loadStateInto(const OptimizerState &state, const StateSlots &slots,
 /// For implementations: throws std::invalid_argument naming `who` when
 /// inputs.maxNorm > 0 without inputs.gradNorm.
 void checkStepInputs(const StepInputs &inputs, const std::string &who);
+
+/// For implementations: the views of `params` (and of same-shaped state
+/// tensors) that one weight-decay group updates: the whole tensor when its
+/// layout is one member covering it, else one flat view a member piece.
+/// `decay` selects the pieces that decays() says get weight decay (true) or
+/// none (false). index[k] is the parameter of view k.
+struct PieceViews {
+  std::vector<at::Tensor> params, grads;
+  std::vector<std::vector<at::Tensor>> states; ///< one list a state slot
+  std::vector<size_t> index;
+};
+PieceViews pieceViews(const std::vector<at::Tensor> &params,
+                      const std::vector<at::Tensor> &grads,
+                      const std::vector<const std::vector<at::Tensor> *> &states,
+                      const std::vector<ParameterLayout> &layouts, WeightDecayParams rule,
+                      bool decay);
 
 } // namespace bmt::runtime
 

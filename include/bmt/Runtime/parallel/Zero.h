@@ -169,6 +169,9 @@ public:
   /// parameter once.
   int64_t numParameters() const;
   Comm &world() { return world_; }
+  /// The communicator of the ranks that hold the other shards of this
+  /// rank's groups (the shard group).
+  Comm &shardComm() { return *shardComm_; }
 
 private:
   struct Group;

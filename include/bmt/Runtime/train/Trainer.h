@@ -10,7 +10,7 @@
 #include "bmt/Runtime/train/Metrics.h"
 #include "bmt/Runtime/optim/LRSchedule.h"
 #include "bmt/Runtime/exec/Model.h"
-#include "bmt/Runtime/optim/AdamW.h"
+#include "bmt/Runtime/optim/Optimizers.h"
 #include "bmt/Runtime/data/TokenData.h"
 
 #include <ATen/core/Tensor.h>
@@ -69,7 +69,7 @@ struct TrainConfig {
   int64_t steps = 1;
   int64_t gradAccum = 1;   ///< micro-batches per optimizer step
   LRScheduleConfig schedule;
-  AdamWConfig adamw;
+  OptimizerConfig optimizer; ///< --optimizer and its hyperparameters (Optimizers.h)
   double clipGrad = 1.0;   ///< max global grad norm; 0 = no clipping
   Objective objective = Objective::CausalLM;
   /// Train on the loss the model computes itself (a forward taking labels;
@@ -115,9 +115,10 @@ struct TrainConfig {
 /// masked ones of the first seq; span corruption turns the whole window of
 /// seq + 1 tokens into an encoder input and a target; or ready
 /// encoder-decoder pairs; or whole documents, MicroBatch::targets saying
-/// which tokens are predicted), AdamW, the LR schedule, clipping. A step
-/// whose global batch has no target token is not applied (a warning names
-/// it; its JSON record says "skipped" with a null loss).
+/// which tokens are predicted), the optimizer (--optimizer), the LR
+/// schedule, clipping. A step whose global batch has no target token is not
+/// applied (a warning names it; its JSON record says "skipped" with a null
+/// loss).
 /// Prints one line per logEvery steps to `out` and a JSON line per step and
 /// per evaluation to `jsonLog` (when given). Evaluates on `evalData` (when
 /// given) every evalEvery steps and after the last step.
