@@ -214,7 +214,16 @@ void launch(void *function, Args &a, bool row, int64_t rowLen, const at::Device 
     throw FusionError("cuLaunchKernel failed (CUresult " + std::to_string(rc) + ")");
 }
 
+/// The kernel `name` of `source` on `device`: one module per distinct
+/// source and device in the process (identical regions of identical blocks
+/// share it), compiled through the disk cache.
 void *loadFunction(const std::string &source, const std::string &name, const at::Device &device) {
+  static std::mutex mutex;
+  static std::map<std::string, void *> loaded;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::string key = device.str() + "\n" + source;
+  if (auto it = loaded.find(key); it != loaded.end())
+    return it->second;
   const cudaDeviceProp *prop = at::cuda::getDeviceProperties(device.index());
   std::string cubin = compileCuda(source, name, prop->major, prop->minor, /*cubin=*/true);
   void *module = nullptr, *function = nullptr;
@@ -224,6 +233,7 @@ void *loadFunction(const std::string &source, const std::string &name, const at:
   rc = driver().moduleGetFunction(&function, module, name.c_str());
   if (rc != 0)
     throw FusionError("cuModuleGetFunction failed for " + name + " (CUresult " + std::to_string(rc) + ")");
+  loaded[key] = function;
   return function;
 }
 
@@ -255,8 +265,8 @@ FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inp
     return *k;
   k = std::make_unique<Kernels>();
 #ifdef BMT_WITH_CUDA_KERNELS
-  std::string suffix = std::to_string(kernels_.size() - 1);
-  std::string fname = name_ + "_fwd" + suffix, bname = name_ + "_bwd" + suffix;
+  // Fixed names (one kernel per module): equal regions give equal sources.
+  std::string fname = "bmt_fused_forward", bname = "bmt_fused_backward";
   k->forward = loadFunction(cudaSource(region_.forward, {region_.result}, fname, dtypes,
                                        c10::ScalarType::Undefined, {resultDtype(region_, dtypes)}),
                             fname, inputs[0].device());
