@@ -468,7 +468,13 @@ std::map<std::string, std::string> initRules(ModuleOp module) {
     if (!norm && !mul)
       return;
     for (auto [i, operand] : llvm::enumerate(aten.getOperands())) {
-      auto global = operand.getDefiningOp<bmt::GetGlobalOp>();
+      // Inside a bmt.fused body, a block argument stands for the fused
+      // op's operand of the same position.
+      Value v = operand;
+      if (auto arg = dyn_cast<BlockArgument>(v))
+        if (auto fused = dyn_cast<bmt::FusedOp>(arg.getOwner()->getParentOp()))
+          v = fused.getInputs()[arg.getArgNumber()];
+      auto global = v.getDefiningOp<bmt::GetGlobalOp>();
       // layer_norm(input, shape, weight, bias, ...): the weight is the
       // second operand (the shape is a constant); mul: either operand.
       if (global && (mul || i == 1))

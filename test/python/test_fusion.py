@@ -57,3 +57,40 @@ def test_old_reader_refuses_fused_plan(tmp_path):
     with zipfile.ZipFile(sharded) as z:
         version = [n for n in z.namelist() if n.endswith("bmt/version")][0]
         assert z.read(version) == b"bmt-sharded 5\n"
+
+
+def test_random_init_and_training_match_unfused(tmp_path):
+    """A weights-free plan (--random-init) initializes the parameters by rule:
+    the RMSNorm weights inside fused regions must still be recognized as
+    scales (ones), so fused and unfused plans start from the same weights
+    and train to the same losses (fp32, CPU)."""
+    import json
+    import numpy as np
+    model = build("llama")
+    vocab = model.config.vocab_size
+    inputs = {"input_ids": torch.zeros(2, 8, dtype=torch.long),
+              "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    pt = str(tmp_path / "llama.pt")
+    torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False).save(pt)
+    n = 4000
+    np.random.default_rng(0).integers(0, vocab, n, dtype=np.uint16).tofile(tmp_path / "tok.bin")
+    json.dump({"format": "bmt-tokens", "version": 1, "dtype": "uint16", "num_tokens": n,
+               "num_documents": 1, "vocab_size": vocab, "eos_id": 0, "mask_id": None, "pad_id": None,
+               "tokenizer": "random", "source": []}, open(tmp_path / "tok.json", "w"))
+    losses = {}
+    for kind, pipeline in [("plain", "fuse-elementwise=false"), ("fused", "fuse-elementwise=true")]:
+        sharded = str(tmp_path / f"{kind}.sharded.pt")
+        subprocess.run([binary("bmt-opt"), pt, f"--bmt-default-pipeline={pipeline} summary=false",
+                        "--random-init", "-o", sharded], check=True, capture_output=True)
+        log = tmp_path / f"{kind}.jsonl"
+        r = subprocess.run([binary("bmt-run"), sharded, "--data", str(tmp_path / "tok.bin"),
+                            "--steps", "4", "--micro-batch", "2", "--seq-len", "16", "--lr", "1e-2",
+                            "--device", "cpu", "--log-file", str(log), "--log-every", "1"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        losses[kind] = [json.loads(line)["loss"] for line in open(log) if '"train"' in line]
+    assert len(losses["plain"]) == 4
+    # A uniform prediction (norm weights initialized to zero) would give ln(vocab).
+    assert abs(losses["plain"][0] - float(np.log(vocab))) > 1e-3
+    for a, b in zip(losses["fused"], losses["plain"]):
+        assert abs(a - b) <= 1e-5 * abs(b), (losses["fused"], losses["plain"])
