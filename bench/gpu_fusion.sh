@@ -22,8 +22,10 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBMT_COMPILER=OFF -
   || { tail -40 "$out/logs/cmake.log" "$out/logs/build.log"; exit 1; }
 echo "built bmt-run in $(( $(date +%s) - t0 )) s"; grep -h "bmt: CUDA kernels\|bmt: no CUDA" "$out/logs/cmake.log"
 B=$PWD/build-gpu/bin/bmt-run
+if [ -z "${SKIP_PARITY:-}" ]; then
 echo "== parity, fused plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-fused" gpt2 llama bert t5 2>&1 | tee "$out/logs/parity-fused.log" | grep -v Warning | tail -8
 echo "== parity, plain plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-plain" gpt2 llama bert t5 2>&1 | tee "$out/logs/parity-plain.log" | grep -v Warning | tail -2
+fi
 python3 - <<PY
 import json, numpy as np
 n = 30 * 8 * 1025 * 2
@@ -60,6 +62,11 @@ for r in ["off", "on"]:
     if a and b:
         print(f"recompute {r}: fused / plain = {b[0] / a[0]:.3f}")
 PY
+for r in off on; do
+  echo "== fsdp2-compile llama recompute $r"
+  timeout 240 python3 bench/gpu_speed.py --reference fsdp2-compile --arch llama --recompute $r \
+    --steps 15 --warmup 5 2>"$out/logs/fsdp2-compile-$r.err" | grep RESULT | cut -c1-300
+done
 for p in llama-off-fused llama-off-plain; do
   echo "== $p"; grep -iE "error|fused" "$out/logs/$p.out" | head -5
   sed -n '/profile:/,$p' "$out/logs/$p.out" | grep -v '^step ' | head -32
