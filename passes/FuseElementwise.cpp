@@ -136,6 +136,7 @@ struct Region {
 struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    int64_t inlined = inlinePointwiseCalls(module);
     int64_t regions = 0, rowRegions = 0, fusedOps = 0;
     SmallVector<StringRef> functions;
     for (func::FuncOp f : module.getOps<func::FuncOp>()) {
@@ -175,6 +176,59 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
     if (functions.size() > 1)
       remark << " ... " << functions.back();
     remark << ")";
+    if (inlined)
+      remark << "; " << inlined << " call" << (inlined == 1 ? "" : "s")
+             << " of pointwise submodules inlined";
+  }
+
+  /// Inlines every call of a private function whose body is fusible ops
+  /// and scalar constants only, with one result and no parameters (an
+  /// activation module such as LLaMA's `act_fn`, SiLU): its op can then
+  /// join a region of the caller (SwiGLU's `silu(gate) * up`). The callee
+  /// stays (the module tree is kept). Returns the number of calls inlined.
+  int64_t inlinePointwiseCalls(ModuleOp module) {
+    SymbolTable symbols(module);
+    llvm::DenseMap<Operation *, bool> pointwise;
+    auto isPointwise = [&](func::FuncOp f) {
+      auto [it, fresh] = pointwise.try_emplace(f, false);
+      if (!fresh)
+        return it->second;
+      if (!f.isPrivate() || f.getBody().getBlocks().size() != 1 || f.getNumResults() != 1)
+        return false;
+      for (Operation &op : f.getBody().front()) {
+        if (isa<func::ReturnOp>(op))
+          continue;
+        if (isa<bmt::ConstantOp>(op) && isScalarConstant(op.getResult(0)))
+          continue;
+        std::optional<Role> role = roleOf(&op);
+        if (!role || *role == Role::Reduction)
+          return false;
+      }
+      return it->second = true;
+    };
+    SmallVector<func::CallOp> calls;
+    module.walk([&](func::CallOp call) {
+      auto callee = symbols.lookup<func::FuncOp>(call.getCallee());
+      if (callee && !call->hasAttr("bmt.block") && isPointwise(callee))
+        calls.push_back(call);
+    });
+    for (func::CallOp call : calls) {
+      auto callee = symbols.lookup<func::FuncOp>(call.getCallee());
+      Block &body = callee.getBody().front();
+      IRMapping mapping;
+      for (auto [arg, operand] : llvm::zip(body.getArguments(), call.getOperands()))
+        mapping.map(arg, operand);
+      OpBuilder builder(call);
+      for (Operation &op : body) {
+        if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+          call.getResult(0).replaceAllUsesWith(mapping.lookup(ret.getOperand(0)));
+          continue;
+        }
+        builder.clone(op, mapping);
+      }
+      call->erase();
+    }
+    return static_cast<int64_t>(calls.size());
   }
 
   /// The maximal region ending at `root`: producers in the root's block

@@ -152,3 +152,41 @@ module {
     return %0 : !bmt.tensor
   }
 }
+
+// -----
+
+// A parameter-free submodule of fusible ops (an activation) is inlined into
+// its caller and joins the caller's region; one that reads a parameter, or
+// holds a reduction, is called as before.
+// CHECK-LABEL: func.func private @mlp(
+// CHECK-NEXT:    %[[N:.*]] = call @norm(%arg0)
+// CHECK-NEXT:    %[[Y:.*]] = bmt.fused "pointwise"(%arg0, %arg1, %[[N]])
+// CHECK-NEXT:    ^bb0(
+// CHECK-NEXT:      aten::silu
+// CHECK-NEXT:      aten::mul.Tensor
+// CHECK-NEXT:      aten::add.Tensor
+// CHECK-NEXT:      bmt.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    return %[[Y]]
+// CHECK-LABEL: func.func private @act(
+// CHECK-NEXT:    aten::silu
+// REMARK: remark: bmt-fuse-elementwise: 3 ops in 1 region (0 with a last-dim reduction) in 1 function (mlp); 1 call of pointwise submodules inlined
+module {
+  bmt.parameter @scale : tensor<8xf32> {requires_grad}
+  func.func private @mlp(%g: !bmt.tensor, %u: !bmt.tensor) -> !bmt.tensor {
+    %0 = call @act(%g) : (!bmt.tensor) -> !bmt.tensor
+    %n = call @norm(%g) : (!bmt.tensor) -> !bmt.tensor
+    %1 = bmt.aten "aten::mul.Tensor"(%0, %u) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %2 = bmt.aten "aten::add.Tensor"(%1, %n, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    return %2 : !bmt.tensor
+  }
+  func.func private @act(%x: !bmt.tensor) -> !bmt.tensor {
+    %0 = bmt.aten "aten::silu"(%x) : (!bmt.tensor) -> !bmt.tensor
+    return %0 : !bmt.tensor
+  }
+  func.func private @norm(%x: !bmt.tensor) -> !bmt.tensor {
+    %w = bmt.get_global @scale : !bmt.tensor
+    %0 = bmt.aten "aten::mul.Tensor"(%x, %w) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    return %0 : !bmt.tensor
+  }
+}
