@@ -134,9 +134,11 @@ struct Region {
 };
 
 struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass> {
+  using FuseElementwiseBase::FuseElementwiseBase;
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    int64_t inlined = inlinePointwiseCalls(module);
+    int64_t inlined = inlineCalls ? inlinePointwiseCalls(module) : 0;
     int64_t regions = 0, rowRegions = 0, fusedOps = 0;
     SmallVector<StringRef> functions;
     for (func::FuncOp f : module.getOps<func::FuncOp>()) {

@@ -116,9 +116,20 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
     ops, views, matmuls, a reduction over another dim, an op whose result
     is also used outside the region (it becomes an input).
 
-    Not in the default pipeline. Emits one remark: ops, regions (how many
-    with a reduction) and the first and last function that has one.
+    With `inline-calls`, calls of private parameter-free functions whose
+    body is fusible non-reduction ops only (an activation submodule such as
+    LLaMA's SiLU `act_fn`) are inlined first, so that their ops can join the
+    caller's region (SwiGLU's `silu(gate) * up`); off by default until the
+    pointwise kernel it then makes is as fast as ATen's (bench/RESULTS.md).
+
+    A pipeline option of the default pipeline (`fuse-elementwise`, off).
+    Emits one remark: ops, regions (how many with a reduction), the first
+    and last function that has one, and the calls inlined.
   }];
+  let options = [
+    Option<"inlineCalls", "inline-calls", "bool", "false",
+           "inline calls of parameter-free pointwise submodules first">,
+  ];
   let dependentDialects = ["::bmt::BmtDialect"];
 }
 

@@ -1,5 +1,7 @@
-// RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise 2>/dev/null | FileCheck %s
-// RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise -o /dev/null 2>&1 | FileCheck %s --check-prefix=REMARK
+// RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise=inline-calls=true 2>/dev/null | FileCheck %s
+// RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise=inline-calls=true -o /dev/null 2>&1 | FileCheck %s --check-prefix=REMARK
+// Without inline-calls the activation stays a call (the last case).
+// RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise 2>/dev/null | FileCheck %s --check-prefix=NOINLINE
 // The fused IR parses back and verifies.
 // RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise 2>/dev/null | bmt-opt --split-input-file -o /dev/null
 
@@ -171,6 +173,13 @@ module {
 // CHECK-LABEL: func.func private @act(
 // CHECK-NEXT:    aten::silu
 // REMARK: remark: bmt-fuse-elementwise: 3 ops in 1 region (0 with a last-dim reduction) in 1 function (mlp); 1 call of pointwise submodules inlined
+// NOINLINE-LABEL: func.func private @mlp(
+// NOINLINE-NEXT:    call @act(%arg0)
+// NOINLINE-NEXT:    call @norm(%arg0)
+// NOINLINE-NEXT:    bmt.fused "pointwise"
+// NOINLINE:           aten::mul.Tensor
+// NOINLINE-NEXT:      aten::add.Tensor
+// NOINLINE-NEXT:      bmt.yield
 module {
   bmt.parameter @scale : tensor<8xf32> {requires_grad}
   func.func private @mlp(%g: !bmt.tensor, %u: !bmt.tensor) -> !bmt.tensor {
