@@ -48,6 +48,12 @@ MICRO_BATCH, SEQ = 8, 1024
 
 def model_config(args):
     import transformers
+    if args.arch == "llama":  # bench/make_llama_1b.py's model (Llama-3.2-1B shape)
+        return transformers.LlamaConfig(
+            num_hidden_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
+            num_key_value_heads=8, intermediate_size=4 * args.hidden, vocab_size=args.vocab,
+            max_position_embeddings=SEQ, rope_theta=500000.0, tie_word_embeddings=True,
+            attention_dropout=0.0, use_cache=False)
     return transformers.GPT2Config(n_layer=args.layers, n_embd=args.hidden, n_head=args.heads,
                                    n_positions=SEQ, vocab_size=args.vocab, resid_pdrop=0.0,
                                    embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
@@ -74,14 +80,18 @@ def reference(args):
         torch.cuda.set_device(0)
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     with device:
-        model = transformers.GPT2LMHeadModel(model_config(args))
+        if args.arch == "llama":
+            model = transformers.LlamaForCausalLM(model_config(args))
+        else:
+            model = transformers.GPT2LMHeadModel(model_config(args))
+    blocks = model.model.layers if args.arch == "llama" else model.transformer.h
     num_params = sum(p.numel() for p in model.parameters())
     if recompute:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     if fsdp:
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for block in model.transformer.h:
+        for block in blocks:
             if name == "fsdp2-compile":
                 block.compile()
             fully_shard(block, mp_policy=mp)
@@ -220,7 +230,7 @@ def run_reference(args, name, recompute):
     cmd = [sys.executable, os.path.abspath(__file__), "--reference", name, "--recompute",
            recompute, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--layers", str(args.layers), "--hidden", str(args.hidden), "--heads",
-           str(args.heads), "--vocab", str(args.vocab)]
+           str(args.heads), "--vocab", str(args.vocab), "--arch", args.arch]
     if name == "eager" and recompute == "on":
         cmd.append("--profile-reference")
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -242,10 +252,13 @@ def main():
     ap.add_argument("--recompute", nargs="+", default=["on", "off"], choices=["on", "off"])
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
-    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--arch", choices=["gpt2", "llama"], default="gpt2",
+                    help="llama: the references only (bmt's plans: bench/make_llama_1b.py, "
+                         "bench/gpu_fusion.sh); its defaults 16 layers, 32 heads, vocab 128256")
+    ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--vocab", type=int, default=50304)
+    ap.add_argument("--heads", type=int, default=None)
+    ap.add_argument("--vocab", type=int, default=None)
     ap.add_argument("--results", help="JSON file of results: runs of this call replace the same "
                                       "(run, recompute) there, the table shows them all "
                                       "(default: OUT/results.json)")
@@ -255,6 +268,10 @@ def main():
     ap.add_argument("--reference", help=argparse.SUPPRESS)
     ap.add_argument("--profile-reference", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    llama = args.arch == "llama"
+    args.layers = args.layers or (16 if llama else 24)
+    args.heads = args.heads or (32 if llama else 16)
+    args.vocab = args.vocab or (128256 if llama else 50304)
     if args.reference:
         return reference(args)
 

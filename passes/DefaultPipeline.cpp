@@ -104,6 +104,8 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
   }
   if (options.fuseGelu)
     pm.addPass(createFuseGelu());
+  if (options.fuseElementwise)
+    pm.addPass(createFuseElementwise());
   pm.addPass(createFindBlocks());
   ZeroOptions zero;
   zero.stage = static_cast<int64_t>(options.zeroStage.getValue());

@@ -91,6 +91,48 @@ def FuseGelu : Pass<"bmt-fuse-gelu", "::mlir::ModuleOp"> {
   let dependentDialects = ["::bmt::BmtDialect"];
 }
 
+def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
+  let summary = "Group pointwise ATen ops and one last-dim reduction into bmt.fused regions";
+  let description = [{
+    A model's normalizations, activations, residual adds, RoPE and dtype
+    casts are chains of pointwise ATen ops, each a kernel of its own that
+    reads and writes the whole activation (and more kernels in backward).
+    This pass groups them: in each function block, walking backwards, every
+    op not yet taken that can be in a region is a root, and the region grows
+    through producers in the same block that can be in one and whose every
+    use is already in the region (so only the root's value leaves it), with
+    at most one reduction. The region becomes one `bmt.fused` op whose body
+    holds the ops (and clones of the scalar constants they read); its kind
+    is "row" when it holds the reduction, else "pointwise". Regions of one
+    op are left alone.
+
+    The ops a region may hold are those of
+    include/bmt/Runtime/fusion/FusibleOps.def (add, sub, rsub, mul, div,
+    pow by a constant, neg, sqrt, rsqrt, exp, log, tanh, sigmoid, relu,
+    silu, erf, cos, sin, gelu, `to.dtype` to a floating dtype, and
+    `mean.dim` / `sum.dim_IntList` over `[-1]` with keepdim) that the
+    operator registry flags neither in-place nor random, with every
+    non-tensor argument a constant. Anything else stops a region: in-place
+    ops, views, matmuls, a reduction over another dim, an op whose result
+    is also used outside the region (it becomes an input).
+
+    With `inline-calls`, calls of private parameter-free functions whose
+    body is fusible non-reduction ops only (an activation submodule such as
+    LLaMA's SiLU `act_fn`) are inlined first, so that their ops can join the
+    caller's region (SwiGLU's `silu(gate) * up`); off by default until the
+    pointwise kernel it then makes is as fast as ATen's (bench/RESULTS.md).
+
+    A pipeline option of the default pipeline (`fuse-elementwise`, off).
+    Emits one remark: ops, regions (how many with a reduction), the first
+    and last function that has one, and the calls inlined.
+  }];
+  let options = [
+    Option<"inlineCalls", "inline-calls", "bool", "false",
+           "inline calls of parameter-free pointwise submodules first">,
+  ];
+  let dependentDialects = ["::bmt::BmtDialect"];
+}
+
 def CausalAttention : Pass<"bmt-causal-attention", "::mlir::ModuleOp"> {
   let summary = "Replace a causal mask built from aranges by is_causal=True in aten::scaled_dot_product_attention";
   let description = [{

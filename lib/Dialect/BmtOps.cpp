@@ -395,5 +395,30 @@ LogicalResult ConstantOp::verify() {
 
 OpFoldResult ConstantOp::fold(FoldAdaptor) { return getValue(); }
 
+//===----------------------------------------------------------------------===//
+// bmt.fused
+//===----------------------------------------------------------------------===//
+
+LogicalResult FusedOp::verify() {
+  if (getKind() != "pointwise" && getKind() != "row")
+    return emitOpError("kind must be \"pointwise\" or \"row\", got \"") << getKind() << "\"";
+  Block &body = getBody().front();
+  if (body.getNumArguments() != getInputs().size())
+    return emitOpError("body has ") << body.getNumArguments() << " arguments for "
+                                    << getInputs().size() << " inputs";
+  for (BlockArgument arg : body.getArguments())
+    if (!isa<bmt::TensorType>(arg.getType()))
+      return emitOpError("body arguments must be !bmt.tensor");
+  auto yield = dyn_cast<YieldOp>(body.getTerminator());
+  if (!yield || yield.getValues().size() != 1 ||
+      !isa<bmt::TensorType>(yield.getValues()[0].getType()))
+    return emitOpError("body must end in bmt.yield of one tensor");
+  for (Operation &op : body.without_terminator())
+    if (!isa<AtenOp, ConstantOp>(op))
+      return emitOpError("body may hold only bmt.aten and bmt.constant ops, found '")
+             << op.getName() << "'";
+  return success();
+}
+
 #define GET_OP_CLASSES
 #include "bmt/Dialect/BmtOps.cpp.inc"

@@ -175,8 +175,12 @@ public:
         p.prefetchDepth = depth.getInt();
     for (size_t i = 0; i < funcs.size(); ++i)
       functionIndex[funcs[i].getSymName()] = static_cast<int64_t>(i);
+    firstFusedFunction = static_cast<int64_t>(funcs.size());
     for (func::FuncOp f : funcs)
       p.functions.push_back(buildFunction(f));
+    // The bodies of bmt.fused regions, after the module's functions.
+    for (plan::Function &body : fusedBodies)
+      p.functions.push_back(std::move(body));
     p.entry = 0;
     if (auto type = funcs[0]->getAttrOfType<StringAttr>("bmt.module_type"))
       p.modelType = type.str();
@@ -307,6 +311,16 @@ private:
           if (auto checkpoint = call->getAttrOfType<BoolAttr>("bmt.checkpoint"))
             inst.checkpoint = checkpoint.getValue();
         }
+      } else if (auto fused = dyn_cast<bmt::FusedOp>(op)) {
+        // The body becomes a function of its own (params: the block
+        // arguments; the ops; one return), run as one kernel by the
+        // runtime; its registers are its own.
+        inst.kind = plan::Instruction::Kind::Fused;
+        inst.op = fused.getKind().str();
+        for (Value v : fused.getInputs())
+          inst.args.push_back(plan::Arg::ofRegister(reg(v)));
+        inst.target = firstFusedFunction + static_cast<int64_t>(fusedBodies.size());
+        fusedBodies.push_back(buildFusedBody(fused, out.name));
       } else if (auto gather = dyn_cast<bmt::AllGatherOp>(op)) {
         inst.kind = plan::Instruction::Kind::Gather;
         inst.target = groupOf(gather.getGroupAttr(), op.getLoc());
@@ -336,7 +350,46 @@ private:
     return out;
   }
 
+  /// The plan function of a bmt.fused body, named "<caller>.fused<k>".
+  plan::Function buildFusedBody(bmt::FusedOp fused, const std::string &caller) {
+    llvm::DenseMap<Value, int64_t> outer;
+    std::swap(outer, registers);
+    plan::Function out;
+    out.name = caller + ".fused" + std::to_string(fusedBodies.size());
+    Block &body = fused.getBody().front();
+    out.params = regs(body.getArguments());
+    out.paramNames.assign(body.getNumArguments(), "");
+    out.resultNames = {""};
+    for (Operation &op : body.getOperations()) {
+      if (auto yield = dyn_cast<bmt::YieldOp>(op)) {
+        out.returns = regs(yield.getValues());
+        continue;
+      }
+      plan::Instruction inst;
+      inst.location = locationString(op.getLoc());
+      if (auto aten = dyn_cast<bmt::AtenOp>(op)) {
+        inst.kind = plan::Instruction::Kind::Aten;
+        inst.op = aten.getName().str();
+        for (const bmt::AtenArg &a : bmt::getAtenArgs(aten))
+          inst.args.push_back(argOf(a, op.getLoc()));
+      } else if (auto constant = dyn_cast<bmt::ConstantOp>(op)) {
+        inst.kind = plan::Instruction::Kind::Constant;
+        inst.args.push_back(plan::Arg::ofConstant(constantOf(constant.getValue(), op.getLoc())));
+      } else {
+        throw ExportError{op.getLoc(), "op '" + op.getName().getStringRef().str() +
+                                           "' cannot be in a bmt.fused body"};
+      }
+      inst.results = regs(op.getResults());
+      out.body.push_back(std::move(inst));
+    }
+    out.numRegisters = static_cast<int64_t>(registers.size());
+    std::swap(outer, registers);
+    return out;
+  }
+
   ModuleOp module;
+  int64_t firstFusedFunction = 0;
+  std::vector<plan::Function> fusedBodies;
   llvm::DenseMap<Value, int64_t> registers;
   llvm::StringMap<int64_t> tensorIndex;
   llvm::StringMap<int64_t> functionIndex;
@@ -415,7 +468,13 @@ std::map<std::string, std::string> initRules(ModuleOp module) {
     if (!norm && !mul)
       return;
     for (auto [i, operand] : llvm::enumerate(aten.getOperands())) {
-      auto global = operand.getDefiningOp<bmt::GetGlobalOp>();
+      // Inside a bmt.fused body, a block argument stands for the fused
+      // op's operand of the same position.
+      Value v = operand;
+      if (auto arg = dyn_cast<BlockArgument>(v))
+        if (auto fused = dyn_cast<bmt::FusedOp>(arg.getOwner()->getParentOp()))
+          v = fused.getInputs()[arg.getArgNumber()];
+      auto global = v.getDefiningOp<bmt::GetGlobalOp>();
       // layer_norm(input, shape, weight, bias, ...): the weight is the
       // second operand (the shape is a constant); mul: either operand.
       if (global && (mul || i == 1))

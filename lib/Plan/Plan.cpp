@@ -167,6 +167,7 @@ const char *kindName(Instruction::Kind kind) {
   case Instruction::Kind::NumToTensor: return "num_to_tensor";
   case Instruction::Kind::Gather: return "gather";
   case Instruction::Kind::Release: return "release";
+  case Instruction::Kind::Fused: return "fused";
   }
   return "?";
 }
@@ -175,7 +176,7 @@ Instruction::Kind kindFromName(const std::string &name) {
   for (auto kind : {Instruction::Kind::Aten, Instruction::Kind::Call,
                     Instruction::Kind::Global, Instruction::Kind::Constant,
                     Instruction::Kind::NumToTensor, Instruction::Kind::Gather,
-                    Instruction::Kind::Release})
+                    Instruction::Kind::Release, Instruction::Kind::Fused})
     if (name == kindName(kind))
       return kind;
   throw PlanError("plan: unknown instruction kind '" + name + "'");
@@ -235,6 +236,10 @@ bool Plan::assumes(const std::string &assumption) const {
 }
 
 int64_t formatVersionOf(const Plan &plan) {
+  for (const Function &f : plan.functions)
+    for (const Instruction &inst : f.body)
+      if (inst.kind == Instruction::Kind::Fused)
+        return 5;
   for (const StorageGroup &g : plan.groups)
     if (!g.parts.empty())
       return 4;
@@ -485,6 +490,18 @@ Plan fromIValue(const IValue &value) {
            inst.kind == Instruction::Kind::Release) &&
           (inst.target < 0 || inst.target >= numGroups))
         throw PlanError("plan: storage group index out of range in " + f.name);
+      if (inst.kind == Instruction::Kind::Fused) {
+        if (plan.version < 5)
+          throw PlanError("plan: a fused instruction in a version " + std::to_string(plan.version) +
+                          " plan (" + f.name + ")");
+        if (inst.target < 0 || inst.target >= numFunctions || inst.results.size() != 1 ||
+            plan.functions[inst.target].params.size() != inst.args.size() ||
+            plan.functions[inst.target].returns.size() != 1)
+          throw PlanError("plan: malformed fused instruction in " + f.name);
+        for (const Arg &a : inst.args)
+          if (a.kind != Arg::Kind::Register)
+            throw PlanError("plan: a fused instruction's inputs must be registers in " + f.name);
+      }
       if ((inst.kind == Instruction::Kind::Global ||
            inst.kind == Instruction::Kind::Constant ||
            inst.kind == Instruction::Kind::NumToTensor) &&

@@ -2,6 +2,7 @@
 
 #include "bmt/Runtime/exec/Executor.h"
 
+#include "bmt/Runtime/fusion/Fused.h"
 #include "bmt/Support/ErrorText.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -105,6 +106,9 @@ struct Executor::Prepared {
   /// aten::to to the run device (a GPU): the index of its non_blocking
   /// argument, and of its target device for to.dtype_layout (-1: none).
   int nonBlocking = -1, targetDevice = -1;
+  /// Fused: the region (null when the generator does not take its body:
+  /// then its ops run one by one).
+  std::unique_ptr<fusion::FusedRegion> region;
 };
 
 Executor::Executor(const plan::Plan &plan, std::vector<at::Tensor> tensors,
@@ -144,6 +148,13 @@ Executor::Executor(const plan::Plan &plan, std::vector<at::Tensor> tensors,
       auto p = std::make_unique<Prepared>();
       if (inst.kind == plan::Instruction::Kind::Constant) {
         p->fixed.push_back(constantValue(inst.args.at(0)));
+      } else if (inst.kind == plan::Instruction::Kind::Fused) {
+        const plan::Function &body = plan.functions.at(inst.target);
+        try {
+          p->region = std::make_unique<fusion::FusedRegion>(fusion::buildRegion(body), body.name);
+        } catch (const fusion::FusionError &) {
+          // The body runs op by op (a plan written by another bmt-opt).
+        }
       } else if (inst.kind == plan::Instruction::Kind::Aten) {
         size_t ns = inst.op.find("::");
         size_t dot = inst.op.find('.', ns == std::string::npos ? 0 : ns + 2);
@@ -261,6 +272,23 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
         regs[inst.results[0]] =
             at::scalar_to_tensor(regs[inst.args[0].reg].toScalar());
         break;
+      case plan::Instruction::Kind::Fused: {
+        std::vector<at::Tensor> inputs;
+        bool tensors = true;
+        for (const plan::Arg &a : inst.args) {
+          tensors = tensors && regs[a.reg].isTensor();
+          inputs.push_back(tensors ? regs[a.reg].toTensor() : at::Tensor());
+        }
+        if (p.region && tensors && p.region->accepts(inputs)) {
+          regs[inst.results[0]] = p.region->run(inputs);
+        } else {
+          std::vector<IValue> callArgs;
+          for (const plan::Arg &a : inst.args)
+            callArgs.push_back(regs[a.reg]);
+          regs[inst.results[0]] = call(inst.target, std::move(callArgs)).at(0);
+        }
+        break;
+      }
       case plan::Instruction::Kind::Call: {
         std::vector<IValue> callArgs;
         for (const plan::Arg &a : inst.args)
@@ -325,6 +353,10 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
       }
     } catch (const ExecutionError &) {
       throw;
+    } catch (const fusion::FusionError &e) {
+      throw ExecutionError("fused region in " + f.name +
+                           (inst.location.empty() ? "" : " (" + inst.location + ")") +
+                           " failed: " + e.what());
     } catch (const c10::Error &e) {
       throw ExecutionError(
           (inst.op.empty() ? std::string("instruction") : inst.op) + " in " + f.name +

@@ -137,4 +137,30 @@ TEST(AtenRegistry, KindsHaveNames) {
   EXPECT_EQ(bmt::stringifyAtenOpKind(bmt::lookupAtenOp("aten::view")->kind), "view");
 }
 
+// Every op a fused region may hold (FusibleOps.def, shared by
+// bmt-fuse-elementwise and the runtime's code generator) is in the registry,
+// pointwise or a reduction over named dims (or the to.dtype copy), and
+// neither in-place nor random.
+TEST(AtenRegistry, FusibleOpsAreRegisteredAndPure) {
+  std::vector<std::pair<std::string, std::string>> ops = {
+#define BMT_FUSIBLE_OP(NAME, KIND) {NAME, #KIND},
+#include "bmt/Runtime/fusion/FusibleOps.def"
+  };
+  EXPECT_GE(ops.size(), 20u);
+  for (const auto &[name, kind] : ops) {
+    const bmt::AtenOpInfo *info = bmt::lookupAtenOp(name);
+    ASSERT_NE(info, nullptr) << name;
+    EXPECT_FALSE(info->isInPlace()) << name;
+    EXPECT_FALSE(info->isRandom()) << name;
+    if (kind == "Mean" || kind == "Sum") {
+      EXPECT_EQ(info->kind, bmt::AtenOpKind::Reduction) << name;
+      EXPECT_EQ(info->reducedDimsArg, info->argIndex("dim")) << name;
+    } else if (kind == "Cast") {
+      EXPECT_EQ(info->kind, bmt::AtenOpKind::Copy) << name;
+    } else {
+      EXPECT_EQ(info->kind, bmt::AtenOpKind::Elementwise) << name;
+    }
+  }
+}
+
 } // namespace

@@ -221,4 +221,42 @@ def Bmt_NumToTensorOp : Bmt_Op<"num_to_tensor", [Pure]> {
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
 }
 
+def Bmt_FusedOp : Bmt_Op<"fused", [IsolatedFromAbove,
+    SingleBlockImplicitTerminator<"::bmt::YieldOp">]> {
+  let summary = "a region of pointwise ops (and one last-dimension reduction) run as one kernel";
+  let description = [{
+    Made by `--bmt-fuse-elementwise` (docs/passes.md). The body holds the
+    original `bmt.aten` ops (and the scalar `bmt.constant`s they read) over
+    the block arguments, which stand for the operands in order; `bmt.yield`
+    gives the one result. `kind` is `"pointwise"` (every op elementwise,
+    with broadcasting and dtype casts) or `"row"` (one `aten::mean.dim` or
+    `aten::sum.dim_IntList` over the last dimension with keepdim, and the
+    pointwise ops before and after it: a normalization). The runtime runs
+    the body as one generated kernel forward and one backward
+    (docs/runtime.md), or op by op where it cannot.
+
+    ```mlir
+    %y = bmt.fused "row"(%x, %w) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor {
+    ^bb0(%a: !bmt.tensor, %b: !bmt.tensor):
+      %0 = bmt.aten "aten::pow.Tensor_Scalar"(%a, 2) : (!bmt.tensor) -> !bmt.tensor
+      ...
+      bmt.yield %7 : !bmt.tensor
+    }
+    ```
+  }];
+  let arguments = (ins StrAttr:$kind, Variadic<Bmt_TensorType>:$inputs);
+  let results = (outs Bmt_TensorType:$result);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$kind `(` $inputs `)` attr-dict `:` functional-type($inputs, results) $body";
+  let hasVerifier = 1;
+}
+
+def Bmt_YieldOp : Bmt_Op<"yield", [Pure, Terminator,
+    HasParent<"::bmt::FusedOp">]> {
+  let summary = "the result of a bmt.fused body";
+  let arguments = (ins Variadic<Bmt_AnyValue>:$values);
+  let assemblyFormat = "($values^ `:` type($values))? attr-dict";
+  let builders = [OpBuilder<(ins), [{ }]>];
+}
+
 #endif // BMT_OPS_TD

@@ -112,6 +112,11 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
                         llvm::cl::desc("replace GELU written out as elementwise ops by "
                                        "aten::gelu (bmt-fuse-gelu)"),
                         llvm::cl::init(true)};
+  Option<bool> fuseElementwise{
+      *this, "fuse-elementwise",
+      llvm::cl::desc("group pointwise ops and one last-dim reduction into bmt.fused regions, "
+                     "run as generated kernels (bmt-fuse-elementwise; off by default)"),
+      llvm::cl::init(false)};
   Option<bool> causalAttention{
       *this, "causal-attention",
       llvm::cl::desc("replace a causal mask built from aranges by is_causal=True in "
@@ -136,6 +141,7 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
 
 /// causal-attention (unless options.causalAttention is false; with
 /// options.assumeUnpadded), fuse-gelu (unless options.fuseGelu is false),
+/// fuse-elementwise (with options.fuseElementwise),
 /// find-blocks, zero, checkpoint, overlap, then (with options.summary) the
 /// summary with the memory estimate. `options` must pass verify().
 void buildDefaultPipeline(mlir::OpPassManager &pm, const DefaultPipelineOptions &options);

@@ -29,8 +29,9 @@ namespace bmt::plan {
 
 /// Version of the plan and archive layout. Bumped on any incompatible change.
 /// 3 adds `assumptions` (version 2 plans have none); 4 adds storage groups
-/// split into several records (StorageGroup::parts).
-constexpr int64_t kPlanFormatVersion = 4;
+/// split into several records (StorageGroup::parts); 5 adds Fused
+/// instructions (bmt-opt --bmt-fuse-elementwise).
+constexpr int64_t kPlanFormatVersion = 5;
 /// The oldest version readers still take.
 constexpr int64_t kOldestPlanFormatVersion = 2;
 
@@ -97,6 +98,13 @@ struct Instruction {
     NumToTensor, ///< results[0] = 0-dim tensor of scalar args[0]
     Gather,      ///< start the all-gather of storage group `target` (ZeRO)
     Release,     ///< free the gathered buffer of group `target` (ZeRO-3)
+    /// Version 5: results[0] = the fused region whose body is function
+    /// `target` (params: the region's inputs, Aten and Constant
+    /// instructions only, one return) applied to `args` (registers); `op`
+    /// is its kind, "pointwise" or "row". Run as one generated kernel
+    /// forward and one backward (include/bmt/Runtime/fusion/Region.h), or
+    /// as the body's calls where the generator does not take the inputs.
+    Fused,
   };
   Kind kind = Kind::Aten;
   std::string op;               ///< Aten: "aten::softmax.int"
@@ -198,8 +206,9 @@ struct Plan {
 };
 
 /// The version a writer gives `plan`: 2; 3 when it has assumptions; 4 when
-/// a storage group is split into parts (an older reader must refuse such a
-/// plan rather than ignore what it does not know).
+/// a storage group is split into parts; 5 when a function has a Fused
+/// instruction (an older reader must refuse such a plan rather than ignore
+/// what it does not know).
 int64_t formatVersionOf(const Plan &plan);
 
 /// Plan <-> IValue. fromIValue throws PlanError on a malformed value, a

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The elementwise fusion on one GPU: build bmt-run (runtime only), check the
+# fused plans of the tiny fixtures against eager PyTorch (bench/gpu_parity.py),
+# then time bmt-run on the Llama-3.2-1B-shaped model (bench/make_llama_1b.py)
+# with and without the fusion, recompute on and off, on the same random
+# tokens, and print tokens/s, peak memory, the losses of both (the same data
+# and init: they must agree to bf16 noise) and the fused run's profile.
+#
+# usage (on the GPU machine, in a checkout): bash bench/gpu_fusion.sh PLANS OUT
+#   PLANS: tiny-fused/NAME.sharded.pt, tiny-plain/NAME.sharded.pt (fixtures
+#          compiled with and without --bmt-default-pipeline='fuse-elementwise=true'),
+#          llama-{on,off}-{fused,plain}.sharded.pt (--random-init)
+set -o pipefail
+plans=$1; out=$2; mkdir -p "$out/logs"
+site=$(python3 -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))')
+export LD_LIBRARY_PATH="$site/torch/lib:$site/nvidia/cu13/lib:$site/nvidia/cuda_nvrtc/lib:${LD_LIBRARY_PATH:-}"
+export BMT_KERNEL_CACHE=/tmp/bmt-kernels
+t0=$(date +%s)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBMT_COMPILER=OFF -DBMT_TESTS=OFF \
+  -DPython3_EXECUTABLE="$(command -v python3)" -DNLOHMANN_JSON_INCLUDE_DIR="$PWD/.devcarry/include" \
+  > "$out/logs/cmake.log" 2>&1 && ninja -C build-gpu bmt-run > "$out/logs/build.log" 2>&1 \
+  || { tail -40 "$out/logs/cmake.log" "$out/logs/build.log"; exit 1; }
+echo "built bmt-run in $(( $(date +%s) - t0 )) s"; grep -h "bmt: CUDA kernels\|bmt: no CUDA" "$out/logs/cmake.log"
+B=$PWD/build-gpu/bin/bmt-run
+if [ -z "${SKIP_PARITY:-}" ]; then
+echo "== parity, fused plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-fused" gpt2 llama bert t5 2>&1 | tee "$out/logs/parity-fused.log" | grep -v Warning | tail -8
+echo "== parity, plain plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-plain" gpt2 llama bert t5 2>&1 | tee "$out/logs/parity-plain.log" | grep -v Warning | tail -2
+fi
+python3 - <<PY
+import json, numpy as np
+n = 30 * 8 * 1025 * 2
+np.random.default_rng(0).integers(0, 128256, n, dtype=np.uint32).tofile("/tmp/tok.bin")
+json.dump({"format": "bmt-tokens", "version": 1, "dtype": "uint32", "num_tokens": n, "num_documents": 1,
+           "vocab_size": 128256, "eos_id": 0, "mask_id": None, "pad_id": None, "tokenizer": "random",
+           "source": []}, open("/tmp/tok.json", "w"))
+PY
+for p in llama-off-plain llama-off-fused llama-on-plain llama-on-fused; do
+  timeout 150 "$B" "$plans/$p.sharded.pt" --data /tmp/tok.bin --steps 23 --micro-batch 8 --seq-len 1024 \
+    --lr 1e-4 --schedule constant --clip-grad 1.0 --device cuda --log-file "$out/logs/$p.jsonl" \
+    --log-every 1 --profile 21:23 > "$out/logs/$p.out" 2>&1
+  echo "$p: exit $?"
+done
+python3 - "$out/logs" <<'PY'
+import json, sys, os
+d = sys.argv[1]
+runs = {}
+for p in ["llama-off-plain", "llama-off-fused", "llama-on-plain", "llama-on-fused"]:
+    f = os.path.join(d, p + ".jsonl")
+    if not os.path.exists(f):
+        continue
+    steps = [json.loads(l) for l in open(f) if '"train"' in l or '"loss"' in l]
+    steps = [s for s in steps if "loss" in s and "step" in s]
+    timed = [s for s in steps if 5 < s["step"] <= 20]
+    if not timed:
+        continue
+    tps = sum(s["tokens"] for s in timed) / sum(s["tokens"] / s["tokens_per_s"] for s in timed)
+    peak = max(s.get("peak_mem_gib", 0) for s in steps)
+    runs[p] = (tps, peak, [round(s["loss"], 4) for s in steps[:20:4]])
+    print(f"{p:16} {tps:9,.0f} tokens/s  peak {peak:5.1f} GiB  losses {runs[p][2]}")
+for r in ["off", "on"]:
+    a, b = runs.get(f"llama-{r}-plain"), runs.get(f"llama-{r}-fused")
+    if a and b:
+        print(f"recompute {r}: fused / plain = {b[0] / a[0]:.3f}")
+PY
+for r in off on; do
+  echo "== fsdp2-compile llama recompute $r"
+  timeout 240 python3 bench/gpu_speed.py --reference fsdp2-compile --arch llama --recompute $r \
+    --steps 15 --warmup 5 2>"$out/logs/fsdp2-compile-$r.err" | grep RESULT | cut -c1-300
+done
+for p in llama-off-fused llama-off-plain; do
+  echo "== $p"; grep -iE "error|fused" "$out/logs/$p.out" | head -5
+  sed -n '/profile:/,$p' "$out/logs/$p.out" | grep -v '^step ' | head -32
+done
+tar -czf "$out/logs.tgz" -C "$out" logs && rm -rf "$out/logs"

@@ -1,0 +1,57 @@
+"""Make the Llama-3.2-1B-shaped model of bench/RESULTS.md as a small TorchScript file.
+
+Hugging Face LLaMA architecture: 16 layers, hidden 2048, 32 heads, 8
+key/value heads, FFN 8192, vocab 128256, tied embeddings, RoPE theta
+500000 (Llama 3.2's; its rope scaling is left out: the same work per token).
+As bench/make_gpt2_1p3b.py does, the model is built on the meta device and
+every parameter becomes a zero-stride view of one element; the rotary
+inverse frequencies (a buffer) are computed for real. Compile with
+`bmt-opt llama-1b.pt -o llama-1b.sharded.pt --random-init`.
+
+usage: python3 bench/make_llama_1b.py OUT.pt [--layers 16] [--dtype bfloat16]
+"""
+import argparse
+import warnings
+
+import torch
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    import transformers
+    from transformers.models.llama import modeling_llama
+    config = transformers.LlamaConfig(
+        num_hidden_layers=args.layers, hidden_size=2048, num_attention_heads=32,
+        num_key_value_heads=8, intermediate_size=8192, vocab_size=128256,
+        max_position_embeddings=1024, rope_theta=500000.0, tie_word_embeddings=True,
+        attention_dropout=0.0, use_cache=False)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    model.eval()
+    dtype = getattr(torch, args.dtype)
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            module._parameters[name] = torch.nn.Parameter(torch.zeros(1, dtype=dtype).expand(p.shape))
+    rotary = modeling_llama.LlamaRotaryEmbedding(config)  # on the CPU: real inv_freq
+    for name, b in list(model.model.rotary_emb.named_buffers(recurse=False)):
+        model.model.rotary_emb._buffers[name] = getattr(rotary, name)
+    for mname, module in model.named_modules():
+        for name, b in module.named_buffers(recurse=False):
+            if b.is_meta:
+                raise SystemExit(f"unexpected meta buffer {mname}.{name}")
+    model.tie_weights()
+    n = sum(p.numel() for p in model.parameters())
+    inputs = {"input_ids": torch.zeros(1, 8, dtype=torch.long),
+              "attention_mask": torch.ones(1, 8, dtype=torch.long)}
+    traced = torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
+    traced.save(args.out)
+    print(f"{args.out}: LLaMA {args.layers} layers, hidden 2048, {n:,} parameters, {args.dtype}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+//===- Region.h - fused regions: expressions, derivatives, CPU and CUDA ---===//
+//
+// A fused region (bmt.fused, made by bmt-opt --bmt-fuse-elementwise) as an
+// expression graph over its inputs: pointwise nodes, dtype casts and at most
+// one reduction over the last dimension. From it come
+//   - the backward graph, by reverse-mode symbolic differentiation (the
+//     adjoint of a value reduced over the row is the row sum of what its
+//     users contribute: the chain rule through the reduction);
+//   - an evaluation of either graph with ATen ops on any device (the CPU
+//     path of the runtime, and the reference of the tests);
+//   - CUDA C++ source of one kernel per graph (cudaSource), for NVRTC.
+// Semantics follow ATen's with fp32 math ("opmath"): inputs are read in
+// their dtype and converted to float, every node computes in float, a cast
+// to bf16/fp16 rounds there, the result is rounded once to the region's
+// result dtype (ATen's type promotion of the inputs; 0-dim constants do not
+// promote). In fp32 the fused value equals the op-by-op one up to rounding.
+// Everything is built on c10/ATen only (no MLIR): bmt-run uses it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BMT_RUNTIME_FUSION_REGION_H
+#define BMT_RUNTIME_FUSION_REGION_H
+
+#include "bmt/Plan/Plan.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace bmt::fusion {
+
+/// A region the generator cannot take (an op or argument outside
+/// FusibleOps.def, a second reduction, more than one result); the message
+/// names the instruction.
+class FusionError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Node kinds. Input: the region's input `index`; Const: `value`;
+/// GradOut: the gradient of the result (backward graphs only); RowLen: the
+/// length of the last dimension; Pow: args[0] ^ value; Cast: round to
+/// `dtype` (then computed on as float); RowSum: the sum of args[0] over the
+/// last dimension (a value per row); Step: 1 where args[0] > 0, else 0;
+/// GeluErf / GeluTanh: aten::gelu with approximate "none" / "tanh".
+enum class Op {
+  Input, Const, GradOut, RowLen,
+  Add, Sub, Mul, Div, Neg, Pow,
+  Sqrt, Rsqrt, Exp, Log, Tanh, Sigmoid, Relu, Silu, Erf, Cos, Sin, GeluErf, GeluTanh,
+  Step, Cast, RowSum,
+};
+
+struct Node {
+  Op op = Op::Const;
+  std::vector<int> args; ///< node indices, all smaller than this node's
+  double value = 0;      ///< Const: the number; Pow: the exponent
+  int index = -1;        ///< Input: the input's position
+  c10::ScalarType dtype = c10::ScalarType::Float; ///< Cast: the target
+};
+
+/// A DAG of nodes in topological order; equal nodes are shared (add()
+/// returns the existing index), so a backward graph reuses forward values.
+struct Graph {
+  std::vector<Node> nodes;
+  int add(Node node);
+  int constant(double v);
+  int input(int index);
+  int unary(Op op, int a);
+  int binary(Op op, int a, int b);
+  /// Whether node `n` holds one value per row: a RowSum, or computed from
+  /// row values and constants only (never from an input directly).
+  std::vector<bool> rowValued() const;
+};
+
+/// A region's forward graph and its derived backward.
+struct Region {
+  int numInputs = 0;
+  Graph forward;
+  int result = -1;       ///< the forward result node
+  bool hasReduction = false;
+  /// Backward: the forward graph extended by GradOut and the adjoints;
+  /// gradients[i] is the node of d result / d input i (broadcast to the
+  /// region's element shape), or -1 where the result does not depend on i.
+  Graph backward;
+  std::vector<int> gradients;
+};
+
+/// The region of a plan function holding a bmt.fused body: params are the
+/// inputs, the body Aten instructions of FusibleOps.def and Constant
+/// instructions (0-dim numbers), one returned register. Derives the
+/// backward too. Throws FusionError for anything else.
+Region buildRegion(const plan::Function &body);
+
+/// The dtype of the region's result for inputs of `inputDtypes` (ATen's
+/// promotion, casts; 0-dim constants do not promote), or Undefined when the
+/// generator does not take these dtypes (an input that is not floating).
+c10::ScalarType resultDtype(const Region &region, const std::vector<c10::ScalarType> &inputDtypes);
+
+/// The element shape of a call: the broadcast of the inputs' shapes (the
+/// result's shape, but for the result of a region ending in its reduction,
+/// whose last dim is 1). Throws FusionError when they do not broadcast, or
+/// for a region with a reduction whose element shape has no dimension.
+std::vector<int64_t> elementShape(const std::vector<at::Tensor> &inputs);
+
+/// Evaluates graph `g` at node `out` with ATen ops in float32 on the inputs'
+/// device: `inputs` (any floating dtype, broadcastable), `gradOut` for a
+/// backward graph. Returns a float32 tensor of the element shape (or with
+/// last dim 1 for a row value).
+at::Tensor evaluate(const Graph &g, int out, const std::vector<at::Tensor> &inputs,
+                    const at::Tensor &gradOut = at::Tensor());
+
+/// Forward on ATen: the result in resultDtype(...), of the element shape
+/// (last dim 1 when the result is a row value).
+at::Tensor forwardATen(const Region &region, const std::vector<at::Tensor> &inputs);
+
+/// Backward on ATen: per input its gradient (summed to the input's shape,
+/// in the input's dtype), or an undefined tensor where there is none.
+std::vector<at::Tensor> backwardATen(const Region &region, const std::vector<at::Tensor> &inputs,
+                                     const at::Tensor &gradOut);
+
+/// CUDA C++ source of the kernel computing graph `g` at nodes `outs`
+/// (forward: {result}; backward: the gradients), named `name`, for inputs
+/// of `inputDtypes` (and a grad_output of `gradDtype` for backward), storing
+/// outs[k] in outDtypes[k]. Elementwise graphs get a grid-stride kernel over
+/// the element count, graphs with a reduction one block per row with a
+/// block reduction per row sum (each pass over the row recomputes the
+/// element values it needs instead of keeping them). The kernel's
+/// parameters are one `bmt_fused::Args` (its layout is in the source's
+/// preamble, see docs/runtime.md). Compiles with NVRTC (no headers needed).
+std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::string &name,
+                       const std::vector<c10::ScalarType> &inputDtypes, c10::ScalarType gradDtype,
+                       const std::vector<c10::ScalarType> &outDtypes);
+
+/// The most inputs + grad_output + outputs a kernel takes, and the most
+/// dims of its (collapsed) element shape.
+constexpr int kMaxTensors = 16;
+constexpr int kMaxDims = 6;
+
+} // namespace bmt::fusion
+
+#endif // BMT_RUNTIME_FUSION_REGION_H

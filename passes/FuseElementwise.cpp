@@ -1,0 +1,318 @@
+//===- FuseElementwise.cpp - the bmt-fuse-elementwise pass ----------------===//
+//
+// Groups maximal regions of pointwise ATen ops (with broadcasting and dtype
+// casts) and at most one reduction over the last dimension (RMSNorm's mean,
+// a sum) into `bmt.fused` ops whose body holds the original ops; the runtime
+// runs each region as one generated kernel forward and one backward
+// (include/bmt/Runtime/fusion/Region.h). The ops a region may hold are
+// those of include/bmt/Runtime/fusion/FusibleOps.def that the operator
+// registry marks neither in-place nor random. See passes/Passes.td for the
+// contract.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bmt/Dialect/AtenArgs.h"
+#include "bmt/Dialect/AtenRegistry.h"
+#include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringMap.h"
+
+namespace bmt {
+#define GEN_PASS_DEF_FUSEELEMENTWISE
+#include "bmt/Passes/Passes.h.inc"
+} // namespace bmt
+
+using namespace mlir;
+
+namespace {
+
+enum class Role { Pointwise, Cast, Reduction };
+
+/// The role of each op of FusibleOps.def.
+const llvm::StringMap<Role> &fusibleOps() {
+  static const llvm::StringMap<Role> ops = [] {
+    llvm::StringMap<Role> m;
+#define BMT_FUSIBLE_OP(NAME, KIND)                                                         \
+  m[NAME] = std::string_view(#KIND) == "Cast"                                               \
+                ? Role::Cast                                                                \
+                : (std::string_view(#KIND) == "Mean" || std::string_view(#KIND) == "Sum")   \
+                      ? Role::Reduction                                                     \
+                      : Role::Pointwise;
+#include "bmt/Runtime/fusion/FusibleOps.def"
+    return m;
+  }();
+  return ops;
+}
+
+/// c10::ScalarType codes of the floating dtypes a cast may target:
+/// Half 5, Float 6, Double 7, BFloat16 15.
+bool isFloatingDtypeCode(int64_t code) {
+  return code == 5 || code == 6 || code == 7 || code == 15;
+}
+
+/// Whether `v` is a tensor operand the generator can read: any tensor value
+/// (an input of the region or a value of it).
+bool isTensor(Value v) { return isa<bmt::TensorType>(v.getType()); }
+
+/// The role of `op` in a region, or none when it cannot be in one: not in
+/// FusibleOps.def, flagged in-place or random by the registry, or with
+/// arguments the generator does not take (run-time scalars, a reduction
+/// over other dims, a cast with options).
+std::optional<Role> roleOf(Operation *op) {
+  auto aten = dyn_cast<bmt::AtenOp>(op);
+  if (!aten || aten->getNumResults() != 1 || !isTensor(aten.getResult(0)))
+    return std::nullopt;
+  auto it = fusibleOps().find(aten.getName());
+  const bmt::AtenOpInfo *info = bmt::lookupAtenOp(aten.getName());
+  if (it == fusibleOps().end() || !info || info->isInPlace() || info->isRandom())
+    return std::nullopt;
+  Role role = it->second;
+  // Every operand is a tensor (an i64/f64 operand is a run-time scalar).
+  for (Value v : aten.getOperands())
+    if (!isTensor(v))
+      return std::nullopt;
+  llvm::SmallVector<bmt::AtenArg> args = bmt::getAtenArgs(aten);
+  StringRef name = aten.getName();
+  auto constantNumber = [&](unsigned i) {
+    return i < args.size() && !args[i].isList() && !args[i].isOperand() &&
+           args[i].getNumber().has_value();
+  };
+  auto tensorOrNumber = [&](unsigned i) {
+    return i < args.size() && !args[i].isList() && (args[i].isOperand() || constantNumber(i));
+  };
+  switch (role) {
+  case Role::Cast:
+    // to.dtype(self, dtype, non_blocking=false, copy=false, memory_format=None)
+    return args[0].isOperand() && args[1].getInt() && isFloatingDtypeCode(*args[1].getInt()) &&
+                   args[2].getBool() == false && args[3].getBool() == false && args[4].isNone()
+               ? std::optional<Role>(role)
+               : std::nullopt;
+  case Role::Reduction: {
+    // mean.dim / sum.dim_IntList(self, dim=[-1], keepdim=true, dtype=None)
+    std::optional<SmallVector<int64_t>> dims = args[1].getInts();
+    bool lastDim = dims && dims->size() == 1 && (*dims)[0] == -1;
+    return args[0].isOperand() && lastDim && args[2].getBool() == true && args[3].isNone()
+               ? std::optional<Role>(role)
+               : std::nullopt;
+  }
+  case Role::Pointwise:
+    break;
+  }
+  if (!args[0].isOperand())
+    return std::nullopt;
+  if (name.starts_with("aten::add.") || name.starts_with("aten::sub.") ||
+      name.starts_with("aten::rsub."))
+    return tensorOrNumber(1) && constantNumber(2) ? std::optional<Role>(role) : std::nullopt;
+  if (name.starts_with("aten::mul.") || name.starts_with("aten::div."))
+    return tensorOrNumber(1) ? std::optional<Role>(role) : std::nullopt;
+  if (name == "aten::pow.Tensor_Scalar")
+    return constantNumber(1) ? std::optional<Role>(role) : std::nullopt;
+  if (name == "aten::gelu") {
+    auto approximate = dyn_cast_or_null<StringAttr>(args[1].getAttr());
+    return approximate && (approximate.getValue() == "none" || approximate.getValue() == "tanh")
+               ? std::optional<Role>(role)
+               : std::nullopt;
+  }
+  return args.size() == 1 ? std::optional<Role>(role) : std::nullopt; // unary
+}
+
+/// A 0-dim numeric bmt.constant: a number inside the region (cloned into it).
+bool isScalarConstant(Value v) {
+  auto c = v.getDefiningOp<bmt::ConstantOp>();
+  return c && bmt::getConstantNumber(v).has_value();
+}
+
+/// One region being grown backwards from its root (its last op).
+struct Region {
+  llvm::SetVector<Operation *> ops; // in no particular order until sorted
+  unsigned reductions = 0;
+};
+
+struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass> {
+  using FuseElementwiseBase::FuseElementwiseBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    int64_t inlined = inlineCalls ? inlinePointwiseCalls(module) : 0;
+    int64_t regions = 0, rowRegions = 0, fusedOps = 0;
+    SmallVector<StringRef> functions;
+    for (func::FuncOp f : module.getOps<func::FuncOp>()) {
+      int64_t before = regions;
+      for (Block &block : f.getBody()) {
+        llvm::DenseSet<Operation *> taken;
+        SmallVector<Operation *> candidates;
+        for (Operation &op : llvm::reverse(block))
+          candidates.push_back(&op);
+        for (Operation *root : candidates) {
+          if (taken.contains(root) || !roleOf(root))
+            continue;
+          Region region = grow(root, taken);
+          if (region.ops.size() < 2)
+            continue; // one op is one kernel already
+          for (Operation *op : region.ops)
+            taken.insert(op);
+          fusedOps += static_cast<int64_t>(region.ops.size());
+          ++regions;
+          rowRegions += region.reductions;
+          for (Operation *c : outline(root, region))
+            taken.insert(c); // erased: never look at them again
+        }
+      }
+      if (regions > before)
+        functions.push_back(f.getSymName());
+    }
+    InFlightDiagnostic remark = emitRemark(module.getLoc());
+    if (regions == 0) {
+      remark << "bmt-fuse-elementwise: no region of two or more fusible ops";
+      return;
+    }
+    remark << "bmt-fuse-elementwise: " << fusedOps << " ops in " << regions << " region"
+           << (regions == 1 ? "" : "s") << " (" << rowRegions << " with a last-dim reduction) in "
+           << functions.size() << " function" << (functions.size() == 1 ? "" : "s") << " ("
+           << functions.front();
+    if (functions.size() > 1)
+      remark << " ... " << functions.back();
+    remark << ")";
+    if (inlined)
+      remark << "; " << inlined << " call" << (inlined == 1 ? "" : "s")
+             << " of pointwise submodules inlined";
+  }
+
+  /// Inlines every call of a private function whose body is fusible ops
+  /// and scalar constants only, with one result and no parameters (an
+  /// activation module such as LLaMA's `act_fn`, SiLU): its op can then
+  /// join a region of the caller (SwiGLU's `silu(gate) * up`). The callee
+  /// stays (the module tree is kept). Returns the number of calls inlined.
+  int64_t inlinePointwiseCalls(ModuleOp module) {
+    SymbolTable symbols(module);
+    llvm::DenseMap<Operation *, bool> pointwise;
+    auto isPointwise = [&](func::FuncOp f) {
+      auto [it, fresh] = pointwise.try_emplace(f, false);
+      if (!fresh)
+        return it->second;
+      if (!f.isPrivate() || f.getBody().getBlocks().size() != 1 || f.getNumResults() != 1)
+        return false;
+      for (Operation &op : f.getBody().front()) {
+        if (isa<func::ReturnOp>(op))
+          continue;
+        if (isa<bmt::ConstantOp>(op) && isScalarConstant(op.getResult(0)))
+          continue;
+        std::optional<Role> role = roleOf(&op);
+        if (!role || *role == Role::Reduction)
+          return false;
+      }
+      return it->second = true;
+    };
+    SmallVector<func::CallOp> calls;
+    module.walk([&](func::CallOp call) {
+      auto callee = symbols.lookup<func::FuncOp>(call.getCallee());
+      if (callee && !call->hasAttr("bmt.block") && isPointwise(callee))
+        calls.push_back(call);
+    });
+    for (func::CallOp call : calls) {
+      auto callee = symbols.lookup<func::FuncOp>(call.getCallee());
+      Block &body = callee.getBody().front();
+      IRMapping mapping;
+      for (auto [arg, operand] : llvm::zip(body.getArguments(), call.getOperands()))
+        mapping.map(arg, operand);
+      OpBuilder builder(call);
+      for (Operation &op : body) {
+        if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+          call.getResult(0).replaceAllUsesWith(mapping.lookup(ret.getOperand(0)));
+          continue;
+        }
+        builder.clone(op, mapping);
+      }
+      call->erase();
+    }
+    return static_cast<int64_t>(calls.size());
+  }
+
+  /// The maximal region ending at `root`: producers in the root's block
+  /// that are fusible, not in another region, and whose every use is in the
+  /// region, with at most one reduction.
+  Region grow(Operation *root, const llvm::DenseSet<Operation *> &taken) {
+    Region region;
+    region.ops.insert(root);
+    region.reductions = *roleOf(root) == Role::Reduction ? 1 : 0;
+    bool changed = true;
+    while (changed) {
+      changed = false;
+      for (size_t i = 0; i < region.ops.size(); ++i) {
+        Operation *op = region.ops[i];
+        for (Value v : op->getOperands()) {
+          Operation *producer = v.getDefiningOp();
+          if (!producer || producer->getBlock() != root->getBlock() ||
+              region.ops.contains(producer) || taken.contains(producer) ||
+              isScalarConstant(v))
+            continue;
+          std::optional<Role> role = roleOf(producer);
+          if (!role || (*role == Role::Reduction && region.reductions > 0))
+            continue;
+          if (!llvm::all_of(v.getUsers(), [&](Operation *user) { return region.ops.contains(user); }))
+            continue;
+          region.ops.insert(producer);
+          region.reductions += *role == Role::Reduction ? 1 : 0;
+          changed = true;
+        }
+      }
+    }
+    return region;
+  }
+
+  /// Replaces the region by a bmt.fused op at the root's place whose body
+  /// holds clones of the region's ops in their block order.
+  /// Returns the outer constants it erased (dead once the region held them).
+  SmallVector<Operation *> outline(Operation *root, Region &region) {
+    SmallVector<Operation *> ordered(region.ops.begin(), region.ops.end());
+    llvm::sort(ordered, [](Operation *a, Operation *b) { return a->isBeforeInBlock(b); });
+    // Inputs: operands defined outside the region (not scalar constants),
+    // in the order of first use.
+    llvm::SetVector<Value> inputs;
+    for (Operation *op : ordered)
+      for (Value v : op->getOperands())
+        if ((!v.getDefiningOp() || !region.ops.contains(v.getDefiningOp())) &&
+            !isScalarConstant(v))
+          inputs.insert(v);
+
+    OpBuilder builder(root);
+    MLIRContext *context = root->getContext();
+    SmallVector<Value> inputValues(inputs.begin(), inputs.end());
+    auto fused = bmt::FusedOp::create(
+        builder, root->getLoc(), bmt::TensorType::get(context),
+        builder.getStringAttr(region.reductions ? "row" : "pointwise"), inputValues);
+    Block *body = new Block();
+    fused.getBody().push_back(body);
+    IRMapping mapping;
+    for (Value v : inputValues)
+      mapping.map(v, body->addArgument(v.getType(), v.getLoc()));
+    OpBuilder inner = OpBuilder::atBlockBegin(body);
+    SmallVector<Operation *> constants;
+    for (Operation *op : ordered) {
+      for (Value v : op->getOperands())
+        if (isScalarConstant(v) && !mapping.contains(v)) {
+          constants.push_back(v.getDefiningOp());
+          mapping.map(v, inner.clone(*v.getDefiningOp())->getResult(0));
+        }
+      inner.clone(*op, mapping);
+    }
+    bmt::YieldOp::create(inner, root->getLoc(), ValueRange{mapping.lookup(root->getResult(0))});
+    root->getResult(0).replaceAllUsesWith(fused.getResult());
+    for (Operation *op : llvm::reverse(ordered))
+      op->erase();
+    SmallVector<Operation *> erased;
+    for (Operation *c : constants)
+      if (c->use_empty()) {
+        erased.push_back(c);
+        c->erase();
+      }
+    return erased;
+  }
+};
+
+} // namespace

@@ -1,0 +1,315 @@
+//===- CudaSource.cpp - CUDA C++ for a fused region's graph ---------------===//
+//
+// One kernel per graph, self-contained (no #include: NVRTC compiles it
+// without the toolkit's headers). bf16 and fp16 are stored as 16-bit
+// integers and converted by bit manipulation (bf16, round to nearest even)
+// or PTX cvt (fp16); math is float.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bmt/Runtime/fusion/Region.h"
+
+#include <cstdio>
+#include <functional>
+#include <set>
+#include <sstream>
+
+namespace bmt::fusion {
+
+namespace {
+
+const char *kPreamble = R"(namespace bmt_fused {
+constexpr int kMaxTensors = 16;
+constexpr int kMaxDims = 6;
+// n: elements (pointwise) or rows (row kernels) of the element shape;
+// sizes[0..ndim): the element shape (collapsed); tensors[k]: inputs, then
+// grad_output (backward), then outputs; strides[k][d] in elements (outputs
+// are contiguous: element-valued ones in the element shape, row-valued ones
+// one value per row).
+struct Args {
+  long long n;
+  int ndim;
+  long long sizes[kMaxDims];
+  void *tensors[kMaxTensors];
+  long long strides[kMaxTensors][kMaxDims];
+};
+__device__ __forceinline__ float ld(const float *p, long long o) { return p[o]; }
+__device__ __forceinline__ float ld(const unsigned short *p, long long o, int bf16) {
+  unsigned short h = p[o];
+  if (bf16) return __uint_as_float(((unsigned int)h) << 16);
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ unsigned short to_bf16(float f) {
+  unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (unsigned short)(u >> 16);
+}
+__device__ __forceinline__ unsigned short to_f16(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+__device__ __forceinline__ float round_bf16(float f) { return __uint_as_float(((unsigned int)to_bf16(f)) << 16); }
+__device__ __forceinline__ float round_f16(float f) {
+  unsigned short h = to_f16(f); float r; asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h)); return r;
+}
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float block_sum(float v, float *red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  int warps = (blockDim.x + 31) >> 5;
+  v = (int)(threadIdx.x & 31) < warps ? red[threadIdx.x & 31] : 0.f;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+} // namespace bmt_fused
+)";
+
+std::string literal(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9ef", v);
+  return buf;
+}
+
+std::string ctype(c10::ScalarType t) {
+  return t == c10::ScalarType::Float ? "float" : "unsigned short";
+}
+
+/// The expression loading tensor slot `k` of dtype `t` at offset `o`.
+std::string load(int k, c10::ScalarType t, const std::string &o) {
+  std::string p = "((const " + ctype(t) + " *)a.tensors[" + std::to_string(k) + "])";
+  if (t == c10::ScalarType::Float)
+    return "bmt_fused::ld(" + p + ", " + o + ")";
+  return "bmt_fused::ld(" + p + ", " + o + ", " +
+         (t == c10::ScalarType::BFloat16 ? "1" : "0") + ")";
+}
+
+std::string store(int k, c10::ScalarType t, const std::string &o, const std::string &v) {
+  std::string p = "((" + ctype(t) + " *)a.tensors[" + std::to_string(k) + "])[" + o + "]";
+  if (t == c10::ScalarType::Float)
+    return p + " = " + v + ";";
+  if (t == c10::ScalarType::BFloat16)
+    return p + " = bmt_fused::to_bf16(" + v + ");";
+  return p + " = bmt_fused::to_f16(" + v + ");";
+}
+
+/// The C expression of node `i` from its arguments' variables.
+std::string expression(const Graph &g, int i, const std::function<std::string(int)> &var,
+                       const std::function<std::string(int)> &loadOf) {
+  const Node &n = g.nodes[i];
+  auto A = [&](int k) { return var(n.args[k]); };
+  switch (n.op) {
+  case Op::Input:
+  case Op::GradOut: return loadOf(i);
+  case Op::Const: return literal(n.value);
+  case Op::RowLen: return "(float)D";
+  case Op::Add: return A(0) + " + " + A(1);
+  case Op::Sub: return A(0) + " - " + A(1);
+  case Op::Mul: return A(0) + " * " + A(1);
+  case Op::Div: return A(0) + " / " + A(1);
+  case Op::Neg: return "-" + A(0);
+  case Op::Pow:
+    if (n.value == 2) return A(0) + " * " + A(0);
+    if (n.value == 3) return A(0) + " * " + A(0) + " * " + A(0);
+    if (n.value == 0.5) return "sqrtf(" + A(0) + ")";
+    return "powf(" + A(0) + ", " + literal(n.value) + ")";
+  case Op::Sqrt: return "sqrtf(" + A(0) + ")";
+  case Op::Rsqrt: return "rsqrtf(" + A(0) + ")";
+  case Op::Exp: return "expf(" + A(0) + ")";
+  case Op::Log: return "logf(" + A(0) + ")";
+  case Op::Tanh: return "tanhf(" + A(0) + ")";
+  case Op::Sigmoid: return "bmt_fused::sigmoidf_(" + A(0) + ")";
+  case Op::Relu: return A(0) + " > 0.f ? " + A(0) + " : 0.f";
+  case Op::Silu: return A(0) + " * bmt_fused::sigmoidf_(" + A(0) + ")";
+  case Op::Erf: return "erff(" + A(0) + ")";
+  case Op::Cos: return "cosf(" + A(0) + ")";
+  case Op::Sin: return "sinf(" + A(0) + ")";
+  case Op::GeluErf: return "0.5f * " + A(0) + " * (1.f + erff(" + A(0) + " * 0.70710678118654752f))";
+  case Op::GeluTanh:
+    return "0.5f * " + A(0) + " * (1.f + tanhf(0.7978845608028654f * (" + A(0) + " + 0.044715f * " +
+           A(0) + " * " + A(0) + " * " + A(0) + ")))";
+  case Op::Step: return A(0) + " > 0.f ? 1.f : 0.f";
+  case Op::Cast:
+    if (n.dtype == c10::ScalarType::BFloat16) return "bmt_fused::round_bf16(" + A(0) + ")";
+    if (n.dtype == c10::ScalarType::Half) return "bmt_fused::round_f16(" + A(0) + ")";
+    return A(0);
+  case Op::RowSum: return var(i); // computed by its phase
+  }
+  return "0.f";
+}
+
+/// Node i's level: how many row sums lie on its deepest path (inputs 0).
+std::vector<int> levels(const Graph &g) {
+  std::vector<int> level(g.nodes.size(), 0);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    for (int a : g.nodes[i].args)
+      level[i] = std::max(level[i], level[a]);
+    if (g.nodes[i].op == Op::RowSum)
+      level[i] += 1;
+  }
+  return level;
+}
+
+} // namespace
+
+std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::string &name,
+                       const std::vector<c10::ScalarType> &inputDtypes, c10::ScalarType gradDtype,
+                       const std::vector<c10::ScalarType> &outDtypes) {
+  const int numInputs = static_cast<int>(inputDtypes.size());
+  bool hasGrad = false;
+  for (const Node &n : g.nodes)
+    hasGrad = hasGrad || n.op == Op::GradOut;
+  const int gradSlot = numInputs;
+  const int firstOut = numInputs + (hasGrad ? 1 : 0);
+  if (firstOut + static_cast<int>(outs.size()) > kMaxTensors)
+    throw FusionError("fused region: more than " + std::to_string(kMaxTensors) + " tensors");
+  std::vector<int> level = levels(g);
+  std::vector<bool> row = g.rowValued();
+  bool rowKernel = false;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    rowKernel = rowKernel || (g.nodes[i].op == Op::RowSum);
+
+  std::ostringstream s;
+  s << kPreamble;
+  auto var = [](int i) { return "v" + std::to_string(i); };
+  auto loadOf = [&](int i) -> std::string {
+    const Node &n = g.nodes[i];
+    if (n.op == Op::GradOut)
+      return load(gradSlot, gradDtype, "o" + std::to_string(gradSlot));
+    return load(n.index, inputDtypes.at(n.index), "o" + std::to_string(n.index));
+  };
+  // The slots whose offsets a loop body needs.
+  std::vector<int> slots;
+  for (int k = 0; k < numInputs; ++k)
+    slots.push_back(k);
+  if (hasGrad)
+    slots.push_back(gradSlot);
+
+  // Emits the definitions of every node `targets` need, in topological
+  // order, skipping nodes in `done` (row sums of earlier phases).
+  auto emitNodes = [&](std::ostringstream &o, const std::vector<int> &targets,
+                       const std::set<int> &done, const std::string &indent) {
+    std::vector<bool> need(g.nodes.size(), false);
+    std::function<void(int)> mark = [&](int i) {
+      if (need[i] || done.count(i))
+        return;
+      need[i] = true;
+      if (g.nodes[i].op == Op::RowSum)
+        return; // a row sum of this phase is accumulated, not recomputed
+      for (int a : g.nodes[i].args)
+        mark(a);
+    };
+    for (int t : targets)
+      for (int a : g.nodes[t].op == Op::RowSum && !done.count(t) ? g.nodes[t].args
+                                                                  : std::vector<int>{t})
+        mark(a);
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      if (!need[i] || g.nodes[i].op == Op::RowSum)
+        continue;
+      std::string e = expression(g, static_cast<int>(i), var, loadOf);
+      o << indent << "float " << var(static_cast<int>(i)) << " = " << e << ";\n";
+    }
+  };
+
+  s << "extern \"C\" __global__ void " << name << "(bmt_fused::Args a) {\n";
+  if (!rowKernel) {
+    s << "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < a.n;"
+         " i += (long long)gridDim.x * blockDim.x) {\n";
+    for (int k : slots)
+      s << "    long long o" << k << " = 0;\n";
+    s << "    long long rem = i;\n"
+         "    for (int d = a.ndim - 1; d >= 0; --d) {\n"
+         "      long long idx = rem % a.sizes[d]; rem /= a.sizes[d];\n";
+    for (int k : slots)
+      s << "      o" << k << " += idx * a.strides[" << k << "][d];\n";
+    s << "    }\n";
+    emitNodes(s, outs, {}, "    ");
+    for (size_t k = 0; k < outs.size(); ++k)
+      s << "    " << store(firstOut + static_cast<int>(k), outDtypes.at(k), "i", var(outs[k]))
+        << "\n";
+    s << "  }\n}\n";
+    return s.str();
+  }
+
+  // Row kernel: one block per row (grid-stride over rows).
+  s << "  __shared__ float red[32];\n"
+       "  const long long D = a.sizes[a.ndim - 1];\n"
+       "  for (long long r = blockIdx.x; r < a.n; r += gridDim.x) {\n";
+  for (int k : slots)
+    s << "    long long b" << k << " = 0;\n";
+  s << "    long long rem = r;\n"
+       "    for (int d = a.ndim - 2; d >= 0; --d) {\n"
+       "      long long idx = rem % a.sizes[d]; rem /= a.sizes[d];\n";
+  for (int k : slots)
+    s << "      b" << k << " += idx * a.strides[" << k << "][d];\n";
+  s << "    }\n";
+  auto columnOffsets = [&](const std::string &indent) {
+    std::string o;
+    for (int k : slots)
+      o += indent + "long long o" + std::to_string(k) + " = b" + std::to_string(k) + " + j * a.strides[" +
+           std::to_string(k) + "][a.ndim - 1];\n";
+    return o;
+  };
+  std::set<int> done;
+  int top = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (g.nodes[i].op == Op::RowSum)
+      top = std::max(top, level[i]);
+  for (int L = 1; L <= top; ++L) {
+    std::vector<int> sums;
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      if (g.nodes[i].op == Op::RowSum && level[i] == L)
+        sums.push_back(static_cast<int>(i));
+    for (int r : sums)
+      s << "    float acc" << r << " = 0.f;\n";
+    s << "    for (long long j = threadIdx.x; j < D; j += blockDim.x) {\n" << columnOffsets("      ");
+    std::ostringstream body;
+    emitNodes(body, sums, done, "      ");
+    s << body.str();
+    for (int r : sums)
+      s << "      acc" << r << " += " << var(g.nodes[r].args[0]) << ";\n";
+    s << "    }\n";
+    for (int r : sums) {
+      s << "    const float " << var(r) << " = bmt_fused::block_sum(acc" << r << ", red);\n";
+      done.insert(r);
+    }
+  }
+  // Outputs: element-valued ones per column, row-valued ones once per row.
+  std::vector<int> elementOuts, rowOuts;
+  for (size_t k = 0; k < outs.size(); ++k)
+    (row[outs[k]] && g.nodes[outs[k]].op != Op::GradOut ? rowOuts : elementOuts)
+        .push_back(static_cast<int>(k));
+  // A row-valued gradient of an input is still stored per element.
+  bool forwardRowResult = !hasGrad && outs.size() == 1 && row[outs[0]];
+  if (!forwardRowResult) {
+    elementOuts.clear();
+    rowOuts.clear();
+    for (size_t k = 0; k < outs.size(); ++k)
+      elementOuts.push_back(static_cast<int>(k));
+  }
+  if (!elementOuts.empty()) {
+    s << "    for (long long j = threadIdx.x; j < D; j += blockDim.x) {\n" << columnOffsets("      ");
+    std::vector<int> targets;
+    for (int k : elementOuts)
+      targets.push_back(outs[k]);
+    emitNodes(s, targets, done, "      ");
+    for (int k : elementOuts)
+      s << "      " << store(firstOut + k, outDtypes.at(k), "r * D + j", var(outs[k])) << "\n";
+    s << "    }\n";
+  }
+  if (!rowOuts.empty()) {
+    s << "    if (threadIdx.x == 0) {\n";
+    std::vector<int> targets;
+    for (int k : rowOuts)
+      targets.push_back(outs[k]);
+    emitNodes(s, targets, done, "      ");
+    for (int k : rowOuts)
+      s << "      " << store(firstOut + k, outDtypes.at(k), "r", var(outs[k])) << "\n";
+    s << "    }\n";
+  }
+  s << "    __syncthreads();\n  }\n}\n";
+  return s.str();
+}
+
+} // namespace bmt::fusion

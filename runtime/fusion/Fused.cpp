@@ -1,0 +1,365 @@
+//===- Fused.cpp - a fused region as an autograd node, kernels via NVRTC --===//
+
+#include "bmt/Runtime/fusion/Fused.h"
+
+#include "bmt/Runtime/fusion/Nvrtc.h"
+
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#ifdef BMT_WITH_CUDA_KERNELS
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace bmt::fusion {
+
+namespace {
+
+bool floating(c10::ScalarType t) {
+  return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+}
+
+std::string identifier(const std::string &name) {
+  std::string out = "bmt_";
+  for (char c : name)
+    out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return out;
+}
+
+/// The autograd node: saves the inputs, recomputes in backward.
+struct FusedFunction : torch::autograd::Function<FusedFunction> {
+  // The inputs as a TensorList: autograd tracks each (a std::vector would
+  // count as one non-tensor argument).
+  static at::Tensor forward(torch::autograd::AutogradContext *ctx, FusedRegion *self,
+                            at::TensorList list) {
+    std::vector<at::Tensor> inputs(list.begin(), list.end());
+    ctx->saved_data["region"] = reinterpret_cast<int64_t>(self);
+    ctx->save_for_backward(inputs);
+    return self->forward(inputs);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto *self = reinterpret_cast<FusedRegion *>(ctx->saved_data["region"].toInt());
+    std::vector<at::Tensor> inputs = ctx->get_saved_variables();
+    torch::autograd::variable_list out{at::Tensor()}; // the region pointer
+    if (!grads.at(0).defined()) {
+      out.resize(inputs.size() + 1);
+      return out;
+    }
+    for (at::Tensor &g : self->backward(inputs, grads[0]))
+      out.push_back(g);
+    return out;
+  }
+};
+
+// ---- CUDA: the driver API through dlopen, kernels from NVRTC ----
+
+#ifdef BMT_WITH_CUDA_KERNELS
+struct Driver {
+  void *handle = nullptr;
+  int (*moduleLoadData)(void **, const void *) = nullptr;
+  int (*moduleGetFunction)(void **, void *, const char *) = nullptr;
+  int (*launchKernel)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                      void *, void **, void **) = nullptr;
+};
+
+const Driver &driver() {
+  static Driver d = [] {
+    Driver d;
+    d.handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!d.handle)
+      return d;
+    d.moduleLoadData = reinterpret_cast<decltype(d.moduleLoadData)>(dlsym(d.handle, "cuModuleLoadData"));
+    d.moduleGetFunction =
+        reinterpret_cast<decltype(d.moduleGetFunction)>(dlsym(d.handle, "cuModuleGetFunction"));
+    d.launchKernel = reinterpret_cast<decltype(d.launchKernel)>(dlsym(d.handle, "cuLaunchKernel"));
+    if (!d.moduleLoadData || !d.moduleGetFunction || !d.launchKernel)
+      d.handle = nullptr;
+    return d;
+  }();
+  return d;
+}
+
+/// bmt_fused::Args of the generated source (CudaSource.cpp's preamble).
+struct Args {
+  long long n;
+  int ndim;
+  long long sizes[kMaxDims];
+  void *tensors[kMaxTensors];
+  long long strides[kMaxTensors][kMaxDims];
+};
+#endif
+
+} // namespace
+
+struct FusedRegion::Kernels {
+  void *forward = nullptr;  // CUfunction
+  void *backward = nullptr; // CUfunction; null: the result depends on no input
+  std::vector<c10::ScalarType> gradDtypes; // per backward output
+};
+
+FusedRegion::FusedRegion(Region region, std::string name)
+    : region_(std::move(region)), name_(identifier(name)) {}
+
+FusedRegion::~FusedRegion() = default;
+
+bool FusedRegion::accepts(const std::vector<at::Tensor> &inputs) const {
+  if (inputs.size() != static_cast<size_t>(region_.numInputs) || inputs.empty())
+    return false;
+  std::vector<c10::ScalarType> dtypes;
+  for (const at::Tensor &t : inputs) {
+    if (!t.defined() || !floating(t.scalar_type()) || t.device() != inputs[0].device())
+      return false;
+    dtypes.push_back(t.scalar_type());
+  }
+  if (resultDtype(region_, dtypes) == c10::ScalarType::Undefined)
+    return false;
+  try {
+    std::vector<int64_t> shape = elementShape(inputs);
+    return !(region_.hasReduction && shape.empty());
+  } catch (const FusionError &) {
+    return false;
+  }
+}
+
+at::Tensor FusedRegion::run(const std::vector<at::Tensor> &inputs) {
+  return FusedFunction::apply(this, at::TensorList(inputs));
+}
+
+bool FusedRegion::usesKernels(const at::Device &device) {
+#ifdef BMT_WITH_CUDA_KERNELS
+  static const bool disabled = std::getenv("BMT_FUSED_ATEN") != nullptr;
+  return device.is_cuda() && !disabled && driver().handle && nvrtcAvailable();
+#else
+  (void)device;
+  return false;
+#endif
+}
+
+#ifdef BMT_WITH_CUDA_KERNELS
+namespace {
+
+/// Fills `a` for the element shape `shape` and the tensors' strides over
+/// it (`strided[k]`: the tensor broadcast to the element shape; outputs
+/// contiguous), merging adjacent dims every tensor walks alike (all but the
+/// last for a row kernel). False when more than kMaxDims dims remain.
+bool layout(Args &a, std::vector<int64_t> shape, std::vector<std::vector<int64_t>> strides, bool row) {
+  if (shape.empty()) {
+    shape = {1};
+    for (auto &s : strides)
+      s = {0};
+  }
+  // Merge dim d into d-1 where every tensor has stride[d-1] == stride[d] * size[d].
+  for (int d = static_cast<int>(shape.size()) - 1 - (row ? 1 : 0); d >= 1; --d) {
+    bool ok = true;
+    for (auto &s : strides)
+      ok = ok && s[d - 1] == s[d] * shape[d];
+    if (!ok)
+      continue;
+    shape[d - 1] *= shape[d];
+    shape.erase(shape.begin() + d);
+    for (auto &s : strides) {
+      s[d - 1] = s[d];
+      s.erase(s.begin() + d);
+    }
+  }
+  if (shape.size() > static_cast<size_t>(kMaxDims) || strides.size() > static_cast<size_t>(kMaxTensors))
+    return false;
+  std::memset(&a, 0, sizeof a);
+  a.ndim = static_cast<int>(shape.size());
+  int64_t numel = 1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    a.sizes[d] = shape[d];
+    numel *= shape[d];
+  }
+  a.n = row ? numel / shape.back() : numel;
+  for (size_t k = 0; k < strides.size(); ++k)
+    for (size_t d = 0; d < shape.size(); ++d)
+      a.strides[k][d] = strides[k][d];
+  return true;
+}
+
+std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d)
+    s[d] = s[d + 1] * shape[d + 1];
+  return s;
+}
+
+void launch(void *function, Args &a, bool row, int64_t rowLen, const at::Device &device) {
+  if (a.n == 0)
+    return;
+  int sms = at::cuda::getDeviceProperties(device.index())->multiProcessorCount;
+  unsigned threads, blocks;
+  if (row) {
+    int64_t t = ((rowLen / 4 + 31) / 32) * 32;
+    threads = static_cast<unsigned>(std::min<int64_t>(1024, std::max<int64_t>(64, t)));
+    blocks = static_cast<unsigned>(std::min<int64_t>(a.n, int64_t{sms} * 32));
+  } else {
+    threads = 256;
+    blocks = static_cast<unsigned>(std::min<int64_t>((a.n + 255) / 256, int64_t{sms} * 64));
+  }
+  void *params[] = {&a};
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  int rc = driver().launchKernel(function, blocks, 1, 1, threads, 1, 1, 0, stream, params, nullptr);
+  if (rc != 0)
+    throw FusionError("cuLaunchKernel failed (CUresult " + std::to_string(rc) + ")");
+}
+
+/// The kernel `name` of `source` on `device`: one module per distinct
+/// source and device in the process (identical regions of identical blocks
+/// share it), compiled through the disk cache.
+void *loadFunction(const std::string &source, const std::string &name, const at::Device &device) {
+  static std::mutex mutex;
+  static std::map<std::string, void *> loaded;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::string key = device.str() + "\n" + source;
+  if (auto it = loaded.find(key); it != loaded.end())
+    return it->second;
+  const cudaDeviceProp *prop = at::cuda::getDeviceProperties(device.index());
+  std::string cubin = compileCuda(source, name, prop->major, prop->minor, /*cubin=*/true);
+  void *module = nullptr, *function = nullptr;
+  int rc = driver().moduleLoadData(&module, cubin.data());
+  if (rc != 0)
+    throw FusionError("cuModuleLoadData failed for " + name + " (CUresult " + std::to_string(rc) + ")");
+  rc = driver().moduleGetFunction(&function, module, name.c_str());
+  if (rc != 0)
+    throw FusionError("cuModuleGetFunction failed for " + name + " (CUresult " + std::to_string(rc) + ")");
+  loaded[key] = function;
+  return function;
+}
+
+} // namespace
+#endif
+
+FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inputs,
+                                              const at::Tensor &gradOut) {
+  std::string key = inputs[0].device().str();
+  std::vector<c10::ScalarType> dtypes;
+  for (const at::Tensor &t : inputs) {
+    dtypes.push_back(t.scalar_type());
+    key += std::string(",") + c10::toString(t.scalar_type());
+  }
+  std::vector<int64_t> shape = elementShape(inputs);
+  // Broadcast inputs get fp32 gradients (summed over the broadcast dims after).
+  std::vector<c10::ScalarType> gradDtypes;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (region_.gradients[i] >= 0) {
+      bool full = inputs[i].sizes().vec() == shape;
+      gradDtypes.push_back(full ? inputs[i].scalar_type() : at::kFloat);
+      key += full ? ",g" : ",G";
+    }
+  c10::ScalarType gradDtype = gradOut.defined() ? gradOut.scalar_type() : resultDtype(region_, dtypes);
+  key += std::string(",") + c10::toString(gradDtype);
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_ptr<Kernels> &k = kernels_[key];
+  if (k)
+    return *k;
+  k = std::make_unique<Kernels>();
+#ifdef BMT_WITH_CUDA_KERNELS
+  // Fixed names (one kernel per module): equal regions give equal sources.
+  std::string fname = "bmt_fused_forward", bname = "bmt_fused_backward";
+  k->forward = loadFunction(cudaSource(region_.forward, {region_.result}, fname, dtypes,
+                                       c10::ScalarType::Undefined, {resultDtype(region_, dtypes)}),
+                            fname, inputs[0].device());
+  std::vector<int> outs;
+  for (int g : region_.gradients)
+    if (g >= 0)
+      outs.push_back(g);
+  if (!outs.empty())
+    k->backward = loadFunction(cudaSource(region_.backward, outs, bname, dtypes, gradDtype, gradDtypes),
+                               bname, inputs[0].device());
+  k->gradDtypes = gradDtypes;
+#endif
+  return *k;
+}
+
+at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
+  if (!usesKernels(inputs[0].device()))
+    return forwardATen(region_, inputs);
+#ifdef BMT_WITH_CUDA_KERNELS
+  c10::cuda::CUDAGuard guard(inputs[0].device());
+  Kernels &k = kernelsFor(inputs, at::Tensor());
+  std::vector<int64_t> shape = elementShape(inputs);
+  std::vector<c10::ScalarType> dtypes;
+  for (const at::Tensor &t : inputs)
+    dtypes.push_back(t.scalar_type());
+  bool rowResult = region_.forward.rowValued()[region_.result];
+  std::vector<int64_t> outShape = shape;
+  if (rowResult)
+    outShape.back() = 1;
+  at::Tensor out = at::empty(outShape, inputs[0].options().dtype(resultDtype(region_, dtypes)));
+  std::vector<std::vector<int64_t>> strides;
+  for (const at::Tensor &t : inputs)
+    strides.push_back(t.expand(shape).strides().vec());
+  std::vector<int64_t> outStrides = contiguousStrides(shape);
+  if (rowResult)
+    outStrides.back() = 0; // written once per row at index r
+  strides.push_back(outStrides);
+  Args a;
+  if (!layout(a, shape, strides, region_.hasReduction))
+    return forwardATen(region_, inputs);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    a.tensors[i] = const_cast<void *>(inputs[i].data_ptr());
+  a.tensors[inputs.size()] = out.data_ptr();
+  launch(k.forward, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), inputs[0].device());
+  return out;
+#else
+  return forwardATen(region_, inputs);
+#endif
+}
+
+std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inputs,
+                                              const at::Tensor &gradOut) {
+  if (!usesKernels(inputs[0].device()))
+    return backwardATen(region_, inputs, gradOut);
+#ifdef BMT_WITH_CUDA_KERNELS
+  c10::cuda::CUDAGuard guard(inputs[0].device());
+  Kernels &k = kernelsFor(inputs, gradOut);
+  std::vector<at::Tensor> grads(inputs.size());
+  if (!k.backward)
+    return grads;
+  std::vector<at::Tensor> all = inputs;
+  all.push_back(gradOut);
+  std::vector<int64_t> shape = elementShape(all);
+  std::vector<std::vector<int64_t>> strides;
+  for (const at::Tensor &t : all)
+    strides.push_back(t.expand(shape).strides().vec());
+  std::vector<at::Tensor> outs;
+  size_t j = 0;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (region_.gradients[i] >= 0) {
+      outs.push_back(at::empty(shape, inputs[i].options().dtype(k.gradDtypes[j++])));
+      strides.push_back(contiguousStrides(shape));
+    }
+  Args a;
+  if (!layout(a, shape, strides, region_.hasReduction))
+    return backwardATen(region_, inputs, gradOut);
+  for (size_t i = 0; i < all.size(); ++i)
+    a.tensors[i] = const_cast<void *>(all[i].data_ptr());
+  for (size_t o = 0; o < outs.size(); ++o)
+    a.tensors[all.size() + o] = outs[o].data_ptr();
+  launch(k.backward, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), inputs[0].device());
+  j = 0;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (region_.gradients[i] >= 0) {
+      at::Tensor g = outs[j++];
+      if (g.sizes() != inputs[i].sizes())
+        g = at::sum_to(g, inputs[i].sizes());
+      grads[i] = g.to(inputs[i].scalar_type());
+    }
+  return grads;
+#else
+  return backwardATen(region_, inputs, gradOut);
+#endif
+}
+
+} // namespace bmt::fusion

@@ -1,0 +1,577 @@
+//===- Region.cpp - fused regions: graph, derivative, ATen evaluation -----===//
+
+#include "bmt/Runtime/fusion/Region.h"
+
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+
+#include <cmath>
+#include <map>
+#include <tuple>
+
+namespace bmt::fusion {
+
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+/// The generator's kind of each op of FusibleOps.def, by name.
+const std::map<std::string, std::string> &fusibleKinds() {
+  static const std::map<std::string, std::string> kinds = {
+#define BMT_FUSIBLE_OP(NAME, KIND) {NAME, #KIND},
+#include "bmt/Runtime/fusion/FusibleOps.def"
+  };
+  return kinds;
+}
+
+bool isConst(const Graph &g, int n, double v) {
+  return g.nodes[n].op == Op::Const && g.nodes[n].value == v;
+}
+
+} // namespace
+
+int Graph::add(Node node) {
+  // Sharing: an equal node (same kind, arguments and attributes) is reused.
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node &m = nodes[i];
+    if (m.op == node.op && m.args == node.args && m.value == node.value &&
+        m.index == node.index && m.dtype == node.dtype)
+      return static_cast<int>(i);
+  }
+  nodes.push_back(std::move(node));
+  return static_cast<int>(nodes.size()) - 1;
+}
+
+int Graph::constant(double v) {
+  Node n;
+  n.op = Op::Const;
+  n.value = v;
+  return add(n);
+}
+
+int Graph::input(int index) {
+  Node n;
+  n.op = Op::Input;
+  n.index = index;
+  return add(n);
+}
+
+int Graph::unary(Op op, int a) {
+  if (op == Op::Neg && nodes[a].op == Op::Const)
+    return constant(-nodes[a].value);
+  Node n;
+  n.op = op;
+  n.args = {a};
+  return add(n);
+}
+
+int Graph::binary(Op op, int a, int b) {
+  // Folds that keep derived graphs small: x*1, x*0 (constant 0), x+0, x-0, x/1.
+  bool ca = nodes[a].op == Op::Const, cb = nodes[b].op == Op::Const;
+  if (ca && cb) {
+    double x = nodes[a].value, y = nodes[b].value;
+    switch (op) {
+    case Op::Add: return constant(x + y);
+    case Op::Sub: return constant(x - y);
+    case Op::Mul: return constant(x * y);
+    case Op::Div: return constant(x / y);
+    default: break;
+    }
+  }
+  if (op == Op::Mul) {
+    if (isConst(*this, a, 1))
+      return b;
+    if (isConst(*this, b, 1))
+      return a;
+    if (isConst(*this, a, 0) || isConst(*this, b, 0))
+      return constant(0);
+  }
+  if ((op == Op::Add || op == Op::Sub) && isConst(*this, b, 0))
+    return a;
+  if (op == Op::Add && isConst(*this, a, 0))
+    return b;
+  if (op == Op::Div && isConst(*this, b, 1))
+    return a;
+  Node n;
+  n.op = op;
+  n.args = {a, b};
+  return add(n);
+}
+
+std::vector<bool> Graph::rowValued() const {
+  std::vector<bool> row(nodes.size(), false);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node &n = nodes[i];
+    switch (n.op) {
+    case Op::RowSum:
+    case Op::Const:
+    case Op::RowLen:
+      row[i] = true;
+      break;
+    case Op::Input:
+      row[i] = false;
+      break;
+    case Op::GradOut:
+      row[i] = n.index == 1; // the gradient of a row-valued result
+      break;
+    default: {
+      bool all = true;
+      for (int a : n.args)
+        all = all && row[a];
+      row[i] = all;
+    }
+    }
+  }
+  return row;
+}
+
+namespace {
+
+double numberOf(const c10::IValue &v, const std::string &what) {
+  if (v.isDouble())
+    return v.toDouble();
+  if (v.isInt())
+    return static_cast<double>(v.toInt());
+  if (v.isBool())
+    return v.toBool() ? 1.0 : 0.0;
+  if (v.isTensor() && v.toTensor().dim() == 0)
+    return v.toTensor().item<double>();
+  throw FusionError(what + ": a number was expected, got " + v.tagKind());
+}
+
+/// Reverse-mode differentiation of `g` at `result`: extends `g` by GradOut
+/// and the adjoint nodes; returns the adjoint of each input (-1: none).
+std::vector<int> differentiate(Graph &g, int result, int numInputs) {
+  std::vector<bool> row = g.rowValued();
+  const size_t forwardSize = g.nodes.size();
+  Node gradOut;
+  gradOut.op = Op::GradOut;
+  gradOut.index = row[result] ? 1 : 0;
+  int seed = g.add(gradOut);
+  // Contributions to each node's adjoint: from element-valued users (a row
+  // node sums them over the row) and from row-valued ones.
+  std::vector<std::vector<int>> fromElement(forwardSize), fromRow(forwardSize);
+  (row[result] ? fromRow : fromElement)[result].push_back(seed);
+  std::vector<int> adjoint(forwardSize, -1);
+  auto sum = [&](const std::vector<int> &terms) {
+    int s = -1;
+    for (int t : terms)
+      s = s < 0 ? t : g.binary(Op::Add, s, t);
+    return s;
+  };
+  for (int n = static_cast<int>(forwardSize) - 1; n >= 0; --n) {
+    int e = sum(fromElement[n]), r = sum(fromRow[n]);
+    if (e < 0 && r < 0)
+      continue;
+    if (row[n] && e >= 0)
+      e = g.unary(Op::RowSum, e); // the chain rule through the reduction
+    int A = e < 0 ? r : r < 0 ? e : g.binary(Op::Add, e, r);
+    adjoint[n] = A;
+    const Node node = g.nodes[n]; // copy: g.nodes grows below
+    auto give = [&](int arg, int contribution) {
+      Op k = g.nodes[arg].op;
+      if (k == Op::Const || k == Op::RowLen)
+        return;
+      (row[n] ? fromRow : fromElement)[arg].push_back(contribution);
+    };
+    auto C = [&](double v) { return g.constant(v); };
+    auto mul = [&](int a, int b) { return g.binary(Op::Mul, a, b); };
+    auto addn = [&](int a, int b) { return g.binary(Op::Add, a, b); };
+    auto subn = [&](int a, int b) { return g.binary(Op::Sub, a, b); };
+    int a = node.args.empty() ? -1 : node.args[0];
+    int b = node.args.size() > 1 ? node.args[1] : -1;
+    switch (node.op) {
+    case Op::Input:
+    case Op::Const:
+    case Op::GradOut:
+    case Op::RowLen:
+    case Op::Step:
+      break;
+    case Op::Add:
+      give(a, A);
+      give(b, A);
+      break;
+    case Op::Sub:
+      give(a, A);
+      give(b, g.unary(Op::Neg, A));
+      break;
+    case Op::Mul:
+      give(a, mul(A, b));
+      give(b, mul(A, a));
+      break;
+    case Op::Div:
+      give(a, g.binary(Op::Div, A, b));
+      give(b, g.unary(Op::Neg, g.binary(Op::Div, mul(A, n), b)));
+      break;
+    case Op::Neg:
+      give(a, g.unary(Op::Neg, A));
+      break;
+    case Op::Pow: {
+      double c = node.value;
+      int d;
+      if (c == 1)
+        d = C(1);
+      else if (c == 2)
+        d = mul(C(2), a);
+      else {
+        Node p;
+        p.op = Op::Pow;
+        p.args = {a};
+        p.value = c - 1;
+        d = mul(C(c), g.add(p));
+      }
+      give(a, mul(A, d));
+      break;
+    }
+    case Op::Sqrt:
+      give(a, g.binary(Op::Div, mul(A, C(0.5)), n));
+      break;
+    case Op::Rsqrt: // d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 r^3
+      give(a, mul(mul(A, C(-0.5)), mul(n, mul(n, n))));
+      break;
+    case Op::Exp:
+      give(a, mul(A, n));
+      break;
+    case Op::Log:
+      give(a, g.binary(Op::Div, A, a));
+      break;
+    case Op::Tanh:
+      give(a, mul(A, subn(C(1), mul(n, n))));
+      break;
+    case Op::Sigmoid:
+      give(a, mul(A, mul(n, subn(C(1), n))));
+      break;
+    case Op::Relu:
+      give(a, mul(A, g.unary(Op::Step, a)));
+      break;
+    case Op::Silu: { // s (1 + x (1 - s))
+      int s = g.unary(Op::Sigmoid, a);
+      give(a, mul(A, mul(s, addn(C(1), mul(a, subn(C(1), s))))));
+      break;
+    }
+    case Op::Erf: // 2/sqrt(pi) exp(-x^2)
+      give(a, mul(A, mul(C(2.0 / std::sqrt(kPi)), g.unary(Op::Exp, g.unary(Op::Neg, mul(a, a))))));
+      break;
+    case Op::Cos:
+      give(a, g.unary(Op::Neg, mul(A, g.unary(Op::Sin, a))));
+      break;
+    case Op::Sin:
+      give(a, mul(A, g.unary(Op::Cos, a)));
+      break;
+    case Op::GeluErf: { // Phi(x) + x phi(x)
+      int cdf = mul(C(0.5), addn(C(1), g.unary(Op::Erf, mul(a, C(1.0 / std::sqrt(2.0))))));
+      int pdf = mul(C(1.0 / std::sqrt(2.0 * kPi)),
+                    g.unary(Op::Exp, mul(C(-0.5), mul(a, a))));
+      give(a, mul(A, addn(cdf, mul(a, pdf))));
+      break;
+    }
+    case Op::GeluTanh: { // u = k (x + 0.044715 x^3), t = tanh(u)
+      double k = std::sqrt(2.0 / kPi), c = 0.044715;
+      int x2 = mul(a, a);
+      int u = mul(C(k), addn(a, mul(C(c), mul(x2, a))));
+      int t = g.unary(Op::Tanh, u);
+      int du = mul(C(k), addn(C(1), mul(C(3 * c), x2)));
+      int d = addn(mul(C(0.5), addn(C(1), t)),
+                   mul(mul(mul(C(0.5), a), subn(C(1), mul(t, t))), du));
+      give(a, mul(A, d));
+      break;
+    }
+    case Op::Cast: // the gradient flows through unrounded (fp32 math)
+      give(a, A);
+      break;
+    case Op::RowSum: // broadcast back over the row
+      fromElement[a].push_back(A);
+      break;
+    }
+  }
+  std::vector<int> grads(numInputs, -1);
+  for (size_t n = 0; n < forwardSize; ++n)
+    if (g.nodes[n].op == Op::Input)
+      grads[g.nodes[n].index] = adjoint[n];
+  return grads;
+}
+
+} // namespace
+
+Region buildRegion(const plan::Function &body) {
+  Region region;
+  region.numInputs = static_cast<int>(body.params.size());
+  Graph &g = region.forward;
+  std::map<int64_t, int> nodeOf; // register -> node
+  for (size_t i = 0; i < body.params.size(); ++i)
+    nodeOf[body.params[i]] = g.input(static_cast<int>(i));
+  for (const plan::Instruction &inst : body.body) {
+    std::string where = (inst.op.empty() ? "instruction" : inst.op) + " in " + body.name;
+    if (inst.kind == plan::Instruction::Kind::Constant) {
+      nodeOf[inst.results.at(0)] = g.constant(numberOf(inst.args.at(0).constant, where));
+      continue;
+    }
+    if (inst.kind != plan::Instruction::Kind::Aten)
+      throw FusionError(where + ": a fused region holds only operator calls and constants");
+    auto kind = fusibleKinds().find(inst.op);
+    if (kind == fusibleKinds().end())
+      throw FusionError(where + ": the operator is not fusible (FusibleOps.def)");
+    auto node = [&](size_t i) -> int {
+      if (i >= inst.args.size())
+        throw FusionError(where + ": missing argument " + std::to_string(i));
+      const plan::Arg &a = inst.args[i];
+      if (a.kind == plan::Arg::Kind::Register) {
+        auto it = nodeOf.find(a.reg);
+        if (it == nodeOf.end())
+          throw FusionError(where + ": reads a register not defined in the region");
+        return it->second;
+      }
+      if (a.kind == plan::Arg::Kind::Constant)
+        return g.constant(numberOf(a.constant, where));
+      throw FusionError(where + ": a list argument where a tensor or number was expected");
+    };
+    auto number = [&](size_t i) {
+      const plan::Arg &a = inst.args.at(i);
+      if (a.kind != plan::Arg::Kind::Constant)
+        throw FusionError(where + ": argument " + std::to_string(i) + " must be a constant");
+      return numberOf(a.constant, where);
+    };
+    const std::string &k = kind->second;
+    int out;
+    if (k == "Add" || k == "Sub" || k == "Rsub") {
+      int a = node(0), b = node(1);
+      double alpha = number(2);
+      if (k == "Rsub")
+        std::swap(a, b); // rsub(self, other, alpha) = other - alpha * self
+      int scaled = g.binary(Op::Mul, b, g.constant(alpha));
+      out = g.binary(k == "Add" ? Op::Add : Op::Sub, a, scaled);
+    } else if (k == "Mul" || k == "Div") {
+      out = g.binary(k == "Mul" ? Op::Mul : Op::Div, node(0), node(1));
+    } else if (k == "Pow") {
+      double e = number(1);
+      int a = node(0);
+      if (e == 1) {
+        out = a;
+      } else if (e == 2) {
+        out = g.binary(Op::Mul, a, a);
+      } else {
+        Node p;
+        p.op = Op::Pow;
+        p.args = {a};
+        p.value = e;
+        out = g.add(p);
+      }
+    } else if (k == "Gelu") {
+      const plan::Arg &a = inst.args.at(1);
+      std::string approximate =
+          a.kind == plan::Arg::Kind::Constant && a.constant.isString() ? a.constant.toStringRef() : "";
+      if (approximate != "none" && approximate != "tanh")
+        throw FusionError(where + ": approximate must be \"none\" or \"tanh\"");
+      out = g.unary(approximate == "tanh" ? Op::GeluTanh : Op::GeluErf, node(0));
+    } else if (k == "Cast") {
+      int64_t code = static_cast<int64_t>(number(1));
+      auto dtype = static_cast<c10::ScalarType>(code);
+      if (dtype != c10::ScalarType::Float && dtype != c10::ScalarType::BFloat16 &&
+          dtype != c10::ScalarType::Half)
+        throw FusionError(where + ": casts only to float32, bfloat16 or float16");
+      Node c;
+      c.op = Op::Cast;
+      c.args = {node(0)};
+      c.dtype = dtype;
+      out = g.add(c);
+    } else if (k == "Mean" || k == "Sum") {
+      if (region.hasReduction)
+        throw FusionError(where + ": a region holds at most one reduction");
+      region.hasReduction = true;
+      const plan::Arg &dims = inst.args.at(1);
+      bool last = dims.kind == plan::Arg::Kind::List && dims.elements.size() == 1 &&
+                  dims.elements[0].kind == plan::Arg::Kind::Constant &&
+                  dims.elements[0].constant.isInt() && dims.elements[0].constant.toInt() == -1;
+      if (!last && dims.kind == plan::Arg::Kind::Constant && dims.constant.isIntList()) {
+        std::vector<int64_t> d = dims.constant.toIntVector();
+        last = d.size() == 1 && d[0] == -1;
+      }
+      if (!last || number(2) != 1.0)
+        throw FusionError(where + ": only a reduction over [-1] with keepdim is fusible");
+      out = g.unary(Op::RowSum, node(0));
+      if (k == "Mean") {
+        Node len;
+        len.op = Op::RowLen;
+        out = g.binary(Op::Div, out, g.add(len));
+      }
+    } else {
+      static const std::map<std::string, Op> unary = {
+          {"Neg", Op::Neg},   {"Sqrt", Op::Sqrt}, {"Rsqrt", Op::Rsqrt},     {"Exp", Op::Exp},
+          {"Log", Op::Log},   {"Tanh", Op::Tanh}, {"Sigmoid", Op::Sigmoid}, {"Relu", Op::Relu},
+          {"Silu", Op::Silu}, {"Erf", Op::Erf},   {"Cos", Op::Cos},         {"Sin", Op::Sin}};
+      auto it = unary.find(k);
+      if (it == unary.end())
+        throw FusionError(where + ": no generator rule for " + k);
+      out = g.unary(it->second, node(0));
+    }
+    if (inst.results.size() != 1)
+      throw FusionError(where + ": one result expected");
+    nodeOf[inst.results[0]] = out;
+  }
+  if (body.returns.size() != 1 || !nodeOf.count(body.returns[0]))
+    throw FusionError(body.name + ": a fused region returns one value it computes");
+  region.result = nodeOf[body.returns[0]];
+  region.backward = region.forward;
+  region.gradients = differentiate(region.backward, region.result, region.numInputs);
+  return region;
+}
+
+c10::ScalarType resultDtype(const Region &region, const std::vector<c10::ScalarType> &inputDtypes) {
+  const Graph &g = region.forward;
+  constexpr auto none = c10::ScalarType::Undefined; // a number: does not promote
+  std::vector<c10::ScalarType> t(g.nodes.size(), none);
+  for (size_t i = 0; i <= static_cast<size_t>(region.result); ++i) {
+    const Node &n = g.nodes[i];
+    switch (n.op) {
+    case Op::Input: {
+      c10::ScalarType d = inputDtypes.at(n.index);
+      if (d != c10::ScalarType::Float && d != c10::ScalarType::BFloat16 &&
+          d != c10::ScalarType::Half)
+        return c10::ScalarType::Undefined;
+      t[i] = d;
+      break;
+    }
+    case Op::Const:
+    case Op::RowLen:
+    case Op::GradOut:
+      break;
+    case Op::Cast:
+      t[i] = n.dtype;
+      break;
+    default:
+      for (int a : n.args)
+        t[i] = t[i] == none ? t[a] : t[a] == none ? t[i] : c10::promoteTypes(t[i], t[a]);
+    }
+  }
+  return t[region.result] == none ? c10::ScalarType::Float : t[region.result];
+}
+
+std::vector<int64_t> elementShape(const std::vector<at::Tensor> &inputs) {
+  std::vector<int64_t> shape;
+  try {
+    for (const at::Tensor &t : inputs)
+      if (t.defined())
+        shape = at::infer_size(shape, t.sizes());
+  } catch (const c10::Error &e) {
+    throw FusionError(std::string("fused region: inputs do not broadcast: ") +
+                      e.what_without_backtrace());
+  }
+  return shape;
+}
+
+namespace {
+
+std::vector<at::Tensor> evaluateAll(const Graph &g, const std::vector<int> &outs,
+                                    const std::vector<at::Tensor> &inputs,
+                                    const at::Tensor &gradOut) {
+  std::vector<at::Tensor> all = inputs;
+  if (gradOut.defined())
+    all.push_back(gradOut);
+  std::vector<int64_t> shape = elementShape(all);
+  int last = 0;
+  for (int o : outs)
+    last = std::max(last, o);
+  auto options = at::TensorOptions().dtype(at::kFloat).device(inputs.at(0).device());
+  std::vector<at::Tensor> v(g.nodes.size());
+  for (int i = 0; i <= last; ++i) {
+    const Node &n = g.nodes[i];
+    auto arg = [&](int k) { return v[n.args[k]]; };
+    switch (n.op) {
+    case Op::Input: v[i] = inputs.at(n.index).to(at::kFloat); break;
+    case Op::GradOut:
+      if (!gradOut.defined())
+        throw FusionError("fused region: the backward graph needs grad_output");
+      v[i] = gradOut.to(at::kFloat);
+      break;
+    case Op::Const: v[i] = at::scalar_tensor(n.value, options); break;
+    case Op::RowLen:
+      if (shape.empty())
+        throw FusionError("fused region: a reduction over the last dim of a 0-dim tensor");
+      v[i] = at::scalar_tensor(static_cast<double>(shape.back()), options);
+      break;
+    case Op::Add: v[i] = arg(0) + arg(1); break;
+    case Op::Sub: v[i] = arg(0) - arg(1); break;
+    case Op::Mul: v[i] = arg(0) * arg(1); break;
+    case Op::Div: v[i] = arg(0) / arg(1); break;
+    case Op::Neg: v[i] = -arg(0); break;
+    case Op::Pow: v[i] = at::pow(arg(0), n.value); break;
+    case Op::Sqrt: v[i] = at::sqrt(arg(0)); break;
+    case Op::Rsqrt: v[i] = at::rsqrt(arg(0)); break;
+    case Op::Exp: v[i] = at::exp(arg(0)); break;
+    case Op::Log: v[i] = at::log(arg(0)); break;
+    case Op::Tanh: v[i] = at::tanh(arg(0)); break;
+    case Op::Sigmoid: v[i] = at::sigmoid(arg(0)); break;
+    case Op::Relu: v[i] = at::relu(arg(0)); break;
+    case Op::Silu: v[i] = at::silu(arg(0)); break;
+    case Op::Erf: v[i] = at::erf(arg(0)); break;
+    case Op::Cos: v[i] = at::cos(arg(0)); break;
+    case Op::Sin: v[i] = at::sin(arg(0)); break;
+    case Op::GeluErf: v[i] = at::gelu(arg(0), "none"); break;
+    case Op::GeluTanh: v[i] = at::gelu(arg(0), "tanh"); break;
+    case Op::Step: v[i] = (arg(0) > 0).to(at::kFloat); break;
+    case Op::Cast: v[i] = arg(0).to(n.dtype).to(at::kFloat); break;
+    case Op::RowSum: {
+      if (shape.empty())
+        throw FusionError("fused region: a reduction over the last dim of a 0-dim tensor");
+      // Over the row of the element shape (a broadcast argument counts once
+      // per element, as the unfused program's broadcast result does).
+      v[i] = arg(0).expand(shape).sum(-1, /*keepdim=*/true);
+      break;
+    }
+    }
+  }
+  std::vector<at::Tensor> out;
+  for (int o : outs)
+    out.push_back(v[o]);
+  return out;
+}
+
+/// The shape of value `node`: the element shape, or its last dim 1 for a
+/// row value.
+std::vector<int64_t> valueShape(const Graph &g, int node, std::vector<int64_t> shape) {
+  if (g.rowValued()[node] && !shape.empty())
+    shape.back() = 1;
+  return shape;
+}
+
+} // namespace
+
+at::Tensor evaluate(const Graph &g, int out, const std::vector<at::Tensor> &inputs,
+                    const at::Tensor &gradOut) {
+  return evaluateAll(g, {out}, inputs, gradOut).at(0);
+}
+
+at::Tensor forwardATen(const Region &region, const std::vector<at::Tensor> &inputs) {
+  std::vector<c10::ScalarType> dtypes;
+  for (const at::Tensor &t : inputs)
+    dtypes.push_back(t.scalar_type());
+  c10::ScalarType dtype = resultDtype(region, dtypes);
+  if (dtype == c10::ScalarType::Undefined)
+    throw FusionError("fused region: inputs must be float32, bfloat16 or float16");
+  at::Tensor v = evaluate(region.forward, region.result, inputs);
+  std::vector<int64_t> shape = valueShape(region.forward, region.result, elementShape(inputs));
+  return v.expand(shape).to(dtype).contiguous();
+}
+
+std::vector<at::Tensor> backwardATen(const Region &region, const std::vector<at::Tensor> &inputs,
+                                     const at::Tensor &gradOut) {
+  std::vector<int> outs;
+  for (int n : region.gradients)
+    if (n >= 0)
+      outs.push_back(n);
+  std::vector<at::Tensor> values = evaluateAll(region.backward, outs, inputs, gradOut);
+  std::vector<at::Tensor> all = inputs;
+  all.push_back(gradOut);
+  std::vector<int64_t> shape = elementShape(all);
+  std::vector<at::Tensor> grads(inputs.size());
+  size_t k = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (region.gradients[i] < 0)
+      continue;
+    at::Tensor g = values[k++].expand(shape);
+    grads[i] = at::sum_to(g, inputs[i].sizes()).to(inputs[i].scalar_type());
+  }
+  return grads;
+}
+
+} // namespace bmt::fusion

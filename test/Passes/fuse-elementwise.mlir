@@ -1,0 +1,201 @@
+// RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise=inline-calls=true 2>/dev/null | FileCheck %s
+// RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise=inline-calls=true -o /dev/null 2>&1 | FileCheck %s --check-prefix=REMARK
+// Without inline-calls the activation stays a call (the last case).
+// RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise 2>/dev/null | FileCheck %s --check-prefix=NOINLINE
+// The fused IR parses back and verifies.
+// RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise 2>/dev/null | bmt-opt --split-input-file -o /dev/null
+
+// RMSNorm as LLaMA's trace writes it: the input's fp32 cast is also returned
+// (the residual), so it stays outside and is the region's first input; the
+// rest, up to the weight multiply, is one "row" region.
+// CHECK-LABEL: func.func private @rms_norm(
+// CHECK:         %[[W:.*]] = bmt.get_global @w
+// CHECK-NEXT:    %[[X:.*]] = bmt.aten "aten::to.dtype"(%arg0, 6, false, false, #bmt.none)
+// CHECK-NEXT:    %[[Y:.*]] = bmt.fused "row"(%[[X]], %[[W]]) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor {
+// CHECK-NEXT:    ^bb0(%[[A:.*]]: !bmt.tensor, %[[B:.*]]: !bmt.tensor):
+// CHECK-NEXT:      %[[P:.*]] = bmt.aten "aten::pow.Tensor_Scalar"(%[[A]], 2)
+// CHECK-NEXT:      %[[M:.*]] = bmt.aten "aten::mean.dim"(%[[P]], [-1], true, #bmt.none)
+// CHECK-NEXT:      %[[E:.*]] = bmt.constant dense<9.9999999999999995E-7> : tensor<f64>
+// CHECK-NEXT:      %[[S:.*]] = bmt.aten "aten::add.Tensor"(%[[M]], %[[E]], 1)
+// CHECK-NEXT:      %[[R:.*]] = bmt.aten "aten::rsqrt"(%[[S]])
+// CHECK-NEXT:      %[[N:.*]] = bmt.aten "aten::mul.Tensor"(%[[A]], %[[R]])
+// CHECK-NEXT:      %[[C:.*]] = bmt.aten "aten::to.dtype"(%[[N]], 15, false, false, #bmt.none)
+// CHECK-NEXT:      %[[O:.*]] = bmt.aten "aten::mul.Tensor"(%[[B]], %[[C]])
+// CHECK-NEXT:      bmt.yield %[[O]] : !bmt.tensor
+// CHECK-NEXT:    }
+// CHECK-NEXT:    return %[[Y]], %[[X]]
+// REMARK: remark: bmt-fuse-elementwise: 7 ops in 1 region (1 with a last-dim reduction) in 1 function (rms_norm)
+module {
+  bmt.parameter @w : tensor<8xf32> {requires_grad}
+  func.func private @rms_norm(%arg0: !bmt.tensor) -> (!bmt.tensor, !bmt.tensor) {
+    %0 = bmt.get_global @w : !bmt.tensor
+    %1 = bmt.aten "aten::to.dtype"(%arg0, 6, false, false, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %2 = bmt.aten "aten::pow.Tensor_Scalar"(%1, 2) : (!bmt.tensor) -> !bmt.tensor
+    %3 = bmt.aten "aten::mean.dim"(%2, [-1], true, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %4 = bmt.constant dense<9.9999999999999995E-7> : tensor<f64>
+    %5 = bmt.aten "aten::add.Tensor"(%3, %4, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %6 = bmt.aten "aten::rsqrt"(%5) : (!bmt.tensor) -> !bmt.tensor
+    %7 = bmt.aten "aten::mul.Tensor"(%1, %6) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %8 = bmt.aten "aten::to.dtype"(%7, 15, false, false, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %9 = bmt.aten "aten::mul.Tensor"(%0, %8) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    return %9, %1 : !bmt.tensor, !bmt.tensor
+  }
+}
+
+// -----
+
+// SwiGLU with a residual add and scalar arguments in place: one "pointwise"
+// region of three inputs; the dead outer constant goes.
+// CHECK-LABEL: func.func private @swiglu(
+// CHECK-NEXT:    %[[Y:.*]] = bmt.fused "pointwise"(%arg0, %arg1, %arg2)
+// CHECK-NEXT:    ^bb0(
+// CHECK-NEXT:      bmt.aten "aten::silu"
+// CHECK-NEXT:      bmt.aten "aten::mul.Tensor"
+// CHECK-NEXT:      bmt.constant dense<5.000000e-01>
+// CHECK-NEXT:      bmt.aten "aten::mul.Tensor"
+// CHECK-NEXT:      bmt.aten "aten::add.Tensor"
+// CHECK-NEXT:      bmt.aten "aten::sub.Scalar"({{.*}}, 1.000000e+00, 2)
+// CHECK-NEXT:      bmt.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    return %[[Y]]
+// REMARK: remark: bmt-fuse-elementwise: 5 ops in 1 region (0 with a last-dim reduction) in 1 function (swiglu)
+module {
+  func.func private @swiglu(%g: !bmt.tensor, %u: !bmt.tensor, %r: !bmt.tensor) -> !bmt.tensor {
+    %h = bmt.constant dense<5.000000e-01> : tensor<f64>
+    %0 = bmt.aten "aten::silu"(%g) : (!bmt.tensor) -> !bmt.tensor
+    %1 = bmt.aten "aten::mul.Tensor"(%0, %u) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %2 = bmt.aten "aten::mul.Tensor"(%1, %h) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %3 = bmt.aten "aten::add.Tensor"(%2, %r, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %4 = bmt.aten "aten::sub.Scalar"(%3, 1.0, 2) : (!bmt.tensor) -> !bmt.tensor
+    return %4 : !bmt.tensor
+  }
+}
+
+// -----
+
+// Negative cases. An in-place op is never fused and stops the region; so does
+// a view. An op whose value is also used outside (%1, returned) is an input.
+// CHECK-LABEL: func.func private @stops(
+// CHECK-NEXT:    %[[A:.*]] = bmt.aten "aten::exp"(%arg0)
+// CHECK-NEXT:    %[[B:.*]] = bmt.aten "aten::add_.Tensor"(%[[A]], %arg1, 1)
+// CHECK-NEXT:    %[[C:.*]] = bmt.aten "aten::neg"(%[[B]])
+// CHECK-NEXT:    %[[V:.*]] = bmt.aten "aten::view"(%[[C]], [-1])
+// CHECK-NEXT:    %[[D:.*]] = bmt.fused "pointwise"(%[[V]], %arg1)
+// CHECK:           aten::tanh
+// CHECK-NEXT:      aten::mul.Tensor
+// CHECK-NEXT:      bmt.yield
+// CHECK:         %[[E:.*]] = bmt.fused "pointwise"(%[[D]])
+// CHECK:           aten::sigmoid
+// CHECK-NEXT:      aten::relu
+// CHECK:         return %[[E]], %[[D]]
+// REMARK: remark: bmt-fuse-elementwise: 4 ops in 2 regions (0 with a last-dim reduction) in 1 function (stops)
+module {
+  func.func private @stops(%x: !bmt.tensor, %y: !bmt.tensor) -> (!bmt.tensor, !bmt.tensor) {
+    %0 = bmt.aten "aten::exp"(%x) : (!bmt.tensor) -> !bmt.tensor
+    %1 = bmt.aten "aten::add_.Tensor"(%0, %y, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %2 = bmt.aten "aten::neg"(%1) : (!bmt.tensor) -> !bmt.tensor
+    %3 = bmt.aten "aten::view"(%2, [-1]) : (!bmt.tensor) -> !bmt.tensor
+    %4 = bmt.aten "aten::tanh"(%3) : (!bmt.tensor) -> !bmt.tensor
+    %5 = bmt.aten "aten::mul.Tensor"(%4, %y) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %6 = bmt.aten "aten::sigmoid"(%5) : (!bmt.tensor) -> !bmt.tensor
+    %7 = bmt.aten "aten::relu"(%6) : (!bmt.tensor) -> !bmt.tensor
+    return %7, %5 : !bmt.tensor, !bmt.tensor
+  }
+}
+
+// -----
+
+// Reductions: one per region. A mean over another dim, without keepdim, or
+// a softmax is not fused; LayerNorm written out has two last-dim means: the
+// region takes the variance's and the first mean stays outside as an input.
+// A run-time scalar (an f64 operand) is not fused either.
+// CHECK-LABEL: func.func private @reductions(
+// CHECK-NEXT:    bmt.aten "aten::mean.dim"(%arg0, [1], true, #bmt.none)
+// CHECK-NEXT:    bmt.aten "aten::mean.dim"(%arg0, [-1], false, #bmt.none)
+// CHECK-NEXT:    bmt.aten "aten::softmax.int"
+// CHECK-NEXT:    %[[MU:.*]] = bmt.aten "aten::mean.dim"(%arg0, [-1], true, #bmt.none)
+// CHECK-NEXT:    %[[LN:.*]] = bmt.fused "row"(%arg0, %[[MU]], %arg1)
+// CHECK:           aten::sub.Tensor
+// CHECK-NEXT:      aten::pow.Tensor_Scalar
+// CHECK-NEXT:      aten::mean.dim
+// CHECK:           aten::rsqrt
+// CHECK-NEXT:      aten::mul.Tensor
+// CHECK-NEXT:      aten::mul.Tensor
+// CHECK-NEXT:      bmt.yield
+// CHECK:         bmt.aten "aten::mul.Scalar"(%[[LN]], %arg2)
+// CHECK-NOT:     bmt.fused
+// REMARK: remark: bmt-fuse-elementwise: 7 ops in 1 region (1 with a last-dim reduction) in 1 function (reductions)
+module {
+  func.func private @reductions(%x: !bmt.tensor, %w: !bmt.tensor, %s: f64) -> (!bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor) {
+    %a = bmt.aten "aten::mean.dim"(%x, [1], true, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %b = bmt.aten "aten::mean.dim"(%x, [-1], false, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %c = bmt.aten "aten::softmax.int"(%x, -1, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %mu = bmt.aten "aten::mean.dim"(%x, [-1], true, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %d = bmt.aten "aten::sub.Tensor"(%x, %mu, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %d2 = bmt.aten "aten::pow.Tensor_Scalar"(%d, 2) : (!bmt.tensor) -> !bmt.tensor
+    %var = bmt.aten "aten::mean.dim"(%d2, [-1], true, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %eps = bmt.constant dense<1.000000e-05> : tensor<f64>
+    %ve = bmt.aten "aten::add.Tensor"(%var, %eps, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %r = bmt.aten "aten::rsqrt"(%ve) : (!bmt.tensor) -> !bmt.tensor
+    %n = bmt.aten "aten::mul.Tensor"(%d, %r) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %ln = bmt.aten "aten::mul.Tensor"(%n, %w) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %out = bmt.aten "aten::mul.Scalar"(%ln, %s) : (!bmt.tensor, f64) -> !bmt.tensor
+    return %a, %b, %c, %out : !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor
+  }
+}
+
+// -----
+
+// Nothing to fuse.
+// REMARK: remark: bmt-fuse-elementwise: no region of two or more fusible ops
+module {
+  func.func private @single(%x: !bmt.tensor) -> !bmt.tensor {
+    %0 = bmt.aten "aten::exp"(%x) : (!bmt.tensor) -> !bmt.tensor
+    return %0 : !bmt.tensor
+  }
+}
+
+// -----
+
+// A parameter-free submodule of fusible ops (an activation) is inlined into
+// its caller and joins the caller's region; one that reads a parameter, or
+// holds a reduction, is called as before.
+// CHECK-LABEL: func.func private @mlp(
+// CHECK-NEXT:    %[[N:.*]] = call @norm(%arg0)
+// CHECK-NEXT:    %[[Y:.*]] = bmt.fused "pointwise"(%arg0, %arg1, %[[N]])
+// CHECK-NEXT:    ^bb0(
+// CHECK-NEXT:      aten::silu
+// CHECK-NEXT:      aten::mul.Tensor
+// CHECK-NEXT:      aten::add.Tensor
+// CHECK-NEXT:      bmt.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    return %[[Y]]
+// CHECK-LABEL: func.func private @act(
+// CHECK-NEXT:    aten::silu
+// REMARK: remark: bmt-fuse-elementwise: 3 ops in 1 region (0 with a last-dim reduction) in 1 function (mlp); 1 call of pointwise submodules inlined
+// NOINLINE-LABEL: func.func private @mlp(
+// NOINLINE-NEXT:    call @act(%arg0)
+// NOINLINE-NEXT:    call @norm(%arg0)
+// NOINLINE-NEXT:    bmt.fused "pointwise"
+// NOINLINE:           aten::mul.Tensor
+// NOINLINE-NEXT:      aten::add.Tensor
+// NOINLINE-NEXT:      bmt.yield
+module {
+  bmt.parameter @scale : tensor<8xf32> {requires_grad}
+  func.func private @mlp(%g: !bmt.tensor, %u: !bmt.tensor) -> !bmt.tensor {
+    %0 = call @act(%g) : (!bmt.tensor) -> !bmt.tensor
+    %n = call @norm(%g) : (!bmt.tensor) -> !bmt.tensor
+    %1 = bmt.aten "aten::mul.Tensor"(%0, %u) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %2 = bmt.aten "aten::add.Tensor"(%1, %n, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    return %2 : !bmt.tensor
+  }
+  func.func private @act(%x: !bmt.tensor) -> !bmt.tensor {
+    %0 = bmt.aten "aten::silu"(%x) : (!bmt.tensor) -> !bmt.tensor
+    return %0 : !bmt.tensor
+  }
+  func.func private @norm(%x: !bmt.tensor) -> !bmt.tensor {
+    %w = bmt.get_global @scale : !bmt.tensor
+    %0 = bmt.aten "aten::mul.Tensor"(%x, %w) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    return %0 : !bmt.tensor
+  }
+}

@@ -1,0 +1,324 @@
+//===- FusionTest.cpp - fused regions against the unfused ATen ops --------===//
+//
+// Each case is a region body as bmt-opt exports it (a plan function of Aten
+// and Constant instructions). The reference runs that same body op by op
+// through bmt's Executor (the ATen dispatcher) with autograd; the generator's
+// forward graph and its symbolically derived backward are evaluated with
+// ATen (fusion::forwardATen / backwardATen) on the same seeded inputs. The
+// CUDA source of each graph is compiled with NVRTC where one is installed
+// (the CI machines have the CUDA 13 toolkit; nothing runs on a GPU here).
+//
+//===----------------------------------------------------------------------===//
+
+#include "RandomTensor.h"
+
+#include "bmt/Runtime/exec/Executor.h"
+#include "bmt/Runtime/fusion/Nvrtc.h"
+#include "bmt/Runtime/fusion/Region.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <unistd.h>
+
+using namespace bmt;
+using plan::Arg;
+
+namespace {
+
+/// Builds a region body instruction by instruction.
+struct Body {
+  plan::Function f;
+  int64_t next = 0;
+  Body() { f.name = "region"; }
+  int64_t param() {
+    f.params.push_back(next);
+    return next++;
+  }
+  int64_t aten(const std::string &op, std::vector<Arg> args) {
+    plan::Instruction inst;
+    inst.kind = plan::Instruction::Kind::Aten;
+    inst.op = op;
+    inst.args = std::move(args);
+    inst.results = {next};
+    f.body.push_back(std::move(inst));
+    return next++;
+  }
+  int64_t constant(double v) {
+    plan::Instruction inst;
+    inst.kind = plan::Instruction::Kind::Constant;
+    inst.args = {Arg::ofConstant(c10::IValue(at::scalar_tensor(v, at::kDouble)))};
+    inst.results = {next};
+    f.body.push_back(std::move(inst));
+    return next++;
+  }
+  plan::Function done(int64_t result) {
+    f.returns = {result};
+    f.numRegisters = next;
+    return f;
+  }
+};
+
+Arg R(int64_t r) { return Arg::ofRegister(r); }
+Arg C(c10::IValue v) { return Arg::ofConstant(std::move(v)); }
+Arg lastDim() {
+  Arg a;
+  a.kind = Arg::Kind::List;
+  a.elements = {C(int64_t{-1})};
+  return a;
+}
+Arg toDtype(int64_t code) { return C(code); }
+
+/// Runs `body` op by op through the Executor with autograd: the result and
+/// the gradient of sum(result * gradOut) for each input.
+std::pair<at::Tensor, std::vector<at::Tensor>> reference(const plan::Function &body,
+                                                          const std::vector<at::Tensor> &inputs,
+                                                          const at::Tensor &gradOut) {
+  plan::Plan p;
+  p.functions = {body};
+  p.entry = 0;
+  runtime::Executor exec(p, {}, at::Device(at::kCPU));
+  std::vector<c10::IValue> args;
+  std::vector<at::Tensor> leaves;
+  for (const at::Tensor &t : inputs) {
+    leaves.push_back(t.detach().clone().requires_grad_(true));
+    args.emplace_back(leaves.back());
+  }
+  at::Tensor out = exec.run(args).at(0).toTensor();
+  std::vector<at::Tensor> grads =
+      torch::autograd::grad({out}, leaves, {gradOut}, /*retain_graph=*/false,
+                            /*create_graph=*/false, /*allow_unused=*/true);
+  return {out.detach(), grads};
+}
+
+void expectClose(const at::Tensor &actual, const at::Tensor &expected, double tol,
+                 const std::string &what) {
+  ASSERT_TRUE(actual.defined()) << what;
+  ASSERT_TRUE(expected.defined()) << what;
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
+  at::Tensor a = actual.to(at::kDouble), e = expected.to(at::kDouble);
+  double err = (a - e).abs().max().item<double>();
+  double scale = std::max(1.0, e.abs().max().item<double>());
+  EXPECT_LE(err, tol * scale) << what << ": max abs difference " << err;
+}
+
+/// Checks forward and every gradient of `body` against the reference, and
+/// that the CUDA source of both graphs compiles.
+void check(const plan::Function &body, std::vector<at::Tensor> inputs, double tol,
+           const std::string &name) {
+  fusion::Region region = fusion::buildRegion(body);
+  at::Tensor fused = fusion::forwardATen(region, inputs);
+  at::Tensor gradOut = test::randomTensor(fused.sizes(), fused.scalar_type(), 999);
+  auto [out, grads] = reference(body, inputs, gradOut);
+  expectClose(fused, out, tol, name + " forward");
+  std::vector<at::Tensor> fusedGrads = fusion::backwardATen(region, inputs, gradOut);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!grads[i].defined()) {
+      EXPECT_FALSE(fusedGrads[i].defined()) << name << " input " << i;
+      continue;
+    }
+    expectClose(fusedGrads[i], grads[i], tol, name + " gradient of input " + std::to_string(i));
+  }
+
+  if (!fusion::nvrtcAvailable())
+    return;
+  setenv("BMT_KERNEL_CACHE", "", 1); // no cache: every source is compiled here
+  std::vector<c10::ScalarType> dtypes;
+  for (const at::Tensor &t : inputs)
+    dtypes.push_back(t.scalar_type());
+  std::string fwd = fusion::cudaSource(region.forward, {region.result}, name + "_fwd", dtypes,
+                                       c10::ScalarType::Undefined, {fused.scalar_type()});
+  std::vector<int> outs;
+  std::vector<c10::ScalarType> outDtypes;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (region.gradients[i] >= 0) {
+      outs.push_back(region.gradients[i]);
+      outDtypes.push_back(inputs[i].scalar_type());
+    }
+  std::string bwd = fusion::cudaSource(region.backward, outs, name + "_bwd", dtypes,
+                                       gradOut.scalar_type(), outDtypes);
+  for (const auto &[source, kernel] : {std::pair{fwd, name + "_fwd"}, std::pair{bwd, name + "_bwd"}}) {
+    std::string ptx;
+    try {
+      ptx = fusion::compileCuda(source, kernel, 9, 0, /*cubin=*/false);
+    } catch (const fusion::FusionError &e) {
+      ADD_FAILURE() << e.what() << "\n" << source;
+    }
+    EXPECT_NE(ptx.find(".entry " + kernel), std::string::npos) << kernel;
+  }
+}
+
+/// LLaMA's RMSNorm as its trace records it after the input cast.
+plan::Function rmsNorm(int64_t outCode) {
+  Body b;
+  int64_t x = b.param(), w = b.param();
+  int64_t p = b.aten("aten::pow.Tensor_Scalar", {R(x), C(int64_t{2})});
+  int64_t m = b.aten("aten::mean.dim", {R(p), lastDim(), C(true), C(c10::IValue())});
+  int64_t eps = b.constant(1e-6);
+  int64_t s = b.aten("aten::add.Tensor", {R(m), R(eps), C(int64_t{1})});
+  int64_t r = b.aten("aten::rsqrt", {R(s)});
+  int64_t n = b.aten("aten::mul.Tensor", {R(x), R(r)});
+  int64_t c = b.aten("aten::to.dtype", {R(n), toDtype(outCode), C(false), C(false), C(c10::IValue())});
+  return b.done(b.aten("aten::mul.Tensor", {R(w), R(c)}));
+}
+
+} // namespace
+
+TEST(Fusion, RmsNormFp32) {
+  check(rmsNorm(6), {test::randomTensor({3, 5, 64}, at::kFloat, 1), test::randomTensor({64}, at::kFloat, 2)},
+        2e-6, "rms_norm");
+}
+
+TEST(Fusion, RmsNormBf16Output) {
+  // fp32 input (the cast residual), bf16 weight, a cast to bf16 in between:
+  // the fused math is fp32 with the one rounding the cast asks for, as eager.
+  check(rmsNorm(15),
+        {test::randomTensor({4, 48}, at::kFloat, 3), test::randomTensor({48}, at::kBFloat16, 4)},
+        1e-2, "rms_norm_bf16");
+}
+
+TEST(Fusion, SwigluResidual) {
+  Body b;
+  int64_t g = b.param(), u = b.param(), res = b.param();
+  int64_t s = b.aten("aten::silu", {R(g)});
+  int64_t m = b.aten("aten::mul.Tensor", {R(s), R(u)});
+  int64_t h = b.aten("aten::mul.Scalar", {R(m), C(0.5)});
+  int64_t a = b.aten("aten::add.Tensor", {R(h), R(res), C(int64_t{1})});
+  int64_t out = b.aten("aten::sub.Scalar", {R(a), C(1.0), C(int64_t{2})});
+  check(b.done(out),
+        {test::randomTensor({2, 7, 33}, at::kFloat, 5), test::randomTensor({2, 7, 33}, at::kFloat, 6),
+         test::randomTensor({2, 7, 33}, at::kFloat, 7)},
+        2e-6, "swiglu");
+}
+
+TEST(Fusion, RopeBroadcast) {
+  // q [B, H, S, D] * cos [1, 1, S, D] + r [B, H, S, D] * sin [S, D]
+  Body b;
+  int64_t q = b.param(), cos = b.param(), r = b.param(), sin = b.param();
+  int64_t a = b.aten("aten::mul.Tensor", {R(q), R(cos)});
+  int64_t c = b.aten("aten::mul.Tensor", {R(r), R(sin)});
+  int64_t out = b.aten("aten::add.Tensor", {R(a), R(c), C(int64_t{1})});
+  check(b.done(out),
+        {test::randomTensor({2, 3, 5, 8}, at::kFloat, 8), test::randomTensor({1, 1, 5, 8}, at::kFloat, 9),
+         test::randomTensor({2, 3, 5, 8}, at::kFloat, 10), test::randomTensor({5, 8}, at::kFloat, 11)},
+        2e-6, "rope");
+}
+
+TEST(Fusion, ActivationsAndArithmetic) {
+  // Every unary rule and rsub / div / neg / pow, in one chain.
+  Body b;
+  int64_t x = b.param(), y = b.param();
+  int64_t v = b.aten("aten::gelu", {R(x), C(std::string("tanh"))});
+  v = b.aten("aten::add.Tensor", {R(v), R(b.aten("aten::gelu", {R(y), C(std::string("none"))})), C(int64_t{1})});
+  v = b.aten("aten::mul.Tensor", {R(v), R(b.aten("aten::tanh", {R(x)}))});
+  v = b.aten("aten::add.Tensor", {R(v), R(b.aten("aten::sigmoid", {R(y)})), C(0.5)});
+  v = b.aten("aten::mul.Tensor", {R(v), R(b.aten("aten::erf", {R(x)}))});
+  v = b.aten("aten::add.Tensor", {R(v), R(b.aten("aten::cos", {R(y)})), C(int64_t{1})});
+  v = b.aten("aten::add.Tensor", {R(v), R(b.aten("aten::sin", {R(v)})), C(int64_t{1})});
+  int64_t pos = b.aten("aten::add.Scalar", {R(b.aten("aten::exp", {R(y)})), C(0.1), C(int64_t{1})});
+  v = b.aten("aten::div.Tensor", {R(v), R(b.aten("aten::sqrt", {R(pos)}))});
+  v = b.aten("aten::rsub.Scalar", {R(v), C(2.0), C(int64_t{3})});
+  v = b.aten("aten::add.Tensor", {R(v), R(b.aten("aten::log", {R(pos)})), C(int64_t{1})});
+  v = b.aten("aten::mul.Tensor", {R(v), R(b.aten("aten::relu", {R(x)}))});
+  v = b.aten("aten::add.Tensor", {R(b.aten("aten::neg", {R(v)})),
+                                  R(b.aten("aten::pow.Tensor_Scalar", {R(pos), C(1.5)})), C(int64_t{1})});
+  v = b.aten("aten::div.Scalar", {R(v), C(3.0)});
+  check(b.done(v), {test::randomTensor({6, 40}, at::kFloat, 12), test::randomTensor({6, 40}, at::kFloat, 13)},
+        1e-5, "activations");
+}
+
+TEST(Fusion, LayerNormWithMeanInput) {
+  // Written-out LayerNorm where the first mean is outside the region (a
+  // row-broadcast input [.., 1]) and the variance's mean inside; weight and
+  // bias broadcast over the rows: their gradients are summed over them.
+  Body b;
+  int64_t x = b.param(), mu = b.param(), w = b.param(), bias = b.param();
+  int64_t d = b.aten("aten::sub.Tensor", {R(x), R(mu), C(int64_t{1})});
+  int64_t d2 = b.aten("aten::pow.Tensor_Scalar", {R(d), C(2.0)});
+  int64_t var = b.aten("aten::mean.dim", {R(d2), lastDim(), C(true), C(c10::IValue())});
+  int64_t eps = b.constant(1e-5);
+  int64_t r = b.aten("aten::rsqrt", {R(b.aten("aten::add.Tensor", {R(var), R(eps), C(int64_t{1})}))});
+  int64_t n = b.aten("aten::mul.Tensor", {R(d), R(r)});
+  int64_t out = b.aten("aten::add.Tensor", {R(b.aten("aten::mul.Tensor", {R(n), R(w)})), R(bias), C(int64_t{1})});
+  at::Tensor xt = test::randomTensor({3, 4, 24}, at::kFloat, 14);
+  check(b.done(out),
+        {xt, xt.mean(-1, true), test::randomTensor({24}, at::kFloat, 15),
+         test::randomTensor({24}, at::kFloat, 16)},
+        1e-5, "layer_norm");
+}
+
+TEST(Fusion, EndsInReduction) {
+  // sum(x * y, -1, keepdim): the result is one value per row.
+  Body b;
+  int64_t x = b.param(), y = b.param();
+  int64_t m = b.aten("aten::mul.Tensor", {R(x), R(y)});
+  int64_t s = b.aten("aten::sum.dim_IntList", {R(m), lastDim(), C(true), C(c10::IValue())});
+  check(b.done(s), {test::randomTensor({5, 16}, at::kFloat, 17), test::randomTensor({16}, at::kFloat, 18)},
+        2e-6, "row_sum");
+}
+
+TEST(Fusion, HalfAndBf16Inputs) {
+  // bf16 / fp16 activations: eager rounds after every op, the fused region
+  // once (fp32 math), so they agree to the dtype's precision.
+  Body b;
+  int64_t g = b.param(), u = b.param();
+  int64_t out = b.aten("aten::mul.Tensor", {R(b.aten("aten::silu", {R(g)})), R(u)});
+  plan::Function f = b.done(out);
+  check(f, {test::randomTensor({8, 64}, at::kBFloat16, 19), test::randomTensor({8, 64}, at::kBFloat16, 20)},
+        2e-2, "swiglu_bf16");
+  check(f, {test::randomTensor({8, 64}, at::kHalf, 21), test::randomTensor({8, 64}, at::kHalf, 22)},
+        4e-3, "swiglu_f16");
+}
+
+TEST(Fusion, RejectsWhatItCannotFuse) {
+  Body b;
+  int64_t x = b.param();
+  int64_t v = b.aten("aten::softmax.int", {R(x), C(int64_t{-1}), C(c10::IValue())});
+  EXPECT_THROW(fusion::buildRegion(b.done(v)), fusion::FusionError);
+
+  Body two;
+  int64_t y = two.param();
+  int64_t m1 = two.aten("aten::mean.dim", {R(y), lastDim(), C(true), C(c10::IValue())});
+  int64_t m2 = two.aten("aten::mean.dim", {R(two.aten("aten::mul.Tensor", {R(y), R(m1)})), lastDim(),
+                                           C(true), C(c10::IValue())});
+  EXPECT_THROW(fusion::buildRegion(two.done(m2)), fusion::FusionError);
+
+  // Integer inputs are not the generator's: resultDtype says so.
+  fusion::Region region = fusion::buildRegion(rmsNorm(6));
+  EXPECT_EQ(fusion::resultDtype(region, {at::kLong, at::kFloat}), c10::ScalarType::Undefined);
+  EXPECT_EQ(fusion::resultDtype(region, {at::kFloat, at::kBFloat16}), at::kFloat);
+}
+
+TEST(Fusion, KernelCache) {
+  if (!fusion::nvrtcAvailable())
+    GTEST_SKIP() << "no NVRTC library";
+  std::string dir = testing::TempDir() + "/bmt-kernel-cache-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  setenv("BMT_KERNEL_CACHE", dir.c_str(), 1);
+  fusion::Region region = fusion::buildRegion(rmsNorm(6));
+  std::string source = fusion::cudaSource(region.forward, {region.result}, "cached", {at::kFloat, at::kFloat},
+                                          c10::ScalarType::Undefined, {at::kFloat});
+  std::string first = fusion::compileCuda(source, "cached", 9, 0, /*cubin=*/true);
+  ASSERT_FALSE(first.empty());
+  size_t files = 0;
+  for (const auto &e : std::filesystem::directory_iterator(dir)) {
+    ++files;
+    EXPECT_EQ(e.path().extension(), ".cubin");
+  }
+  EXPECT_EQ(files, 1u);
+  EXPECT_EQ(fusion::compileCuda(source, "cached", 9, 0, true), first);
+  // A source that does not compile: one error with NVRTC's log.
+  try {
+    fusion::compileCuda("extern \"C\" __global__ void broken() { undefined_name; }", "broken", 9, 0, false);
+    ADD_FAILURE() << "no error";
+  } catch (const fusion::FusionError &e) {
+    EXPECT_NE(std::string(e.what()).find("undefined_name"), std::string::npos) << e.what();
+  }
+  setenv("BMT_KERNEL_CACHE", "", 1);
+  std::filesystem::remove_all(dir);
+}
