@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <fstream>
@@ -272,6 +273,18 @@ void TokenFile::readDocuments(const nlohmann::json &meta) {
     if (lossMask_[i] > 1)
       throw DataError(*maskPath + ": loss-mask value " + std::to_string(lossMask_[i]) +
                       " at token " + std::to_string(i) + " (values must be 0 or 1)");
+  // Every supervised document has a target after its first token (nothing
+  // predicts a document's first token): data without one would train on
+  // nothing (bmt-prepare-data refuses an empty response).
+  for (int64_t d = 0; d + 1 < static_cast<int64_t>(documentOffsets_.size()); ++d) {
+    const int64_t begin = documentOffsets_[d], end = documentOffsets_[d + 1];
+    if (std::find(lossMask_.begin() + begin + 1, lossMask_.begin() + end, 1) ==
+        lossMask_.begin() + end)
+      throw DataError(*maskPath + ": document " + std::to_string(d) + " (tokens [" +
+                      std::to_string(begin) + ", " + std::to_string(end) +
+                      ")) has no target token: its loss mask is 0 after its first token "
+                      "(supervised documents need at least one, e.g. a non-empty response)");
+  }
   hasLossMask_ = true;
 }
 

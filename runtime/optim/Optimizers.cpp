@@ -91,8 +91,8 @@ void checkOptimizerConfig(const OptimizerConfig &c) {
   const bool adam = c.kind == OptimizerKind::Adam || c.kind == OptimizerKind::AdamW;
   const bool sgd = c.kind == OptimizerKind::SGD, lion = c.kind == OptimizerKind::Lion;
   const bool adafactor = c.kind == OptimizerKind::Adafactor;
-  require(c.weightDecayValue() >= 0, who + "--weight-decay must be >= 0, got " +
-                                         num(c.weightDecayValue()));
+  require(std::isfinite(c.weightDecayValue()) && c.weightDecayValue() >= 0,
+          who + "--weight-decay must be finite and >= 0, got " + num(c.weightDecayValue()));
   require(adam || lion || (!c.beta1 && !c.beta2),
           who + "takes no --beta1/--beta2 (Adam, AdamW and Lion do)");
   if (adam || lion)

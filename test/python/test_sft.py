@@ -459,6 +459,12 @@ def bad_file(tmp, case):
     if case == "no-mask":
         write_v2(prefix, docs, masks, loss_mask=None)
         return path, [f"{prefix}.json", "lacks \"loss_mask\""]
+    if case == "no-target":  # document 1 has no target after its first token
+        mask = np.fromfile(f"{prefix}.mask.bin", dtype=np.uint8)
+        mask[offsets[1]:offsets[2]] = 0
+        mask[offsets[1]] = 1  # a document's first token is never predicted
+        mask.tofile(f"{prefix}.mask.bin")
+        return path, [f"{prefix}.mask.bin", "document 1", "has no target token"]
     if case == "missing-docs":
         os.remove(f"{prefix}.docs.bin")
         return path, [f"{prefix}.docs.bin", "cannot open the document offsets"]
@@ -466,7 +472,7 @@ def bad_file(tmp, case):
 
 
 @pytest.mark.parametrize("case", ["decreasing", "last", "short-docs", "mask-value",
-                                  "mask-size", "no-mask", "missing-docs"])
+                                  "mask-size", "no-mask", "no-target", "missing-docs"])
 def test_bad_v2_file(model, tmp_path, case):
     if model["name"] != "llama":
         pytest.skip("the data's checks do not depend on the model")

@@ -215,7 +215,7 @@ TEST(Optimizers, BadSettingsAreRefused) {
   expectRefused(c, "--adafactor-d");
   c = OptimizerConfig{};
   c.weightDecay = -1;
-  expectRefused(c, "--weight-decay must be >= 0");
+  expectRefused(c, "--weight-decay must be finite and >= 0");
   c = OptimizerConfig{};
   c.kind = OptimizerKind::Adafactor;
   c.momentum = 0.9;

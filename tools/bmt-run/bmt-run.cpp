@@ -332,22 +332,27 @@ documentLayout(const tools::RunOptions &o, runtime::Model &model,
     throw Failure(std::string("--sequences ") + name + " trains causal LMs on whole documents; "
                   "the objective is " + runtime::objectiveName(objective));
   const plan::Plan &p = model.plan();
+  // The other layout is suggested only where this program can run it.
+  const bool paddedRuns = model.takesInput("attention_mask") &&
+                          !p.assumes(plan::kAssumeAttentionMaskAllOnes);
+  const bool packedRuns = model.takesInput("position_ids") && !model.takesInput("attention_mask");
+  const std::string orPacked = packedRuns ? ", or train with --sequences packed" : "";
+  const std::string orPadded = paddedRuns ? ", or train with --sequences padded" : "";
   if (*layout == runtime::SequenceLayout::Padded) {
     if (p.assumes(plan::kAssumeAttentionMaskAllOnes))
       throw Failure(o.archive + " was compiled assuming attention_mask all ones (bmt-opt "
                     "--assume-unpadded, the default: its attention has no padding term), and "
                     "padded sequences (--sequences padded) have padding; recompile with "
-                    "bmt-opt --assume-unpadded=false, or train with --sequences packed");
+                    "bmt-opt --assume-unpadded=false" + orPacked);
     if (!model.takesInput("attention_mask"))
       throw Failure(o.archive + "'s forward takes no attention_mask, which padded sequences "
                     "(--sequences padded) need; export the model with attention_mask "
-                    "(bmt-export-hf does by default), or train with --sequences packed");
+                    "(bmt-export-hf does by default)" + orPacked);
   } else {
     if (!model.takesInput("position_ids"))
       throw Failure(o.archive + "'s forward takes no position_ids, which packed sequences "
                     "(--sequences packed) need to keep documents apart; export the model with "
-                    "bmt-export-hf --position-ids and compile it again, or train with "
-                    "--sequences padded");
+                    "bmt-export-hf --position-ids and compile it again" + orPadded);
     if (model.takesInput("attention_mask"))
       throw Failure(o.archive + "'s forward takes attention_mask as well as position_ids, and "
                     "transformers keeps packed documents apart (from position_ids) only "
