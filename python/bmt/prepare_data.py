@@ -79,6 +79,7 @@ temporary names and renamed at the end).
 """
 
 import argparse
+import contextlib
 import os
 import random
 import sys
@@ -101,6 +102,23 @@ ENCODE_CHUNK = 2048          # documents per encode call (progress granularity)
 def error(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(1)
+
+
+@contextlib.contextmanager
+def written_together(out_dir, output):
+    """An AtomicWriter for the block: its files are renamed into place when the
+    block ends normally and removed when it raises (an OSError becomes a
+    UserError naming the outputs PREFIX.*)."""
+    writer = AtomicWriter(out_dir)
+    try:
+        yield writer
+        writer.commit()
+    except OSError as e:
+        writer.abort()
+        raise UserError(f"cannot write {output}.*: {e.strerror or e}") from e
+    except BaseException:
+        writer.abort()
+        raise
 
 
 def note(message):
@@ -543,9 +561,8 @@ def run(args):
     version = args.format_version or (2 if args.max_length is not None else 1)
 
     os.makedirs(out_dir, exist_ok=True)
-    writer = AtomicWriter(out_dir)
     summary = []
-    try:
+    with written_together(out_dir, args.output) as writer:
         if tokenizer_json is not None:
             writer.write_bytes(prefix + ".tokenizer.json", tokenizer_json.encode())
         splits = []
@@ -569,13 +586,6 @@ def run(args):
             if split.num_truncated:
                 note(f"{split.names['bin']}: {split.num_truncated} documents truncated to "
                      f"--max-length {args.max_length} tokens")
-        writer.commit()
-    except OSError as e:
-        writer.abort()
-        raise UserError(f"cannot write {args.output}.*: {e.strerror or e}") from e
-    except BaseException:
-        writer.abort()
-        raise
 
     for name, split, seconds in summary:
         rate = split.num_tokens / seconds if seconds > 0 else float("inf")
@@ -612,20 +622,12 @@ def run_records(args, tokenizer, prefix, out_dir):
 
     dtype = choose_dtype(args, tokenizer)
     os.makedirs(out_dir, exist_ok=True)
-    writer = AtomicWriter(out_dir)
-    try:
+    with written_together(out_dir, args.output) as writer:
         splits, stats = prepare_records(args, tokenizer, dtype, writer, prefix, note)
         common = common_meta(tokenizer, args.input)
         for split in splits.values():   # metadata last: it vouches for the .bin
             split.write_meta(split.meta(common, args.max_length,
                                         chat_template=stats["layout"] != "text"))
-        writer.commit()
-    except OSError as e:
-        writer.abort()
-        raise UserError(f"cannot write {args.output}.*: {e.strerror or e}") from e
-    except BaseException:
-        writer.abort()
-        raise
 
     fields = " and ".join(f"'{f}'" for f in stats["fields"])
     layout = {"text": "texts", "messages": "conversations",

