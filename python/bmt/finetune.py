@@ -24,18 +24,15 @@ inside the whole conversation than at the end of a prefix is refused.
 """
 
 import collections
-import multiprocessing
 import os
 import sys
 import time
-
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
 from bmt.records import Source, UserError, kind_of, parse_line
 from bmt.tokenfile import SplitWriter
+from bmt.workers import OrderedPool, WorkerDied
 
 ROLES = ("system", "user", "assistant")
 # Truncated or skipped documents: counts and the first few places.
@@ -224,20 +221,6 @@ def _encode(chunk):
     return _ENCODER.encode(chunk)
 
 
-def _worker_start(parent):
-    """A worker ends with its parent (Linux: PR_SET_PDEATHSIG), rather than
-    wait forever on the task queue after the parent was killed."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:   # it died before prctl
-        os._exit(1)
-
-
 def chat_tools(tokenizer, template_file, where_data):
     """(transformers tokenizer that renders, tokenizers.Tokenizer that
     encodes with special tokens recognised, template text or None for the
@@ -398,23 +381,18 @@ def prepare_records(args, tokenizer, dtype, writer, prefix, note):
     index = 0
     workers = max(1, args.workers)
     pool = bar = None
+    finished = False
     start = time.perf_counter()
     try:
         if workers > 1:
             # Each worker encodes with one thread: the tokenizers library's
             # own thread pool would fight the processes for the cores.
             # Forked before the progress bar starts its monitor thread.
-            # A process pool of concurrent.futures, not multiprocessing's:
-            # a worker that dies (out of memory, killed) fails the run
-            # instead of hanging it.
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                       initializer=_worker_start, initargs=(os.getpid(),))
+            pool = OrderedPool(workers, _encode)
         from tqdm import tqdm
         bar = tqdm(total=total, unit=" records", file=sys.stderr, dynamic_ncols=True, leave=False,
                    disable=args.quiet or not sys.stderr.isatty(), desc="tokenizing")
-        pending = collections.deque()
-        source_chunks = chunks()
 
         def consume(chunk, results):
             nonlocal index
@@ -434,26 +412,29 @@ def prepare_records(args, tokenizer, dtype, writer, prefix, note):
                 index += 1
             bar.update(len(results))
 
-        for chunk in source_chunks:
-            if pool is None:
+        if pool is None:
+            for chunk in chunks():
                 consume(chunk, _ENCODER.encode(chunk))
-                continue
-            # At most a few chunks in flight: memory stays bounded however
-            # fast the reader is, and documents are written in input order.
-            pending.append((chunk, pool.submit(_encode, chunk)))
-            while len(pending) > 2 * workers:
-                done, result = pending.popleft()
-                consume(done, result.result())
-        while pending:
-            done, result = pending.popleft()
-            consume(done, result.result())
-    except BrokenProcessPool as e:
-        raise UserError(f"a worker process died ({e}); out of memory? try fewer --workers") from e
+        else:
+            # The pool hands results back in input order: documents are
+            # written in input order. A chunk is kept with its result.
+            sent = collections.deque()
+
+            def remembered():
+                for chunk in chunks():
+                    sent.append(chunk)
+                    yield chunk
+
+            for results in pool.map(remembered()):
+                consume(sent.popleft(), results)
+        finished = True
+    except WorkerDied as e:
+        raise UserError(f"{e}; out of memory? try fewer --workers") from e
     finally:
         if bar is not None:
             bar.close()
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.close(kill=not finished)
         for split in splits.values():
             split.close()
     stats["seconds"] = time.perf_counter() - start
