@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from bmt.records import Source, UserError, kind_of, parse_line
-from bmt.tokenfile import SplitWriter
+from bmt.tokenfile import SplitWriter, output_names
 from bmt.workers import OrderedPool, WorkerDied
 
 ROLES = ("system", "user", "assistant")
@@ -101,6 +101,11 @@ def conversation(layout, fields, record, where):
         messages.append({"role": role, "content": content})
     if not any(m["role"] == "assistant" for m in messages):
         raise UserError(f"{where}: the conversation has no assistant message (nothing to train on)")
+    if messages[0]["role"] == "assistant":
+        # A reply's tokens are what it adds to the rendering of the messages
+        # before it with the generation prompt; there is none before the first.
+        raise UserError(f"{where}: the conversation opens with an assistant message; a reply "
+                        f"needs a system or user message before it")
     return messages
 
 
@@ -321,10 +326,12 @@ def has_records(inputs):
 
 def val_selection(n, seed, val_fraction):
     """bool [n]: which records go to val (round(n * val_fraction) of them,
-    at least 1 and at most n - 1, drawn with the seed)."""
-    if n < 2:
-        raise UserError(f"need at least 2 records to make a train and a val split, found {n}")
-    n_val = min(max(1, round(n * val_fraction)), n - 1)
+    at least 1 and at most n - 1, drawn with the seed; none when
+    val_fraction is 0)."""
+    if n < (2 if val_fraction > 0 else 1):
+        raise UserError(f"need at least 2 records to make a train and a val split, found {n}"
+                        if n else "found no records")
+    n_val = min(max(1, round(n * val_fraction)), n - 1) if val_fraction > 0 else 0
     chosen = np.random.default_rng(seed).choice(n, size=n_val, replace=False)
     is_val = np.zeros(n, dtype=bool)
     is_val[chosen] = True
@@ -353,6 +360,10 @@ def prepare_records(args, tokenizer, dtype, writer, prefix, note):
     if first is None:
         raise UserError(f"no records in {', '.join(args.input)}")
     layout, fields = choose_layout(args, first, where)
+    if layout == "text" and args.chat_template is not None:
+        raise UserError(f"--chat-template renders conversations, but the records are texts "
+                        f"(field '{fields[0]}'); give --messages-field or --prompt-field, or "
+                        f"leave out --chat-template")
     for source in sources:
         source.check_columns(fields)
     renderer = backend = None
@@ -367,7 +378,11 @@ def prepare_records(args, tokenizer, dtype, writer, prefix, note):
     is_val = val_selection(total, args.seed, args.val_fraction)
     count_seconds = time.perf_counter() - start
 
-    splits = {name: SplitWriter(writer, prefix, name, dtype, 2, supervised) for name in ("train", "val")}
+    names = ("train", "val") if args.val_fraction > 0 else ("train",)
+    splits = {name: SplitWriter(writer, prefix, name, dtype, 2, supervised) for name in names}
+    if "val" not in splits:
+        for path in output_names(prefix, "val").values():
+            writer.remove_on_commit(path)
     _ENCODER = Encoder(layout, fields, tokenizer, renderer, backend, dtype, args.max_length,
                        args.overlong)
     stats = {"layout": layout, "fields": fields, "records": total, "truncated": 0,

@@ -82,8 +82,10 @@ import argparse
 import contextlib
 import os
 import random
+import signal
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -102,6 +104,33 @@ ENCODE_CHUNK = 2048          # documents per encode call (progress granularity)
 def error(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(1)
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT arrived; raised where the main thread is, so that
+    the outputs' temporary files are removed on the way out."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stopped_by_signals():
+    """SIGTERM and SIGINT raise Stopped in the block (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 @contextlib.contextmanager
@@ -229,13 +258,15 @@ def read_documents(inputs, split_on, quiet=False):
 
 
 def shuffle_split(docs, seed, val_fraction):
-    """(train, val) document lists: shuffled with seed, val first."""
+    """(train, val) document lists: shuffled with seed, val first; val is
+    empty when val_fraction is 0."""
     n = len(docs)
-    if n < 2:
-        raise UserError(f"need at least 2 documents to make a train and a val split, found {n}")
+    if n < (2 if val_fraction > 0 else 1):
+        raise UserError(f"need at least 2 documents to make a train and a val split, found {n}"
+                        if n else "found no documents")
     order = list(range(n))
     random.Random(seed).shuffle(order)
-    n_val = min(max(1, round(n * val_fraction)), n - 1)
+    n_val = min(max(1, round(n * val_fraction)), n - 1) if val_fraction > 0 else 0
     val = [docs[i] for i in order[:n_val]]
     train = [docs[i] for i in order[n_val:]]
     return train, val
@@ -465,21 +496,27 @@ def main(argv=None):
                         help="writes PREFIX.{train,val}.{bin,json} (v2: and .docs.bin, .mask.bin)")
     parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
     parser.add_argument("--val-fraction", type=float, default=0.05,
-                        help="fraction of documents for validation (default 0.05)")
+                        help="fraction of documents for validation (default 0.05; 0: no val "
+                             "split)")
     parser.add_argument("--dtype", choices=["uint16", "uint32"],
                         help="token id type (default: uint16 if the vocabulary fits)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
 
     try:
-        return run(args)
+        with stopped_by_signals():
+            return run(args)
     except UserError as e:
         error(str(e))
+    except Stopped as e:
+        print(f"error: stopped by {signal.Signals(e.signum).name}; no output written",
+              file=sys.stderr)
+        return 128 + e.signum
 
 
 def check_options(args, records):
-    if not 0.0 < args.val_fraction < 1.0:
-        raise UserError(f"--val-fraction must be between 0 and 1, got {args.val_fraction}")
+    if not 0.0 <= args.val_fraction < 1.0:
+        raise UserError(f"--val-fraction must be at least 0 and below 1, got {args.val_fraction}")
     if args.split_on is not None and (args.split_on.strip() == "" or "\n" in args.split_on):
         raise UserError("--split-on needs a non-blank single line (the default splits on blank lines)")
     if args.train_bpe is not None and args.train_bpe < 256 + len(BPE_SPECIALS):
@@ -568,6 +605,10 @@ def run(args):
         splits = []
         limit = np.iinfo(dtype).max
         for name, split_docs in [("train", train), ("val", val)]:
+            if args.val_fraction == 0 and name == "val":   # no val split
+                for path in output_names(prefix, name).values():
+                    writer.remove_on_commit(path)
+                continue
             start = time.perf_counter()
             split = SplitWriter(writer, prefix, name, dtype, version, supervised=False)
             try:

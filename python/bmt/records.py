@@ -50,15 +50,49 @@ def kind_of(path):
     return "text"
 
 
+class ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of a .zst file of one or more frames; a file
+    that ends inside a frame raises EOFError (zstandard's stream_reader
+    reports such a file as a short one, without an error)."""
+
+    def __init__(self, raw):
+        import zstandard
+        self.raw, self.zstd = raw, zstandard.ZstdDecompressor()
+        self.frame, self.pending, self.started = self.zstd.decompressobj(), b"", False
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        while not self.pending:
+            chunk = self.raw.read(1 << 20)
+            if not chunk:
+                if self.started and not self.frame.eof:
+                    raise EOFError("the file ends inside a zstd frame (truncated?)")
+                return 0
+            while chunk:
+                if self.frame.eof:   # the next frame
+                    self.frame = self.zstd.decompressobj()
+                self.started = True
+                self.pending += self.frame.decompress(chunk)
+                chunk = self.frame.unused_data if self.frame.eof else b""
+        n = min(len(buffer), len(self.pending))
+        buffer[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+    def close(self):
+        self.raw.close()
+        super().close()
+
+
 def open_binary(path):
     """A binary stream of the file's bytes, decompressed by its suffix."""
     try:
         if path.endswith(".gz"):
             return gzip.open(path, "rb")
         if path.endswith(".zst"):
-            import zstandard
-            raw = open(path, "rb")
-            return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+            return io.BufferedReader(ZstdFrames(open(path, "rb")), 1 << 20)
         return open(path, "rb")
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror or e}") from e

@@ -24,6 +24,7 @@ class AtomicWriter:
     def __init__(self, directory):
         self.directory = directory
         self.pending = []   # (temporary path, final path)
+        self.stale = []     # final paths an earlier run may have left: removed by commit()
 
     def path_for(self, final):
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{os.path.basename(final)}.",
@@ -36,11 +37,22 @@ class AtomicWriter:
         with open(self.path_for(final), "wb") as f:
             f.write(data)
 
+    def remove_on_commit(self, final):
+        """final (say PREFIX.train.mask.bin of an earlier supervised run) is
+        not written this time; commit() removes it, so that no file of the
+        outputs' names is left from another run."""
+        self.stale.append(final)
+
     def commit(self):
         for tmp, final in self.pending:
             os.chmod(tmp, 0o644)
             os.replace(tmp, final)
-        self.pending = []
+        for final in self.stale:
+            try:
+                os.unlink(final)
+            except FileNotFoundError:
+                pass
+        self.pending, self.stale = [], []
 
     def abort(self):
         for tmp, _ in self.pending:
@@ -74,6 +86,9 @@ class SplitWriter:
             self.docs.write(np.zeros(1, "<i8").tobytes())
         if supervised:
             self.mask = open(writer.path_for(self.names["mask"]), "wb")
+        for kind, opened in (("docs", self.docs), ("mask", self.mask)):
+            if opened is None:
+                writer.remove_on_commit(self.names[kind])
 
     def add(self, ids, mask=None, truncated=False):
         """One document: ids (integers < 2**bits of dtype), mask (uint8, same

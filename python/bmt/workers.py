@@ -40,6 +40,10 @@ def _end_with_parent(parent):
 
 
 def _worker_main(conn, inherited, parent, fn):
+    import signal
+    # Ctrl-C reaches the whole process group: the parent stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # not the parent's handler
     for other in inherited:   # the parent's ends of the earlier workers' pairs
         other.close()
     _end_with_parent(parent)

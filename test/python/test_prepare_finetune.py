@@ -359,6 +359,12 @@ BAD_LINES = {
     "no assistant": ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", '
                      '"content": "yo"}]}\n{"messages": [{"role": "user", "content": "hi"}]}\n', [],
                      "bad.jsonl:2: the conversation has no assistant message"),
+    "assistant first": ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", '
+                        '"content": "yo"}]}\n{"messages": [{"role": "assistant", "content": "hello"}, '
+                        '{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n',
+                        [], "bad.jsonl:2: the conversation opens with an assistant message"),
+    "template for texts": ('{"text": "a"}\n{"text": "b"}\n', ["template"],
+                           "--chat-template renders conversations, but the records are texts"),
     "chat without a template": ('{"messages": [{"role": "user", "content": "hi"}, {"role": '
                                 '"assistant", "content": "yo"}]}\n' * 2, ["plain"],
                                 "has no chat template; give one with --chat-template"),
@@ -374,6 +380,8 @@ def test_bad_records(case, tok_dirs, tmp_path):
            else ["--tokenizer", tok_dirs[1] / "tokenizer.json"])
     out = tmp_path / "out"
     out.mkdir()
+    if "template" in flags:
+        tok += ["--chat-template", tok_dirs[2]]
     r = run_tool("--input", tmp_path / "bad.jsonl", *tok, "--workers", 2, "--output", out / "p")
     assert_one_error(r)
     assert message in r.stderr.splitlines()[-1], r.stderr
@@ -458,3 +466,100 @@ def test_a_killed_worker_fails_the_run(tok_dirs, tmp_path):
     assert_one_error(result)
     assert "a worker process died" in stderr
     assert os.listdir(out) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_stopped_run_leaves_no_files_and_no_workers(signame, tok_dirs, tmp_path):
+    """SIGTERM (a job scheduler) or SIGINT (Ctrl-C) halfway through: exit
+    128 + the signal, one error line, no temporary or partial files, and the
+    worker processes gone with it."""
+    import signal
+    import time
+    lines = [json.dumps({"text": t}) for t in texts(60)] * 2000
+    (tmp_path / "big.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen(tool("bmt-prepare-data") + [
+        "--input", str(tmp_path / "big.jsonl"), "--tokenizer", str(tok_dirs[1] / "tokenizer.json"),
+        "--workers", "2", "--output", str(out / "p")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        workers = []
+        while len(workers) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            workers = children(proc.pid)
+        assert len(workers) == 2, "the worker processes did not appear"
+        time.sleep(0.3)   # the temporary outputs exist
+        assert os.listdir(out), "no temporary output to clean up yet"
+        proc.send_signal(getattr(signal, signame))
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    signum = getattr(signal, signame)
+    assert proc.returncode == 128 + signum, stderr
+    assert stderr.strip().splitlines()[-1] == f"error: stopped by {signame}; no output written"
+    assert "Traceback" not in stderr
+    assert os.listdir(out) == []
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{w}") for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{w}") for w in workers), "a worker outlived the run"
+
+
+def test_rewriting_an_output_leaves_no_files_of_the_earlier_run(conversations, tok_dirs, tmp_path):
+    """Supervised version 2 files, then plain text version 1 to the same
+    prefix: the earlier run's documents and mask files are gone, not left
+    next to files that no longer describe them."""
+    prefix = tmp_path / "p"
+    ok(run_tool("--input", conversations[0], "--hf-tokenizer", tok_dirs[0], "--output", prefix))
+    assert (tmp_path / "p.train.mask.bin").exists() and (tmp_path / "p.train.docs.bin").exists()
+    (tmp_path / "t.txt").write_text("\n\n".join(texts(20)) + "\n")
+    ok(run_tool("--input", tmp_path / "t.txt", "--tokenizer", tok_dirs[1] / "tokenizer.json",
+                "--output", prefix))
+    assert sorted(os.listdir(tmp_path)) == ["p.train.bin", "p.train.json", "p.val.bin",
+                                            "p.val.json", "t.txt"]
+
+
+def test_val_fraction_zero_writes_only_train(tok_dirs, hf, tmp_path):
+    """--val-fraction 0: every document in train, no val files (records and
+    plain text alike), and none left from an earlier run with a val split."""
+    docs = texts(20)
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    (tmp_path / "t.txt").write_text("\n\n".join(docs) + "\n")
+    for name in ("t.jsonl", "t.txt"):
+        prefix = tmp_path / name.replace(".", "_")
+        ok(run_tool("--input", tmp_path / name, "--tokenizer", tok_dirs[1] / "tokenizer.json",
+                    "--output", prefix, "--format-version", 2))
+        assert os.path.exists(f"{prefix}.val.json")
+        ok(run_tool("--input", tmp_path / name, "--tokenizer", tok_dirs[1] / "tokenizer.json",
+                    "--output", prefix, "--format-version", 2, "--val-fraction", 0))
+        assert not any(os.path.exists(f"{prefix}.val{ext}") for ext in (".bin", ".json", ".docs.bin"))
+        _, train_docs, _ = read_v2(prefix, "train")
+        assert sorted(train_docs) == sorted(text_reference(hf, t) for t in docs)
+
+
+def test_truncated_compressed_files(tok_dirs, tmp_path):
+    """A .gz or .zst cut short (a copy that stopped halfway): one error
+    naming the file, not a short dataset; two zstd frames read whole."""
+    import zstandard
+    data = "".join(json.dumps({"text": t}) + "\n" for t in texts(60) * 20).encode()
+    zst = zstandard.ZstdCompressor()
+    whole = {"t.jsonl.gz": gzip.compress(data),
+             "t.jsonl.zst": zst.compress(data[:len(data) // 3]) + zst.compress(data[len(data) // 3:])}
+    for name, blob in whole.items():
+        (tmp_path / name).write_bytes(blob)
+        r = ok(run_tool("--input", tmp_path / name, "--tokenizer", tok_dirs[1] / "tokenizer.json",
+                        "--val-fraction", 0, "--output", tmp_path / "whole"))
+        assert json.loads((tmp_path / "whole.train.json").read_text())["num_documents"] == 1200
+        (tmp_path / name).write_bytes(blob[:len(blob) // 2])
+        out = tmp_path / "out"
+        out.mkdir(exist_ok=True)
+        r = run_tool("--input", tmp_path / name, "--tokenizer", tok_dirs[1] / "tokenizer.json",
+                     "--output", out / "p")
+        assert_one_error(r)
+        assert f"cannot read {tmp_path / name}" in r.stderr, r.stderr
+        assert os.listdir(out) == []
