@@ -404,6 +404,8 @@ struct CheckpointSaver::Impl {
     } else {
       data["micro_batches"] = progress.data.microBatches;
     }
+    if (!progress.data.data.empty())
+      data["data"] = progress.data.data;
     return {{"format", kFormat},
             {"version", kFormatVersion},
             {"step", progress.step},
@@ -1256,6 +1258,8 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     } else {
       report.progress.data.microBatches = data.at("micro_batches").get<int64_t>();
     }
+    if (data.contains("data"))
+      report.progress.data.data = data.at("data").get<std::string>();
     report.progress.objectiveGenerator = meta.at("objective_rng").get<std::string>();
     const json &ls = meta.at("loss_scale");
     if (!ls.is_null()) {

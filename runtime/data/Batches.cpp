@@ -21,12 +21,22 @@ void checkKind(const DataPosition &p, const char *kind) {
                                 p.kind + "', this run reads " + kind);
 }
 
+/// A position recorded in other data than `fingerprint` (the file's) is
+/// refused: a count of windows or documents means nothing in another file.
+void checkData(const DataPosition &p, const std::string &fingerprint, const TokenFile &file) {
+  if (!p.data.empty() && p.data != fingerprint)
+    throw std::invalid_argument("the checkpoint's run read other data (" + p.data + ") than " +
+                                file.binPath() + " (" + fingerprint +
+                                "); resume with the --data it was trained on");
+}
+
 class RandomWindows : public MicroBatchSource {
 public:
   RandomWindows(const TokenFile &file, int64_t microBatch, int64_t windowLength, uint64_t seed,
                 int64_t rank, int64_t worldSize)
-      : sampler_(file, microBatch * worldSize, windowLength - 1, seed), microBatch_(microBatch),
-        rank_(rank), worldSize_(worldSize) {}
+      : sampler_(file, microBatch * worldSize, windowLength - 1, seed), file_(file),
+        fingerprint_(file.fingerprint()), microBatch_(microBatch), rank_(rank),
+        worldSize_(worldSize) {}
 
   MicroBatch next() override {
     windows_ += microBatch_ * worldSize_;
@@ -34,17 +44,22 @@ public:
   }
 
   DataPosition position() const override {
-    return {"random-windows", sampler_.generatorState(), windows_, 0};
+    DataPosition p{"random-windows", sampler_.generatorState(), windows_, 0};
+    p.data = fingerprint_;
+    return p;
   }
 
   void seek(const DataPosition &p) override {
     checkKind(p, "random-windows");
+    checkData(p, fingerprint_, file_);
     sampler_.setGeneratorState(p.generator);
     windows_ = p.windows;
   }
 
 private:
   BatchSampler sampler_;
+  const TokenFile &file_;
+  std::string fingerprint_;
   int64_t microBatch_, rank_, worldSize_;
   int64_t windows_ = 0;
 };
@@ -114,7 +129,8 @@ std::pair<int64_t, int64_t> overlongDocuments(const TokenFile &file, int64_t win
 DocumentBatches::DocumentBatches(const TokenFile &file, SequenceLayout layout, int64_t microBatch,
                                  int64_t windowLength, uint64_t seed, bool shuffle, int64_t rank,
                                  int64_t worldSize)
-    : file_(file), layout_(layout), microBatch_(microBatch), windowLength_(windowLength),
+    : file_(file), fingerprint_(file.fingerprint()), layout_(layout), microBatch_(microBatch),
+      windowLength_(windowLength),
       seed_(seed), shuffle_(shuffle), rank_(rank), worldSize_(worldSize),
       padId_(file.padId().value_or(file.eosId())) {
   if (!file.hasDocuments())
@@ -204,11 +220,13 @@ DataPosition DocumentBatches::position() const {
   DataPosition p;
   p.kind = "documents";
   p.documents = consumed_;
+  p.data = fingerprint_;
   return p;
 }
 
 void DocumentBatches::seek(const DataPosition &p) {
   checkKind(p, "documents");
+  checkData(p, fingerprint_, file_);
   if (p.documents < 0)
     throw std::invalid_argument("the checkpoint's data position counts " +
                                 std::to_string(p.documents) + " documents");

@@ -9,12 +9,14 @@
 #include "bmt/Runtime/data/TokenData.h"
 
 #include "data/Random.h"
+#include "bmt/Plan/Plan.h"
 
 #include <ATen/ops/empty.h>
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <fstream>
@@ -263,6 +265,12 @@ void TokenFile::readDocuments(const nlohmann::json &meta) {
                     supervised->dump());
   const bool isSupervised = supervised != meta.end() && supervised->is_boolean() &&
                             supervised->get<bool>();
+  auto maskName = meta.find("loss_mask");
+  if (!isSupervised && maskName != meta.end() && !maskName->is_null())
+    throw DataError(jsonPath_ + ": metadata names a loss_mask (" + maskName->dump() +
+                    ") but \"supervised\" is " +
+                    (supervised == meta.end() ? std::string("missing") : supervised->dump()) +
+                    "; a mask belongs to supervised data (\"supervised\": true)");
   std::optional<std::string> maskPath = fileName("loss_mask", isSupervised);
   if (!maskPath)
     return;
@@ -286,6 +294,17 @@ void TokenFile::readDocuments(const nlohmann::json &meta) {
                       "(supervised documents need at least one, e.g. a non-empty response)");
   }
   hasLossMask_ = true;
+}
+
+std::string TokenFile::fingerprint() const {
+  const size_t bytes = static_cast<size_t>(numTokens_) * itemSize_;
+  const size_t edge = std::min<size_t>(bytes, size_t(1) << 20);
+  std::vector<uint8_t> ends(data_, data_ + edge);
+  ends.insert(ends.end(), data_ + (bytes - edge), data_ + bytes);
+  char crc[9];
+  std::snprintf(crc, sizeof crc, "%08x", plan::crc32(ends.data(), ends.size()));
+  return std::to_string(numTokens_) + " tokens, " + std::to_string(numDocuments()) +
+         " documents, " + (itemSize_ == 2 ? "uint16" : "uint32") + ", crc32 " + crc;
 }
 
 int64_t TokenFile::documentStart(int64_t d) const {

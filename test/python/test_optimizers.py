@@ -181,7 +181,9 @@ def test_optimizer_matches_reference(setup, name, ranks):
     (["--optimizer", "adafactor", "--adafactor-beta2-decay", "0.5"],
      "--adafactor-beta2-decay must be <= 0"),
     (["--weight-decay-params", "biases"], "neither matrices nor all"),
-    (["--weight-decay", "inf"], "--weight-decay must be finite and >= 0"),
+    (["--weight-decay", "inf"], "--weight-decay expects a finite number, got 'inf'"),
+    (["--optimizer", "adafactor", "--adafactor-d", "nan"],
+     "--adafactor-d expects a finite number, got 'nan'"),
 ])
 def test_bad_optimizer_settings(setup, flags, message):
     r = bmt_run(1, setup["sharded"][1], "--batches", setup["tmp"] / "batches.pt", "--steps", 1,

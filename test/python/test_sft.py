@@ -408,8 +408,30 @@ def test_resume_continues_with_the_next_documents(model, data):
     assert [x["step"] for x in resumed] == [1, 2, 3, 4, 5]
     batches = global_batches([len(d) for d in data["docs"]], "packed", STEPS)
     assert ckpt["data"] == {"kind": "documents",
-                            "documents": sum(len(row) for b in batches[:3] for row in b)}
+                            "documents": sum(len(row) for b in batches[:3] for row in b),
+                            "data": fingerprint(data["train"])}
     check_against_eager("llama", tmp, data["docs"], data["masks"], batches)
+
+    # Resuming with other data is refused: a count of documents means
+    # nothing in another file.
+    docs, masks = chat_documents(len(data["docs"]), seed=11)
+    other = write_v2(str(tmp / "other"), docs, masks)
+    args[args.index("--data") + 1] = other
+    r = bmt_run(*args, "--resume", tmp / "ckpt" / "step-00000003")
+    assert_one_error(r, "the checkpoint's run read other data (" + fingerprint(data["train"]),
+                     fingerprint(other), "resume with the --data it was trained on")
+
+
+def fingerprint(json_path):
+    """A token file's identity as docs/runtime.md gives it: counts, type and
+    zlib's CRC-32 of the first and last MiB of the tokens."""
+    import zlib
+    meta = json.load(open(json_path))
+    tokens = open(str(json_path)[:-len(".json")] + ".bin", "rb").read()
+    edge = min(len(tokens), 1 << 20)
+    crc = zlib.crc32(tokens[:edge] + tokens[len(tokens) - edge:])
+    return (f"{meta['num_tokens']} tokens, {meta['num_documents']} documents, {meta['dtype']}, "
+            f"crc32 {crc:08x}")
 
 
 def test_packed_needs_position_ids(model, data, tmp_path):
@@ -465,6 +487,11 @@ def bad_file(tmp, case):
         mask[offsets[1]] = 1  # a document's first token is never predicted
         mask.tofile(f"{prefix}.mask.bin")
         return path, [f"{prefix}.mask.bin", "document 1", "has no target token"]
+    if case == "mask-not-supervised":   # a mask that "supervised": false disowns
+        meta = json.load(open(path))
+        meta["supervised"] = False
+        json.dump(meta, open(path, "w"))
+        return path, [f"{prefix}.json", "names a loss_mask", "\"supervised\" is false"]
     if case == "missing-docs":
         os.remove(f"{prefix}.docs.bin")
         return path, [f"{prefix}.docs.bin", "cannot open the document offsets"]
@@ -472,7 +499,8 @@ def bad_file(tmp, case):
 
 
 @pytest.mark.parametrize("case", ["decreasing", "last", "short-docs", "mask-value",
-                                  "mask-size", "no-mask", "no-target", "missing-docs"])
+                                  "mask-size", "no-mask", "no-target", "missing-docs",
+                                  "mask-not-supervised"])
 def test_bad_v2_file(model, tmp_path, case):
     if model["name"] != "llama":
         pytest.skip("the data's checks do not depend on the model")

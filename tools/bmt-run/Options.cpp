@@ -18,8 +18,8 @@ namespace bmt::tools {
 
 namespace {
 
-/// The number `text` spells in full (std::stoll / std::stod), at least
-/// `min`; UsageError naming `option` otherwise.
+/// The number `text` spells in full (std::stoll / std::stod), finite and
+/// at least `min`; UsageError naming `option` otherwise.
 template <typename T>
 T parseNumber(const std::string &option, const std::string &text, T min) {
   constexpr bool integer = std::is_integral_v<T>;
@@ -36,6 +36,9 @@ T parseNumber(const std::string &option, const std::string &text, T min) {
   if (used != text.size() || text.empty())
     throw UsageError(option + (integer ? " expects an integer, got '" : " expects a number, got '") +
                      text + "'");
+  if constexpr (!integer)
+    if (!std::isfinite(v))
+      throw UsageError(option + " expects a finite number, got '" + text + "'");
   if (!(v >= min))
     throw UsageError(option + " must be at least " + (std::ostringstream() << min).str() +
                      ", got " + text);

@@ -62,6 +62,10 @@ struct DataPosition {
   int64_t windows = 0;
   int64_t microBatches = 0;
   int64_t documents = 0;
+  /// The data it is a position in (TokenFile::fingerprint); empty for fixed
+  /// batches and in checkpoints written before it was recorded. seek()
+  /// refuses a position in other data.
+  std::string data;
 };
 
 class MicroBatchSource {
@@ -71,7 +75,8 @@ public:
   virtual DataPosition position() const = 0;
   /// Continues from `position` (as position() returned it, possibly in a
   /// run with another world size). Throws std::invalid_argument for a
-  /// position of another kind or a generator state that does not parse.
+  /// position of another kind, in other data, or a generator state that
+  /// does not parse.
   virtual void seek(const DataPosition &position) = 0;
 };
 
@@ -137,6 +142,7 @@ private:
   int64_t document(int64_t n); ///< the n-th document drawn (all epochs)
 
   const TokenFile &file_;
+  std::string fingerprint_;
   SequenceLayout layout_;
   int64_t microBatch_, windowLength_;
   uint64_t seed_;

@@ -68,6 +68,10 @@ public:
   const std::vector<int64_t> &sentinelIds() const { return sentinelIds_; }
   const std::string &binPath() const { return binPath_; }
 
+  /// What identifies the data for a resumed run: the counts, the token
+  /// type and a CRC-32 (zlib's) of the first and last MiB of the tokens,
+  /// e.g. "1048576 tokens, 412 documents, uint16, crc32 3f1c09aa".
+  std::string fingerprint() const;
   /// The file's format version (1 or 2).
   int64_t version() const { return version_; }
   /// Whether the file has document boundaries (version 2).
