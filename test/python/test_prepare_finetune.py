@@ -435,46 +435,11 @@ def children(pid):
     return found
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
-def test_a_killed_worker_fails_the_run(tok_dirs, tmp_path):
-    import signal
-    import time
-    lines = [json.dumps({"text": t}) for t in texts(60)] * 2000   # 23 MB: several seconds
-    (tmp_path / "big.jsonl").write_text("\n".join(lines) + "\n")
-    out = tmp_path / "out"
-    out.mkdir()
-    proc = subprocess.Popen(tool("bmt-prepare-data") + [
-        "--input", str(tmp_path / "big.jsonl"), "--tokenizer", str(tok_dirs[1] / "tokenizer.json"),
-        "--workers", "2", "--output", str(out / "p")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        workers = []
-        while not workers and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-            workers = children(proc.pid)
-        assert workers, "no worker process appeared"
-        time.sleep(0.2)   # the pool is working
-        os.kill(workers[0], signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode != 0, "the run finished before the worker was killed"
-    result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-    assert_one_error(result)
-    assert "a worker process died" in stderr
-    assert os.listdir(out) == []
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
-@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
-def test_a_stopped_run_leaves_no_files_and_no_workers(signame, tok_dirs, tmp_path):
-    """SIGTERM (a job scheduler) or SIGINT (Ctrl-C) halfway through: exit
-    128 + the signal, one error line, no temporary or partial files, and the
-    worker processes gone with it."""
-    import signal
+def interrupted_run(tok_dirs, tmp_path, interrupt):
+    """bmt-prepare-data with 2 workers on 23 MB of JSON lines (several
+    seconds), and interrupt(proc, workers) once both workers run and the
+    temporary outputs exist: (the finished process, stdout, stderr, the
+    worker pids, the output folder)."""
     import time
     lines = [json.dumps({"text": t}) for t in texts(60)] * 2000
     (tmp_path / "big.jsonl").write_text("\n".join(lines) + "\n")
@@ -491,14 +456,38 @@ def test_a_stopped_run_leaves_no_files_and_no_workers(signame, tok_dirs, tmp_pat
             time.sleep(0.05)
             workers = children(proc.pid)
         assert len(workers) == 2, "the worker processes did not appear"
-        time.sleep(0.3)   # the temporary outputs exist
-        assert os.listdir(out), "no temporary output to clean up yet"
-        proc.send_signal(getattr(signal, signame))
-        stdout, stderr = proc.communicate(timeout=60)
+        time.sleep(0.3)   # the pool is working
+        assert os.listdir(out), "no temporary output yet"
+        interrupt(proc, workers)
+        stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    assert proc.returncode != 0, "the run finished before it was interrupted"
+    return proc, stdout, stderr, workers, out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_a_killed_worker_fails_the_run(tok_dirs, tmp_path):
+    import signal
+    proc, stdout, stderr, _, out = interrupted_run(
+        tok_dirs, tmp_path, lambda proc, workers: os.kill(workers[0], signal.SIGKILL))
+    assert_one_error(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    assert "a worker process died" in stderr
+    assert os.listdir(out) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_stopped_run_leaves_no_files_and_no_workers(signame, tok_dirs, tmp_path):
+    """SIGTERM (a job scheduler) or SIGINT (Ctrl-C) halfway through: exit
+    128 + the signal, one error line, no temporary or partial files, and the
+    worker processes gone with it."""
+    import signal
+    import time
+    proc, stdout, stderr, workers, out = interrupted_run(
+        tok_dirs, tmp_path, lambda proc, workers: proc.send_signal(getattr(signal, signame)))
     signum = getattr(signal, signame)
     assert proc.returncode == 128 + signum, stderr
     assert stderr.strip().splitlines()[-1] == f"error: stopped by {signame}; no output written"
