@@ -10,6 +10,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -92,6 +93,7 @@ const Driver &driver() {
 struct Args {
   long long n;
   int ndim;
+  int vec;
   long long sizes[kMaxDims];
   void *tensors[kMaxTensors];
   long long strides[kMaxTensors][kMaxDims];
@@ -194,6 +196,22 @@ std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape) {
   return s;
 }
 
+/// Sets a.vec (the pointwise kernel's 8-wide path, CudaSource.cpp) where
+/// the collapsed shape is one dim, every one of the `count` tensors walks it
+/// with stride 1 or 0, and the stride-1 ones start 16-byte aligned.
+void chooseVector(Args &a, size_t count, bool row) {
+  a.vec = 0;
+  if (row || a.ndim != 1)
+    return;
+  for (size_t k = 0; k < count; ++k) {
+    if (a.strides[k][0] == 0)
+      continue;
+    if (a.strides[k][0] != 1 || reinterpret_cast<uintptr_t>(a.tensors[k]) % 16 != 0)
+      return;
+  }
+  a.vec = 1;
+}
+
 void launch(void *function, Args &a, bool row, int64_t rowLen, const at::Device &device) {
   if (a.n == 0)
     return;
@@ -205,7 +223,9 @@ void launch(void *function, Args &a, bool row, int64_t rowLen, const at::Device 
     blocks = static_cast<unsigned>(std::min<int64_t>(a.n, int64_t{sms} * 32));
   } else {
     threads = 256;
-    blocks = static_cast<unsigned>(std::min<int64_t>((a.n + 255) / 256, int64_t{sms} * 64));
+    int64_t perThread = a.vec ? 8 : 1;
+    int64_t work = (a.n + perThread - 1) / perThread;
+    blocks = static_cast<unsigned>(std::min<int64_t>((work + 255) / 256, int64_t{sms} * 64));
   }
   void *params[] = {&a};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
@@ -310,6 +330,7 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
   for (size_t i = 0; i < inputs.size(); ++i)
     a.tensors[i] = const_cast<void *>(inputs[i].data_ptr());
   a.tensors[inputs.size()] = out.data_ptr();
+  chooseVector(a, inputs.size() + 1, region_.hasReduction);
   launch(k.forward, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), inputs[0].device());
   return out;
 #else
@@ -347,6 +368,7 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
     a.tensors[i] = const_cast<void *>(all[i].data_ptr());
   for (size_t o = 0; o < outs.size(); ++o)
     a.tensors[all.size() + o] = outs[o].data_ptr();
+  chooseVector(a, all.size() + outs.size(), region_.hasReduction);
   launch(k.backward, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), inputs[0].device());
   j = 0;
   for (size_t i = 0; i < inputs.size(); ++i)
