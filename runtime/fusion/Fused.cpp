@@ -285,8 +285,13 @@ FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inp
     return *k;
   k = std::make_unique<Kernels>();
 #ifdef BMT_WITH_CUDA_KERNELS
-  // Fixed names (one kernel per module): equal regions give equal sources.
-  std::string fname = "bmt_fused_forward", bname = "bmt_fused_backward";
+  // Names from the region's shape only (one kernel per module), so equal
+  // regions still give equal sources and share one module, and a profile
+  // tells the kinds apart: bmt_fused_{row,pw}_<inputs>in_<nodes>n_{fwd,bwd}.
+  std::string tag = std::string("bmt_fused_") + (region_.hasReduction ? "row_" : "pw_") +
+                    std::to_string(region_.numInputs) + "in_" +
+                    std::to_string(region_.forward.nodes.size()) + "n_";
+  std::string fname = tag + "fwd", bname = tag + "bwd";
   k->forward = loadFunction(cudaSource(region_.forward, {region_.result}, fname, dtypes,
                                        c10::ScalarType::Undefined, {resultDtype(region_, dtypes)}),
                             fname, inputs[0].device());

@@ -121,8 +121,8 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
       *this, "fuse-inline-calls",
       llvm::cl::desc("with fuse-elementwise: inline calls of parameter-free pointwise "
                      "submodules (an activation) first, so their ops join the caller's regions "
-                     "(bmt-fuse-elementwise inline-calls)"),
-      llvm::cl::init(false)};
+                     "(bmt-fuse-elementwise inline-calls; on by default)"),
+      llvm::cl::init(true)};
   Option<bool> causalAttention{
       *this, "causal-attention",
       llvm::cl::desc("replace a causal mask built from aranges by is_causal=True in "
