@@ -26,9 +26,12 @@ constexpr int kMaxDims = 6;
 // grad_output (backward), then outputs; strides[k][d] in elements (outputs
 // are contiguous: element-valued ones in the element shape, row-valued ones
 // one value per row).
-// vec: 1 when the element shape is one dim that every tensor walks with
-// stride 1 or 0 and the stride-1 ones are 16-byte aligned (the host checks):
-// the pointwise kernel then moves 8 elements per thread with 16-byte loads.
+// vec (pointwise kernels; the host checks): 1 when the element shape is one
+// dim that every tensor walks with stride 1 or 0 and the stride-1 ones are
+// 16-byte aligned; 2 when the last dim's size is a multiple of 8, every
+// tensor's last stride is 1 or 0, and the stride-1 ones are 16-byte aligned
+// with their other strides multiples of 8. Both move 8 elements a thread
+// with 16-byte loads.
 struct Args {
   long long n;
   int ndim;
@@ -322,7 +325,7 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
          "  const long long step = (long long)gridDim.x * blockDim.x;\n";
     // Contiguous (or scalar-broadcast) 1-D: 8 elements a thread, 16-byte
     // loads and stores, then the tail one by one.
-    s << "  if (a.vec) {\n"
+    s << "  if (a.vec == 1) {\n"
          "    const long long nv = a.n >> 3;\n"
          "    for (long long v = first; v < nv; v += step) {\n"
          "      const long long i = v << 3;\n";
@@ -354,6 +357,46 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     for (int k : used)
       s << "      const long long o" << k << " = i * a.strides[" << k << "][0];\n";
     s << call("      ", "i") << "    }\n    return;\n  }\n";
+    // Last dim in runs of 8 (vec == 2: its size a multiple of 8, every
+    // tensor's last stride 1 or 0, the stride-1 ones' row offsets and bases
+    // 16-byte aligned): one offset computation and 16-byte accesses per 8.
+    s << "  if (a.vec == 2) {\n"
+         "    const long long nv = a.n >> 3;\n"
+         "    for (long long v = first; v < nv; v += step) {\n"
+         "      const long long i = v << 3;\n";
+    for (int k : used)
+      s << "      long long o" << k << " = 0;\n";
+    s << "      long long rem = i;\n"
+         "      for (int d = a.ndim - 1; d >= 0; --d) {\n"
+         "        const long long idx = rem % a.sizes[d]; rem /= a.sizes[d];\n";
+    for (int k : used)
+      s << "        o" << k << " += idx * a.strides[" << k << "][d];\n";
+    s << "      }\n";
+    for (int k : used) {
+      c10::ScalarType t = slotDtype(k);
+      s << "      float " << x(k) << "[8]; bmt_fused::ld8(" << ptr(k, t, false) << " + o" << k
+        << ", 0, a.strides[" << k << "][a.ndim - 1], "
+        << (t == c10::ScalarType::Float ? "" : std::string(half(t)) + ", ") << x(k) << ");\n";
+    }
+    for (size_t k = 0; k < outs.size(); ++k)
+      s << "      float " << y(k) << "[8];\n";
+    s << "#pragma unroll\n      for (int u = 0; u < 8; ++u)\n        bmt_body_" << name << "(";
+    sep.clear();
+    for (int k : used) {
+      s << sep << x(k) << "[u]";
+      sep = ", ";
+    }
+    for (size_t k = 0; k < outs.size(); ++k) {
+      s << sep << y(k) << "[u]";
+      sep = ", ";
+    }
+    s << ");\n";
+    for (size_t k = 0; k < outs.size(); ++k) {
+      c10::ScalarType t = outDtypes.at(k);
+      s << "      bmt_fused::st8(" << ptr(firstOut + static_cast<int>(k), t, true) << ", i, " << y(k)
+        << (t == c10::ScalarType::Float ? "" : std::string(", ") + half(t)) << ");\n";
+    }
+    s << "    }\n    return;\n  }\n";
     // General strides: the offsets from the element index, in 32-bit
     // arithmetic where the element count allows (64-bit division is slow).
     auto general = [&](const std::string &index) {

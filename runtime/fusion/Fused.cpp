@@ -196,20 +196,25 @@ std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape) {
   return s;
 }
 
-/// Sets a.vec (the pointwise kernel's 8-wide path, CudaSource.cpp) where
-/// the collapsed shape is one dim, every one of the `count` tensors walks it
-/// with stride 1 or 0, and the stride-1 ones start 16-byte aligned.
+/// Sets a.vec, the pointwise kernel's 8-wide paths (CudaSource.cpp): each
+/// of the `count` tensors walks the last dim with stride 1 or 0, the
+/// stride-1 ones start 16-byte aligned and (more than one dim: then the last
+/// size is a multiple of 8) have their other strides multiples of 8.
 void chooseVector(Args &a, size_t count, bool row) {
   a.vec = 0;
-  if (row || a.ndim != 1)
+  if (row || a.ndim < 1 || (a.ndim > 1 && a.sizes[a.ndim - 1] % 8 != 0))
     return;
+  const int last = a.ndim - 1;
   for (size_t k = 0; k < count; ++k) {
-    if (a.strides[k][0] == 0)
+    if (a.strides[k][last] == 0)
       continue;
-    if (a.strides[k][0] != 1 || reinterpret_cast<uintptr_t>(a.tensors[k]) % 16 != 0)
+    if (a.strides[k][last] != 1 || reinterpret_cast<uintptr_t>(a.tensors[k]) % 16 != 0)
       return;
+    for (int d = 0; d < last; ++d)
+      if (a.strides[k][d] % 8 != 0)
+        return;
   }
-  a.vec = 1;
+  a.vec = a.ndim == 1 ? 1 : 2;
 }
 
 void launch(void *function, Args &a, bool row, int64_t rowLen, const at::Device &device) {

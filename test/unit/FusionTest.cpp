@@ -400,10 +400,23 @@ TEST(FusionCuda, RopeAndRmsNorm) {
   int64_t q = b.param(), cos = b.param(), r = b.param(), sin = b.param();
   int64_t a = b.aten("aten::mul.Tensor", {R(q), R(cos)});
   int64_t c = b.aten("aten::mul.Tensor", {R(r), R(sin)});
-  checkCuda(b.done(b.aten("aten::add.Tensor", {R(a), R(c), C(int64_t{1})})),
+  plan::Function rope = b.done(b.aten("aten::add.Tensor", {R(a), R(c), C(int64_t{1})}));
+  // Broadcast over the batch and heads: two dims, the last in runs of 8.
+  checkCuda(rope,
             {test::randomTensor({2, 4, 16, 64}, at::kBFloat16, 42), test::randomTensor({1, 1, 16, 64}, at::kFloat, 43),
              test::randomTensor({2, 4, 16, 64}, at::kBFloat16, 44), test::randomTensor({16, 64}, at::kFloat, 45)},
             2e-2, "rope_cuda");
+  // q as the attention makes it, [B, S, H, D] transposed to [B, H, S, D].
+  checkCuda(rope,
+            {test::randomTensor({2, 16, 4, 64}, at::kBFloat16, 48).transpose(1, 2),
+             test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 49), test::randomTensor({2, 4, 16, 64}, at::kBFloat16, 50),
+             test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 51)},
+            2e-2, "rope_transposed_q");
+  // A last dim that is no multiple of 8: the element-by-element path.
+  checkCuda(rope,
+            {test::randomTensor({2, 3, 5, 12}, at::kBFloat16, 52), test::randomTensor({1, 1, 5, 12}, at::kFloat, 53),
+             test::randomTensor({2, 3, 5, 12}, at::kBFloat16, 54), test::randomTensor({5, 12}, at::kFloat, 55)},
+            2e-2, "rope_d12");
   checkCuda(rmsNorm(15), {test::randomTensor({33, 2048}, at::kFloat, 46), test::randomTensor({2048}, at::kBFloat16, 47)},
             2e-2, "rms_norm_cuda");
 }
