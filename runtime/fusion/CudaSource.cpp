@@ -279,7 +279,8 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     auto slotDtype = [&](int k) { return k == gradSlot && hasGrad ? gradDtype : inputDtypes.at(k); };
     auto half = [](c10::ScalarType t) { return t == c10::ScalarType::BFloat16 ? "1" : "0"; };
     auto ptr = [&](int k, c10::ScalarType t, bool out) {
-      return std::string("((") + (out ? "" : "const ") + ctype(t) + " *)a.tensors[" + std::to_string(k) + "])";
+      return std::string("((") + (out ? "" : "const ") + ctype(t) + " *)a.tensors[" +
+             std::to_string(k) + "])";
     };
     s << "__device__ __forceinline__ void bmt_body_" << name << "(";
     std::string sep;

@@ -357,7 +357,9 @@ void checkCuda(const plan::Function &body, const std::vector<at::Tensor> &inputs
   }
 }
 
-bool cudaKernels() { return torch::cuda::is_available() && fusion::FusedRegion::usesKernels(at::Device(at::kCUDA, 0)); }
+bool cudaKernels() {
+  return torch::cuda::is_available() && fusion::FusedRegion::usesKernels(at::Device(at::kCUDA, 0));
+}
 
 plan::Function swigluResidual() {
   Body b;
