@@ -9,18 +9,35 @@
 # usage (on the GPU machine, in a checkout): bash bench/gpu_fusion.sh PLANS OUT
 #   PLANS: tiny-fused/NAME.sharded.pt, tiny-plain/NAME.sharded.pt (fixtures
 #          compiled with and without --bmt-default-pipeline='fuse-elementwise=true'),
-#          llama-{on,off}-{fused,plain}.sharded.pt (--random-init)
+#          llama-{on,off}-{plain,fused,inline}.sharded.pt (--random-init;
+#          inline: also fuse-inline-calls=true)
+# env: VARIANTS (default "off-plain off-fused on-plain on-fused"), SKIP_PARITY=1,
+#      GTEST_SOURCE=<googletest folder>: also build bmt-runtime-unit-tests and
+#      run its FusionCuda.* tests (the generated kernels against ATen on the GPU),
+#      REFERENCE="off on" (the FSDP2 + torch.compile runs; empty: none).
 set -o pipefail
 plans=$1; out=$2; mkdir -p "$out/logs"
 site=$(python3 -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))')
 export LD_LIBRARY_PATH="$site/torch/lib:$site/nvidia/cu13/lib:$site/nvidia/cuda_nvrtc/lib:${LD_LIBRARY_PATH:-}"
 export BMT_KERNEL_CACHE=/tmp/bmt-kernels
+VARIANTS=${VARIANTS:-off-plain off-fused on-plain on-fused}
+REFERENCE=${REFERENCE-off on}
+carry=${DEVCARRY:-$PWD/.devcarry}
+tests=(-DBMT_TESTS=OFF); targets=(bmt-run)
+if [ -n "${GTEST_SOURCE:-}" ]; then
+  tests=(-DBMT_TESTS=ON -DBMT_GTEST_SOURCE_DIR="$GTEST_SOURCE"); targets+=(bmt-runtime-unit-tests)
+fi
 t0=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBMT_COMPILER=OFF -DBMT_TESTS=OFF \
-  -DPython3_EXECUTABLE="$(command -v python3)" -DNLOHMANN_JSON_INCLUDE_DIR="$PWD/.devcarry/include" \
-  > "$out/logs/cmake.log" 2>&1 && ninja -C build-gpu bmt-run > "$out/logs/build.log" 2>&1 \
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBMT_COMPILER=OFF "${tests[@]}" \
+  -DPython3_EXECUTABLE="$(command -v python3)" -DNLOHMANN_JSON_INCLUDE_DIR="$carry/include" \
+  > "$out/logs/cmake.log" 2>&1 && ninja -C build-gpu "${targets[@]}" > "$out/logs/build.log" 2>&1 \
   || { tail -40 "$out/logs/cmake.log" "$out/logs/build.log"; exit 1; }
-echo "built bmt-run in $(( $(date +%s) - t0 )) s"; grep -h "bmt: CUDA kernels\|bmt: no CUDA" "$out/logs/cmake.log"
+echo "built ${targets[*]} in $(( $(date +%s) - t0 )) s"; grep -h "bmt: CUDA kernels\|bmt: no CUDA" "$out/logs/cmake.log"
+if [ -n "${GTEST_SOURCE:-}" ]; then
+  echo "== FusionCuda unit tests"
+  ./build-gpu/test/bmt-runtime-unit-tests --gtest_filter='FusionCuda.*:Fusion.*' 2>&1 | tee "$out/logs/unit.log" \
+    | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|difference" | head -20
+fi
 B=$PWD/build-gpu/bin/bmt-run
 if [ -z "${SKIP_PARITY:-}" ]; then
 echo "== parity, fused plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-fused" gpt2 llama bert t5 2>&1 | tee "$out/logs/parity-fused.log" | grep -v Warning | tail -8
@@ -34,17 +51,18 @@ json.dump({"format": "bmt-tokens", "version": 1, "dtype": "uint32", "num_tokens"
            "vocab_size": 128256, "eos_id": 0, "mask_id": None, "pad_id": None, "tokenizer": "random",
            "source": []}, open("/tmp/tok.json", "w"))
 PY
-for p in llama-off-plain llama-off-fused llama-on-plain llama-on-fused; do
+for v in $VARIANTS; do
+  p=llama-$v
   timeout 150 "$B" "$plans/$p.sharded.pt" --data /tmp/tok.bin --steps 23 --micro-batch 8 --seq-len 1024 \
     --lr 1e-4 --schedule constant --clip-grad 1.0 --device cuda --log-file "$out/logs/$p.jsonl" \
     --log-every 1 --profile 21:23 > "$out/logs/$p.out" 2>&1
   echo "$p: exit $?"
 done
-python3 - "$out/logs" <<'PY'
+python3 - "$out/logs" $VARIANTS <<'PY'
 import json, sys, os
 d = sys.argv[1]
 runs = {}
-for p in ["llama-off-plain", "llama-off-fused", "llama-on-plain", "llama-on-fused"]:
+for p in ["llama-" + v for v in sys.argv[2:]]:
     f = os.path.join(d, p + ".jsonl")
     if not os.path.exists(f):
         continue
@@ -58,17 +76,18 @@ for p in ["llama-off-plain", "llama-off-fused", "llama-on-plain", "llama-on-fuse
     runs[p] = (tps, peak, [round(s["loss"], 4) for s in steps[:20:4]])
     print(f"{p:16} {tps:9,.0f} tokens/s  peak {peak:5.1f} GiB  losses {runs[p][2]}")
 for r in ["off", "on"]:
-    a, b = runs.get(f"llama-{r}-plain"), runs.get(f"llama-{r}-fused")
-    if a and b:
-        print(f"recompute {r}: fused / plain = {b[0] / a[0]:.3f}")
+    for v in ["fused", "inline"]:
+        a, b = runs.get(f"llama-{r}-plain"), runs.get(f"llama-{r}-{v}")
+        if a and b:
+            print(f"recompute {r}: {v} / plain = {b[0] / a[0]:.3f}")
 PY
-for r in off on; do
+for r in $REFERENCE; do
   echo "== fsdp2-compile llama recompute $r"
   timeout 240 python3 bench/gpu_speed.py --reference fsdp2-compile --arch llama --recompute $r \
     --steps 15 --warmup 5 2>"$out/logs/fsdp2-compile-$r.err" | grep RESULT | cut -c1-300
 done
-for p in llama-off-fused llama-off-plain; do
+for p in ${PROFILES:-llama-off-fused llama-off-plain}; do
   echo "== $p"; grep -iE "error|fused" "$out/logs/$p.out" | head -5
-  sed -n '/profile:/,$p' "$out/logs/$p.out" | grep -v '^step ' | head -32
+  sed -n '/profile:/,$p' "$out/logs/$p.out" | grep -v '^step ' | head -${PROFILE_LINES:-32}
 done
 tar -czf "$out/logs.tgz" -C "$out" logs && rm -rf "$out/logs"

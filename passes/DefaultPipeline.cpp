@@ -104,8 +104,11 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
   }
   if (options.fuseGelu)
     pm.addPass(createFuseGelu());
-  if (options.fuseElementwise)
-    pm.addPass(createFuseElementwise());
+  if (options.fuseElementwise) {
+    FuseElementwiseOptions fuse;
+    fuse.inlineCalls = options.fuseInlineCalls;
+    pm.addPass(createFuseElementwise(fuse));
+  }
   pm.addPass(createFindBlocks());
   ZeroOptions zero;
   zero.stage = static_cast<int64_t>(options.zeroStage.getValue());

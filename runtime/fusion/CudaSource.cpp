@@ -26,9 +26,16 @@ constexpr int kMaxDims = 6;
 // grad_output (backward), then outputs; strides[k][d] in elements (outputs
 // are contiguous: element-valued ones in the element shape, row-valued ones
 // one value per row).
+// vec (pointwise kernels; the host checks): 1 when the element shape is one
+// dim that every tensor walks with stride 1 or 0 and the stride-1 ones are
+// 16-byte aligned; 2 when the last dim's size is a multiple of 8, every
+// tensor's last stride is 1 or 0, and the stride-1 ones are 16-byte aligned
+// with their other strides multiples of 8. Both move 8 elements a thread
+// with 16-byte loads.
 struct Args {
   long long n;
   int ndim;
+  int vec;
   long long sizes[kMaxDims];
   void *tensors[kMaxTensors];
   long long strides[kMaxTensors][kMaxDims];
@@ -51,6 +58,38 @@ __device__ __forceinline__ unsigned short to_f16(float f) {
 __device__ __forceinline__ float round_bf16(float f) { return __uint_as_float(((unsigned int)to_bf16(f)) << 16); }
 __device__ __forceinline__ float round_f16(float f) {
   unsigned short h = to_f16(f); float r; asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h)); return r;
+}
+__device__ __forceinline__ float from_half(unsigned short h, int bf16) {
+  if (bf16) return __uint_as_float(((unsigned int)h) << 16);
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+// 8 elements from p + i (s == 1: 16-byte aligned) or p[0] broadcast (s == 0).
+__device__ __forceinline__ void ld8(const float *p, long long i, long long s, float *x) {
+  if (s == 0) { float v = p[0]; for (int u = 0; u < 8; ++u) x[u] = v; return; }
+  float4 a = *(const float4 *)(p + i), b = *(const float4 *)(p + i + 4);
+  x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+}
+__device__ __forceinline__ void ld8(const unsigned short *p, long long i, long long s, int bf16, float *x) {
+  if (s == 0) { float v = from_half(p[0], bf16); for (int u = 0; u < 8; ++u) x[u] = v; return; }
+  uint4 w = *(const uint4 *)(p + i);
+  unsigned int q[4] = {w.x, w.y, w.z, w.w};
+  for (int u = 0; u < 4; ++u) {
+    x[2 * u] = from_half((unsigned short)(q[u] & 0xffffu), bf16);
+    x[2 * u + 1] = from_half((unsigned short)(q[u] >> 16), bf16);
+  }
+}
+__device__ __forceinline__ void st8(float *p, long long i, const float *y) {
+  *(float4 *)(p + i) = make_float4(y[0], y[1], y[2], y[3]);
+  *(float4 *)(p + i + 4) = make_float4(y[4], y[5], y[6], y[7]);
+}
+__device__ __forceinline__ void st8(unsigned short *p, long long i, const float *y, int bf16) {
+  unsigned int q[4];
+  for (int u = 0; u < 4; ++u) {
+    unsigned int lo = bf16 ? to_bf16(y[2 * u]) : to_f16(y[2 * u]);
+    unsigned int hi = bf16 ? to_bf16(y[2 * u + 1]) : to_f16(y[2 * u + 1]);
+    q[u] = lo | (hi << 16);
+  }
+  *(uint4 *)(p + i) = make_uint4(q[0], q[1], q[2], q[3]);
 }
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float block_sum(float v, float *red) {
@@ -189,7 +228,8 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
   // Emits the definitions of every node `targets` need, in topological
   // order, skipping nodes in `done` (row sums of earlier phases).
   auto emitNodes = [&](std::ostringstream &o, const std::vector<int> &targets,
-                       const std::set<int> &done, const std::string &indent) {
+                       const std::set<int> &done, const std::string &indent,
+                       const std::function<std::string(int)> &loader) {
     std::vector<bool> need(g.nodes.size(), false);
     std::function<void(int)> mark = [&](int i) {
       if (need[i] || done.count(i))
@@ -207,31 +247,178 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     for (size_t i = 0; i < g.nodes.size(); ++i) {
       if (!need[i] || g.nodes[i].op == Op::RowSum)
         continue;
-      std::string e = expression(g, static_cast<int>(i), var, loadOf);
+      std::string e = expression(g, static_cast<int>(i), var, loader);
       o << indent << "float " << var(static_cast<int>(i)) << " = " << e << ";\n";
     }
   };
 
-  s << "extern \"C\" __global__ void " << name << "(bmt_fused::Args a) {\n";
   if (!rowKernel) {
-    s << "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < a.n;"
-         " i += (long long)gridDim.x * blockDim.x) {\n";
-    for (int k : slots)
-      s << "    long long o" << k << " = 0;\n";
-    s << "    long long rem = i;\n"
-         "    for (int d = a.ndim - 1; d >= 0; --d) {\n"
-         "      long long idx = rem % a.sizes[d]; rem /= a.sizes[d];\n";
-    for (int k : slots)
-      s << "      o" << k << " += idx * a.strides[" << k << "][d];\n";
-    s << "    }\n";
-    emitNodes(s, outs, {}, "    ");
+    // The element values as a function of the loaded inputs (x<slot>),
+    // called by each of the kernel's loops; loads only the slots it uses.
+    std::vector<bool> need(g.nodes.size(), false);
+    std::function<void(int)> mark = [&](int i) {
+      if (need[i])
+        return;
+      need[i] = true;
+      for (int a : g.nodes[i].args)
+        mark(a);
+    };
+    for (int o : outs)
+      mark(o);
+    std::vector<int> used;
+    for (int k : slots) {
+      bool u = false;
+      for (size_t i = 0; i < g.nodes.size(); ++i)
+        u = u || (need[i] && ((g.nodes[i].op == Op::GradOut && k == gradSlot) ||
+                              (g.nodes[i].op == Op::Input && g.nodes[i].index == k)));
+      if (u)
+        used.push_back(k);
+    }
+    auto x = [](int k) { return "x" + std::to_string(k); };
+    auto y = [](size_t k) { return "y" + std::to_string(k); };
+    auto slotDtype = [&](int k) { return k == gradSlot && hasGrad ? gradDtype : inputDtypes.at(k); };
+    auto half = [](c10::ScalarType t) { return t == c10::ScalarType::BFloat16 ? "1" : "0"; };
+    auto ptr = [&](int k, c10::ScalarType t, bool out) {
+      return std::string("((") + (out ? "" : "const ") + ctype(t) + " *)a.tensors[" +
+             std::to_string(k) + "])";
+    };
+    s << "__device__ __forceinline__ void bmt_body_" << name << "(";
+    std::string sep;
+    for (int k : used) {
+      s << sep << "float " << x(k);
+      sep = ", ";
+    }
+    for (size_t k = 0; k < outs.size(); ++k) {
+      s << sep << "float &" << y(k);
+      sep = ", ";
+    }
+    s << ") {\n";
+    auto bodyLoad = [&](int i) -> std::string {
+      const Node &n = g.nodes[i];
+      return x(n.op == Op::GradOut ? gradSlot : n.index);
+    };
+    emitNodes(s, outs, {}, "  ", bodyLoad);
     for (size_t k = 0; k < outs.size(); ++k)
-      s << "    " << store(firstOut + static_cast<int>(k), outDtypes.at(k), "i", var(outs[k]))
-        << "\n";
-    s << "  }\n}\n";
+      s << "  " << y(k) << " = " << var(outs[k]) << ";\n";
+    s << "}\n";
+    // One call of the body at element i with offsets o<slot>.
+    auto call = [&](const std::string &indent, const std::string &elem) {
+      std::string c;
+      for (size_t k = 0; k < outs.size(); ++k)
+        c += indent + "float " + y(k) + ";\n";
+      c += indent + "bmt_body_" + name + "(";
+      std::string sp;
+      for (int k : used) {
+        c += sp + load(k, slotDtype(k), "o" + std::to_string(k));
+        sp = ", ";
+      }
+      for (size_t k = 0; k < outs.size(); ++k) {
+        c += sp + y(k);
+        sp = ", ";
+      }
+      c += ");\n";
+      for (size_t k = 0; k < outs.size(); ++k)
+        c += indent + store(firstOut + static_cast<int>(k), outDtypes.at(k), elem, y(k)) + "\n";
+      return c;
+    };
+    s << "extern \"C\" __global__ void " << name << "(bmt_fused::Args a) {\n"
+         "  const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
+         "  const long long step = (long long)gridDim.x * blockDim.x;\n";
+    // Contiguous (or scalar-broadcast) 1-D: 8 elements a thread, 16-byte
+    // loads and stores, then the tail one by one.
+    s << "  if (a.vec == 1) {\n"
+         "    const long long nv = a.n >> 3;\n"
+         "    for (long long v = first; v < nv; v += step) {\n"
+         "      const long long i = v << 3;\n";
+    for (int k : used) {
+      c10::ScalarType t = slotDtype(k);
+      s << "      float " << x(k) << "[8]; bmt_fused::ld8(" << ptr(k, t, false) << ", i, a.strides[" << k
+        << "][0], " << (t == c10::ScalarType::Float ? "" : std::string(half(t)) + ", ") << x(k) << ");\n";
+    }
+    for (size_t k = 0; k < outs.size(); ++k)
+      s << "      float " << y(k) << "[8];\n";
+    s << "#pragma unroll\n      for (int u = 0; u < 8; ++u)\n        bmt_body_" << name << "(";
+    sep.clear();
+    for (int k : used) {
+      s << sep << x(k) << "[u]";
+      sep = ", ";
+    }
+    for (size_t k = 0; k < outs.size(); ++k) {
+      s << sep << y(k) << "[u]";
+      sep = ", ";
+    }
+    s << ");\n";
+    for (size_t k = 0; k < outs.size(); ++k) {
+      c10::ScalarType t = outDtypes.at(k);
+      s << "      bmt_fused::st8(" << ptr(firstOut + static_cast<int>(k), t, true) << ", i, " << y(k)
+        << (t == c10::ScalarType::Float ? "" : std::string(", ") + half(t)) << ");\n";
+    }
+    s << "    }\n"
+         "    for (long long i = (nv << 3) + first; i < a.n; i += step) {\n";
+    for (int k : used)
+      s << "      const long long o" << k << " = i * a.strides[" << k << "][0];\n";
+    s << call("      ", "i") << "    }\n    return;\n  }\n";
+    // Last dim in runs of 8 (vec == 2: its size a multiple of 8, every
+    // tensor's last stride 1 or 0, the stride-1 ones' row offsets and bases
+    // 16-byte aligned): one offset computation and 16-byte accesses per 8.
+    s << "  if (a.vec == 2) {\n"
+         "    const long long nv = a.n >> 3;\n"
+         "    for (long long v = first; v < nv; v += step) {\n"
+         "      const long long i = v << 3;\n";
+    for (int k : used)
+      s << "      long long o" << k << " = 0;\n";
+    s << "      long long rem = i;\n"
+         "      for (int d = a.ndim - 1; d >= 0; --d) {\n"
+         "        const long long idx = rem % a.sizes[d]; rem /= a.sizes[d];\n";
+    for (int k : used)
+      s << "        o" << k << " += idx * a.strides[" << k << "][d];\n";
+    s << "      }\n";
+    for (int k : used) {
+      c10::ScalarType t = slotDtype(k);
+      s << "      float " << x(k) << "[8]; bmt_fused::ld8(" << ptr(k, t, false) << " + o" << k
+        << ", 0, a.strides[" << k << "][a.ndim - 1], "
+        << (t == c10::ScalarType::Float ? "" : std::string(half(t)) + ", ") << x(k) << ");\n";
+    }
+    for (size_t k = 0; k < outs.size(); ++k)
+      s << "      float " << y(k) << "[8];\n";
+    s << "#pragma unroll\n      for (int u = 0; u < 8; ++u)\n        bmt_body_" << name << "(";
+    sep.clear();
+    for (int k : used) {
+      s << sep << x(k) << "[u]";
+      sep = ", ";
+    }
+    for (size_t k = 0; k < outs.size(); ++k) {
+      s << sep << y(k) << "[u]";
+      sep = ", ";
+    }
+    s << ");\n";
+    for (size_t k = 0; k < outs.size(); ++k) {
+      c10::ScalarType t = outDtypes.at(k);
+      s << "      bmt_fused::st8(" << ptr(firstOut + static_cast<int>(k), t, true) << ", i, " << y(k)
+        << (t == c10::ScalarType::Float ? "" : std::string(", ") + half(t)) << ");\n";
+    }
+    s << "    }\n    return;\n  }\n";
+    // General strides: the offsets from the element index, in 32-bit
+    // arithmetic where the element count allows (64-bit division is slow).
+    auto general = [&](const std::string &index) {
+      std::string c = "    for (" + index + " i = first; i < a.n; i += step) {\n";
+      for (int k : used)
+        c += "      long long o" + std::to_string(k) + " = 0;\n";
+      c += "      " + index + " rem = i;\n"
+           "      for (int d = a.ndim - 1; d >= 0; --d) {\n"
+           "        const " + index + " size = (" + index + ")a.sizes[d];\n"
+           "        const " + index + " idx = rem % size; rem /= size;\n";
+      for (int k : used)
+        c += "        o" + std::to_string(k) + " += (long long)idx * a.strides[" + std::to_string(k) + "][d];\n";
+      c += "      }\n" + call("      ", "i") + "    }\n";
+      return c;
+    };
+    s << "  if (a.n <= 0x7fffffffLL) {\n" << general("unsigned int") << "    return;\n  }\n"
+      << "  {\n" << general("long long") << "  }\n}\n";
     return s.str();
   }
 
+  s << "extern \"C\" __global__ void " << name << "(bmt_fused::Args a) {\n";
   // Row kernel: one block per row (grid-stride over rows).
   s << "  __shared__ float red[32];\n"
        "  const long long D = a.sizes[a.ndim - 1];\n"
@@ -265,7 +452,7 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
       s << "    float acc" << r << " = 0.f;\n";
     s << "    for (long long j = threadIdx.x; j < D; j += blockDim.x) {\n" << columnOffsets("      ");
     std::ostringstream body;
-    emitNodes(body, sums, done, "      ");
+    emitNodes(body, sums, done, "      ", loadOf);
     s << body.str();
     for (int r : sums)
       s << "      acc" << r << " += " << var(g.nodes[r].args[0]) << ";\n";
@@ -293,7 +480,7 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     std::vector<int> targets;
     for (int k : elementOuts)
       targets.push_back(outs[k]);
-    emitNodes(s, targets, done, "      ");
+    emitNodes(s, targets, done, "      ", loadOf);
     for (int k : elementOuts)
       s << "      " << store(firstOut + k, outDtypes.at(k), "r * D + j", var(outs[k])) << "\n";
     s << "    }\n";
@@ -303,7 +490,7 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     std::vector<int> targets;
     for (int k : rowOuts)
       targets.push_back(outs[k]);
-    emitNodes(s, targets, done, "      ");
+    emitNodes(s, targets, done, "      ", loadOf);
     for (int k : rowOuts)
       s << "      " << store(firstOut + k, outDtypes.at(k), "r", var(outs[k])) << "\n";
     s << "    }\n";

@@ -10,6 +10,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -92,6 +93,7 @@ const Driver &driver() {
 struct Args {
   long long n;
   int ndim;
+  int vec;
   long long sizes[kMaxDims];
   void *tensors[kMaxTensors];
   long long strides[kMaxTensors][kMaxDims];
@@ -194,6 +196,27 @@ std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape) {
   return s;
 }
 
+/// Sets a.vec, the pointwise kernel's 8-wide paths (CudaSource.cpp): each
+/// of the `count` tensors walks the last dim with stride 1 or 0, the
+/// stride-1 ones start 16-byte aligned and (more than one dim: then the last
+/// size is a multiple of 8) have their other strides multiples of 8.
+void chooseVector(Args &a, size_t count, bool row) {
+  a.vec = 0;
+  if (row || a.ndim < 1 || (a.ndim > 1 && a.sizes[a.ndim - 1] % 8 != 0))
+    return;
+  const int last = a.ndim - 1;
+  for (size_t k = 0; k < count; ++k) {
+    if (a.strides[k][last] == 0)
+      continue;
+    if (a.strides[k][last] != 1 || reinterpret_cast<uintptr_t>(a.tensors[k]) % 16 != 0)
+      return;
+    for (int d = 0; d < last; ++d)
+      if (a.strides[k][d] % 8 != 0)
+        return;
+  }
+  a.vec = a.ndim == 1 ? 1 : 2;
+}
+
 void launch(void *function, Args &a, bool row, int64_t rowLen, const at::Device &device) {
   if (a.n == 0)
     return;
@@ -205,7 +228,9 @@ void launch(void *function, Args &a, bool row, int64_t rowLen, const at::Device 
     blocks = static_cast<unsigned>(std::min<int64_t>(a.n, int64_t{sms} * 32));
   } else {
     threads = 256;
-    blocks = static_cast<unsigned>(std::min<int64_t>((a.n + 255) / 256, int64_t{sms} * 64));
+    int64_t perThread = a.vec ? 8 : 1;
+    int64_t work = (a.n + perThread - 1) / perThread;
+    blocks = static_cast<unsigned>(std::min<int64_t>((work + 255) / 256, int64_t{sms} * 64));
   }
   void *params[] = {&a};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
@@ -265,8 +290,13 @@ FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inp
     return *k;
   k = std::make_unique<Kernels>();
 #ifdef BMT_WITH_CUDA_KERNELS
-  // Fixed names (one kernel per module): equal regions give equal sources.
-  std::string fname = "bmt_fused_forward", bname = "bmt_fused_backward";
+  // Names from the region's shape only (one kernel per module), so equal
+  // regions still give equal sources and share one module, and a profile
+  // tells the kinds apart: bmt_fused_{row,pw}_<inputs>in_<nodes>n_{fwd,bwd}.
+  std::string tag = std::string("bmt_fused_") + (region_.hasReduction ? "row_" : "pw_") +
+                    std::to_string(region_.numInputs) + "in_" +
+                    std::to_string(region_.forward.nodes.size()) + "n_";
+  std::string fname = tag + "fwd", bname = tag + "bwd";
   k->forward = loadFunction(cudaSource(region_.forward, {region_.result}, fname, dtypes,
                                        c10::ScalarType::Undefined, {resultDtype(region_, dtypes)}),
                             fname, inputs[0].device());
@@ -310,6 +340,7 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
   for (size_t i = 0; i < inputs.size(); ++i)
     a.tensors[i] = const_cast<void *>(inputs[i].data_ptr());
   a.tensors[inputs.size()] = out.data_ptr();
+  chooseVector(a, inputs.size() + 1, region_.hasReduction);
   launch(k.forward, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), inputs[0].device());
   return out;
 #else
@@ -347,6 +378,7 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
     a.tensors[i] = const_cast<void *>(all[i].data_ptr());
   for (size_t o = 0; o < outs.size(); ++o)
     a.tensors[all.size() + o] = outs[o].data_ptr();
+  chooseVector(a, all.size() + outs.size(), region_.hasReduction);
   launch(k.backward, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), inputs[0].device());
   j = 0;
   for (size_t i = 0; i < inputs.size(); ++i)

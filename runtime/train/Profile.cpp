@@ -197,7 +197,7 @@ void StepProfiler::stop(std::ostream &out, const std::string &tracePath, int64_t
     out << "  top kernels:\n";
     int shown = 0;
     for (const Row &r : sorted(kernels)) {
-      if (shown++ == 12)
+      if (shown++ == 24)
         break;
       out << "  " << std::setw(7) << std::setprecision(2) << r.ns * perStep << "  "
           << std::setw(5) << std::setprecision(1) << 100.0 * r.ns / total << "  "

@@ -6,18 +6,21 @@
 // forward graph and its symbolically derived backward are evaluated with
 // ATen (fusion::forwardATen / backwardATen) on the same seeded inputs. The
 // CUDA source of each graph is compiled with NVRTC where one is installed
-// (the CI machines have the CUDA 13 toolkit; nothing runs on a GPU here).
+// (the CI machines have the CUDA 13 toolkit). FusionCuda.* run the kernels
+// on a GPU against the ATen evaluation on the CPU (skipped without one).
 //
 //===----------------------------------------------------------------------===//
 
 #include "RandomTensor.h"
 
 #include "bmt/Runtime/exec/Executor.h"
+#include "bmt/Runtime/fusion/Fused.h"
 #include "bmt/Runtime/fusion/Nvrtc.h"
 #include "bmt/Runtime/fusion/Region.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
+#include <torch/cuda.h>
 
 #include <gtest/gtest.h>
 
@@ -321,4 +324,101 @@ TEST(Fusion, KernelCache) {
   }
   setenv("BMT_KERNEL_CACHE", "", 1);
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+/// The region's CUDA kernels (forward and backward) on `inputs` moved to the
+/// GPU against its ATen evaluation on the CPU. The caching allocator's free
+/// blocks are filled with NaN first, so an element a kernel leaves unwritten
+/// fails the comparison.
+void checkCuda(const plan::Function &body, const std::vector<at::Tensor> &inputs, double tol,
+               const std::string &name) {
+  fusion::Region region = fusion::buildRegion(body);
+  fusion::FusedRegion fused(region, name);
+  at::Tensor expected = fusion::forwardATen(region, inputs);
+  at::Tensor gradOut = test::randomTensor(expected.sizes(), expected.scalar_type(), 777);
+  std::vector<at::Tensor> expectedGrads = fusion::backwardATen(region, inputs, gradOut);
+  std::vector<at::Tensor> onGpu;
+  for (const at::Tensor &t : inputs)
+    onGpu.push_back(t.to(at::kCUDA));
+  at::full({int64_t{1} << 24}, std::nan(""), at::TensorOptions().device(at::kCUDA));
+  at::Tensor out = fused.forward(onGpu);
+  expectClose(out.cpu(), expected, tol, name + " forward (CUDA)");
+  at::full({int64_t{1} << 24}, std::nan(""), at::TensorOptions().device(at::kCUDA));
+  std::vector<at::Tensor> grads = fused.backward(onGpu, gradOut.to(at::kCUDA));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!expectedGrads[i].defined()) {
+      EXPECT_FALSE(grads[i].defined()) << name << " input " << i;
+      continue;
+    }
+    ASSERT_TRUE(grads[i].defined()) << name << " input " << i;
+    expectClose(grads[i].cpu(), expectedGrads[i], tol, name + " CUDA gradient of input " + std::to_string(i));
+  }
+}
+
+bool cudaKernels() {
+  return torch::cuda::is_available() && fusion::FusedRegion::usesKernels(at::Device(at::kCUDA, 0));
+}
+
+plan::Function swigluResidual() {
+  Body b;
+  int64_t g = b.param(), u = b.param(), res = b.param();
+  int64_t m = b.aten("aten::mul.Tensor", {R(b.aten("aten::silu", {R(g)})), R(u)});
+  return b.done(b.aten("aten::add.Tensor", {R(m), R(res), C(int64_t{1})}));
+}
+
+} // namespace
+
+TEST(FusionCuda, PointwiseContiguousAndStrided) {
+  if (!cudaKernels())
+    GTEST_SKIP() << "no CUDA device or no NVRTC";
+  plan::Function f = swigluResidual();
+  // Contiguous bf16 and fp32 with a tail (7 * 1001 = 875 vectors of 8 + 7):
+  // the 16-byte path.
+  for (at::ScalarType t : {at::kBFloat16, at::kFloat, at::kHalf})
+    checkCuda(f, {test::randomTensor({7, 1001}, t, 30), test::randomTensor({7, 1001}, t, 31),
+                  test::randomTensor({7, 1001}, t, 32)},
+              t == at::kFloat ? 1e-5 : 2e-2, std::string("swiglu_") + c10::toString(t));
+  // A scalar broadcast (stride 0) stays on that path.
+  checkCuda(f, {test::randomTensor({4, 4096}, at::kBFloat16, 33), test::randomTensor({4, 4096}, at::kBFloat16, 34),
+                test::randomTensor({1}, at::kBFloat16, 35)},
+            2e-2, "swiglu_scalar_residual");
+  // Not 16-byte aligned (a view one element in): the strided path.
+  at::Tensor base = test::randomTensor({4097}, at::kBFloat16, 36);
+  checkCuda(f, {base.narrow(0, 1, 4096).view({4, 1024}), test::randomTensor({4, 1024}, at::kBFloat16, 37),
+                test::randomTensor({4, 1024}, at::kBFloat16, 38)},
+            2e-2, "swiglu_unaligned");
+  // Transposed and row-broadcast inputs: the strided path in 32-bit indices.
+  checkCuda(f, {test::randomTensor({64, 48}, at::kFloat, 39).t(), test::randomTensor({48, 64}, at::kFloat, 40),
+                test::randomTensor({64}, at::kFloat, 41)},
+            1e-5, "swiglu_transposed");
+}
+
+TEST(FusionCuda, RopeAndRmsNorm) {
+  if (!cudaKernels())
+    GTEST_SKIP() << "no CUDA device or no NVRTC";
+  Body b;
+  int64_t q = b.param(), cos = b.param(), r = b.param(), sin = b.param();
+  int64_t a = b.aten("aten::mul.Tensor", {R(q), R(cos)});
+  int64_t c = b.aten("aten::mul.Tensor", {R(r), R(sin)});
+  plan::Function rope = b.done(b.aten("aten::add.Tensor", {R(a), R(c), C(int64_t{1})}));
+  // Broadcast over the batch and heads: two dims, the last in runs of 8.
+  checkCuda(rope,
+            {test::randomTensor({2, 4, 16, 64}, at::kBFloat16, 42), test::randomTensor({1, 1, 16, 64}, at::kFloat, 43),
+             test::randomTensor({2, 4, 16, 64}, at::kBFloat16, 44), test::randomTensor({16, 64}, at::kFloat, 45)},
+            2e-2, "rope_cuda");
+  // q as the attention makes it, [B, S, H, D] transposed to [B, H, S, D].
+  checkCuda(rope,
+            {test::randomTensor({2, 16, 4, 64}, at::kBFloat16, 48).transpose(1, 2),
+             test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 49), test::randomTensor({2, 4, 16, 64}, at::kBFloat16, 50),
+             test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 51)},
+            2e-2, "rope_transposed_q");
+  // A last dim that is no multiple of 8: the element-by-element path.
+  checkCuda(rope,
+            {test::randomTensor({2, 3, 5, 12}, at::kBFloat16, 52), test::randomTensor({1, 1, 5, 12}, at::kFloat, 53),
+             test::randomTensor({2, 3, 5, 12}, at::kBFloat16, 54), test::randomTensor({5, 12}, at::kFloat, 55)},
+            2e-2, "rope_d12");
+  checkCuda(rmsNorm(15), {test::randomTensor({33, 2048}, at::kFloat, 46), test::randomTensor({2048}, at::kBFloat16, 47)},
+            2e-2, "rms_norm_cuda");
 }

@@ -117,6 +117,12 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
       llvm::cl::desc("group pointwise ops and one last-dim reduction into bmt.fused regions, "
                      "run as generated kernels (bmt-fuse-elementwise; off by default)"),
       llvm::cl::init(false)};
+  Option<bool> fuseInlineCalls{
+      *this, "fuse-inline-calls",
+      llvm::cl::desc("with fuse-elementwise: inline calls of parameter-free pointwise "
+                     "submodules (an activation) first, so their ops join the caller's regions "
+                     "(bmt-fuse-elementwise inline-calls; on by default)"),
+      llvm::cl::init(true)};
   Option<bool> causalAttention{
       *this, "causal-attention",
       llvm::cl::desc("replace a causal mask built from aranges by is_causal=True in "

@@ -125,7 +125,9 @@ std::vector<at::Tensor> backwardATen(const Region &region, const std::vector<at:
 /// (forward: {result}; backward: the gradients), named `name`, for inputs
 /// of `inputDtypes` (and a grad_output of `gradDtype` for backward), storing
 /// outs[k] in outDtypes[k]. Elementwise graphs get a grid-stride kernel over
-/// the element count, graphs with a reduction one block per row with a
+/// the element count (8 elements a thread with 16-byte accesses where the
+/// launch's `Args::vec` says the strides and alignment allow, else offsets
+/// from the element index), graphs with a reduction one block per row with a
 /// block reduction per row sum (each pass over the row recomputes the
 /// element values it needs instead of keeping them). The kernel's
 /// parameters are one `bmt_fused::Args` (its layout is in the source's
