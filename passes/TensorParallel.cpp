@@ -94,6 +94,7 @@ struct Chain {
   int64_t headsGlobal = 0; // attention heads of the widest head split, 0 when none
   int64_t kvHeads = 0;     // the narrowest (GQA/MQA kv heads), 0 when none
   int64_t columnWidth = 0; // global width of the first column matmul
+  int64_t widestColumn = 0; // of the widest (narrower ones: GQA's k, v)
   bool fused = false;      // a column weight holds several chunks (fused q/k/v)
   int64_t ops = 0;
 };
@@ -608,7 +609,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
                                ", and " + std::to_string(heads) +
                                " heads are not divisible by --tensor-parallel " +
                                std::to_string(static_cast<int64_t>(tensorParallel));
-            if (chain.headsGlobal && heads < chain.headsGlobal)
+            if (s.global < chain.widestColumn)
               what += " (the kv heads of grouped-query attention: replicating them is not "
                       "supported yet)";
             fail(op, what, /*fatal=*/true);
@@ -799,6 +800,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
             chain.paramSplits[m.bias] = {0, chunks};
           if (!chain.columnWidth)
             chain.columnWidth = m.out;
+          chain.widestColumn = std::max(chain.widestColumn, m.out / chunks);
           Split s;
           s.dim = -1;
           s.global = m.out;
