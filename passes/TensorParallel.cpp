@@ -853,7 +853,191 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       return signalPassFailure();
     }
     rewrite(chains);
-    report(chains, skipped);
+    std::string vocab = vocabParallel();
+    report(chains, skipped, vocab);
+  }
+
+  /// The parameter a value is, through call arguments (a tied head gets
+  /// its weight as an argument); null otherwise.
+  bmt::ParameterOp traceParam(Value v) {
+    while (auto arg = dyn_cast<BlockArgument>(v)) {
+      auto f = dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp());
+      if (!f || callSites[f].size() != 1)
+        return nullptr;
+      v = callSites[f][0].getOperand(arg.getArgNumber());
+    }
+    return paramOf(v);
+  }
+
+  /// Every op that reads the value of `p`, through calls: {op, operand}.
+  void readersOf(bmt::ParameterOp p, llvm::SmallVector<OpOperand *> &out) {
+    std::function<void(Value)> visit = [&](Value v) {
+      for (OpOperand &use : v.getUses()) {
+        if (auto call = dyn_cast<func::CallOp>(use.getOwner())) {
+          auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
+          if (callee && callSites[callee].size() == 1) {
+            visit(callee.getArgument(use.getOperandNumber()));
+            continue;
+          }
+        }
+        out.push_back(&use);
+      }
+    };
+    for (bmt::GetGlobalOp g : paramReads[p])
+      visit(g.getResult());
+  }
+
+  /// The vocab-parallel LM head and token embedding (Megatron-LM's
+  /// VocabParallelEmbedding and parallel logits): the matmul that makes the
+  /// entry's logits and the embeddings that read its (tied) weight get
+  /// the vocab rows of their TP rank. Returns what it did for the remark,
+  /// or why the head stays replicated.
+  std::string vocabParallel() {
+    auto entry = symbols->lookup<func::FuncOp>("forward");
+    if (!entry || entry.getNumResults() == 0)
+      return "LM head replicated (no entry result)";
+    unsigned index = 0;
+    for (unsigned i = 0; i < entry.getNumResults(); ++i)
+      if (auto n = entry.getResultAttrOfType<StringAttr>(i, "bmt.name"); n && n.getValue() == "logits")
+        index = i;
+    Value v = entry.getBody().front().getTerminator()->getOperand(index);
+    // Back through call results to the op that makes the logits.
+    while (auto call = v.getDefiningOp<func::CallOp>()) {
+      auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
+      if (!callee || callSites[callee].size() != 1)
+        return "LM head replicated (the logits come from a shared function)";
+      v = callee.getBody().front().getTerminator()->getOperand(cast<OpResult>(v).getResultNumber());
+    }
+    auto head = v.getDefiningOp<bmt::AtenOp>();
+    if (!head || head.getName() != "aten::linear")
+      return "LM head replicated (the logits are not made by an aten::linear)";
+    auto input = bmt::getAtenArg(head, "input"), weight = bmt::getAtenArg(head, "weight"),
+         bias = bmt::getAtenArg(head, "bias");
+    bmt::ParameterOp w = weight->isOperand() ? traceParam(weight->getOperand()) : nullptr;
+    if (!w || !w.getRequiresGrad() || shapeOf(w).size() != 2)
+      return "LM head replicated (its weight is no trainable 2-d parameter)";
+    bmt::ParameterOp b = bias->isOperand() ? traceParam(bias->getOperand()) : nullptr;
+    if (bias->isOperand() && !b)
+      return "LM head replicated (its bias is no parameter)";
+    if (!v.hasOneUse())
+      return "LM head replicated (the logits are read inside the program)";
+    int64_t vocab = shapeOf(w)[0], T = tensorParallel;
+    int64_t padded = (vocab + T - 1) / T * T, local = padded / T;
+    // The weight's readers: the head, and embeddings of the tied weight.
+    llvm::SmallVector<OpOperand *> readers;
+    readersOf(w, readers);
+    llvm::SmallVector<bmt::AtenOp> embeddings;
+    for (OpOperand *use : readers) {
+      auto op = dyn_cast<bmt::AtenOp>(use->getOwner());
+      if (op == head && use->get() == weight->getOperand())
+        continue;
+      if (op && op.getName() == "aten::embedding" && use->getOperandNumber() == 0 &&
+          bmt::getAtenArg(op, "padding_idx")->getInt().has_value())
+        embeddings.push_back(op);
+      else
+        return "LM head replicated (its weight is also read by " + describe(use->getOwner()) + ")";
+    }
+    if (b) {
+      llvm::SmallVector<OpOperand *> biasReaders;
+      readersOf(b, biasReaders);
+      if (biasReaders.size() != 1 || shapeOf(b).size() != 1)
+        return "LM head replicated (its bias is read elsewhere too)";
+    }
+    // The embedding of a model whose head has its own weight.
+    if (embeddings.empty())
+      for (auto p : module.getOps<bmt::ParameterOp>()) {
+        if (p == w || !p.getRequiresGrad() || shapeOf(p).size() != 2 || shapeOf(p)[0] != vocab)
+          continue;
+        llvm::SmallVector<OpOperand *> uses;
+        readersOf(p, uses);
+        bool onlyEmbedding = !uses.empty();
+        for (OpOperand *use : uses) {
+          auto op = dyn_cast<bmt::AtenOp>(use->getOwner());
+          onlyEmbedding &= op && op.getName() == "aten::embedding" &&
+                           use->getOperandNumber() == 0 &&
+                           bmt::getAtenArg(op, "padding_idx")->getInt().has_value();
+        }
+        if (!onlyEmbedding)
+          continue;
+        for (OpOperand *use : uses)
+          embeddings.push_back(cast<bmt::AtenOp>(use->getOwner()));
+        setSplit(p, 0, padded != vocab ? padded : 0);
+      }
+
+    MLIRContext *context = &getContext();
+    OpBuilder builder(context);
+    Type tensor = bmt::TensorType::get(context);
+    FlatSymbolRefAttr grid = FlatSymbolRefAttr::get(context, "tp");
+    // The head: f on its input; the logits stay split (Plan::vocabParallel).
+    builder.setInsertionPoint(head);
+    Value x = input->getOperand();
+    auto copy = bmt::TpCopyOp::create(builder, head.getLoc(), tensor, x, grid);
+    head->setOperand(input->getOperandNumber(), copy.getResult());
+    setSplit(w, 0, padded != vocab ? padded : 0);
+    if (b)
+      setSplit(b, 0, padded != vocab ? padded : 0);
+    // Each embedding: look up the ids in this rank's rows (the others
+    // masked to zero), then the sum over the group.
+    auto marker = bmt::OperandAttr::get(context);
+    auto aten = [&](Location loc, StringRef name, ArrayRef<Attribute> args, ValueRange operands,
+                    Type result) {
+      return bmt::AtenOp::create(builder, loc, TypeRange{result}, builder.getStringAttr(name),
+                                 builder.getArrayAttr(args), operands)
+          .getResult(0);
+    };
+    for (bmt::AtenOp emb : embeddings) {
+      Location loc = emb.getLoc();
+      builder.setInsertionPoint(emb);
+      Value ids = bmt::getAtenArg(emb, "indices")->getOperand();
+      Value table = bmt::getAtenArg(emb, "weight")->getOperand();
+      Value rank = bmt::TpRankOp::create(builder, loc, builder.getI64Type(), grid).getResult();
+      Value shifted = aten(loc, "aten::sub.Scalar", {marker, marker, builder.getI64IntegerAttr(local)},
+                           {ids, rank}, tensor);
+      Value below = aten(loc, "aten::lt.Scalar", {marker, builder.getI64IntegerAttr(0)}, {shifted}, tensor);
+      Value above = aten(loc, "aten::ge.Scalar", {marker, builder.getI64IntegerAttr(local)}, {shifted}, tensor);
+      Value outside = aten(loc, "aten::__or__.Tensor", {marker, marker}, {below, above}, tensor);
+      Value clamped = aten(loc, "aten::masked_fill.Scalar", {marker, marker, builder.getI64IntegerAttr(0)},
+                           {shifted, outside}, tensor);
+      Value rows = aten(loc, "aten::embedding",
+                        {marker, marker, builder.getI64IntegerAttr(-1), builder.getBoolAttr(false),
+                         builder.getBoolAttr(false)},
+                        {table, clamped}, tensor);
+      // padding_idx p (a global row): its row gets no gradient, as
+      // aten::embedding's own padding_idx does, by a detached copy.
+      int64_t paddingIdx = *bmt::getAtenArg(emb, "padding_idx")->getInt();
+      if (paddingIdx >= 0) {
+        Value isPad = aten(loc, "aten::eq.Scalar", {marker, builder.getI64IntegerAttr(paddingIdx)},
+                           {ids}, tensor);
+        Value padMask = aten(loc, "aten::unsqueeze", {marker, builder.getI64IntegerAttr(-1)},
+                             {isPad}, tensor);
+        Value frozen = aten(loc, "aten::detach", {marker}, {rows}, tensor);
+        rows = aten(loc, "aten::where.self", {marker, marker, marker}, {padMask, frozen, rows}, tensor);
+      }
+      Value mask = aten(loc, "aten::unsqueeze", {marker, builder.getI64IntegerAttr(-1)}, {outside}, tensor);
+      Value zeroed = aten(loc, "aten::masked_fill.Scalar", {marker, marker, builder.getF64FloatAttr(0.0)},
+                          {rows, mask}, tensor);
+      Value sum = bmt::TpAllReduceOp::create(builder, loc, tensor, zeroed, grid);
+      emb.getResult(0).replaceAllUsesWith(sum);
+      emb->erase();
+    }
+    module->setAttr("bmt.vocab_size", builder.getI64IntegerAttr(vocab));
+    std::string out = "vocab-parallel ";
+    out += embeddings.empty() ? "LM head" : "embedding and LM head";
+    out += " (" + std::to_string(vocab) + " -> " + std::to_string(local) + " per rank";
+    if (padded != vocab)
+      out += ", padded to " + std::to_string(padded);
+    out += ")";
+    return out;
+  }
+
+  void setSplit(bmt::ParameterOp p, int64_t dim, int64_t paddedSize) {
+    OpBuilder builder(p);
+    llvm::SmallVector<NamedAttribute> fields{
+        builder.getNamedAttr("dim", builder.getI64IntegerAttr(dim)),
+        builder.getNamedAttr("chunks", builder.getI64IntegerAttr(1))};
+    if (paddedSize)
+      fields.push_back(builder.getNamedAttr("padded_size", builder.getI64IntegerAttr(paddedSize)));
+    p->setAttr("bmt.tensor_split", builder.getDictionaryAttr(fields));
   }
 
   static unsigned inputOperand(bmt::AtenOp op, const MatmulShape &m) {
@@ -1015,7 +1199,8 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     return name.str();
   }
 
-  void report(llvm::ArrayRef<Chain> chains, llvm::ArrayRef<Failure> skipped) {
+  void report(llvm::ArrayRef<Chain> chains, llvm::ArrayRef<Failure> skipped,
+              const std::string &vocab) {
     // The chains of the first block describe every block (find-blocks
     // made them identical).
     auto firstList = *module.getOps<bmt::BlockListOp>().begin();
@@ -1033,7 +1218,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       blocks += list.getBlocks().size();
     std::string text;
     llvm::raw_string_ostream os(text);
-    os << "bmt-tensor-parallel: " << static_cast<int64_t>(tensorParallel) << " ranks, " << blocks
+    os << blocks
        << " blocks, " << chains.size() << " chains: ";
     bool firstChain = true;
     int64_t ops = 0;
@@ -1063,11 +1248,13 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         rows.push_back(shortName(r.weight));
       os << ", " << llvm::join(rows, ", ") << " row-parallel";
     }
-    os << "; " << ops << " ops split";
+    os << "; " << vocab << "; " << ops << " ops split; " << skipped.size() << " chains replicated";
     if (!skipped.empty())
-      os << "; " << skipped.size() << " chains replicated (first: " << describe(skipped.front().op)
-         << ": " << skipped.front().message << ")";
-    emitRemark(module.getLoc()) << text;
+      os << " (first: " << describe(skipped.front().op) << ": " << skipped.front().message << ")";
+    emitRemark(module.getLoc()) << "bmt-tensor-parallel: " << static_cast<int64_t>(tensorParallel)
+                                << " ranks, " << text;
+    // For the plan summary (bmt-summary): what was split.
+    module->setAttr("bmt.tensor_parallel_plan", StringAttr::get(&getContext(), text));
   }
 };
 

@@ -127,6 +127,10 @@ public:
     if (auto source = module->getAttrOfType<StringAttr>("bmt.source"))
       p.source = source.str();
     p.tensorParallel = bmt::tensorParallelOf(module);
+    if (auto vocab = module->getAttrOfType<IntegerAttr>("bmt.vocab_size")) {
+      p.vocabParallel = true;
+      p.vocabSize = vocab.getInt();
+    }
     for (Operation &op : module.getBody()->getOperations()) {
       if (auto param = dyn_cast<bmt::ParameterOp>(op))
         addTensor(p, op, param.getSymName(), cast<RankedTensorType>(param.getType()),
@@ -350,6 +354,8 @@ private:
       } else if (auto copy = dyn_cast<bmt::TpCopyOp>(op)) {
         inst.kind = plan::Instruction::Kind::TpCopy;
         inst.args.push_back(plan::Arg::ofRegister(reg(copy.getInput())));
+      } else if (isa<bmt::TpRankOp>(op)) {
+        inst.kind = plan::Instruction::Kind::TpRank;
       } else if (auto sum = dyn_cast<bmt::TpAllReduceOp>(op)) {
         inst.kind = plan::Instruction::Kind::TpAllReduce;
         inst.args.push_back(plan::Arg::ofRegister(reg(sum.getInput())));

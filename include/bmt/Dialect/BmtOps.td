@@ -187,6 +187,23 @@ def Bmt_TpAllReduceOp : Bmt_Op<"tp_all_reduce", [AllTypesMatch<["input", "result
   let assemblyFormat = "$input `over` $grid attr-dict `:` type($input)";
 }
 
+def Bmt_TpRankOp : Bmt_Op<"tp_rank", [Pure]> {
+  let summary = "this rank's index in the tensor-parallel group";
+  let description = [{
+    Placed by `--bmt-tensor-parallel` where the program needs to know which
+    slice a rank holds (the vocab offset of a vocab-parallel embedding), so
+    that one program serves every TP rank. The runtime runs it as the plan's
+    `TpRank` instruction: an int, like a constant.
+
+    ```mlir
+    %t = bmt.tp_rank over @tp
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$grid);
+  let results = (outs I64:$result);
+  let assemblyFormat = "`over` $grid attr-dict";
+}
+
 //===----------------------------------------------------------------------===//
 // Computation
 //===----------------------------------------------------------------------===//
