@@ -127,10 +127,20 @@ public:
   }
 
 private:
-  static ArrayRef<int64_t> shapeOf(const ValueInfo &v) {
+  /// The parameter's shape on one TP rank (its slice under
+  /// --bmt-tensor-parallel: activations are per rank too).
+  static SmallVector<int64_t, 4> shapeOf(const ValueInfo &v) {
     if (!v.param)
       return {};
-    return cast<RankedTensorType>(const_cast<ParameterOp &>(v.param).getType()).getShape();
+    auto p = const_cast<ParameterOp &>(v.param);
+    auto global = cast<RankedTensorType>(p.getType()).getShape();
+    SmallVector<int64_t, 4> shape(global.begin(), global.end());
+    bmt::ParameterSplit split = bmt::parameterSplitOf(p);
+    if (split.dim >= 0 && split.dim < static_cast<int64_t>(shape.size())) {
+      int64_t padded = split.paddedSize ? split.paddedSize : shape[split.dim];
+      shape[split.dim] = padded / bmt::tensorParallelOf(p->getParentOfType<ModuleOp>());
+    }
+    return shape;
   }
 
   /// The widest of the operands, with its head and score marks.
