@@ -234,6 +234,13 @@ c10::ScalarType dtypeFromName(const std::string &name);
 at::Tensor tpSlice(const at::Tensor &global, const TensorSplit &split, int64_t tensorParallel,
                    int64_t tpRank);
 
+/// The inverse of tpSlice: the global tensor (shape `shape`, padding
+/// dropped) from the `tensorParallel` slices `slices` (TP rank order, each
+/// of the local shape). Returns a new contiguous tensor; PlanError when the
+/// slices do not fit.
+at::Tensor tpUnslice(const std::vector<at::Tensor> &slices, const TensorSplit &split,
+                     const std::vector<int64_t> &shape);
+
 /// CRC-32 (IEEE 802.3, zlib's crc32) of `nbytes` bytes at `data`: the
 /// checksum of sharded.pt's tensors and of checkpoint shards.
 uint32_t crc32(const void *data, size_t nbytes);
