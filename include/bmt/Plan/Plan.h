@@ -204,8 +204,9 @@ struct StorageGroup {
   /// others). Members' offsets and `size` count local elements.
   int64_t tpRank = -1;
   /// Version 6, T > 1: CRC-32 of each member's bytes in this copy (its
-  /// local slice), in `members` order; TensorInfo::crc32 is the global
-  /// tensor's. Empty when the group has no record (weights-free) or T == 1.
+  /// local slice), in `members` order, checked instead of TensorInfo::crc32
+  /// (which writeArchive sets to the tp_rank 0 copy's). Empty when the group
+  /// has no record (weights-free) or T == 1.
   std::vector<int64_t> crc32s;
 
   int64_t nbytes() const { return size * static_cast<int64_t>(c10::elementSize(dtype)); }
