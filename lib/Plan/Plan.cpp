@@ -258,6 +258,24 @@ at::Tensor tpSlice(const at::Tensor &global, const TensorSplit &split, int64_t t
   return at::cat(pieces, split.dim).contiguous();
 }
 
+at::Tensor tpUnslice(const std::vector<at::Tensor> &slices, const TensorSplit &split,
+                     const std::vector<int64_t> &shape) {
+  if (split.dim < 0)
+    return slices.at(0).contiguous();
+  const int64_t tp = static_cast<int64_t>(slices.size());
+  if (tp == 0 || split.dim >= static_cast<int64_t>(shape.size()) ||
+      slices[0].dim() != static_cast<int64_t>(shape.size()) ||
+      slices[0].size(split.dim) % split.chunks != 0)
+    throw PlanError("tpUnslice: " + std::to_string(tp) + " slices do not fit the split");
+  int64_t part = slices[0].size(split.dim) / split.chunks;
+  std::vector<at::Tensor> pieces;
+  for (int64_t c = 0; c < split.chunks; ++c)
+    for (const at::Tensor &s : slices)
+      pieces.push_back(s.narrow(split.dim, c * part, part));
+  at::Tensor padded = at::cat(pieces, split.dim);
+  return padded.narrow(split.dim, 0, shape[split.dim]).contiguous();
+}
+
 Arg Arg::ofRegister(int64_t r) {
   Arg a;
   a.kind = Kind::Register;

@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 namespace {
 
@@ -340,6 +341,14 @@ TEST(TpSlice, MatchesTheContractsRule) {
   EXPECT_TRUE(at::equal(tpSlice(vocab, pad, 4, 2),
                         at::cat({vocab.narrow(0, 4, 1), at::zeros({1, 2})})));
   EXPECT_TRUE(at::equal(tpSlice(vocab, pad, 4, 3), at::zeros({2, 2})));
+  // tpUnslice puts the slices back together (padding dropped).
+  for (auto [tensor, split, ranks] :
+       {std::tuple{global, qkv, int64_t(2)}, std::tuple{vocab, pad, int64_t(4)}}) {
+    std::vector<at::Tensor> slices;
+    for (int64_t t = 0; t < ranks; ++t)
+      slices.push_back(tpSlice(tensor, split, ranks, t));
+    EXPECT_TRUE(at::equal(tpUnslice(slices, split, tensor.sizes().vec()), tensor));
+  }
   // Replicated: the tensor itself; a split that does not fit: refused.
   EXPECT_TRUE(at::equal(tpSlice(global, TensorSplit{}, 2, 1), global));
   TensorSplit odd;

@@ -204,8 +204,9 @@ struct StorageGroup {
   /// others). Members' offsets and `size` count local elements.
   int64_t tpRank = -1;
   /// Version 6, T > 1: CRC-32 of each member's bytes in this copy (its
-  /// local slice), in `members` order; TensorInfo::crc32 is the global
-  /// tensor's. Empty when the group has no record (weights-free) or T == 1.
+  /// local slice), in `members` order, checked instead of TensorInfo::crc32
+  /// (which writeArchive sets to the tp_rank 0 copy's). Empty when the group
+  /// has no record (weights-free) or T == 1.
   std::vector<int64_t> crc32s;
 
   int64_t nbytes() const { return size * static_cast<int64_t>(c10::elementSize(dtype)); }
@@ -233,6 +234,13 @@ c10::ScalarType dtypeFromName(const std::string &name);
 /// shape does not fit the split.
 at::Tensor tpSlice(const at::Tensor &global, const TensorSplit &split, int64_t tensorParallel,
                    int64_t tpRank);
+
+/// The inverse of tpSlice: the global tensor (shape `shape`, padding
+/// dropped) from the `tensorParallel` slices `slices` (TP rank order, each
+/// of the local shape). Returns a new contiguous tensor; PlanError when the
+/// slices do not fit.
+at::Tensor tpUnslice(const std::vector<at::Tensor> &slices, const TensorSplit &split,
+                     const std::vector<int64_t> &shape);
 
 /// CRC-32 (IEEE 802.3, zlib's crc32) of `nbytes` bytes at `data`: the
 /// checksum of sharded.pt's tensors and of checkpoint shards.
