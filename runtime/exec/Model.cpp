@@ -226,7 +226,8 @@ std::vector<ParameterLayout> Model::parameterLayouts() const {
     ParameterLayout layout;
     for (size_t m = 0; m < s.members.size(); ++m) {
       const plan::TensorInfo &t = plan_.tensors.at(s.members[m]);
-      layout.members.push_back({t.name, t.shape, s.offsets[m]});
+      // A TP rank's slice: the members' shapes in the group are local.
+      layout.members.push_back({t.name, t.localShape(plan_.tensorParallel), s.offsets[m]});
     }
     layout.begin = s.shardIndex * s.shardSize;
     layout.split = s.numShards > 1;
