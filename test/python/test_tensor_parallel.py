@@ -57,3 +57,47 @@ def test_tensor_parallel_training_matches_eager(traced, config):  # noqa: F811
     stats = assert_trained_close(load_file(params), want, sum(lrs.values()))
     print(f"{traced['name']} {config}: parameters max {stats[0]:.2e}, mean {stats[1]:.2e}, "
           f"differing {stats[2]:.1%}")
+
+
+def test_padded_vocab_matches_eager(tmp_path):
+    """A vocab T does not divide (GPT-2 with 127 tokens on T = 2): the
+    embedding and head padded to 128 rows (TensorSplit.paddedSize), the
+    padding's logits ignored by the loss; against eager on 127 tokens."""
+    import torch
+    import transformers
+    import make_fixtures
+    from test_runtime_parity import eager_training
+    from test_zero_multirank import GLOBAL_BATCH, SEQ
+    torch.manual_seed(0)
+    cls, config = make_fixtures.MODELS["gpt2"](transformers)
+    config.vocab_size = 127
+    model = cls(config).eval()
+    inputs = {"input_ids": torch.randint(0, 127, (2, SEQ), generator=torch.Generator().manual_seed(1)),
+              "attention_mask": torch.ones(2, SEQ, dtype=torch.long)}
+    pt = tmp_path / "gpt2-127.pt"
+    torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False).save(str(pt))
+    steps = 6
+    batches = torch.randint(0, 127, (steps, GLOBAL_BATCH, SEQ + 1),
+                            generator=torch.Generator().manual_seed(3))
+    torch.save(batches, tmp_path / "batches.pt")
+    sharded = tmp_path / "sharded.pt"
+    compiled = subprocess.run([binary("bmt-opt"), str(pt), "-o", str(sharded), "--world-size", "2",
+                               "--tensor-parallel", "2"], capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stderr
+    assert "vocab-parallel embedding and LM head (127 -> 64 per rank, padded to 128)" in compiled.stderr
+    log, params = tmp_path / "log.jsonl", tmp_path / "params.safetensors"
+    r = torchrun(2, sharded, "--batches", tmp_path / "batches.pt", "--steps", steps, "--lr", "1e-3",
+                 "--clip-grad", 0, "--weight-decay", 0.01, "--log-file", log, "--save-params", params)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    train = [json.loads(line) for line in open(log) if line.strip()]
+    train = [x for x in train if x["kind"] == "train"]
+    lrs = {x["step"]: x["lr"] for x in train}
+    torch.manual_seed(0)
+    reference = cls(config).eval()
+    losses = eager_training(reference, batches, steps, 1, lambda s: lrs[s], 0.0, 0.01)
+    for x, loss in zip(train, losses):
+        assert_loss_close(x["loss"], loss, what=f"padded vocab: loss of step {x['step']}")
+    from safetensors.torch import load_file
+    got = load_file(params)
+    assert got["transformer.wte.weight"].shape == (127, 32)  # gathered without the padding
+    assert_trained_close(got, dict(reference.named_parameters()), sum(lrs.values()))
