@@ -235,8 +235,6 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     }
   }
 
-  Split same(const Split &s) { return s; }
-
   void step(OpOperand &use, const Split &s, llvm::SmallVector<Value> &work, Chain &chain) {
     Operation *user = use.getOwner();
     if (auto call = dyn_cast<func::CallOp>(user)) {
@@ -399,15 +397,11 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         out.sizes.clear();
       }
       assign(op.getResult(0), out, work);
-      pendingMatmuls.remove(op);
       return;
     }
     fail(op, "a matmul the pass cannot split");
   }
-  llvm::SetVector<Operation *> pendingMatmuls;
 
-  /// Reads a constant int argument or list element for rewriting.
-  static std::optional<int64_t> intAt(const bmt::AtenArg &a) { return a.getInt(); }
 
   void edit(Chain &chain, bmt::AtenOp op, unsigned arg, int elem, int64_t global,
             StringRef what) {
@@ -542,7 +536,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         fail(op, "an expand of fewer dims than the split dim");
       const bmt::AtenArg &at = elems[n + s.dim];
       Split out = s;
-      if (auto c = intAt(at); c && *c != -1) {
+      if (auto c = at.getInt(); c && *c != -1) {
         if (*c != s.global)
           fail(op, "an expand of the split dim");
         edit(chain, op, bmt::lookupAtenOp(name)->argIndex("size"), n + s.dim, *c,
@@ -550,7 +544,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       }
       llvm::SmallVector<int64_t> sizes;
       for (int64_t i = 0; i < n; ++i) {
-        auto c = intAt(elems[i]);
+        auto c = elems[i].getInt();
         int64_t from = i - (n - rank);
         sizes.push_back(c && *c != -1 ? *c : rank >= 0 && from >= 0 ? s.sizes[from] : -1);
       }
@@ -772,7 +766,6 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       if (llvm::any_of(seeds, [&](auto &s) { return taken.count(s.first); }))
         continue;
       splits.clear();
-      pendingMatmuls.clear();
       Chain chain;
       chain.input = input;
       try {

@@ -1,6 +1,10 @@
 // RUN: bmt-opt %s --split-input-file --bmt-find-blocks --bmt-tensor-parallel='tensor-parallel=4' 2>%t.remarks | FileCheck %s
 // RUN: FileCheck %s --check-prefix=REMARK --input-file=%t.remarks
 // RUN: bmt-opt %s --split-input-file --bmt-find-blocks --bmt-tensor-parallel='tensor-parallel=4' --bmt-zero='alignment=8' 2>/dev/null | FileCheck %s --check-prefix=ZERO
+// The output parses back (shard.grid, the bmt.tp_* ops) and prints the same.
+// RUN: bmt-opt %s --bmt-find-blocks --bmt-tensor-parallel='tensor-parallel=4' -o %t.once.mlir 2>/dev/null
+// RUN: bmt-opt %t.once.mlir -o %t.twice.mlir
+// RUN: diff %t.once.mlir %t.twice.mlir
 
 // A vocab of 10 over 4 ranks: padded to 12 (3 rows per rank) on the tied
 // embedding / LM head; the MLP 8 -> 16 -> 8 split 4 ways.
