@@ -99,8 +99,8 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
       continue;
     }
     at::Tensor t = archive.readTensor(i);
-    if (info.split.isSplit() && tp > 1)
-      t = plan::tpSlice(t, info.split, tp, tpRank); // this TP rank's slice
+    if (info.split.isSplit())
+      t = plan::tpSlice(t, info.split, tp, tpRank); // this TP rank's slice (and vocab padding)
     t = t.to(device_);
     if (info.isParameter && info.requiresGrad) {
       t.set_requires_grad(true);
@@ -226,7 +226,8 @@ std::vector<ParameterLayout> Model::parameterLayouts() const {
     ParameterLayout layout;
     for (size_t m = 0; m < s.members.size(); ++m) {
       const plan::TensorInfo &t = plan_.tensors.at(s.members[m]);
-      layout.members.push_back({t.name, t.shape, s.offsets[m]});
+      // (Tensor parallelism: the shard holds the local slices.)
+      layout.members.push_back({t.name, t.localShape(plan_.tensorParallel), s.offsets[m]});
     }
     layout.begin = s.shardIndex * s.shardSize;
     layout.split = s.numShards > 1;
@@ -307,8 +308,12 @@ void Model::forEachFullParameter(
         const plan::TensorInfo &info = plan_.tensors[group.members[m]];
         at::Tensor local = full.narrow(0, group.offsets[m], info.localNumel(tp))
                                .view(info.localShape(tp));
-        if (!tensorComm_ || !info.split.isSplit()) {
+        if (!info.split.isSplit()) {
           visit(group.members[m], local);
+          continue;
+        }
+        if (!tensorComm_) { // T == 1: only vocab padding to drop
+          visit(group.members[m], plan::tpUnslice({local}, info.split, info.shape));
           continue;
         }
         // The TP ranks' slices, put back together (collective over the TP group).
