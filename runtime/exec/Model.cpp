@@ -53,7 +53,7 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
     if (world_->size() % tp != 0)
       throw ExecutionError(what + " needs a world size that is a multiple of " +
                            std::to_string(tp) + ", not " + std::to_string(world_->size()) +
-                           " ranks; run on a multiple of " + std::to_string(tp) +
+                           (world_->size() == 1 ? " rank" : " ranks") + "; run on a multiple of " + std::to_string(tp) +
                            " ranks or recompile with another --tensor-parallel");
     if (plan_.zeroStage == 0)
       throw ExecutionError(what + " needs ZeRO storage groups, and the plan has none");

@@ -438,6 +438,9 @@ int run(const tools::RunOptions &o) {
     if (!o.dumpInputs.empty())
       throw Failure(tp + "--dump is not supported with it yet (each rank holds a part of the "
                     "logits)");
+    if (o.train.inspectEvery > 0)
+      throw Failure(tp + "--inspect-every is not supported with it yet (its statistics would "
+                    "mix the ranks' slices)");
   }
   if (o.modelLoss && !modelLoss)
     throw Failure(o.archive + ": --objective model-loss trains on the loss the model computes "
