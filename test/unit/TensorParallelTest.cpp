@@ -6,6 +6,8 @@
 // - vocabParallelCrossEntropy on T = 1, 2, 4 ranks against ATen's
 //   cross_entropy on the gathered logits (padded vocab, ignored rows):
 //   the loss on every rank and each rank's slice of the gradient.
+// - tp_all_gather / tp_reduce_scatter (sequence parallelism) on 3 ranks:
+//   values and gradients, each the other's backward.
 // - The same plan under the Trainer (the batch split over the
 //   data-parallel ranks, the vocab-parallel loss, SGD and AdamW with its
 //   weight-decay groups): T = 1 on 2 ranks, T = 2 on 2 and 4 ranks against
@@ -23,6 +25,7 @@
 
 #include "bmt/Plan/Archive.h"
 #include "bmt/Runtime/comm/Comm.h"
+#include "bmt/Runtime/exec/Executor.h"
 #include "bmt/Runtime/exec/Model.h"
 #include "bmt/Runtime/objectives/CrossEntropy.h"
 #include "bmt/Runtime/train/Trainer.h"
@@ -109,6 +112,59 @@ TEST(VocabParallelCrossEntropy, RejectsLabelsOutsideTheVocab) {
                std::invalid_argument); // 7 is padding
   EXPECT_THROW(vocabParallelCrossEntropy(logits, at::zeros({3}, at::kLong), *local, 0, 8),
                std::invalid_argument);
+}
+
+// --- sequence-parallel instructions -----------------------------------------
+
+/// A plan whose entry returns `kind` (TpAllGather or TpReduceScatter along
+/// dim 1) of its input.
+plan::Plan oneInstructionPlan(plan::Instruction::Kind kind, int64_t tp) {
+  plan::Plan p;
+  p.tensorParallel = tp;
+  plan::Function f;
+  f.name = "forward";
+  f.params = {0};
+  f.paramNames = {"x"};
+  f.numRegisters = 2;
+  plan::Instruction inst;
+  inst.kind = kind;
+  inst.op = "1";
+  inst.args = {plan::Arg::ofRegister(0)};
+  inst.results = {1};
+  f.body = {inst};
+  f.returns = {1};
+  p.functions = {f};
+  return plan::fromIValue(plan::toIValue(p));
+}
+
+TEST(SequenceParallel, AllGatherAndReduceScatterAreEachOthersBackward) {
+  const int64_t tp = 3, cols = 2;
+  // Rank r's input x_r [rows, cols] and upstream gradient g_r [rows, 3 cols]
+  // of the gathered [rows, 3 cols].
+  auto x = [](int64_t r) { return at::arange(4, at::kDouble).view({2, 2}) + 10.0 * r; };
+  auto g = [](int64_t r) { return at::arange(12, at::kDouble).view({2, 6}) * (r + 1.0); };
+  plan::Plan gather = oneInstructionPlan(plan::Instruction::Kind::TpAllGather, tp);
+  plan::Plan scatter = oneInstructionPlan(plan::Instruction::Kind::TpReduceScatter, tp);
+  runRanks(tp, [&](int64_t r, Comm &comm) {
+    Executor allGather(gather, {}, at::kCPU);
+    allGather.setTensorParallel(&comm);
+    at::Tensor in = x(r).requires_grad_(true);
+    at::Tensor out = allGather.run({in}).at(0).toTensor();
+    EXPECT_TRUE(at::equal(out, at::cat({x(0), x(1), x(2)}, 1))) << "rank " << r;
+    torch::autograd::backward({out}, {g(r)});
+    // Backward: the sum over ranks of their gradients, this rank's columns.
+    at::Tensor want = (g(0) + g(1) + g(2)).narrow(1, r * cols, cols);
+    EXPECT_TRUE(at::allclose(in.grad(), want)) << "rank " << r;
+
+    Executor reduceScatter(scatter, {}, at::kCPU);
+    reduceScatter.setTensorParallel(&comm);
+    at::Tensor wide = g(r).requires_grad_(true);
+    at::Tensor part = reduceScatter.run({wide}).at(0).toTensor();
+    EXPECT_TRUE(at::allclose(part, (g(0) + g(1) + g(2)).narrow(1, r * cols, cols)))
+        << "rank " << r;
+    torch::autograd::backward({part}, {x(r)});
+    EXPECT_TRUE(at::equal(wide.grad(), at::cat({x(0), x(1), x(2)}, 1))) << "rank " << r;
+  });
 }
 
 // --- a hand-written TP plan against eager ATen ------------------------------

@@ -426,7 +426,7 @@ int run(const tools::RunOptions &o) {
   if (p.tensorParallel > 1) {
     const std::string tp = o.archive + " is compiled for tensor parallelism (" +
                            std::to_string(p.tensorParallel) + " ranks per TP group): ";
-    if (modelLoss)
+    if (modelLoss || o.modelLoss)
       throw Failure(tp + "--objective model-loss (a forward that takes labels) is not supported "
                     "with it: the model's own loss would see only this rank's part of the "
                     "vocab-parallel logits; export the model without labels to train it on "
