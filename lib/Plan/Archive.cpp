@@ -304,16 +304,18 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
     auto readMember = [&](const StorageGroup &group, int64_t index, int64_t begin, int64_t end,
                           at::Tensor &dst) {
       const TensorInfo &info = plan.tensors[index];
-      if (group.tpRank < 0 || !info.split.isSplit()) {
+      if (info.localNumel(plan.tensorParallel) == info.numel() &&
+          (group.tpRank < 0 || !info.split.isSplit())) {
         read(static_cast<size_t>(index), begin, end, dst);
         return;
       }
-      if (slicedKey != std::make_pair(index, group.tpRank)) {
+      const int64_t tpRank = std::max<int64_t>(0, group.tpRank);
+      if (slicedKey != std::make_pair(index, tpRank)) {
         at::Tensor whole = at::empty({info.numel()}, at::TensorOptions().dtype(info.dtype));
         read(static_cast<size_t>(index), 0, info.numel(), whole);
-        sliced = tpSlice(whole.view(info.shape), info.split, plan.tensorParallel, group.tpRank)
+        sliced = tpSlice(whole.view(info.shape), info.split, plan.tensorParallel, tpRank)
                      .reshape({-1});
-        slicedKey = {index, group.tpRank};
+        slicedKey = {index, tpRank};
       }
       dst.copy_(sliced.narrow(0, begin, end - begin));
     };

@@ -53,7 +53,7 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
     if (world_->size() % tp != 0)
       throw ExecutionError(what + " needs a world size that is a multiple of " +
                            std::to_string(tp) + ", not " + std::to_string(world_->size()) +
-                           " ranks; run on a multiple of " + std::to_string(tp) +
+                           (world_->size() == 1 ? " rank" : " ranks") + "; run on a multiple of " + std::to_string(tp) +
                            " ranks or recompile with another --tensor-parallel");
     if (plan_.zeroStage == 0)
       throw ExecutionError(what + " needs ZeRO storage groups, and the plan has none");
@@ -99,8 +99,8 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
       continue;
     }
     at::Tensor t = archive.readTensor(i);
-    if (info.split.isSplit() && tp > 1)
-      t = plan::tpSlice(t, info.split, tp, tpRank); // this TP rank's slice
+    if (info.split.isSplit())
+      t = plan::tpSlice(t, info.split, tp, tpRank); // this TP rank's slice (and vocab padding)
     t = t.to(device_);
     if (info.isParameter && info.requiresGrad) {
       t.set_requires_grad(true);
@@ -226,7 +226,7 @@ std::vector<ParameterLayout> Model::parameterLayouts() const {
     ParameterLayout layout;
     for (size_t m = 0; m < s.members.size(); ++m) {
       const plan::TensorInfo &t = plan_.tensors.at(s.members[m]);
-      // A TP rank's slice: the members' shapes in the group are local.
+      // (Tensor parallelism: the shard holds the local slices.)
       layout.members.push_back({t.name, t.localShape(plan_.tensorParallel), s.offsets[m]});
     }
     layout.begin = s.shardIndex * s.shardSize;
@@ -308,8 +308,12 @@ void Model::forEachFullParameter(
         const plan::TensorInfo &info = plan_.tensors[group.members[m]];
         at::Tensor local = full.narrow(0, group.offsets[m], info.localNumel(tp))
                                .view(info.localShape(tp));
-        if (!tensorComm_ || !info.split.isSplit()) {
+        if (!info.split.isSplit()) {
           visit(group.members[m], local);
+          continue;
+        }
+        if (!tensorComm_) { // T == 1: only vocab padding to drop
+          visit(group.members[m], plan::tpUnslice({local}, info.split, info.shape));
           continue;
         }
         // The TP ranks' slices, put back together (collective over the TP group).

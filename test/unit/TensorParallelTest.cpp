@@ -6,6 +6,12 @@
 // - vocabParallelCrossEntropy on T = 1, 2, 4 ranks against ATen's
 //   cross_entropy on the gathered logits (padded vocab, ignored rows):
 //   the loss on every rank and each rank's slice of the gradient.
+// - tp_all_gather / tp_reduce_scatter (sequence parallelism) on 3 ranks:
+//   values and gradients, each the other's backward.
+// - The same plan under the Trainer (the batch split over the
+//   data-parallel ranks, the vocab-parallel loss, SGD and AdamW with its
+//   weight-decay groups): T = 1 on 2 ranks, T = 2 on 2 and 4 ranks against
+//   SGD / AdamW written out in eager ATen on the whole batch.
 // - A hand-written TP plan (no compiler): a vocab-parallel embedding
 //   (TpRank, masked lookup, TpAllReduce), a checkpointed block with TpCopy,
 //   a replicated reduce_grad scale, a column-parallel linear, gelu, a
@@ -19,8 +25,10 @@
 
 #include "bmt/Plan/Archive.h"
 #include "bmt/Runtime/comm/Comm.h"
+#include "bmt/Runtime/exec/Executor.h"
 #include "bmt/Runtime/exec/Model.h"
 #include "bmt/Runtime/objectives/CrossEntropy.h"
+#include "bmt/Runtime/train/Trainer.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -31,6 +39,8 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <regex>
+#include <sstream>
 #include <thread>
 
 namespace {
@@ -102,6 +112,59 @@ TEST(VocabParallelCrossEntropy, RejectsLabelsOutsideTheVocab) {
                std::invalid_argument); // 7 is padding
   EXPECT_THROW(vocabParallelCrossEntropy(logits, at::zeros({3}, at::kLong), *local, 0, 8),
                std::invalid_argument);
+}
+
+// --- sequence-parallel instructions -----------------------------------------
+
+/// A plan whose entry returns `kind` (TpAllGather or TpReduceScatter along
+/// dim 1) of its input.
+plan::Plan oneInstructionPlan(plan::Instruction::Kind kind, int64_t tp) {
+  plan::Plan p;
+  p.tensorParallel = tp;
+  plan::Function f;
+  f.name = "forward";
+  f.params = {0};
+  f.paramNames = {"x"};
+  f.numRegisters = 2;
+  plan::Instruction inst;
+  inst.kind = kind;
+  inst.op = "1";
+  inst.args = {plan::Arg::ofRegister(0)};
+  inst.results = {1};
+  f.body = {inst};
+  f.returns = {1};
+  p.functions = {f};
+  return plan::fromIValue(plan::toIValue(p));
+}
+
+TEST(SequenceParallel, AllGatherAndReduceScatterAreEachOthersBackward) {
+  const int64_t tp = 3, cols = 2;
+  // Rank r's input x_r [rows, cols] and upstream gradient g_r [rows, 3 cols]
+  // of the gathered [rows, 3 cols].
+  auto x = [](int64_t r) { return at::arange(4, at::kDouble).view({2, 2}) + 10.0 * r; };
+  auto g = [](int64_t r) { return at::arange(12, at::kDouble).view({2, 6}) * (r + 1.0); };
+  plan::Plan gather = oneInstructionPlan(plan::Instruction::Kind::TpAllGather, tp);
+  plan::Plan scatter = oneInstructionPlan(plan::Instruction::Kind::TpReduceScatter, tp);
+  runRanks(tp, [&](int64_t r, Comm &comm) {
+    Executor allGather(gather, {}, at::kCPU);
+    allGather.setTensorParallel(&comm);
+    at::Tensor in = x(r).requires_grad_(true);
+    at::Tensor out = allGather.run({in}).at(0).toTensor();
+    EXPECT_TRUE(at::equal(out, at::cat({x(0), x(1), x(2)}, 1))) << "rank " << r;
+    torch::autograd::backward({out}, {g(r)});
+    // Backward: the sum over ranks of their gradients, this rank's columns.
+    at::Tensor want = (g(0) + g(1) + g(2)).narrow(1, r * cols, cols);
+    EXPECT_TRUE(at::allclose(in.grad(), want)) << "rank " << r;
+
+    Executor reduceScatter(scatter, {}, at::kCPU);
+    reduceScatter.setTensorParallel(&comm);
+    at::Tensor wide = g(r).requires_grad_(true);
+    at::Tensor part = reduceScatter.run({wide}).at(0).toTensor();
+    EXPECT_TRUE(at::allclose(part, (g(0) + g(1) + g(2)).narrow(1, r * cols, cols)))
+        << "rank " << r;
+    torch::autograd::backward({part}, {x(r)});
+    EXPECT_TRUE(at::equal(wide.grad(), at::cat({x(0), x(1), x(2)}, 1))) << "rank " << r;
+  });
 }
 
 // --- a hand-written TP plan against eager ATen ------------------------------
@@ -190,7 +253,7 @@ plan::Plan tensorParallelPlan(int64_t tp) {
       g.members = members;
       g.blockList = blockList;
       g.blockIndex = blockIndex;
-      g.tpRank = t;
+      g.tpRank = tp > 1 ? t : -1;
       for (int64_t m : members) {
         g.offsets.push_back(g.size);
         g.size += p.tensors[m].localNumel(tp);
@@ -373,6 +436,116 @@ protected:
 
   std::filesystem::path dir_;
 };
+
+/// The same global windows every step, this data-parallel rank's rows.
+class FixedWindows : public MicroBatchSource {
+public:
+  FixedWindows(std::vector<at::Tensor> windows, int64_t rank, int64_t rows)
+      : windows_(std::move(windows)), rank_(rank), rows_(rows) {}
+  MicroBatch next() override {
+    MicroBatch b;
+    b.window = windows_.at(next_++);
+    b.rowBegin = rank_ * rows_;
+    b.rowEnd = (rank_ + 1) * rows_;
+    return b;
+  }
+  DataPosition position() const override { return {"fixed-batches", "", 0, next_, 0}; }
+  void seek(const DataPosition &p) override { next_ = p.microBatches; }
+
+private:
+  std::vector<at::Tensor> windows_;
+  int64_t rank_, rows_, next_ = 0;
+};
+
+/// Trainer on `world` ranks with T = tp against eager ATen: SGD, or AdamW
+/// (decay 0.1 on matrices only, bmt-run's default groups) written out.
+void trainerAgainstEager(const std::filesystem::path &dir_, int64_t world, int64_t tp,
+                         bool adamw) {
+  SCOPED_TRACE("N = " + std::to_string(world) + ", T = " + std::to_string(tp) +
+               (adamw ? ", AdamW" : ", SGD"));
+  const int64_t dp = world / tp, steps = 3, batch = 4, seq = 5;
+  const double lr = adamw ? 0.05 : 0.5, decay = 0.1, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  std::map<std::string, at::Tensor> weights = initialWeights();
+  plan::Plan p = tensorParallelPlan(tp);
+  std::string path = (dir_ / "trainer.pt").string();
+  plan::writeArchive(path, p, "module {}", [&](size_t i) { return weights.at(p.tensors[i].name); });
+  at::manual_seed(5);
+  std::vector<at::Tensor> windows;
+  for (int64_t s = 0; s < steps; ++s)
+    windows.push_back(at::randint(0, kVocab, {batch, seq + 1}, at::kLong));
+  // Eager ATen: causal LM on the whole batch, SGD.
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> m, v;
+  for (auto &[name, t] : weights) {
+    t.requires_grad_(true);
+    m[name] = at::zeros_like(t);
+    v[name] = at::zeros_like(t);
+  }
+  for (int64_t step = 1; step <= steps; ++step) {
+    const at::Tensor &w = windows[step - 1];
+    at::Tensor logits = eagerLogits(weights, w.narrow(1, 0, seq));
+    at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, kVocab}),
+                                             w.narrow(1, 1, seq).reshape({-1}));
+    loss.backward();
+    losses.push_back(loss.item<double>());
+    at::NoGradGuard noGrad;
+    for (auto &[name, t] : weights) {
+      at::Tensor g = t.grad();
+      if (adamw) {
+        m[name] = m[name] * beta1 + g * (1 - beta1);
+        v[name] = v[name] * beta2 + g * g * (1 - beta2);
+        if (t.dim() >= 2)
+          t.mul_(1 - lr * decay);
+        at::Tensor mHat = m[name] / (1 - std::pow(beta1, step));
+        at::Tensor vHat = v[name] / (1 - std::pow(beta2, step));
+        t.sub_(mHat / (vHat.sqrt() + eps) * lr);
+      } else {
+        t.sub_(g * lr);
+      }
+      t.mutable_grad() = at::Tensor();
+    }
+  }
+  std::string log;
+  std::mutex mutex;
+  runRanks(world, [&](int64_t rank, Comm &comm) {
+    plan::Archive archive(path);
+    Model model(archive, at::kCPU, &comm);
+    TrainConfig config;
+    config.steps = steps;
+    config.schedule.peakLR = lr;
+    config.schedule.totalSteps = steps + 1;
+    config.optimizer.kind = adamw ? OptimizerKind::AdamW : OptimizerKind::SGD;
+    if (adamw)
+      config.optimizer.weightDecay = decay;
+    config.clipGrad = 0;
+    std::ostringstream out, json;
+    Trainer trainer(model, config, out, &json);
+    FixedWindows source(windows, model.dataParallel().rank(), batch / dp);
+    trainer.train(source, nullptr, seq, batch / dp);
+    std::vector<std::pair<std::string, at::Tensor>> trained = model.fullParameters();
+    std::lock_guard<std::mutex> lock(mutex);
+    if (rank == 0)
+      log = json.str();
+    for (const auto &[name, value] : trained)
+      EXPECT_LE(value.sub(weights.at(name)).abs().max().item<double>(), 1e-4)
+          << "rank " << rank << " " << name;
+  });
+  std::regex train("\\{\"kind\": \"train\", \"step\": (\\d+), \"loss\": ([-0-9.e+]+)");
+  int64_t found = 0;
+  for (std::sregex_iterator it(log.begin(), log.end(), train), end; it != end; ++it, ++found) {
+    int64_t step = std::stoll((*it)[1]);
+    ASSERT_LE(step, steps);
+    EXPECT_NEAR(std::stod((*it)[2]), losses[step - 1], 1e-5) << "step " << step;
+  }
+  EXPECT_EQ(found, steps) << log;
+}
+
+TEST_F(TensorParallelTraining, TrainerSplitsTheBatchOverDataParallelRanks) {
+  trainerAgainstEager(dir_, 2, 1, /*adamw=*/false);
+  trainerAgainstEager(dir_, 4, 2, /*adamw=*/false);
+  trainerAgainstEager(dir_, 4, 2, /*adamw=*/true);
+  trainerAgainstEager(dir_, 2, 2, /*adamw=*/true);
+}
 
 TEST_F(TensorParallelTraining, TwoRanksOneTensorParallelGroup) { trainAndCompare(2, 2); }
 

@@ -426,7 +426,7 @@ int run(const tools::RunOptions &o) {
   if (p.tensorParallel > 1) {
     const std::string tp = o.archive + " is compiled for tensor parallelism (" +
                            std::to_string(p.tensorParallel) + " ranks per TP group): ";
-    if (modelLoss)
+    if (modelLoss || o.modelLoss)
       throw Failure(tp + "--objective model-loss (a forward that takes labels) is not supported "
                     "with it: the model's own loss would see only this rank's part of the "
                     "vocab-parallel logits; export the model without labels to train it on "
@@ -438,6 +438,9 @@ int run(const tools::RunOptions &o) {
     if (!o.dumpInputs.empty())
       throw Failure(tp + "--dump is not supported with it yet (each rank holds a part of the "
                     "logits)");
+    if (o.train.inspectEvery > 0)
+      throw Failure(tp + "--inspect-every is not supported with it yet (its statistics would "
+                    "mix the ranks' slices)");
   }
   if (o.modelLoss && !modelLoss)
     throw Failure(o.archive + ": --objective model-loss trains on the loss the model computes "

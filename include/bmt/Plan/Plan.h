@@ -60,7 +60,7 @@ public:
 struct TensorSplit {
   int64_t dim = -1;        ///< -1: replicated over the TP group; else the split dim of `shape`
   int64_t chunks = 1;      ///< equal chunks of `dim`, each split T ways (a fused QKV: 3)
-  int64_t paddedSize = 0;  ///< 0, or the size of `dim` after zero padding (>= shape[dim])
+  int64_t paddedSize = 0;  ///< 0, or the size of `dim` after zero padding (>= shape[dim]; chunks 1)
   /// A replicated tensor whose gradient differs per TP rank: the gradient is
   /// summed over the TP group before the optimizer.
   bool reduceGrad = false;
