@@ -2,7 +2,7 @@
 //
 // What `bmt-opt model.pt -o sharded.pt` runs when no pass is named, and
 // `--bmt-default-pipeline` runs on request: causal-attention, fuse-gelu,
-// find-blocks, zero, checkpoint, overlap, summary. Its options are checked
+// find-blocks, tensor-parallel (with tensor-parallel > 1), zero, checkpoint, overlap, summary. Its options are checked
 // here, for the top-level flags and the named pipeline alike. See
 // docs/passes.md.
 //
@@ -67,6 +67,11 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   bool autoMode = checkpoint == CheckpointMode::Auto;
   if (worldSize <= 0)
     os << name("world-size") << " must be positive, got " << worldSize.getValue();
+  else if (tensorParallel <= 0)
+    os << name("tensor-parallel") << " must be positive, got " << tensorParallel.getValue();
+  else if (worldSize % tensorParallel != 0)
+    os << name("world-size") << " " << worldSize.getValue() << " is not a multiple of "
+       << name("tensor-parallel") << " " << tensorParallel.getValue();
   else if (shardGroupSize < 0)
     os << name("shard-group-size") << " must be 0 (all ranks) or positive, got "
        << shardGroupSize.getValue();
@@ -110,6 +115,11 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
     pm.addPass(createFuseElementwise(fuse));
   }
   pm.addPass(createFindBlocks());
+  if (options.tensorParallel > 1) {
+    TensorParallelOptions tp;
+    tp.tensorParallel = options.tensorParallel;
+    pm.addPass(createTensorParallel(tp));
+  }
   ZeroOptions zero;
   zero.stage = static_cast<int64_t>(options.zeroStage.getValue());
   zero.shardGroupSize = options.shardGroupSize;

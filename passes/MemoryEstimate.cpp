@@ -12,6 +12,7 @@
 #include "bmt/Dialect/AtenArgs.h"
 #include "bmt/Dialect/AtenRegistry.h"
 #include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Dialect/TensorSplit.h"
 
 #include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/DenseMap.h"
@@ -126,10 +127,20 @@ public:
   }
 
 private:
-  static ArrayRef<int64_t> shapeOf(const ValueInfo &v) {
+  /// The parameter's shape on one TP rank (its slice under
+  /// --bmt-tensor-parallel: activations are per rank too).
+  static SmallVector<int64_t, 4> shapeOf(const ValueInfo &v) {
     if (!v.param)
       return {};
-    return cast<RankedTensorType>(const_cast<ParameterOp &>(v.param).getType()).getShape();
+    auto p = const_cast<ParameterOp &>(v.param);
+    auto global = cast<RankedTensorType>(p.getType()).getShape();
+    SmallVector<int64_t, 4> shape(global.begin(), global.end());
+    bmt::ParameterSplit split = bmt::parameterSplitOf(p);
+    if (split.dim >= 0 && split.dim < static_cast<int64_t>(shape.size())) {
+      int64_t padded = split.paddedSize ? split.paddedSize : shape[split.dim];
+      shape[split.dim] = padded / bmt::tensorParallelOf(p->getParentOfType<ModuleOp>());
+    }
+    return shape;
   }
 
   /// The widest of the operands, with its head and score marks.
@@ -310,8 +321,11 @@ MemoryModel estimateMemory(ModuleOp module, const MemoryConfig &config) {
     if (auto g = zero.getAs<IntegerAttr>("shard_group_size"))
       groupSize = g.getInt();
   }
+  // With tensor parallelism ZeRO shards over the N / T ranks of one TP
+  // rank, and the groups hold that rank's slices (bmt-zero sizes them).
+  int64_t dataParallel = std::max<int64_t>(1, config.worldSize / bmt::tensorParallelOf(module));
   model.shardRanks = std::max<int64_t>(
-      1, groupSize > 0 ? std::min(groupSize, config.worldSize) : config.worldSize);
+      1, groupSize > 0 ? std::min(groupSize, dataParallel) : dataParallel);
   std::map<std::pair<std::string, int64_t>, size_t> blockIndex;
   for (auto [i, b] : llvm::enumerate(model.blocks))
     blockIndex[{b.call->getAttrOfType<FlatSymbolRefAttr>("bmt.block").getValue().str(),
@@ -324,7 +338,7 @@ MemoryModel estimateMemory(ModuleOp module, const MemoryConfig &config) {
     int64_t parameters = 0;
     for (Attribute ref : g.getParams())
       if (auto p = symbols.lookup<ParameterOp>(cast<FlatSymbolRefAttr>(ref).getValue()))
-        parameters += p.getNumElements();
+        parameters += bmt::localNumElements(p);
     auto block = g.getBlockAttr();
     auto it = block ? blockIndex.find({block.getValue().str(), *g.getBlockIndex()})
                     : blockIndex.end();

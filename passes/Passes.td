@@ -255,6 +255,37 @@ def FindBlocks : Pass<"bmt-find-blocks", "::mlir::ModuleOp"> {
   let dependentDialects = ["::bmt::BmtDialect"];
 }
 
+def TensorParallel : Pass<"bmt-tensor-parallel", "::mlir::ModuleOp"> {
+  let summary = "Split each block's matmul chains over a tensor-parallel group (Megatron-LM)";
+  let description = [{
+    After `--bmt-find-blocks`, before `--bmt-zero`. With `tensor-parallel=T`
+    > 1, finds in every block the chains that start at matmuls with a
+    parameter weight (`aten::linear`, Conv1D's `aten::addmm`) reading one
+    replicated activation and end at a matmul that contracts the dim they
+    split, by following that dim through pointwise ops, views, RoPE's
+    slices and per-head attention; names are not consulted. Each chain
+    becomes column-parallel (the weights split along their output dim,
+    fused q/k/v projections per head within each of q, k, v) then
+    row-parallel (the weight split along its input dim), with one
+    `bmt.tp_copy` on the chain's input and one `bmt.tp_all_reduce` after
+    the row-parallel matmul, before its bias (Megatron-LM's f and g).
+    View, reshape and split sizes that name a global width or head count
+    are rewritten to the local ones, so one program serves every TP rank.
+    The split parameters carry `bmt.tensor_split = {dim, chunks}`; the
+    module gets the TP group as `shard.grid @tp(shape = T)` and
+    `bmt.tensor_parallel = T`. A size that T does not divide (heads, kv
+    heads, ffn width) fails the compile with one message naming the op and
+    the sizes; a chain whose ops the pass cannot follow stays replicated
+    (the remark says which op). T = 1 changes nothing. docs/passes.md has
+    the rules.
+  }];
+  let options = [
+    Option<"tensorParallel", "tensor-parallel", "int64_t", "1",
+           "ranks of one tensor-parallel group (1: no tensor parallelism)">,
+  ];
+  let dependentDialects = ["::bmt::BmtDialect", "::mlir::shard::ShardDialect"];
+}
+
 def Zero : Pass<"bmt-zero", "::mlir::ModuleOp"> {
   let summary = "Lay the trainable parameters out as flat, sharded storage groups (ZeRO-3/2)";
   let description = [{

@@ -8,6 +8,7 @@
 #include "MemoryEstimate.h"
 
 #include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Dialect/TensorSplit.h"
 #include "bmt/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -89,6 +90,7 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
         config.prefetchDepth = depth.getInt();
     bmt::MemoryModel model = bmt::estimateMemory(module, config);
     bool sharded = !module.getOps<bmt::StorageGroupOp>().empty();
+    int64_t tp = bmt::tensorParallelOf(module);
     for (auto list : module.getOps<bmt::BlockListOp>()) {
       auto pathOf = [&](Attribute ref) {
         auto f = module.lookupSymbol<func::FuncOp>(cast<FlatSymbolRefAttr>(ref).getValue());
@@ -112,16 +114,21 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
         if (most != least)
           os << " to " << most;
         os << " parameters each";
+        if (tp > 1)
+          os << " per TP rank";
       }
       os << "\n";
     }
+    if (auto what = module->getAttrOfType<StringAttr>("bmt.tensor_parallel_plan"))
+      os << "  tensor parallel: " << tp << " ranks per group; " << what.getValue() << "\n";
     int64_t groupBytes = 0, groups = 0;
     for (auto group : module.getOps<bmt::StorageGroupOp>()) {
       groupBytes += group.getSize() * elementBytes(group.getElementType());
       ++groups;
     }
     if (groups) {
-      os << "  outside blocks: " << model.outsideParameters << " parameters\n";
+      os << "  outside blocks: " << model.outsideParameters << " parameters"
+         << (tp > 1 ? " per TP rank" : "") << "\n";
       os << "  storage groups: " << groups << " (" << bmt::formatBytes(groupBytes) << ", "
          << groupBytes << " bytes), ZeRO-" << model.zeroStage;
       if (auto zero = module->getAttrOfType<DictionaryAttr>("bmt.zero"))

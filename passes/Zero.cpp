@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Dialect/TensorSplit.h"
 #include "bmt/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -140,7 +141,7 @@ struct ZeroPass : bmt::impl::ZeroBase<ZeroPass> {
         int64_t offset = (end + alignElements - 1) / alignElements * alignElements;
         refs.push_back(FlatSymbolRefAttr::get(p.getSymNameAttr()));
         offsets.push_back(offset);
-        end = offset + p.getNumElements();
+        end = offset + bmt::localNumElements(p); // a TP rank's slice with T > 1
       }
       int64_t size = (end + alignElements - 1) / alignElements * alignElements;
       std::string name;

@@ -2,6 +2,7 @@
 
 #include "bmt/Dialect/AtenRegistry.h"
 #include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Dialect/TensorSplit.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -151,7 +152,7 @@ StorageGroupOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
                                     << type.getElementType();
     if (offset < end)
       return emitOpError("member ") << ref << " overlaps the one before it";
-    end = offset + type.getNumElements();
+    end = offset + localNumElements(param); // a TP rank's slice with T > 1
   }
   if (end > static_cast<int64_t>(getSize()))
     return emitOpError("size ") << getSize() << " is smaller than its members' end " << end;

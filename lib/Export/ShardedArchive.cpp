@@ -14,6 +14,7 @@
 
 #include "bmt/Dialect/AtenArgs.h"
 #include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Dialect/TensorSplit.h"
 #include "bmt/Plan/Archive.h"
 #include "bmt/Plan/Plan.h"
 
@@ -125,6 +126,11 @@ public:
     plan::Plan p;
     if (auto source = module->getAttrOfType<StringAttr>("bmt.source"))
       p.source = source.str();
+    p.tensorParallel = bmt::tensorParallelOf(module);
+    if (auto vocab = module->getAttrOfType<IntegerAttr>("bmt.vocab_size")) {
+      p.vocabParallel = true;
+      p.vocabSize = vocab.getInt();
+    }
     for (Operation &op : module.getBody()->getOperations()) {
       if (auto param = dyn_cast<bmt::ParameterOp>(op))
         addTensor(p, op, param.getSymName(), cast<RankedTensorType>(param.getType()),
@@ -144,6 +150,20 @@ public:
         funcs.push_back(f);
     for (auto g : module.getOps<bmt::StorageGroupOp>())
       addGroup(p, g);
+    // Tensor parallelism: every group T times, one copy per TP rank (the
+    // same members and offsets, local sizes); members, gathers and
+    // releases name the tp_rank 0 copy (docs/sharded-format.md).
+    if (p.tensorParallel > 1) {
+      size_t base = p.groups.size();
+      for (size_t g = 0; g < base; ++g)
+        p.groups[g].tpRank = 0;
+      for (int64_t t = 1; t < p.tensorParallel; ++t)
+        for (size_t g = 0; g < base; ++g) {
+          plan::StorageGroup copy = p.groups[g];
+          copy.tpRank = t;
+          p.groups.push_back(std::move(copy));
+        }
+    }
     if (auto zero = module->getAttrOfType<DictionaryAttr>("bmt.zero")) {
       if (auto stage = zero.getAs<IntegerAttr>("stage"))
         p.zeroStage = stage.getInt();
@@ -200,6 +220,10 @@ private:
     t.requiresGrad = requiresGrad;
     t.dtype = scalarTypeOf(type.getElementType(), op.getLoc());
     t.shape.assign(type.getShape().begin(), type.getShape().end());
+    bmt::ParameterSplit split = bmt::parameterSplitOf(&op);
+    t.split.dim = split.dim;
+    t.split.chunks = split.chunks;
+    t.split.paddedSize = split.paddedSize;
     tensorIndex[name] = static_cast<int64_t>(p.tensors.size());
     p.tensors.push_back(std::move(t));
   }
@@ -327,6 +351,14 @@ private:
       } else if (auto release = dyn_cast<bmt::ReleaseOp>(op)) {
         inst.kind = plan::Instruction::Kind::Release;
         inst.target = groupOf(release.getGroupAttr(), op.getLoc());
+      } else if (auto copy = dyn_cast<bmt::TpCopyOp>(op)) {
+        inst.kind = plan::Instruction::Kind::TpCopy;
+        inst.args.push_back(plan::Arg::ofRegister(reg(copy.getInput())));
+      } else if (isa<bmt::TpRankOp>(op)) {
+        inst.kind = plan::Instruction::Kind::TpRank;
+      } else if (auto sum = dyn_cast<bmt::TpAllReduceOp>(op)) {
+        inst.kind = plan::Instruction::Kind::TpAllReduce;
+        inst.args.push_back(plan::Arg::ofRegister(reg(sum.getInput())));
       } else if (auto global = dyn_cast<bmt::GetGlobalOp>(op)) {
         inst.kind = plan::Instruction::Kind::Global;
         auto it = tensorIndex.find(global.getGlobal());

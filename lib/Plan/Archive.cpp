@@ -49,19 +49,39 @@ std::string versionLine(const Plan &plan) {
 /// rule, as a 1-D CPU tensor. Normal values are drawn in chunks of 2^20
 /// elements, each from a generator seeded by (seed, tensor name, chunk
 /// index), so that an element's value does not depend on which range (which
-/// rank, how many ranks) reads it.
-at::Tensor initValues(const TensorInfo &info, int64_t begin, int64_t end, uint64_t seed) {
+/// rank, how many ranks) reads it. Tensor parallelism: `numel` is the
+/// local slice's, `salt` 1 + the TP rank for a split tensor (each slice
+/// its own values; 0: replicated, the same values on every TP rank), and a
+/// vocab-padded slice keeps zeros in its padding.
+at::Tensor initValues(const TensorInfo &info, int64_t begin, int64_t end, uint64_t seed,
+                      int64_t numel, uint64_t salt, int64_t tensorParallel = 1,
+                      int64_t tpRank = 0) {
   at::TensorOptions options = at::TensorOptions().dtype(info.dtype);
   if (info.init == "zeros")
     return at::zeros({end - begin}, options);
-  if (info.init == "ones")
+  if (info.init == "ones" && info.split.paddedSize == 0)
     return at::ones({end - begin}, options);
+  if (info.split.paddedSize != 0 && (begin != 0 || end != numel)) {
+    // A padded split tensor: its whole slice, padding zeroed, then the range.
+    return initValues(info, 0, numel, seed, numel, salt, tensorParallel, tpRank)
+        .narrow(0, begin, end - begin)
+        .clone();
+  }
+  if (info.init == "ones") {
+    at::Tensor out = at::ones(info.localShape(tensorParallel), options);
+    int64_t local = out.size(info.split.dim), real = info.shape[info.split.dim];
+    int64_t first = tpRank * local; // global index of the slice's first row
+    if (first + local > real)
+      out.narrow(info.split.dim, std::max<int64_t>(0, real - first),
+                 std::min(local, first + local - real)).zero_();
+    return out.reshape({-1});
+  }
   double stddev = std::stod(info.init.substr(std::string("normal:").size()));
   constexpr int64_t kChunk = int64_t(1) << 20;
   at::Tensor out = at::empty({end - begin}, options);
-  uint64_t nameHash = std::hash<std::string>()(info.name);
+  uint64_t nameHash = std::hash<std::string>()(info.name) ^ (salt * 0xD6E8FEB86659FD93ull);
   for (int64_t chunk = begin / kChunk; chunk * kChunk < end; ++chunk) {
-    int64_t first = chunk * kChunk, last = std::min(first + kChunk, info.numel());
+    int64_t first = chunk * kChunk, last = std::min(first + kChunk, numel);
     uint64_t chunkSeed = (seed * 0x9E3779B97F4A7C15ull) ^ nameHash ^
                          (static_cast<uint64_t>(chunk) * 0xC2B2AE3D27D4EB4Full);
     at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(chunkSeed);
@@ -70,7 +90,24 @@ at::Tensor initValues(const TensorInfo &info, int64_t begin, int64_t end, uint64
     int64_t from = std::max(begin, first), to = std::min(end, last);
     out.narrow(0, from - begin, to - from).copy_(values.narrow(0, from - first, to - from));
   }
+  if (info.split.paddedSize != 0) { // (the whole slice, see above)
+    at::Tensor local = out.view(info.localShape(tensorParallel));
+    int64_t rows = local.size(info.split.dim), real = info.shape[info.split.dim];
+    int64_t first = tpRank * rows;
+    if (first + rows > real)
+      local.narrow(info.split.dim, std::max<int64_t>(0, real - first),
+                   std::min(rows, first + rows - real)).zero_();
+  }
   return out;
+}
+
+/// initValues of the slice of TP rank `group.tpRank` (the whole tensor
+/// when the group has no TP copies).
+at::Tensor initValues(const Plan &plan, const StorageGroup &group, const TensorInfo &info,
+                      int64_t begin, int64_t end, uint64_t seed) {
+  int64_t tp = plan.tensorParallel, tpRank = std::max<int64_t>(0, group.tpRank);
+  uint64_t salt = info.split.isSplit() && group.tpRank >= 0 ? 1 + group.tpRank : 0;
+  return initValues(info, begin, end, seed, info.localNumel(tp), salt, tp, tpRank);
 }
 
 /// The archive's file, written past the page cache (O_DIRECT) where the
@@ -228,9 +265,11 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       group.record = free || !group.parts.empty() ? "" : "bmt/weights/group" + std::to_string(g);
       for (size_t m = 0; m < group.members.size(); ++m) {
         TensorInfo &info = plan.tensors[group.members[m]];
-        info.record = group.record;
-        info.offset = group.offsets[m] * elementBytes;
-        info.crc32 = 0;
+        if (group.tpRank <= 0) { // a member names the tp_rank 0 copy
+          info.record = group.record;
+          info.offset = group.offsets[m] * elementBytes;
+          info.crc32 = 0;
+        }
         order[g].push_back(m);
       }
       std::sort(order[g].begin(), order[g].end(),
@@ -257,6 +296,29 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       int64_t bytes = (p.last - p.first) * static_cast<int64_t>(c10::elementSize(group.dtype));
       return slots[i % 2].narrow(0, 0, bytes).view(group.dtype);
     };
+    // Tensor parallelism: a split member of a tp_rank copy is its TP
+    // rank's slice of the global value (read whole, sliced, kept while
+    // the parts of that copy are filled).
+    std::pair<int64_t, int64_t> slicedKey{-1, -1}; // (tensor, tp rank)
+    at::Tensor sliced;
+    auto readMember = [&](const StorageGroup &group, int64_t index, int64_t begin, int64_t end,
+                          at::Tensor &dst) {
+      const TensorInfo &info = plan.tensors[index];
+      if (info.localNumel(plan.tensorParallel) == info.numel() &&
+          (group.tpRank < 0 || !info.split.isSplit())) {
+        read(static_cast<size_t>(index), begin, end, dst);
+        return;
+      }
+      const int64_t tpRank = std::max<int64_t>(0, group.tpRank);
+      if (slicedKey != std::make_pair(index, tpRank)) {
+        at::Tensor whole = at::empty({info.numel()}, at::TensorOptions().dtype(info.dtype));
+        read(static_cast<size_t>(index), 0, info.numel(), whole);
+        sliced = tpSlice(whole.view(info.shape), info.split, plan.tensorParallel, tpRank)
+                     .reshape({-1});
+        slicedKey = {index, tpRank};
+      }
+      dst.copy_(sliced.narrow(0, begin, end - begin));
+    };
     auto fill = [&](size_t i) {
       const Part &p = parts[i];
       const StorageGroup &group = plan.groups[p.group];
@@ -265,13 +327,13 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       for (size_t m : order[p.group]) {
         const TensorInfo &info = plan.tensors[group.members[m]];
         int64_t begin = std::max(p.first, group.offsets[m]);
-        int64_t end = std::min(p.last, group.offsets[m] + info.numel());
+        int64_t end = std::min(p.last, group.offsets[m] + info.localNumel(plan.tensorParallel));
         if (begin >= end)
           continue;
         if (begin > cursor)
           part.narrow(0, cursor - p.first, begin - cursor).zero_();
         at::Tensor dst = part.narrow(0, begin - p.first, end - begin);
-        read(group.members[m], begin - group.offsets[m], end - group.offsets[m], dst);
+        readMember(group, group.members[m], begin - group.offsets[m], end - group.offsets[m], dst);
         crc[p.group][m] = crc32_fast(dst.data_ptr(), dst.nbytes(), crc[p.group][m]);
         cursor = end;
       }
@@ -332,9 +394,16 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
     filler.join();
     if (fillError)
       std::rethrow_exception(fillError);
-    for (size_t g = 0; g < plan.groups.size(); ++g)
-      for (size_t m = 0; m < plan.groups[g].members.size(); ++m)
-        plan.tensors[plan.groups[g].members[m]].crc32 = crc[g][m];
+    for (size_t g = 0; g < plan.groups.size(); ++g) {
+      StorageGroup &group = plan.groups[g];
+      group.crc32s.clear();
+      for (size_t m = 0; m < group.members.size(); ++m) {
+        if (group.tpRank >= 0 && !weightsFree(plan, group))
+          group.crc32s.push_back(crc[g][m]); // the copy's slice
+        if (group.tpRank <= 0)
+          plan.tensors[group.members[m]].crc32 = crc[g][m];
+      }
+    }
     for (size_t i = 0; i < plan.tensors.size(); ++i) {
       TensorInfo &info = plan.tensors[i];
       if (info.group != -1)
@@ -518,8 +587,17 @@ std::vector<NamedFile> Archive::hfFiles() {
 
 at::Tensor Archive::readTensor(size_t index) {
   const TensorInfo &info = plan_.tensors.at(index);
+  if (info.group >= 0 && plan_.groups.at(info.group).tpRank >= 0) {
+    // Tensor parallelism: the slice of TP rank 0 (its group's copy).
+    int64_t first = plan_.groups[info.group].offsets.at(static_cast<size_t>(
+        std::find(plan_.groups[info.group].members.begin(),
+                  plan_.groups[info.group].members.end(), static_cast<int64_t>(index)) -
+        plan_.groups[info.group].members.begin()));
+    return readGroupRange(info.group, first, first + info.localNumel(plan_.tensorParallel))
+        .view(info.localShape(plan_.tensorParallel));
+  }
   if (!info.init.empty())
-    return initValues(info, 0, info.numel(), initSeed_).view(info.shape);
+    return initValues(info, 0, info.numel(), initSeed_, info.numel(), 0).view(info.shape);
   if (info.group >= 0 && !plan_.groups.at(info.group).parts.empty()) {
     int64_t first = info.offset / static_cast<int64_t>(c10::elementSize(info.dtype));
     return readGroupRange(info.group, first, first + info.numel()).view(info.shape);
@@ -543,10 +621,10 @@ at::Tensor Archive::readGroupRange(size_t group, int64_t begin, int64_t end) {
     for (size_t m = 0; m < g.members.size(); ++m) {
       const TensorInfo &info = plan_.tensors[g.members[m]];
       int64_t first = std::max(begin, g.offsets[m]);
-      int64_t last = std::min(end, g.offsets[m] + info.numel());
+      int64_t last = std::min(end, g.offsets[m] + info.localNumel(plan_.tensorParallel));
       if (first < last)
         out.narrow(0, first - begin, last - first)
-            .copy_(initValues(info, first - g.offsets[m], last - g.offsets[m], initSeed_));
+            .copy_(initValues(plan_, g, info, first - g.offsets[m], last - g.offsets[m], initSeed_));
     }
     return out;
   }
@@ -567,11 +645,13 @@ at::Tensor Archive::readGroupRange(size_t group, int64_t begin, int64_t end) {
   }
   for (size_t m = 0; m < g.members.size(); ++m) {
     const TensorInfo &info = plan_.tensors[g.members[m]];
-    int64_t first = g.offsets[m], last = first + info.numel();
+    int64_t numel = info.localNumel(plan_.tensorParallel);
+    int64_t first = g.offsets[m], last = first + numel;
     if (first < begin || last > end)
       continue;
     const char *bytes = static_cast<const char *>(out.data_ptr()) + (first - begin) * elementBytes;
-    if (static_cast<int64_t>(crc32_fast(bytes, info.nbytes())) != info.crc32)
+    int64_t expected = g.crc32s.empty() ? info.crc32 : g.crc32s[m];
+    if (static_cast<int64_t>(crc32_fast(bytes, static_cast<size_t>(numel * elementBytes))) != expected)
       throw PlanError(path_ + ": corrupt record " + g.record + " of " + info.name +
                       " (checksum mismatch)");
   }

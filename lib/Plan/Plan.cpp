@@ -3,11 +3,14 @@
 // Encoding (read by docs/sharded-format.md's readers too):
 //   plan       dict  {version, source, model_type, objective, entry, tensors, functions,
 //                     zero_stage, shard_group_size, prefetch_depth, groups,
-//                     assumptions (version 3 only)}
+//                     assumptions (version 3 on), tensor_parallel, vocab_parallel,
+//                     vocab_size (version 6 on)}
 //   tensor     dict  {name, aliases, is_parameter, requires_grad, dtype, shape, record,
-//                     offset, crc32, group, init}
+//                     offset, crc32, group, init,
+//                     split (version 6, only when not the default)}
+//   split      dict  {dim, chunks, padded_size, reduce_grad}
 //   group      dict  {name, dtype, members, offsets, size, block_list, block_index, record,
-//                     parts, part_size (version 4 only)}
+//                     parts, part_size (version 4 on), tp_rank, crc32s (version 6 on)}
 //   function   dict  {name, module_path, num_registers, params, returns,
 //                     param_names, result_names, body}
 //   instruction tuple (kind, op, args, target, results, location, block_list,
@@ -20,6 +23,8 @@
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/irange.h>
 
 #include <algorithm>
@@ -168,6 +173,11 @@ const char *kindName(Instruction::Kind kind) {
   case Instruction::Kind::Gather: return "gather";
   case Instruction::Kind::Release: return "release";
   case Instruction::Kind::Fused: return "fused";
+  case Instruction::Kind::TpAllReduce: return "tp_all_reduce";
+  case Instruction::Kind::TpCopy: return "tp_copy";
+  case Instruction::Kind::TpRank: return "tp_rank";
+  case Instruction::Kind::TpAllGather: return "tp_all_gather";
+  case Instruction::Kind::TpReduceScatter: return "tp_reduce_scatter";
   }
   return "?";
 }
@@ -176,10 +186,19 @@ Instruction::Kind kindFromName(const std::string &name) {
   for (auto kind : {Instruction::Kind::Aten, Instruction::Kind::Call,
                     Instruction::Kind::Global, Instruction::Kind::Constant,
                     Instruction::Kind::NumToTensor, Instruction::Kind::Gather,
-                    Instruction::Kind::Release, Instruction::Kind::Fused})
+                    Instruction::Kind::Release, Instruction::Kind::Fused,
+                    Instruction::Kind::TpAllReduce, Instruction::Kind::TpCopy,
+                    Instruction::Kind::TpRank, Instruction::Kind::TpAllGather,
+                    Instruction::Kind::TpReduceScatter})
     if (name == kindName(kind))
       return kind;
   throw PlanError("plan: unknown instruction kind '" + name + "'");
+}
+
+bool isTpKind(Instruction::Kind kind) {
+  return kind == Instruction::Kind::TpAllReduce || kind == Instruction::Kind::TpCopy ||
+         kind == Instruction::Kind::TpRank || kind == Instruction::Kind::TpAllGather ||
+         kind == Instruction::Kind::TpReduceScatter;
 }
 
 } // namespace
@@ -193,6 +212,68 @@ int64_t TensorInfo::numel() const {
 
 int64_t TensorInfo::nbytes() const {
   return numel() * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+std::vector<int64_t> TensorInfo::localShape(int64_t tensorParallel) const {
+  std::vector<int64_t> local = shape;
+  if (split.dim >= 0 && split.dim < static_cast<int64_t>(shape.size()) && tensorParallel > 0) {
+    int64_t padded = split.paddedSize ? split.paddedSize : shape[split.dim];
+    local[split.dim] = padded / tensorParallel;
+  }
+  return local;
+}
+
+int64_t TensorInfo::localNumel(int64_t tensorParallel) const {
+  int64_t n = 1;
+  for (int64_t d : localShape(tensorParallel))
+    n *= d;
+  return n;
+}
+
+at::Tensor tpSlice(const at::Tensor &global, const TensorSplit &split, int64_t tensorParallel,
+                   int64_t tpRank) {
+  if (split.dim < 0 || (tensorParallel == 1 && split.paddedSize == 0))
+    return global;
+  if (split.dim >= global.dim() || tpRank < 0 || tpRank >= tensorParallel)
+    throw PlanError("tpSlice: split dim " + std::to_string(split.dim) + " of a " +
+                    std::to_string(global.dim()) + "-d tensor, TP rank " + std::to_string(tpRank) +
+                    " of " + std::to_string(tensorParallel));
+  int64_t size = global.size(split.dim);
+  int64_t padded = split.paddedSize ? split.paddedSize : size;
+  if (padded < size || padded % (split.chunks * tensorParallel) != 0)
+    throw PlanError("tpSlice: dim " + std::to_string(split.dim) + " of size " + std::to_string(size) +
+                    " does not fit the split (padded " + std::to_string(padded) + ", " +
+                    std::to_string(split.chunks) + " chunks, " + std::to_string(tensorParallel) +
+                    " ranks)");
+  at::Tensor full = global;
+  if (padded > size) {
+    std::vector<int64_t> shape = global.sizes().vec();
+    shape[split.dim] = padded - size;
+    full = at::cat({global, at::zeros(shape, global.options())}, split.dim);
+  }
+  int64_t chunk = padded / split.chunks, part = chunk / tensorParallel;
+  std::vector<at::Tensor> pieces;
+  for (int64_t c = 0; c < split.chunks; ++c)
+    pieces.push_back(full.narrow(split.dim, c * chunk + tpRank * part, part));
+  return at::cat(pieces, split.dim).contiguous();
+}
+
+at::Tensor tpUnslice(const std::vector<at::Tensor> &slices, const TensorSplit &split,
+                     const std::vector<int64_t> &shape) {
+  if (split.dim < 0)
+    return slices.at(0).contiguous();
+  const int64_t tp = static_cast<int64_t>(slices.size());
+  if (tp == 0 || split.dim >= static_cast<int64_t>(shape.size()) ||
+      slices[0].dim() != static_cast<int64_t>(shape.size()) ||
+      slices[0].size(split.dim) % split.chunks != 0)
+    throw PlanError("tpUnslice: " + std::to_string(tp) + " slices do not fit the split");
+  int64_t part = slices[0].size(split.dim) / split.chunks;
+  std::vector<at::Tensor> pieces;
+  for (int64_t c = 0; c < split.chunks; ++c)
+    for (const at::Tensor &s : slices)
+      pieces.push_back(s.narrow(split.dim, c * part, part));
+  at::Tensor padded = at::cat(pieces, split.dim);
+  return padded.narrow(split.dim, 0, shape[split.dim]).contiguous();
 }
 
 Arg Arg::ofRegister(int64_t r) {
@@ -235,7 +316,30 @@ bool Plan::assumes(const std::string &assumption) const {
   return std::find(assumptions.begin(), assumptions.end(), assumption) != assumptions.end();
 }
 
+int64_t Plan::tpGroup(int64_t group, int64_t tpRank) const {
+  if (tensorParallel == 1 || group < 0 || group >= static_cast<int64_t>(groups.size()) ||
+      groups[group].tpRank < 0)
+    return group;
+  for (size_t i = 0; i < groups.size(); ++i)
+    if (groups[i].tpRank == tpRank && groups[i].name == groups[group].name)
+      return static_cast<int64_t>(i);
+  throw PlanError("plan: storage group " + groups[group].name + " has no copy for TP rank " +
+                  std::to_string(tpRank));
+}
+
 int64_t formatVersionOf(const Plan &plan) {
+  if (plan.tensorParallel != 1 || plan.vocabParallel || plan.vocabSize != 0)
+    return 6;
+  for (const TensorInfo &t : plan.tensors)
+    if (!t.split.isDefault())
+      return 6;
+  for (const StorageGroup &g : plan.groups)
+    if (g.tpRank != -1)
+      return 6;
+  for (const Function &f : plan.functions)
+    for (const Instruction &inst : f.body)
+      if (isTpKind(inst.kind))
+        return 6;
   for (const Function &f : plan.functions)
     for (const Instruction &inst : f.body)
       if (inst.kind == Instruction::Kind::Fused)
@@ -281,6 +385,14 @@ IValue toIValue(const Plan &plan) {
     d.insert("crc32", t.crc32);
     d.insert("group", t.group);
     d.insert("init", t.init);
+    if (!t.split.isDefault()) {
+      c10::impl::GenericDict split(c10::StringType::get(), c10::AnyType::get());
+      split.insert("dim", t.split.dim);
+      split.insert("chunks", t.split.chunks);
+      split.insert("padded_size", t.split.paddedSize);
+      split.insert("reduce_grad", t.split.reduceGrad);
+      d.insert("split", split);
+    }
     tensors.push_back(d);
   }
   root.insert("tensors", tensors);
@@ -302,11 +414,20 @@ IValue toIValue(const Plan &plan) {
       d.insert("parts", listOf(g.parts));
       d.insert("part_size", g.partSize);
     }
+    if (version >= 6) {
+      d.insert("tp_rank", g.tpRank);
+      d.insert("crc32s", listOf(g.crc32s));
+    }
     groups.push_back(d);
   }
   root.insert("groups", groups);
   if (version >= 3)
     root.insert("assumptions", listOf(plan.assumptions));
+  if (version >= 6) {
+    root.insert("tensor_parallel", plan.tensorParallel);
+    root.insert("vocab_parallel", plan.vocabParallel);
+    root.insert("vocab_size", plan.vocabSize);
+  }
 
   c10::impl::GenericList functions = anyList();
   for (const Function &f : plan.functions) {
@@ -333,6 +454,88 @@ IValue toIValue(const Plan &plan) {
   }
   root.insert("functions", functions);
   return root;
+}
+
+/// The version 6 fields against tensor_parallel; each error names the field.
+static void checkTensorParallel(const Plan &plan) {
+  const int64_t tp = plan.tensorParallel;
+  if (tp < 1)
+    throw PlanError("plan: tensor_parallel must be at least 1, not " + std::to_string(tp));
+  for (const TensorInfo &t : plan.tensors) {
+    const TensorSplit &s = t.split;
+    int64_t rank = static_cast<int64_t>(t.shape.size());
+    if (s.dim < -1 || s.dim >= rank)
+      throw PlanError("plan: tensor " + t.name + ": split dim " + std::to_string(s.dim) +
+                      " is out of range for its " + std::to_string(rank) + "-d shape");
+    if (s.dim < 0) {
+      if (s.chunks != 1 || s.paddedSize != 0)
+        throw PlanError("plan: tensor " + t.name +
+                        ": split chunks and padded_size need a split dim (it is -1)");
+      continue;
+    }
+    if (s.reduceGrad)
+      throw PlanError("plan: tensor " + t.name +
+                      ": split reduce_grad is for replicated tensors (split dim is " +
+                      std::to_string(s.dim) + ")");
+    if (s.chunks < 1)
+      throw PlanError("plan: tensor " + t.name + ": split chunks must be at least 1");
+    if (s.paddedSize != 0 && s.paddedSize < t.shape[s.dim])
+      throw PlanError("plan: tensor " + t.name + ": split padded_size " +
+                      std::to_string(s.paddedSize) + " is smaller than dim " +
+                      std::to_string(s.dim) + " (" + std::to_string(t.shape[s.dim]) + ")");
+    int64_t padded = s.paddedSize ? s.paddedSize : t.shape[s.dim];
+    if (padded % (s.chunks * tp) != 0)
+      throw PlanError("plan: tensor " + t.name + ": split dim " + std::to_string(s.dim) + " of size " +
+                      std::to_string(padded) + " is not a multiple of chunks (" +
+                      std::to_string(s.chunks) + ") times tensor_parallel (" + std::to_string(tp) + ")");
+    if (s.paddedSize != 0 && s.chunks != 1)
+      throw PlanError("plan: tensor " + t.name + ": split padded_size with chunks > 1");
+  }
+  // Storage group copies: tp_rank -1 when T == 1; else each name has the
+  // copies 0..T-1, alike but for their records.
+  std::map<std::string, std::vector<const StorageGroup *>> copies;
+  for (const StorageGroup &g : plan.groups) {
+    if (tp == 1 ? g.tpRank != -1 : (g.tpRank < 0 || g.tpRank >= tp))
+      throw PlanError("plan: storage group " + g.name + ": tp_rank " + std::to_string(g.tpRank) +
+                      (tp == 1 ? " without tensor parallelism (it must be -1)"
+                               : " is not in 0.." + std::to_string(tp - 1)));
+    if (!g.crc32s.empty() && g.crc32s.size() != g.members.size())
+      throw PlanError("plan: storage group " + g.name + ": crc32s has " +
+                      std::to_string(g.crc32s.size()) + " entries for " +
+                      std::to_string(g.members.size()) + " members");
+    copies[g.name].push_back(&g);
+  }
+  if (tp > 1)
+    for (const auto &[name, list] : copies) {
+      std::vector<bool> seen(tp, false);
+      for (const StorageGroup *g : list) {
+        if (seen[g->tpRank] || g->members != list[0]->members || g->offsets != list[0]->offsets ||
+            g->size != list[0]->size || g->dtype != list[0]->dtype)
+          throw PlanError("plan: storage group " + name +
+                          ": its tp_rank copies differ or repeat (tp_rank " +
+                          std::to_string(g->tpRank) + ")");
+        seen[g->tpRank] = true;
+      }
+      if (static_cast<int64_t>(list.size()) != tp)
+        throw PlanError("plan: storage group " + name + " has " + std::to_string(list.size()) +
+                        " tp_rank copies, not tensor_parallel = " + std::to_string(tp));
+    }
+  for (const TensorInfo &t : plan.tensors)
+    if (t.group >= 0 && t.group < static_cast<int64_t>(plan.groups.size()) &&
+        plan.groups[t.group].tpRank > 0)
+      throw PlanError("plan: tensor " + t.name + ": group names the copy of tp_rank " +
+                      std::to_string(plan.groups[t.group].tpRank) + " (it must name tp_rank 0)");
+  if (plan.vocabParallel) {
+    if (plan.vocabSize <= 0)
+      throw PlanError("plan: vocab_parallel needs vocab_size > 0 (it is " +
+                      std::to_string(plan.vocabSize) + ")");
+    const std::vector<std::string> &results = plan.functions[plan.entry].resultNames;
+    if (std::find(results.begin(), results.end(), "logits") == results.end())
+      throw PlanError("plan: vocab_parallel, but the entry function returns no logits");
+  } else if (plan.vocabSize != 0) {
+    throw PlanError("plan: vocab_size " + std::to_string(plan.vocabSize) +
+                    " without vocab_parallel (it must be 0)");
+  }
 }
 
 Plan fromIValue(const IValue &value) {
@@ -368,6 +571,13 @@ Plan fromIValue(const IValue &value) {
     t.init = asString(field(d, "init"), "tensor init");
     if (!t.init.empty() && t.init != "zeros" && t.init != "ones" && t.init.rfind("normal:", 0) != 0)
       throw PlanError("plan: tensor " + t.name + " has an unknown init rule '" + t.init + "'");
+    if (plan.version >= 6 && d.contains("split")) {
+      c10::impl::GenericDict split = asDict(d.at("split"), "tensor split");
+      t.split.dim = asInt(field(split, "dim"), "split dim");
+      t.split.chunks = asInt(field(split, "chunks"), "split chunks");
+      t.split.paddedSize = asInt(field(split, "padded_size"), "split padded_size");
+      t.split.reduceGrad = asBool(field(split, "reduce_grad"), "split reduce_grad");
+    }
     plan.tensors.push_back(std::move(t));
   }
 
@@ -393,6 +603,10 @@ Plan fromIValue(const IValue &value) {
       g.parts = asStrings(field(d, "parts"), "group parts");
       g.partSize = asInt(field(d, "part_size"), "group part_size");
     }
+    if (plan.version >= 6) {
+      g.tpRank = asInt(field(d, "tp_rank"), "group tp_rank");
+      g.crc32s = asInts(field(d, "crc32s"), "group crc32s");
+    }
     plan.groups.push_back(std::move(g));
   }
 
@@ -402,6 +616,11 @@ Plan fromIValue(const IValue &value) {
       if (a != kAssumeAttentionMaskAllOnes)
         throw PlanError("plan: unknown assumption '" + a + "' (this bmt knows '" +
                         kAssumeAttentionMaskAllOnes + "'); it needs a newer bmt-run");
+  }
+  if (plan.version >= 6) {
+    plan.tensorParallel = asInt(field(root, "tensor_parallel"), "tensor_parallel");
+    plan.vocabParallel = asBool(field(root, "vocab_parallel"), "vocab_parallel");
+    plan.vocabSize = asInt(field(root, "vocab_size"), "vocab_size");
   }
 
   for (const IValue &fv : asList(field(root, "functions"), "functions")) {
@@ -452,6 +671,7 @@ Plan fromIValue(const IValue &value) {
           checkArg(f, e);
       };
   int64_t numGroups = static_cast<int64_t>(plan.groups.size());
+  checkTensorParallel(plan); // before the groups' checks, which use local sizes
   for (const StorageGroup &g : plan.groups) {
     if (g.members.size() != g.offsets.size() || g.size < 0)
       throw PlanError("plan: storage group " + g.name + " is malformed");
@@ -463,7 +683,8 @@ Plan fromIValue(const IValue &value) {
       if (g.members[i] < 0 || g.members[i] >= numTensors)
         throw PlanError("plan: storage group " + g.name + " names a tensor out of range");
       const TensorInfo &t = plan.tensors[g.members[i]];
-      if (t.dtype != g.dtype || g.offsets[i] < 0 || g.offsets[i] + t.numel() > g.size)
+      if (t.dtype != g.dtype || g.offsets[i] < 0 ||
+          g.offsets[i] + t.localNumel(plan.tensorParallel) > g.size)
         throw PlanError("plan: tensor " + t.name + " does not fit storage group " + g.name);
     }
   }
@@ -490,6 +711,28 @@ Plan fromIValue(const IValue &value) {
            inst.kind == Instruction::Kind::Release) &&
           (inst.target < 0 || inst.target >= numGroups))
         throw PlanError("plan: storage group index out of range in " + f.name);
+      if (isTpKind(inst.kind)) {
+        if (plan.version < 6)
+          throw PlanError("plan: a " + std::string(kindName(inst.kind)) + " instruction in a version " +
+                          std::to_string(plan.version) + " plan (" + f.name + ")");
+        bool takesArg = inst.kind != Instruction::Kind::TpRank;
+        if (inst.results.size() != 1 || inst.args.size() != (takesArg ? 1u : 0u) ||
+            (takesArg && inst.args[0].kind != Arg::Kind::Register))
+          throw PlanError("plan: malformed " + std::string(kindName(inst.kind)) +
+                          " instruction in " + f.name);
+        if ((inst.kind == Instruction::Kind::TpAllGather ||
+             inst.kind == Instruction::Kind::TpReduceScatter) &&
+            (inst.op.empty() || inst.op.size() > 2 ||
+             !std::all_of(inst.op.begin(), inst.op.end(), [](char c) { return c >= '0' && c <= '9'; })))
+          throw PlanError("plan: the op of a " + std::string(kindName(inst.kind)) + " instruction in " +
+                          f.name + " must be its dim as a decimal number, not '" + inst.op + "'");
+      }
+      if ((inst.kind == Instruction::Kind::Gather ||
+           inst.kind == Instruction::Kind::Release) &&
+          plan.groups[inst.target].tpRank > 0)
+        throw PlanError("plan: a gather or release in " + f.name +
+                        " names a storage group copy of tp_rank " +
+                        std::to_string(plan.groups[inst.target].tpRank) + " (it must name tp_rank 0)");
       if (inst.kind == Instruction::Kind::Fused) {
         if (plan.version < 5)
           throw PlanError("plan: a fused instruction in a version " + std::to_string(plan.version) +

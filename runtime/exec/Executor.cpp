@@ -7,7 +7,10 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ScalarOps.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <functional>
 
@@ -85,6 +88,94 @@ IValue typedList(const std::vector<IValue> &elements, const c10::TypePtr &elemen
     throw ExecutionError("unsupported list element type " + elementType->repr_str());
   }
 }
+
+// --- tensor parallelism: the collectives as autograd functions ------------
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+/// The sum of `x` over the TP group (a new contiguous tensor).
+at::Tensor sumOver(Comm &comm, const at::Tensor &x) {
+  at::Tensor out = x.detach().contiguous().clone();
+  comm.allReduce(out)->wait();
+  return out;
+}
+
+/// `x` of every TP rank concatenated along `dim` (rank order).
+at::Tensor gatherAlong(Comm &comm, const at::Tensor &x, int64_t dim) {
+  at::Tensor moved = x.detach().movedim(dim, 0).contiguous();
+  std::vector<int64_t> shape = moved.sizes().vec();
+  shape[0] *= comm.size();
+  at::Tensor out = at::empty(shape, moved.options());
+  comm.allGather(out, moved)->wait();
+  return out.movedim(0, dim).contiguous();
+}
+
+/// The sum of `x` over the TP group, this rank's 1/T of it along `dim`.
+at::Tensor reduceScatterAlong(Comm &comm, const at::Tensor &x, int64_t dim) {
+  if (x.size(dim) % comm.size() != 0)
+    throw ExecutionError("tp_reduce_scatter: dim " + std::to_string(dim) + " of size " +
+                         std::to_string(x.size(dim)) + " is not a multiple of the " +
+                         std::to_string(comm.size()) + " TP ranks");
+  at::Tensor moved = x.detach().movedim(dim, 0).contiguous();
+  std::vector<int64_t> shape = moved.sizes().vec();
+  shape[0] /= comm.size();
+  at::Tensor out = at::empty(shape, moved.options());
+  comm.reduceScatter(out, moved)->wait();
+  return out.movedim(0, dim).contiguous();
+}
+
+/// Forward: the sum over the TP group; backward: the gradient unchanged (g).
+struct TpAllReduceFunction : torch::autograd::Function<TpAllReduceFunction> {
+  static at::Tensor forward(AutogradContext *, const at::Tensor &x, Comm *comm) {
+    return sumOver(*comm, x);
+  }
+  static variable_list backward(AutogradContext *, variable_list grads) {
+    return {grads[0], at::Tensor()};
+  }
+};
+
+/// Forward: the identity; backward: the gradient summed over the TP group (f).
+struct TpCopyFunction : torch::autograd::Function<TpCopyFunction> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, Comm *comm) {
+    ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(comm));
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto *comm = reinterpret_cast<Comm *>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
+    return {grads[0].defined() ? sumOver(*comm, grads[0]) : at::Tensor(), at::Tensor()};
+  }
+};
+
+/// Forward: all-gather along `dim`; backward: reduce-scatter along it.
+struct TpAllGatherFunction : torch::autograd::Function<TpAllGatherFunction> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, Comm *comm, int64_t dim) {
+    ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(comm));
+    ctx->saved_data["dim"] = dim;
+    return gatherAlong(*comm, x, dim);
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto *comm = reinterpret_cast<Comm *>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
+    int64_t dim = ctx->saved_data["dim"].toInt();
+    return {grads[0].defined() ? reduceScatterAlong(*comm, grads[0], dim) : at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+/// Forward: reduce-scatter along `dim`; backward: all-gather along it.
+struct TpReduceScatterFunction : torch::autograd::Function<TpReduceScatterFunction> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, Comm *comm, int64_t dim) {
+    ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(comm));
+    ctx->saved_data["dim"] = dim;
+    return reduceScatterAlong(*comm, x, dim);
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto *comm = reinterpret_cast<Comm *>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
+    int64_t dim = ctx->saved_data["dim"].toInt();
+    return {grads[0].defined() ? gatherAlong(*comm, grads[0], dim) : at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
 
 bool hasRegister(const plan::Arg &arg) {
   if (arg.kind == plan::Arg::Kind::Register)
@@ -268,6 +359,40 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
       case plan::Instruction::Kind::Constant:
         regs[inst.results[0]] = *p.fixed[0];
         break;
+      case plan::Instruction::Kind::TpRank:
+        regs[inst.results[0]] = IValue(tensorComm_ ? tensorComm_->rank() : int64_t(0));
+        break;
+      case plan::Instruction::Kind::TpAllReduce:
+      case plan::Instruction::Kind::TpCopy:
+      case plan::Instruction::Kind::TpAllGather:
+      case plan::Instruction::Kind::TpReduceScatter: {
+        const IValue &in = regs[inst.args[0].reg];
+        if (!in.isTensor())
+          throw ExecutionError(std::string("a tensor-parallel instruction in ") + f.name +
+                               (inst.location.empty() ? "" : " (" + inst.location + ")") +
+                               " takes a tensor, not a " + in.tagKind());
+        const at::Tensor &x = in.toTensor();
+        if (!tensorComm_ || tensorComm_->size() == 1) {
+          regs[inst.results[0]] = x; // a TP group of one: every one is the identity
+          break;
+        }
+        const int64_t dim = inst.op.empty() ? 0 : std::stoll(inst.op);
+        switch (inst.kind) {
+        case plan::Instruction::Kind::TpAllReduce:
+          regs[inst.results[0]] = TpAllReduceFunction::apply(x, tensorComm_);
+          break;
+        case plan::Instruction::Kind::TpCopy:
+          regs[inst.results[0]] = TpCopyFunction::apply(x, tensorComm_);
+          break;
+        case plan::Instruction::Kind::TpAllGather:
+          regs[inst.results[0]] = TpAllGatherFunction::apply(x, tensorComm_, dim);
+          break;
+        default:
+          regs[inst.results[0]] = TpReduceScatterFunction::apply(x, tensorComm_, dim);
+          break;
+        }
+        break;
+      }
       case plan::Instruction::Kind::NumToTensor:
         regs[inst.results[0]] =
             at::scalar_to_tensor(regs[inst.args[0].reg].toScalar());
@@ -353,6 +478,10 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
       }
     } catch (const ExecutionError &) {
       throw;
+    } catch (const CommError &e) {
+      throw ExecutionError("tensor-parallel instruction in " + f.name +
+                           (inst.location.empty() ? "" : " (" + inst.location + ")") +
+                           " failed: " + e.what());
     } catch (const fusion::FusionError &e) {
       throw ExecutionError("fused region in " + f.name +
                            (inst.location.empty() ? "" : " (" + inst.location + ")") +

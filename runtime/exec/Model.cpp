@@ -10,6 +10,7 @@
 #include "bmt/Runtime/parallel/Zero.h"
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
@@ -18,6 +19,19 @@
 #include <ATen/ops/cross_entropy_loss.h>
 
 namespace bmt::runtime {
+
+namespace {
+
+/// The plan index of ZeRO shard `shard`'s group: the shard-th group that is
+/// not the copy of another TP rank (the plan's index when T == 1).
+size_t zeroGroupIndex(const plan::Plan &plan, size_t shard) {
+  for (size_t i = 0, k = 0; i < plan.groups.size(); ++i)
+    if (plan.groups[i].tpRank <= 0 && k++ == shard)
+      return i;
+  throw std::out_of_range("no storage group for ZeRO shard " + std::to_string(shard));
+}
+
+} // namespace
 
 Model::Model(plan::Archive &archive, at::Device device, Comm *world,
              const std::function<void(int64_t, int64_t)> &progress,
@@ -31,6 +45,31 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
     ownWorld_ = createLocalComm();
     world_ = ownWorld_.get();
   }
+  const int64_t tp = plan_.tensorParallel;
+  int64_t tpRank = 0;
+  if (tp > 1) {
+    const std::string what = archive.path() + ": tensor parallelism (" + std::to_string(tp) +
+                             " ranks per TP group)";
+    if (world_->size() % tp != 0)
+      throw ExecutionError(what + " needs a world size that is a multiple of " +
+                           std::to_string(tp) + ", not " + std::to_string(world_->size()) +
+                           (world_->size() == 1 ? " rank" : " ranks") + "; run on a multiple of " + std::to_string(tp) +
+                           " ranks or recompile with another --tensor-parallel");
+    if (plan_.zeroStage == 0)
+      throw ExecutionError(what + " needs ZeRO storage groups, and the plan has none");
+    for (const plan::TensorInfo &t : plan_.tensors)
+      if (t.isParameter && t.requiresGrad && t.group < 0)
+        throw ExecutionError(what + ": the trainable parameter " + t.name +
+                             " is outside the ZeRO storage groups, which this runtime does not "
+                             "support");
+    if (options.offloadOptimizer)
+      throw ExecutionError(what + ": --offload-optimizer is not supported with tensor "
+                           "parallelism yet");
+    const int64_t rank = world_->rank();
+    tensorComm_ = world_->split(rank / tp, rank, "tensor");
+    dataComm_ = world_->split(rank % tp, rank, "data");
+    tpRank = tensorComm_->rank();
+  }
   int64_t total = 0, done = 0;
   for (const plan::TensorInfo &t : plan_.tensors)
     if (t.group < 0)
@@ -43,7 +82,8 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
                                                 if (progress)
                                                   progress(d, t + total);
                                               },
-                                              options.offloadOptimizer);
+                                              options.offloadOptimizer, tensorComm_.get(),
+                                              dataComm_.get());
     zero_ = zero.get();
     storage_ = std::move(zero);
     done = groupBytes;
@@ -58,7 +98,10 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
       tensors.emplace_back();
       continue;
     }
-    at::Tensor t = archive.readTensor(i).to(device_);
+    at::Tensor t = archive.readTensor(i);
+    if (info.split.isSplit())
+      t = plan::tpSlice(t, info.split, tp, tpRank); // this TP rank's slice (and vocab padding)
+    t = t.to(device_);
     if (info.isParameter && info.requiresGrad) {
       t.set_requires_grad(true);
       parameters_.push_back(t);
@@ -74,6 +117,7 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
   executor_ = std::make_unique<Executor>(plan_, std::move(tensors), device_);
   if (zero_)
     executor_->setHooks(zero_);
+  executor_->setTensorParallel(tensorComm_.get());
   const plan::Function &entry = plan_.functions[plan_.entry];
   for (size_t i = 0; i < entry.resultNames.size(); ++i)
     if (entry.resultNames[i] == "logits") {
@@ -157,6 +201,11 @@ HostGradientSource &Model::hostGradients(int64_t microBatchesPerStep) {
 std::unique_ptr<Optimizer> Model::makeOptimizer(const OptimizerConfig &config,
                                                 int64_t microBatchesPerStep) {
   checkOptimizerConfig(config);
+  if (tensorComm_ && config.kind == OptimizerKind::Adafactor)
+    throw std::invalid_argument("--optimizer adafactor factors each parameter's statistics over "
+                                "its rows and columns, which tensor parallelism splits over "
+                                "ranks; it is not supported with it yet (use adamw, adam, sgd "
+                                "or lion)");
   if (offloadsOptimizer()) {
     if (config.kind != OptimizerKind::Adam && config.kind != OptimizerKind::AdamW)
       throw std::invalid_argument(std::string("--offload-optimizer runs Adam or AdamW on the "
@@ -177,7 +226,8 @@ std::vector<ParameterLayout> Model::parameterLayouts() const {
     ParameterLayout layout;
     for (size_t m = 0; m < s.members.size(); ++m) {
       const plan::TensorInfo &t = plan_.tensors.at(s.members[m]);
-      layout.members.push_back({t.name, t.shape, s.offsets[m]});
+      // (Tensor parallelism: the shard holds the local slices.)
+      layout.members.push_back({t.name, t.localShape(plan_.tensorParallel), s.offsets[m]});
     }
     layout.begin = s.shardIndex * s.shardSize;
     layout.split = s.numShards > 1;
@@ -193,7 +243,7 @@ std::vector<ParameterSpace> Model::parameterSpaces() const {
     ParameterSpace s;
     s.parameter = i;
     if (i < numShards) {
-      const plan::StorageGroup &g = plan_.groups[i];
+      const plan::StorageGroup &g = plan_.groups[zeroGroupIndex(plan_, i)];
       ZeroStorage::ShardPlace place = zero_->shardPlace(static_cast<int64_t>(i));
       s.name = g.name;
       s.dtype = g.dtype;
@@ -237,7 +287,8 @@ std::vector<int64_t> Model::fullParameterOrder() const {
   std::vector<int64_t> order;
   if (zero_)
     for (const plan::StorageGroup &g : plan_.groups)
-      order.insert(order.end(), g.members.begin(), g.members.end());
+      if (g.tpRank <= 0)
+        order.insert(order.end(), g.members.begin(), g.members.end());
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const plan::TensorInfo &info = plan_.tensors[i];
     if (info.isParameter && info.requiresGrad && (info.group < 0 || !zero_))
@@ -248,13 +299,30 @@ std::vector<int64_t> Model::fullParameterOrder() const {
 
 void Model::forEachFullParameter(
     const std::function<void(int64_t, const at::Tensor &)> &visit, bool gradients) {
+  const int64_t tp = plan_.tensorParallel;
   if (zero_)
-    for (size_t g = 0; g < plan_.groups.size(); ++g) {
-      const plan::StorageGroup &group = plan_.groups[g];
+    for (size_t g = 0; g < zero_->shards().size(); ++g) {
+      const plan::StorageGroup &group = plan_.groups[zeroGroupIndex(plan_, g)];
       at::Tensor full = zero_->gatherGroup(static_cast<int64_t>(g), gradients); // collective
       for (size_t m = 0; m < group.members.size(); ++m) {
         const plan::TensorInfo &info = plan_.tensors[group.members[m]];
-        visit(group.members[m], full.narrow(0, group.offsets[m], info.numel()).view(info.shape));
+        at::Tensor local = full.narrow(0, group.offsets[m], info.localNumel(tp))
+                               .view(info.localShape(tp));
+        if (!info.split.isSplit()) {
+          visit(group.members[m], local);
+          continue;
+        }
+        if (!tensorComm_) { // T == 1: only vocab padding to drop
+          visit(group.members[m], plan::tpUnslice({local}, info.split, info.shape));
+          continue;
+        }
+        // The TP ranks' slices, put back together (collective over the TP group).
+        at::Tensor slices = at::empty({tp * local.numel()}, local.options());
+        tensorComm_->allGather(slices, local.contiguous().view({-1}))->wait();
+        std::vector<at::Tensor> parts;
+        for (int64_t t = 0; t < tp; ++t)
+          parts.push_back(slices.narrow(0, t * local.numel(), local.numel()).view(local.sizes()));
+        visit(group.members[m], plan::tpUnslice(parts, info.split, info.shape));
       }
     }
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
@@ -338,6 +406,21 @@ int64_t Model::numParameters() const {
     if (t.isParameter && t.requiresGrad)
       n += t.numel();
   return n;
+}
+
+at::Tensor Model::loss(const at::Tensor &logits, const at::Tensor &labels) {
+  if (!plan_.vocabParallel)
+    return languageModelLoss(logits, labels, /*shift=*/false);
+  const int64_t local = logits.size(-1);
+  const int64_t tpRank = tensorComm_ ? tensorComm_->rank() : 0;
+  std::unique_ptr<Comm> single;
+  Comm *comm = tensorComm_.get();
+  if (!comm) { // vocab-parallel with T == 1: a TP group of one
+    single = createLocalComm();
+    comm = single.get();
+  }
+  return vocabParallelCrossEntropy(logits.reshape({-1, local}), labels.reshape({-1}), *comm,
+                                   tpRank * local, plan_.vocabSize, /*ignoreIndex=*/-100);
 }
 
 at::Tensor languageModelLoss(const at::Tensor &logits, const at::Tensor &labels,

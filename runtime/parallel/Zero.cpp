@@ -31,6 +31,7 @@
 #include "bmt/Runtime/parallel/Zero.h"
 
 #include <ATen/Context.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/core/Generator.h>
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/empty.h>
@@ -52,8 +53,12 @@ using torch::autograd::variable_list;
 namespace bmt::runtime {
 
 struct ZeroStorage::Group {
-  int64_t index = 0;
-  const plan::StorageGroup *info = nullptr;
+  int64_t index = 0;                        ///< in groups_ and shards_
+  const plan::StorageGroup *info = nullptr; ///< this TP rank's copy
+  /// Tensor parallelism: this rank's shard as element ranges [begin, end)
+  /// of TP-split members and of replicated ones (for the gradient norm),
+  /// and the buffer ranges of reduce_grad members.
+  std::vector<std::pair<int64_t, int64_t>> splitRanges, replicatedRanges, reduceGradRanges;
   plan::ShardRange range;       ///< this rank's elements of the buffer
   int64_t padded = 0;           ///< shardSize * shard ranks
   at::Tensor shard;             ///< [shardSize] of the group's dtype: gathered from
@@ -103,6 +108,11 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
     for (size_t m = 0; m < grads.size(); ++m)
       if (grads[m].defined())
         flat.narrow(0, g.info->offsets[m], grads[m].numel()).copy_(grads[m].reshape({-1}));
+    // Tensor parallelism: replicated members whose gradient differs per TP
+    // rank get the sum over the TP group (every TP rank runs this backward
+    // in the same order).
+    for (const auto &[begin, end] : g.reduceGradRanges)
+      zero->tensor_->allReduce(flat.narrow(0, begin, end - begin))->wait();
     zero->startReduceGradient(g, flat);
     zero->freeBuffer(g);
     // The shard's gradient arrives in finishGradients(), so that this
@@ -227,38 +237,66 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
 ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
                          const std::function<void(int64_t, int64_t)> &progress,
-                         bool offloadOptimizer)
-    : plan_(archive.plan()), device_(device), world_(world), offload_(offloadOptimizer) {
+                         bool offloadOptimizer, Comm *tensorComm, Comm *dataComm)
+    : plan_(archive.plan()), device_(device), world_(world),
+      data_(dataComm ? *dataComm : world), tensor_(tensorComm), offload_(offloadOptimizer) {
   if (plan_.zeroStage != 2 && plan_.zeroStage != 3)
     throw plan::PlanError(archive.path() + ": the plan has no ZeRO storage groups");
-  int64_t worldSize = world.size(), rank = world.rank();
+  const int64_t tp = plan_.tensorParallel, tpRank = tensor_ ? tensor_->rank() : 0;
+  if ((tp > 1) != (tensor_ != nullptr) || (tensor_ && (!dataComm || tensor_->size() != tp)))
+    throw std::logic_error("ZeroStorage: the TP and data-parallel communicators do not match "
+                           "the plan's tensor_parallel " + std::to_string(tp));
+  int64_t worldSize = data_.size(), rank = data_.rank();
   int64_t shardSize = plan_.shardGroupSize > 0 ? plan_.shardGroupSize : worldSize;
   if (worldSize % shardSize != 0)
-    throw CommError("world size " + std::to_string(worldSize) +
+    throw CommError((tp > 1 ? "data-parallel size " : "world size ") + std::to_string(worldSize) +
+                    (tp > 1 ? " (world size " + std::to_string(world.size()) + " / tensor parallel " +
+                                  std::to_string(tp) + ")"
+                            : std::string()) +
                     " is not a multiple of the plan's shard group size " +
                     std::to_string(shardSize) + " (hybrid sharding; recompile with "
                     "--shard-group-size dividing the number of ranks)");
-  shardComm_ = world.split(rank / shardSize, rank, "shard");
-  replicaComm_ = world.split(rank % shardSize, rank, "replica");
+  shardComm_ = data_.split(rank / shardSize, rank, "shard");
+  replicaComm_ = data_.split(rank % shardSize, rank, "replica");
 
+  // The groups this rank holds: with T > 1 the copy of its TP rank of each.
+  std::vector<int64_t> copies;
+  slots_.assign(plan_.groups.size(), -1);
+  for (size_t i = 0; i < plan_.groups.size(); ++i)
+    if (plan_.groups[i].tpRank <= 0) {
+      slots_[i] = static_cast<int64_t>(copies.size());
+      copies.push_back(plan_.tpGroup(static_cast<int64_t>(i), tpRank));
+    }
   int64_t total = 0, done = 0;
   std::vector<plan::ShardRange> ranges;
-  for (const plan::StorageGroup &info : plan_.groups) {
+  for (int64_t copy : copies) {
+    const plan::StorageGroup &info = plan_.groups[copy];
     ranges.push_back(plan::shardRange(info.size, shardComm_->rank(), shardComm_->size()));
     total += (ranges.back().end - ranges.back().begin) *
              static_cast<int64_t>(c10::elementSize(info.dtype)) / replicaComm_->size();
   }
-  for (size_t i = 0; i < plan_.groups.size(); ++i) {
-    const plan::StorageGroup &info = plan_.groups[i];
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const plan::StorageGroup &info = plan_.groups[copies[i]];
     auto g = std::make_unique<Group>();
     g->index = static_cast<int64_t>(i);
     g->info = &info;
     g->range = ranges[i];
+    if (tp > 1)
+      for (size_t m = 0; m < info.members.size(); ++m) {
+        const plan::TensorInfo &t = plan_.tensors[info.members[m]];
+        int64_t first = info.offsets[m], last = first + t.localNumel(tp);
+        if (t.split.reduceGrad)
+          g->reduceGradRanges.emplace_back(first, last);
+        first = std::max(first, g->range.begin) - g->range.begin;
+        last = std::min(last, g->range.end) - g->range.begin;
+        if (first < last)
+          (t.split.isSplit() ? g->splitRanges : g->replicatedRanges).emplace_back(first, last);
+      }
     g->padded = g->range.shardSize * shardComm_->size();
     at::TensorOptions options = at::TensorOptions().dtype(info.dtype).device(device_);
     at::Tensor shard = at::zeros({g->range.shardSize}, options);
     if (replicaComm_->size() == 1) {
-      at::Tensor local = archive.readGroupRange(i, g->range.begin, g->range.end);
+      at::Tensor local = archive.readGroupRange(copies[i], g->range.begin, g->range.end);
       shard.narrow(0, 0, local.numel()).copy_(local);
     } else {
       // Hybrid sharding: the R replicas of a shard each read 1/R of it and
@@ -269,7 +307,7 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
       int64_t begin = std::min(g->range.end, g->range.begin + piece.begin);
       int64_t end = std::min(g->range.end, g->range.begin + piece.end);
       at::Tensor mine = at::zeros({piece.shardSize}, options);
-      at::Tensor local = archive.readGroupRange(i, begin, end);
+      at::Tensor local = archive.readGroupRange(copies[i], begin, end);
       mine.narrow(0, 0, local.numel()).copy_(local);
       at::Tensor gathered = at::empty({piece.shardSize * replicas}, options);
       replicaComm_->allGather(gathered, mine)->wait();
@@ -298,11 +336,12 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
     g->full = at::empty({0}, options).set_(holder.storage(), 0, {g->padded}, {1});
     for (size_t m = 0; m < info.members.size(); ++m) {
       const plan::TensorInfo &t = plan_.tensors[info.members[m]];
-      std::vector<int64_t> strides(t.shape.size(), 1);
-      for (int64_t d = static_cast<int64_t>(t.shape.size()) - 2; d >= 0; --d)
-        strides[d] = strides[d + 1] * t.shape[d + 1];
+      const std::vector<int64_t> shape = t.localShape(tp);
+      std::vector<int64_t> strides(shape.size(), 1);
+      for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d)
+        strides[d] = strides[d + 1] * shape[d + 1];
       g->views.push_back(
-          at::empty({0}, options).set_(holder.storage(), info.offsets[m], t.shape, strides));
+          at::empty({0}, options).set_(holder.storage(), info.offsets[m], shape, strides));
     }
     freeBuffer(*g);
     if (!info.blockList.empty())
@@ -453,8 +492,8 @@ void ZeroStorage::addGradient(PendingGradient &p) {
   if (replicaComm_->size() > 1)
     replicaComm_->allReduce(p.out)->wait();
   at::Tensor out = p.out.to(gradientDtype(g)); // fp32 accumulation of a master's gradient
-  if (world_.size() > 1)
-    out.div_(static_cast<double>(world_.size()));
+  if (data_.size() > 1)
+    out.div_(static_cast<double>(data_.size()));
   if (param.grad().defined())
     param.mutable_grad().add_(out);
   else
@@ -541,9 +580,17 @@ void ZeroStorage::prepareBackward(const std::string &list, int64_t blockIndex) {
     ensureGathered(*groups_[g]);
 }
 
+ZeroStorage::Group &ZeroStorage::groupOf(int64_t group) {
+  int64_t slot = slots_.at(group);
+  if (slot < 0)
+    throw std::logic_error("ZeroStorage: plan group " + std::to_string(group) +
+                           " is the copy of another TP rank");
+  return *groups_[slot];
+}
+
 at::Tensor ZeroStorage::global(int64_t index) {
   const plan::TensorInfo &info = plan_.tensors.at(index);
-  Group &g = *groups_.at(info.group);
+  Group &g = groupOf(info.group);
   size_t member = 0;
   while (g.info->members[member] != index)
     ++member;
@@ -558,10 +605,10 @@ at::Tensor ZeroStorage::global(int64_t index) {
   return g.views[member];
 }
 
-void ZeroStorage::gather(int64_t group) { startGather(*groups_.at(group)); }
+void ZeroStorage::gather(int64_t group) { startGather(groupOf(group)); }
 
 void ZeroStorage::release(int64_t group) {
-  Group &g = *groups_.at(group);
+  Group &g = groupOf(group);
   // Under ZeRO-2 the plan has no release; a buffer still needed for a
   // backward is gathered again by RegatherFunction/CheckpointFunction.
   freeBuffer(g);
@@ -649,8 +696,28 @@ at::Tensor ZeroStorage::gradNorm() {
   // Sum of squares of this rank's shards (foreach norms, float64 across
   // shards and ranks), all-reduced over the shard group; no host sync.
   at::Tensor sumSquares = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
-  if (!grads.empty())
+  if (tensor_) {
+    // Tensor parallelism: split members count on every TP rank, replicated
+    // ones once (1/T of them on each of the T ranks, which hold the same).
+    std::vector<at::Tensor> split, replicated;
+    for (const auto &g : groups_) {
+      const at::Tensor &grad = shards_[g->index].grad();
+      if (!grad.defined())
+        continue;
+      for (const auto &[begin, end] : g->splitRanges)
+        split.push_back(grad.narrow(0, begin, end - begin));
+      for (const auto &[begin, end] : g->replicatedRanges)
+        replicated.push_back(grad.narrow(0, begin, end - begin));
+    }
+    if (!split.empty())
+      sumSquares += at::stack(at::_foreach_norm(split, 2)).to(at::kDouble).pow(2).sum();
+    if (!replicated.empty())
+      sumSquares += at::stack(at::_foreach_norm(replicated, 2)).to(at::kDouble).pow(2).sum() /
+                    static_cast<double>(tensor_->size());
+    tensor_->allReduce(sumSquares)->wait();
+  } else if (!grads.empty()) {
     sumSquares += at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2).sum();
+  }
   shardComm_->allReduce(sumSquares)->wait();
   return sumSquares.sqrt();
 }

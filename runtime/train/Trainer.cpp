@@ -264,12 +264,13 @@ Trainer::MicroBatchLoss Trainer::microBatchLoss(const MicroBatch &micro,
     result.loss = logits.sum().mul(0.0);
     return result;
   }
-  result.loss = languageModelLoss(logits, toDevice(ownLabels, device), /*shift=*/false);
+  result.loss = model_.loss(logits, toDevice(ownLabels, device));
   if (global) {
     // The ranks average their gradients and losses: weight this rank's mean
     // by its share of the batch's predicted tokens, so that the average is
     // the mean over all of them (as one process with the whole batch).
-    const int64_t ranks = model_.world().size();
+    // (Tensor parallelism: the ranks of a TP group share their rows.)
+    const int64_t ranks = model_.dataParallel().size();
     if (result.predicted * ranks != result.batchPredicted)
       result.loss = result.loss.mul(static_cast<double>(result.predicted * ranks) /
                                     static_cast<double>(result.batchPredicted));
@@ -328,8 +329,9 @@ EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t micr
   };
   // Batch i goes to rank i % W. Every rank runs the same number of
   // forwards (they are collective under ZeRO): a rank without a batch of
-  // its own in the last round runs batch 0 and does not count it.
-  Comm &world = model_.world();
+  // its own in the last round runs batch 0 and does not count it. (Tensor
+  // parallelism: W counts data-parallel ranks; a TP group shares a batch.)
+  Comm &world = model_.dataParallel();
   int64_t ranks = world.size(), rank = world.rank();
   double sum = 0;
   double tokens = 0;

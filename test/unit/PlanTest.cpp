@@ -1,11 +1,12 @@
-//===- PlanTest.cpp - plan formats 2-4: shard ranges, groups, archives ----===//
+//===- PlanTest.cpp - plan formats 2-6: shard ranges, groups, archives ----===//
 //
 // shardRange against the definition (ceil(size / N) per shard, clipped);
 // a plan with a storage group through IValue and back; the structural
 // checks of fromIValue; an archive written with a group and read back by
 // ranges (bytes read, checksums, weights-free init rules); a group split
 // into parts (version 4) read back the same by every range; the Hugging
-// Face files an archive carries.
+// Face files an archive carries; version 6 (tensor parallelism) through
+// IValue and back, its refusals, and the TP slicing rule.
 //
 //===----------------------------------------------------------------------===//
 
@@ -24,6 +25,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 namespace {
 
@@ -137,6 +139,221 @@ TEST(PlanFormat, RejectsMalformedGroups) {
   Plan badInit = twoParameterPlan();
   badInit.tensors[0].init = "uniform";
   EXPECT_THROW(fromIValue(toIValue(badInit)), PlanError);
+}
+
+/// twoParameterPlan with tensor parallelism T = 2: the weight [2, 3] split
+/// along dim 1 padded to 4 (local [2, 2]), the bias replicated with
+/// reduce_grad, the group in two copies of local size 4 + 3; a TpCopy, a
+/// TpAllReduce and a TpRank in the body; vocab-parallel logits.
+Plan tensorParallelPlan() {
+  Plan p = twoParameterPlan();
+  p.tensorParallel = 2;
+  p.vocabParallel = true;
+  p.vocabSize = 3;
+  p.tensors[0].split.dim = 1;
+  p.tensors[0].split.paddedSize = 4;
+  p.tensors[1].split.reduceGrad = true;
+  p.groups[0].offsets = {0, 4};
+  p.groups[0].size = 7;
+  p.groups[0].tpRank = 0;
+  p.groups[0].crc32s = {11, 12};
+  StorageGroup copy = p.groups[0];
+  copy.tpRank = 1;
+  copy.crc32s = {21, 22};
+  p.groups.push_back(copy);
+  Function &f = p.functions[0];
+  f.numRegisters = 4;
+  f.resultNames = {"logits"};
+  auto tp = [](Instruction::Kind kind, std::vector<Arg> args, int64_t result) {
+    Instruction inst;
+    inst.kind = kind;
+    inst.args = std::move(args);
+    inst.results = {result};
+    return inst;
+  };
+  f.body.push_back(tp(Instruction::Kind::TpCopy, {Arg::ofRegister(0)}, 1));
+  f.body.push_back(tp(Instruction::Kind::TpAllReduce, {Arg::ofRegister(1)}, 2));
+  f.body.push_back(tp(Instruction::Kind::TpRank, {}, 3));
+  f.returns = {2};
+  return p;
+}
+
+TEST(PlanFormat, TensorParallelRoundTrip) {
+  Plan p = fromIValue(toIValue(tensorParallelPlan()));
+  EXPECT_EQ(p.version, 6);
+  EXPECT_EQ(p.tensorParallel, 2);
+  EXPECT_TRUE(p.vocabParallel);
+  EXPECT_EQ(p.vocabSize, 3);
+  EXPECT_EQ(p.tensors[0].split.dim, 1);
+  EXPECT_EQ(p.tensors[0].split.chunks, 1);
+  EXPECT_EQ(p.tensors[0].split.paddedSize, 4);
+  EXPECT_FALSE(p.tensors[0].split.reduceGrad);
+  EXPECT_TRUE(p.tensors[1].split.reduceGrad);
+  EXPECT_EQ(p.tensors[1].split.dim, -1);
+  EXPECT_TRUE(p.tensors[2].split.isDefault());
+  EXPECT_EQ(p.tensors[0].localShape(2), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(p.tensors[1].localShape(2), (std::vector<int64_t>{3}));
+  ASSERT_EQ(p.groups.size(), 2u);
+  EXPECT_EQ(p.groups[0].tpRank, 0);
+  EXPECT_EQ(p.groups[1].tpRank, 1);
+  EXPECT_EQ(p.groups[1].crc32s, (std::vector<int64_t>{21, 22}));
+  EXPECT_EQ(p.tpGroup(0, 0), 0);
+  EXPECT_EQ(p.tpGroup(0, 1), 1);
+  const std::vector<Instruction> &body = p.functions[0].body;
+  ASSERT_EQ(body.size(), 5u);
+  EXPECT_EQ(body[2].kind, Instruction::Kind::TpCopy);
+  EXPECT_EQ(body[3].kind, Instruction::Kind::TpAllReduce);
+  EXPECT_EQ(body[3].args[0].reg, 1);
+  EXPECT_EQ(body[4].kind, Instruction::Kind::TpRank);
+  EXPECT_EQ(body[4].results, (std::vector<int64_t>{3}));
+  // Any one tensor-parallel field alone makes the plan version 6.
+  Plan one = twoParameterPlan();
+  one.tensors[2].split.dim = 0;
+  EXPECT_EQ(formatVersionOf(one), 6);
+}
+
+TEST(PlanFormat, WithoutTensorParallelismThePlanIsUnchanged) {
+  // T == 1: version 2 and none of the version 6 keys, so older readers
+  // read it and the pickled bytes are those of before.
+  Plan p = twoParameterPlan();
+  EXPECT_EQ(formatVersionOf(p), 2);
+  c10::IValue v = toIValue(p);
+  c10::impl::GenericDict root = v.toGenericDict();
+  for (const char *key : {"tensor_parallel", "vocab_parallel", "vocab_size"})
+    EXPECT_FALSE(root.contains(key)) << key;
+  for (const c10::IValue &t : root.at("tensors").toListRef())
+    EXPECT_FALSE(t.toGenericDict().contains("split"));
+  for (const c10::IValue &g : root.at("groups").toListRef())
+    EXPECT_FALSE(g.toGenericDict().contains("tp_rank"));
+  Plan back = fromIValue(v);
+  EXPECT_EQ(back.tensorParallel, 1);
+  EXPECT_FALSE(back.vocabParallel);
+  EXPECT_EQ(back.groups[0].tpRank, -1);
+}
+
+/// fromIValue(toIValue(p)) throws PlanError with `field` in its message.
+void expectRefused(const Plan &p, const std::string &field) {
+  try {
+    fromIValue(toIValue(p));
+    ADD_FAILURE() << "no error for a bad " << field;
+  } catch (const PlanError &e) {
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+  }
+}
+
+TEST(PlanFormat, RejectsInconsistentTensorParallelFields) {
+  Plan p = tensorParallelPlan();
+  p.tensorParallel = 0;
+  expectRefused(p, "tensor_parallel");
+  p = tensorParallelPlan();
+  p.tensors[0].split.dim = 2; // a 2-d tensor
+  expectRefused(p, "split dim");
+  p = tensorParallelPlan();
+  p.tensors[0].split.paddedSize = 2; // below shape[1] = 3
+  expectRefused(p, "padded_size");
+  p = tensorParallelPlan();
+  p.tensors[0].split.paddedSize = 0; // 3 columns over 2 ranks
+  expectRefused(p, "tensor_parallel (2)");
+  p = tensorParallelPlan();
+  p.tensors[0].split.chunks = 0;
+  expectRefused(p, "chunks");
+  p = tensorParallelPlan();
+  p.tensors[2].split.chunks = 3; // without a dim
+  expectRefused(p, "chunks");
+  p = tensorParallelPlan();
+  p.tensors[0].split.reduceGrad = true; // split and reduce_grad
+  expectRefused(p, "reduce_grad");
+  p = tensorParallelPlan();
+  p.groups[1].tpRank = 0; // two copies of rank 0
+  expectRefused(p, "tp_rank");
+  p = tensorParallelPlan();
+  p.groups[1].tpRank = 2;
+  expectRefused(p, "tp_rank");
+  p = tensorParallelPlan();
+  p.groups.pop_back(); // one copy for T = 2
+  expectRefused(p, "tp_rank copies");
+  p = tensorParallelPlan();
+  p.groups[1].size = 8;
+  expectRefused(p, "tp_rank copies differ");
+  p = tensorParallelPlan();
+  p.groups[1].crc32s = {1};
+  expectRefused(p, "crc32s");
+  p = tensorParallelPlan();
+  p.tensors[0].group = 1; // the tp_rank 1 copy
+  expectRefused(p, "tp_rank 0");
+  p = tensorParallelPlan();
+  p.functions[0].body[0].target = 1; // a gather of the tp_rank 1 copy
+  expectRefused(p, "tp_rank 0");
+  p = tensorParallelPlan();
+  p.vocabSize = 0;
+  expectRefused(p, "vocab_size");
+  p = tensorParallelPlan();
+  p.vocabParallel = false; // vocab_size without vocab_parallel
+  expectRefused(p, "vocab_size");
+  p = tensorParallelPlan();
+  p.functions[0].resultNames = {"hidden"};
+  expectRefused(p, "logits");
+  p = tensorParallelPlan();
+  p.functions[0].body[3].args.clear();
+  expectRefused(p, "tp_all_reduce");
+  p = tensorParallelPlan();
+  p.functions[0].body[4].args = {Arg::ofRegister(0)};
+  expectRefused(p, "tp_rank");
+  p = tensorParallelPlan();
+  p.functions[0].body[3].kind = Instruction::Kind::TpAllGather;
+  p.functions[0].body[3].op = "x";
+  expectRefused(p, "decimal");
+  // T == 1 with a group copy.
+  p = twoParameterPlan();
+  p.groups[0].tpRank = 0;
+  expectRefused(p, "tp_rank");
+  // A Tp instruction in a plan that says version 5 (older writer).
+  c10::IValue v = toIValue(tensorParallelPlan());
+  v.toGenericDict().insert_or_assign("version", int64_t(5));
+  try {
+    fromIValue(v);
+    ADD_FAILURE() << "a version 5 plan with tp instructions";
+  } catch (const PlanError &e) {
+    EXPECT_NE(std::string(e.what()).find("version 5"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TpSlice, MatchesTheContractsRule) {
+  // [2, 12] split along dim 1 into 3 chunks (a fused QKV) over T = 2: rank t
+  // holds columns [4c + 2t, 4c + 2t + 2) of each chunk c.
+  at::Tensor global = at::arange(24, at::kFloat).view({2, 12});
+  TensorSplit qkv;
+  qkv.dim = 1;
+  qkv.chunks = 3;
+  for (int64_t t = 0; t < 2; ++t) {
+    std::vector<at::Tensor> expected;
+    for (int64_t c = 0; c < 3; ++c)
+      expected.push_back(global.narrow(1, 4 * c + 2 * t, 2));
+    EXPECT_TRUE(at::equal(tpSlice(global, qkv, 2, t), at::cat(expected, 1))) << t;
+  }
+  // Vocab padding: [5, 2] padded to 8 rows over T = 4; rank 2 holds rows
+  // 4 (real) and 5 (zeros), rank 3 only zeros.
+  at::Tensor vocab = at::arange(10, at::kFloat).view({5, 2});
+  TensorSplit pad;
+  pad.dim = 0;
+  pad.paddedSize = 8;
+  EXPECT_TRUE(at::equal(tpSlice(vocab, pad, 4, 0), vocab.narrow(0, 0, 2)));
+  EXPECT_TRUE(at::equal(tpSlice(vocab, pad, 4, 2),
+                        at::cat({vocab.narrow(0, 4, 1), at::zeros({1, 2})})));
+  EXPECT_TRUE(at::equal(tpSlice(vocab, pad, 4, 3), at::zeros({2, 2})));
+  // tpUnslice puts the slices back together (padding dropped).
+  for (auto [tensor, split, ranks] :
+       {std::tuple{global, qkv, int64_t(2)}, std::tuple{vocab, pad, int64_t(4)}}) {
+    std::vector<at::Tensor> slices;
+    for (int64_t t = 0; t < ranks; ++t)
+      slices.push_back(tpSlice(tensor, split, ranks, t));
+    EXPECT_TRUE(at::equal(tpUnslice(slices, split, tensor.sizes().vec()), tensor));
+  }
+  // Replicated: the tensor itself; a split that does not fit: refused.
+  EXPECT_TRUE(at::equal(tpSlice(global, TensorSplit{}, 2, 1), global));
+  TensorSplit odd;
+  odd.dim = 0;
+  EXPECT_THROW(tpSlice(vocab, odd, 2, 0), PlanError);
 }
 
 class ArchiveFile : public ::testing::Test {

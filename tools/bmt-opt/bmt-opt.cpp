@@ -14,6 +14,7 @@
 #include "bmt/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Shard/IR/ShardDialect.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
@@ -26,7 +27,9 @@ using namespace mlir;
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   DialectRegistry registry;
-  registry.insert<bmt::BmtDialect, func::FuncDialect>();
+  // shard: the TP group (shard.grid) of --bmt-tensor-parallel, so that its
+  // output parses back.
+  registry.insert<bmt::BmtDialect, func::FuncDialect, shard::ShardDialect>();
   bmt::registerBmtPasses();
   bmt::registerDefaultPipeline();
   registerTransformsPasses(); // canonicalize, cse, symbol-dce, inline, ...

@@ -112,7 +112,11 @@ void printLoadSummary(const tools::RunOptions &o, const plan::Archive &archive,
               << " bytes read, objective " << objective << ", device " << device << "\n";
     if (worldSize > 1) {
       std::cout << "bmt-run: " << worldSize << " ranks (" << world->backend() << "), ZeRO-"
-                << p.zeroStage << ", weights " << weightBytes << " bytes; bytes read per rank:";
+                << p.zeroStage;
+      if (p.tensorParallel > 1)
+        std::cout << ", tensor parallel " << p.tensorParallel << " x data parallel "
+                  << worldSize / p.tensorParallel;
+      std::cout << ", weights " << weightBytes << " bytes; bytes read per rank:";
       for (int64_t r = 0; r < worldSize; ++r)
         std::cout << " " << bytesRead[r].item<int64_t>();
       std::cout << "\n";
@@ -129,13 +133,13 @@ int64_t probeVocabulary(const tools::RunOptions &o, runtime::Model &model,
                         const tools::FixedBatches &fixed,
                         const runtime::SpanCorruptionConfig *span, int64_t targetLength) {
   const bool encoderDecoder = model.isEncoderDecoder(), spanCorruption = span != nullptr;
-  const int64_t worldSize = model.world().size();
+  const int64_t worldSize = model.dataParallel().size(); // the ranks that split the rows
   const at::Device device = model.device();
   int64_t vocab = 0;
   c10::NoGradGuard noGrad;
   int64_t rows = o.microBatch, length = o.seqLen, target = targetLength;
   if (fixed.inputIds.defined()) {
-    rows = fixed.inputIds.size(1) / worldSize;
+    rows = fixed.inputIds.size(1) / worldSize; // (data-parallel ranks)
     length = fixed.inputIds.size(2);
     target = fixed.labels.size(2);
   } else if (fixed.windows.defined()) {
@@ -159,8 +163,10 @@ int64_t probeVocabulary(const tools::RunOptions &o, runtime::Model &model,
   try {
     if (model.takesLabels())
       results = model.forwardAll(probe);
-    else
-      vocab = model.forward(probe).size(-1);
+    else {
+      at::Tensor logits = model.forward(probe); // (vocab-parallel: this rank's part of them)
+      vocab = model.plan().vocabParallel ? model.plan().vocabSize : logits.size(-1);
+    }
   } catch (const runtime::ExecutionError &e) {
     std::string shape = std::to_string(rows) + " x " + std::to_string(length) +
                         (encoderDecoder ? " (decoder " + std::to_string(target) + ")" : "");
@@ -404,7 +410,9 @@ int run(const tools::RunOptions &o) {
   runtime::Model model(archive, device, world.get(), rank0 ? loadProgress : nullptr,
                        modelOptions);
   const plan::Plan &p = model.plan();
-  const int64_t worldSize = world->size(), rank = world->rank();
+  // Tensor parallelism: a TP group of T ranks shares its rows of the batch;
+  // the data is split over the data-parallel ranks.
+  const int64_t worldSize = model.dataParallel().size(), rank = model.dataParallel().rank();
   const bool encoderDecoder = model.isEncoderDecoder();
   runtime::Objective objectiveKind;
   try {
@@ -415,6 +423,25 @@ int run(const tools::RunOptions &o) {
   // A forward taking labels computes its own loss: bmt-run trains on it,
   // feeding the labels of the data objective (Trainer.h modelLabels).
   const bool modelLoss = model.takesLabels();
+  if (p.tensorParallel > 1) {
+    const std::string tp = o.archive + " is compiled for tensor parallelism (" +
+                           std::to_string(p.tensorParallel) + " ranks per TP group): ";
+    if (modelLoss || o.modelLoss)
+      throw Failure(tp + "--objective model-loss (a forward that takes labels) is not supported "
+                    "with it: the model's own loss would see only this rank's part of the "
+                    "vocab-parallel logits; export the model without labels to train it on "
+                    "bmt-run's vocab-parallel cross-entropy");
+    if (!o.checkpoints.dir.empty() || !o.resume.empty())
+      throw Failure(tp + "checkpoints (--checkpoint-dir, --resume) are not supported with it "
+                    "yet (they would need the TP slices gathered into global tensors); "
+                    "--save-params gathers the trained parameters");
+    if (!o.dumpInputs.empty())
+      throw Failure(tp + "--dump is not supported with it yet (each rank holds a part of the "
+                    "logits)");
+    if (o.train.inspectEvery > 0)
+      throw Failure(tp + "--inspect-every is not supported with it yet (its statistics would "
+                    "mix the ranks' slices)");
+  }
   if (o.modelLoss && !modelLoss)
     throw Failure(o.archive + ": --objective model-loss trains on the loss the model computes "
                   "from its labels, but its forward takes no 'labels' input (it was traced or "

@@ -152,6 +152,58 @@ def Bmt_ReleaseOp : Bmt_Op<"release", [
   let assemblyFormat = "$group attr-dict";
 }
 
+def Bmt_TpCopyOp : Bmt_Op<"tp_copy", [Pure, AllTypesMatch<["input", "result"]>]> {
+  let summary = "enter a column-parallel chain: identity forward, gradient summed over the TP group";
+  let description = [{
+    Placed by `--bmt-tensor-parallel` on the replicated input of the
+    column-parallel matmuls of one chain (Megatron-LM's "f"). Forward it
+    returns its input; in backward the gradient is summed over the `grid`
+    (the tensor-parallel group: the ranks with the same data-parallel rank).
+    The runtime runs it as the plan's `TpCopy` instruction.
+
+    ```mlir
+    %x1 = bmt.tp_copy %x over @tp : !bmt.tensor
+    ```
+  }];
+  let arguments = (ins Bmt_TensorType:$input, FlatSymbolRefAttr:$grid);
+  let results = (outs Bmt_TensorType:$result);
+  let assemblyFormat = "$input `over` $grid attr-dict `:` type($input)";
+}
+
+def Bmt_TpAllReduceOp : Bmt_Op<"tp_all_reduce", [AllTypesMatch<["input", "result"]>]> {
+  let summary = "leave a row-parallel chain: the sum over the TP group of the partial results";
+  let description = [{
+    Placed by `--bmt-tensor-parallel` after the row-parallel matmul that
+    ends a chain (Megatron-LM's "g"): every rank of `grid` holds a partial
+    sum; the result is the sum over the group. Backward passes the gradient
+    unchanged. The runtime runs it as the plan's `TpAllReduce` instruction.
+
+    ```mlir
+    %y = bmt.tp_all_reduce %partial over @tp : !bmt.tensor
+    ```
+  }];
+  let arguments = (ins Bmt_TensorType:$input, FlatSymbolRefAttr:$grid);
+  let results = (outs Bmt_TensorType:$result);
+  let assemblyFormat = "$input `over` $grid attr-dict `:` type($input)";
+}
+
+def Bmt_TpRankOp : Bmt_Op<"tp_rank", [Pure]> {
+  let summary = "this rank's index in the tensor-parallel group";
+  let description = [{
+    Placed by `--bmt-tensor-parallel` where the program needs to know which
+    slice a rank holds (the vocab offset of a vocab-parallel embedding), so
+    that one program serves every TP rank. The runtime runs it as the plan's
+    `TpRank` instruction: an int, like a constant.
+
+    ```mlir
+    %t = bmt.tp_rank over @tp
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$grid);
+  let results = (outs I64:$result);
+  let assemblyFormat = "`over` $grid attr-dict";
+}
+
 //===----------------------------------------------------------------------===//
 // Computation
 //===----------------------------------------------------------------------===//

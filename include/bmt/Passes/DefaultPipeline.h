@@ -74,12 +74,18 @@ public:
 
 namespace bmt {
 
-/// Options of the default pipeline. The first nine are also bmt-opt's
+/// Options of the default pipeline. The first ten are also bmt-opt's
 /// top-level flags of the same names (commandLineFlags()).
 struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions> {
   Option<int64_t> worldSize{
       *this, "world-size",
       llvm::cl::desc("ranks of the training job (memory estimate, auto checkpoint)"),
+      llvm::cl::init(1)};
+  Option<int64_t> tensorParallel{
+      *this, "tensor-parallel",
+      llvm::cl::desc("ranks of one tensor-parallel group: blocks are split over groups of this "
+                     "many consecutive ranks, ZeRO shards across the groups (1: none; "
+                     "bmt-tensor-parallel)"),
       llvm::cl::init(1)};
   Option<ZeroStage> zeroStage{*this, "zero-stage", llvm::cl::desc("ZeRO stage: 3 or 2"),
                               llvm::cl::init(ZeroStage::Three)};
@@ -134,8 +140,9 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
 
   /// The options that are also top-level flags of bmt-opt, in this order.
   llvm::SmallVector<llvm::cl::Option *> commandLineFlags() {
-    return {&worldSize,  &zeroStage, &shardGroupSize, &checkpoint,    &memoryBudgetGib,
-            &microBatch, &seqLen,    &prefetchDepth,  &assumeUnpadded};
+    return {&worldSize,       &tensorParallel, &zeroStage, &shardGroupSize,
+            &checkpoint,      &memoryBudgetGib, &microBatch, &seqLen,
+            &prefetchDepth,   &assumeUnpadded};
   }
 
   /// Checks the values together (sizes positive, a budget exactly with

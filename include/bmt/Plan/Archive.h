@@ -69,7 +69,11 @@ struct WriteStats {
 /// failure leaves no file. The weights come from `read`, a range at a time:
 /// at most one storage group part (maxGroupRecordBytes) and one tensor
 /// outside groups are in memory at once. Sets each TensorInfo's record,
-/// offset and crc32 and each group's record or parts. `hfFiles` (names from
+/// offset and crc32 and each group's record or parts. Tensor parallelism
+/// (plan tensorParallel T > 1): `read` still gives the global values; each
+/// tp_rank copy of a group gets its TP rank's slices (tpSlice; a split
+/// member is read whole, then sliced) and its crc32s; a member's record,
+/// offset and crc32 are those of the tp_rank 0 copy. `hfFiles` (names from
 /// kHfFileNames) are written as records bmt/hf/<name>. Throws PlanError (or
 /// what `read` throws, c10::Error from LibTorch) on failure, and PlanError
 /// for a name not in kHfFileNames.
@@ -112,6 +116,8 @@ public:
   /// Throws PlanError if the record is missing or too short.
   at::Tensor readTensor(size_t index);
   /// Reads elements [begin, end) of storage group `group`'s flat buffer
+  /// (with tensor parallelism: of that tp_rank copy, members of local size,
+  /// checked against the copy's crc32s; init rules give the copy's slices)
   /// into a new 1-D CPU tensor of the group's dtype, reading only those
   /// bytes from the file (rank-local loading; from each part the range
   /// covers, for a group split into parts). Checks the CRC-32 of every

@@ -30,8 +30,10 @@ namespace bmt::plan {
 /// Version of the plan and archive layout. Bumped on any incompatible change.
 /// 3 adds `assumptions` (version 2 plans have none); 4 adds storage groups
 /// split into several records (StorageGroup::parts); 5 adds Fused
-/// instructions (bmt-opt --bmt-fuse-elementwise).
-constexpr int64_t kPlanFormatVersion = 5;
+/// instructions (bmt-opt --bmt-fuse-elementwise); 6 adds tensor
+/// parallelism (TensorSplit, StorageGroup::tpRank, Plan::tensorParallel,
+/// vocabParallel, vocabSize, the Tp* instructions).
+constexpr int64_t kPlanFormatVersion = 6;
 /// The oldest version readers still take.
 constexpr int64_t kOldestPlanFormatVersion = 2;
 
@@ -45,6 +47,26 @@ inline constexpr const char *kAssumeAttentionMaskAllOnes = "attention_mask all o
 class PlanError : public std::runtime_error {
 public:
   using std::runtime_error::runtime_error;
+};
+
+/// Version 6: how a tensor is split over the tensor-parallel (TP) group of
+/// T ranks. The tensor's `shape` stays the global, unpadded one. Along
+/// `dim`, P = paddedSize ? paddedSize : shape[dim] elements (the tensor
+/// padded with zeros at the end of `dim`) form `chunks` equal chunks, each
+/// split T ways: TP rank t holds, for c in 0..chunks-1, elements
+/// [c*P/chunks + t*P/(chunks*T), c*P/chunks + (t+1)*P/(chunks*T)),
+/// concatenated in c order (local size P / T; P % (chunks * T) == 0).
+/// See localShape() and docs/sharded-format.md.
+struct TensorSplit {
+  int64_t dim = -1;        ///< -1: replicated over the TP group; else the split dim of `shape`
+  int64_t chunks = 1;      ///< equal chunks of `dim`, each split T ways (a fused QKV: 3)
+  int64_t paddedSize = 0;  ///< 0, or the size of `dim` after zero padding (>= shape[dim]; chunks 1)
+  /// A replicated tensor whose gradient differs per TP rank: the gradient is
+  /// summed over the TP group before the optimizer.
+  bool reduceGrad = false;
+
+  bool isSplit() const { return dim >= 0; }
+  bool isDefault() const { return dim < 0 && chunks == 1 && paddedSize == 0 && !reduceGrad; }
 };
 
 /// A parameter or buffer of the model.
@@ -70,9 +92,15 @@ struct TensorInfo {
   /// CRC-32 (zlib's polynomial) of the tensor's bytes; readers check it,
   /// since the zip container's own CRCs are not checked by LibTorch.
   int64_t crc32 = 0;
+  /// Version 6: the split over the TP group (default: replicated).
+  TensorSplit split;
 
   int64_t numel() const;
   int64_t nbytes() const;
+  /// The shape of TP rank's slice with T = `tensorParallel` ranks (`shape`
+  /// itself when not split or T == 1): shape[dim] replaced by P / T.
+  std::vector<int64_t> localShape(int64_t tensorParallel) const;
+  int64_t localNumel(int64_t tensorParallel) const;
 };
 
 /// One argument of an instruction: a register, a constant, or a list of
@@ -105,6 +133,21 @@ struct Instruction {
     /// forward and one backward (include/bmt/Runtime/fusion/Region.h), or
     /// as the body's calls where the generator does not take the inputs.
     Fused,
+    /// Version 6, tensor parallelism, on the TP group (sums):
+    /// results[0] = the sum over the TP group of register args[0]; the
+    /// gradient passes unchanged (Megatron-LM's "g").
+    TpAllReduce,
+    /// results[0] = args[0]; the gradient is summed over the TP group
+    /// (Megatron-LM's "f", before a column-parallel matmul).
+    TpCopy,
+    /// results[0] = the TP rank (an int, like a Constant instruction).
+    TpRank,
+    /// results[0] = args[0] gathered from the TP group along dim `op` (a
+    /// decimal string); backward: reduce-scatter along that dim.
+    TpAllGather,
+    /// results[0] = the sum over the TP group of args[0], scattered along
+    /// dim `op` (a decimal string); backward: all-gather along that dim.
+    TpReduceScatter,
   };
   Kind kind = Kind::Aten;
   std::string op;               ///< Aten: "aten::softmax.int"
@@ -154,6 +197,17 @@ struct StorageGroup {
   /// Empty for a group in one record (or none: weights-free).
   std::vector<std::string> parts;
   int64_t partSize = 0;
+  /// Version 6, T > 1: the TP rank whose local slices the group holds
+  /// (-1 when T == 1). Every group exists T times, tpRank 0..T-1, with the
+  /// same name, members, offsets and size; TensorInfo::group and the
+  /// Gather/Release targets name the tpRank 0 copy (tpGroup() finds the
+  /// others). Members' offsets and `size` count local elements.
+  int64_t tpRank = -1;
+  /// Version 6, T > 1: CRC-32 of each member's bytes in this copy (its
+  /// local slice), in `members` order, checked instead of TensorInfo::crc32
+  /// (which writeArchive sets to the tp_rank 0 copy's). Empty when the group
+  /// has no record (weights-free) or T == 1.
+  std::vector<int64_t> crc32s;
 
   int64_t nbytes() const { return size * static_cast<int64_t>(c10::elementSize(dtype)); }
 };
@@ -171,6 +225,22 @@ ShardRange shardRange(int64_t size, int64_t rank, int64_t shards);
 /// PlanError for a dtype the plan format has no name for.
 std::string dtypeName(c10::ScalarType dtype);
 c10::ScalarType dtypeFromName(const std::string &name);
+
+/// TP rank `tpRank`'s slice (of `tensorParallel` ranks) of the global
+/// tensor `global` (shape TensorInfo::shape) by `split`'s rule: padded with
+/// zeros at the end of split.dim to paddedSize, then the rank's part of
+/// each of the `chunks` chunks, concatenated. `global` itself when not
+/// split. Returns a new contiguous tensor; throws PlanError when `global`'s
+/// shape does not fit the split.
+at::Tensor tpSlice(const at::Tensor &global, const TensorSplit &split, int64_t tensorParallel,
+                   int64_t tpRank);
+
+/// The inverse of tpSlice: the global tensor (shape `shape`, padding
+/// dropped) from the `tensorParallel` slices `slices` (TP rank order, each
+/// of the local shape). Returns a new contiguous tensor; PlanError when the
+/// slices do not fit.
+at::Tensor tpUnslice(const std::vector<at::Tensor> &slices, const TensorSplit &split,
+                     const std::vector<int64_t> &shape);
 
 /// CRC-32 (IEEE 802.3, zlib's crc32) of `nbytes` bytes at `data`: the
 /// checksum of sharded.pt's tensors and of checkpoint shards.
@@ -198,22 +268,38 @@ struct Plan {
   /// bmt.assumptions); each is one of the kAssume* strings. A runtime that
   /// feeds other inputs must refuse them.
   std::vector<std::string> assumptions;
+  /// Version 6: T, the size of the tensor-parallel group (1: none). The
+  /// world size must be a multiple of T; TP rank = rank % T, data-parallel
+  /// rank = rank / T.
+  int64_t tensorParallel = 1;
+  /// Version 6: the entry's `logits` hold vocab entries [t*Vp/T, (t+1)*Vp/T)
+  /// of the padded vocab Vp on TP rank t (a vocab-parallel LM head).
+  bool vocabParallel = false;
+  /// Version 6, vocabParallel: the real vocab size V; logits at vocab index
+  /// >= V (padding) are ignored by the loss. 0 when not vocab-parallel.
+  int64_t vocabSize = 0;
 
   /// The index of the tensor named `name` (or aliased so), or -1.
   int64_t findTensor(const std::string &name) const;
   /// Whether `assumptions` holds `assumption`.
   bool assumes(const std::string &assumption) const;
+  /// The index of the copy of storage group `group` (a tpRank 0 or -1
+  /// copy) that TP rank `tpRank` uses: `group` itself when T == 1.
+  int64_t tpGroup(int64_t group, int64_t tpRank) const;
 };
 
 /// The version a writer gives `plan`: 2; 3 when it has assumptions; 4 when
 /// a storage group is split into parts; 5 when a function has a Fused
-/// instruction (an older reader must refuse such a plan rather than ignore
-/// what it does not know).
+/// instruction; 6 when anything of tensor parallelism is non-default
+/// (T > 1, a TensorSplit, a tpRank, vocabParallel, a Tp* instruction). An
+/// older reader must refuse such a plan rather than ignore what it does not
+/// know; a plan with T == 1 and nothing else new is written as before.
 int64_t formatVersionOf(const Plan &plan);
 
 /// Plan <-> IValue. fromIValue throws PlanError on a malformed value, a
 /// version it does not read (naming the versions it reads), or an
-/// assumption it does not know.
+/// assumption it does not know; for version 6 also on a split, group copy
+/// or vocab field inconsistent with tensor_parallel (naming the field).
 c10::IValue toIValue(const Plan &plan);
 Plan fromIValue(const c10::IValue &value);
 

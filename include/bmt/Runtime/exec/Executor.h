@@ -12,6 +12,7 @@
 #define BMT_RUNTIME_EXEC_EXECUTOR_H
 
 #include "bmt/Plan/Plan.h"
+#include "bmt/Runtime/comm/Comm.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -94,6 +95,14 @@ public:
   /// Routes sharded parameters, gather/release and block calls to `hooks`
   /// (not owned; must outlive the executor's runs). Null: no ZeRO.
   void setHooks(ExecutorHooks *hooks) { hooks_ = hooks; }
+  /// Runs the tensor-parallel instructions (TpAllReduce, TpCopy, TpRank,
+  /// TpAllGather, TpReduceScatter) over `tensorComm`, the TP group (not
+  /// owned; must outlive the runs). Null (the default): a TP group of one,
+  /// where they are identities and TpRank is 0. Each runs as an autograd
+  /// function, so that a recomputed (checkpointed) block runs it again and
+  /// the backward issues the matching collective (Megatron-LM's f and g:
+  /// Shoeybi et al. 2019, "Megatron-LM", section 3).
+  void setTensorParallel(Comm *tensorComm) { tensorComm_ = tensorComm; }
   /// Reports block results (and instructions) to `observer` (not owned;
   /// null: none).
   void setObserver(ExecutorObserver *observer) { observer_ = observer; }
@@ -112,6 +121,7 @@ private:
   at::Device device_;
   ExecutorHooks *hooks_ = nullptr;
   ExecutorObserver *observer_ = nullptr;
+  Comm *tensorComm_ = nullptr;
   std::vector<std::vector<std::unique_ptr<Prepared>>> prepared_; // [function][instruction]
 };
 

@@ -91,9 +91,16 @@ public:
   /// parameter and gradients are all-reduced (plain data parallelism).
   /// Trainable parameters become autograd leaves. `progress(done, total)`
   /// is called with this rank's bytes read so far.
+  /// Tensor parallelism (plan tensorParallel T > 1): the world is split
+  /// into TP groups of T consecutive ranks (tensorParallel()) and the
+  /// data-parallel ranks of each TP rank (dataParallel()); this rank holds
+  /// the slices of its TP rank (group copies, tensors outside groups sliced
+  /// at load) and ZeRO shards over the data-parallel ranks.
   /// Collective when world has several ranks. Throws plan::PlanError for a
   /// bad archive, ExecutionError for a plan that cannot run (or offloading
-  /// the optimizer without storage groups), CommError.
+  /// the optimizer without storage groups; under T > 1: a world size that
+  /// is not a multiple of T, naming both, a plan without ZeRO storage
+  /// groups or with trainable tensors outside them, offloading), CommError.
   Model(plan::Archive &archive, at::Device device, Comm *world = nullptr,
         const std::function<void(int64_t, int64_t)> &progress = nullptr,
         const ModelOptions &options = {});
@@ -200,7 +207,8 @@ public:
   /// outside groups in plan order.
   std::vector<int64_t> fullParameterOrder() const;
   /// Calls `visit(index, value)` on every rank for every trainable
-  /// parameter in fullParameterOrder(): `value` is its full value (or
+  /// parameter in fullParameterOrder(): `value` is its full value (under
+  /// tensor parallelism the global tensor, gathered from the TP group; or
   /// gradient, with `gradients`: zeros for a grouped parameter without
   /// one; an ungrouped one without a gradient is skipped) on the model's
   /// device, valid during the call only. Under ZeRO one storage group is
@@ -234,12 +242,26 @@ public:
   at::Device device() const { return device_; }
   /// The communicator of all ranks (a local one for a single process).
   Comm &world() { return *world_; }
+  /// The ranks that train on other rows of the batch and average their
+  /// gradients: world() without tensor parallelism, else the N/T ranks of
+  /// this rank's TP rank (data-parallel rank = world rank / T).
+  Comm &dataParallel() { return dataComm_ ? *dataComm_ : *world_; }
+  /// This rank's TP group (T consecutive ranks; TP rank = world rank % T),
+  /// null without tensor parallelism (T == 1).
+  Comm *tensorParallel() { return tensorComm_.get(); }
+  /// The training loss of `logits` against `labels` (int64 [batch, seq],
+  /// -100 where no target; position t predicts label t):
+  /// languageModelLoss(logits, labels, false), or with a vocab-parallel LM
+  /// head (plan vocabParallel) vocabParallelCrossEntropy over the TP group
+  /// of the logits [batch, seq, Vp / T] this rank holds. Collective then.
+  at::Tensor loss(const at::Tensor &logits, const at::Tensor &labels);
 
 private:
   plan::Plan plan_;
   at::Device device_;
   std::unique_ptr<Comm> ownWorld_;
   Comm *world_ = nullptr;
+  std::unique_ptr<Comm> tensorComm_, dataComm_; ///< T > 1 only
   std::unique_ptr<ParameterStorage> storage_; ///< replicated, or zero_
   ZeroStorage *zero_ = nullptr;               ///< storage_ under ZeRO, else null
   std::unique_ptr<Executor> executor_;

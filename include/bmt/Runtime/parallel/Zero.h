@@ -32,6 +32,14 @@
 // shard group s = ranks [s*G, (s+1)*G), shard rank = rank % G; replica group
 // of shard rank k = ranks {k, k+G, ...}. G = 0 means G = W.
 //
+// Tensor parallelism (plan tensor_parallel T > 1): the storage shards over
+// the data-parallel communicator (the N/T ranks of one TP rank t; the
+// layout above with W = N/T, ranks counted in it), holds the group copies
+// of tp_rank t (local slices), averages gradients over the data-parallel
+// ranks only, sums the gradients of reduce_grad members over the TP group,
+// and computes the gradient norm over the whole model (split members on
+// every TP rank, replicated ones once).
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef BMT_RUNTIME_PARALLEL_ZERO_H
@@ -72,12 +80,16 @@ public:
   /// HostGradientSource): bf16/fp16 groups get no float32 master on the
   /// device, and every group's gradient is copied to a host buffer when
   /// it is complete (see setMicroBatchesPerStep).
-  /// Throws plan::PlanError for a bad archive, CommError when the world size
-  /// is not a multiple of the plan's shard group size (naming both) or a
-  /// collective fails.
+  /// `tensorComm` / `dataComm` (both or neither; not owned): under tensor
+  /// parallelism, the TP group of this rank and the data-parallel ranks of
+  /// its TP rank, split from `world` (Model does); null when T == 1.
+  /// Throws plan::PlanError for a bad archive, CommError when the world
+  /// (data-parallel) size is not a multiple of the plan's shard group size
+  /// (naming both) or a collective fails.
   ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
               const std::function<void(int64_t, int64_t)> &progress = nullptr,
-              bool offloadOptimizer = false);
+              bool offloadOptimizer = false, Comm *tensorComm = nullptr,
+              Comm *dataComm = nullptr);
   ~ZeroStorage() override;
 
   // ExecutorHooks.
@@ -146,7 +158,8 @@ public:
   /// Global L2 norm of the gradients over all ranks (a float64 tensor of one
   /// element on the device), without a host synchronisation. Collective.
   at::Tensor gradNorm() override;
-  /// Storage group `group`'s whole flat buffer [shard size x shard ranks]
+  /// Storage group `group`'s (an index of shards(); the plan's group index
+  /// when T == 1) whole flat buffer [shard size x shard ranks]
   /// (a new tensor on the device; members at the plan's offsets, padding
   /// after the last shard's end), or its gradient with `gradient` (zeros
   /// when none; float32 for a bf16/fp16 group). Gathered from the shard
@@ -204,9 +217,15 @@ private:
   const std::vector<int64_t> &blockGroups(const std::string &list, int64_t index) const;
   c10::ScalarType reduceDtype(const Group &g) const;
 
+  /// The Group of plan group index `group` (a tp_rank 0 or -1 copy).
+  Group &groupOf(int64_t group);
+
   const plan::Plan &plan_;
   at::Device device_;
   Comm &world_;
+  Comm &data_;          ///< the ranks gradients are averaged over (world_ when T == 1)
+  Comm *tensor_ = nullptr; ///< the TP group (null when T == 1)
+  std::vector<int64_t> slots_; ///< plan group index -> index in groups_ (-1: another TP rank's)
   std::unique_ptr<Comm> shardComm_, replicaComm_;
   std::vector<std::unique_ptr<Group>> groups_;
   std::vector<at::Tensor> shards_;

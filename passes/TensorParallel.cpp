@@ -1,0 +1,1254 @@
+//===- TensorParallel.cpp - the bmt-tensor-parallel pass ------------------===//
+//
+// Splits the matmul chains of each transformer block over a tensor-parallel
+// group of T ranks, the way Megatron-LM splits a layer (Shoeybi et al.,
+// "Megatron-LM", 2019, section 3): a chain that starts at matmuls with
+// parameter weights reading one replicated activation, runs through
+// pointwise ops, views and per-head attention, and ends at a matmul that
+// contracts the split dimension becomes column-parallel then row-parallel,
+// with a bmt.tp_copy before it and one bmt.tp_all_reduce after it. The
+// chains are found by following the split dimension through the program
+// (docs/passes.md, "Tensor parallelism"); names are not consulted. See
+// passes/Passes.td.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bmt/Dialect/AtenArgs.h"
+#include "bmt/Dialect/AtenRegistry.h"
+#include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Shard/IR/ShardDialect.h"
+#include "mlir/Dialect/Shard/IR/ShardOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringExtras.h"
+
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+
+namespace bmt {
+#define GEN_PASS_DEF_TENSORPARALLEL
+#include "bmt/Passes/Passes.h.inc"
+} // namespace bmt
+
+using namespace mlir;
+
+namespace {
+
+/// How a value is split over the TP group: along `dim` (counted from the
+/// end, -1 the last), whose global size is `global` (-1 unknown), made of
+/// `chunks` equal parts each split T ways (fused q/k/v: 3). `sizes` holds
+/// the global sizes of every dim when the rank is known (-1 per unknown
+/// size), and is empty when it is not.
+struct Split {
+  int64_t dim = -1;
+  int64_t global = -1;
+  int64_t chunks = 1;
+  llvm::SmallVector<int64_t> sizes;
+  /// True when the dim holds attention heads (found by a view that splits
+  /// the hidden dim into heads x head dim).
+  bool heads = false;
+
+  bool rankKnown() const { return !sizes.empty(); }
+  int64_t rank() const { return static_cast<int64_t>(sizes.size()); }
+  /// The split dim as a position (needs the rank).
+  int64_t pos() const { return rank() + dim; }
+  void setSizes(llvm::SmallVector<int64_t> s) {
+    sizes = std::move(s);
+    if (rankKnown() && pos() >= 0 && pos() < rank())
+      sizes[pos()] = global;
+  }
+};
+
+/// A constant argument (or list element) of a bmt.aten op to rewrite to its
+/// local size.
+struct IntEdit {
+  bmt::AtenOp op;
+  unsigned arg;
+  int elem; // -1: the argument itself
+  int64_t value;
+};
+
+struct MatmulSite {
+  bmt::AtenOp op;
+  bmt::ParameterOp weight;
+  bmt::ParameterOp bias; // may be null
+  int64_t weightDim;     // the weight dim that is split
+};
+
+/// One column-parallel -> row-parallel chain, found but not yet rewritten.
+struct Chain {
+  llvm::SmallVector<MatmulSite> columns;
+  llvm::SmallVector<MatmulSite> rows;
+  llvm::SmallVector<IntEdit> edits;
+  llvm::MapVector<Operation *, std::pair<int64_t, int64_t>> paramSplits; // {dim, chunks}
+  llvm::SmallVector<OpOperand *> copyUses; // uses of the replicated input to route through tp_copy
+  Value input;
+  int64_t headsGlobal = 0; // attention heads of the widest head split, 0 when none
+  int64_t kvHeads = 0;     // the narrowest (GQA/MQA kv heads), 0 when none
+  int64_t columnWidth = 0; // global width of the first column matmul
+  int64_t widestColumn = 0; // of the widest (narrower ones: GQA's k, v)
+  bool fused = false;      // a column weight holds several chunks (fused q/k/v)
+  int64_t ops = 0;
+};
+
+/// Thrown (as a value) when a chain cannot be split: `fatal` for sizes that
+/// T does not divide (the compile fails), else the chain stays replicated.
+struct Failure {
+  bool fatal = false;
+  Operation *op = nullptr;
+  std::string message;
+  Operation *seed = nullptr; // the first column matmul of the chain
+};
+
+struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
+  using TensorParallelBase::TensorParallelBase;
+
+  ModuleOp module;
+  std::shared_ptr<SymbolTable> symbols;
+  llvm::DenseMap<Operation *, llvm::SmallVector<func::CallOp>> callSites; // func -> calls
+  llvm::DenseMap<Operation *, llvm::SmallVector<bmt::GetGlobalOp>> paramReads;
+  llvm::DenseSet<Operation *> blockFuncs;
+
+  bmt::ParameterOp paramOf(Value v) {
+    auto g = v.getDefiningOp<bmt::GetGlobalOp>();
+    return g ? symbols->lookup<bmt::ParameterOp>(g.getGlobal()) : nullptr;
+  }
+  static llvm::ArrayRef<int64_t> shapeOf(bmt::ParameterOp p) {
+    return cast<RankedTensorType>(p.getType()).getShape();
+  }
+  /// Whether `p` is read only by `v`'s get_global, and `v` used once.
+  bool usedOnlyHere(bmt::ParameterOp p, Value v) {
+    return p && paramReads[p].size() == 1 && v.hasOneUse() && !p.getAliases();
+  }
+
+  /// The weight (and bias) of a matmul with a parameter weight:
+  /// aten::linear(x, W[out, in], b) or aten::addmm(b, x, W[in, out]).
+  /// `outDim` is the weight's output dim.
+  struct MatmulShape {
+    bmt::ParameterOp weight, bias;
+    Value input, weightValue, biasValue;
+    int64_t outDim, in, out;
+  };
+  std::optional<MatmulShape> matmulShape(bmt::AtenOp op) {
+    StringRef name = op.getName();
+    MatmulShape m;
+    if (name == "aten::linear") {
+      auto input = bmt::getAtenArg(op, "input"), weight = bmt::getAtenArg(op, "weight"),
+           bias = bmt::getAtenArg(op, "bias");
+      if (!input || !input->isOperand() || !weight || !weight->isOperand())
+        return std::nullopt;
+      m.input = input->getOperand();
+      m.weightValue = weight->getOperand();
+      m.outDim = 0;
+      if (bias && bias->isOperand())
+        m.biasValue = bias->getOperand();
+    } else if (name == "aten::addmm") {
+      auto self = bmt::getAtenArg(op, "self"), mat1 = bmt::getAtenArg(op, "mat1"),
+           mat2 = bmt::getAtenArg(op, "mat2");
+      auto beta = bmt::getAtenArg(op, "beta"), alpha = bmt::getAtenArg(op, "alpha");
+      if (!self || !self->isOperand() || !mat1 || !mat1->isOperand() || !mat2 ||
+          !mat2->isOperand() || beta->getNumber() != 1.0 || alpha->getNumber() != 1.0)
+        return std::nullopt;
+      m.input = mat1->getOperand();
+      m.weightValue = mat2->getOperand();
+      m.biasValue = self->getOperand();
+      m.outDim = 1;
+    } else {
+      return std::nullopt;
+    }
+    m.weight = paramOf(m.weightValue);
+    if (!m.weight || !m.weight.getRequiresGrad() || shapeOf(m.weight).size() != 2)
+      return std::nullopt;
+    if (m.biasValue) {
+      m.bias = paramOf(m.biasValue);
+      if (!m.bias || shapeOf(m.bias).size() != 1)
+        return std::nullopt;
+    }
+    m.out = shapeOf(m.weight)[m.outDim];
+    m.in = shapeOf(m.weight)[1 - m.outDim];
+    return m;
+  }
+
+  /// The functions a block list's calls reach.
+  void collectBlockFuncs() {
+    std::function<void(func::FuncOp)> visit = [&](func::FuncOp f) {
+      if (!f || !blockFuncs.insert(f).second)
+        return;
+      f.walk([&](func::CallOp call) { visit(symbols->lookup<func::FuncOp>(call.getCallee())); });
+    };
+    for (auto list : module.getOps<bmt::BlockListOp>())
+      for (Attribute b : list.getBlocks())
+        visit(symbols->lookup<func::FuncOp>(cast<FlatSymbolRefAttr>(b).getValue()));
+  }
+
+  [[noreturn]] static void fail(Operation *op, const llvm::Twine &message, bool fatal = false) {
+    throw Failure{fatal, op, message.str()};
+  }
+
+  void checkDivides(Operation *op, StringRef what, int64_t size, int64_t by) {
+    if (size <= 0 || size % by != 0)
+      fail(op, llvm::Twine(what) + " " + llvm::Twine(size) + " is not divisible by --tensor-parallel " +
+                   llvm::Twine(by),
+           /*fatal=*/true);
+  }
+
+  /// The split of `v` in the chain being built, if any.
+  llvm::DenseMap<Value, Split> splits;
+
+  void assign(Value v, Split s, llvm::SmallVector<Value> &work) {
+    auto it = splits.find(v);
+    if (it != splits.end()) {
+      if (it->second.dim != s.dim)
+        fail(v.getDefiningOp() ? v.getDefiningOp() : v.getParentBlock()->getParentOp(),
+             "reached along two different split dims");
+      return;
+    }
+    splits[v] = std::move(s);
+    work.push_back(v);
+  }
+
+  /// Normalizes a dim argument against rank `rank` (-1 unknown); none when
+  /// the rank is needed and unknown.
+  static std::optional<int64_t> negDim(int64_t d, int64_t rank) {
+    if (d < 0)
+      return d;
+    if (rank < 0)
+      return std::nullopt;
+    return d - rank;
+  }
+
+  /// Propagates the chain from the values in `work`.
+  void propagate(llvm::SmallVector<Value> &work, Chain &chain) {
+    while (!work.empty()) {
+      Value v = work.pop_back_val();
+      Split s = splits[v];
+      for (OpOperand &use : v.getUses())
+        step(use, s, work, chain);
+    }
+  }
+
+  void step(OpOperand &use, const Split &s, llvm::SmallVector<Value> &work, Chain &chain) {
+    Operation *user = use.getOwner();
+    if (auto call = dyn_cast<func::CallOp>(user)) {
+      auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
+      if (!callee || callSites[callee].size() != 1)
+        fail(user, "a split value enters a function called more than once");
+      assign(callee.getArgument(use.getOperandNumber()), s, work);
+      return;
+    }
+    if (auto ret = dyn_cast<func::ReturnOp>(user)) {
+      auto f = ret->getParentOfType<func::FuncOp>();
+      if (blockFuncs.count(f) && isBlockRoot(f))
+        fail(user, "a split value leaves the block");
+      if (!blockFuncs.count(f) || callSites[f].size() != 1)
+        fail(user, "a split value leaves a function called more than once");
+      assign(callSites[f][0].getResult(use.getOperandNumber()), s, work);
+      return;
+    }
+    if (auto fused = dyn_cast<bmt::FusedOp>(user)) {
+      if (fused.getKind() == "row" && s.dim == -1)
+        fail(user, "a last-dim normalization over the split dim");
+      elementwise(user, s, work);
+      ++chain.ops;
+      return;
+    }
+    auto op = dyn_cast<bmt::AtenOp>(user);
+    if (!op)
+      fail(user, "an op the pass does not know how to split");
+    const bmt::AtenOpInfo *info = bmt::lookupAtenOp(op.getName());
+    StringRef name = op.getName();
+    ++chain.ops;
+    if (info->kind == bmt::AtenOpKind::Metadata)
+      return; // sizes read from a split value are the local sizes
+    if (info->kind == bmt::AtenOpKind::Matmul) {
+      matmul(op, use, s, work, chain);
+      return;
+    }
+    if (info->kind == bmt::AtenOpKind::Elementwise || info->kind == bmt::AtenOpKind::Random ||
+        (info->kind == bmt::AtenOpKind::Copy && name != "aten::cat" && name != "aten::stack" &&
+         name != "aten::repeat" && name != "aten::pad" && name != "aten::constant_pad_nd" &&
+         name != "aten::repeat_interleave.self_int") ||
+        name == "aten::detach" || name == "aten::alias" || name == "aten::contiguous") {
+      if (name == "aten::type_as" && use.getOperandNumber() != 0)
+        return; // only the dtype of `other` is read
+      elementwise(user, s, work);
+      return;
+    }
+    if (info->kind == bmt::AtenOpKind::Reduction) {
+      reduction(op, s, work);
+      return;
+    }
+    if (info->kind == bmt::AtenOpKind::Attention) {
+      // Per head: q, k, v split alike at the heads dim; the mask broadcasts.
+      if (s.dim > -3)
+        fail(user, "attention whose inputs are not split by heads");
+      Split out = s;
+      for (StringRef arg : {"query", "key", "value"}) {
+        auto a = bmt::getAtenArg(op, arg);
+        auto it = splits.find(a->getOperand());
+        if (it == splits.end())
+          return; // the other inputs arrive later
+        if (it->second.dim != s.dim)
+          fail(user, "attention inputs split along different dims");
+      }
+      assign(op.getResult(0), out, work);
+      return;
+    }
+    view(op, use, s, work, chain);
+  }
+
+  bool isBlockRoot(func::FuncOp f) {
+    for (auto list : module.getOps<bmt::BlockListOp>())
+      for (Attribute b : list.getBlocks())
+        if (cast<FlatSymbolRefAttr>(b).getValue() == f.getSymName())
+          return true;
+    return false;
+  }
+
+  /// Pointwise: every split operand along the same dim; replicated tensor
+  /// operands broadcast over it (masks, RoPE tables).
+  void elementwise(Operation *op, const Split &s, llvm::SmallVector<Value> &work) {
+    for (Value operand : op->getOperands()) {
+      auto it = splits.find(operand);
+      if (it != splits.end() && it->second.dim != s.dim)
+        fail(op, "operands split along different dims");
+    }
+    Split out = s;
+    // The rank may grow by broadcasting; the sizes are no longer known then.
+    for (Value r : op->getResults())
+      if (isa<bmt::TensorType>(r.getType()))
+        assign(r, out, work);
+  }
+
+  void reduction(bmt::AtenOp op, const Split &s, llvm::SmallVector<Value> &work) {
+    StringRef name = op.getName();
+    if (name == "aten::layer_norm") {
+      auto shape = bmt::getAtenArg(op, "normalized_shape");
+      auto ints = shape->getInts();
+      if (!ints || -s.dim <= static_cast<int64_t>(ints->size()))
+        fail(op, "a normalization over the split dim");
+      assign(op.getResult(0), s, work);
+      return;
+    }
+    if (name == "aten::softmax.int" || name == "aten::log_softmax.int") {
+      auto d = bmt::getAtenArg(op, "dim")->getInt();
+      auto nd = d ? negDim(*d, s.rankKnown() ? s.rank() : -1) : std::nullopt;
+      if (!nd || *nd == s.dim)
+        fail(op, "a softmax over the split dim (or over an unknown dim)");
+      assign(op.getResult(0), s, work);
+      return;
+    }
+    if (name == "aten::mean.dim" || name == "aten::sum.dim_IntList" || name == "aten::amax") {
+      auto dims = bmt::getAtenArg(op, "dim")->getInts();
+      auto keep = bmt::getAtenArg(op, "keepdim")->getBool();
+      if (!dims || !keep || !*keep)
+        fail(op, "a reduction the pass cannot follow");
+      for (int64_t d : *dims) {
+        auto nd = negDim(d, s.rankKnown() ? s.rank() : -1);
+        if (!nd || *nd == s.dim)
+          fail(op, "a reduction over the split dim");
+      }
+      Split out = s;
+      assign(op.getResult(0), out, work);
+      return;
+    }
+    fail(op, "a reduction the pass cannot split");
+  }
+
+  void matmul(bmt::AtenOp op, OpOperand &use, const Split &s, llvm::SmallVector<Value> &work,
+              Chain &chain) {
+    StringRef name = op.getName();
+    if (auto m = matmulShape(op); m && use.get() == m->input) {
+      // The split dim is contracted: row-parallel.
+      if (s.dim != -1 || s.chunks != 1 || (s.global >= 0 && s.global != m->in))
+        fail(op, "a matmul whose input is split along a dim it does not contract");
+      if (!usedOnlyHere(m->weight, m->weightValue))
+        fail(op, "a row-parallel weight read elsewhere too");
+      checkDivides(op, "the contracted size", m->in, tensorParallel);
+      chain.rows.push_back({op, m->weight, m->bias, 1 - m->outDim});
+      chain.paramSplits[m->weight] = {1 - m->outDim, 1};
+      return;
+    }
+    if (name == "aten::matmul" || name == "aten::bmm") {
+      // Batched over heads: both operands split at the same batch dim.
+      if (s.dim > -3)
+        fail(op, "a matmul of a split value that is not batched over the split dim");
+      Value self = op->getOperand(0), other = op->getOperand(1);
+      auto a = splits.find(self), b = splits.find(other);
+      if (a == splits.end() || b == splits.end())
+        return; // the other operand arrives later (or never: checked at the end)
+      if (a->second.dim != b->second.dim)
+        fail(op, "matmul operands split along different dims");
+      Split out = a->second;
+      out.global = a->second.global >= 0 ? a->second.global : b->second.global;
+      if (a->second.rankKnown() && b->second.rankKnown() && a->second.rank() == b->second.rank()) {
+        llvm::SmallVector<int64_t> sizes = a->second.sizes;
+        sizes.back() = b->second.sizes.back();
+        out.setSizes(sizes);
+      } else {
+        out.sizes.clear();
+      }
+      assign(op.getResult(0), out, work);
+      return;
+    }
+    fail(op, "a matmul the pass cannot split");
+  }
+
+
+  void edit(Chain &chain, bmt::AtenOp op, unsigned arg, int elem, int64_t global,
+            StringRef what) {
+    checkDivides(op, what, global, tensorParallel);
+    chain.edits.push_back({op, arg, elem, global / tensorParallel});
+  }
+
+  void view(bmt::AtenOp op, OpOperand &use, const Split &s, llvm::SmallVector<Value> &work,
+            Chain &chain) {
+    StringRef name = op.getName();
+    int64_t rank = s.rankKnown() ? s.rank() : -1;
+    auto intArg = [&](StringRef arg) { return bmt::getAtenArg(op, arg)->getInt(); };
+    if (use.getOperandNumber() != 0 && name != "aten::cat")
+      fail(op, "a split value used as a shape or index");
+    if (name == "aten::transpose.int") {
+      auto d0 = intArg("dim0"), d1 = intArg("dim1");
+      if (!d0 || !d1 || rank < 0)
+        fail(op, "a transpose of a value of unknown rank");
+      int64_t a = *d0 < 0 ? *d0 + rank : *d0, b = *d1 < 0 ? *d1 + rank : *d1;
+      Split out = s;
+      int64_t p = s.pos();
+      int64_t np = p == a ? b : p == b ? a : p;
+      out.dim = np - rank;
+      std::swap(out.sizes[a], out.sizes[b]);
+      assign(op.getResult(0), out, work);
+      return;
+    }
+    if (name == "aten::permute") {
+      auto dims = bmt::getAtenArg(op, "dims")->getInts();
+      if (!dims || rank < 0 || static_cast<int64_t>(dims->size()) != rank)
+        fail(op, "a permute of a value of unknown rank");
+      Split out = s;
+      for (int64_t i = 0; i < rank; ++i) {
+        int64_t src = (*dims)[i] < 0 ? (*dims)[i] + rank : (*dims)[i];
+        out.sizes[i] = s.sizes[src];
+        if (src == s.pos())
+          out.dim = i - rank;
+      }
+      assign(op.getResult(0), out, work);
+      return;
+    }
+    if (name == "aten::unsqueeze") {
+      auto d = intArg("dim");
+      if (!d || (*d >= 0 && rank < 0))
+        fail(op, "an unsqueeze of a value of unknown rank");
+      Split out = s;
+      if (rank >= 0) {
+        int64_t k = *d < 0 ? *d + rank + 1 : *d;
+        if (k > s.pos())
+          out.dim = s.dim - 1;
+        out.sizes.insert(out.sizes.begin() + k, 1);
+      } else if (*d >= s.dim) {
+        out.dim = s.dim - 1;
+      }
+      assign(op.getResult(0), out, work);
+      return;
+    }
+    if (name == "aten::slice.Tensor" || name == "aten::narrow" || name == "aten::select.int") {
+      auto d = intArg("dim");
+      auto nd = d ? negDim(*d, rank) : std::nullopt;
+      if (name == "aten::slice.Tensor" && intArg("start") == 0 && intArg("step") == 1 &&
+          intArg("end") >= std::numeric_limits<int64_t>::max() / 2) {
+        assign(op.getResult(0), s, work); // the whole tensor
+        return;
+      }
+      if (!nd || *nd == s.dim)
+        fail(op, "indexing along the split dim");
+      Split out = s;
+      if (name == "aten::select.int") {
+        if (rank < 0)
+          fail(op, "a select of a value of unknown rank");
+        int64_t k = *nd + rank;
+        if (k > s.pos())
+          out.dim = s.dim + 1;
+        out.sizes.erase(out.sizes.begin() + k);
+      } else if (rank >= 0) {
+        out.sizes[*nd + rank] = -1;
+      }
+      assign(op.getResult(0), out, work);
+      return;
+    }
+    if (name == "aten::split.Tensor" || name == "aten::chunk") {
+      auto d = intArg("dim");
+      auto nd = d ? negDim(*d, rank) : std::nullopt;
+      if (!nd)
+        fail(op, "a split along an unknown dim");
+      int64_t n = op->getNumResults();
+      Split out = s;
+      if (*nd == s.dim) {
+        // The chunks of a fused projection (q, k, v) taken apart.
+        if (s.chunks != n || s.global < 0 || s.global % n != 0)
+          fail(op, "a split along the split dim that does not follow its chunks");
+        out.chunks = 1;
+        out.global = s.global / n;
+        if (rank >= 0)
+          out.sizes[s.pos()] = out.global;
+        if (name == "aten::split.Tensor") {
+          auto size = intArg("split_size");
+          if (!size || *size != out.global)
+            fail(op, "a split along the split dim that does not follow its chunks");
+          edit(chain, op, bmt::lookupAtenOp(name)->argIndex("split_size"), -1, *size,
+               "the split size");
+        }
+      } else if (rank >= 0) {
+        out.sizes[*nd + rank] = -1;
+      }
+      for (Value r : op->getResults())
+        assign(r, out, work);
+      return;
+    }
+    if (name == "aten::cat") {
+      auto d = intArg("dim");
+      auto nd = d ? negDim(*d, rank) : std::nullopt;
+      if (!nd || *nd == s.dim)
+        fail(op, "a concatenation along the split dim");
+      auto list = bmt::getAtenArg(op, "tensors");
+      for (const bmt::AtenArg &e : list->getElements())
+        if (!e.isOperand() || !splits.count(e.getOperand()))
+          if (e.getOperand() != use.get())
+            return; // the others arrive later
+      Split out = s;
+      if (rank >= 0)
+        out.sizes[*nd + rank] = -1;
+      assign(op.getResult(0), out, work);
+      return;
+    }
+    if (name == "aten::expand") {
+      auto list = bmt::getAtenArg(op, "size");
+      auto elems = list->getElements();
+      int64_t n = elems.size();
+      if (n < -s.dim)
+        fail(op, "an expand of fewer dims than the split dim");
+      const bmt::AtenArg &at = elems[n + s.dim];
+      Split out = s;
+      if (auto c = at.getInt(); c && *c != -1) {
+        if (*c != s.global)
+          fail(op, "an expand of the split dim");
+        edit(chain, op, bmt::lookupAtenOp(name)->argIndex("size"), n + s.dim, *c,
+             "the expanded size");
+      }
+      llvm::SmallVector<int64_t> sizes;
+      for (int64_t i = 0; i < n; ++i) {
+        auto c = elems[i].getInt();
+        int64_t from = i - (n - rank);
+        sizes.push_back(c && *c != -1 ? *c : rank >= 0 && from >= 0 ? s.sizes[from] : -1);
+      }
+      out.setSizes(sizes);
+      assign(op.getResult(0), out, work);
+      return;
+    }
+    if (name == "aten::view" || name == "aten::reshape") {
+      reshape(op, s, work, chain);
+      return;
+    }
+    fail(op, "an op the pass does not know how to split");
+  }
+
+  /// view/reshape: which dim of the new shape holds the split, from the
+  /// entries after it (docs/passes.md lists the cases).
+  void reshape(bmt::AtenOp op, const Split &s, llvm::SmallVector<Value> &work, Chain &chain) {
+    unsigned argIdx = 1;
+    auto list = bmt::getAtenArg(op, argIdx);
+    if (!list || !list->isList())
+      fail(op, "a reshape to a computed shape");
+    auto elems = list->getElements();
+    int64_t n = elems.size();
+    int64_t rank = s.rankKnown() ? s.rank() : -1;
+    llvm::SmallVector<std::optional<int64_t>> c;
+    for (const bmt::AtenArg &e : elems)
+      c.push_back(e.getInt());
+    auto sizesOut = [&](int64_t dim, int64_t global) {
+      llvm::SmallVector<int64_t> sizes;
+      for (auto &x : c)
+        sizes.push_back(x && *x != -1 ? *x : -1);
+      sizes[n + dim] = global;
+      return sizes;
+    };
+    Split out = s;
+    int64_t trailing = 1; // global product of the dims after the split dim
+    if (s.dim < -1) {
+      if (rank < 0)
+        fail(op, "a reshape of a value of unknown rank");
+      for (int64_t i = s.pos() + 1; i < rank; ++i)
+        trailing = s.sizes[i] < 0 || trailing < 0 ? -1 : trailing * s.sizes[i];
+    }
+    if (s.dim == -1) {
+      if (c.back() && *c.back() != -1) {
+        int64_t last = *c.back();
+        if (last == s.global) {
+          edit(chain, op, argIdx, n - 1, last, "the reshaped size");
+          out.setSizes(sizesOut(-1, s.global));
+        } else if (s.global > 0 && last < s.global && s.global % last == 0 && n >= 2 &&
+                   s.chunks == 1) {
+          // hidden -> heads x head dim
+          int64_t heads = s.global / last;
+          if (heads % tensorParallel != 0) {
+            std::string what = "a width of " + std::to_string(s.global) + " is " +
+                               std::to_string(heads) + " heads of " + std::to_string(last) +
+                               ", and " + std::to_string(heads) +
+                               " heads are not divisible by --tensor-parallel " +
+                               std::to_string(static_cast<int64_t>(tensorParallel));
+            if (s.global < chain.widestColumn)
+              what += " (the kv heads of grouped-query attention: replicating them is not "
+                      "supported yet)";
+            fail(op, what, /*fatal=*/true);
+          }
+          if (c[n - 2] && *c[n - 2] != -1) {
+            if (*c[n - 2] != heads)
+              fail(op, "a reshape that does not split the hidden dim into heads");
+            edit(chain, op, argIdx, n - 2, heads, "the number of heads");
+          } else if (!c[n - 2] && !isLocalSize(elems[n - 2].getOperand())) {
+            fail(op, "a reshape into heads with a computed head count");
+          }
+          out.dim = -2;
+          out.global = heads;
+          out.heads = true;
+          out.setSizes(sizesOut(-2, heads));
+          chain.headsGlobal = std::max(chain.headsGlobal, heads);
+          chain.kvHeads = chain.kvHeads ? std::min(chain.kvHeads, heads) : heads;
+        } else {
+          fail(op, "a reshape of the split dim");
+        }
+      } else {
+        // [..., -1] or [..., size(x, -1)]: the last dim is kept.
+        out.setSizes(sizesOut(-1, s.global));
+      }
+    } else if (s.dim == -2 && trailing > 0) {
+      if (c.back() && *c.back() == trailing && n >= 2) {
+        if (c[n - 2] && *c[n - 2] != -1) {
+          if (*c[n - 2] != s.global)
+            fail(op, "a reshape of the split dim");
+          edit(chain, op, argIdx, n - 2, s.global, "the number of heads");
+        }
+        out.setSizes(sizesOut(-2, s.global));
+      } else if ((!c.back() || *c.back() == -1) && n == rank - 1) {
+        // heads x head dim -> hidden
+        out.dim = -1;
+        out.global = s.global * trailing;
+        out.heads = false;
+        out.setSizes(sizesOut(-1, out.global));
+      } else if (c.back() && *c.back() == s.global * trailing && n == rank - 1) {
+        edit(chain, op, argIdx, n - 1, s.global * trailing, "the reshaped size");
+        out.dim = -1;
+        out.global = s.global * trailing;
+        out.heads = false;
+        out.setSizes(sizesOut(-1, out.global));
+      } else {
+        fail(op, "a reshape the pass cannot follow");
+      }
+    } else if (s.dim <= -3 && rank >= 0 && (n == rank || n == rank - 1)) {
+      // Leading dims kept (n == rank) or the split dim merged with the one
+      // after it (GQA's repeat of the kv heads).
+      out.dim = n == rank ? s.dim : s.dim + 1;
+      int64_t next = n == rank ? 1 : s.sizes[s.pos() + 1];
+      out.global = s.global < 0 || next < 0 ? -1 : s.global * next;
+      // A constant at the split dim is its global size (a .pt2's static shapes).
+      if (auto at = c[n + out.dim]; at && *at != -1) {
+        if (*at != out.global)
+          fail(op, "a reshape with a constant size at the split dim");
+        edit(chain, op, argIdx, n + out.dim, *at, "the reshaped size");
+      }
+      out.setSizes(sizesOut(out.dim, out.global));
+      for (int64_t i = 0; i < n; ++i)
+        if (n + out.dim != i) {
+          int64_t from = i < n + out.dim ? i : i + (rank - n);
+          out.sizes[i] = s.sizes[from];
+        }
+    } else {
+      fail(op, "a reshape the pass cannot follow");
+    }
+    assign(op.getResult(0), out, work);
+  }
+
+  /// Whether `v` is aten::size.int of a value (the local size at run time).
+  static bool isLocalSize(Value v) {
+    auto size = v.getDefiningOp<bmt::AtenOp>();
+    return size && size.getName() == "aten::size.int";
+  }
+
+  /// The value `v` stands for in the outermost function that still feeds
+  /// only through calls, with the call operands on the way.
+  Value traceInput(Value v, llvm::SmallVector<OpOperand *> &path) {
+    while (auto arg = dyn_cast<BlockArgument>(v)) {
+      auto f = dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp());
+      if (!f || isBlockRoot(f) || callSites[f].size() != 1)
+        break;
+      // The argument must feed nothing else that takes a gradient.
+      for (OpOperand &u : arg.getUses())
+        if (u.getOwner() != nullptr && !isa<func::CallOp>(u.getOwner()) &&
+            !isMetadata(u.getOwner()) && !isMatmulInput(u))
+          return v;
+      OpOperand &operand = callSites[f][0]->getOpOperand(arg.getArgNumber());
+      path.push_back(&operand);
+      v = operand.get();
+    }
+    return v;
+  }
+  /// aten::type_as(x, v): only v's dtype is read.
+  static bool type_as_other(Operation *op, Value v) {
+    auto aten = dyn_cast<bmt::AtenOp>(op);
+    return aten && aten.getName() == "aten::type_as" && op->getOperand(0) != v;
+  }
+  static bool isMetadata(Operation *op) {
+    auto aten = dyn_cast<bmt::AtenOp>(op);
+    return aten && bmt::lookupAtenOp(aten.getName())->kind == bmt::AtenOpKind::Metadata;
+  }
+  bool isMatmulInput(OpOperand &u) {
+    auto aten = dyn_cast<bmt::AtenOp>(u.getOwner());
+    if (!aten)
+      return false;
+    auto m = matmulShape(aten);
+    return m && u.get() == m->input;
+  }
+
+  void runOnOperation() override {
+    module = getOperation();
+    if (tensorParallel < 1) {
+      module.emitError("bmt-tensor-parallel: tensor-parallel must be positive, got ")
+          << static_cast<int64_t>(tensorParallel);
+      return signalPassFailure();
+    }
+    if (tensorParallel == 1)
+      return; // nothing to split: the IR stays as it is
+    if (!module.getOps<bmt::StorageGroupOp>().empty()) {
+      module.emitError("bmt-tensor-parallel: runs before bmt-zero (the module has storage groups)");
+      return signalPassFailure();
+    }
+    if (module.getOps<bmt::BlockListOp>().empty()) {
+      module.emitError("bmt-tensor-parallel: needs the block lists of bmt-find-blocks");
+      return signalPassFailure();
+    }
+    symbols = std::make_shared<SymbolTable>(module);
+    module.walk([&](func::CallOp call) {
+      if (auto f = symbols->lookup<func::FuncOp>(call.getCallee()))
+        callSites[f].push_back(call);
+    });
+    module.walk([&](bmt::GetGlobalOp g) {
+      if (auto p = symbols->lookup<bmt::ParameterOp>(g.getGlobal()))
+        paramReads[p].push_back(g);
+    });
+    collectBlockFuncs();
+
+    // Column candidates: matmuls with a parameter weight in the blocks,
+    // grouped by the replicated activation they read.
+    llvm::MapVector<Value, llvm::SmallVector<std::pair<bmt::AtenOp, llvm::SmallVector<OpOperand *>>, 2>>
+        byInput;
+    module.walk([&](bmt::AtenOp op) {
+      if (!blockFuncs.count(op->getParentOfType<func::FuncOp>()))
+        return;
+      auto m = matmulShape(op);
+      if (!m)
+        return;
+      llvm::SmallVector<OpOperand *> path;
+      Value in = traceInput(m->input, path);
+      byInput[in].push_back({op, path});
+    });
+
+    llvm::DenseSet<Operation *> taken; // matmuls already in a chain (as rows)
+    std::vector<Chain> chains;
+    llvm::SmallVector<Failure> skipped;
+    for (auto &[input, seeds] : byInput) {
+      if (llvm::any_of(seeds, [&](auto &s) { return taken.count(s.first); }))
+        continue;
+      splits.clear();
+      Chain chain;
+      chain.input = input;
+      try {
+        llvm::SmallVector<Value> work;
+        for (auto &[op, path] : seeds) {
+          auto m = *matmulShape(op);
+          if (!usedOnlyHere(m.weight, m.weightValue) ||
+              (m.bias && !usedOnlyHere(m.bias, m.biasValue)))
+            fail(op, "a column-parallel weight read elsewhere too");
+          // A fused projection: q, k, v (3 chunks) split apart later.
+          int64_t chunks = fusedChunks(op, m);
+          if (m.out % (chunks * tensorParallel) != 0) {
+            std::string what = "the output size " + std::to_string(m.out);
+            if (chunks > 1)
+              what += " (" + std::to_string(chunks) + " fused parts of " +
+                      std::to_string(m.out / chunks) + ")";
+            fail(op, what + " is not divisible by --tensor-parallel " +
+                         std::to_string(static_cast<int64_t>(tensorParallel)),
+                 /*fatal=*/true);
+          }
+          chain.fused |= chunks > 1;
+          chain.columns.push_back({op, m.weight, m.bias, m.outDim});
+          chain.paramSplits[m.weight] = {m.outDim, chunks};
+          if (m.bias)
+            chain.paramSplits[m.bias] = {0, chunks};
+          if (!chain.columnWidth)
+            chain.columnWidth = m.out;
+          chain.widestColumn = std::max(chain.widestColumn, m.out / chunks);
+          Split s;
+          s.dim = -1;
+          s.global = m.out;
+          s.chunks = chunks;
+          if (op.getName() == "aten::addmm")
+            s.setSizes({-1, m.out});
+          // The input goes through tp_copy: at the outermost call operand
+          // of its path, or at the matmul itself.
+          chain.copyUses.push_back(path.empty() ? &op->getOpOperand(inputOperand(op, m)) : path.back());
+          assign(op.getResult(0), s, work);
+        }
+        propagate(work, chain);
+        if (chain.rows.empty())
+          fail(seeds.front().first, "no row-parallel matmul ends the chain");
+        // Every op reading a split value is split too (or ends the chain):
+        // an op that met a split and a replicated operand it cannot
+        // broadcast never got a split result.
+        for (auto &[v, s] : splits)
+          for (Operation *user : v.getUsers()) {
+            if (isa<func::CallOp, func::ReturnOp>(user) || isMetadata(user))
+              continue;
+            if (llvm::any_of(chain.rows, [&](auto &r) { return r.op.getOperation() == user; }))
+              continue;
+            if (type_as_other(user, v))
+              continue;
+            if (!llvm::any_of(user->getResults(), [&](Value r) { return splits.count(r); }))
+              fail(user, "an op that reads a split and a replicated value");
+          }
+        for (auto &r : chain.rows)
+          taken.insert(r.op);
+        chains.push_back(std::move(chain));
+      } catch (Failure &f) {
+        if (f.fatal) {
+          InFlightDiagnostic d = f.op->emitError("bmt-tensor-parallel: cannot split ");
+          d << describe(f.op) << " by --tensor-parallel " << static_cast<int64_t>(tensorParallel)
+            << ": " << f.message;
+          return signalPassFailure();
+        }
+        f.seed = seeds.front().first;
+        skipped.push_back(f);
+      }
+    }
+    // Seeds that turned out to end another chain were no chain of their own.
+    llvm::erase_if(skipped, [&](const Failure &f) { return taken.count(f.seed); });
+
+    if (chains.empty()) {
+      InFlightDiagnostic d = module.emitError("bmt-tensor-parallel: found no chain to split");
+      if (!skipped.empty())
+        d << " (" << describe(skipped.front().op) << ": " << skipped.front().message << ")";
+      return signalPassFailure();
+    }
+    rewrite(chains);
+    std::string vocab = vocabParallel();
+    report(chains, skipped, vocab);
+  }
+
+  /// The parameter a value is, through call arguments (a tied head gets
+  /// its weight as an argument); null otherwise.
+  bmt::ParameterOp traceParam(Value v) {
+    while (auto arg = dyn_cast<BlockArgument>(v)) {
+      auto f = dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp());
+      if (!f || callSites[f].size() != 1)
+        return nullptr;
+      v = callSites[f][0].getOperand(arg.getArgNumber());
+    }
+    return paramOf(v);
+  }
+
+  /// Every op that reads the value of `p`, through calls: {op, operand}.
+  void readersOf(bmt::ParameterOp p, llvm::SmallVector<OpOperand *> &out) {
+    std::function<void(Value)> visit = [&](Value v) {
+      for (OpOperand &use : v.getUses()) {
+        if (auto call = dyn_cast<func::CallOp>(use.getOwner())) {
+          auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
+          if (callee && callSites[callee].size() == 1) {
+            visit(callee.getArgument(use.getOperandNumber()));
+            continue;
+          }
+        }
+        out.push_back(&use);
+      }
+    };
+    for (bmt::GetGlobalOp g : paramReads[p])
+      visit(g.getResult());
+  }
+
+  /// The vocab-parallel LM head and token embedding (Megatron-LM's
+  /// VocabParallelEmbedding and parallel logits): the matmul that makes the
+  /// entry's logits and the embeddings that read its (tied) weight get
+  /// the vocab rows of their TP rank. Returns what it did for the remark,
+  /// or why the head stays replicated.
+  std::string vocabParallel() {
+    auto entry = symbols->lookup<func::FuncOp>("forward");
+    if (!entry || entry.getNumResults() == 0)
+      return "LM head replicated (no entry result)";
+    unsigned index = 0;
+    for (unsigned i = 0; i < entry.getNumResults(); ++i)
+      if (auto n = entry.getResultAttrOfType<StringAttr>(i, "bmt.name"); n && n.getValue() == "logits")
+        index = i;
+    Value v = entry.getBody().front().getTerminator()->getOperand(index);
+    // Back through call results to the op that makes the logits.
+    while (auto call = v.getDefiningOp<func::CallOp>()) {
+      auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
+      if (!callee || callSites[callee].size() != 1)
+        return "LM head replicated (the logits come from a shared function)";
+      v = callee.getBody().front().getTerminator()->getOperand(cast<OpResult>(v).getResultNumber());
+    }
+    auto head = v.getDefiningOp<bmt::AtenOp>();
+    if (!head || head.getName() != "aten::linear")
+      return "LM head replicated (the logits are not made by an aten::linear)";
+    auto input = bmt::getAtenArg(head, "input"), weight = bmt::getAtenArg(head, "weight"),
+         bias = bmt::getAtenArg(head, "bias");
+    bmt::ParameterOp w = weight->isOperand() ? traceParam(weight->getOperand()) : nullptr;
+    if (!w || !w.getRequiresGrad() || shapeOf(w).size() != 2)
+      return "LM head replicated (its weight is no trainable 2-d parameter)";
+    bmt::ParameterOp b = bias->isOperand() ? traceParam(bias->getOperand()) : nullptr;
+    if (bias->isOperand() && !b)
+      return "LM head replicated (its bias is no parameter)";
+    if (!v.hasOneUse())
+      return "LM head replicated (the logits are read inside the program)";
+    int64_t vocab = shapeOf(w)[0], T = tensorParallel;
+    int64_t padded = (vocab + T - 1) / T * T, local = padded / T;
+    // The weight's readers: the head, and embeddings of the tied weight.
+    llvm::SmallVector<OpOperand *> readers;
+    readersOf(w, readers);
+    llvm::SmallVector<bmt::AtenOp> embeddings;
+    for (OpOperand *use : readers) {
+      auto op = dyn_cast<bmt::AtenOp>(use->getOwner());
+      if (op == head && use->get() == weight->getOperand())
+        continue;
+      if (op && op.getName() == "aten::embedding" && use->getOperandNumber() == 0 &&
+          bmt::getAtenArg(op, "padding_idx")->getInt().has_value())
+        embeddings.push_back(op);
+      else
+        return "LM head replicated (its weight is also read by " + describe(use->getOwner()) + ")";
+    }
+    if (b) {
+      llvm::SmallVector<OpOperand *> biasReaders;
+      readersOf(b, biasReaders);
+      if (biasReaders.size() != 1 || shapeOf(b).size() != 1)
+        return "LM head replicated (its bias is read elsewhere too)";
+    }
+    // The embedding of a model whose head has its own weight.
+    if (embeddings.empty())
+      for (auto p : module.getOps<bmt::ParameterOp>()) {
+        if (p == w || !p.getRequiresGrad() || shapeOf(p).size() != 2 || shapeOf(p)[0] != vocab)
+          continue;
+        llvm::SmallVector<OpOperand *> uses;
+        readersOf(p, uses);
+        bool onlyEmbedding = !uses.empty();
+        for (OpOperand *use : uses) {
+          auto op = dyn_cast<bmt::AtenOp>(use->getOwner());
+          onlyEmbedding &= op && op.getName() == "aten::embedding" &&
+                           use->getOperandNumber() == 0 &&
+                           bmt::getAtenArg(op, "padding_idx")->getInt().has_value();
+        }
+        if (!onlyEmbedding)
+          continue;
+        for (OpOperand *use : uses)
+          embeddings.push_back(cast<bmt::AtenOp>(use->getOwner()));
+        setSplit(p, 0, padded != vocab ? padded : 0);
+      }
+
+    MLIRContext *context = &getContext();
+    OpBuilder builder(context);
+    Type tensor = bmt::TensorType::get(context);
+    FlatSymbolRefAttr grid = FlatSymbolRefAttr::get(context, "tp");
+    // The head: f on its input; the logits stay split (Plan::vocabParallel).
+    builder.setInsertionPoint(head);
+    Value x = input->getOperand();
+    auto copy = bmt::TpCopyOp::create(builder, head.getLoc(), tensor, x, grid);
+    head->setOperand(input->getOperandNumber(), copy.getResult());
+    setSplit(w, 0, padded != vocab ? padded : 0);
+    if (b)
+      setSplit(b, 0, padded != vocab ? padded : 0);
+    // Each embedding: look up the ids in this rank's rows (the others
+    // masked to zero), then the sum over the group.
+    auto marker = bmt::OperandAttr::get(context);
+    auto aten = [&](Location loc, StringRef name, ArrayRef<Attribute> args, ValueRange operands,
+                    Type result) {
+      return bmt::AtenOp::create(builder, loc, TypeRange{result}, builder.getStringAttr(name),
+                                 builder.getArrayAttr(args), operands)
+          .getResult(0);
+    };
+    for (bmt::AtenOp emb : embeddings) {
+      Location loc = emb.getLoc();
+      builder.setInsertionPoint(emb);
+      Value ids = bmt::getAtenArg(emb, "indices")->getOperand();
+      Value table = bmt::getAtenArg(emb, "weight")->getOperand();
+      Value rank = bmt::TpRankOp::create(builder, loc, builder.getI64Type(), grid).getResult();
+      Value shifted = aten(loc, "aten::sub.Scalar", {marker, marker, builder.getI64IntegerAttr(local)},
+                           {ids, rank}, tensor);
+      Value below = aten(loc, "aten::lt.Scalar", {marker, builder.getI64IntegerAttr(0)}, {shifted}, tensor);
+      Value above = aten(loc, "aten::ge.Scalar", {marker, builder.getI64IntegerAttr(local)}, {shifted}, tensor);
+      Value outside = aten(loc, "aten::__or__.Tensor", {marker, marker}, {below, above}, tensor);
+      Value clamped = aten(loc, "aten::masked_fill.Scalar", {marker, marker, builder.getI64IntegerAttr(0)},
+                           {shifted, outside}, tensor);
+      Value rows = aten(loc, "aten::embedding",
+                        {marker, marker, builder.getI64IntegerAttr(-1), builder.getBoolAttr(false),
+                         builder.getBoolAttr(false)},
+                        {table, clamped}, tensor);
+      // padding_idx p (a global row): its row gets no gradient, as
+      // aten::embedding's own padding_idx does, by a detached copy.
+      int64_t paddingIdx = *bmt::getAtenArg(emb, "padding_idx")->getInt();
+      if (paddingIdx >= 0) {
+        Value isPad = aten(loc, "aten::eq.Scalar", {marker, builder.getI64IntegerAttr(paddingIdx)},
+                           {ids}, tensor);
+        Value padMask = aten(loc, "aten::unsqueeze", {marker, builder.getI64IntegerAttr(-1)},
+                             {isPad}, tensor);
+        Value frozen = aten(loc, "aten::detach", {marker}, {rows}, tensor);
+        rows = aten(loc, "aten::where.self", {marker, marker, marker}, {padMask, frozen, rows}, tensor);
+      }
+      Value mask = aten(loc, "aten::unsqueeze", {marker, builder.getI64IntegerAttr(-1)}, {outside}, tensor);
+      Value zeroed = aten(loc, "aten::masked_fill.Scalar", {marker, marker, builder.getF64FloatAttr(0.0)},
+                          {rows, mask}, tensor);
+      Value sum = bmt::TpAllReduceOp::create(builder, loc, tensor, zeroed, grid);
+      emb.getResult(0).replaceAllUsesWith(sum);
+      emb->erase();
+    }
+    module->setAttr("bmt.vocab_size", builder.getI64IntegerAttr(vocab));
+    std::string out = "vocab-parallel ";
+    out += embeddings.empty() ? "LM head" : "embedding and LM head";
+    out += " (" + std::to_string(vocab) + " -> " + std::to_string(local) + " per rank";
+    if (padded != vocab)
+      out += ", padded to " + std::to_string(padded);
+    out += ")";
+    return out;
+  }
+
+  void setSplit(bmt::ParameterOp p, int64_t dim, int64_t paddedSize) {
+    OpBuilder builder(p);
+    llvm::SmallVector<NamedAttribute> fields{
+        builder.getNamedAttr("dim", builder.getI64IntegerAttr(dim)),
+        builder.getNamedAttr("chunks", builder.getI64IntegerAttr(1))};
+    if (paddedSize)
+      fields.push_back(builder.getNamedAttr("padded_size", builder.getI64IntegerAttr(paddedSize)));
+    p->setAttr("bmt.tensor_split", builder.getDictionaryAttr(fields));
+  }
+
+  static unsigned inputOperand(bmt::AtenOp op, const MatmulShape &m) {
+    for (OpOperand &o : op->getOpOperands())
+      if (o.get() == m.input)
+        return o.getOperandNumber();
+    return 0;
+  }
+
+  /// How many chunks the output of a column matmul has: the number of
+  /// results of the aten::split (or chunk) along the last dim that takes
+  /// it apart into equal parts, else 1.
+  int64_t fusedChunks(bmt::AtenOp op, const MatmulShape &m) {
+    Value v = op.getResult(0);
+    for (int hops = 0; hops < 8; ++hops) {
+      if (!v.hasOneUse())
+        return 1;
+      Operation *user = *v.getUsers().begin();
+      if (auto ret = dyn_cast<func::ReturnOp>(user)) {
+        auto f = ret->getParentOfType<func::FuncOp>();
+        if (callSites[f].size() != 1)
+          return 1;
+        v = callSites[f][0].getResult(v.getUses().begin()->getOperandNumber());
+        continue;
+      }
+      auto aten = dyn_cast<bmt::AtenOp>(user);
+      if (!aten)
+        return 1;
+      if (aten.getName() == "aten::view" || aten.getName() == "aten::reshape") {
+        v = aten.getResult(0);
+        continue;
+      }
+      if (aten.getName() == "aten::split.Tensor") {
+        auto size = bmt::getAtenArg(aten, "split_size")->getInt();
+        if (size && *size > 0 && m.out % *size == 0 && m.out / *size == aten->getNumResults())
+          return aten->getNumResults();
+      }
+      return 1;
+    }
+    return 1;
+  }
+
+  std::string describe(Operation *op) {
+    std::string s;
+    llvm::raw_string_ostream os(s);
+    if (auto aten = dyn_cast<bmt::AtenOp>(op))
+      os << aten.getName();
+    else
+      os << op->getName();
+    if (auto f = op->getParentOfType<func::FuncOp>())
+      os << " in " << f.getSymName();
+    return s;
+  }
+
+  void rewrite(llvm::ArrayRef<Chain> chains) {
+    MLIRContext *context = &getContext();
+    OpBuilder builder(context);
+    Type tensor = bmt::TensorType::get(context);
+    // The TP group as a grid of the upstream shard dialect.
+    builder.setInsertionPointToStart(module.getBody());
+    auto grid = shard::GridOp::create(builder, module.getLoc(), "tp",
+                                      ArrayRef<int64_t>{static_cast<int64_t>(tensorParallel)});
+    FlatSymbolRefAttr gridRef = FlatSymbolRefAttr::get(grid.getSymNameAttr());
+    module->setAttr("bmt.tensor_parallel", builder.getI64IntegerAttr(tensorParallel));
+
+    for (const Chain &chain : chains) {
+      for (IntEdit e : chain.edits) {
+        llvm::SmallVector<Attribute> args(e.op.getArgs().begin(), e.op.getArgs().end());
+        auto replaceConstant = [&](Attribute old) -> Attribute {
+          if (isa<IntegerAttr>(old))
+            return builder.getI64IntegerAttr(e.value);
+          return old;
+        };
+        if (e.elem < 0) {
+          args[e.arg] = replaceConstant(args[e.arg]);
+        } else {
+          llvm::SmallVector<Attribute> list(cast<ArrayAttr>(args[e.arg]).begin(),
+                                            cast<ArrayAttr>(args[e.arg]).end());
+          list[e.elem] = replaceConstant(list[e.elem]);
+          args[e.arg] = builder.getArrayAttr(list);
+        }
+        e.op.setArgsAttr(builder.getArrayAttr(args));
+      }
+      // Constants held in bmt.constant operands (.pt2) are rewritten in place.
+      for (IntEdit e : chain.edits) {
+        auto arg = bmt::getAtenArg(e.op, e.arg);
+        const bmt::AtenArg &a = e.elem < 0 ? *arg : arg->getElements()[e.elem];
+        if (a.isOperand()) {
+          builder.setInsertionPoint(e.op);
+          auto c = bmt::ConstantOp::create(builder, e.op.getLoc(), builder.getI64IntegerAttr(e.value));
+          e.op->setOperand(a.getOperandNumber(), c.getResult());
+        }
+      }
+      // f: one tp_copy of the input, for every column matmul's path.
+      Value in = chain.copyUses.front()->get();
+      if (auto *def = in.getDefiningOp())
+        builder.setInsertionPointAfter(def);
+      else
+        builder.setInsertionPointToStart(cast<BlockArgument>(in).getOwner());
+      auto copy = bmt::TpCopyOp::create(builder, in.getLoc(), tensor, in, gridRef);
+      for (OpOperand *use : chain.copyUses)
+        use->set(copy.getResult());
+      // g: the row matmul without its bias, the all-reduce, then the bias.
+      for (const MatmulSite &row : chain.rows) {
+        bmt::AtenOp op = row.op;
+        builder.setInsertionPoint(op);
+        auto m = *matmulShape(op);
+        Value partial;
+        if (op.getName() == "aten::linear") {
+          auto none = bmt::NoneAttr::get(context);
+          auto marker = bmt::OperandAttr::get(context);
+          partial = bmt::AtenOp::create(builder, op.getLoc(), TypeRange{tensor},
+                                        builder.getStringAttr("aten::linear"),
+                                        builder.getArrayAttr({marker, marker, none}),
+                                        ValueRange{m.input, m.weightValue})
+                        .getResult(0);
+        } else {
+          auto marker = bmt::OperandAttr::get(context);
+          partial = bmt::AtenOp::create(builder, op.getLoc(), TypeRange{tensor},
+                                        builder.getStringAttr("aten::mm"),
+                                        builder.getArrayAttr({marker, marker}),
+                                        ValueRange{m.input, m.weightValue})
+                        .getResult(0);
+        }
+        Value sum = bmt::TpAllReduceOp::create(builder, op.getLoc(), tensor, partial, gridRef);
+        if (m.biasValue) {
+          auto marker = bmt::OperandAttr::get(context);
+          sum = bmt::AtenOp::create(builder, op.getLoc(), TypeRange{tensor},
+                                    builder.getStringAttr("aten::add.Tensor"),
+                                    builder.getArrayAttr({marker, marker, builder.getI64IntegerAttr(1)}),
+                                    ValueRange{sum, m.biasValue})
+                    .getResult(0);
+        }
+        op.getResult(0).replaceAllUsesWith(sum);
+        op->erase();
+      }
+      for (auto &[param, split] : chain.paramSplits) {
+        auto p = cast<bmt::ParameterOp>(param);
+        llvm::SmallVector<NamedAttribute> fields{
+            builder.getNamedAttr("dim", builder.getI64IntegerAttr(split.first)),
+            builder.getNamedAttr("chunks", builder.getI64IntegerAttr(split.second))};
+        p->setAttr("bmt.tensor_split", builder.getDictionaryAttr(fields));
+      }
+    }
+  }
+
+  /// "model.layers.0.mlp.down_proj.weight" -> "mlp.down_proj" (the module
+  /// path of the matmul's weight relative to its block).
+  std::string shortName(bmt::ParameterOp p) {
+    StringRef name = p.getSymName();
+    name.consume_back(".weight");
+    for (auto list : module.getOps<bmt::BlockListOp>())
+      for (Attribute b : list.getBlocks()) {
+        auto f = symbols->lookup<func::FuncOp>(cast<FlatSymbolRefAttr>(b).getValue());
+        auto path = f ? f->getAttrOfType<StringAttr>("bmt.module_path") : nullptr;
+        if (path && name.starts_with((path.getValue() + ".").str()))
+          return name.drop_front(path.size() + 1).str();
+      }
+    return name.str();
+  }
+
+  void report(llvm::ArrayRef<Chain> chains, llvm::ArrayRef<Failure> skipped,
+              const std::string &vocab) {
+    // The chains of the first block describe every block (find-blocks
+    // made them identical).
+    auto firstList = *module.getOps<bmt::BlockListOp>().begin();
+    auto first = symbols->lookup<func::FuncOp>(
+        cast<FlatSymbolRefAttr>(firstList.getBlocks()[0]).getValue());
+    llvm::DenseSet<Operation *> firstFuncs;
+    std::function<void(func::FuncOp)> visit = [&](func::FuncOp f) {
+      if (!f || !firstFuncs.insert(f).second)
+        return;
+      f.walk([&](func::CallOp call) { visit(symbols->lookup<func::FuncOp>(call.getCallee())); });
+    };
+    visit(first);
+    int64_t blocks = 0;
+    for (auto list : module.getOps<bmt::BlockListOp>())
+      blocks += list.getBlocks().size();
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << blocks
+       << " blocks, " << chains.size() << " chains: ";
+    bool firstChain = true;
+    int64_t ops = 0;
+    for (const Chain &chain : chains) {
+      ops += chain.ops;
+      if (!firstFuncs.count(chain.columns.front().op->getParentOfType<func::FuncOp>()))
+        continue;
+      if (!firstChain)
+        os << "; ";
+      firstChain = false;
+      llvm::SmallVector<std::string> cols;
+      for (const MatmulSite &c : chain.columns)
+        cols.push_back(shortName(c.weight));
+      os << llvm::join(cols, ", ") << " column-parallel";
+      int64_t T = tensorParallel;
+      if (chain.headsGlobal)
+        os << " by heads (" << chain.headsGlobal << " -> " << chain.headsGlobal / T
+           << " per rank" << (chain.fused ? ", fused q/k/v" : "");
+      if (chain.headsGlobal && chain.kvHeads < chain.headsGlobal)
+        os << ", kv heads " << chain.kvHeads << " -> " << chain.kvHeads / T;
+      if (chain.headsGlobal)
+        os << ")";
+      else
+        os << " (" << chain.columnWidth << " -> " << chain.columnWidth / T << " per rank)";
+      llvm::SmallVector<std::string> rows;
+      for (const MatmulSite &r : chain.rows)
+        rows.push_back(shortName(r.weight));
+      os << ", " << llvm::join(rows, ", ") << " row-parallel";
+    }
+    os << "; " << vocab << "; " << ops << " ops split; " << skipped.size() << " chains replicated";
+    if (!skipped.empty())
+      os << " (first: " << describe(skipped.front().op) << ": " << skipped.front().message << ")";
+    emitRemark(module.getLoc()) << "bmt-tensor-parallel: " << static_cast<int64_t>(tensorParallel)
+                                << " ranks, " << text;
+    // For the plan summary (bmt-summary): what was split.
+    module->setAttr("bmt.tensor_parallel_plan", StringAttr::get(&getContext(), text));
+  }
+};
+
+} // namespace
