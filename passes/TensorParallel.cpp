@@ -688,11 +688,13 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       auto f = dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp());
       if (!f || isBlockRoot(f) || callSites[f].size() != 1)
         break;
-      // The argument must feed nothing else that takes a gradient.
-      for (OpOperand &u : arg.getUses())
-        if (u.getOwner() != nullptr && !isa<func::CallOp>(u.getOwner()) &&
-            !isMetadata(u.getOwner()) && !isMatmulInput(u))
-          return v;
+      // The argument must feed nothing else that takes a gradient, also
+      // through the functions it is passed to (BERT's attention passes its
+      // input to the q/k/v module and, as the residual, to the output
+      // module: a tp_copy above that call would sum the residual's
+      // gradient over the group).
+      if (!feedsOnlyMatmuls(arg))
+        return v;
       OpOperand &operand = callSites[f][0]->getOpOperand(arg.getArgNumber());
       path.push_back(&operand);
       v = operand.get();
@@ -708,6 +710,22 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     auto aten = dyn_cast<bmt::AtenOp>(op);
     return aten && bmt::lookupAtenOp(aten.getName())->kind == bmt::AtenOpKind::Metadata;
   }
+  /// Whether every use of `v` is a matmul's input, a metadata read, or a
+  /// call (of a function called once) whose argument is such a value.
+  bool feedsOnlyMatmuls(Value v) {
+    for (OpOperand &u : v.getUses()) {
+      Operation *user = u.getOwner();
+      if (isMetadata(user) || isMatmulInput(u))
+        continue;
+      auto call = dyn_cast<func::CallOp>(user);
+      auto callee = call ? symbols->lookup<func::FuncOp>(call.getCallee()) : nullptr;
+      if (!callee || callSites[callee].size() != 1 ||
+          !feedsOnlyMatmuls(callee.getArgument(u.getOperandNumber())))
+        return false;
+    }
+    return true;
+  }
+
   bool isMatmulInput(OpOperand &u) {
     auto aten = dyn_cast<bmt::AtenOp>(u.getOwner());
     if (!aten)
