@@ -8,7 +8,11 @@ every parameter becomes a zero-stride view of one element; the rotary
 inverse frequencies (a buffer) are computed for real. Compile with
 `bmt-opt llama-1b.pt -o llama-1b.sharded.pt --random-init`.
 
-usage: python3 bench/make_llama_1b.py OUT.pt [--layers 16] [--dtype bfloat16]
+`--config 8b` makes the Llama-3-8B shape instead (32 layers, hidden 4096,
+32 heads, 8 key/value heads, FFN 14336, vocab 128256, untied), the model of
+the multi-GPU and tensor-parallel benchmarks (bench/gpu_tp.sh).
+
+usage: python3 bench/make_llama_1b.py OUT.pt [--config 1b|8b] [--layers N] [--dtype bfloat16]
 """
 import argparse
 import warnings
@@ -19,17 +23,23 @@ import torch
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
-    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--config", choices=["1b", "8b"], default="1b")
+    ap.add_argument("--layers", type=int, help="default: the config's (16 or 32)")
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     import transformers
     from transformers.models.llama import modeling_llama
+    shape = {"1b": dict(num_hidden_layers=16, hidden_size=2048, intermediate_size=8192,
+                        tie_word_embeddings=True),
+             "8b": dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336,
+                        tie_word_embeddings=False)}[args.config]
+    if args.layers is not None:
+        shape["num_hidden_layers"] = args.layers
     config = transformers.LlamaConfig(
-        num_hidden_layers=args.layers, hidden_size=2048, num_attention_heads=32,
-        num_key_value_heads=8, intermediate_size=8192, vocab_size=128256,
-        max_position_embeddings=1024, rope_theta=500000.0, tie_word_embeddings=True,
-        attention_dropout=0.0, use_cache=False)
+        **shape, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+        max_position_embeddings=1024, rope_theta=500000.0, attention_dropout=0.0,
+        use_cache=False)
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config)
     model.eval()
@@ -50,7 +60,8 @@ def main():
               "attention_mask": torch.ones(1, 8, dtype=torch.long)}
     traced = torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
     traced.save(args.out)
-    print(f"{args.out}: LLaMA {args.layers} layers, hidden 2048, {n:,} parameters, {args.dtype}")
+    print(f"{args.out}: LLaMA {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+          f"{n:,} parameters, {args.dtype}")
 
 
 if __name__ == "__main__":
