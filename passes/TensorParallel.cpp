@@ -798,8 +798,10 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
           if (m.out % (chunks * tensorParallel) != 0) {
             std::string what = "the output size " + std::to_string(m.out);
             if (chunks > 1)
-              what += " (" + std::to_string(chunks) + " fused parts of " +
-                      std::to_string(m.out / chunks) + ")";
+              what = "each of the output's " + std::to_string(chunks) + " fused parts (" +
+                     std::to_string(m.out) + " = " + std::to_string(chunks) + " x " +
+                     std::to_string(m.out / chunks) + "), of size " +
+                     std::to_string(m.out / chunks) + ",";
             fail(op, what + " is not divisible by --tensor-parallel " +
                          std::to_string(static_cast<int64_t>(tensorParallel)),
                  /*fatal=*/true);
