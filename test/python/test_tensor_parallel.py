@@ -188,3 +188,29 @@ def test_bert_gradients_match_one_process(tp, ranks, tmp_path):
     # updates of size ~1e-2 (a doubled gradient would differ by ~1e-2).
     worst = max((want[k] - have[k]).abs().max().item() for k in want)
     assert worst <= 1e-5, worst
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--objective", "model-loss"], "--objective model-loss is not supported with it yet"),
+    (["--checkpoint-dir", "{tmp}/ck"], "checkpoints (--checkpoint-dir, --resume) are not supported"),
+    (["--offload-optimizer"], "offload"),
+    (["--optimizer", "adafactor"], "adafactor"),
+])
+def test_what_tensor_parallel_refuses_for_now(traced, flags, message):  # noqa: F811
+    """Each refusal is one error line per rank and no step trained."""
+    if traced["name"] != "gpt2":
+        pytest.skip("one model is enough")
+    tmp = traced["tmp"] / "refusals"
+    tmp.mkdir(exist_ok=True)
+    sharded = tmp / "sharded.pt"
+    if not sharded.exists():
+        subprocess.run([binary("bmt-opt"), str(traced["pt"]), "-o", str(sharded), "--world-size",
+                        "2", "--tensor-parallel", "2"], check=True, capture_output=True)
+    log = tmp / "log.jsonl"
+    r = torchrun(2, sharded, "--batches", traced["tmp"] / "batches.pt", "--steps", 1,
+                 "--log-file", log, *[f.format(tmp=tmp) for f in flags])
+    assert r.returncode != 0
+    errors = {line for line in r.stderr.splitlines() if line.startswith("error:")}
+    assert len(errors) == 1, r.stderr[-3000:]   # the same line from every rank
+    assert message.lower() in errors.pop().lower(), r.stderr[-3000:]
+    assert not log.exists() or not [x for x in open(log) if '"train"' in x]

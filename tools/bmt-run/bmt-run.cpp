@@ -426,11 +426,16 @@ int run(const tools::RunOptions &o) {
   if (p.tensorParallel > 1) {
     const std::string tp = o.archive + " is compiled for tensor parallelism (" +
                            std::to_string(p.tensorParallel) + " ranks per TP group): ";
-    if (modelLoss || o.modelLoss)
-      throw Failure(tp + "--objective model-loss (a forward that takes labels) is not supported "
-                    "with it: the model's own loss would see only this rank's part of the "
-                    "vocab-parallel logits; export the model without labels to train it on "
-                    "bmt-run's vocab-parallel cross-entropy");
+    if (modelLoss)
+      throw Failure(tp + "its forward takes labels and computes its own loss, which is not "
+                    "supported with it yet (bmt cannot see how that loss reduces over the "
+                    "ranks' parts of the model); export the model without labels "
+                    "(bmt-export-hf without --labels) to train it on bmt-run's vocab-parallel "
+                    "cross-entropy");
+    if (o.modelLoss)
+      throw Failure(tp + "--objective model-loss is not supported with it yet, and its forward "
+                    "takes no labels anyway; leave out --objective to train on bmt-run's "
+                    "vocab-parallel cross-entropy");
     if (!o.checkpoints.dir.empty() || !o.resume.empty())
       throw Failure(tp + "checkpoints (--checkpoint-dir, --resume) are not supported with it "
                     "yet (they would need the TP slices gathered into global tensors); "
