@@ -59,6 +59,23 @@ def test_tensor_parallel_training_matches_eager(traced, config):  # noqa: F811
           f"differing {stats[2]:.1%}")
 
 
+def train_t2_n2(model_file, tmp_path, steps):
+    """Compiles model_file for T = 2 N = 2 and trains it on 2 ranks on
+    tmp_path/batches.pt (AdamW, lr 1e-3, no clipping, weight decay 0.01):
+    (bmt-opt's remarks, the train records, the gathered parameters' file)."""
+    sharded = tmp_path / "sharded.pt"
+    compiled = subprocess.run([binary("bmt-opt"), str(model_file), "-o", str(sharded),
+                               "--world-size", "2", "--tensor-parallel", "2"],
+                              capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stderr
+    log, params = tmp_path / "log.jsonl", tmp_path / "params.safetensors"
+    r = torchrun(2, sharded, "--batches", tmp_path / "batches.pt", "--steps", steps, "--lr", "1e-3",
+                 "--clip-grad", 0, "--weight-decay", 0.01, "--log-file", log, "--save-params", params)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    train = [json.loads(line) for line in open(log) if line.strip()]
+    return compiled.stderr, [x for x in train if x["kind"] == "train"], params
+
+
 def test_padded_vocab_matches_eager(tmp_path):
     """A vocab T does not divide (GPT-2 with 127 tokens on T = 2): the
     embedding and head padded to 128 rows (TensorSplit.paddedSize), the
@@ -80,17 +97,8 @@ def test_padded_vocab_matches_eager(tmp_path):
     batches = torch.randint(0, 127, (steps, GLOBAL_BATCH, SEQ + 1),
                             generator=torch.Generator().manual_seed(3))
     torch.save(batches, tmp_path / "batches.pt")
-    sharded = tmp_path / "sharded.pt"
-    compiled = subprocess.run([binary("bmt-opt"), str(pt), "-o", str(sharded), "--world-size", "2",
-                               "--tensor-parallel", "2"], capture_output=True, text=True)
-    assert compiled.returncode == 0, compiled.stderr
-    assert "vocab-parallel embedding and LM head (127 -> 64 per rank, padded to 128)" in compiled.stderr
-    log, params = tmp_path / "log.jsonl", tmp_path / "params.safetensors"
-    r = torchrun(2, sharded, "--batches", tmp_path / "batches.pt", "--steps", steps, "--lr", "1e-3",
-                 "--clip-grad", 0, "--weight-decay", 0.01, "--log-file", log, "--save-params", params)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    train = [json.loads(line) for line in open(log) if line.strip()]
-    train = [x for x in train if x["kind"] == "train"]
+    remarks, train, params = train_t2_n2(pt, tmp_path, steps)
+    assert "vocab-parallel embedding and LM head (127 -> 64 per rank, padded to 128)" in remarks
     lrs = {x["step"]: x["lr"] for x in train}
     torch.manual_seed(0)
     reference = cls(config).eval()
@@ -123,17 +131,8 @@ def test_pt2_tensor_parallel_matches_eager(name, tmp_path):
     batches = torch.randint(0, vocab, (steps, GLOBAL_BATCH, SEQ + 1),
                             generator=torch.Generator().manual_seed(3))
     torch.save(batches, tmp_path / "batches.pt")
-    sharded = tmp_path / "sharded.pt"
-    compiled = subprocess.run([binary("bmt-opt"), str(pt2), "-o", str(sharded), "--world-size", "2",
-                               "--tensor-parallel", "2"], capture_output=True, text=True)
-    assert compiled.returncode == 0, compiled.stderr
-    assert "0 chains replicated" in compiled.stderr
-    log, params = tmp_path / "log.jsonl", tmp_path / "params.safetensors"
-    r = torchrun(2, sharded, "--batches", tmp_path / "batches.pt", "--steps", steps, "--lr", "1e-3",
-                 "--clip-grad", 0, "--weight-decay", 0.01, "--log-file", log, "--save-params", params)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    train = [json.loads(line) for line in open(log) if line.strip()]
-    train = [x for x in train if x["kind"] == "train"]
+    remarks, train, params = train_t2_n2(pt2, tmp_path, steps)
+    assert "0 chains replicated" in remarks
     lrs = {x["step"]: x["lr"] for x in train}
     reference = build(name)
     losses = eager_training(reference, batches, steps, 1, lambda s: lrs[s], 0.0, 0.01)
