@@ -64,7 +64,11 @@ namespace bmt::runtime {
 
 namespace {
 
+/// Version 1: no tensor parallelism (every checkpoint of a plan with
+/// tensor_parallel 1 is still written as version 1); version 2: the spaces
+/// are TP slices (docs/checkpoint-format.md). This bmt-run reads both.
 constexpr int kFormatVersion = 1;
+constexpr int kTensorParallelVersion = 2;
 const char *kFormat = "bmt-checkpoint";
 
 using Clock = std::chrono::steady_clock;
@@ -117,9 +121,9 @@ std::string rankName(int64_t rank, const char *suffix) {
   return text;
 }
 
-std::string completeLine(int64_t step) {
-  return std::string(kFormat) + " " + std::to_string(kFormatVersion) + " step " +
-         std::to_string(step) + "\n";
+std::string completeLine(int64_t step, int version) {
+  return std::string(kFormat) + " " + std::to_string(version) + " step " + std::to_string(step) +
+         "\n";
 }
 
 std::string systemError() { return std::strerror(errno); }
@@ -176,7 +180,10 @@ int64_t completeStep(const fs::path &folder) {
   std::error_code ec;
   if (!fs::is_regular_file(folder / "COMPLETE", ec))
     return -1;
-  return readText((folder / "COMPLETE").string()) == completeLine(step) ? step : -1;
+  const std::string line = readText((folder / "COMPLETE").string());
+  return line == completeLine(step, kFormatVersion) || line == completeLine(step, kTensorParallelVersion)
+             ? step
+             : -1;
 }
 
 std::string scheduleKindName(LRScheduleKind k) {
@@ -336,6 +343,9 @@ struct CheckpointSaver::Impl {
   CheckpointOptions options;
   RunIdentity identity;
   int64_t rank = 0, worldSize = 1;
+  /// Tensor parallelism: T of the plan and this rank's TP rank (rank % T).
+  int64_t tp = 1, tpRank = 0;
+  int version = kFormatVersion; ///< kTensorParallelVersion when tp > 1
   std::string nonce;
   at::Device device = at::kCPU;
   std::optional<c10::Stream> copyStream;
@@ -373,21 +383,50 @@ struct CheckpointSaver::Impl {
     return it;
   }
 
+  /// The index of this rank's space `k` in checkpoint.json's spaces (and
+  /// its tensors' "s<index>." names): with T > 1 each space is listed once
+  /// per TP rank, TP rank t of space k at k * T + t.
+  int64_t savedIndex(size_t k) const { return static_cast<int64_t>(k) * tp + tpRank; }
+
   json spacesJson(const std::vector<ParameterSpace> &spaces) const {
     const plan::Plan &p = model.plan();
     json out = json::array();
+    // With T > 1 the spaces (ZeRO storage groups: every trainable tensor is
+    // in one) are the plan's group copies, T per group, in plan order.
+    std::vector<int64_t> groupOf;
+    if (tp > 1)
+      for (size_t g = 0; g < p.groups.size(); ++g)
+        if (p.groups[g].tpRank <= 0)
+          groupOf.push_back(static_cast<int64_t>(g));
     for (size_t k = 0; k < spaces.size(); ++k) {
       const ParameterSpace &s = spaces[k];
-      json members = json::array();
-      for (size_t m = 0; m < s.members.size(); ++m) {
-        const plan::TensorInfo &t = p.tensors.at(s.members[m]);
-        members.push_back({{"tensor", t.name}, {"shape", t.shape}, {"offset", s.offsets[m]},
-                           {"aliases", t.aliases}});
+      for (int64_t t = 0; t < tp; ++t) {
+        const std::vector<int64_t> *members = &s.members, *offsets = &s.offsets;
+        int64_t size = s.size;
+        if (tp > 1) {
+          const plan::StorageGroup &copy = p.groups.at(p.tpGroup(groupOf.at(k), t));
+          members = &copy.members;
+          offsets = &copy.offsets;
+          size = copy.size;
+        }
+        json list = json::array();
+        for (size_t m = 0; m < members->size(); ++m) {
+          const plan::TensorInfo &info = p.tensors.at((*members)[m]);
+          json member = {{"tensor", info.name}, {"shape", info.shape},
+                         {"offset", (*offsets)[m]}, {"aliases", info.aliases}};
+          if (tp > 1 && info.split.isSplit())
+            member["split"] = {{"dim", info.split.dim}, {"chunks", info.split.chunks},
+                               {"padded_size", info.split.paddedSize}};
+          list.push_back(member);
+        }
+        json space = {{"name", s.name}, {"dtype", plan::dtypeName(s.dtype)},
+                      {"master", lowPrecision(s.dtype)}, {"size", size},
+                      {"shards", s.numShards}, {"shard_size", s.shardSize}};
+        if (tp > 1)
+          space["tp_rank"] = t;
+        space["members"] = list;
+        out.push_back(space);
       }
-      out.push_back({{"name", s.name}, {"dtype", plan::dtypeName(s.dtype)},
-                     {"master", lowPrecision(s.dtype)}, {"size", s.size},
-                     {"shards", s.numShards}, {"shard_size", s.shardSize},
-                     {"members", members}});
     }
     return out;
   }
@@ -406,8 +445,8 @@ struct CheckpointSaver::Impl {
     }
     if (!progress.data.data.empty())
       data["data"] = progress.data.data;
-    return {{"format", kFormat},
-            {"version", kFormatVersion},
+    json meta = {{"format", kFormat},
+            {"version", version},
             {"step", progress.step},
             {"world_size", worldSize},
             {"zero_stage", identity.zeroStage},
@@ -430,6 +469,9 @@ struct CheckpointSaver::Impl {
             {"data", data},
             {"objective_rng", progress.objectiveGenerator},
             {"spaces", spacesJson(spaces)}};
+    if (tp > 1)
+      meta["tensor_parallel"] = tp;
+    return meta;
   }
 
   /// The items of this rank's file, their live tensors as of now.
@@ -452,9 +494,9 @@ struct CheckpointSaver::Impl {
         continue;
       const at::Tensor &trainable = model.parameters().at(s.parameter);
       if (!derivedParams)
-        out.push_back(&item(fieldName(k, "param"), s.value));
+        out.push_back(&item(fieldName(savedIndex(k), "param"), s.value));
       if (lowPrecision(s.dtype) && trainable.scalar_type() != s.dtype)
-        out.push_back(&item(fieldName(k, "master"), trainable.view({-1})));
+        out.push_back(&item(fieldName(savedIndex(k), "master"), trainable.view({-1})));
     }
     for (const auto &[key, tensor] : state.tensors) {
       auto [slot, i] = splitStateKey(key);
@@ -470,12 +512,12 @@ struct CheckpointSaver::Impl {
         // An offloaded optimizer's master (host memory): the device
         // parameters are its copy, in flight on a side stream at this
         // point, so the saved parameters are converted from the master.
-        Item &master = item(fieldName(k, "master"), flat);
+        Item &master = item(fieldName(savedIndex(k), "master"), flat);
         out.push_back(&master);
         if (!lowPrecision(s.dtype))
           masterOnlyForDerive.insert(master.name); // (float32: it is the parameter)
-        Item &param = items[fieldName(k, "param")];
-        param.name = fieldName(k, "param");
+        Item &param = items[fieldName(savedIndex(k), "param")];
+        param.name = fieldName(savedIndex(k), "param");
         param.live = at::Tensor();
         param.hostCopy = false;
         if (!param.host.defined() || param.host.numel() != flat.numel())
@@ -484,7 +526,7 @@ struct CheckpointSaver::Impl {
         out.push_back(&param);
         continue;
       }
-      out.push_back(&item(fieldName(k, slot), flat));
+      out.push_back(&item(fieldName(savedIndex(k), slot), flat));
     }
     // The RNG states.
     out.push_back(&item("rng.cpu", at::detail::getDefaultCPUGenerator().get_state()));
@@ -564,7 +606,7 @@ struct CheckpointSaver::Impl {
       }
       SafetensorsWriter writer(myFile, entries,
                                {{"format", kFormat},
-                                {"version", std::to_string(kFormatVersion)},
+                                {"version", std::to_string(version)},
                                 {"rank", std::to_string(rank)},
                                 {"crc32", crcs.dump()}});
       for (Item *it : saved) {
@@ -675,7 +717,7 @@ struct CheckpointSaver::Impl {
       fs::remove_all(final, ec); // an incomplete one
       fs::rename(tmp, final);
       syncDirectory(options.dir);
-      writeSynced((final / "COMPLETE").string(), completeLine(snap.step));
+      writeSynced((final / "COMPLETE").string(), completeLine(snap.step, version));
       syncDirectory(final.string());
     }
     result.path = final.string();
@@ -711,6 +753,11 @@ CheckpointSaver::CheckpointSaver(Model &model, Optimizer &optimizer, const LossS
   Comm &world = model.world();
   s.rank = world.rank();
   s.worldSize = world.size();
+  s.tp = model.plan().tensorParallel;
+  if (s.tp > 1) {
+    s.tpRank = model.tensorParallel()->rank();
+    s.version = kTensorParallelVersion;
+  }
   s.device = model.device();
   // The run's name for its save folders: rank 0's random number, so that
   // the folder of a save that died (in an earlier run) is never mistaken
@@ -865,17 +912,105 @@ std::optional<std::string> latestCheckpoint(const std::string &dir) {
 
 namespace {
 
+/// How one run holds a trainable tensor: the global shape, its TP split
+/// (TensorSplit's dim, chunks and padded size) over `tp` ranks, and which
+/// TP rank's slice (`tpRank`). The slicing rule is plan::tpSlice's
+/// (docs/sharded-format.md): dim `dim`, padded with zeros to `padded`
+/// elements, is `chunks` equal chunks, each cut `tp` ways; TP rank t holds
+/// piece t of every chunk, in chunk order.
+struct SliceLayout {
+  std::vector<int64_t> shape;
+  int64_t dim = -1, chunks = 1, padded = 0, tp = 1, tpRank = 0;
+
+  bool isSplit() const { return dim >= 0; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape)
+      n *= d;
+    return n;
+  }
+  int64_t localNumel() const {
+    return isSplit() ? numel() / shape[dim] * (padded / tp) : numel();
+  }
+  /// Elements after `dim` (a row of the split dim).
+  int64_t inner() const {
+    int64_t n = 1;
+    for (size_t d = static_cast<size_t>(dim) + 1; d < shape.size(); ++d)
+      n *= shape[d];
+    return n;
+  }
+  /// Whether the two hold the same slices (the same TP rank's).
+  bool sameSlicing(const SliceLayout &o) const {
+    if (!isSplit() && !o.isSplit())
+      return true;
+    return dim == o.dim && chunks == o.chunks && padded == o.padded && tp == o.tp &&
+           tpRank == o.tpRank;
+  }
+
+  /// Calls emit(local, global, n) for the elements [a, b) of this slice
+  /// (row-major over the local shape) in runs that are contiguous in the
+  /// global tensor (row-major, unpadded): local elements [local, local + n)
+  /// are global ones [global, global + n). Padding is skipped.
+  template <typename F> void toGlobal(int64_t a, int64_t b, F &&emit) const {
+    if (!isSplit()) {
+      if (a < b)
+        emit(a, a, b - a);
+      return;
+    }
+    const int64_t in = inner(), size = shape[dim];
+    const int64_t piece = padded / (chunks * tp); // of dim, per chunk and TP rank
+    const int64_t row = padded / tp * in;          // local elements per outer index
+    for (int64_t at = a; at < b;) {
+      const int64_t o = at / row, j = at % row / in, c = j / piece;
+      const int64_t end = std::min(b, o * row + (c + 1) * piece * in); // the piece's end
+      const int64_t g = c * (padded / chunks) + tpRank * piece + j % piece; // global index of dim
+      // The real rows of the piece end at global index `size` of dim.
+      const int64_t realEnd = g >= size ? at : std::min(end, o * row + (j + size - g) * in);
+      if (realEnd > at)
+        emit(at, (o * size + g) * in + at % in, realEnd - at);
+      at = end;
+    }
+  }
+
+  /// Calls emit(tpRank, local, global, n) for the global elements [g, g +
+  /// n) (unpadded, row-major) in runs that are contiguous in one TP rank's
+  /// slice: global [global, global + n) are that slice's [local, local + n).
+  /// An unsplit tensor is read from this layout's own tpRank's copy.
+  template <typename F> void fromGlobal(int64_t g, int64_t n, F &&emit) const {
+    if (!isSplit()) {
+      if (n > 0)
+        emit(tpRank, g, g, n);
+      return;
+    }
+    const int64_t in = inner(), size = shape[dim];
+    const int64_t chunk = padded / chunks, piece = chunk / tp, localSize = padded / tp;
+    for (int64_t at = g, end = g + n; at < end;) {
+      const int64_t o = at / (size * in), j = at / in % size;
+      const int64_t c = j / chunk, w = j % chunk, t = w / piece;
+      const int64_t jEnd = std::min(size, c * chunk + (t + 1) * piece);
+      const int64_t upTo = std::min(end, (o * size + jEnd) * in);
+      emit(t, (o * localSize + c * piece + w % piece) * in + at % in, at, upTo - at);
+      at = upTo;
+    }
+  }
+};
+
+/// A trainable tensor of the checkpoint: its global shape, dtype, split,
+/// and where each saved TP rank's slice is (space, element offset; one
+/// entry without tensor parallelism).
 struct SavedMember {
-  size_t space = 0;
-  int64_t offset = 0, numel = 0;
   std::vector<int64_t> shape;
   std::string dtype;
+  SliceLayout layout; ///< tpRank unset
+  std::vector<std::pair<size_t, int64_t>> copies; ///< by saved TP rank
 };
 
 struct SavedSpace {
   std::string name, dtype;
   bool master = false;
   int64_t size = 0, shards = 1, shardSize = 0;
+  int64_t tpRank = 0; ///< the TP rank whose slices it holds (0 without TP)
+  std::vector<std::pair<int64_t, int64_t>> members; ///< (offset, elements)
 };
 
 /// Reads this rank's pieces from the checkpoint's rank files.
@@ -884,6 +1019,11 @@ public:
   CheckpointReader(std::string folder, const json &meta) : folder_(std::move(folder)) {
     try {
       worldSize_ = meta.at("world_size").get<int64_t>();
+      tp_ = meta.value("tensor_parallel", int64_t(1));
+      if (tp_ < 1 || worldSize_ % tp_ != 0)
+        throw CheckpointError(folder_ + "/checkpoint.json: bad layout (tensor_parallel " +
+                              std::to_string(tp_) + " with world_size " +
+                              std::to_string(worldSize_) + ")");
       for (const json &s : meta.at("spaces")) {
         SavedSpace space;
         space.name = s.at("name").get<std::string>();
@@ -892,19 +1032,62 @@ public:
         space.size = s.at("size").get<int64_t>();
         space.shards = s.at("shards").get<int64_t>();
         space.shardSize = s.at("shard_size").get<int64_t>();
+        space.tpRank = tp_ > 1 ? s.at("tp_rank").get<int64_t>() : 0;
+        if (space.tpRank < 0 || space.tpRank >= tp_ || space.shards < 1 ||
+            space.shardSize * space.shards < space.size)
+          throw CheckpointError(folder_ + "/checkpoint.json: bad layout (space " + space.name +
+                                ": tp_rank, shards or shard_size out of range)");
         for (const json &m : s.at("members")) {
-          SavedMember member;
-          member.space = spaces_.size();
-          member.offset = m.at("offset").get<int64_t>();
-          member.shape = m.at("shape").get<std::vector<int64_t>>();
-          member.numel = 1;
-          for (int64_t d : member.shape)
-            member.numel *= d;
-          member.dtype = space.dtype;
-          members_[m.at("tensor").get<std::string>()] = member;
+          const std::string name = m.at("tensor").get<std::string>();
+          SavedMember &member = members_[name];
+          const std::vector<int64_t> shape = m.at("shape").get<std::vector<int64_t>>();
+          if (member.copies.empty()) {
+            member.shape = shape;
+            member.dtype = space.dtype;
+            member.layout.shape = shape;
+            member.layout.tp = tp_;
+            if (m.contains("split")) {
+              const json &split = m.at("split");
+              member.layout.dim = split.at("dim").get<int64_t>();
+              member.layout.chunks = split.at("chunks").get<int64_t>();
+              member.layout.padded = split.at("padded_size").get<int64_t>();
+              const int64_t dim = member.layout.dim, chunks = member.layout.chunks;
+              if (dim < 0 || dim >= static_cast<int64_t>(shape.size()) || chunks < 1)
+                throw CheckpointError(folder_ + "/checkpoint.json: bad split of " + name);
+              if (member.layout.padded == 0)
+                member.layout.padded = shape[dim];
+              if (member.layout.padded < shape[dim] ||
+                  member.layout.padded % (chunks * tp_) != 0)
+                throw CheckpointError(folder_ + "/checkpoint.json: bad split of " + name +
+                                      " (padded size " + std::to_string(member.layout.padded) +
+                                      " of " + std::to_string(shape[dim]) + " in " +
+                                      std::to_string(chunks) + " chunks over " +
+                                      std::to_string(tp_) + " TP ranks)");
+            }
+            member.copies.assign(static_cast<size_t>(tp_), {SIZE_MAX, 0});
+          } else if (shape != member.shape || space.dtype != member.dtype) {
+            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
+                                  " differs between its TP ranks' spaces)");
+          }
+          auto &copy = member.copies.at(static_cast<size_t>(space.tpRank));
+          if (copy.first != SIZE_MAX)
+            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
+                                  " twice in the spaces of TP rank " +
+                                  std::to_string(space.tpRank) + ")");
+          copy = {spaces_.size(), m.at("offset").get<int64_t>()};
+          const int64_t numel = member.layout.localNumel();
+          if (copy.second < 0 || copy.second + numel > space.size)
+            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
+                                  " does not fit in space " + space.name + ")");
+          space.members.emplace_back(copy.second, numel);
         }
         spaces_.push_back(space);
       }
+      for (const auto &[name, member] : members_)
+        for (const auto &copy : member.copies)
+          if (copy.first == SIZE_MAX)
+            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
+                                  " is missing from a TP rank's spaces)");
     } catch (const json::exception &e) {
       throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + e.what() + ")");
     }
@@ -913,6 +1096,13 @@ public:
   const std::map<std::string, SavedMember> &members() const { return members_; }
   const std::vector<SavedSpace> &spaces() const { return spaces_; }
   int64_t worldSize() const { return worldSize_; }
+  int64_t tensorParallel() const { return tp_; }
+  /// The rank whose file holds shard `shard` of saved space `space`: shard
+  /// q of TP rank t's space is written by data-parallel rank q of TP rank
+  /// t, world rank q * T + t (q without tensor parallelism).
+  int64_t rankOf(size_t space, int64_t shard) const {
+    return shard * tp_ + spaces_[space].tpRank;
+  }
 
   SafetensorsFile &file(int64_t rank) {
     auto it = files_.find(rank);
@@ -957,19 +1147,20 @@ public:
       p.offset = (at - shard * s.shardSize) * static_cast<int64_t>(elementSize);
       p.nbytes = (upTo - at) * static_cast<int64_t>(elementSize);
       p.dst = dst + (at - begin) * static_cast<int64_t>(elementSize);
-      // Shard q of a space is in rank q's file.
       p.dtype = dtype;
       p.memberBytes = memberElements(space, shard) * static_cast<int64_t>(elementSize);
-      pending_[{shard, fieldName(static_cast<int64_t>(space), field)}].push_back(p);
+      pending_[{rankOf(space, shard), fieldName(static_cast<int64_t>(space), field)}].push_back(p);
       at = upTo;
     }
   }
 
   /// Reads every queued piece: a saved shard whose every member element is
   /// needed (the same layout) is read whole and checked against its
-  /// CRC-32; slices of it (another layout) are read with one pread each,
-  /// unchecked.
+  /// CRC-32; slices of it (another layout) are read with one pread per
+  /// run of adjacent pieces (at most 16 MiB), unchecked.
   void flush() {
+    constexpr int64_t kSpan = 16 << 20;
+    std::vector<char> span;
     for (auto &[key, pieces] : pending_) {
       const auto &[rank, name] = key;
       SafetensorsFile &f = file(rank);
@@ -998,9 +1189,26 @@ public:
             throw CheckpointError(f.path() + ": corrupt tensor " + name + " (checksum mismatch)");
           for (const Piece &p : pieces)
             std::memcpy(p.dst, buffer.data() + p.offset, static_cast<size_t>(p.nbytes));
-        } else {
-          for (const Piece &p : pieces)
-            f.read(name, p.offset, p.nbytes, p.dst);
+          continue;
+        }
+        // Another TP layout reads a slice in many adjacent runs (a row's
+        // piece each): one pread for a run of adjacent pieces.
+        for (size_t i = 0; i < pieces.size();) {
+          size_t j = i + 1;
+          int64_t end = pieces[i].offset + pieces[i].nbytes;
+          while (j < pieces.size() && pieces[j].offset == end &&
+                 end + pieces[j].nbytes - pieces[i].offset <= kSpan)
+            end += pieces[j++].nbytes;
+          if (j == i + 1) {
+            f.read(name, pieces[i].offset, pieces[i].nbytes, pieces[i].dst);
+          } else {
+            span.resize(static_cast<size_t>(end - pieces[i].offset));
+            f.read(name, pieces[i].offset, end - pieces[i].offset, span.data());
+            for (size_t k = i; k < j; ++k)
+              std::memcpy(pieces[k].dst, span.data() + (pieces[k].offset - pieces[i].offset),
+                          static_cast<size_t>(pieces[k].nbytes));
+          }
+          i = j;
         }
       } catch (const CheckpointError &) {
         throw;
@@ -1019,9 +1227,8 @@ public:
     const SavedSpace &s = spaces_[space];
     const int64_t begin = shard * s.shardSize, end = begin + s.shardSize;
     int64_t n = 0;
-    for (const auto &[name, m] : members_)
-      if (m.space == space)
-        n += std::max<int64_t>(0, std::min(end, m.offset + m.numel) - std::max(begin, m.offset));
+    for (const auto &[offset, numel] : s.members)
+      n += std::max<int64_t>(0, std::min(end, offset + numel) - std::max(begin, offset));
     memberElements_[{space, shard}] = n;
     return n;
   }
@@ -1056,7 +1263,7 @@ private:
     int64_t memberBytes = 0; ///< of all the members' elements in the saved shard
   };
   std::string folder_;
-  int64_t worldSize_ = 0;
+  int64_t worldSize_ = 0, tp_ = 1;
   std::vector<SavedSpace> spaces_;
   std::map<std::string, SavedMember> members_;
   std::map<int64_t, std::unique_ptr<SafetensorsFile>> files_;
@@ -1123,10 +1330,16 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     }
     if (meta.value("format", "") != kFormat)
       throw CheckpointError(folder + "/checkpoint.json: not a bmt checkpoint");
-    if (meta.value("version", 0) != kFormatVersion)
-      throw CheckpointError(folder + ": checkpoint format version " +
-                            std::to_string(meta.value("version", 0)) + "; this bmt-run reads " +
-                            std::to_string(kFormatVersion));
+    const int version = meta.value("version", 0);
+    if (version != kFormatVersion && version != kTensorParallelVersion)
+      throw CheckpointError(folder + ": checkpoint format version " + std::to_string(version) +
+                            "; this bmt-run reads " + std::to_string(kFormatVersion) + " and " +
+                            std::to_string(kTensorParallelVersion));
+    if ((version == kTensorParallelVersion) != (meta.value("tensor_parallel", 1) > 1))
+      throw CheckpointError(folder + "/checkpoint.json: version " + std::to_string(version) +
+                            " with tensor_parallel " +
+                            std::to_string(meta.value("tensor_parallel", 1)) +
+                            " (version 2 is the format of tensor parallelism)");
   }
   if (expected)
     checkSameOptimizer(meta.value("optimizer", json::object()), *expected, folder);
@@ -1136,6 +1349,30 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
 
   ResumeReport report;
   report.savedWorldSize = reader.worldSize();
+  report.savedTensorParallel = reader.tensorParallel();
+  // Tensor parallelism: this run's T and TP rank, and the checkpoint's T.
+  const int64_t tp = p.tensorParallel;
+  const int64_t tpRank = model.tensorParallel() ? model.tensorParallel()->rank() : 0;
+  const int64_t savedTp = reader.tensorParallel();
+  auto layoutOf = [&](const plan::TensorInfo &t) {
+    SliceLayout l;
+    l.shape = t.shape;
+    l.tp = tp;
+    l.tpRank = tpRank;
+    if (tp > 1 && t.split.isSplit()) {
+      l.dim = t.split.dim;
+      l.chunks = t.split.chunks;
+      l.padded = t.split.paddedSize > 0 ? t.split.paddedSize : t.shape[t.split.dim];
+    }
+    return l;
+  };
+  // The checkpoint's slicing of `saved`; an unsplit tensor is read from
+  // the copy of the TP rank this rank has, or of tpRank % savedTp.
+  auto savedLayoutOf = [&](const SavedMember &saved) {
+    SliceLayout l = saved.layout;
+    l.tpRank = tpRank % savedTp;
+    return l;
+  };
   std::vector<ParameterSpace> spaces = model.parameterSpaces();
   // Host buffers of every field of every space, filled by the reader.
   struct Fields {
@@ -1161,7 +1398,7 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     if (slot != "step" && !state.replicatedSlots.count(slot))
       needed[spaceOfParameter.at(i)][slot] = tensor.scalar_type();
   }
-  bool resharded = reader.worldSize() != model.world().size();
+  bool resharded = reader.worldSize() != model.world().size() || savedTp != tp;
   for (size_t k = 0; k < spaces.size(); ++k) {
     const ParameterSpace &s = spaces[k];
     const int64_t begin = s.shardIndex * s.shardSize;
@@ -1173,20 +1410,40 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
       for (size_t m = 0; m < s.members.size(); ++m) {
         const plan::TensorInfo &t = p.tensors.at(s.members[m]);
         const int64_t from = std::max(begin, s.offsets[m]);
-        const int64_t to = std::min(end, s.offsets[m] + t.numel());
+        const int64_t to = std::min(end, s.offsets[m] + t.localNumel(tp));
         if (from >= to)
           continue;
         const SavedMember &saved = reader.members().at(t.name);
-        const SavedSpace &savedSpace = reader.spaces()[saved.space];
-        resharded = resharded || savedSpace.name != s.name || saved.offset != s.offsets[m] ||
-                    savedSpace.shards != s.numShards;
-        // A float32 space's master is its parameter.
-        std::string savedField = field;
-        if (field == "master" && !savedSpace.master)
-          savedField = "param";
-        reader.request(saved.space, savedField, saved.offset + (from - s.offsets[m]), to - from,
-                       static_cast<char *>(buffer.data_ptr()) + (from - begin) * elementSize,
-                       dtype);
+        const SliceLayout mine = layoutOf(t), theirs = savedLayoutOf(saved);
+        char *const dst = static_cast<char *>(buffer.data_ptr()) + (from - begin) * elementSize;
+        // Elements [local, local + n) of TP rank savedRank's saved slice to
+        // dst + at.
+        auto copy = [&](int64_t savedRank, int64_t local, int64_t at, int64_t n) {
+          const auto &[space, offset] = saved.copies.at(static_cast<size_t>(savedRank));
+          const SavedSpace &savedSpace = reader.spaces()[space];
+          resharded = resharded || savedSpace.name != s.name || offset != s.offsets[m] ||
+                      savedSpace.shards != s.numShards;
+          // A float32 space's master is its parameter.
+          std::string savedField = field;
+          if (field == "master" && !savedSpace.master)
+            savedField = "param";
+          reader.request(space, savedField, offset + local, n,
+                         dst + at * static_cast<int64_t>(elementSize), dtype);
+        };
+        const int64_t a = from - s.offsets[m], b = to - s.offsets[m];
+        if (mine.sameSlicing(theirs)) {
+          copy(theirs.tpRank, a, 0, b - a);
+          continue;
+        }
+        // Another TP split: the elements of this slice through the global
+        // tensor to the saved slices that hold them (padding stays zero).
+        resharded = true;
+        mine.toGlobal(a, b, [&](int64_t local, int64_t global, int64_t n) {
+          theirs.fromGlobal(global, n, [&](int64_t savedRank, int64_t savedLocal, int64_t g,
+                                           int64_t k) {
+            copy(savedRank, savedLocal, local - a + (g - global), k);
+          });
+        });
       }
     }
   }
@@ -1195,10 +1452,11 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
   // shard 0's file, rank 0's).
   for (size_t k = 0; k < spaces.size(); ++k) {
     const plan::TensorInfo &t = p.tensors.at(spaces[k].members.at(0));
-    const size_t savedSpace = reader.members().at(t.name).space;
+    const SavedMember &first = reader.members().at(t.name);
+    const size_t savedSpace = first.copies.at(static_cast<size_t>(tpRank % savedTp)).first;
     if (state.tensors.count("step." + std::to_string(spaces[k].parameter)))
-      loaded[k].byName["step"] =
-          reader.readChecked(0, fieldName(static_cast<int64_t>(savedSpace), "step"));
+      loaded[k].byName["step"] = reader.readChecked(
+          reader.rankOf(savedSpace, 0), fieldName(static_cast<int64_t>(savedSpace), "step"));
     // Replicated slots (Adafactor's factors, concatenated over the space's
     // members): whole, from shard 0, when the saved space has the same
     // members (any number of shards).
@@ -1206,17 +1464,18 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
       if (!state.tensors.count(slot + "." + std::to_string(spaces[k].parameter)))
         continue;
       const SavedSpace &saved = reader.spaces()[savedSpace];
-      bool sameMembers = saved.name == spaces[k].name;
+      bool sameMembers = saved.name == spaces[k].name && savedTp == 1 && tp == 1;
       for (size_t m = 0; m < spaces[k].members.size() && sameMembers; ++m) {
         const SavedMember &member = reader.members().at(p.tensors.at(spaces[k].members[m]).name);
-        sameMembers = member.space == savedSpace && member.offset == spaces[k].offsets[m];
+        sameMembers = member.copies.at(0).first == savedSpace &&
+                      member.copies.at(0).second == spaces[k].offsets[m];
       }
       if (!sameMembers)
         throw CheckpointError(folder + ": the optimizer's " + slot + " of " + spaces[k].name +
                               " is kept per storage group, and the checkpoint's groups differ "
                               "(another plan's layout): resume with the plan it was saved with");
-      loaded[k].byName[slot] =
-          reader.readChecked(0, fieldName(static_cast<int64_t>(savedSpace), slot));
+      loaded[k].byName[slot] = reader.readChecked(
+          reader.rankOf(savedSpace, 0), fieldName(static_cast<int64_t>(savedSpace), slot));
     }
   }
 
@@ -1272,7 +1531,7 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
   if (scaler && report.progress.lossScale)
     scaler->setState(*report.progress.lossScale, report.progress.cleanSteps);
   // Each rank's generators, when the ranks are the same.
-  if (reader.worldSize() == model.world().size()) {
+  if (reader.worldSize() == model.world().size() && savedTp == tp) {
     const int64_t rank = model.world().rank();
     SafetensorsFile &mine = reader.file(rank);
     auto restore = [&](at::Generator g, const char *name) {

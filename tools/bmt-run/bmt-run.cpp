@@ -297,6 +297,9 @@ void printResume(const runtime::ResumeReport &r, const std::string &folder,
     return;
   std::cout << "bmt-run: resumed from " << folder << " at step " << r.progress.step
             << " (saved by " << r.savedWorldSize << (r.savedWorldSize == 1 ? " rank" : " ranks")
+            << (r.savedTensorParallel > 1
+                    ? ", tensor parallel " + std::to_string(r.savedTensorParallel)
+                    : std::string())
             << (r.resharded ? ", resharded to this run's layout" : "")
             << "); bytes read per rank:";
   for (int64_t i = 0; i < world.size(); ++i)
@@ -436,10 +439,6 @@ int run(const tools::RunOptions &o) {
       throw Failure(tp + "--objective model-loss is not supported with it yet, and its forward "
                     "takes no labels anyway; leave out --objective to train on bmt-run's "
                     "vocab-parallel cross-entropy");
-    if (!o.checkpoints.dir.empty() || !o.resume.empty())
-      throw Failure(tp + "checkpoints (--checkpoint-dir, --resume) are not supported with it "
-                    "yet (they would need the TP slices gathered into global tensors); "
-                    "--save-params gathers the trained parameters");
     if (!o.dumpInputs.empty())
       throw Failure(tp + "--dump is not supported with it yet (each rank holds a part of the "
                     "logits)");

@@ -5,7 +5,8 @@
 // docs/checkpoint-format.md; the shape follows PyTorch DCP). Every rank
 // writes only its own shards and reads only the slices of its own layout,
 // so a checkpoint of N ranks resumes on M ranks, under another ZeRO stage
-// or shard group size.
+// or shard group size, or another tensor-parallel degree (each tensor's
+// slices reassembled by the plan's TensorSplit rule and cut anew).
 //
 //===----------------------------------------------------------------------===//
 
@@ -154,13 +155,18 @@ struct ResumeReport {
   TrainingProgress progress;
   int64_t bytesRead = 0;       ///< by this rank, from the rank files
   int64_t savedWorldSize = 0;  ///< of the run that saved it
+  int64_t savedTensorParallel = 1; ///< its tensor-parallel degree T
   bool resharded = false;      ///< its layout differs from this run's
 };
 
 /// Loads the checkpoint in `folder` into `model`'s parameters, the
 /// `optimizer`'s state and `scaler` (when both have loss scaling), reading
-/// only this rank's slices; at the same world size it restores each rank's
-/// CPU and CUDA generator states. Returns the rest of the run's state.
+/// only this rank's slices; at the same world size and tensor-parallel
+/// degree it restores each rank's CPU and CUDA generator states. A
+/// checkpoint saved with another tensor parallelism (format version 2, or
+/// 1 without it) is resharded: every element of this rank's slices is read
+/// from the saved slice that holds it (plan::tpSlice's rule, the padding
+/// left out). Returns the rest of the run's state.
 /// Throws CheckpointError, changing nothing, for a folder that is not a
 /// complete checkpoint, another format version, another model (naming the
 /// first tensor that differs), missing or truncated rank files; and for a
