@@ -54,6 +54,7 @@ import zlib
 CHUNK = 16 << 20  # bytes per read and write
 CHECKPOINT_FORMAT = "bmt-checkpoint"
 CHECKPOINT_VERSION = 1
+TP_VERSION = 2  # a checkpoint of tensor parallelism: its spaces hold TP slices
 HF_FILES = ("config.json", "generation_config.json")
 
 # The checkpoint's dtype names (plan::dtypeName) -> safetensors dtype codes.
@@ -114,9 +115,9 @@ def read_checkpoint(folder):
         raise Failure(f"{folder}: not a complete checkpoint (no valid COMPLETE file: the save "
                       "did not finish, or this is not a checkpoint folder)"
                       + (f"; the newest complete checkpoint in it is {latest}" if latest else ""))
-    if words[1] != str(CHECKPOINT_VERSION):
+    if words[1] not in (str(CHECKPOINT_VERSION), str(TP_VERSION)):
         raise Failure(f"{folder}: checkpoint format version {words[1]}; bmt-to-hf reads "
-                      f"{CHECKPOINT_VERSION}")
+                      f"{CHECKPOINT_VERSION} and {TP_VERSION}")
     path = os.path.join(folder, "checkpoint.json")
     try:
         with open(path, encoding="utf-8") as f:
@@ -125,7 +126,7 @@ def read_checkpoint(folder):
         raise Failure(f"{path}: cannot read it ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
         raise Failure(f"{path}: not a bmt checkpoint")
-    if meta.get("version") != CHECKPOINT_VERSION or meta.get("step") != int(words[3]):
+    if meta.get("version") != int(words[1]) or meta.get("step") != int(words[3]):
         raise Failure(f"{path}: version {meta.get('version')}, step {meta.get('step')} do not "
                       f"match the COMPLETE file's ({words[1]}, step {words[3]})")
     try:
@@ -137,10 +138,18 @@ def read_checkpoint(folder):
                               "which safetensors has no code for")
             for m in space["members"]:
                 m["tensor"], m["shape"], m["offset"], m["aliases"]  # noqa: B018
+                if "split" in m:
+                    m["split"]["dim"], m["split"]["chunks"], m["split"]["padded_size"]  # noqa: B018
+            if meta["version"] == TP_VERSION:
+                int(space["tp_rank"])
         int(meta["world_size"])
         rank_bytes = meta["rank_bytes"]
     except (KeyError, TypeError) as e:
         raise Failure(f"{path}: bad layout (no {e})") from None
+    tp = meta.get("tensor_parallel", 1)
+    if (meta["version"] == TP_VERSION) != (tp > 1) or meta["world_size"] % tp:
+        raise Failure(f"{path}: bad layout (version {meta['version']} with tensor_parallel {tp}, "
+                      f"world size {meta['world_size']})")
     if len(rank_bytes) != meta["world_size"]:
         raise Failure(f"{path}: bad layout (rank_bytes of {len(rank_bytes)} ranks, world size "
                       f"{meta['world_size']})")
@@ -315,9 +324,12 @@ class Tensor:
     """An output tensor: its name, dtype code, shape and where its bytes are
     (a member of a checkpoint space)."""
 
-    def __init__(self, name, dtype, shape, space, offset):
+    def __init__(self, name, dtype, shape, space, offset, slices=None):
         self.name, self.dtype, self.shape = name, dtype, shape
         self.space, self.offset = space, offset
+        # Tensor parallelism: the member's split and [(space, offset)] of
+        # its slice in each TP rank's space, or None (one piece).
+        self.slices = slices
         self.numel = 1
         for d in shape:
             self.numel *= d
@@ -345,6 +357,39 @@ def split_into_files(tensors, max_size):
         return {"model.safetensors": groups[0]}
     n = len(groups)
     return {f"model-{k + 1:05d}-of-{n:05d}.safetensors": g for k, g in enumerate(groups)}
+
+
+TORCH_DTYPE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64",
+               "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+               "BOOL": "bool"}
+
+
+def padded_size(t):
+    """The size of a split tensor's split dim after its zero padding."""
+    return t.split["padded_size"] or t.shape[t.split["dim"]]
+
+
+def local_numel(t):
+    """The elements of each TP rank's slice of split tensor t."""
+    tp = len(t.slices)
+    return t.numel // t.shape[t.split["dim"]] * (padded_size(t) // tp)
+
+
+def global_tensor(t, data, torch):
+    """The bytes of tensor t (row-major, its global shape) from the bytes
+    of its T slices `data` (TP rank order), by the plan's slicing rule
+    (docs/sharded-format.md, plan::tpUnslice): dim `dim`, zero-padded to
+    `padded_size`, is `chunks` equal chunks, each cut into T pieces; TP rank
+    r holds piece r of every chunk, in chunk order. The padding is dropped."""
+    dim, chunks, tp = t.split["dim"], t.split["chunks"], len(t.slices)
+    piece = padded_size(t) // (chunks * tp)
+    local_shape = list(t.shape)
+    local_shape[dim] = padded_size(t) // tp
+    dtype = getattr(torch, TORCH_DTYPE[t.dtype])
+    slices = [torch.frombuffer(bytearray(d), dtype=dtype).view(local_shape) for d in data]
+    parts = [s.narrow(dim, c * piece, piece) for c in range(chunks) for s in slices]
+    whole = torch.cat(parts, dim).narrow(dim, 0, t.shape[dim]).contiguous()
+    return whole.view(-1).view(torch.uint8).numpy().tobytes()
 
 
 def write_all(fd, data):
@@ -415,11 +460,23 @@ def convert(args):
     # Rank files, opened and checked before anything is written.
     world = meta["world_size"]
     spaces = meta["spaces"]
-    needed = sorted({q for s in spaces for q in range(s["shards"])})
+    tp = meta.get("tensor_parallel", 1)
+
+    def rank_of(k, q):
+        """The rank whose file holds shard q of space k: q * T + its tp_rank."""
+        return q * tp + spaces[k].get("tp_rank", 0)
+
+    needed = sorted({rank_of(k, q) for k, s in enumerate(spaces) for q in range(s["shards"])})
     ranks = {r: RankFile(folder, r, meta["rank_bytes"][r], world) for r in needed}
     for k, s in enumerate(spaces):
         for q in range(s["shards"]):
-            ranks[q].entry(f"s{k}.param", SAFETENSORS_DTYPE[s["dtype"]], s["shard_size"])
+            ranks[rank_of(k, q)].entry(f"s{k}.param", SAFETENSORS_DTYPE[s["dtype"]],
+                                       s["shard_size"])
+    # Tensor parallelism: where each TP rank's slice of a member is.
+    copies = {}
+    for k, s in enumerate(spaces):
+        for m in s["members"]:
+            copies.setdefault(m["tensor"], {})[s.get("tp_rank", 0)] = (k, m["offset"])
 
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -442,15 +499,26 @@ def convert(args):
         # rank file is read front to back, its checksums checked on the way).
         tensors, seen, ties = [], set(), []
         for k, s in enumerate(spaces):
+            if s.get("tp_rank", 0) != 0:
+                continue  # the other TP ranks' slices are read with TP rank 0's
             for m in sorted(s["members"], key=lambda m: m["offset"]):
+                slices = None
+                if "split" in m:
+                    have = copies[m["tensor"]]
+                    if sorted(have) != list(range(tp)):
+                        raise Failure(f"{folder}/checkpoint.json: bad layout ({m['tensor']} is "
+                                      f"in the spaces of TP ranks {sorted(have)} of {tp})")
+                    slices = [have[r] for r in range(tp)]
                 all_names = [m["tensor"], *m["aliases"]]
                 mine = [n for n in all_names if n in wanted]
                 if not mine:
                     raise Failure(f"the checkpoint's parameter {m['tensor']} is not a weight "
                                   f"of {cls.__name__} ({where}): another model's config?")
                 for n in mine:
-                    tensors.append(Tensor(n, SAFETENSORS_DTYPE[s["dtype"]], list(m["shape"]),
-                                          k, m["offset"]))
+                    t = Tensor(n, SAFETENSORS_DTYPE[s["dtype"]], list(m["shape"]), k,
+                               m["offset"], slices)
+                    t.split = m.get("split")
+                    tensors.append(t)
                     seen.add(n)
                 ties += [f"{n} = {mine[0]}" for n in all_names if n not in mine]
         missing = [n for n in names if n not in seen]
@@ -462,17 +530,29 @@ def convert(args):
 
         files_of = split_into_files(tensors, args.max_shard_size)
 
-        def stream(t):
-            s = spaces[t.space]
-            shard_size, size = s["shard_size"], ELEMENT_SIZE[t.dtype]
-            field = f"s{t.space}.param"
-            at, end = t.offset, t.offset + t.numel
+        def pieces(k, offset, numel, dtype):
+            """The bytes of elements [offset, offset + numel) of space k's
+            parameters, in pieces of at most CHUNK bytes."""
+            s = spaces[k]
+            shard_size, size = s["shard_size"], ELEMENT_SIZE[dtype]
+            field = f"s{k}.param"
+            at, end = offset, offset + numel
             while at < end:
                 q = at // shard_size
                 upto = min(end, (q + 1) * shard_size, at + CHUNK // size)
-                yield ranks[q].read(field, (at - q * shard_size) * size, (upto - at) * size,
-                                    t.dtype, shard_size)
+                yield ranks[rank_of(k, q)].read(field, (at - q * shard_size) * size,
+                                                (upto - at) * size, dtype, shard_size)
                 at = upto
+
+        def stream(t):
+            if t.slices is None:
+                yield from pieces(t.space, t.offset, t.numel, t.dtype)
+                return
+            # A TP-split tensor: its T slices read whole, put back together.
+            whole = global_tensor(t, [b"".join(pieces(k, offset, local_numel(t), t.dtype))
+                                      for k, offset in t.slices], torch)
+            for at in range(0, len(whole), CHUNK):
+                yield whole[at:at + CHUNK]
 
         before_weights = peak_rss_mib()
         for filename, group in files_of.items():
@@ -480,7 +560,8 @@ def convert(args):
         # The padding after each space's last member, for the checksums.
         for k, s in enumerate(spaces):
             for q in range(s["shards"]):
-                ranks[q].finish(f"s{k}.param", SAFETENSORS_DTYPE[s["dtype"]], s["shard_size"])
+                ranks[rank_of(k, q)].finish(f"s{k}.param", SAFETENSORS_DTYPE[s["dtype"]],
+                                            s["shard_size"])
         if len(files_of) > 1:
             index = {"metadata": {"total_parameters": sum(t.numel for t in tensors),
                                   "total_size": sum(t.nbytes for t in tensors)},
