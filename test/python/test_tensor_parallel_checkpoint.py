@@ -1,0 +1,271 @@
+"""Checkpoints of tensor parallelism (docs/checkpoint-format.md, version 2),
+on CPU ranks under torchrun: the fixture GPT-2 and LLaMA compiled with
+bmt-opt --tensor-parallel, trained with AdamW on fixed batches.
+
+- Same layout (T = 2, N = 2): 10 steps straight against a fresh process
+  resumed from the straight run's step-5 checkpoint: every loss and the
+  final parameters bit-identical; the straight run against eager PyTorch
+  (numerics.py's bounds). bmt-to-hf of its step-10 checkpoint is the global
+  model: from_pretrained loads it, and it equals --save-params bit for bit.
+- Other layouts: T = 2 N = 2 -> T = 1 N = 1, T = 1 N = 2, T = 2 N = 4;
+  T = 1 N = 2 -> T = 2 N = 2; T = 2 N = 4 -> T = 4 N = 4; and a vocab that
+  T = 2 pads (127 -> 128 rows) resumed on T = 1 (no padding): the losses
+  after the resume and the final parameters against eager PyTorch and the
+  uninterrupted run, each rank reading at most the bytes it holds in the
+  new layout (its file in the new layout's checkpoint).
+- A rank killed with SIGKILL under torchrun --max-restarts on T = 2 N = 2:
+  the job resumes and ends with the parameters of the uninterrupted run.
+- Resumes that cannot work: another model, another vocab size (one error
+  line, nothing trained).
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bmt_paths import binary
+from numerics import assert_identical, assert_loss_close, assert_trained_close
+from test_checkpoint import (compile, errors, launch, steps_logged, torchrun, train_log,
+                             wait_for, workers_of)
+from test_runtime_parity import build, eager_training
+
+SEQ = 8
+GLOBAL_BATCH = 12  # rows per step of all data-parallel ranks
+STEPS = 10
+HALF = 5
+COMMON = ["--lr", "1e-3", "--clip-grad", 0, "--weight-decay", 0.01, "--seed", 7,
+          "--steps", STEPS]
+
+
+def trace(model, path):
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.jit.trace(model, example_kwarg_inputs={"input_ids": ids,
+                                                     "attention_mask": torch.ones_like(ids)},
+                        strict=False).save(str(path))
+    return path
+
+
+def gpt2_127():
+    """The fixture GPT-2 with a vocab of 127 (T = 2 pads it to 128)."""
+    import transformers
+    import make_fixtures
+    torch.manual_seed(0)
+    cls, config = make_fixtures.MODELS["gpt2"](transformers)
+    config.vocab_size = 127
+    return cls(config).eval()
+
+
+MODELS = {"gpt2": lambda: build("gpt2"), "llama": lambda: build("llama"), "gpt2-127": gpt2_127}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """Traces, plans (by model, T, N), batches and eager references, made on
+    first use."""
+    tmp = tmp_path_factory.mktemp("tpck")
+    state = {"tmp": tmp, "plans": {}, "references": {}, "runs": {}}
+
+    def plan(name, tp, ranks):
+        key = (name, tp, ranks)
+        if key not in state["plans"]:
+            pt = tmp / f"{name}.pt"
+            if not pt.exists():
+                model = MODELS[name]()
+                trace(model, pt)
+                vocab = model.config.vocab_size
+                torch.save(torch.randint(0, vocab, (STEPS, GLOBAL_BATCH, SEQ + 1),
+                                         generator=torch.Generator().manual_seed(3)),
+                           tmp / f"{name}.batches.pt")
+            flags = ["--world-size", ranks, "--tensor-parallel", tp] if tp > 1 else []
+            state["plans"][key] = compile(pt, tmp / f"{name}.t{tp}n{ranks}.pt", *map(str, flags))
+        return state["plans"][key]
+
+    def eager(name, lrs):
+        if name not in state["references"]:
+            model = MODELS[name]()
+            batches = torch.load(tmp / f"{name}.batches.pt")
+            losses = eager_training(model, batches, STEPS, 1, lambda s: lrs[s], 0.0, 0.01)
+            state["references"][name] = (losses, {n: p.detach().clone()
+                                                  for n, p in model.named_parameters()})
+        return state["references"][name]
+
+    def straight(name, tp, ranks):
+        """STEPS steps uninterrupted, checkpoints after steps 5 and 10:
+        (train records, final parameters, checkpoint folder)."""
+        from safetensors.torch import load_file
+        key = (name, tp, ranks)
+        if key not in state["runs"]:
+            out = tmp / f"straight-{name}-t{tp}n{ranks}"
+            out.mkdir()
+            r = torchrun(ranks, plan(name, tp, ranks), "--batches", tmp / f"{name}.batches.pt",
+                         *COMMON, "--checkpoint-dir", out / "ck", "--checkpoint-every", HALF,
+                         "--log-file", out / "log.jsonl", "--save-params",
+                         out / "params.safetensors")
+            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+            state["runs"][key] = (train_log(out / "log.jsonl"),
+                                  load_file(out / "params.safetensors"), out / "ck")
+        return state["runs"][key]
+
+    state.update(plan=plan, eager=eager, straight=straight)
+    return state
+
+
+def resume(work, name, tp, ranks, folder, out):
+    """A fresh run of plan (name, T, N) resumed from checkpoint `folder` to
+    step STEPS, saving a checkpoint at the end: (its output, train records
+    of the resumed steps, final parameters, its step-STEPS checkpoint.json)."""
+    from safetensors.torch import load_file
+    out.mkdir()
+    r = torchrun(ranks, work["plan"](name, tp, ranks), "--batches",
+                 work["tmp"] / f"{name}.batches.pt", *COMMON, "--resume", folder,
+                 "--checkpoint-dir", out / "ck", "--checkpoint-every", HALF,
+                 "--log-file", out / "log.jsonl", "--save-params", out / "params.safetensors")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert f"resumed from {folder} at step {HALF}" in r.stdout, r.stdout
+    meta = json.load(open(out / "ck" / f"step-{STEPS:08d}" / "checkpoint.json"))
+    return r, train_log(out / "log.jsonl"), load_file(out / "params.safetensors"), meta
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_resume_on_the_same_layout_is_bit_identical(work, name):
+    records, params, ck = work["straight"](name, 2, 2)
+    meta = json.load(open(ck / f"step-{HALF:08d}" / "checkpoint.json"))
+    assert meta["version"] == 2 and meta["tensor_parallel"] == 2
+    assert sorted({s["tp_rank"] for s in meta["spaces"]}) == [0, 1]
+    assert (ck / f"step-{HALF:08d}" / "COMPLETE").read_text() == f"bmt-checkpoint 2 step {HALF}\n"
+    # The uninterrupted run against eager PyTorch.
+    lrs = {x["step"]: x["lr"] for x in records}
+    assert sorted(lrs) == list(range(1, STEPS + 1))
+    losses, want = work["eager"](name, lrs)
+    for x, loss in zip(records, losses):
+        assert_loss_close(x["loss"], loss, what=f"{name} T=2 N=2: loss of step {x['step']}")
+    assert_trained_close(params, want, sum(lrs.values()))
+    # A fresh process from its step-5 checkpoint.
+    r, resumed, got, _ = resume(work, name, 2, 2, ck / f"step-{HALF:08d}",
+                                work["tmp"] / f"same-{name}")
+    assert "resharded" not in r.stdout and "tensor parallel 2" in r.stdout, r.stdout
+    assert [x["step"] for x in resumed] == list(range(HALF + 1, STEPS + 1))
+    for x, y in zip(records[HALF:], resumed):
+        assert (x["loss"], x["grad_norm"]) == (y["loss"], y["grad_norm"]), (x, y)
+    assert_identical(got, params, f"{name}: parameters of the resumed run")
+
+
+def test_to_hf_of_a_tensor_parallel_checkpoint(work, tmp_path):
+    """bmt-to-hf gathers the TP slices: the directory from_pretrained loads
+    holds the global tensors, bit-equal to --save-params of the same run."""
+    import transformers
+    from safetensors.torch import load_file
+    records, params, ck = work["straight"]("gpt2", 2, 2)
+    build("gpt2").config.save_pretrained(tmp_path / "config")
+    r = subprocess.run([sys.executable, "-m", "bmt.to_hf", str(ck / f"step-{STEPS:08d}"), "-o",
+                        str(tmp_path / "hf"), "--config", str(tmp_path / "config" / "config.json")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    exported = load_file(tmp_path / "hf" / "model.safetensors")
+    assert exported["transformer.wte.weight"].shape == (128, 32)
+    assert exported["transformer.h.0.attn.c_attn.weight"].shape == (32, 96)
+    assert_identical(exported, {k: v for k, v in params.items() if k in exported},
+                     "bmt-to-hf of the T = 2 checkpoint")
+    model, info = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf",
+                                                              output_loading_info=True)
+    assert not any(info.values()), info
+    loaded = dict(model.named_parameters())
+    assert_identical({k: loaded[k].detach() for k in exported}, exported, "from_pretrained")
+
+
+LAYOUT_CASES = {
+    # name: (model, saved T, saved N, resumed T, resumed N)
+    "t2n2-to-t1n1": ("gpt2", 2, 2, 1, 1),
+    "t2n2-to-t1n2": ("gpt2", 2, 2, 1, 2),
+    "t2n2-to-t2n4": ("gpt2", 2, 2, 2, 4),
+    "t1n2-to-t2n2": ("gpt2", 1, 2, 2, 2),
+    "t2n4-to-t4n4": ("gpt2", 2, 4, 4, 4),
+    "padded-vocab-t2n2-to-t1n1": ("gpt2-127", 2, 2, 1, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYOUT_CASES))
+def test_resume_on_another_layout(work, case):
+    name, tp, ranks, new_tp, new_ranks = LAYOUT_CASES[case]
+    records, params, ck = work["straight"](name, tp, ranks)
+    folder = ck / f"step-{HALF:08d}"
+    saved = json.load(open(folder / "checkpoint.json"))
+    if name == "gpt2-127":  # T = 2 pads the vocab to 128 rows
+        wte = [m for s in saved["spaces"] for m in s["members"]
+               if m["tensor"] == "transformer.wte.weight"]
+        assert wte[0]["shape"] == [127, 32] and wte[0]["split"]["padded_size"] == 128, wte
+    r, resumed, got, meta = resume(work, name, new_tp, new_ranks, folder,
+                                   work["tmp"] / f"layout-{case}")
+    assert "resharded to this run's layout" in r.stdout, r.stdout
+    assert [x["step"] for x in resumed] == list(range(HALF + 1, STEPS + 1))
+    assert meta.get("tensor_parallel", 1) == new_tp and meta["version"] == (2 if new_tp > 1 else 1)
+    lrs = {x["step"]: x["lr"] for x in records}
+    losses, want = work["eager"](name, lrs)
+    for x, loss in zip(resumed, losses[HALF:]):
+        assert_loss_close(x["loss"], loss, what=f"{case}: loss of step {x['step']}")
+    stats = assert_trained_close(got, want, sum(lrs.values()))
+    assert_trained_close(got, params, sum(lrs.values()))  # the uninterrupted run
+    if name == "gpt2-127":
+        assert got["transformer.wte.weight"].shape == (127, 32)
+    # Each rank read at most what it holds in the new layout (its own file
+    # of the new layout's checkpoint, written by the same ranks).
+    m = re.search(r"resumed from .*; bytes read per rank: ([\d ]+)", r.stdout)
+    per_rank = [int(x) for x in m.group(1).split()]
+    assert len(per_rank) == new_ranks
+    for got_bytes, holds in zip(per_rank, meta["rank_bytes"]):
+        assert got_bytes <= holds, (per_rank, meta["rank_bytes"])
+    print(f"{case}: parameters against eager max {stats[0]:.1e} mean {stats[1]:.1e}; bytes read "
+          f"per rank {per_rank} of {sum(saved['rank_bytes'])} saved")
+
+
+def test_restart_after_a_killed_rank(work):
+    """T = 2 N = 2 under torchrun --max-restarts=2: rank 1 killed with
+    SIGKILL after step 5; both ranks restart, resume from the newest
+    complete checkpoint and end with the uninterrupted run's parameters."""
+    from safetensors.torch import load_file
+    _, params, _ = work["straight"]("gpt2", 2, 2)
+    tmp = work["tmp"] / "killed"
+    tmp.mkdir()
+    log = tmp / "log.jsonl"
+    proc, tag = launch(2, work["plan"]("gpt2", 2, 2), "--batches",
+                       work["tmp"] / "gpt2.batches.pt", *COMMON, "--checkpoint-dir", tmp / "ck",
+                       "--checkpoint-every", 2, "--resume", "auto", "--log-file", log,
+                       "--save-params", tmp / "params.safetensors",
+                       env={"BMT_DEBUG_CHECKPOINT_SLOW_MS": "150"}, extra=["--max-restarts=2"])
+    try:
+        assert wait_for(lambda: len(steps_logged(log)) >= 5), steps_logged(log)
+        ranks = workers_of(tag)
+        assert 1 in ranks, ranks
+        os.kill(ranks[1], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    assert "resumed from" in out and "tensor parallel 2" in out, out
+    steps = steps_logged(log)
+    assert steps[-1] == STEPS and len(steps) > STEPS, steps  # some steps ran twice
+    assert_identical(load_file(tmp / "params.safetensors"), params, "parameters after a restart")
+
+
+@pytest.mark.parametrize("other,message", [
+    ("llama", "is a checkpoint of another model: it has no parameter"),
+    ("gpt2-127", "is a checkpoint of another model: transformer.wte.weight is [128, 32] there, "
+                 "[127, 32] here"),
+])
+def test_resume_of_another_model_is_an_error(work, other, message, tmp_path):
+    _, _, ck = work["straight"]("gpt2", 2, 2)
+    r = torchrun(2, work["plan"](other, 2, 2), "--batches", work["tmp"] / f"{other}.batches.pt",
+                 *COMMON, "--resume", ck / f"step-{HALF:08d}", "--log-file", tmp_path / "log.jsonl")
+    assert r.returncode != 0
+    lines = set(errors(r))
+    assert len(lines) == 1, r.stderr[-3000:]  # the same line from every rank
+    assert message in lines.pop(), r.stderr[-3000:]
+    assert not steps_logged(tmp_path / "log.jsonl"), "nothing is trained"
