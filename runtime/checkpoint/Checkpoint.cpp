@@ -181,9 +181,9 @@ int64_t completeStep(const fs::path &folder) {
   if (!fs::is_regular_file(folder / "COMPLETE", ec))
     return -1;
   const std::string line = readText((folder / "COMPLETE").string());
-  return line == completeLine(step, kFormatVersion) || line == completeLine(step, kTensorParallelVersion)
-             ? step
-             : -1;
+  const bool valid = line == completeLine(step, kFormatVersion) ||
+                     line == completeLine(step, kTensorParallelVersion);
+  return valid ? step : -1;
 }
 
 std::string scheduleKindName(LRScheduleKind k) {
