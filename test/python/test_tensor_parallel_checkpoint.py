@@ -197,6 +197,11 @@ def test_resume_on_another_layout(work, case):
     records, params, ck = work["straight"](name, tp, ranks)
     folder = ck / f"step-{HALF:08d}"
     saved = json.load(open(folder / "checkpoint.json"))
+    if tp == 1:  # without tensor parallelism: version 1, as before it existed
+        assert saved["version"] == 1 and "tensor_parallel" not in saved
+        assert not any("tp_rank" in s or any("split" in m for m in s["members"])
+                       for s in saved["spaces"])
+        assert (folder / "COMPLETE").read_text() == f"bmt-checkpoint 1 step {HALF}\n"
     if name == "gpt2-127":  # T = 2 pads the vocab to 128 rows
         wte = [m for s in saved["spaces"] for m in s["members"]
                if m["tensor"] == "transformer.wte.weight"]
