@@ -8,7 +8,8 @@ bmt-opt --tensor-parallel, trained with AdamW on fixed batches.
   (numerics.py's bounds). bmt-to-hf of its step-10 checkpoint is the global
   model: from_pretrained loads it, and it equals --save-params bit for bit.
 - Other layouts: T = 2 N = 2 -> T = 1 N = 1, T = 1 N = 2, T = 2 N = 4;
-  T = 1 N = 2 -> T = 2 N = 2; T = 2 N = 4 -> T = 4 N = 4; and a vocab that
+  T = 1 N = 2 -> T = 2 N = 2; T = 2 N = 4 -> T = 4 N = 4; T = 2 N = 4 with
+  hybrid sharding (G = 1: replicas) -> T = 1 N = 1; and a vocab that
   T = 2 pads (127 -> 128 rows) resumed on T = 1 (no padding): the losses
   after the resume and the final parameters against eager PyTorch and the
   uninterrupted run, each rank reading at most the bytes it holds in the
@@ -72,8 +73,10 @@ def work(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tpck")
     state = {"tmp": tmp, "plans": {}, "references": {}, "runs": {}}
 
-    def plan(name, tp, ranks):
-        key = (name, tp, ranks)
+    def plan(name, tp, ranks, group=0):
+        """The plan of `name` for T = tp, N = ranks (group: a hybrid
+        --shard-group-size)."""
+        key = (name, tp, ranks, group)
         if key not in state["plans"]:
             pt = tmp / f"{name}.pt"
             if not pt.exists():
@@ -84,7 +87,9 @@ def work(tmp_path_factory):
                                          generator=torch.Generator().manual_seed(3)),
                            tmp / f"{name}.batches.pt")
             flags = ["--world-size", ranks, "--tensor-parallel", tp] if tp > 1 else []
-            state["plans"][key] = compile(pt, tmp / f"{name}.t{tp}n{ranks}.pt", *map(str, flags))
+            flags += ["--shard-group-size", group] if group else []
+            state["plans"][key] = compile(pt, tmp / f"{name}.t{tp}n{ranks}g{group}.pt",
+                                          *map(str, flags))
         return state["plans"][key]
 
     def eager(name, lrs):
@@ -96,15 +101,15 @@ def work(tmp_path_factory):
                                                   for n, p in model.named_parameters()})
         return state["references"][name]
 
-    def straight(name, tp, ranks):
+    def straight(name, tp, ranks, group=0):
         """STEPS steps uninterrupted, checkpoints after steps 5 and 10:
         (train records, final parameters, checkpoint folder)."""
         from safetensors.torch import load_file
-        key = (name, tp, ranks)
+        key = (name, tp, ranks, group)
         if key not in state["runs"]:
-            out = tmp / f"straight-{name}-t{tp}n{ranks}"
+            out = tmp / f"straight-{name}-t{tp}n{ranks}g{group}"
             out.mkdir()
-            r = torchrun(ranks, plan(name, tp, ranks), "--batches", tmp / f"{name}.batches.pt",
+            r = torchrun(ranks, plan(name, tp, ranks, group), "--batches", tmp / f"{name}.batches.pt",
                          *COMMON, "--checkpoint-dir", out / "ck", "--checkpoint-every", HALF,
                          "--log-file", out / "log.jsonl", "--save-params",
                          out / "params.safetensors")
@@ -181,8 +186,11 @@ def test_to_hf_of_a_tensor_parallel_checkpoint(work, tmp_path):
 
 
 LAYOUT_CASES = {
-    # name: (model, saved T, saved N, resumed T, resumed N)
+    # name: (model, saved T, saved N, resumed T, resumed N[, saved shard group size])
     "t2n2-to-t1n1": ("gpt2", 2, 2, 1, 1),
+    # Hybrid sharding G = 1: data-parallel rank 1 of each TP rank holds a
+    # replica and saves only its generator states.
+    "hybrid-t2n4g1-to-t1n1": ("gpt2", 2, 4, 1, 1, 1),
     "t2n2-to-t1n2": ("gpt2", 2, 2, 1, 2),
     "t2n2-to-t2n4": ("gpt2", 2, 2, 2, 4),
     "t1n2-to-t2n2": ("gpt2", 1, 2, 2, 2),
@@ -193,8 +201,8 @@ LAYOUT_CASES = {
 
 @pytest.mark.parametrize("case", list(LAYOUT_CASES))
 def test_resume_on_another_layout(work, case):
-    name, tp, ranks, new_tp, new_ranks = LAYOUT_CASES[case]
-    records, params, ck = work["straight"](name, tp, ranks)
+    name, tp, ranks, new_tp, new_ranks, *group = LAYOUT_CASES[case]
+    records, params, ck = work["straight"](name, tp, ranks, *group)
     folder = ck / f"step-{HALF:08d}"
     saved = json.load(open(folder / "checkpoint.json"))
     if tp == 1:  # without tensor parallelism: version 1, as before it existed
@@ -202,6 +210,9 @@ def test_resume_on_another_layout(work, case):
         assert not any("tp_rank" in s or any("split" in m for m in s["members"])
                        for s in saved["spaces"])
         assert (folder / "COMPLETE").read_text() == f"bmt-checkpoint 1 step {HALF}\n"
+    if group:  # only the first replica of each shard (ranks 0 and 1) saves tensors
+        assert saved["shard_group_size"] == group[0]
+        assert max(saved["rank_bytes"][2:]) * 10 < min(saved["rank_bytes"][:2]), saved["rank_bytes"]
     if name == "gpt2-127":  # T = 2 pads the vocab to 128 rows
         wte = [m for s in saved["spaces"] for m in s["members"]
                if m["tensor"] == "transformer.wte.weight"]
