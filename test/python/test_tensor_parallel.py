@@ -213,14 +213,16 @@ def test_what_tensor_parallel_refuses_for_now(traced, flags, message):  # noqa: 
     assert not log.exists() or not [x for x in open(log) if '"train"' in x]
 
 
-@pytest.mark.parametrize("kv_heads,fmt,tp", [(1, "pt", 2), (1, "pt2", 2), (2, "pt2", 4)])
-def test_replicated_kv_matches_eager(kv_heads, fmt, tp, tmp_path):
+@pytest.mark.parametrize("heads,kv_heads,fmt,tp", [(4, 1, "pt", 2), (4, 1, "pt2", 2), (4, 2, "pt2", 4),
+                                                   (6, 2, "pt", 3)])
+def test_replicated_kv_matches_eager(heads, kv_heads, fmt, tp, tmp_path):
     """LLaMA whose kv heads T does not divide: multi-query attention (1 kv
-    head) at T = 2 and the fixture's grouped-query attention (2 kv heads)
-    at T = 4 from torch.export. The k/v projections are replicated
-    (reduce_grad), q and o split by heads, each rank narrows the repeated
-    kv heads to its own query heads; N = T, against eager on the same
-    weights and batches."""
+    head) at T = 2, the fixture's grouped-query attention (2 kv heads) at
+    T = 4 from torch.export, and 6 query heads on 2 kv heads at T = 3 (a
+    rank's 2 query heads straddle the kv heads). The k/v projections are
+    replicated (reduce_grad), q and o split by heads, each rank narrows the
+    repeated kv heads to its own query heads; N = T, against eager on the
+    same weights and batches."""
     import torch
     import transformers
     import make_fixtures
@@ -232,6 +234,10 @@ def test_replicated_kv_matches_eager(kv_heads, fmt, tp, tmp_path):
         torch.manual_seed(0)
         cls, config = make_fixtures.MODELS["llama"](transformers)
         config.num_key_value_heads = kv_heads
+        config.num_attention_heads = heads
+        config.head_dim = 8
+        config.hidden_size = 8 * heads
+        config.intermediate_size = 16 * heads
         return cls(config).eval()
 
     model = build()
@@ -253,9 +259,9 @@ def test_replicated_kv_matches_eager(kv_heads, fmt, tp, tmp_path):
     compiled = subprocess.run([binary("bmt-opt"), str(path), "-o", str(sharded), "--world-size",
                                str(tp), "--tensor-parallel", str(tp)], capture_output=True, text=True)
     assert compiled.returncode == 0, compiled.stderr
-    heads = "1 kv head" if kv_heads == 1 else f"{kv_heads} kv heads"
-    assert f"self_attn.q_proj column-parallel by heads (4 -> {4 // tp} per rank), self_attn.k_proj, " \
-        f"self_attn.v_proj k/v replicated on {tp} ranks ({heads} < T = {tp}), reduce_grad" \
+    kv_text = "1 kv head" if kv_heads == 1 else f"{kv_heads} kv heads"
+    assert f"self_attn.q_proj column-parallel by heads ({heads} -> {heads // tp} per rank), self_attn.k_proj, " \
+        f"self_attn.v_proj k/v replicated on {tp} ranks ({kv_text} < T = {tp}), reduce_grad" \
         in compiled.stderr, compiled.stderr
     assert "0 chains replicated" in compiled.stderr
     log, params = tmp_path / "log.jsonl", tmp_path / "params.safetensors"
@@ -270,5 +276,5 @@ def test_replicated_kv_matches_eager(kv_heads, fmt, tp, tmp_path):
     for x, loss in zip(train, losses):
         assert_loss_close(x["loss"], loss, what=f"kv heads {kv_heads} T = {tp}: loss of step {x['step']}")
     got = load_file(params)
-    assert got["model.layers.0.self_attn.k_proj.weight"].shape == (8 * kv_heads, 32)
+    assert got["model.layers.0.self_attn.k_proj.weight"].shape == (8 * kv_heads, 8 * heads)
     assert_trained_close(got, dict(reference.named_parameters()), sum(lrs.values()))
