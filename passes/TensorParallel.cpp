@@ -1033,10 +1033,11 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         if (!chain) {
           if (retry && retry->fatal)
             return fatalError(*retry, "");
+          if (retry)
+            f.message += " (nor can the k/v projections be replicated: " + describe(retry->op) +
+                         ": " + retry->message + ")";
           if (f.fatal)
-            return fatalError(f, retry ? " (nor can the k/v projections be replicated: " +
-                                             describe(retry->op) + ": " + retry->message + ")"
-                                       : "");
+            return fatalError(f, "");
           f.seed = seeds.front().first;
           skipped.push_back(f);
           continue;
