@@ -999,10 +999,10 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         checkReplicated(chain);
       return chain;
     };
-    auto fatalError = [&](const Failure &f, StringRef note) {
+    auto fatalError = [&](const Failure &f) {
       InFlightDiagnostic d = f.op->emitError("bmt-tensor-parallel: cannot split ");
       d << describe(f.op) << " by --tensor-parallel " << static_cast<int64_t>(tensorParallel)
-        << ": " << f.message << note;
+        << ": " << f.message;
       signalPassFailure();
     };
 
@@ -1032,12 +1032,12 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         }
         if (!chain) {
           if (retry && retry->fatal)
-            return fatalError(*retry, "");
+            return fatalError(*retry);
           if (retry)
             f.message += " (nor can the k/v projections be replicated: " + describe(retry->op) +
                          ": " + retry->message + ")";
           if (f.fatal)
-            return fatalError(f, "");
+            return fatalError(f);
           f.seed = seeds.front().first;
           skipped.push_back(f);
           continue;

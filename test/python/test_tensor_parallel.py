@@ -213,13 +213,15 @@ def test_what_tensor_parallel_refuses_for_now(traced, flags, message):  # noqa: 
     assert not log.exists() or not [x for x in open(log) if '"train"' in x]
 
 
-@pytest.mark.parametrize("heads,kv_heads,fmt,tp", [(4, 1, "pt", 2), (4, 1, "pt2", 2), (4, 2, "pt2", 4),
-                                                   (6, 2, "pt", 3)])
-def test_replicated_kv_matches_eager(heads, kv_heads, fmt, tp, tmp_path):
+@pytest.mark.parametrize("heads,kv_heads,fmt,tp,attention", [
+    (4, 1, "pt", 2, "eager"), (4, 1, "pt2", 2, "eager"), (4, 2, "pt2", 4, "eager"),
+    (6, 2, "pt", 3, "eager"), (4, 2, "pt", 4, "sdpa")])
+def test_replicated_kv_matches_eager(heads, kv_heads, fmt, tp, attention, tmp_path):
     """LLaMA whose kv heads T does not divide: multi-query attention (1 kv
     head) at T = 2, the fixture's grouped-query attention (2 kv heads) at
-    T = 4 from torch.export, and 6 query heads on 2 kv heads at T = 3 (a
-    rank's 2 query heads straddle the kv heads). The k/v projections are
+    T = 4 from torch.export (and with scaled_dot_product_attention from a
+    trace), and 6 query heads on 2 kv heads at T = 3 (a rank's 2 query
+    heads straddle the kv heads). The k/v projections are
     replicated (reduce_grad), q and o split by heads, each rank narrows the
     repeated kv heads to its own query heads; N = T, against eager on the
     same weights and batches."""
@@ -238,6 +240,7 @@ def test_replicated_kv_matches_eager(heads, kv_heads, fmt, tp, tmp_path):
         config.head_dim = 8
         config.hidden_size = 8 * heads
         config.intermediate_size = 16 * heads
+        config._attn_implementation = attention
         return cls(config).eval()
 
     model = build()
