@@ -75,6 +75,18 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   else if (shardGroupSize < 0)
     os << name("shard-group-size") << " must be 0 (all ranks) or positive, got "
        << shardGroupSize.getValue();
+  // Only a world size given: without one (the default 1) a plan is compiled
+  // for any N, and bmt-run checks G against the N it runs on.
+  else if (worldSize.hasValue() && shardGroupSize > 0 &&
+           (worldSize / tensorParallel) % shardGroupSize != 0) {
+    os << name("world-size") << " " << worldSize.getValue();
+    if (tensorParallel > 1)
+      os << " / " << name("tensor-parallel") << " " << tensorParallel.getValue() << " = "
+         << worldSize / tensorParallel << " data-parallel ranks are";
+    else
+      os << " is";
+    os << " not a multiple of " << name("shard-group-size") << " " << shardGroupSize.getValue();
+  }
   else if (!(memoryBudgetGib >= 0) || !std::isfinite(memoryBudgetGib))
     os << name("memory-budget-gib") << " must be a positive number of GiB";
   else if (autoMode && memoryBudgetGib <= 0)

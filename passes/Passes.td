@@ -273,9 +273,14 @@ def TensorParallel : Pass<"bmt-tensor-parallel", "::mlir::ModuleOp"> {
     are rewritten to the local ones, so one program serves every TP rank.
     The split parameters carry `bmt.tensor_split = {dim, chunks}`; the
     module gets the TP group as `shard.grid @tp(shape = T)` and
-    `bmt.tensor_parallel = T`. A size that T does not divide (heads, kv
-    heads, ffn width) fails the compile with one message naming the op and
-    the sizes; a chain whose ops the pass cannot follow stays replicated
+    `bmt.tensor_parallel = T`. Grouped-query (or multi-query) attention
+    whose kv heads T does not divide keeps its k/v projections replicated
+    (`bmt.tensor_split = {dim = -1, reduce_grad = true}`: their gradients
+    are summed over the group) and splits q and o by the query heads, each
+    rank narrowing the repeated kv heads to its own (`bmt.tp_rank`). A
+    size that T does not divide (query heads, ffn width) fails the compile
+    with one message naming the op and the sizes; a chain whose ops the
+    pass cannot follow stays replicated
     (the remark says which op). T = 1 changes nothing. docs/passes.md has
     the rules.
   }];

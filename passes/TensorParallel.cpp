@@ -83,9 +83,23 @@ struct MatmulSite {
   int64_t weightDim;     // the weight dim that is split
 };
 
+/// A repeat of replicated kv heads to the H query heads (GQA's repeat_kv:
+/// expand + reshape) whose result each TP rank narrows to its own H / T
+/// heads, [t * H / T, (t + 1) * H / T).
+struct HeadNarrow {
+  bmt::AtenOp repeat; // the reshape that makes the H heads
+  int64_t pos;        // the heads dim in its result
+  int64_t heads;      // H
+};
+
 /// One column-parallel -> row-parallel chain, found but not yet rewritten.
 struct Chain {
   llvm::SmallVector<MatmulSite> columns;
+  /// K/V projections replicated on every TP rank (T exceeds, or does not
+  /// divide, the kv heads): their weights and biases get reduce_grad.
+  llvm::SmallVector<MatmulSite> replicated;
+  llvm::SmallVector<HeadNarrow> narrows;
+  int64_t replicatedKvHeads = 0; // the kv heads of the replicated projections
   llvm::SmallVector<MatmulSite> rows;
   llvm::SmallVector<IntEdit> edits;
   llvm::MapVector<Operation *, std::pair<int64_t, int64_t>> paramSplits; // {dim, chunks}
@@ -294,8 +308,11 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       for (StringRef arg : {"query", "key", "value"}) {
         auto a = bmt::getAtenArg(op, arg);
         auto it = splits.find(a->getOperand());
-        if (it == splits.end())
+        if (it == splits.end()) {
+          if (arg != "query")
+            narrowRepeat(a->getOperand(), s, work, chain);
           return; // the other inputs arrive later
+        }
         if (it->second.dim != s.dim)
           fail(user, "attention inputs split along different dims");
       }
@@ -383,8 +400,12 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         fail(op, "a matmul of a split value that is not batched over the split dim");
       Value self = op->getOperand(0), other = op->getOperand(1);
       auto a = splits.find(self), b = splits.find(other);
-      if (a == splits.end() || b == splits.end())
+      if (a == splits.end() || b == splits.end()) {
+        // With replicated k/v: the other operand may be their repeat to
+        // the query heads, which each rank narrows to its own heads.
+        narrowRepeat(a == splits.end() ? self : other, s, work, chain);
         return; // the other operand arrives later (or never: checked at the end)
+      }
       if (a->second.dim != b->second.dim)
         fail(op, "matmul operands split along different dims");
       Split out = a->second;
@@ -402,6 +423,132 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     fail(op, "a matmul the pass cannot split");
   }
 
+  /// True while a chain is built with its narrower column matmuls (GQA's
+  /// k and v projections) replicated.
+  bool replicateKv = false;
+
+  /// With replicated k/v (`replicateKv`): when `v`, a replicated operand of
+  /// a per-head matmul or attention whose other operand `s` is split by
+  /// heads, is (through transposes) the repeat of the kv heads to the H
+  /// query heads, `reshape(expand(unsqueeze(kv, 2), [b, kv, n_rep, s, d]),
+  /// [b, kv * n_rep, s, d])` (Hugging Face's repeat_kv, TorchScript and
+  /// torch.export alike), records that the repeat's result is narrowed to
+  /// the rank's heads and propagates it as split by heads. The narrow is
+  /// exact: query head h attends with repeated head h, which is kv head
+  /// h / n_rep, whichever rank holds h.
+  void narrowRepeat(Value v, const Split &s, llvm::SmallVector<Value> &work, Chain &chain) {
+    if (!replicateKv || !s.heads || s.global <= 0)
+      return;
+    // Back through transposes (k^T) to the repeat; where its heads dim goes.
+    llvm::SmallVector<std::pair<int64_t, int64_t>> swaps;
+    Value cur = v;
+    while (auto op = cur.getDefiningOp<bmt::AtenOp>()) {
+      if (op.getName() == "aten::transpose.int") {
+        auto d0 = bmt::getAtenArg(op, "dim0")->getInt(), d1 = bmt::getAtenArg(op, "dim1")->getInt();
+        if (!d0 || !d1)
+          return;
+        swaps.push_back({*d0, *d1});
+      } else if (op.getName() != "aten::contiguous") {
+        break;
+      }
+      cur = op->getOperand(0);
+    }
+    auto repeat = cur.getDefiningOp<bmt::AtenOp>();
+    if (!repeat || (repeat.getName() != "aten::reshape" && repeat.getName() != "aten::view") ||
+        splits.count(cur))
+      return;
+    auto shape = bmt::getAtenArg(repeat, 1);
+    auto expand = repeat->getOperand(0).getDefiningOp<bmt::AtenOp>();
+    if (!shape || !shape->isList() || shape->getElements().size() != 4 || !expand ||
+        expand.getName() != "aten::expand")
+      return;
+    auto sizes = bmt::getAtenArg(expand, "size")->getElements();
+    if (sizes.size() != 5)
+      return;
+    auto nRep = sizes[2].getInt(), kv = sizes[1].getInt();
+    auto merged = shape->getElements()[1].getInt();
+    int64_t heads = s.global;
+    if (!nRep || *nRep < 2 || heads % *nRep != 0 || (kv && *kv * *nRep != heads) ||
+        (merged && *merged != heads))
+      fail(repeat, "a repeat of the kv heads to other than the " + std::to_string(heads) +
+                       " query heads");
+    // The heads dim (1 of 4) through the transposes to the matmul.
+    int64_t pos = 1;
+    for (auto it = swaps.rbegin(); it != swaps.rend(); ++it) {
+      int64_t a = it->first < 0 ? it->first + 4 : it->first, b = it->second < 0 ? it->second + 4 : it->second;
+      pos = pos == a ? b : pos == b ? a : pos;
+    }
+    if (pos - 4 != s.dim)
+      fail(repeat, "a repeat of the kv heads that does not meet the query heads");
+    int64_t kvHeads = heads / *nRep;
+    if (chain.replicatedKvHeads && chain.replicatedKvHeads != kvHeads)
+      fail(repeat, "k and v repeated from different numbers of heads");
+    chain.replicatedKvHeads = kvHeads;
+    chain.narrows.push_back({repeat, 1, heads});
+    Split out;
+    out.dim = -3;
+    out.global = heads;
+    out.heads = true;
+    llvm::SmallVector<int64_t> outSizes;
+    for (const bmt::AtenArg &e : shape->getElements()) {
+      auto c = e.getInt();
+      outSizes.push_back(c && *c != -1 ? *c : -1);
+    }
+    // The head dim is the query heads' (the chain's widest column / H).
+    int64_t headDim = chain.widestColumn % heads == 0 ? chain.widestColumn / heads : -1;
+    if (outSizes[3] == -1)
+      outSizes[3] = headDim;
+    else if (outSizes[3] != headDim)
+      fail(repeat, "a repeat of the kv heads whose head dim is not the query heads'");
+    out.setSizes(outSizes);
+    ++chain.ops;
+    assign(cur, out, work);
+  }
+
+  /// With replicated k/v: every value computed from the replicated
+  /// projections ends in a narrowed repeat or is read for its sizes only
+  /// (another reader would compute from all kv heads on every rank, and
+  /// its gradient would be summed T times by reduce_grad and tp_copy).
+  void checkReplicated(Chain &chain) {
+    llvm::DenseSet<Operation *> narrowed;
+    for (HeadNarrow n : chain.narrows)
+      narrowed.insert(n.repeat);
+    llvm::SmallVector<Value> work;
+    llvm::DenseSet<Value> seen;
+    for (MatmulSite c : chain.replicated)
+      work.push_back(c.op.getResult(0));
+    while (!work.empty()) {
+      Value v = work.pop_back_val();
+      if (!seen.insert(v).second)
+        continue;
+      for (OpOperand &use : v.getUses()) {
+        Operation *user = use.getOwner();
+        if (narrowed.count(user) || isMetadata(user))
+          continue;
+        if (auto call = dyn_cast<func::CallOp>(user)) {
+          auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
+          if (!callee || callSites[callee].size() != 1)
+            fail(user, "a replicated k/v value enters a function called more than once");
+          work.push_back(callee.getArgument(use.getOperandNumber()));
+          continue;
+        }
+        if (auto ret = dyn_cast<func::ReturnOp>(user)) {
+          auto f = ret->getParentOfType<func::FuncOp>();
+          if (!blockFuncs.count(f) || isBlockRoot(f) || callSites[f].size() != 1)
+            fail(user, "a replicated k/v value leaves the block");
+          work.push_back(callSites[f][0].getResult(use.getOperandNumber()));
+          continue;
+        }
+        if (llvm::any_of(user->getResults(), [&](Value r) { return splits.count(r); }))
+          fail(user, "an op that reads a replicated k/v value and a split one");
+        for (Value r : user->getResults())
+          if (isa<bmt::TensorType>(r.getType()))
+            work.push_back(r);
+      }
+    }
+    if (chain.narrows.empty())
+      fail(chain.replicated.front().op, "no repeat of the replicated kv heads to the query heads");
+  }
 
   void edit(Chain &chain, bmt::AtenOp op, unsigned arg, int elem, int64_t global,
             StringRef what) {
@@ -603,9 +750,6 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
                                ", and " + std::to_string(heads) +
                                " heads are not divisible by --tensor-parallel " +
                                std::to_string(static_cast<int64_t>(tensorParallel));
-            if (s.global < chain.widestColumn)
-              what += " (the kv heads of grouped-query attention: replicating them is not "
-                      "supported yet)";
             fail(op, what, /*fatal=*/true);
           }
           if (c[n - 2] && *c[n - 2] != -1) {
@@ -780,81 +924,128 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     llvm::DenseSet<Operation *> taken; // matmuls already in a chain (as rows)
     std::vector<Chain> chains;
     llvm::SmallVector<Failure> skipped;
+    // One chain from the matmuls `seeds` reading `input`; with `replicate`,
+    // those narrower than the widest (GQA's k and v projections) are
+    // replicated instead of split. Throws a Failure.
+    auto build = [&](Value input, auto &seeds, bool replicate) {
+      splits.clear();
+      replicateKv = replicate;
+      Chain chain;
+      chain.input = input;
+      int64_t widest = 0;
+      for (auto &seed : seeds)
+        widest = std::max(widest, matmulShape(seed.first)->out);
+      llvm::SmallVector<Value> work;
+      for (auto &[op, path] : seeds) {
+        auto m = *matmulShape(op);
+        if (!usedOnlyHere(m.weight, m.weightValue) ||
+            (m.bias && !usedOnlyHere(m.bias, m.biasValue)))
+          fail(op, "a column-parallel weight read elsewhere too");
+        // The input goes through tp_copy: at the outermost call operand
+        // of its path, or at the matmul itself (replicated k/v too: their
+        // input's gradient differs per rank, like q's).
+        chain.copyUses.push_back(path.empty() ? &op->getOpOperand(inputOperand(op, m)) : path.back());
+        if (replicate && m.out < widest) {
+          chain.replicated.push_back({op, m.weight, m.bias, -1});
+          continue;
+        }
+        // A fused projection: q, k, v (3 chunks) split apart later.
+        int64_t chunks = fusedChunks(op, m);
+        if (m.out % (chunks * tensorParallel) != 0) {
+          std::string what = "the output size " + std::to_string(m.out);
+          if (chunks > 1)
+            what = "each of the output's " + std::to_string(chunks) + " fused parts (" +
+                   std::to_string(m.out) + " = " + std::to_string(chunks) + " x " +
+                   std::to_string(m.out / chunks) + "), of size " +
+                   std::to_string(m.out / chunks) + ",";
+          fail(op, what + " is not divisible by --tensor-parallel " +
+                       std::to_string(static_cast<int64_t>(tensorParallel)),
+               /*fatal=*/true);
+        }
+        chain.fused |= chunks > 1;
+        chain.columns.push_back({op, m.weight, m.bias, m.outDim});
+        chain.paramSplits[m.weight] = {m.outDim, chunks};
+        if (m.bias)
+          chain.paramSplits[m.bias] = {0, chunks};
+        if (!chain.columnWidth)
+          chain.columnWidth = m.out;
+        chain.widestColumn = std::max(chain.widestColumn, m.out / chunks);
+        Split s;
+        s.dim = -1;
+        s.global = m.out;
+        s.chunks = chunks;
+        if (op.getName() == "aten::addmm")
+          s.setSizes({-1, m.out});
+        assign(op.getResult(0), s, work);
+      }
+      propagate(work, chain);
+      if (chain.rows.empty())
+        fail(seeds.front().first, "no row-parallel matmul ends the chain");
+      // Every op reading a split value is split too (or ends the chain):
+      // an op that met a split and a replicated operand it cannot
+      // broadcast never got a split result.
+      for (auto &[v, s] : splits)
+        for (Operation *user : v.getUsers()) {
+          if (isa<func::CallOp, func::ReturnOp>(user) || isMetadata(user))
+            continue;
+          if (llvm::any_of(chain.rows, [&](auto &r) { return r.op.getOperation() == user; }))
+            continue;
+          if (type_as_other(user, v))
+            continue;
+          if (!llvm::any_of(user->getResults(), [&](Value r) { return splits.count(r); }))
+            fail(user, "an op that reads a split and a replicated value");
+        }
+      if (!chain.replicated.empty())
+        checkReplicated(chain);
+      return chain;
+    };
+    auto fatalError = [&](const Failure &f) {
+      InFlightDiagnostic d = f.op->emitError("bmt-tensor-parallel: cannot split ");
+      d << describe(f.op) << " by --tensor-parallel " << static_cast<int64_t>(tensorParallel)
+        << ": " << f.message;
+      signalPassFailure();
+    };
+
     for (auto &[input, seeds] : byInput) {
       if (llvm::any_of(seeds, [&](auto &s) { return taken.count(s.first); }))
         continue;
-      splits.clear();
-      Chain chain;
-      chain.input = input;
+      std::optional<Chain> chain;
       try {
-        llvm::SmallVector<Value> work;
-        for (auto &[op, path] : seeds) {
-          auto m = *matmulShape(op);
-          if (!usedOnlyHere(m.weight, m.weightValue) ||
-              (m.bias && !usedOnlyHere(m.bias, m.biasValue)))
-            fail(op, "a column-parallel weight read elsewhere too");
-          // A fused projection: q, k, v (3 chunks) split apart later.
-          int64_t chunks = fusedChunks(op, m);
-          if (m.out % (chunks * tensorParallel) != 0) {
-            std::string what = "the output size " + std::to_string(m.out);
-            if (chunks > 1)
-              what = "each of the output's " + std::to_string(chunks) + " fused parts (" +
-                     std::to_string(m.out) + " = " + std::to_string(chunks) + " x " +
-                     std::to_string(m.out / chunks) + "), of size " +
-                     std::to_string(m.out / chunks) + ",";
-            fail(op, what + " is not divisible by --tensor-parallel " +
-                         std::to_string(static_cast<int64_t>(tensorParallel)),
-                 /*fatal=*/true);
-          }
-          chain.fused |= chunks > 1;
-          chain.columns.push_back({op, m.weight, m.bias, m.outDim});
-          chain.paramSplits[m.weight] = {m.outDim, chunks};
-          if (m.bias)
-            chain.paramSplits[m.bias] = {0, chunks};
-          if (!chain.columnWidth)
-            chain.columnWidth = m.out;
-          chain.widestColumn = std::max(chain.widestColumn, m.out / chunks);
-          Split s;
-          s.dim = -1;
-          s.global = m.out;
-          s.chunks = chunks;
-          if (op.getName() == "aten::addmm")
-            s.setSizes({-1, m.out});
-          // The input goes through tp_copy: at the outermost call operand
-          // of its path, or at the matmul itself.
-          chain.copyUses.push_back(path.empty() ? &op->getOpOperand(inputOperand(op, m)) : path.back());
-          assign(op.getResult(0), s, work);
-        }
-        propagate(work, chain);
-        if (chain.rows.empty())
-          fail(seeds.front().first, "no row-parallel matmul ends the chain");
-        // Every op reading a split value is split too (or ends the chain):
-        // an op that met a split and a replicated operand it cannot
-        // broadcast never got a split result.
-        for (auto &[v, s] : splits)
-          for (Operation *user : v.getUsers()) {
-            if (isa<func::CallOp, func::ReturnOp>(user) || isMetadata(user))
-              continue;
-            if (llvm::any_of(chain.rows, [&](auto &r) { return r.op.getOperation() == user; }))
-              continue;
-            if (type_as_other(user, v))
-              continue;
-            if (!llvm::any_of(user->getResults(), [&](Value r) { return splits.count(r); }))
-              fail(user, "an op that reads a split and a replicated value");
-          }
-        for (auto &r : chain.rows)
-          taken.insert(r.op);
-        chains.push_back(std::move(chain));
+        chain = build(input, seeds, /*replicate=*/false);
       } catch (Failure &f) {
-        if (f.fatal) {
-          InFlightDiagnostic d = f.op->emitError("bmt-tensor-parallel: cannot split ");
-          d << describe(f.op) << " by --tensor-parallel " << static_cast<int64_t>(tensorParallel)
-            << ": " << f.message;
-          return signalPassFailure();
+        // Grouped-query (or multi-query) attention whose kv heads T does
+        // not divide: again with the k and v projections replicated, the
+        // query heads split (docs/passes.md).
+        bool narrower = false, fused = false;
+        for (auto &seed : seeds) {
+          auto m = *matmulShape(seed.first);
+          narrower |= m.out != matmulShape(seeds.front().first)->out;
+          fused |= fusedChunks(seed.first, m) > 1;
         }
-        f.seed = seeds.front().first;
-        skipped.push_back(f);
+        std::optional<Failure> retry;
+        if (narrower && !fused) {
+          try {
+            chain = build(input, seeds, /*replicate=*/true);
+          } catch (Failure &g) {
+            retry = g;
+          }
+        }
+        if (!chain) {
+          if (retry && retry->fatal)
+            return fatalError(*retry);
+          if (retry)
+            f.message += " (nor can the k/v projections be replicated: " + describe(retry->op) +
+                         ": " + retry->message + ")";
+          if (f.fatal)
+            return fatalError(f);
+          f.seed = seeds.front().first;
+          skipped.push_back(f);
+          continue;
+        }
       }
+      for (auto &r : chain->rows)
+        taken.insert(r.op);
+      chains.push_back(std::move(*chain));
     }
     // Seeds that turned out to end another chain were no chain of their own.
     llvm::erase_if(skipped, [&](const Failure &f) { return taken.count(f.seed); });
@@ -1194,6 +1385,52 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
             builder.getNamedAttr("chunks", builder.getI64IntegerAttr(split.second))};
         p->setAttr("bmt.tensor_split", builder.getDictionaryAttr(fields));
       }
+      // Replicated k/v. Why the gradients are exact: every rank computes
+      // K and V from all kv heads, but only its own query heads read them
+      // (the narrow below), so rank t's gradient of K (V) is the part that
+      // its H / T heads contribute, zero on the others' heads (the narrow's
+      // backward), summed over the repeats of each kv head (expand's).
+      // The unsplit model's gradient is the sum of those parts over all H
+      // heads, i.e. over the TP ranks; everything between x and K is
+      // linear in that gradient (the matmul, RoPE's products with
+      // replicated cos / sin, views), so the sum over the ranks of each
+      // rank's dW_k = dK_t^T x is dW_k, which reduce_grad takes (the same
+      // for biases), and the sum of its dx = dK_t W_k is the k path's part
+      // of dx, which the tp_copy that q, k and v read takes along with the
+      // q path's partial sums.
+      for (const MatmulSite &c : chain.replicated)
+        for (bmt::ParameterOp p : {c.weight, c.bias})
+          if (p)
+            p->setAttr("bmt.tensor_split",
+                       builder.getDictionaryAttr(
+                           {builder.getNamedAttr("dim", builder.getI64IntegerAttr(-1)),
+                            builder.getNamedAttr("chunks", builder.getI64IntegerAttr(1)),
+                            builder.getNamedAttr("reduce_grad", builder.getBoolAttr(true))}));
+      // Each rank's H / T of the repeated heads: narrow(r, pos, t * H/T, H/T).
+      for (HeadNarrow n : chain.narrows) {
+        Location loc = n.repeat.getLoc();
+        builder.setInsertionPointAfter(n.repeat);
+        auto marker = bmt::OperandAttr::get(context);
+        int64_t local = n.heads / static_cast<int64_t>(tensorParallel);
+        Value rank = bmt::TpRankOp::create(builder, loc, builder.getI64Type(), gridRef).getResult();
+        Value t = bmt::NumToTensorOp::create(builder, loc, tensor, rank).getResult();
+        Value offset = bmt::AtenOp::create(builder, loc, TypeRange{tensor},
+                                           builder.getStringAttr("aten::mul.Scalar"),
+                                           builder.getArrayAttr({marker, builder.getI64IntegerAttr(local)}),
+                                           ValueRange{t})
+                           .getResult(0);
+        Value start = bmt::AtenOp::create(builder, loc, TypeRange{builder.getI64Type()},
+                                          builder.getStringAttr("aten::Int.Tensor"),
+                                          builder.getArrayAttr({marker}), ValueRange{offset})
+                          .getResult(0);
+        Value repeated = n.repeat.getResult(0);
+        auto narrow = bmt::AtenOp::create(
+            builder, loc, TypeRange{tensor}, builder.getStringAttr("aten::narrow"),
+            builder.getArrayAttr({marker, builder.getI64IntegerAttr(n.pos), marker,
+                                  builder.getI64IntegerAttr(local)}),
+            ValueRange{repeated, start});
+        repeated.replaceAllUsesExcept(narrow.getResult(0), narrow);
+      }
     }
   }
 
@@ -1256,6 +1493,15 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         os << ")";
       else
         os << " (" << chain.columnWidth << " -> " << chain.columnWidth / T << " per rank)";
+      if (!chain.replicated.empty()) {
+        llvm::SmallVector<std::string> kv;
+        for (const MatmulSite &c : chain.replicated)
+          kv.push_back(shortName(c.weight));
+        int64_t heads = chain.replicatedKvHeads;
+        os << ", " << llvm::join(kv, ", ") << " k/v replicated on " << T << " ranks (" << heads
+           << (heads == 1 ? " kv head" : " kv heads")
+           << (heads < T ? " < T = " : " not divisible by T = ") << T << "), reduce_grad";
+      }
       llvm::SmallVector<std::string> rows;
       for (const MatmulSite &r : chain.rows)
         rows.push_back(shortName(r.weight));

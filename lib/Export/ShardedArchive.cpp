@@ -224,6 +224,7 @@ private:
     t.split.dim = split.dim;
     t.split.chunks = split.chunks;
     t.split.paddedSize = split.paddedSize;
+    t.split.reduceGrad = split.reduceGrad;
     tensorIndex[name] = static_cast<int64_t>(p.tensors.size());
     p.tensors.push_back(std::move(t));
   }

@@ -125,57 +125,64 @@ at::Tensor reduceScatterAlong(Comm &comm, const at::Tensor &x, int64_t dim) {
   return out.movedim(0, dim).contiguous();
 }
 
-/// Forward: the sum over the TP group; backward: the gradient unchanged (g).
-struct TpAllReduceFunction : torch::autograd::Function<TpAllReduceFunction> {
-  static at::Tensor forward(AutogradContext *, const at::Tensor &x, Comm *comm) {
-    return sumOver(*comm, x);
-  }
-  static variable_list backward(AutogradContext *, variable_list grads) {
-    return {grads[0], at::Tensor()};
-  }
-};
+/// What a TP instruction does to a tensor in its forward or its backward.
+enum class TpOp : int64_t { Identity, Sum, AllGather, ReduceScatter };
 
-/// Forward: the identity; backward: the gradient summed over the TP group (f).
-struct TpCopyFunction : torch::autograd::Function<TpCopyFunction> {
-  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, Comm *comm) {
-    ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(comm));
-    return x.view_as(x);
+at::Tensor applyTp(TpOp op, Comm &comm, const at::Tensor &x, int64_t dim) {
+  switch (op) {
+  case TpOp::Identity:
+    return x;
+  case TpOp::Sum:
+    return sumOver(comm, x);
+  case TpOp::AllGather:
+    return gatherAlong(comm, x, dim);
+  case TpOp::ReduceScatter:
+    return reduceScatterAlong(comm, x, dim);
   }
-  static variable_list backward(AutogradContext *ctx, variable_list grads) {
-    auto *comm = reinterpret_cast<Comm *>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
-    return {grads[0].defined() ? sumOver(*comm, grads[0]) : at::Tensor(), at::Tensor()};
-  }
-};
+  return x;
+}
 
-/// Forward: all-gather along `dim`; backward: reduce-scatter along it.
-struct TpAllGatherFunction : torch::autograd::Function<TpAllGatherFunction> {
-  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, Comm *comm, int64_t dim) {
+/// One TP instruction as an autograd function: `forwardOp` on the input,
+/// `backwardOp` on its gradient. Megatron's g is (Sum, Identity), f is
+/// (Identity, Sum); sequence parallelism's all-gather and reduce-scatter are
+/// each other's backward.
+struct TpCollectiveFunction : torch::autograd::Function<TpCollectiveFunction> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, Comm *comm,
+                            int64_t forwardOp, int64_t backwardOp, int64_t dim) {
     ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(comm));
+    ctx->saved_data["backward"] = backwardOp;
     ctx->saved_data["dim"] = dim;
-    return gatherAlong(*comm, x, dim);
+    if (static_cast<TpOp>(forwardOp) == TpOp::Identity)
+      return x.view_as(x); // a function's output must not be its input
+    return applyTp(static_cast<TpOp>(forwardOp), *comm, x, dim);
   }
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     auto *comm = reinterpret_cast<Comm *>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
-    int64_t dim = ctx->saved_data["dim"].toInt();
-    return {grads[0].defined() ? reduceScatterAlong(*comm, grads[0], dim) : at::Tensor(),
-            at::Tensor(), at::Tensor()};
+    const auto op = static_cast<TpOp>(ctx->saved_data["backward"].toInt());
+    at::Tensor grad = grads[0].defined()
+                          ? applyTp(op, *comm, grads[0], ctx->saved_data["dim"].toInt())
+                          : at::Tensor();
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
-/// Forward: reduce-scatter along `dim`; backward: all-gather along it.
-struct TpReduceScatterFunction : torch::autograd::Function<TpReduceScatterFunction> {
-  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, Comm *comm, int64_t dim) {
-    ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(comm));
-    ctx->saved_data["dim"] = dim;
-    return reduceScatterAlong(*comm, x, dim);
+at::Tensor applyTpInstruction(plan::Instruction::Kind kind, const at::Tensor &x, Comm *comm,
+                              int64_t dim) {
+  auto apply = [&](TpOp forward, TpOp backward) {
+    return TpCollectiveFunction::apply(x, comm, static_cast<int64_t>(forward),
+                                       static_cast<int64_t>(backward), dim);
+  };
+  switch (kind) {
+  case plan::Instruction::Kind::TpAllReduce:
+    return apply(TpOp::Sum, TpOp::Identity);
+  case plan::Instruction::Kind::TpCopy:
+    return apply(TpOp::Identity, TpOp::Sum);
+  case plan::Instruction::Kind::TpAllGather:
+    return apply(TpOp::AllGather, TpOp::ReduceScatter);
+  default: // TpReduceScatter
+    return apply(TpOp::ReduceScatter, TpOp::AllGather);
   }
-  static variable_list backward(AutogradContext *ctx, variable_list grads) {
-    auto *comm = reinterpret_cast<Comm *>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
-    int64_t dim = ctx->saved_data["dim"].toInt();
-    return {grads[0].defined() ? gatherAlong(*comm, grads[0], dim) : at::Tensor(), at::Tensor(),
-            at::Tensor()};
-  }
-};
+}
 
 bool hasRegister(const plan::Arg &arg) {
   if (arg.kind == plan::Arg::Kind::Register)
@@ -377,20 +384,7 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
           break;
         }
         const int64_t dim = inst.op.empty() ? 0 : std::stoll(inst.op);
-        switch (inst.kind) {
-        case plan::Instruction::Kind::TpAllReduce:
-          regs[inst.results[0]] = TpAllReduceFunction::apply(x, tensorComm_);
-          break;
-        case plan::Instruction::Kind::TpCopy:
-          regs[inst.results[0]] = TpCopyFunction::apply(x, tensorComm_);
-          break;
-        case plan::Instruction::Kind::TpAllGather:
-          regs[inst.results[0]] = TpAllGatherFunction::apply(x, tensorComm_, dim);
-          break;
-        default:
-          regs[inst.results[0]] = TpReduceScatterFunction::apply(x, tensorComm_, dim);
-          break;
-        }
+        regs[inst.results[0]] = applyTpInstruction(inst.kind, x, tensorComm_, dim);
         break;
       }
       case plan::Instruction::Kind::NumToTensor:

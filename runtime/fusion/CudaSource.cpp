@@ -324,35 +324,48 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     s << "extern \"C\" __global__ void " << name << "(bmt_fused::Args a) {\n"
          "  const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
          "  const long long step = (long long)gridDim.x * blockDim.x;\n";
+    // 8 elements a thread from element i: a 16-byte load of each input
+    // (ld8 of base(k) + offset, its stride along the last dim `stride(k)`,
+    // 0: broadcast), the body 8 times, a 16-byte store of each output.
+    auto eight = [&](const std::function<std::string(int)> &base, const std::string &offset,
+                     const std::function<std::string(int)> &stride) {
+      std::string c;
+      for (int k : used) {
+        c10::ScalarType t = slotDtype(k);
+        c += "      float " + x(k) + "[8]; bmt_fused::ld8(" + base(k) + ", " + offset + ", " +
+             stride(k) + ", " + (t == c10::ScalarType::Float ? "" : std::string(half(t)) + ", ") +
+             x(k) + ");\n";
+      }
+      for (size_t k = 0; k < outs.size(); ++k)
+        c += "      float " + y(k) + "[8];\n";
+      c += "#pragma unroll\n      for (int u = 0; u < 8; ++u)\n        bmt_body_" + name + "(";
+      std::string sp;
+      for (int k : used) {
+        c += sp + x(k) + "[u]";
+        sp = ", ";
+      }
+      for (size_t k = 0; k < outs.size(); ++k) {
+        c += sp + y(k) + "[u]";
+        sp = ", ";
+      }
+      c += ");\n";
+      for (size_t k = 0; k < outs.size(); ++k) {
+        c10::ScalarType t = outDtypes.at(k);
+        c += "      bmt_fused::st8(" + ptr(firstOut + static_cast<int>(k), t, true) + ", i, " +
+             y(k) + (t == c10::ScalarType::Float ? "" : std::string(", ") + half(t)) + ");\n";
+      }
+      return c;
+    };
+    auto strideOf = [](const std::string &dim) {
+      return [dim](int k) { return "a.strides[" + std::to_string(k) + "][" + dim + "]"; };
+    };
     // Contiguous (or scalar-broadcast) 1-D: 8 elements a thread, 16-byte
     // loads and stores, then the tail one by one.
     s << "  if (a.vec == 1) {\n"
          "    const long long nv = a.n >> 3;\n"
          "    for (long long v = first; v < nv; v += step) {\n"
          "      const long long i = v << 3;\n";
-    for (int k : used) {
-      c10::ScalarType t = slotDtype(k);
-      s << "      float " << x(k) << "[8]; bmt_fused::ld8(" << ptr(k, t, false) << ", i, a.strides[" << k
-        << "][0], " << (t == c10::ScalarType::Float ? "" : std::string(half(t)) + ", ") << x(k) << ");\n";
-    }
-    for (size_t k = 0; k < outs.size(); ++k)
-      s << "      float " << y(k) << "[8];\n";
-    s << "#pragma unroll\n      for (int u = 0; u < 8; ++u)\n        bmt_body_" << name << "(";
-    sep.clear();
-    for (int k : used) {
-      s << sep << x(k) << "[u]";
-      sep = ", ";
-    }
-    for (size_t k = 0; k < outs.size(); ++k) {
-      s << sep << y(k) << "[u]";
-      sep = ", ";
-    }
-    s << ");\n";
-    for (size_t k = 0; k < outs.size(); ++k) {
-      c10::ScalarType t = outDtypes.at(k);
-      s << "      bmt_fused::st8(" << ptr(firstOut + static_cast<int>(k), t, true) << ", i, " << y(k)
-        << (t == c10::ScalarType::Float ? "" : std::string(", ") + half(t)) << ");\n";
-    }
+    s << eight([&](int k) { return ptr(k, slotDtype(k), false); }, "i", strideOf("0"));
     s << "    }\n"
          "    for (long long i = (nv << 3) + first; i < a.n; i += step) {\n";
     for (int k : used)
@@ -373,30 +386,8 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     for (int k : used)
       s << "        o" << k << " += idx * a.strides[" << k << "][d];\n";
     s << "      }\n";
-    for (int k : used) {
-      c10::ScalarType t = slotDtype(k);
-      s << "      float " << x(k) << "[8]; bmt_fused::ld8(" << ptr(k, t, false) << " + o" << k
-        << ", 0, a.strides[" << k << "][a.ndim - 1], "
-        << (t == c10::ScalarType::Float ? "" : std::string(half(t)) + ", ") << x(k) << ");\n";
-    }
-    for (size_t k = 0; k < outs.size(); ++k)
-      s << "      float " << y(k) << "[8];\n";
-    s << "#pragma unroll\n      for (int u = 0; u < 8; ++u)\n        bmt_body_" << name << "(";
-    sep.clear();
-    for (int k : used) {
-      s << sep << x(k) << "[u]";
-      sep = ", ";
-    }
-    for (size_t k = 0; k < outs.size(); ++k) {
-      s << sep << y(k) << "[u]";
-      sep = ", ";
-    }
-    s << ");\n";
-    for (size_t k = 0; k < outs.size(); ++k) {
-      c10::ScalarType t = outDtypes.at(k);
-      s << "      bmt_fused::st8(" << ptr(firstOut + static_cast<int>(k), t, true) << ", i, " << y(k)
-        << (t == c10::ScalarType::Float ? "" : std::string(", ") + half(t)) << ");\n";
-    }
+    s << eight([&](int k) { return ptr(k, slotDtype(k), false) + " + o" + std::to_string(k); }, "0",
+               strideOf("a.ndim - 1"));
     s << "    }\n    return;\n  }\n";
     // General strides: the offsets from the element index, in 32-bit
     // arithmetic where the element count allows (64-bit division is slow).

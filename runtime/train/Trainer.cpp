@@ -5,6 +5,7 @@
 #include "bmt/Runtime/optim/LossScaler.h"
 #include "bmt/Runtime/optim/Optimizer.h"
 #include "bmt/Runtime/train/Profile.h"
+#include "bmt/Support/ErrorText.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/cat.h>
@@ -121,8 +122,8 @@ void Trainer::reportCheckpoint(const CheckpointResult &r) {
   if (model_.world().rank() != 0) {
     // Rank 0 reports every save; a rank says why its own part failed.
     if (!r.ok)
-      std::cerr << "warning: rank " << model_.world().rank() << ": checkpoint step " << r.step
-                << " failed: " << r.error << "\n";
+      bmt::writeErrorLine("warning: rank " + std::to_string(model_.world().rank()) +
+                          ": checkpoint step " + std::to_string(r.step) + " failed: " + r.error);
     return;
   }
   metrics_.checkpoint(r.step, r.ok, r.ok ? r.path : r.error, r.bytes, r.writeSeconds,
@@ -587,8 +588,9 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
     const bool skipped = v[m + 1] != 0 || noTargets;
     const double gradNorm = skipped ? std::nan("") : v[m];
     if (noTargets && rank0)
-      std::cerr << "warning: step " << p.step << ": the global batch has no target token (its "
-                << "documents' loss mask is 0 or cut off by --seq-len); the update is skipped\n";
+      bmt::writeErrorLine("warning: step " + std::to_string(p.step) +
+                          ": the global batch has no target token (its documents' loss mask is 0 "
+                          "or cut off by --seq-len); the update is skipped");
     if (!skipped && !std::isfinite(gradNorm))
       throw stopAt(p, "the gradient norm is not finite at step " + std::to_string(p.step));
     const double stepScale = scaler ? v[m + 2] : 0, nextScale = scaler ? v[m + 3] : 0;

@@ -31,14 +31,12 @@ def test_tensor_parallel_training_matches_eager(traced, config):  # noqa: F811
     compiled = subprocess.run([binary("bmt-opt"), str(traced["pt"]), "-o", str(sharded),
                                "--world-size", str(ranks), "--tensor-parallel", str(tp)],
                               capture_output=True, text=True)
-    if traced["name"] == "llama" and tp == 4:
-        # 2 kv heads cannot be split 4 ways (replicating them is not done yet).
-        assert compiled.returncode == 1, compiled.stderr
-        errors = [line for line in compiled.stderr.splitlines() if "error:" in line]
-        assert len(errors) == 1 and "2 heads are not divisible by --tensor-parallel 4" in errors[0]
-        assert not sharded.exists()
-        return
     assert compiled.returncode == 0, compiled.stderr
+    if traced["name"] == "llama" and tp == 4:
+        # 2 kv heads over 4 ranks: k/v replicated (reduce_grad), each rank
+        # narrows the repeated heads to its one query head.
+        assert "self_attn.k_proj, self_attn.v_proj k/v replicated on 4 ranks (2 kv heads < T = 4), " \
+            "reduce_grad" in compiled.stderr, compiled.stderr
     assert f"tensor parallel: {tp} ranks per group;" in compiled.stderr
     assert "vocab-parallel embedding and LM head" in compiled.stderr
     log, params = tmp / "log.jsonl", tmp / "params.safetensors"
@@ -213,3 +211,73 @@ def test_what_tensor_parallel_refuses_for_now(traced, flags, message):  # noqa: 
     assert len(errors) == 1, r.stderr[-3000:]   # the same line from every rank
     assert message.lower() in errors.pop().lower(), r.stderr[-3000:]
     assert not log.exists() or not [x for x in open(log) if '"train"' in x]
+
+
+@pytest.mark.parametrize("heads,kv_heads,fmt,tp,attention", [
+    (4, 1, "pt", 2, "eager"), (4, 1, "pt2", 2, "eager"), (4, 2, "pt2", 4, "eager"),
+    (6, 2, "pt", 3, "eager"), (4, 2, "pt", 4, "sdpa")])
+def test_replicated_kv_matches_eager(heads, kv_heads, fmt, tp, attention, tmp_path):
+    """LLaMA whose kv heads T does not divide: multi-query attention (1 kv
+    head) at T = 2, the fixture's grouped-query attention (2 kv heads) at
+    T = 4 from torch.export (and with scaled_dot_product_attention from a
+    trace), and 6 query heads on 2 kv heads at T = 3 (a rank's 2 query
+    heads straddle the kv heads). The k/v projections are
+    replicated (reduce_grad), q and o split by heads, each rank narrows the
+    repeated kv heads to its own query heads; N = T, against eager on the
+    same weights and batches."""
+    import torch
+    import transformers
+    import make_fixtures
+    from safetensors.torch import load_file
+    from test_runtime_parity import eager_training
+    from test_zero_multirank import GLOBAL_BATCH, SEQ
+
+    def build():
+        torch.manual_seed(0)
+        cls, config = make_fixtures.MODELS["llama"](transformers)
+        config.num_key_value_heads = kv_heads
+        config.num_attention_heads = heads
+        config.head_dim = 8
+        config.hidden_size = 8 * heads
+        config.intermediate_size = 16 * heads
+        config._attn_implementation = attention
+        return cls(config).eval()
+
+    model = build()
+    vocab = model.config.vocab_size
+    # torch.export's shapes are static: N = T, so a rank's micro-batch is the global batch.
+    ids = torch.randint(0, vocab, (GLOBAL_BATCH if fmt == "pt2" else 2, SEQ),
+                        generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    path = tmp_path / f"llama-kv{kv_heads}.{fmt}"
+    if fmt == "pt":
+        torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False).save(str(path))
+    else:
+        torch.export.save(torch.export.export(model, args=(), kwargs=inputs, strict=False), str(path))
+    steps = 6
+    batches = torch.randint(0, vocab, (steps, GLOBAL_BATCH, SEQ + 1),
+                            generator=torch.Generator().manual_seed(3))
+    torch.save(batches, tmp_path / "batches.pt")
+    sharded = tmp_path / "sharded.pt"
+    compiled = subprocess.run([binary("bmt-opt"), str(path), "-o", str(sharded), "--world-size",
+                               str(tp), "--tensor-parallel", str(tp)], capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stderr
+    kv_text = "1 kv head" if kv_heads == 1 else f"{kv_heads} kv heads"
+    assert f"self_attn.q_proj column-parallel by heads ({heads} -> {heads // tp} per rank), self_attn.k_proj, " \
+        f"self_attn.v_proj k/v replicated on {tp} ranks ({kv_text} < T = {tp}), reduce_grad" \
+        in compiled.stderr, compiled.stderr
+    assert "0 chains replicated" in compiled.stderr
+    log, params = tmp_path / "log.jsonl", tmp_path / "params.safetensors"
+    r = torchrun(tp, sharded, "--batches", tmp_path / "batches.pt", "--steps", steps, "--lr", "1e-3",
+                 "--clip-grad", 0.5, "--weight-decay", 0.01, "--log-file", log, "--save-params", params)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    train = [x for x in map(json.loads, open(log)) if x["kind"] == "train"]
+    assert [x["step"] for x in train] == list(range(1, steps + 1))
+    lrs = {x["step"]: x["lr"] for x in train}
+    reference = build()
+    losses = eager_training(reference, batches, steps, 1, lambda s: lrs[s], 0.5, 0.01)
+    for x, loss in zip(train, losses):
+        assert_loss_close(x["loss"], loss, what=f"kv heads {kv_heads} T = {tp}: loss of step {x['step']}")
+    got = load_file(params)
+    assert got["model.layers.0.self_attn.k_proj.weight"].shape == (8 * kv_heads, 8 * heads)
+    assert_trained_close(got, dict(reference.named_parameters()), sum(lrs.values()))

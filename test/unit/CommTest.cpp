@@ -12,6 +12,7 @@
 
 #include "bmt/Runtime/comm/Comm.h"
 #include "bmt/Runtime/comm/Rendezvous.h"
+#include "CpuRanks.h"
 
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
@@ -46,58 +47,8 @@
 namespace {
 
 using namespace bmt::runtime;
+using namespace bmt::test;
 using namespace std::chrono_literals;
-
-/// A TCPStore server on a free port (port 0: the OS picks).
-c10::intrusive_ptr<c10d::TCPStore> makeServer() {
-  c10d::TCPStoreOptions o;
-  o.port = 0;
-  o.isServer = true;
-  o.waitWorkers = false;
-  o.timeout = 30s;
-  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
-}
-
-c10::intrusive_ptr<c10d::Store> makeClient(uint16_t port) {
-  c10d::TCPStoreOptions o;
-  o.port = port;
-  o.isServer = false;
-  o.timeout = 30s;
-  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
-}
-
-enum class StoreKind { Hash, Tcp };
-
-/// Runs fn(rank, comm) on `n` threads, each with a CPU communicator over
-/// one shared HashStore or its own TCPStore client. Failures inside the
-/// threads are gtest failures; exceptions are reported with their text.
-/// (Most tests use the HashStore: on the gVisor sandboxes of the dev/CI
-/// machines about one TCP connect in twenty to a local port stalls 5 s.)
-void runRanks(int64_t n, const std::function<void(int64_t, Comm &)> &fn,
-              StoreKind kind = StoreKind::Hash, std::chrono::milliseconds timeout = 30s) {
-  bool hashStore = kind == StoreKind::Hash;
-  c10::intrusive_ptr<c10d::TCPStore> server;
-  c10::intrusive_ptr<c10d::Store> shared;
-  if (hashStore)
-    shared = c10::make_intrusive<c10d::HashStore>();
-  else
-    server = makeServer();
-  std::vector<std::thread> threads;
-  for (int64_t r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        c10::intrusive_ptr<c10d::Store> store = hashStore ? shared : makeClient(server->getPort());
-        CommOptions o;
-        o.timeout = timeout;
-        std::unique_ptr<Comm> comm = createCpuComm(store, r, n, o);
-        fn(r, *comm);
-      } catch (const std::exception &e) {
-        ADD_FAILURE() << "rank " << r << ": " << e.what();
-      }
-    });
-  for (auto &t : threads)
-    t.join();
-}
 
 /// Rank r's input: r * 1000 + 0.1 * i + 1/3 (not exactly representable,
 /// so that rounding shows), in `dtype`.

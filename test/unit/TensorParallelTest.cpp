@@ -29,6 +29,7 @@
 #include "bmt/Runtime/exec/Model.h"
 #include "bmt/Runtime/objectives/CrossEntropy.h"
 #include "bmt/Runtime/train/Trainer.h"
+#include "CpuRanks.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -49,24 +50,10 @@ using namespace bmt;
 using namespace bmt::runtime;
 using namespace std::chrono_literals;
 
-/// Runs fn(rank, comm) on `n` threads with CPU communicators over one
-/// HashStore; exceptions become gtest failures naming the rank.
+/// Ranks as threads (CpuRanks.h), with a longer timeout than the
+/// collectives tests: a training step of several ranks on 2 loaded cores.
 void runRanks(int64_t n, const std::function<void(int64_t, Comm &)> &fn) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::thread> threads;
-  for (int64_t r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        CommOptions o;
-        o.timeout = 60s;
-        std::unique_ptr<Comm> comm = createCpuComm(store, r, n, o);
-        fn(r, *comm);
-      } catch (const std::exception &e) {
-        ADD_FAILURE() << "rank " << r << ": " << e.what();
-      }
-    });
-  for (auto &t : threads)
-    t.join();
+  test::runRanks(n, fn, test::StoreKind::Hash, 60s);
 }
 
 // --- vocab-parallel cross-entropy -------------------------------------------

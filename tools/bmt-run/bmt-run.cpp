@@ -595,22 +595,12 @@ int main(int argc, char **argv) {
       return 0;
     }
     return run(options);
-  } catch (const tools::UsageError &e) {
-    std::cerr << "error: " << e.what() << "\n";
-  } catch (const plan::PlanError &e) {
-    std::cerr << "error: " << e.what() << "\n";
-  } catch (const runtime::DataError &e) {
-    std::cerr << "error: " << e.what() << "\n";
-  } catch (const runtime::TrainingError &e) {
-    std::cerr << "error: " << e.what() << "\n";
-  } catch (const runtime::ExecutionError &e) {
-    std::cerr << "error: " << e.what() << "\n";
-  } catch (const Failure &e) {
-    std::cerr << "error: " << e.what() << "\n";
   } catch (const c10::Error &e) {
-    std::cerr << "error: " << bmt::firstErrorLine(e.what_without_backtrace()) << "\n";
+    bmt::writeErrorLine("error: " + bmt::firstErrorLine(e.what_without_backtrace()));
   } catch (const std::exception &e) {
-    std::cerr << "error: " << e.what() << "\n";
+    // UsageError, PlanError, DataError, TrainingError, ExecutionError,
+    // Failure: their what() is already the one line to print.
+    bmt::writeErrorLine(std::string("error: ") + e.what());
   }
   return 1;
 }

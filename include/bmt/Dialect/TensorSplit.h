@@ -1,7 +1,9 @@
 //===- TensorSplit.h - a parameter's split over the TP group ----*- C++ -*-===//
 //
 // `--bmt-tensor-parallel` marks each parameter it splits with
-// `bmt.tensor_split = {dim, chunks[, padded_size]}` and the module with
+// `bmt.tensor_split = {dim, chunks[, padded_size]}` (a replicated one whose
+// gradient differs per TP rank, GQA's k/v projections when T exceeds the kv
+// heads: `{dim = -1, chunks = 1, reduce_grad = true}`) and the module with
 // `bmt.tensor_parallel = T`; the parameter's type stays the global shape.
 // These read them back: the later passes (bmt-zero, the memory estimate)
 // and the exporter (the plan's TensorSplit, docs/sharded-format.md) size
@@ -26,6 +28,7 @@ struct ParameterSplit {
   int64_t dim = -1;
   int64_t chunks = 1;
   int64_t paddedSize = 0; ///< 0: no padding
+  bool reduceGrad = false; ///< replicated, gradient summed over the TP group
 };
 
 /// T of the module (`bmt.tensor_parallel`; 1 without it).
@@ -47,6 +50,8 @@ inline ParameterSplit parameterSplitOf(mlir::Operation *op) {
     s.chunks = a.getInt();
   if (auto a = d.getAs<mlir::IntegerAttr>("padded_size"))
     s.paddedSize = a.getInt();
+  if (auto a = d.getAs<mlir::BoolAttr>("reduce_grad"))
+    s.reduceGrad = a.getValue();
   return s;
 }
 
