@@ -8,7 +8,8 @@ bmt-opt --tensor-parallel, trained with AdamW on fixed batches.
   (numerics.py's bounds). bmt-to-hf of its step-10 checkpoint is the global
   model: from_pretrained loads it, and it equals --save-params bit for bit.
 - Other layouts: T = 2 N = 2 -> T = 1 N = 1, T = 1 N = 2, T = 2 N = 4;
-  T = 1 N = 2 -> T = 2 N = 2; T = 2 N = 4 -> T = 4 N = 4; T = 2 N = 4 with
+  T = 1 N = 2 -> T = 2 N = 2; LLaMA T = 2 N = 4 -> T = 4 N = 4 (its k/v
+  projections split, then replicated); T = 2 N = 4 with
   hybrid sharding (G = 1: replicas) -> T = 1 N = 1; and a vocab that
   T = 2 pads (127 -> 128 rows) resumed on T = 1 (no padding): the losses
   after the resume and the final parameters against eager PyTorch and the
@@ -194,7 +195,8 @@ LAYOUT_CASES = {
     "t2n2-to-t1n2": ("gpt2", 2, 2, 1, 2),
     "t2n2-to-t2n4": ("gpt2", 2, 2, 2, 4),
     "t1n2-to-t2n2": ("gpt2", 1, 2, 2, 2),
-    "t2n4-to-t4n4": ("gpt2", 2, 4, 4, 4),
+    # LLaMA's 2 kv heads: k/v split at T = 2, replicated (reduce_grad) at T = 4.
+    "llama-t2n4-to-t4n4": ("llama", 2, 4, 4, 4),
     "padded-vocab-t2n2-to-t1n1": ("gpt2-127", 2, 2, 1, 1),
 }
 
