@@ -363,9 +363,9 @@ def mask_tokens(tokens, mask_id, vocab, rng, probability=0.15):
 def bert(tmp_path_factory):
     """The fixture BERT (masked LM) traced, the token windows, a token file
     that only carries the [MASK] id (bmt-run trains on --batches and takes
-    the mask id from --data's metadata), and the eager reference, computed
-    once: transformers' BertForMaskedLM with torch.optim.AdamW on the same
-    weights, masks and global batches."""
+    the mask id from --data's metadata; ids 4.. in the batches, so that a
+    [MASK] is never an original token) and the cache of eager_masked_lm's
+    reference runs."""
     import torch
     from test_bmt_run import write_tokens
     from test_runtime_parity import build
@@ -373,8 +373,8 @@ def bert(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bert")
     model = build("bert")
     vocab = model.config.vocab_size
-    inputs = {"input_ids": torch.randint(0, vocab, (2, SEQ), generator=torch.Generator().manual_seed(1)),
-              "attention_mask": torch.ones(2, SEQ, dtype=torch.long)}
+    ids = torch.randint(0, vocab, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     pt = tmp / "bert.pt"
     torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False).save(str(pt))
     batches = torch.randint(4, vocab, (STEPS, GLOBAL_BATCH, SEQ + 1),
