@@ -328,6 +328,9 @@ def main():
     if args.gpus < 1 or args.micro_batch < 1 or args.seq < 1 or args.steps < 1 or args.warmup < 0:
         ap.error("--gpus, --micro-batch, --seq and --steps must be >= 1, --warmup >= 0")
     args.layers = args.layers or {"gpt2": 24, "llama-1b": 16, "llama-8b": 32}[args.arch]
+    if args.layers < 2:
+        ap.error("--layers must be >= 2 (bmt-find-blocks finds blocks as repeated layers, and "
+                 "bmt-tensor-parallel splits blocks)")
     args.hidden = args.hidden or {"gpt2": 2048, "llama-1b": 2048, "llama-8b": 4096}[args.arch]
     args.heads = args.heads or (16 if args.arch == "gpt2" else 32)
     args.vocab = args.vocab or (50304 if args.arch == "gpt2" else 128256)
