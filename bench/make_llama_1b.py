@@ -10,7 +10,7 @@ inverse frequencies (a buffer) are computed for real. Compile with
 
 `--config 8b` makes the Llama-3-8B shape instead (32 layers, hidden 4096,
 32 heads, 8 key/value heads, FFN 14336, vocab 128256, untied), the model of
-the multi-GPU and tensor-parallel benchmarks (bench/gpu_tp.sh).
+the multi-GPU tensor-parallel benchmark (bench/gpu_tensor_parallel.py --arch llama-8b).
 
 usage: python3 bench/make_llama_1b.py OUT.pt [--config 1b|8b] [--layers N] [--dtype bfloat16]
 """

@@ -11,27 +11,34 @@ import subprocess
 import pytest
 
 from bmt_paths import binary
-from numerics import assert_loss_close, assert_trained_close
+from numerics import assert_close, assert_loss_close, assert_trained_close
 from test_zero_multirank import STEPS, eager_reference, torchrun, traced  # noqa: F401 (fixture)
 
 CONFIGS = {
-    # name: (tensor parallel T, world size N)
-    "t2-n2": (2, 2),
-    "t2-n4": (2, 4),
-    "t4-n4": (4, 4),
+    # name: (tensor parallel T, world size N, bmt-opt's --checkpoint: which
+    # blocks are recomputed; bmt-opt's default recomputes both of the tiny
+    # models' blocks)
+    "t2-n2": (2, 2, None),
+    "t2-n2-no-recompute": (2, 2, "none"),
+    "t2-n4": (2, 4, None),
+    "t4-n4": (4, 4, None),
 }
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_tensor_parallel_training_matches_eager(traced, config):  # noqa: F811
-    tp, ranks = CONFIGS[config]
+    tp, ranks, checkpoint = CONFIGS[config]
     tmp = traced["tmp"] / f"tp-{config}"
     tmp.mkdir()
     sharded = tmp / "sharded.pt"
     compiled = subprocess.run([binary("bmt-opt"), str(traced["pt"]), "-o", str(sharded),
-                               "--world-size", str(ranks), "--tensor-parallel", str(tp)],
+                               "--world-size", str(ranks), "--tensor-parallel", str(tp),
+                               *(["--checkpoint", checkpoint] if checkpoint else [])],
                               capture_output=True, text=True)
     assert compiled.returncode == 0, compiled.stderr
+    # Recomputed blocks run their tp_copy and tp_all_reduce again in backward.
+    recomputed = 0 if checkpoint == "none" else 2
+    assert f"{recomputed} of 2 blocks recomputed" in compiled.stderr, compiled.stderr
     if traced["name"] == "llama" and tp == 4:
         # 2 kv heads over 4 ranks: k/v replicated (reduce_grad), each rank
         # narrows the repeated heads to its one query head.
@@ -140,18 +147,18 @@ def test_pt2_tensor_parallel_matches_eager(name, tmp_path):
     assert_trained_close(load_file(params), dict(reference.named_parameters()), sum(lrs.values()))
 
 
-@pytest.mark.parametrize("tp,ranks", [(2, 2), (2, 4)])
-def test_bert_gradients_match_one_process(tp, ranks, tmp_path):
-    """BERT (post-LN: the attention module passes its input both to the
-    q/k/v module and, as the residual, to the output module) trained with
-    plain SGD, whose update is the gradient itself: T-way splits give one
-    process's parameters (a tp_copy above the residual would multiply the
-    lower blocks' gradients by T per block). The one-process run is the
-    reference checked against eager PyTorch in test_runtime_parity.py and
-    test_seq2seq.py; the masked-LM corruption is the same for any layout."""
+def test_bert_token_windows_match_one_process(tmp_path):
+    """BERT on --data (random windows drawn for the global batch, each
+    data-parallel rank taking its rows, each TP group sharing them) with
+    T = 2 N = 4 against bmt's own one-process run with plain SGD, whose
+    update is the gradient itself. The one-process run is the reference
+    checked against eager PyTorch in test_runtime_parity.py and
+    test_seq2seq.py; test_bert_masked_lm_matches_eager checks the TP runs on
+    fixed batches against eager transformers."""
     from safetensors.torch import load_file
     from test_bmt_run import bmt_run, write_tokens
     from test_runtime_parity import build, compile_model
+    tp, ranks = 2, 4
     model = build("bert")
     one = compile_model(model, tmp_path, "bert")
     split = tmp_path / "bert.tp.pt"
@@ -280,3 +287,180 @@ def test_replicated_kv_matches_eager(heads, kv_heads, fmt, tp, attention, tmp_pa
     got = load_file(params)
     assert got["model.layers.0.self_attn.k_proj.weight"].shape == (8 * kv_heads, 8 * heads)
     assert_trained_close(got, dict(reference.named_parameters()), sum(lrs.values()))
+
+
+class Mt19937_64:
+    """std::mt19937_64 (C++ [rand.eng.mers], the parameters of [rand.predef];
+    Matsumoto and Nishimura's 64-bit Mersenne Twister), written out so that
+    the eager reference draws bmt-run's masked-LM masks itself."""
+    N, M, MASK = 312, 156, (1 << 64) - 1
+
+    def __init__(self, seed):
+        self.state = [seed & self.MASK]
+        for i in range(1, self.N):
+            x = self.state[-1]
+            self.state.append((6364136223846793005 * (x ^ (x >> 62)) + i) & self.MASK)
+        self.index = self.N
+
+    def __call__(self):
+        if self.index == self.N:
+            s, n, m = self.state, self.N, self.M
+            for i in range(n):
+                y = (s[i] & 0xFFFFFFFF80000000) | (s[(i + 1) % n] & 0x7FFFFFFF)
+                s[i] = s[(i + m) % n] ^ (y >> 1) ^ (0xB5026F5AA96619E9 if y & 1 else 0)
+            self.index = 0
+        x = self.state[self.index]
+        self.index += 1
+        x ^= (x >> 29) & 0x5555555555555555
+        x ^= (x << 17) & 0x71D67FFFEDA60000
+        x ^= (x << 37) & 0xFFF7EEE000000000
+        return (x ^ (x >> 43)) & self.MASK
+
+    def uniform01(self):  # 53 random bits (runtime/data/Random.h)
+        return (self() >> 11) / 9007199254740992.0
+
+    def below(self, n):  # [0, n) by rejection (runtime/data/Random.h)
+        threshold = (1 << 64) % n
+        while True:
+            x = self()
+            if x >= threshold:
+                return x % n
+
+
+def test_mt19937_64_replica():
+    # The C++ standard's check value ([rand.predef]: the 10000th draw of a
+    # default-constructed mt19937_64, seed 5489).
+    rng = Mt19937_64(5489)
+    for _ in range(9999):
+        rng()
+    assert rng() == 9981545732273789042
+
+
+def mask_tokens(tokens, mask_id, vocab, rng, probability=0.15):
+    """BERT's masked-LM corruption (Devlin et al. 2019, section 3.1) in the
+    order of bmt-run's draws (docs/runtime.md, Objectives): each token of the
+    [rows, seq] batch in row-major order is picked with `probability`, a
+    picked one becomes [MASK] (80 %), a uniform random id (10 %) or stays;
+    if none is picked, one uniform position is. (inputs, labels: -100 where
+    not picked)."""
+    import torch
+    flat = tokens.flatten().tolist()
+    inputs, labels = list(flat), [-100] * len(flat)
+
+    def corrupt(i):
+        labels[i] = flat[i]
+        r = rng.uniform01()
+        if r < 0.8:
+            inputs[i] = mask_id
+        elif r < 0.9:
+            inputs[i] = rng.below(vocab)
+
+    picked = False
+    for i in range(len(flat)):
+        if rng.uniform01() < probability:
+            corrupt(i)
+            picked = True
+    if not picked:
+        corrupt(rng.below(len(flat)))
+    return (torch.tensor(inputs).view(tokens.shape), torch.tensor(labels).view(tokens.shape))
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    """The fixture BERT (masked LM) traced, the token windows, a token file
+    that only carries the [MASK] id (bmt-run trains on --batches and takes
+    the mask id from --data's metadata; ids 4.. in the batches, so that a
+    [MASK] is never an original token) and the cache of eager_masked_lm's
+    reference runs."""
+    import torch
+    from test_bmt_run import write_tokens
+    from test_runtime_parity import build
+    from test_zero_multirank import GLOBAL_BATCH, SEQ
+    tmp = tmp_path_factory.mktemp("bert")
+    model = build("bert")
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    pt = tmp / "bert.pt"
+    torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False).save(str(pt))
+    batches = torch.randint(4, vocab, (STEPS, GLOBAL_BATCH, SEQ + 1),
+                            generator=torch.Generator().manual_seed(3))
+    torch.save(batches, tmp / "batches.pt")
+    data = write_tokens(tmp / "mask", list(range(4, 100)), vocab, mask_id=3)
+    return {"pt": pt, "batches": batches, "data": data, "tmp": tmp, "vocab": vocab, "eager": {}}
+
+
+def eager_masked_lm(bert, lrs, clip, wd, seed):
+    """Losses, gradient norms (before clipping) and final parameters of
+    eager BertForMaskedLM trained on `bert`'s batches with bmt-run's masks
+    of --seed `seed` (one generator for the run, one global batch a step)."""
+    key = (tuple(sorted(lrs.items())), clip, wd, seed)
+    if key in bert["eager"]:
+        return bert["eager"][key]
+    import torch
+    from test_runtime_parity import build, decay_groups
+    from test_zero_multirank import SEQ
+    model = build("bert")
+    opt = torch.optim.AdamW(decay_groups(model.parameters(), wd), lr=1.0, betas=(0.9, 0.999),
+                            eps=1e-8)
+    rng = Mt19937_64(seed)
+    losses, norms = [], []
+    for step in range(1, STEPS + 1):
+        opt.zero_grad()
+        ids, labels = mask_tokens(bert["batches"][step - 1][:, :SEQ], 3, bert["vocab"], rng)
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                                 labels.reshape(-1), ignore_index=-100)
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                    clip if clip > 0 else float("inf")).item())
+        for group in opt.param_groups:
+            group["lr"] = lrs[step]
+        opt.step()
+        losses.append(loss.item())
+    bert["eager"][key] = losses, norms, {n: p.detach().clone() for n, p in model.named_parameters()}
+    return bert["eager"][key]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_bert_masked_lm_matches_eager(bert, ranks):
+    """BERT (post-LN: the attention module passes its input both to the
+    q/k/v module and, as the residual, to the output module, so the tp_copy
+    sits at the q/k/v call; above it, each block would multiply the lower
+    blocks' gradients by T) trained with --tensor-parallel 2 on 2 and 4
+    ranks against eager transformers: the masked-LM corruption of the whole
+    global batch drawn as bmt-run draws it, every step's loss and the final
+    gathered parameters; and every step's gradient norm, which AdamW's
+    scale-free update would not show (a gradient summed over the TP group
+    where it should not be: the bug the tp_copy placement avoids)."""
+    tmp = bert["tmp"] / f"t2-n{ranks}"
+    tmp.mkdir()
+    sharded = tmp / "sharded.pt"
+    compiled = subprocess.run([binary("bmt-opt"), str(bert["pt"]), "-o", str(sharded),
+                               "--world-size", str(ranks), "--tensor-parallel", "2"],
+                              capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stderr
+    assert "attention.self.query, attention.self.key, attention.self.value column-parallel" \
+        in compiled.stderr, compiled.stderr
+    assert "vocab-parallel embedding and LM head (128 -> 64 per rank)" in compiled.stderr
+    log, params = tmp / "log.jsonl", tmp / "params.safetensors"
+    seed = 4
+    r = torchrun(ranks, sharded, "--batches", bert["tmp"] / "batches.pt", "--data", bert["data"],
+                 "--steps", STEPS, "--lr", "1e-3", "--schedule", "cosine", "--warmup", 2,
+                 "--clip-grad", 0.5, "--weight-decay", 0.01, "--seed", seed, "--log-file", log,
+                 "--save-params", params)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "objective masked-lm" in r.stdout, r.stdout[-3000:]
+    train = [json.loads(x) for x in open(log) if '"train"' in x]
+    assert [x["step"] for x in train] == list(range(1, STEPS + 1))
+    lrs = {x["step"]: x["lr"] for x in train}
+    losses, norms, want = eager_masked_lm(bert, lrs, 0.5, 0.01, seed)
+    for x, loss, norm in zip(train, losses, norms):
+        assert_loss_close(x["loss"], loss, what=f"bert t2-n{ranks}: loss of step {x['step']}")
+        assert_close(x["grad_norm"], norm,
+                     what=f"bert t2-n{ranks}: gradient norm of step {x['step']}")
+    from safetensors.torch import load_file
+    stats = assert_trained_close(load_file(params), want, sum(lrs.values()))
+    worst = max(abs(x["grad_norm"] - n) / n for x, n in zip(train, norms))
+    print(f"bert t2-n{ranks}: parameters max {stats[0]:.2e}, mean {stats[1]:.2e}, "
+          f"differing {stats[2]:.1%}; gradient norms within {worst:.1e} relative")
