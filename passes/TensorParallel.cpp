@@ -6,7 +6,10 @@
 // parameter weights reading one replicated activation, runs through
 // pointwise ops, views and per-head attention, and ends at a matmul that
 // contracts the split dimension becomes column-parallel then row-parallel,
-// with a bmt.tp_copy before it and one bmt.tp_all_reduce after it. The
+// with a bmt.tp_copy before it and one bmt.tp_all_reduce after it; with
+// sequence-parallel the activations between the chains are split along the
+// sequence (Korthikanti et al. 2022, section 4.2.2) and f and g become an
+// all-gather and a reduce-scatter along it. The
 // chains are found by following the split dimension through the program
 // (docs/passes.md, "Tensor parallelism"); names are not consulted. See
 // passes/Passes.td.
