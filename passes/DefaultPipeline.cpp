@@ -72,6 +72,12 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   else if (worldSize % tensorParallel != 0)
     os << name("world-size") << " " << worldSize.getValue() << " is not a multiple of "
        << name("tensor-parallel") << " " << tensorParallel.getValue();
+  else if (sequenceParallel && tensorParallel == 1)
+    os << name("sequence-parallel") << " needs " << name("tensor-parallel")
+       << " T > 1 (it splits the sequence over the T ranks of a tensor-parallel group)";
+  else if (sequenceParallel && seqLen.hasValue() && seqLen > 0 && seqLen % tensorParallel != 0)
+    os << name("sequence-parallel") << ": " << name("seq-len") << " " << seqLen.getValue()
+       << " is not a multiple of " << name("tensor-parallel") << " " << tensorParallel.getValue();
   else if (shardGroupSize < 0)
     os << name("shard-group-size") << " must be 0 (all ranks) or positive, got "
        << shardGroupSize.getValue();
@@ -130,6 +136,7 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
   if (options.tensorParallel > 1) {
     TensorParallelOptions tp;
     tp.tensorParallel = options.tensorParallel;
+    tp.sequenceParallel = options.sequenceParallel;
     pm.addPass(createTensorParallel(tp));
   }
   ZeroOptions zero;

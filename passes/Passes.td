@@ -281,12 +281,21 @@ def TensorParallel : Pass<"bmt-tensor-parallel", "::mlir::ModuleOp"> {
     size that T does not divide (query heads, ffn width) fails the compile
     with one message naming the op and the sizes; a chain whose ops the
     pass cannot follow stays replicated
-    (the remark says which op). T = 1 changes nothing. docs/passes.md has
-    the rules.
+    (the remark says which op). T = 1 changes nothing. With
+    `sequence-parallel`, the activations between the chains are split
+    along the sequence dim instead of replicated: each `bmt.tp_copy`
+    becomes a `bmt.tp_all_gather` and each `bmt.tp_all_reduce` a
+    `bmt.tp_reduce_scatter` along it, and the parameters read there get
+    `reduce_grad`; an op there that mixes positions fails the compile.
+    docs/passes.md has the rules.
   }];
   let options = [
     Option<"tensorParallel", "tensor-parallel", "int64_t", "1",
            "ranks of one tensor-parallel group (1: no tensor parallelism)">,
+    Option<"sequenceParallel", "sequence-parallel", "bool", "false",
+           "also split the activations between the chains (norms, residual adds) along the "
+           "sequence (Megatron-LM's sequence parallelism): f and g become an all-gather and a "
+           "reduce-scatter along the sequence dim (needs tensor-parallel > 1)">,
   ];
   let dependentDialects = ["::bmt::BmtDialect", "::mlir::shard::ShardDialect"];
 }

@@ -355,6 +355,14 @@ private:
       } else if (auto copy = dyn_cast<bmt::TpCopyOp>(op)) {
         inst.kind = plan::Instruction::Kind::TpCopy;
         inst.args.push_back(plan::Arg::ofRegister(reg(copy.getInput())));
+      } else if (auto gather = dyn_cast<bmt::TpAllGatherOp>(op)) {
+        inst.kind = plan::Instruction::Kind::TpAllGather;
+        inst.op = std::to_string(gather.getDim());
+        inst.args.push_back(plan::Arg::ofRegister(reg(gather.getInput())));
+      } else if (auto scatter = dyn_cast<bmt::TpReduceScatterOp>(op)) {
+        inst.kind = plan::Instruction::Kind::TpReduceScatter;
+        inst.op = std::to_string(scatter.getDim());
+        inst.args.push_back(plan::Arg::ofRegister(reg(scatter.getInput())));
       } else if (isa<bmt::TpRankOp>(op)) {
         inst.kind = plan::Instruction::Kind::TpRank;
       } else if (auto sum = dyn_cast<bmt::TpAllReduceOp>(op)) {

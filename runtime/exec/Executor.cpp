@@ -114,9 +114,11 @@ at::Tensor gatherAlong(Comm &comm, const at::Tensor &x, int64_t dim) {
 /// The sum of `x` over the TP group, this rank's 1/T of it along `dim`.
 at::Tensor reduceScatterAlong(Comm &comm, const at::Tensor &x, int64_t dim) {
   if (x.size(dim) % comm.size() != 0)
-    throw ExecutionError("tp_reduce_scatter: dim " + std::to_string(dim) + " of size " +
-                         std::to_string(x.size(dim)) + " is not a multiple of the " +
-                         std::to_string(comm.size()) + " TP ranks");
+    throw ExecutionError(
+        "tp_reduce_scatter (sequence parallelism): dim " + std::to_string(dim) + " of size " +
+        std::to_string(x.size(dim)) + " is not a multiple of the " + std::to_string(comm.size()) +
+        " TP ranks; the plan was compiled with --sequence-parallel, so the sequence length "
+        "(--seq-len) must be a multiple of --tensor-parallel " + std::to_string(comm.size()));
   at::Tensor moved = x.detach().movedim(dim, 0).contiguous();
   std::vector<int64_t> shape = moved.sizes().vec();
   shape[0] /= comm.size();

@@ -187,6 +187,44 @@ def Bmt_TpAllReduceOp : Bmt_Op<"tp_all_reduce", [AllTypesMatch<["input", "result
   let assemblyFormat = "$input `over` $grid attr-dict `:` type($input)";
 }
 
+def Bmt_TpAllGatherOp : Bmt_Op<"tp_all_gather", [AllTypesMatch<["input", "result"]>]> {
+  let summary = "enter a column-parallel chain under sequence parallelism: all-gather along `dim`";
+  let description = [{
+    Placed by `--bmt-tensor-parallel` with `sequence-parallel` where
+    `bmt.tp_copy` would be: every rank of `grid` holds its part of the
+    sequence (dim `dim`); the result is the parts concatenated in rank
+    order. Backward: the gradient summed over the group, each rank keeping
+    its part (a reduce-scatter along `dim`). The runtime runs it as the
+    plan's `TpAllGather` instruction.
+
+    ```mlir
+    %x = bmt.tp_all_gather %part over @tp dim 1 : !bmt.tensor
+    ```
+  }];
+  let arguments = (ins Bmt_TensorType:$input, FlatSymbolRefAttr:$grid, I64Attr:$dim);
+  let results = (outs Bmt_TensorType:$result);
+  let assemblyFormat = "$input `over` $grid `dim` $dim attr-dict `:` type($input)";
+}
+
+def Bmt_TpReduceScatterOp : Bmt_Op<"tp_reduce_scatter", [AllTypesMatch<["input", "result"]>]> {
+  let summary = "leave a row-parallel chain under sequence parallelism: reduce-scatter along `dim`";
+  let description = [{
+    Placed by `--bmt-tensor-parallel` with `sequence-parallel` where
+    `bmt.tp_all_reduce` would be: the sum over `grid` of the partial
+    results, of which each rank keeps its part of dim `dim` (the sequence),
+    1 / T of it. Backward: the gradient all-gathered along `dim`. The
+    runtime runs it as the plan's `TpReduceScatter` instruction; the size
+    of `dim` must be a multiple of T.
+
+    ```mlir
+    %y = bmt.tp_reduce_scatter %partial over @tp dim 1 : !bmt.tensor
+    ```
+  }];
+  let arguments = (ins Bmt_TensorType:$input, FlatSymbolRefAttr:$grid, I64Attr:$dim);
+  let results = (outs Bmt_TensorType:$result);
+  let assemblyFormat = "$input `over` $grid `dim` $dim attr-dict `:` type($input)";
+}
+
 def Bmt_TpRankOp : Bmt_Op<"tp_rank", [Pure]> {
   let summary = "this rank's index in the tensor-parallel group";
   let description = [{

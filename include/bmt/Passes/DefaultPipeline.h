@@ -74,7 +74,7 @@ public:
 
 namespace bmt {
 
-/// Options of the default pipeline. The first ten are also bmt-opt's
+/// Options of the default pipeline. The first eleven are also bmt-opt's
 /// top-level flags of the same names (commandLineFlags()).
 struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions> {
   Option<int64_t> worldSize{
@@ -87,6 +87,12 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
                      "many consecutive ranks, ZeRO shards across the groups (1: none; "
                      "bmt-tensor-parallel)"),
       llvm::cl::init(1)};
+  Option<bool> sequenceParallel{
+      *this, "sequence-parallel",
+      llvm::cl::desc("with tensor-parallel > 1: split the activations between the chains "
+                     "(norms, residual adds) along the sequence too (Megatron-LM's sequence "
+                     "parallelism; the sequence length must be a multiple of tensor-parallel)"),
+      llvm::cl::init(false)};
   Option<ZeroStage> zeroStage{*this, "zero-stage", llvm::cl::desc("ZeRO stage: 3 or 2"),
                               llvm::cl::init(ZeroStage::Three)};
   Option<int64_t> shardGroupSize{
@@ -140,7 +146,7 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
 
   /// The options that are also top-level flags of bmt-opt, in this order.
   llvm::SmallVector<llvm::cl::Option *> commandLineFlags() {
-    return {&worldSize,       &tensorParallel, &zeroStage, &shardGroupSize,
+    return {&worldSize,       &tensorParallel, &sequenceParallel, &zeroStage, &shardGroupSize,
             &checkpoint,      &memoryBudgetGib, &microBatch, &seqLen,
             &prefetchDepth,   &assumeUnpadded};
   }
