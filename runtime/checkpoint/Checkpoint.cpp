@@ -186,16 +186,6 @@ int64_t completeStep(const fs::path &folder) {
   return valid ? step : -1;
 }
 
-std::string scheduleKindName(LRScheduleKind k) {
-  switch (k) {
-  case LRScheduleKind::NoDecay: return "constant";
-  case LRScheduleKind::Noam: return "noam";
-  case LRScheduleKind::Linear: return "linear";
-  case LRScheduleKind::Cosine: return "cosine";
-  case LRScheduleKind::Exponential: return "exponential";
-  }
-  return "?";
-}
 
 /// The checkpoint's field of an optimizer state slot ("exp_avg" ->
 /// "exp_avg"); "master" is saved only for low-precision spaces.
@@ -465,6 +455,9 @@ struct CheckpointSaver::Impl {
               {"total_steps", sc.totalSteps},
               {"min_lr", sc.minLR},
               {"gamma", sc.gamma}}},
+            {"batch",
+             {{"sequences_per_step", identity.sequencesPerStep},
+              {"seq_len", identity.seqLen}}},
             {"loss_scale", nullptr},
             {"data", data},
             {"objective_rng", progress.objectiveGenerator},
@@ -1350,6 +1343,23 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
   ResumeReport report;
   report.savedWorldSize = reader.worldSize();
   report.savedTensorParallel = reader.tensorParallel();
+  if (const json &s = meta.value("schedule", json::object()); !s.empty()) {
+    LRScheduleConfig &c = report.savedSchedule;
+    try {
+      c.kind = parseLRScheduleKind(s.value("kind", std::string("constant")));
+    } catch (const std::invalid_argument &) {
+      throw CheckpointError(folder + "/checkpoint.json: schedule kind " + s.value("kind", "") +
+                            " is not one bmt-run knows");
+    }
+    c.peakLR = s.value("peak_lr", c.peakLR);
+    c.warmupSteps = s.value("warmup_steps", c.warmupSteps);
+    c.totalSteps = s.value("total_steps", c.totalSteps);
+    c.minLR = s.value("min_lr", c.minLR);
+    c.gamma = s.value("gamma", c.gamma);
+  }
+  const json batch = meta.value("batch", json::object());
+  report.savedSequencesPerStep = batch.value("sequences_per_step", int64_t{0});
+  report.savedSeqLen = batch.value("seq_len", int64_t{0});
   // Tensor parallelism: this run's T and TP rank, and the checkpoint's T.
   const int64_t tp = p.tensorParallel;
   const int64_t tpRank = model.tensorParallel() ? model.tensorParallel()->rank() : 0;

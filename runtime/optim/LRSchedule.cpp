@@ -13,6 +13,17 @@
 
 namespace bmt::runtime {
 
+std::string scheduleKindName(LRScheduleKind k) {
+  switch (k) {
+  case LRScheduleKind::NoDecay: return "constant";
+  case LRScheduleKind::Noam: return "noam";
+  case LRScheduleKind::Linear: return "linear";
+  case LRScheduleKind::Cosine: return "cosine";
+  case LRScheduleKind::Exponential: return "exponential";
+  }
+  return "?";
+}
+
 LRScheduleKind parseLRScheduleKind(const std::string &name) {
   std::string lower = name;
   std::transform(lower.begin(), lower.end(), lower.begin(),

@@ -57,6 +57,31 @@ def trace(model, path, inputs):
         torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False).save(str(path))
 
 
+def test_a_resume_names_the_settings_it_changes(models, tmp_path):
+    """A resume with another --lr, --steps and batch trains on with them,
+    and says so (a changed --lr or --steps is often meant, a slip should not
+    go unnoticed): one rank, 4 windows a step for 4 steps, resumed at step 2
+    with 2 windows a step at --lr 5e-4 to step 6."""
+    sharded = compile(models["tmp"] / "gpt2.pt", tmp_path / "sharded.pt")
+    data = ["--data", models["tokens"], "--seq-len", SEQ]
+    ck = tmp_path / "ck"
+    r = torchrun(1, sharded, *data, "--micro-batch", 4, "--steps", 4, "--checkpoint-dir", ck,
+                 "--checkpoint-every", 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    meta = json.load(open(ck / "step-00000002" / "checkpoint.json"))
+    assert meta["batch"] == {"sequences_per_step": 4, "seq_len": SEQ}, meta["batch"]
+    r = torchrun(1, sharded, *data, "--micro-batch", 2, "--steps", 6, "--lr", "5e-4",
+                 "--resume", ck / "step-00000002", "--log-file", tmp_path / "log.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    notes = [x for x in r.stdout.splitlines() if "note: this run changes" in x]
+    assert len(notes) == 1, r.stdout
+    for phrase in ["--lr 0.0005 (saved: 0.0003)", "--steps 6 (saved: 4)",
+                   "the batch to 2 sequences a step", "saved: 4)"]:
+        assert phrase in notes[0], notes[0]
+    assert "--seq-len" not in notes[0] and "--warmup" not in notes[0], notes[0]
+    assert [x["step"] for x in train_log(tmp_path / "log.jsonl")] == [3, 4, 5, 6]
+
+
 def compile(pt, out, *flags):
     r = subprocess.run([binary("bmt-opt"), str(pt), "-o", str(out), *flags],
                        capture_output=True, text=True)
@@ -115,6 +140,7 @@ def straight_and_resumed(tmp, ranks, sharded, common, env=None, resume_ranks=Non
                   "--save-params", tmp / "b.safetensors", env=env)
     assert b2.returncode == 0, b2.stdout[-2000:] + b2.stderr[-3000:]
     assert f"resumed from {ck}/step-{HALF:08d} at step {HALF}" in b2.stdout, b2.stdout
+    assert "note: this run changes" not in b2.stdout, b2.stdout
     return (train_log(tmp / "a.jsonl"), train_log(tmp / "b.jsonl"),
             load_file(tmp / "a.safetensors"), load_file(tmp / "b.safetensors"), b2)
 
@@ -187,6 +213,7 @@ def test_resume_on_another_layout(models, case):
                   "--resume", ck / f"step-{HALF:08d}", "--log-file", tmp / "b.jsonl")
     assert b2.returncode == 0, b2.stdout[-2000:] + b2.stderr[-3000:]
     assert "resharded to this run's layout" in b2.stdout, b2.stdout
+    assert "note: this run changes" not in b2.stdout, b2.stdout  # the same global batch
     la, lb = train_log(tmp / "a.jsonl"), train_log(tmp / "b.jsonl")
     assert [x["step"] for x in lb] == list(range(1, STEPS + 1))
     worst = max(abs(x["loss"] - y["loss"]) for x, y in zip(la[HALF:], lb[HALF:]))

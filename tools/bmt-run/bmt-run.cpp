@@ -286,8 +286,50 @@ void saveParameters(runtime::Model &model, const std::string &path) {
 
 /// Prints (rank 0) where a resumed run continues and the bytes each rank
 /// read from the checkpoint (an all-gather: collective).
+/// What this run sets differently from the run that saved the checkpoint:
+/// its learning-rate schedule and batch shape, one "--flag now (saved: then)"
+/// phrase each. The run goes on with its own values (a changed --lr or
+/// --steps is often meant); saying so keeps a slip from going unnoticed.
+std::vector<std::string> changedSettings(const runtime::ResumeReport &r, const tools::RunOptions &o,
+                                         const runtime::LRScheduleConfig &now,
+                                         int64_t sequencesPerStep) {
+  std::vector<std::string> out;
+  auto number = [](double v) {
+    std::ostringstream s;
+    s << v;
+    return s.str();
+  };
+  auto note = [&](const std::string &flag, const std::string &value, const std::string &saved) {
+    if (value != saved)
+      out.push_back(flag + " " + value + " (saved: " + saved + ")");
+  };
+  const runtime::LRScheduleConfig &then = r.savedSchedule;
+  note("--schedule", runtime::scheduleKindName(now.kind), runtime::scheduleKindName(then.kind));
+  note("--lr", number(now.peakLR), number(then.peakLR));
+  note("--warmup", std::to_string(now.warmupSteps), std::to_string(then.warmupSteps));
+  const bool decays = now.kind == runtime::LRScheduleKind::Linear ||
+                      now.kind == runtime::LRScheduleKind::Cosine;
+  if (decays) {
+    note("--min-lr", number(now.minLR), number(then.minLR));
+    // The decay ends one step after --steps (see the schedule's setup).
+    note("--steps", std::to_string(now.totalSteps - 1), std::to_string(then.totalSteps - 1));
+  }
+  if (now.kind == runtime::LRScheduleKind::Exponential)
+    note("--lr-gamma", number(now.gamma), number(then.gamma));
+  if (r.savedSequencesPerStep > 0 && o.batchesFile.empty()) {
+    // The global batch, not --micro-batch: a resume on other ranks keeps it
+    // with another --micro-batch.
+    if (sequencesPerStep != r.savedSequencesPerStep)
+      out.push_back("the batch to " + std::to_string(sequencesPerStep) +
+                    " sequences a step (--micro-batch x data-parallel ranks x --grad-accum; "
+                    "saved: " + std::to_string(r.savedSequencesPerStep) + ")");
+    note("--seq-len", std::to_string(o.seqLen), std::to_string(r.savedSeqLen));
+  }
+  return out;
+}
+
 void printResume(const runtime::ResumeReport &r, const std::string &folder,
-                 runtime::Comm &world) {
+                 const std::vector<std::string> &changes, runtime::Comm &world) {
   at::Tensor mine = at::full({1}, r.bytesRead, at::TensorOptions().dtype(at::kLong))
                         .to(world.device());
   at::Tensor all = at::empty({world.size()}, mine.options());
@@ -305,6 +347,12 @@ void printResume(const runtime::ResumeReport &r, const std::string &folder,
   for (int64_t i = 0; i < world.size(); ++i)
     std::cout << " " << all[i].item<int64_t>();
   std::cout << "\n";
+  if (!changes.empty()) {
+    std::string line = "bmt-run: note: this run changes";
+    for (size_t i = 0; i < changes.size(); ++i)
+      line += (i ? ", " : " ") + changes[i];
+    std::cout << line << "; training goes on with this run's values\n";
+  }
 }
 
 /// Whole documents (--sequences, or supervised data by default): the layout,
@@ -557,6 +605,7 @@ int run(const tools::RunOptions &o) {
       throw Failure(o.logFile + ": cannot write the log");
   }
   runtime::Trainer trainer(model, config, std::cout, log.get());
+  const int64_t sequencesPerStep = o.microBatch * worldSize * o.train.gradAccum;
   if (!o.checkpoints.dir.empty()) {
     runtime::RunIdentity identity;
     identity.planIdentity = runtime::planIdentity(p, archive.programText(), worldSize);
@@ -567,10 +616,18 @@ int run(const tools::RunOptions &o) {
     identity.zeroStage = p.zeroStage;
     identity.shardGroupSize = p.shardGroupSize > 0 ? p.shardGroupSize : worldSize;
     identity.hfFiles = archive.hfFiles();
+    if (o.batchesFile.empty()) {
+      identity.sequencesPerStep = sequencesPerStep;
+      identity.seqLen = o.seqLen;
+    }
     trainer.setCheckpoints(o.checkpoints, identity);
   }
-  if (!resumeFrom.empty() && !o.evalOnly)
-    printResume(trainer.resume(resumeFrom), resumeFrom, model.world()); // collective
+  if (!resumeFrom.empty() && !o.evalOnly) {
+    runtime::ResumeReport report = trainer.resume(resumeFrom);
+    printResume(report, resumeFrom,
+                changedSettings(report, o, config.schedule, sequencesPerStep),
+                model.world()); // collective
+  }
 
   if (o.evalOnly) {
     trainer.reportEvaluation(

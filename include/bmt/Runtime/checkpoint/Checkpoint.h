@@ -63,6 +63,10 @@ struct RunIdentity {
   double lr = 0;
   OptimizerConfig optimizerConfig; ///< its hyperparameters (a resume must match them)
   LRScheduleConfig schedule;
+  /// The batch shape of --data runs (0 for --batches ones: the file's):
+  /// sequences a step over all ranks (micro-batch x data-parallel ranks x
+  /// micro-batches a step) and --seq-len.
+  int64_t sequencesPerStep = 0, seqLen = 0;
   /// The model's Hugging Face files (plan::Archive::hfFiles: config.json,
   /// generation_config.json), copied into every checkpoint as hf/<name>
   /// for bmt-to-hf.
@@ -157,6 +161,11 @@ struct ResumeReport {
   int64_t savedWorldSize = 0;  ///< of the run that saved it
   int64_t savedTensorParallel = 1; ///< its tensor-parallel degree T
   bool resharded = false;      ///< its layout differs from this run's
+  /// The learning-rate schedule and batch shape it was trained with (the
+  /// schedule's totalSteps is --steps + 1; RunIdentity's batch fields, 0
+  /// where not recorded).
+  LRScheduleConfig savedSchedule;
+  int64_t savedSequencesPerStep = 0, savedSeqLen = 0;
 };
 
 /// Loads the checkpoint in `folder` into `model`'s parameters, the

@@ -45,6 +45,10 @@ struct LRScheduleConfig {
   double gamma = 0.999;     ///< per-step factor of Exponential decay
 };
 
+/// The name of `k` as --schedule takes it: "constant", "noam", "linear",
+/// "cosine" or "exponential".
+std::string scheduleKindName(LRScheduleKind k);
+
 /// Parses "constant"/"nodecay"/"no_decay", "noam", "linear", "cosine",
 /// "exponential" (any case).
 /// Throws std::invalid_argument naming the accepted names otherwise.
