@@ -186,9 +186,9 @@ def make_archives(args, out):
 
 def write_tokens(prefix, vocab, n):
     import numpy as np
-    rng = np.random.default_rng(0)
-    rng.integers(0, vocab, n, dtype=np.uint16).tofile(prefix + ".bin")
-    meta = {"format": "bmt-tokens", "version": 1, "dtype": "uint16", "num_tokens": n,
+    dtype = "uint16" if vocab <= 65536 else "uint32"  # Llama's 128256 tokens need 32 bits
+    np.random.default_rng(0).integers(0, vocab, n, dtype=dtype).tofile(prefix + ".bin")
+    meta = {"format": "bmt-tokens", "version": 1, "dtype": dtype, "num_tokens": n,
             "num_documents": 1, "vocab_size": vocab, "eos_id": 0, "mask_id": None,
             "pad_id": None, "tokenizer": "random", "source": []}
     with open(prefix + ".json", "w") as f:

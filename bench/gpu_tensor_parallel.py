@@ -55,6 +55,8 @@ import subprocess
 import sys
 import time
 
+from gpu_speed import write_tokens  # noqa: E402 (bench/ is the script's folder)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
            NVSHMEM_DISABLE_NVLS="1")
@@ -241,18 +243,6 @@ def make_archives(args, out):
             raise SystemExit(f"bmt-opt --tensor-parallel {t} failed:\n{r.stderr[-3000:]}")
         print(f"T = {t}: {archives[t]} ({os.path.getsize(archives[t]):,} bytes)", flush=True)
     return archives
-
-
-def write_tokens(prefix, vocab, n):
-    import numpy as np
-    dtype = "uint16" if vocab <= 65536 else "uint32"
-    np.random.default_rng(0).integers(0, vocab, n, dtype=dtype).tofile(prefix + ".bin")
-    meta = {"format": "bmt-tokens", "version": 1, "dtype": dtype, "num_tokens": n,
-            "num_documents": 1, "vocab_size": vocab, "eos_id": 0, "mask_id": None,
-            "pad_id": None, "tokenizer": "random", "source": []}
-    with open(prefix + ".json", "w") as f:
-        json.dump(meta, f)
-    return prefix + ".bin"
 
 
 def run_bmt(args, bmt_run, archive, data, tp, out):
