@@ -321,18 +321,14 @@ def gpt2_run(models):
             "params": load_file(tmp / "straight.safetensors")}
 
 
-def test_restart_after_a_killed_rank(gpt2_run):
-    """torchrun --max-restarts=2: rank 1 killed with SIGKILL after step 5;
-    torchrun restarts both ranks, which resume from the newest complete
-    checkpoint and end with the parameters of the run never interrupted."""
-    from safetensors.torch import load_file
-    tmp = gpt2_run["tmp"] / "killed"
-    tmp.mkdir()
-    log = tmp / "log.jsonl"
-    # Slow steps (a sleep in each save) so that the kill lands mid-run.
-    proc, tag = launch(2, gpt2_run["sharded"], *gpt2_run["common"], "--checkpoint-dir",
-                       tmp / "ck", "--checkpoint-every", 2, "--resume", "auto", "--log-file", log,
-                       "--save-params", tmp / "params.safetensors",
+def run_killing_rank_1(n, sharded, *flags):
+    """Trains `sharded` on n ranks under torchrun --max-restarts=2 with
+    --checkpoint-every 2 --resume auto and slow saves (a sleep in each, so
+    that the kill lands mid-run), kills rank 1 with SIGKILL once the log
+    (flags' --log-file) has 5 steps, and waits for the run to finish; asserts
+    it succeeded and returns its stdout."""
+    log = flags[list(flags).index("--log-file") + 1]
+    proc, tag = launch(n, sharded, *flags, "--checkpoint-every", 2, "--resume", "auto",
                        env={"BMT_DEBUG_CHECKPOINT_SLOW_MS": "150"}, extra=["--max-restarts=2"])
     try:
         assert wait_for(lambda: len(steps_logged(log)) >= 5), steps_logged(log)
@@ -344,6 +340,20 @@ def test_restart_after_a_killed_rank(gpt2_run):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    return out
+
+
+def test_restart_after_a_killed_rank(gpt2_run):
+    """torchrun --max-restarts=2: rank 1 killed with SIGKILL after step 5;
+    torchrun restarts both ranks, which resume from the newest complete
+    checkpoint and end with the parameters of the run never interrupted."""
+    from safetensors.torch import load_file
+    tmp = gpt2_run["tmp"] / "killed"
+    tmp.mkdir()
+    log = tmp / "log.jsonl"
+    out = run_killing_rank_1(2, gpt2_run["sharded"], *gpt2_run["common"], "--log-file", log,
+                             "--checkpoint-dir", tmp / "ck", "--save-params",
+                             tmp / "params.safetensors")
     assert "resumed from" in out, out
     steps = steps_logged(log)
     assert steps[-1] == 12 and len(steps) > 12, steps  # some steps ran twice

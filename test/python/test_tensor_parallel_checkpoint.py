@@ -21,9 +21,7 @@ bmt-opt --tensor-parallel, trained with AdamW on fixed batches.
   line, nothing trained).
 """
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 
@@ -32,8 +30,8 @@ import torch
 
 from bmt_paths import binary
 from numerics import assert_identical, assert_loss_close, assert_trained_close
-from test_checkpoint import (compile, errors, launch, steps_logged, torchrun, train_log,
-                             wait_for, workers_of)
+from test_checkpoint import (compile, errors, run_killing_rank_1, steps_logged, torchrun,
+                             train_log)
 from test_runtime_parity import build, eager_training
 
 SEQ = 8
@@ -252,21 +250,10 @@ def test_restart_after_a_killed_rank(work):
     tmp = work["tmp"] / "killed"
     tmp.mkdir()
     log = tmp / "log.jsonl"
-    proc, tag = launch(2, work["plan"]("gpt2", 2, 2), "--batches",
-                       work["tmp"] / "gpt2.batches.pt", *COMMON, "--checkpoint-dir", tmp / "ck",
-                       "--checkpoint-every", 2, "--resume", "auto", "--log-file", log,
-                       "--save-params", tmp / "params.safetensors",
-                       env={"BMT_DEBUG_CHECKPOINT_SLOW_MS": "150"}, extra=["--max-restarts=2"])
-    try:
-        assert wait_for(lambda: len(steps_logged(log)) >= 5), steps_logged(log)
-        ranks = workers_of(tag)
-        assert 1 in ranks, ranks
-        os.kill(ranks[1], signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    out = run_killing_rank_1(2, work["plan"]("gpt2", 2, 2), "--batches",
+                             work["tmp"] / "gpt2.batches.pt", *COMMON, "--log-file", log,
+                             "--checkpoint-dir", tmp / "ck", "--save-params",
+                             tmp / "params.safetensors")
     assert "resumed from" in out and "tensor parallel 2" in out, out
     steps = steps_logged(log)
     assert steps[-1] == STEPS and len(steps) > STEPS, steps  # some steps ran twice
