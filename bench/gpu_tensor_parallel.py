@@ -50,12 +50,11 @@ plumbing is tested; its speed numbers mean nothing.
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 
-from gpu_speed import write_tokens  # noqa: E402 (bench/ is the script's folder)
+from gpu_speed import find_binary, write_tokens  # noqa: E402 (bench/ is the script's folder)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
@@ -180,14 +179,6 @@ def run_reference(args):
 
 
 # --- bmt ---------------------------------------------------------------------
-
-def find_binary(name, explicit=None):
-    for candidate in [explicit, os.path.join(REPO, "build-gpu", "bin", name),
-                      shutil.which(name), os.path.join(REPO, "build", "bin", name)]:
-        if candidate and os.path.exists(candidate):
-            return candidate
-    return None
-
 
 def tensor_parallel_sizes(args):
     sizes = args.tensor_parallel or [t for t in (1, 2, 4, 8) if args.gpus % t == 0]
