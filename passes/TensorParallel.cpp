@@ -1379,6 +1379,12 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
           add(op.getResult(0));
           continue;
         }
+        if (name == "aten::linear" || name == "aten::addmm" || name == "aten::matmul" ||
+            name == "aten::mm")
+          fail(op, "a matmul outside the tensor-parallel chains (per position, but its "
+                   "replicated weight would see only this rank's part of the sequence in its "
+                   "gradient, and summing that over the TP group is not supported yet; a "
+                   "masked-LM head transform is one)");
         fail(op, "an op that may mix positions (only per-position ops, last-dim norms and "
                  "reductions may read the sequence-split activations)");
       }
