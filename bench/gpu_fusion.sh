@@ -14,7 +14,10 @@
 # env: VARIANTS (default "off-plain off-fused on-plain on-fused"), SKIP_PARITY=1,
 #      GTEST_SOURCE=<googletest folder>: also build bmt-runtime-unit-tests and
 #      run its FusionCuda.* tests (the generated kernels against ATen on the GPU),
-#      REFERENCE="off on" (the FSDP2 + torch.compile runs; empty: none).
+#      REFERENCE="off on" (the FSDP2 + torch.compile runs; empty: none),
+#      PROFILES (default "llama-off-fused llama-off-plain": the runs whose
+#      profile is printed, with a breakdown of their copy and elementwise
+#      kernels by launching op from the Chrome trace, bench/trace_breakdown.py).
 set -o pipefail
 plans=$1; out=$2; mkdir -p "$out/logs"
 site=$(python3 -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))')
@@ -51,11 +54,14 @@ json.dump({"format": "bmt-tokens", "version": 1, "dtype": "uint32", "num_tokens"
            "vocab_size": 128256, "eos_id": 0, "mask_id": None, "pad_id": None, "tokenizer": "random",
            "source": []}, open("/tmp/tok.json", "w"))
 PY
+PROFILES=${PROFILES:-llama-off-fused llama-off-plain}
 for v in $VARIANTS; do
   p=llama-$v
+  trace=()
+  case " $PROFILES " in *" $p "*) trace=(--profile-trace "$out/logs/$p.trace.json");; esac
   timeout 150 "$B" "$plans/$p.sharded.pt" --data /tmp/tok.bin --steps 23 --micro-batch 8 --seq-len 1024 \
     --lr 1e-4 --schedule constant --clip-grad 1.0 --device cuda --log-file "$out/logs/$p.jsonl" \
-    --log-every 1 --profile 21:23 > "$out/logs/$p.out" 2>&1
+    --log-every 1 --profile 21:23 "${trace[@]}" > "$out/logs/$p.out" 2>&1
   echo "$p: exit $?"
 done
 python3 - "$out/logs" $VARIANTS <<'PY'
@@ -86,8 +92,16 @@ for r in $REFERENCE; do
   timeout 240 python3 bench/gpu_speed.py --reference fsdp2-compile --arch llama --recompute $r \
     --steps 15 --warmup 5 2>"$out/logs/fsdp2-compile-$r.err" | grep RESULT | cut -c1-300
 done
-for p in ${PROFILES:-llama-off-fused llama-off-plain}; do
+for p in $PROFILES; do
   echo "== $p"; grep -iE "error|fused" "$out/logs/$p.out" | head -5
   sed -n '/profile:/,$p' "$out/logs/$p.out" | grep -v '^step ' | head -${PROFILE_LINES:-32}
+  if [ -f "$out/logs/$p.trace.json" ]; then
+    echo "== $p: copies and casts by the op that made them (bench/trace_breakdown.py)"
+    python3 bench/trace_breakdown.py "$out/logs/$p.trace.json" --steps 3 --top ${BREAKDOWN_LINES:-20}
+    echo "== $p: other elementwise kernels outside the fused regions"
+    python3 bench/trace_breakdown.py "$out/logs/$p.trace.json" --steps 3 --top ${BREAKDOWN_LINES:-20} \
+      --op 'aten::(mul|add|add_|sub|div|neg|cat|pow|sum|mean|fill_|silu|silu_backward|rsqrt|zero_)$'
+    rm -f "$out/logs/$p.trace.json"
+  fi
 done
 tar -czf "$out/logs.tgz" -C "$out" logs && rm -rf "$out/logs"

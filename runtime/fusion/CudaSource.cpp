@@ -10,6 +10,7 @@
 #include "bmt/Runtime/fusion/Region.h"
 
 #include <cstdio>
+#include <algorithm>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -190,11 +191,138 @@ std::vector<int> levels(const Graph &g) {
   return level;
 }
 
+using EmitNodes = std::function<void(std::ostringstream &, const std::vector<int> &, const std::set<int> &,
+                                      const std::string &, const std::function<std::string(int)> &)>;
+
+/// The 8-wide row kernel (RowVector): one block per row, thread t holding
+/// columns [8 (t + c blockDim), +8) for c < kRowChunks of every input in
+/// registers, loaded once with 16-byte loads; each row-sum level is a pass
+/// over the registers and a block sum; element outputs are stored 8 at a
+/// time, column sums accumulated over the block's rows and written once.
+std::string rowVectorKernel(const Graph &g, const std::vector<int> &outs, const std::string &name,
+                            const std::vector<c10::ScalarType> &inputDtypes, c10::ScalarType gradDtype,
+                            const std::vector<c10::ScalarType> &outDtypes, const RowVector &rv,
+                            const std::vector<int> &slots, int gradSlot, int firstOut,
+                            const EmitNodes &emitNodes) {
+  if (rv.columnSums.size() != outs.size())
+    throw FusionError("fused region: RowVector::columnSums needs one entry per output");
+  std::vector<bool> row = g.rowValued();
+  std::vector<int> level = levels(g);
+  const bool hasGrad = gradDtype != c10::ScalarType::Undefined &&
+                       std::find(slots.begin(), slots.end(), gradSlot) != slots.end();
+  auto slotDtype = [&](int k) { return hasGrad && k == gradSlot ? gradDtype : inputDtypes.at(k); };
+  auto half = [](c10::ScalarType t) { return t == c10::ScalarType::BFloat16 ? "1" : "0"; };
+  auto x = [](int k) { return "x" + std::to_string(k); };
+  auto var = [](int i) { return "v" + std::to_string(i); };
+  auto loader = [&](int i) {
+    const Node &n = g.nodes[i];
+    return x(n.op == Op::GradOut ? gradSlot : n.index) + "[c][u]";
+  };
+  const std::string C = std::to_string(kRowChunks);
+  std::ostringstream s;
+  s << "extern \"C\" __global__ void " << name << "(bmt_fused::Args a) {\n"
+       "  __shared__ float red[32];\n"
+       "  const long long D = a.sizes[a.ndim - 1];\n"
+       "  const int D8 = (int)(D >> 3);\n";
+  for (size_t k = 0; k < outs.size(); ++k)
+    if (rv.columnSums[k])
+      s << "  float cs" << k << "[" << C << "][8] = {};\n";
+  s << "  for (long long r = blockIdx.x; r < a.n; r += gridDim.x) {\n";
+  for (int k : slots)
+    s << "    long long b" << k << " = 0;\n";
+  s << "    long long rem = r;\n"
+       "    for (int d = a.ndim - 2; d >= 0; --d) {\n"
+       "      long long idx = rem % a.sizes[d]; rem /= a.sizes[d];\n";
+  for (int k : slots)
+    s << "      b" << k << " += idx * a.strides[" << k << "][d];\n";
+  s << "    }\n";
+  for (int k : slots)
+    s << "    float " << x(k) << "[" << C << "][8];\n";
+  s << "#pragma unroll\n    for (int c = 0; c < " << C << "; ++c) {\n"
+       "      const int col = threadIdx.x + c * blockDim.x;\n"
+       "      if (col >= D8) continue;\n";
+  for (int k : slots) {
+    c10::ScalarType t = slotDtype(k);
+    s << "      bmt_fused::ld8((const " << ctype(t) << " *)a.tensors[" << k << "] + b" << k
+      << ", (long long)col * 8, a.strides[" << k << "][a.ndim - 1], "
+      << (t == c10::ScalarType::Float ? "" : std::string(half(t)) + ", ") << x(k) << "[c]);\n";
+  }
+  s << "    }\n";
+  std::set<int> done;
+  int top = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (g.nodes[i].op == Op::RowSum)
+      top = std::max(top, level[i]);
+  for (int L = 1; L <= top; ++L) {
+    std::vector<int> sums;
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      if (g.nodes[i].op == Op::RowSum && level[i] == L)
+        sums.push_back(static_cast<int>(i));
+    for (int r : sums)
+      s << "    float acc" << r << " = 0.f;\n";
+    s << "#pragma unroll\n    for (int c = 0; c < " << C << "; ++c) {\n"
+         "      if (threadIdx.x + c * blockDim.x >= D8) continue;\n"
+         "#pragma unroll\n      for (int u = 0; u < 8; ++u) {\n";
+    std::ostringstream body;
+    emitNodes(body, sums, done, "        ", loader);
+    s << body.str();
+    for (int r : sums)
+      s << "        acc" << r << " += " << var(g.nodes[r].args[0]) << ";\n";
+    s << "      }\n    }\n";
+    for (int r : sums) {
+      s << "    const float " << var(r) << " = bmt_fused::block_sum(acc" << r << ", red);\n";
+      done.insert(r);
+    }
+  }
+  const bool forwardRowResult = !hasGrad && outs.size() == 1 && row[outs[0]];
+  if (forwardRowResult) {
+    s << "    if (threadIdx.x == 0) {\n";
+    emitNodes(s, outs, done, "      ", loader);
+    s << "      " << store(firstOut, outDtypes.at(0), "r", var(outs[0])) << "\n    }\n";
+  } else {
+    s << "#pragma unroll\n    for (int c = 0; c < " << C << "; ++c) {\n"
+         "      const int col = threadIdx.x + c * blockDim.x;\n"
+         "      if (col >= D8) continue;\n";
+    for (size_t k = 0; k < outs.size(); ++k)
+      if (!rv.columnSums[k])
+        s << "      float y" << k << "[8];\n";
+    s << "#pragma unroll\n      for (int u = 0; u < 8; ++u) {\n";
+    emitNodes(s, outs, done, "        ", loader);
+    for (size_t k = 0; k < outs.size(); ++k)
+      s << "        " << (rv.columnSums[k] ? "cs" : "y") << k << (rv.columnSums[k] ? "[c][u] += " : "[u] = ")
+        << var(outs[k]) << ";\n";
+    s << "      }\n";
+    for (size_t k = 0; k < outs.size(); ++k) {
+      if (rv.columnSums[k])
+        continue;
+      c10::ScalarType t = outDtypes.at(k);
+      s << "      bmt_fused::st8((" << ctype(t) << " *)a.tensors[" << firstOut + static_cast<int>(k)
+        << "], r * D + (long long)col * 8, y" << k
+        << (t == c10::ScalarType::Float ? "" : std::string(", ") + half(t)) << ");\n";
+    }
+    s << "    }\n";
+  }
+  s << "    __syncthreads();\n  }\n";
+  for (size_t k = 0; k < outs.size(); ++k) {
+    if (!rv.columnSums[k])
+      continue;
+    if (outDtypes.at(k) != c10::ScalarType::Float)
+      throw FusionError("fused region: column sums are float32");
+    s << "#pragma unroll\n  for (int c = 0; c < " << C << "; ++c) {\n"
+         "    const int col = threadIdx.x + c * blockDim.x;\n"
+         "    if (col < D8)\n"
+         "      bmt_fused::st8((float *)a.tensors[" << firstOut + static_cast<int>(k)
+      << "], blockIdx.x * D + (long long)col * 8, cs" << k << "[c]);\n  }\n";
+  }
+  s << "}\n";
+  return s.str();
+}
+
 } // namespace
 
 std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::string &name,
                        const std::vector<c10::ScalarType> &inputDtypes, c10::ScalarType gradDtype,
-                       const std::vector<c10::ScalarType> &outDtypes) {
+                       const std::vector<c10::ScalarType> &outDtypes, const RowVector *rowVector) {
   const int numInputs = static_cast<int>(inputDtypes.size());
   bool hasGrad = false;
   for (const Node &n : g.nodes)
@@ -409,6 +537,9 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     return s.str();
   }
 
+  if (rowVector)
+    return s.str() + rowVectorKernel(g, outs, name, inputDtypes, gradDtype, outDtypes, *rowVector,
+                                     slots, gradSlot, firstOut, emitNodes);
   s << "extern \"C\" __global__ void " << name << "(bmt_fused::Args a) {\n";
   // Row kernel: one block per row (grid-stride over rows).
   s << "  __shared__ float red[32];\n"

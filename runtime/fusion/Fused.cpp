@@ -103,8 +103,7 @@ struct Args {
 } // namespace
 
 struct FusedRegion::Kernels {
-  void *forward = nullptr;  // CUfunction
-  void *backward = nullptr; // CUfunction; null: the result depends on no input
+  void *function = nullptr; // CUfunction; null: a backward whose result depends on no input
   std::vector<c10::ScalarType> gradDtypes; // per backward output
 };
 
@@ -200,9 +199,9 @@ std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape) {
 /// of the `count` tensors walks the last dim with stride 1 or 0, the
 /// stride-1 ones start 16-byte aligned and (more than one dim: then the last
 /// size is a multiple of 8) have their other strides multiples of 8.
-void chooseVector(Args &a, size_t count, bool row) {
+void chooseVector(Args &a, size_t count) {
   a.vec = 0;
-  if (row || a.ndim < 1 || (a.ndim > 1 && a.sizes[a.ndim - 1] % 8 != 0))
+  if (a.ndim < 1 || (a.ndim > 1 && a.sizes[a.ndim - 1] % 8 != 0))
     return;
   const int last = a.ndim - 1;
   for (size_t k = 0; k < count; ++k) {
@@ -217,6 +216,19 @@ void chooseVector(Args &a, size_t count, bool row) {
   a.vec = a.ndim == 1 ? 1 : 2;
 }
 
+void launch(void *function, Args &a, unsigned blocks, unsigned threads, const at::Device &device) {
+  if (a.n == 0)
+    return;
+  void *params[] = {&a};
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  int rc = driver().launchKernel(function, blocks, 1, 1, threads, 1, 1, 0, stream, params, nullptr);
+  if (rc != 0)
+    throw FusionError("cuLaunchKernel failed (CUresult " + std::to_string(rc) + ")");
+}
+
+/// Launches a pointwise kernel (256 threads, a few blocks per SM, 8
+/// elements a thread on the a.vec paths) or the scalar row kernel (one
+/// block per row, a thread per 4 columns).
 void launch(void *function, Args &a, bool row, int64_t rowLen, const at::Device &device) {
   if (a.n == 0)
     return;
@@ -232,11 +244,7 @@ void launch(void *function, Args &a, bool row, int64_t rowLen, const at::Device 
     int64_t work = (a.n + perThread - 1) / perThread;
     blocks = static_cast<unsigned>(std::min<int64_t>((work + 255) / 256, int64_t{sms} * 64));
   }
-  void *params[] = {&a};
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  int rc = driver().launchKernel(function, blocks, 1, 1, threads, 1, 1, 0, stream, params, nullptr);
-  if (rc != 0)
-    throw FusionError("cuLaunchKernel failed (CUresult " + std::to_string(rc) + ")");
+  launch(function, a, blocks, threads, device);
 }
 
 /// The kernel `name` of `source` on `device`: one module per distinct
@@ -266,7 +274,7 @@ void *loadFunction(const std::string &source, const std::string &name, const at:
 #endif
 
 FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inputs,
-                                              const at::Tensor &gradOut) {
+                                              const at::Tensor &gradOut, const RowVector *rowVector) {
   std::string key = inputs[0].device().str();
   std::vector<c10::ScalarType> dtypes;
   for (const at::Tensor &t : inputs) {
@@ -284,11 +292,21 @@ FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inp
     }
   c10::ScalarType gradDtype = gradOut.defined() ? gradOut.scalar_type() : resultDtype(region_, dtypes);
   key += std::string(",") + c10::toString(gradDtype);
+  // Forward and backward kernels of one variant (the 8-wide row kernel and
+  // its column sums, or not) are compiled on their first use.
+  const bool backward = gradOut.defined();
+  key += backward ? ",bwd" : ",fwd";
+  if (rowVector) {
+    key += ",v";
+    for (bool c : rowVector->columnSums)
+      key += c ? "C" : "e";
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   std::unique_ptr<Kernels> &k = kernels_[key];
   if (k)
     return *k;
   k = std::make_unique<Kernels>();
+  k->gradDtypes = gradDtypes;
 #ifdef BMT_WITH_CUDA_KERNELS
   // Names from the region's shape only (one kernel per module), so equal
   // regions still give equal sources and share one module, and a profile
@@ -296,28 +314,67 @@ FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inp
   std::string tag = std::string("bmt_fused_") + (region_.hasReduction ? "row_" : "pw_") +
                     std::to_string(region_.numInputs) + "in_" +
                     std::to_string(region_.forward.nodes.size()) + "n_";
-  std::string fname = tag + "fwd", bname = tag + "bwd";
-  k->forward = loadFunction(cudaSource(region_.forward, {region_.result}, fname, dtypes,
-                                       c10::ScalarType::Undefined, {resultDtype(region_, dtypes)}),
-                            fname, inputs[0].device());
+  if (!backward) {
+    std::string fname = tag + "fwd";
+    k->function = loadFunction(cudaSource(region_.forward, {region_.result}, fname, dtypes,
+                                          c10::ScalarType::Undefined, {resultDtype(region_, dtypes)},
+                                          rowVector),
+                               fname, inputs[0].device());
+    return *k;
+  }
   std::vector<int> outs;
   for (int g : region_.gradients)
     if (g >= 0)
       outs.push_back(g);
+  std::string bname = tag + "bwd";
   if (!outs.empty())
-    k->backward = loadFunction(cudaSource(region_.backward, outs, bname, dtypes, gradDtype, gradDtypes),
-                               bname, inputs[0].device());
-  k->gradDtypes = gradDtypes;
+    k->function = loadFunction(
+        cudaSource(region_.backward, outs, bname, dtypes, gradDtype, gradDtypes, rowVector), bname,
+        inputs[0].device());
 #endif
   return *k;
 }
+
+#ifdef BMT_WITH_CUDA_KERNELS
+namespace {
+
+/// Threads of the 8-wide row kernel for rows of D: enough that kRowChunks
+/// runs of 8 a thread cover the row; 0 when RowVector's conditions fail for
+/// the first `count` tensors of `a`.
+unsigned rowVectorThreads(const Args &a, size_t count) {
+  const int last = a.ndim - 1;
+  const int64_t D = a.sizes[last];
+  if (D % 8 != 0 || D > int64_t{8} * kRowChunks * 1024)
+    return 0;
+  for (size_t k = 0; k < count; ++k) {
+    if (a.strides[k][last] == 0)
+      continue;
+    if (a.strides[k][last] != 1 || reinterpret_cast<uintptr_t>(a.tensors[k]) % 16 != 0)
+      return 0;
+    for (int d = 0; d < last; ++d)
+      if (a.strides[k][d] % 8 != 0)
+        return 0;
+  }
+  int64_t runs = D / 8;
+  int64_t threads = (runs + kRowChunks - 1) / kRowChunks;
+  return static_cast<unsigned>(std::max<int64_t>(64, (threads + 31) / 32 * 32));
+}
+
+/// Blocks of the 8-wide row kernel: a few per SM (each block strides over
+/// rows, so column sums are [blocks, D]); at most one per row.
+unsigned rowVectorBlocks(const Args &a, const at::Device &device) {
+  int sms = at::cuda::getDeviceProperties(device.index())->multiProcessorCount;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(a.n, int64_t{sms} * 4)));
+}
+
+} // namespace
+#endif
 
 at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
   if (!usesKernels(inputs[0].device()))
     return forwardATen(region_, inputs);
 #ifdef BMT_WITH_CUDA_KERNELS
   c10::cuda::CUDAGuard guard(inputs[0].device());
-  Kernels &k = kernelsFor(inputs, at::Tensor());
   std::vector<int64_t> shape = elementShape(inputs);
   std::vector<c10::ScalarType> dtypes;
   for (const at::Tensor &t : inputs)
@@ -340,8 +397,19 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
   for (size_t i = 0; i < inputs.size(); ++i)
     a.tensors[i] = const_cast<void *>(inputs[i].data_ptr());
   a.tensors[inputs.size()] = out.data_ptr();
-  chooseVector(a, inputs.size() + 1, region_.hasReduction);
-  launch(k.forward, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), inputs[0].device());
+  const at::Device device = inputs[0].device();
+  if (region_.hasReduction) {
+    if (unsigned threads = rowVectorThreads(a, inputs.size())) {
+      RowVector rv{{false}};
+      Kernels &k = kernelsFor(inputs, at::Tensor(), &rv);
+      launch(k.function, a, rowVectorBlocks(a, device), threads, device);
+      return out;
+    }
+  } else {
+    chooseVector(a, inputs.size() + 1);
+  }
+  Kernels &k = kernelsFor(inputs, at::Tensor(), nullptr);
+  launch(k.function, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), device);
   return out;
 #else
   return forwardATen(region_, inputs);
@@ -354,40 +422,63 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
     return backwardATen(region_, inputs, gradOut);
 #ifdef BMT_WITH_CUDA_KERNELS
   c10::cuda::CUDAGuard guard(inputs[0].device());
-  Kernels &k = kernelsFor(inputs, gradOut);
   std::vector<at::Tensor> grads(inputs.size());
-  if (!k.backward)
-    return grads;
   std::vector<at::Tensor> all = inputs;
   all.push_back(gradOut);
   std::vector<int64_t> shape = elementShape(all);
   std::vector<std::vector<int64_t>> strides;
   for (const at::Tensor &t : all)
     strides.push_back(t.expand(shape).strides().vec());
-  std::vector<at::Tensor> outs;
-  size_t j = 0;
+  // Per gradient output: the input it belongs to, and whether the 8-wide row
+  // kernel writes it as column sums (an input that is one row broadcast
+  // over all rows: a norm's weight).
+  std::vector<size_t> of;
+  std::vector<bool> columnSums;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (region_.gradients[i] >= 0) {
-      outs.push_back(at::empty(shape, inputs[i].options().dtype(k.gradDtypes[j++])));
-      strides.push_back(contiguousStrides(shape));
+      of.push_back(i);
+      bool oneRow = region_.hasReduction && !shape.empty() && inputs[i].numel() == shape.back() &&
+                    inputs[i].sizes().vec() != shape;
+      columnSums.push_back(oneRow);
     }
+  if (of.empty())
+    return grads;
+  for (size_t o = 0; o < of.size(); ++o)
+    strides.push_back(contiguousStrides(shape));
   Args a;
   if (!layout(a, shape, strides, region_.hasReduction))
     return backwardATen(region_, inputs, gradOut);
   for (size_t i = 0; i < all.size(); ++i)
     a.tensors[i] = const_cast<void *>(all[i].data_ptr());
-  for (size_t o = 0; o < outs.size(); ++o)
-    a.tensors[all.size() + o] = outs[o].data_ptr();
-  chooseVector(a, all.size() + outs.size(), region_.hasReduction);
-  launch(k.backward, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), inputs[0].device());
-  j = 0;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (region_.gradients[i] >= 0) {
-      at::Tensor g = outs[j++];
-      if (g.sizes() != inputs[i].sizes())
-        g = at::sum_to(g, inputs[i].sizes());
-      grads[i] = g.to(inputs[i].scalar_type());
-    }
+  const at::Device device = inputs[0].device();
+  unsigned threads = region_.hasReduction ? rowVectorThreads(a, all.size()) : 0;
+  RowVector rv{columnSums};
+  Kernels &k = kernelsFor(inputs, gradOut, threads ? &rv : nullptr);
+  unsigned blocks = threads ? rowVectorBlocks(a, device) : 0;
+  std::vector<at::Tensor> outs;
+  for (size_t o = 0; o < of.size(); ++o) {
+    const at::Tensor &input = inputs[of[o]];
+    if (threads && columnSums[o])
+      outs.push_back(at::empty({static_cast<int64_t>(blocks), shape.back()}, input.options().dtype(at::kFloat)));
+    else
+      outs.push_back(at::empty(shape, input.options().dtype(k.gradDtypes[o])));
+    a.tensors[all.size() + o] = outs.back().data_ptr();
+  }
+  if (threads) {
+    launch(k.function, a, blocks, threads, device);
+  } else {
+    chooseVector(a, all.size() + outs.size());
+    launch(k.function, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), device);
+  }
+  for (size_t o = 0; o < of.size(); ++o) {
+    const at::Tensor &input = inputs[of[o]];
+    at::Tensor g = outs[o];
+    if (threads && columnSums[o])
+      g = g.sum(0).view(input.sizes());
+    else if (g.sizes() != input.sizes())
+      g = at::sum_to(g, input.sizes());
+    grads[of[o]] = g.to(input.scalar_type());
+  }
   return grads;
 #else
   return backwardATen(region_, inputs, gradOut);

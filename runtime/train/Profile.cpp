@@ -113,13 +113,13 @@ StepProfiler::~StepProfiler() {
   }
 }
 
-void StepProfiler::start(bool cuda) {
+void StepProfiler::start(bool cuda, bool shapes) {
   if (recording_ || prof::isProfilerEnabledInMainThread())
     throw std::runtime_error("a profiler is already recording");
   std::set<ActivityType> activities{ActivityType::CPU};
   if (cuda)
     activities.insert(ActivityType::CUDA);
-  ProfilerConfig config(ProfilerState::KINETO);
+  ProfilerConfig config(ProfilerState::KINETO, /*report_input_shapes=*/shapes);
   prof::prepareProfiler(config, activities);
   prof::enableProfiler(config, activities);
   recording_ = true;

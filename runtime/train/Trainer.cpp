@@ -644,7 +644,7 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
         report(*pending);
         pending.reset();
       }
-      profiler.start(device.is_cuda());
+      profiler.start(device.is_cuda(), !config_.profileTrace.empty());
     }
     if (hooks.syncDebug && step > 1)
       c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);

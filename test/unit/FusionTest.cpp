@@ -145,7 +145,27 @@ void check(const plan::Function &body, std::vector<at::Tensor> inputs, double to
     }
   std::string bwd = fusion::cudaSource(region.backward, outs, name + "_bwd", dtypes,
                                        gradOut.scalar_type(), outDtypes);
-  for (const auto &[source, kernel] : {std::pair{fwd, name + "_fwd"}, std::pair{bwd, name + "_bwd"}}) {
+  std::vector<std::pair<std::string, std::string>> sources{{fwd, name + "_fwd"}, {bwd, name + "_bwd"}};
+  if (region.hasReduction) {
+    // The 8-wide row kernel too, a norm weight's gradient as column sums.
+    std::vector<int64_t> shape = fusion::elementShape(inputs);
+    fusion::RowVector forwardRows{{false}}, backwardRows;
+    std::vector<c10::ScalarType> columnDtypes;
+    for (size_t i = 0, o = 0; i < inputs.size(); ++i)
+      if (region.gradients[i] >= 0) {
+        bool oneRow = inputs[i].numel() == shape.back() && inputs[i].sizes().vec() != shape;
+        backwardRows.columnSums.push_back(oneRow);
+        columnDtypes.push_back(oneRow ? at::kFloat : outDtypes[o]);
+        ++o;
+      }
+    sources.emplace_back(fusion::cudaSource(region.forward, {region.result}, name + "_fwd8", dtypes,
+                                            c10::ScalarType::Undefined, {fused.scalar_type()}, &forwardRows),
+                         name + "_fwd8");
+    sources.emplace_back(fusion::cudaSource(region.backward, outs, name + "_bwd8", dtypes, gradOut.scalar_type(),
+                                            columnDtypes, &backwardRows),
+                         name + "_bwd8");
+  }
+  for (const auto &[source, kernel] : sources) {
     std::string ptx;
     try {
       ptx = fusion::compileCuda(source, kernel, 9, 0, /*cubin=*/false);
@@ -421,4 +441,24 @@ TEST(FusionCuda, RopeAndRmsNorm) {
             2e-2, "rope_d12");
   checkCuda(rmsNorm(15), {test::randomTensor({33, 2048}, at::kFloat, 46), test::randomTensor({2048}, at::kBFloat16, 47)},
             2e-2, "rms_norm_cuda");
+}
+
+TEST(FusionCuda, RowKernelPaths) {
+  if (!cudaKernels())
+    GTEST_SKIP() << "no CUDA device or no NVRTC";
+  // The 8-wide row kernel: bf16 rows of LLaMA's width, more rows than
+  // blocks (each block strides over rows and sums the weight's gradient
+  // over them), and the widest row two runs of 8 a thread cover.
+  checkCuda(rmsNorm(15), {test::randomTensor({1500, 256}, at::kBFloat16, 60), test::randomTensor({256}, at::kBFloat16, 61)},
+            2e-2, "rms_norm_many_rows");
+  checkCuda(rmsNorm(6), {test::randomTensor({3, 5, 16384}, at::kFloat, 62), test::randomTensor({16384}, at::kFloat, 63)},
+            1e-5, "rms_norm_widest_vector_row");
+  // The scalar row kernel: a row too wide, one that is no multiple of 8,
+  // and a transposed input.
+  checkCuda(rmsNorm(6), {test::randomTensor({4, 16392}, at::kFloat, 64), test::randomTensor({16392}, at::kFloat, 65)},
+            1e-5, "rms_norm_too_wide");
+  checkCuda(rmsNorm(6), {test::randomTensor({7, 100}, at::kFloat, 66), test::randomTensor({100}, at::kFloat, 67)},
+            1e-5, "rms_norm_d100");
+  checkCuda(rmsNorm(6), {test::randomTensor({64, 40}, at::kFloat, 68).t(), test::randomTensor({64}, at::kFloat, 69)},
+            1e-5, "rms_norm_transposed");
 }

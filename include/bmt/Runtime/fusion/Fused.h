@@ -52,8 +52,11 @@ private:
   Region region_;
   std::string name_;
   std::mutex mutex_;
-  std::map<std::string, std::unique_ptr<Kernels>> kernels_; // by dtypes and device
-  Kernels &kernelsFor(const std::vector<at::Tensor> &inputs, const at::Tensor &gradOut);
+  std::map<std::string, std::unique_ptr<Kernels>> kernels_; // by dtypes, device, direction, variant
+  /// The compiled forward (gradOut undefined) or backward kernel for these
+  /// dtypes, the 8-wide row kernel when `rowVector` is given.
+  Kernels &kernelsFor(const std::vector<at::Tensor> &inputs, const at::Tensor &gradOut,
+                      const RowVector *rowVector);
 };
 
 } // namespace bmt::fusion

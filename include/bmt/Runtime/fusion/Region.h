@@ -121,6 +121,18 @@ at::Tensor forwardATen(const Region &region, const std::vector<at::Tensor> &inpu
 std::vector<at::Tensor> backwardATen(const Region &region, const std::vector<at::Tensor> &inputs,
                                      const at::Tensor &gradOut);
 
+/// The 8-wide row kernel of cudaSource, for a launch where the last dim D
+/// is a multiple of 8 and at most 8 * kRowChunks * 1024, every tensor walks
+/// it with stride 1 (16-byte aligned, its other strides multiples of 8) or
+/// 0, and the block has at least D / (8 * kRowChunks) threads.
+/// columnSums[k]: output k is the gradient of an input broadcast over the
+/// rows (a norm's weight), written in float32 as one row of column sums per
+/// thread block (shape [gridDim.x, D]) for the caller to sum.
+struct RowVector {
+  std::vector<bool> columnSums;
+};
+constexpr int kRowChunks = 2;
+
 /// CUDA C++ source of the kernel computing graph `g` at nodes `outs`
 /// (forward: {result}; backward: the gradients), named `name`, for inputs
 /// of `inputDtypes` (and a grad_output of `gradDtype` for backward), storing
@@ -129,12 +141,14 @@ std::vector<at::Tensor> backwardATen(const Region &region, const std::vector<at:
 /// launch's `Args::vec` says the strides and alignment allow, else offsets
 /// from the element index), graphs with a reduction one block per row with a
 /// block reduction per row sum (each pass over the row recomputes the
-/// element values it needs instead of keeping them). The kernel's
+/// element values it needs instead of keeping them; with `rowVector`, the
+/// 8-wide kernel above keeps the row's inputs in registers). The kernel's
 /// parameters are one `bmt_fused::Args` (its layout is in the source's
 /// preamble, see docs/runtime.md). Compiles with NVRTC (no headers needed).
 std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::string &name,
                        const std::vector<c10::ScalarType> &inputDtypes, c10::ScalarType gradDtype,
-                       const std::vector<c10::ScalarType> &outDtypes);
+                       const std::vector<c10::ScalarType> &outDtypes,
+                       const RowVector *rowVector = nullptr);
 
 /// The most inputs + grad_output + outputs a kernel takes, and the most
 /// dims of its (collapsed) element shape.

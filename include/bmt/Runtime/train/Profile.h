@@ -25,9 +25,11 @@ public:
   StepProfiler();
   ~StepProfiler();
 
-  /// Starts recording CPU ops, and CUDA activity when `cuda`. Throws
-  /// std::runtime_error when a profiler is already recording on this thread.
-  void start(bool cuda);
+  /// Starts recording CPU ops, and CUDA activity when `cuda`; with
+  /// `shapes` each op also records its inputs' sizes and dtypes (for a
+  /// Chrome trace: "Input Dims"). Throws std::runtime_error when a profiler
+  /// is already recording on this thread.
+  void start(bool cuda, bool shapes = false);
 
   /// Stops recording (call after the device finished the window's work),
   /// writes the Chrome trace to `tracePath` when it is not empty, and prints

@@ -1,0 +1,79 @@
+"""Where the kernel time of a profiled bmt-run goes, by the op that launched it.
+
+Reads the Chrome trace of `bmt-run --profile A:B --profile-trace FILE`
+(Kineto's; with --profile-trace each op records its inputs' sizes and
+dtypes) and prints, for the kernels whose launching op matches --op (a
+regular expression, default: copies and casts), milliseconds per step
+grouped by the launching op, its enclosing op (the ATen op or autograd node
+that called it: aten::to, ToCopyBackward0, aten::contiguous, ...) and the
+input sizes and dtypes, largest first.
+
+usage: python3 bench/trace_breakdown.py TRACE.json[.gz] --steps N [--op REGEX] [--top K]
+"""
+import argparse
+import bisect
+import collections
+import gzip
+import json
+import re
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace")
+    ap.add_argument("--steps", type=int, required=True, help="steps the trace covers")
+    ap.add_argument("--op", default=r"aten::(copy_|_to_copy|to|clone|contiguous)$")
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    opener = gzip.open if args.trace.endswith(".gz") else open
+    with opener(args.trace, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    ops = [e for e in events if e.get("cat") == "cpu_op" and "dur" in e]
+    by_id = {}
+    by_thread = collections.defaultdict(list)
+    for e in ops:
+        ext = e.get("args", {}).get("External id")
+        if ext is not None:
+            by_id[ext] = e
+        by_thread[(e["pid"], e["tid"])].append(e)
+    for lst in by_thread.values():
+        lst.sort(key=lambda e: (e["ts"], -e["dur"]))
+    starts = {k: [e["ts"] for e in v] for k, v in by_thread.items()}
+
+    def enclosing(op):
+        """The innermost op on the same thread that encloses `op` and does not match --op."""
+        lst, st = by_thread[(op["pid"], op["tid"])], starts[(op["pid"], op["tid"])]
+        best = None
+        for e in lst[:bisect.bisect_right(st, op["ts"])][-400:]:
+            if e is op or e["ts"] + e["dur"] < op["ts"] + op["dur"]:
+                continue
+            if re.search(args.op, e["name"]) or e["name"].startswith("aten::copy"):
+                continue
+            if best is None or e["dur"] <= best["dur"]:
+                best = e
+        return best["name"] if best else "-"
+
+    groups = collections.defaultdict(lambda: [0.0, 0])
+    total = matched = 0.0
+    for k in events:
+        if k.get("cat") != "kernel":
+            continue
+        total += k["dur"]
+        op = by_id.get(k.get("args", {}).get("External id"))
+        if op is None or not re.search(args.op, op["name"]):
+            continue
+        matched += k["dur"]
+        a = op.get("args", {})
+        key = (op["name"], enclosing(op), str(a.get("Input Dims", ""))[:70], str(a.get("Input type", ""))[:50])
+        groups[key][0] += k["dur"]
+        groups[key][1] += 1
+    s = args.steps
+    print(f"kernel time {total / 1e3 / s:.2f} ms a step; matching {args.op}: {matched / 1e3 / s:.2f} ms "
+          f"({100 * matched / max(total, 1):.1f} %)")
+    print(f"{'ms/step':>8} {'launches':>8}  op <- enclosing op  input sizes  dtypes")
+    for key, (us, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:args.top]:
+        print(f"{us / 1e3 / s:8.3f} {n / s:8.1f}  {key[0]} <- {key[1]}  {key[2]}  {key[3]}")
+
+
+if __name__ == "__main__":
+    main()
