@@ -70,6 +70,7 @@ struct Driver {
   int (*moduleGetFunction)(void **, void *, const char *) = nullptr;
   int (*launchKernel)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                       void *, void **, void **) = nullptr;
+  int (*funcGetAttribute)(int *, int, void *) = nullptr;
 };
 
 const Driver &driver() {
@@ -82,7 +83,8 @@ const Driver &driver() {
     d.moduleGetFunction =
         reinterpret_cast<decltype(d.moduleGetFunction)>(dlsym(d.handle, "cuModuleGetFunction"));
     d.launchKernel = reinterpret_cast<decltype(d.launchKernel)>(dlsym(d.handle, "cuLaunchKernel"));
-    if (!d.moduleLoadData || !d.moduleGetFunction || !d.launchKernel)
+    d.funcGetAttribute = reinterpret_cast<decltype(d.funcGetAttribute)>(dlsym(d.handle, "cuFuncGetAttribute"));
+    if (!d.moduleLoadData || !d.moduleGetFunction || !d.launchKernel || !d.funcGetAttribute)
       d.handle = nullptr;
     return d;
   }();
@@ -104,6 +106,7 @@ struct Args {
 
 struct FusedRegion::Kernels {
   void *function = nullptr; // CUfunction; null: a backward whose result depends on no input
+  int maxThreads = 1024;    // the most threads a block of it may have (its registers)
   std::vector<c10::ScalarType> gradDtypes; // per backward output
 };
 
@@ -320,6 +323,8 @@ FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inp
                                           c10::ScalarType::Undefined, {resultDtype(region_, dtypes)},
                                           rowVector),
                                fname, inputs[0].device());
+    constexpr int kMaxThreadsPerBlock = 0; // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+    driver().funcGetAttribute(&k->maxThreads, kMaxThreadsPerBlock, k->function);
     return *k;
   }
   std::vector<int> outs;
@@ -331,6 +336,10 @@ FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inp
     k->function = loadFunction(
         cudaSource(region_.backward, outs, bname, dtypes, gradDtype, gradDtypes, rowVector), bname,
         inputs[0].device());
+  if (k->function) {
+    constexpr int kMaxThreadsPerBlock = 0; // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+    driver().funcGetAttribute(&k->maxThreads, kMaxThreadsPerBlock, k->function);
+  }
 #endif
   return *k;
 }
@@ -360,11 +369,13 @@ unsigned rowVectorThreads(const Args &a, size_t count) {
   return static_cast<unsigned>(std::max<int64_t>(64, (threads + 31) / 32 * 32));
 }
 
-/// Blocks of the 8-wide row kernel: a few per SM (each block strides over
-/// rows, so column sums are [blocks, D]); at most one per row.
-unsigned rowVectorBlocks(const Args &a, const at::Device &device) {
+/// Blocks of the 8-wide row kernel, at most one per row: 8 per SM, or 4
+/// with `columnSums` (each block strides over rows and writes one row of
+/// column sums: [blocks, D] floats for the caller to sum).
+unsigned rowVectorBlocks(const Args &a, const at::Device &device, bool columnSums) {
   int sms = at::cuda::getDeviceProperties(device.index())->multiProcessorCount;
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(a.n, int64_t{sms} * 4)));
+  int64_t perSm = columnSums ? 4 : 8;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(a.n, int64_t{sms} * perSm)));
 }
 
 } // namespace
@@ -402,8 +413,10 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
     if (unsigned threads = rowVectorThreads(a, inputs.size())) {
       RowVector rv{{false}};
       Kernels &k = kernelsFor(inputs, at::Tensor(), &rv);
-      launch(k.function, a, rowVectorBlocks(a, device), threads, device);
-      return out;
+      if (static_cast<int>(threads) <= k.maxThreads) { // else too many registers: the scalar kernel
+        launch(k.function, a, rowVectorBlocks(a, device, false), threads, device);
+        return out;
+      }
     }
   } else {
     chooseVector(a, inputs.size() + 1);
@@ -453,22 +466,26 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
   const at::Device device = inputs[0].device();
   unsigned threads = region_.hasReduction ? rowVectorThreads(a, all.size()) : 0;
   RowVector rv{columnSums};
-  Kernels &k = kernelsFor(inputs, gradOut, threads ? &rv : nullptr);
-  unsigned blocks = threads ? rowVectorBlocks(a, device) : 0;
+  Kernels *k = &kernelsFor(inputs, gradOut, threads ? &rv : nullptr);
+  if (threads && static_cast<int>(threads) > k->maxThreads) { // too many registers: the scalar kernel
+    threads = 0;
+    k = &kernelsFor(inputs, gradOut, nullptr);
+  }
+  unsigned blocks = threads ? rowVectorBlocks(a, device, true) : 0;
   std::vector<at::Tensor> outs;
   for (size_t o = 0; o < of.size(); ++o) {
     const at::Tensor &input = inputs[of[o]];
     if (threads && columnSums[o])
       outs.push_back(at::empty({static_cast<int64_t>(blocks), shape.back()}, input.options().dtype(at::kFloat)));
     else
-      outs.push_back(at::empty(shape, input.options().dtype(k.gradDtypes[o])));
+      outs.push_back(at::empty(shape, input.options().dtype(k->gradDtypes[o])));
     a.tensors[all.size() + o] = outs.back().data_ptr();
   }
   if (threads) {
-    launch(k.function, a, blocks, threads, device);
+    launch(k->function, a, blocks, threads, device);
   } else {
     chooseVector(a, all.size() + outs.size());
-    launch(k.function, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), device);
+    launch(k->function, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), device);
   }
   for (size_t o = 0; o < of.size(); ++o) {
     const at::Tensor &input = inputs[of[o]];

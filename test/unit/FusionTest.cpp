@@ -446,9 +446,10 @@ TEST(FusionCuda, RopeAndRmsNorm) {
 TEST(FusionCuda, RowKernelPaths) {
   if (!cudaKernels())
     GTEST_SKIP() << "no CUDA device or no NVRTC";
-  // The 8-wide row kernel: bf16 rows of LLaMA's width, more rows than
-  // blocks (each block strides over rows and sums the weight's gradient
-  // over them), and the widest row two runs of 8 a thread cover.
+  // The 8-wide row kernel: more rows than blocks (each block strides over
+  // rows and sums the weight's gradient over them), and the widest row two
+  // runs of 8 a thread cover (1024 threads: where the kernel's registers do
+  // not allow that many, the scalar kernel runs).
   checkCuda(rmsNorm(15), {test::randomTensor({1500, 256}, at::kBFloat16, 60), test::randomTensor({256}, at::kBFloat16, 61)},
             2e-2, "rms_norm_many_rows");
   checkCuda(rmsNorm(6), {test::randomTensor({3, 5, 16384}, at::kFloat, 62), test::randomTensor({16384}, at::kFloat, 63)},
