@@ -9,8 +9,9 @@
 # usage (on the GPU machine, in a checkout): bash bench/gpu_fusion.sh PLANS OUT
 #   PLANS: tiny-fused/NAME.sharded.pt, tiny-plain/NAME.sharded.pt (fixtures
 #          compiled with and without --bmt-default-pipeline='fuse-elementwise=true'),
-#          llama-{on,off}-{plain,fused,inline}.sharded.pt (--random-init;
-#          inline: also fuse-inline-calls=true)
+#          llama-{on,off}-{plain,fused,inline,gqa}.sharded.pt (--random-init;
+#          inline: also fuse-inline-calls=true; gqa: fused with
+#          grouped-query-attention=true)
 # env: VARIANTS (default "off-plain off-fused on-plain on-fused"), SKIP_PARITY=1,
 #      GTEST_SOURCE=<googletest folder>: also build bmt-runtime-unit-tests and
 #      run its FusionCuda.* tests (the generated kernels against ATen on the GPU),
@@ -82,7 +83,7 @@ for p in ["llama-" + v for v in sys.argv[2:]]:
     runs[p] = (tps, peak, [round(s["loss"], 4) for s in steps[:20:4]])
     print(f"{p:16} {tps:9,.0f} tokens/s  peak {peak:5.1f} GiB  losses {runs[p][2]}")
 for r in ["off", "on"]:
-    for v in ["fused", "inline"]:
+    for v in ["fused", "inline", "gqa"]:
         a, b = runs.get(f"llama-{r}-plain"), runs.get(f"llama-{r}-{v}")
         if a and b:
             print(f"recompute {r}: {v} / plain = {b[0] / a[0]:.3f}")

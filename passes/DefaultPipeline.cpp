@@ -139,6 +139,10 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
     tp.sequenceParallel = options.sequenceParallel;
     pm.addPass(createTensorParallel(tp));
   }
+  // After tensor-parallel: it splits the repeats' kv heads (or replicates
+  // k/v and narrows after the repeat, which this pass then leaves alone).
+  if (options.groupedQueryAttention)
+    pm.addPass(createGroupedQueryAttention());
   ZeroOptions zero;
   zero.stage = static_cast<int64_t>(options.zeroStage.getValue());
   zero.shardGroupSize = options.shardGroupSize;

@@ -91,6 +91,41 @@ def FuseGelu : Pass<"bmt-fuse-gelu", "::mlir::ModuleOp"> {
   let dependentDialects = ["::bmt::BmtDialect"];
 }
 
+def GroupedQueryAttention : Pass<"bmt-grouped-query-attention", "::mlir::ModuleOp"> {
+  let summary = "Let aten::scaled_dot_product_attention read the kv heads (enable_gqa) instead of repeat_kv's copies";
+  let description = [{
+    Grouped-query and multi-query attention (LLaMA, Mistral, Qwen, Gemma)
+    have fewer key/value heads than query heads; transformers repeats k and
+    v to the query heads first (`repeat_kv`: `x[:, :, None, :, :]` expanded
+    to `[b, kv, n, s, d]`, reshaped to `[b, kv * n, s, d]`). The reshape of
+    the expanded view copies the kv tensor n times, and its backward sums
+    the n copies (`ExpandBackward0`). `aten::scaled_dot_product_attention`
+    with `enable_gqa=True` takes the kv heads as they are and pairs query
+    head h with kv head h / n, the pairing `repeat_kv` makes.
+
+    The pass rewrites a call whose `enable_gqa` is false and whose key and
+    value are both such repeats with the same n > 1 to read the kv tensors
+    with `enable_gqa=True`. A repeat is matched exactly: a `reshape` (or
+    `view`) of an `expand` whose third size is the constant n and whose
+    other sizes are -1 or `aten::size` of the kv tensor's dims in order
+    (no broadcast of a dim of 1), or numbers (a static torch.export records
+    every size as a number; they are taken as the kv tensor's own, since
+    the IR has no shapes to check them against), of an `unsqueeze` at dim 2 (or -3) of a
+    tensor, full slices `x[:]` allowed around it; the reshape's sizes keep
+    the expand's first, fourth and fifth. Anything else (a `repeat_interleave`,
+    a narrow after the repeat as tensor parallelism's replicated k/v makes,
+    different n for k and v) is left as it is. The repeats and the size
+    arithmetic that nothing reads afterwards are erased.
+
+    Off in the default pipeline unless `grouped-query-attention=true`: on
+    CUDA the cuDNN kernel takes the call (bench/gpu_attention_gqa.py); on
+    the CPU, ATen runs such a call on its math path rather than the flash
+    kernel. Emits one remark with the number of calls rewritten and ops
+    removed, or nothing when none matched.
+  }];
+  let dependentDialects = ["::bmt::BmtDialect"];
+}
+
 def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
   let summary = "Group pointwise ATen ops and one last-dim reduction into bmt.fused regions";
   let description = [{

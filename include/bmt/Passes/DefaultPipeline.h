@@ -135,6 +135,12 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
                      "submodules (an activation) first, so their ops join the caller's regions "
                      "(bmt-fuse-elementwise inline-calls; on by default)"),
       llvm::cl::init(true)};
+  Option<bool> groupedQueryAttention{
+      *this, "grouped-query-attention",
+      llvm::cl::desc("let aten::scaled_dot_product_attention read the key/value heads with "
+                     "enable_gqa=True instead of their repeat_kv copies "
+                     "(bmt-grouped-query-attention; off by default)"),
+      llvm::cl::init(false)};
   Option<bool> causalAttention{
       *this, "causal-attention",
       llvm::cl::desc("replace a causal mask built from aranges by is_causal=True in "
@@ -161,7 +167,8 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
 /// causal-attention (unless options.causalAttention is false; with
 /// options.assumeUnpadded), fuse-gelu (unless options.fuseGelu is false),
 /// fuse-elementwise (with options.fuseElementwise),
-/// find-blocks, zero, checkpoint, overlap, then (with options.summary) the
+/// find-blocks, tensor-parallel (T > 1), grouped-query-attention (with
+/// options.groupedQueryAttention), zero, checkpoint, overlap, then (with options.summary) the
 /// summary with the memory estimate. `options` must pass verify().
 void buildDefaultPipeline(mlir::OpPassManager &pm, const DefaultPipelineOptions &options);
 
