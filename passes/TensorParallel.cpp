@@ -469,6 +469,15 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     }
   }
 
+  /// Where a transpose, permute or unsqueeze moves the split dim: its
+  /// ShardingInterface rule (a permutation of the loops).
+  int64_t dimByInterface(bmt::AtenOp op, const Split &s) {
+    Propagated p = consult(op, s);
+    if (!p.rule || p.conflict || p.resultDims.empty() || !p.resultDims[0])
+      fail(op, "a view the pass cannot follow (no sharding rule)");
+    return *p.resultDims[0];
+  }
+
   /// softmax, norms, mean / sum / amax: by their ShardingInterface rule,
   /// which allows no split of a dim they reduce. A reduced dim counted from
   /// the front needs the rank, which the pass may not know.
@@ -687,9 +696,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         fail(op, "a transpose of a value of unknown rank");
       int64_t a = *d0 < 0 ? *d0 + rank : *d0, b = *d1 < 0 ? *d1 + rank : *d1;
       Split out = s;
-      int64_t p = s.pos();
-      int64_t np = p == a ? b : p == b ? a : p;
-      out.dim = np - rank;
+      out.dim = dimByInterface(op, s);
       std::swap(out.sizes[a], out.sizes[b]);
       assign(op.getResult(0), out, work);
       return;
@@ -702,9 +709,8 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       for (int64_t i = 0; i < rank; ++i) {
         int64_t src = (*dims)[i] < 0 ? (*dims)[i] + rank : (*dims)[i];
         out.sizes[i] = s.sizes[src];
-        if (src == s.pos())
-          out.dim = i - rank;
       }
+      out.dim = dimByInterface(op, s);
       assign(op.getResult(0), out, work);
       return;
     }
@@ -713,14 +719,9 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       if (!d || (*d >= 0 && rank < 0))
         fail(op, "an unsqueeze of a value of unknown rank");
       Split out = s;
-      if (rank >= 0) {
-        int64_t k = *d < 0 ? *d + rank + 1 : *d;
-        if (k > s.pos())
-          out.dim = s.dim - 1;
-        out.sizes.insert(out.sizes.begin() + k, 1);
-      } else if (*d >= s.dim) {
-        out.dim = s.dim - 1;
-      }
+      out.dim = dimByInterface(op, s);
+      if (rank >= 0)
+        out.sizes.insert(out.sizes.begin() + (*d < 0 ? *d + rank + 1 : *d), 1);
       assign(op.getResult(0), out, work);
       return;
     }
