@@ -416,6 +416,10 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       p.conflict = true;
       return p;
     }
+    // A split only of operands the rule ignores (type_as's dtype source)
+    // leaves the option without its grid: nothing is split then.
+    if (!option->grid)
+      option->grid = grid;
     auto loops = iface.getLoopIteratorTypes();
     for (auto [i, axes] : llvm::enumerate(option->shardingArray))
       if (!axes.empty() && loops[i] == utils::IteratorType::reduction)
