@@ -11,8 +11,12 @@
 // sequence (Korthikanti et al. 2022, section 4.2.2) and f and g become an
 // all-gather and a reduce-scatter along it. The
 // chains are found by following the split dimension through the program
-// (docs/passes.md, "Tensor parallelism"); names are not consulted. See
-// passes/Passes.td.
+// (docs/passes.md, "Tensor parallelism"); names are not consulted. How the
+// split dimension moves through pointwise ops, reductions, transposes,
+// per-head matmuls and attention is the upstream shard dialect's
+// ShardingInterface (lib/Dialect/ShardingInterfaceImpl.cpp), asked on
+// ranked copies of the ops; views that regroup dims are the pass's own.
+// See passes/Passes.td.
 //
 //===----------------------------------------------------------------------===//
 
