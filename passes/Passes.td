@@ -298,7 +298,12 @@ def TensorParallel : Pass<"bmt-tensor-parallel", "::mlir::ModuleOp"> {
     parameter weight (`aten::linear`, Conv1D's `aten::addmm`) reading one
     replicated activation and end at a matmul that contracts the dim they
     split, by following that dim through pointwise ops, views, RoPE's
-    slices and per-head attention; names are not consulted. Each chain
+    slices and per-head attention (pointwise ops, reductions, transposes,
+    per-head matmuls and attention by the upstream shard dialect's
+    ShardingInterface, which lib/Dialect/ShardingInterfaceImpl.cpp
+    implements for bmt.aten and bmt.fused); names are not consulted. Each
+    op whose result a chain splits gets `bmt.sharding = {grid = @tp,
+    split_axes = [#shard<axisarray[...]>]}`. Each chain
     becomes column-parallel (the weights split along their output dim,
     fused q/k/v projections per head within each of q, k, v) then
     row-parallel (the weight split along its input dim), with one

@@ -11,19 +11,26 @@
 // sequence (Korthikanti et al. 2022, section 4.2.2) and f and g become an
 // all-gather and a reduce-scatter along it. The
 // chains are found by following the split dimension through the program
-// (docs/passes.md, "Tensor parallelism"); names are not consulted. See
-// passes/Passes.td.
+// (docs/passes.md, "Tensor parallelism"); names are not consulted. How the
+// split dimension moves through pointwise ops, reductions, transposes,
+// per-head matmuls and attention is the upstream shard dialect's
+// ShardingInterface (lib/Dialect/ShardingInterfaceImpl.cpp), asked on
+// ranked copies of the ops; views that regroup dims are the pass's own.
+// See passes/Passes.td.
 //
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Dialect/AtenArgs.h"
 #include "bmt/Dialect/AtenRegistry.h"
 #include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Dialect/ShardingInterfaceImpl.h"
 #include "bmt/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Shard/IR/ShardDialect.h"
 #include "mlir/Dialect/Shard/IR/ShardOps.h"
+#include "mlir/Dialect/Shard/Interfaces/ShardingInterface.h"
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/DenseMap.h"
@@ -114,6 +121,8 @@ struct Chain {
   int64_t widestColumn = 0; // of the widest (narrower ones: GQA's k, v)
   bool fused = false;      // a column weight holds several chunks (fused q/k/v)
   int64_t ops = 0;
+  /// Every value the chain splits, and how: the `bmt.sharding` annotations.
+  llvm::SmallVector<std::pair<Value, Split>> values;
 };
 
 /// Thrown (as a value) when a chain cannot be split: `fatal` for sizes that
@@ -127,6 +136,12 @@ struct Failure {
 
 struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   using TensorParallelBase::TensorParallelBase;
+
+  void getDependentDialects(DialectRegistry &registry) const override {
+    TensorParallelBase::getDependentDialects(registry);
+    // The rules by which a split moves through bmt.aten and bmt.fused.
+    bmt::registerShardingInterfaceExternalModels(registry);
+  }
 
   ModuleOp module;
   std::shared_ptr<SymbolTable> symbols;
@@ -270,11 +285,9 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       assign(callSites[f][0].getResult(use.getOperandNumber()), s, work);
       return;
     }
-    if (auto fused = dyn_cast<bmt::FusedOp>(user)) {
-      if (fused.getKind() == "row" && s.dim == -1)
-        fail(user, "a last-dim normalization over the split dim");
-      elementwise(user, s, work);
+    if (isa<bmt::FusedOp>(user)) {
       ++chain.ops;
+      byInterface(user, s, work, "a last-dim normalization over the split dim");
       return;
     }
     auto op = dyn_cast<bmt::AtenOp>(user);
@@ -289,25 +302,30 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       matmul(op, use, s, work, chain);
       return;
     }
+    // Pointwise ops, casts, dropout, detach: by their ShardingInterface
+    // rule; cat, repeat and pad have none (view() follows cat).
     if (info->kind == bmt::AtenOpKind::Elementwise || info->kind == bmt::AtenOpKind::Random ||
-        (info->kind == bmt::AtenOpKind::Copy && name != "aten::cat" && name != "aten::stack" &&
-         name != "aten::repeat" && name != "aten::pad" && name != "aten::constant_pad_nd" &&
-         name != "aten::repeat_interleave.self_int") ||
-        name == "aten::detach" || name == "aten::alias" || name == "aten::contiguous") {
-      if (name == "aten::type_as" && use.getOperandNumber() != 0)
-        return; // only the dtype of `other` is read
-      elementwise(user, s, work);
-      return;
+        info->kind == bmt::AtenOpKind::Copy || name == "aten::detach" || name == "aten::alias") {
+      if (info->kind != bmt::AtenOpKind::Copy || consult(user, s).rule) {
+        byInterface(user, s, work, "a pointwise op that reduces");
+        return;
+      }
     }
     if (info->kind == bmt::AtenOpKind::Reduction) {
       reduction(op, s, work);
       return;
     }
     if (info->kind == bmt::AtenOpKind::Attention) {
-      // Per head: q, k, v split alike at the heads dim; the mask broadcasts.
-      if (s.dim > -3)
-        fail(user, "attention whose inputs are not split by heads");
-      Split out = s;
+      // Per head: q, k, v split alike at a batch dim (the heads); the
+      // mask broadcasts.
+      Propagated p = consult(user, s);
+      if (!p.rule)
+        fail(user, "attention the pass cannot split (no sharding rule)");
+      if (p.conflict)
+        fail(user, "attention inputs split along different dims");
+      for (StringRef arg : {"query", "key", "value"})
+        if (p.reduced || !p.operandDims[bmt::getAtenArg(op, arg)->getOperandNumber()])
+          fail(user, "attention whose inputs are not split by heads");
       for (StringRef arg : {"query", "key", "value"}) {
         auto a = bmt::getAtenArg(op, arg);
         auto it = splits.find(a->getOperand());
@@ -316,9 +334,15 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
             narrowRepeat(a->getOperand(), s, work, chain);
           return; // the other inputs arrive later
         }
-        if (it->second.dim != s.dim)
-          fail(user, "attention inputs split along different dims");
       }
+      // Every input split: the interface says where the result is.
+      p = consult(user, s);
+      if (p.conflict)
+        fail(user, "attention inputs split along different dims");
+      if (!p.resultDims[0])
+        fail(user, "attention whose inputs are not split by heads");
+      Split out = s;
+      out.dim = *p.resultDims[0];
       assign(op.getResult(0), out, work);
       return;
     }
@@ -333,54 +357,154 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     return false;
   }
 
-  /// Pointwise: every split operand along the same dim; replicated tensor
-  /// operands broadcast over it (masks, RoPE tables).
-  void elementwise(Operation *op, const Split &s, llvm::SmallVector<Value> &work) {
-    for (Value operand : op->getOperands()) {
-      auto it = splits.find(operand);
-      if (it != splits.end() && it->second.dim != s.dim)
-        fail(op, "operands split along different dims");
+  /// What the ShardingInterface of `op` (lib/Dialect/ShardingInterfaceImpl.cpp)
+  /// says of it when its operands are split as `splits` records, `s` the
+  /// split just reached: upstream's getShardingOption from the operands'
+  /// shardings over @tp, then getShardingAnnotations for every operand and
+  /// result. The interface reads ranks from ranked tensor types, so it is
+  /// asked about a copy of `op` with ranked operands (cloneWithRankedTypes):
+  /// a value's rank where the pass knows it (the views that made it, a
+  /// parameter's shape), else that of `s` (or, unknown, at least 4 and at
+  /// least -s.dim; dims count from the end, as broadcasting aligns them).
+  struct Propagated {
+    bool rule = false;     // the interface has a rule for `op` at these ranks
+    bool conflict = false; // the operands' splits give no one sharding option
+    bool reduced = false;  // a split dim is one `op` reduces (contracts)
+    /// Per operand and result: its split dim in the annotation (from the
+    /// end); none when replicated or no tensor.
+    llvm::SmallVector<std::optional<int64_t>> operandDims, resultDims;
+    llvm::SmallVector<int64_t> resultRanks;
+  };
+  Propagated consult(Operation *op, const Split &s) {
+    Propagated p;
+    MLIRContext *context = op->getContext();
+    int64_t base = s.rankKnown() ? s.rank() : std::max<int64_t>(4, -s.dim);
+    llvm::SmallVector<int64_t> ranks;
+    std::vector<shard::Sharding> operandShardings;
+    FlatSymbolRefAttr grid = FlatSymbolRefAttr::get(context, "tp");
+    for (Value v : op->getOperands()) {
+      if (!isa<bmt::TensorType>(v.getType())) {
+        ranks.push_back(-1);
+        operandShardings.emplace_back();
+        continue;
+      }
+      auto it = splits.find(v);
+      int64_t rank = base;
+      if (it != splits.end())
+        rank = it->second.rankKnown() ? it->second.rank() : std::max(base, -it->second.dim);
+      else if (auto param = paramOf(v))
+        rank = shapeOf(param).size();
+      ranks.push_back(rank);
+      if (it == splits.end()) {
+        operandShardings.emplace_back(); // replicated, broadcast over the split
+        continue;
+      }
+      if (rank + it->second.dim < 0)
+        return p; // a split dim the rank does not have: no rule
+      llvm::SmallVector<shard::GridAxesAttr> axes(rank, shard::GridAxesAttr::get(context, {}));
+      axes[rank + it->second.dim] = shard::GridAxesAttr::get(context, {0});
+      operandShardings.push_back(shard::Sharding::get(grid, axes));
     }
-    Split out = s;
-    // The rank may grow by broadcasting; the sizes are no longer known then.
-    for (Value r : op->getResults())
-      if (isa<bmt::TensorType>(r.getType()))
-        assign(r, out, work);
+    OwningOpRef<ModuleOp> scratch = ModuleOp::create(op->getLoc());
+    Operation *copy = bmt::cloneWithRankedTypes(*scratch->getBody(), op, ranks);
+    auto iface = copy ? dyn_cast<shard::ShardingInterface>(copy) : nullptr;
+    if (!iface)
+      return p;
+    p.rule = true;
+    // Upstream reports a conflict as an error on the op; here it is an
+    // answer (the chain stays replicated, or the pass says why it fails).
+    ScopedDiagnosticHandler quiet(context, [](Diagnostic &) { return success(); });
+    std::vector<shard::Sharding> resultShardings(copy->getNumResults());
+    FailureOr<shard::ShardingOption> option = iface.getShardingOption(operandShardings, resultShardings);
+    if (failed(option)) {
+      p.conflict = true;
+      return p;
+    }
+    // A split only of operands the rule ignores (type_as's dtype source)
+    // leaves the option without its grid: nothing is split then.
+    if (!option->grid)
+      option->grid = grid;
+    auto loops = iface.getLoopIteratorTypes();
+    for (auto [i, axes] : llvm::enumerate(option->shardingArray))
+      if (!axes.empty() && loops[i] == utils::IteratorType::reduction)
+        p.reduced = true;
+    FailureOr<std::vector<shard::Sharding>> annotations = iface.getShardingAnnotations(*option);
+    if (failed(annotations)) {
+      p.conflict = true;
+      return p;
+    }
+    auto dimOf = [](const shard::Sharding &sharding, Type type) -> std::optional<int64_t> {
+      auto ranked = dyn_cast<RankedTensorType>(type);
+      if (!sharding || !ranked)
+        return std::nullopt;
+      for (auto [d, axes] : llvm::enumerate(sharding.getSplitAxes()))
+        if (!axes.empty())
+          return static_cast<int64_t>(d) - ranked.getRank();
+      return std::nullopt;
+    };
+    unsigned numOperands = copy->getNumOperands();
+    for (unsigned i = 0; i < numOperands; ++i)
+      p.operandDims.push_back(dimOf((*annotations)[i], copy->getOperand(i).getType()));
+    for (OpResult r : copy->getResults()) {
+      p.resultDims.push_back(dimOf((*annotations)[numOperands + r.getResultNumber()], r.getType()));
+      p.resultRanks.push_back(cast<RankedTensorType>(r.getType()).getRank());
+    }
+    return p;
   }
 
-  void reduction(bmt::AtenOp op, const Split &s, llvm::SmallVector<Value> &work) {
-    StringRef name = op.getName();
-    if (name == "aten::layer_norm") {
-      auto shape = bmt::getAtenArg(op, "normalized_shape");
-      auto ints = shape->getInts();
-      if (!ints || -s.dim <= static_cast<int64_t>(ints->size()))
-        fail(op, "a normalization over the split dim");
-      assign(op.getResult(0), s, work);
-      return;
-    }
-    if (name == "aten::softmax.int" || name == "aten::log_softmax.int") {
-      auto d = bmt::getAtenArg(op, "dim")->getInt();
-      auto nd = d ? negDim(*d, s.rankKnown() ? s.rank() : -1) : std::nullopt;
-      if (!nd || *nd == s.dim)
-        fail(op, "a softmax over the split dim (or over an unknown dim)");
-      assign(op.getResult(0), s, work);
-      return;
-    }
-    if (name == "aten::mean.dim" || name == "aten::sum.dim_IntList" || name == "aten::amax") {
-      auto dims = bmt::getAtenArg(op, "dim")->getInts();
-      auto keep = bmt::getAtenArg(op, "keepdim")->getBool();
-      if (!dims || !keep || !*keep)
-        fail(op, "a reduction the pass cannot follow");
-      for (int64_t d : *dims) {
-        auto nd = negDim(d, s.rankKnown() ? s.rank() : -1);
-        if (!nd || *nd == s.dim)
-          fail(op, "a reduction over the split dim");
-      }
+  /// Splits the results of `op` as its ShardingInterface rule says (a
+  /// result the rule leaves replicated, like type_as's dtype source, is
+  /// not split); `reduced` is the failure when the split dim is one `op`
+  /// reduces.
+  void byInterface(Operation *op, const Split &s, llvm::SmallVector<Value> &work,
+                   const llvm::Twine &reduced) {
+    Propagated p = consult(op, s);
+    if (!p.rule)
+      fail(op, "an op the pass does not know how to split (no sharding rule)");
+    if (p.conflict)
+      fail(op, "operands split along different dims");
+    if (p.reduced)
+      fail(op, reduced);
+    for (auto [r, dim] : llvm::zip_equal(op->getResults(), p.resultDims)) {
+      if (!dim)
+        continue;
       Split out = s;
-      assign(op.getResult(0), out, work);
-      return;
+      out.dim = *dim;
+      int64_t rank = p.resultRanks[r.getResultNumber()];
+      if (s.rankKnown() && rank != s.rank())
+        out.setSizes(llvm::SmallVector<int64_t>(rank, -1)); // a reduction dropped dims
+      assign(r, out, work);
     }
-    fail(op, "a reduction the pass cannot split");
+  }
+
+  /// Where a transpose, permute or unsqueeze moves the split dim: its
+  /// ShardingInterface rule (a permutation of the loops).
+  int64_t dimByInterface(bmt::AtenOp op, const Split &s) {
+    Propagated p = consult(op, s);
+    if (!p.rule || p.conflict || p.resultDims.empty() || !p.resultDims[0])
+      fail(op, "a view the pass cannot follow (no sharding rule)");
+    return *p.resultDims[0];
+  }
+
+  /// softmax, norms, mean / sum / amax: by their ShardingInterface rule,
+  /// which allows no split of a dim they reduce. A reduced dim counted from
+  /// the front needs the rank, which the pass may not know.
+  void reduction(bmt::AtenOp op, const Split &s, llvm::SmallVector<Value> &work) {
+    const bmt::AtenOpInfo *info = bmt::lookupAtenOp(op.getName());
+    StringRef base = op.getName().drop_front(strlen("aten::")).split('.').first;
+    std::string message = ("a " + base + " over the split dim (or over an unknown dim)").str();
+    if (!s.rankKnown() && info->reducedDimsArg >= 0 &&
+        info->argNames[info->reducedDimsArg] != "normalized_shape") {
+      auto arg = bmt::getAtenArg(op, info->reducedDimsArg);
+      llvm::SmallVector<int64_t> dims;
+      if (auto d = arg->getInt())
+        dims.push_back(*d);
+      else if (auto ds = arg->getInts())
+        dims = *ds;
+      if (llvm::any_of(dims, [](int64_t d) { return d >= 0; }))
+        fail(op, message);
+    }
+    byInterface(op, s, work, message);
   }
 
   void matmul(bmt::AtenOp op, OpOperand &use, const Split &s, llvm::SmallVector<Value> &work,
@@ -398,8 +522,14 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       return;
     }
     if (name == "aten::matmul" || name == "aten::bmm") {
-      // Batched over heads: both operands split at the same batch dim.
-      if (s.dim > -3)
+      // Batched over heads: both operands split at the same batch dim (the
+      // interface's rule splits both operands, and no contracted dim).
+      Propagated p = consult(op, s);
+      if (!p.rule)
+        fail(op, "a matmul the pass cannot split (no sharding rule)");
+      if (p.conflict)
+        fail(op, "matmul operands split along different dims");
+      if (p.reduced || !p.operandDims[0] || !p.operandDims[1])
         fail(op, "a matmul of a split value that is not batched over the split dim");
       Value self = op->getOperand(0), other = op->getOperand(1);
       auto a = splits.find(self), b = splits.find(other);
@@ -409,9 +539,11 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         narrowRepeat(a == splits.end() ? self : other, s, work, chain);
         return; // the other operand arrives later (or never: checked at the end)
       }
-      if (a->second.dim != b->second.dim)
+      p = consult(op, s);
+      if (p.conflict || !p.resultDims[0])
         fail(op, "matmul operands split along different dims");
       Split out = a->second;
+      out.dim = *p.resultDims[0];
       out.global = a->second.global >= 0 ? a->second.global : b->second.global;
       if (a->second.rankKnown() && b->second.rankKnown() && a->second.rank() == b->second.rank()) {
         llvm::SmallVector<int64_t> sizes = a->second.sizes;
@@ -572,9 +704,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         fail(op, "a transpose of a value of unknown rank");
       int64_t a = *d0 < 0 ? *d0 + rank : *d0, b = *d1 < 0 ? *d1 + rank : *d1;
       Split out = s;
-      int64_t p = s.pos();
-      int64_t np = p == a ? b : p == b ? a : p;
-      out.dim = np - rank;
+      out.dim = dimByInterface(op, s);
       std::swap(out.sizes[a], out.sizes[b]);
       assign(op.getResult(0), out, work);
       return;
@@ -587,9 +717,8 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       for (int64_t i = 0; i < rank; ++i) {
         int64_t src = (*dims)[i] < 0 ? (*dims)[i] + rank : (*dims)[i];
         out.sizes[i] = s.sizes[src];
-        if (src == s.pos())
-          out.dim = i - rank;
       }
+      out.dim = dimByInterface(op, s);
       assign(op.getResult(0), out, work);
       return;
     }
@@ -598,14 +727,9 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       if (!d || (*d >= 0 && rank < 0))
         fail(op, "an unsqueeze of a value of unknown rank");
       Split out = s;
-      if (rank >= 0) {
-        int64_t k = *d < 0 ? *d + rank + 1 : *d;
-        if (k > s.pos())
-          out.dim = s.dim - 1;
-        out.sizes.insert(out.sizes.begin() + k, 1);
-      } else if (*d >= s.dim) {
-        out.dim = s.dim - 1;
-      }
+      out.dim = dimByInterface(op, s);
+      if (rank >= 0)
+        out.sizes.insert(out.sizes.begin() + (*d < 0 ? *d + rank + 1 : *d), 1);
       assign(op.getResult(0), out, work);
       return;
     }
@@ -1004,6 +1128,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         }
       if (!chain.replicated.empty())
         checkReplicated(chain);
+      chain.values.assign(splits.begin(), splits.end());
       return chain;
     };
     auto fatalError = [&](const Failure &f) {
@@ -1695,6 +1820,37 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     return s;
   }
 
+  /// Marks each op whose result a chain splits with the sharding of its
+  /// results over the grid, in the upstream shard dialect's terms:
+  /// `bmt.sharding = {grid = @tp, split_axes = [<per result>]}`, each
+  /// result's split axes a `#shard.axisarray` with grid axis 0 at the split
+  /// dim. Where the pass does not know a value's rank, the axes list its
+  /// trailing dims only (down to the split one), as broadcasting aligns them.
+  /// The values are the `!bmt.tensor`s themselves (unranked), so the
+  /// annotation is an attribute, not a `shard.shard` op.
+  void annotate(llvm::ArrayRef<Chain> chains, FlatSymbolRefAttr grid) {
+    MLIRContext *context = &getContext();
+    llvm::MapVector<Operation *, llvm::SmallVector<Attribute>> byOp;
+    for (const Chain &chain : chains)
+      for (auto &[v, s] : chain.values) {
+        auto r = dyn_cast<OpResult>(v);
+        if (!r || !isa<bmt::AtenOp, bmt::FusedOp>(r.getOwner()))
+          continue;
+        auto &results = byOp[r.getOwner()];
+        if (results.empty())
+          results.assign(r.getOwner()->getNumResults(), shard::GridAxesArrayAttr::get(context, {}));
+        int64_t rank = s.rankKnown() ? s.rank() : -s.dim;
+        llvm::SmallVector<shard::GridAxesAttr> axes(rank, shard::GridAxesAttr::get(context, {}));
+        axes[rank + s.dim] = shard::GridAxesAttr::get(context, {0});
+        results[r.getResultNumber()] = shard::GridAxesArrayAttr::get(context, axes);
+      }
+    for (auto &[op, results] : byOp)
+      op->setAttr("bmt.sharding",
+                  DictionaryAttr::get(context, {NamedAttribute(StringAttr::get(context, "grid"), grid),
+                                                NamedAttribute(StringAttr::get(context, "split_axes"),
+                                                               ArrayAttr::get(context, results))}));
+  }
+
   void rewrite(llvm::ArrayRef<Chain> chains) {
     MLIRContext *context = &getContext();
     OpBuilder builder(context);
@@ -1705,6 +1861,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
                                       ArrayRef<int64_t>{static_cast<int64_t>(tensorParallel)});
     FlatSymbolRefAttr gridRef = FlatSymbolRefAttr::get(grid.getSymNameAttr());
     module->setAttr("bmt.tensor_parallel", builder.getI64IntegerAttr(tensorParallel));
+    annotate(chains, gridRef);
 
     for (const Chain &chain : chains) {
       for (IntEdit e : chain.edits) {

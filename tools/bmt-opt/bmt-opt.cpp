@@ -11,6 +11,7 @@
 
 #include "bmt/Compile/Compile.h"
 #include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Dialect/ShardingInterfaceImpl.h"
 #include "bmt/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -30,6 +31,9 @@ int main(int argc, char **argv) {
   // shard: the TP group (shard.grid) of --bmt-tensor-parallel, so that its
   // output parses back.
   registry.insert<bmt::BmtDialect, func::FuncDialect, shard::ShardDialect>();
+  // The upstream ShardingInterface of bmt.aten and bmt.fused (the rules
+  // --bmt-tensor-parallel propagates its splits by).
+  bmt::registerShardingInterfaceExternalModels(registry);
   bmt::registerBmtPasses();
   bmt::registerDefaultPipeline();
   registerTransformsPasses(); // canonicalize, cse, symbol-dce, inline, ...
