@@ -261,14 +261,20 @@ private:
       out = in.empty() ? ValueInfo() : in[0];
       out.param = nullptr;
       out.headDim = 0;
-      // view(x, [b, s, -1, 64]): 64 is the head dim when it divides the width.
+      // view(x, [b, s, -1, 64]): 64 is the head dim when it divides the width;
+      // a last size read from a tensor (reshape(x, [b, h, s, d]) with d =
+      // x.size(-1), as the repeat of GQA's kv heads writes it) keeps x's.
       std::optional<AtenArg> sizes = getAtenArg(op, 1);
-      if (sizes && sizes->isList() && !sizes->getElements().empty())
-        if (auto last = dyn_cast_or_null<IntegerAttr>(sizes->getElements().back().getAttr())) {
+      if (sizes && sizes->isList() && !sizes->getElements().empty()) {
+        const AtenArg &lastSize = sizes->getElements().back();
+        if (auto last = dyn_cast_or_null<IntegerAttr>(lastSize.getAttr())) {
           int64_t d = last.getInt();
           if (d > 0 && d < out.width && out.width % d == 0)
             out.headDim = d;
+        } else if (lastSize.isOperand()) {
+          out.headDim = in[0].headDim;
         }
+      }
     } else if (name == "aten::narrow" && in.size() >= 2 && isHeadNarrow(op, in)) {
       // A rank's heads of the repeated kv heads (materializedBytes).
       out = in[0];

@@ -6,8 +6,10 @@
 // query heads of 4 on 2 kv heads, T = 3): the k/v projections replicated,
 // so their activations are whole on every rank, and each rank narrows the
 // repeat of the kv heads, a copy of all 6 heads, to its 2 query heads; the
-// narrowed view keeps that copy alive. f32, micro-batch 1, seq-len 1024:
-// 4 KiB per element per token.
+// narrowed view keeps that copy alive. The repeat's reshape reads its head
+// dim with aten::size.int, as traces write it (the walk keeps the head dim
+// of the expand it reshapes). f32, micro-batch 1, seq-len 1024: 4 KiB per
+// element per token.
 //
 // A block on each of the 3 ranks, per token: q 24 / 3 = 8; k 8 and v 8
 // (replicated: 2 kv heads x 4, the whole projection); the repeats of k and
@@ -53,13 +55,15 @@ func.func private @h.0.forward(%x: !bmt.tensor) -> !bmt.tensor attributes {bmt.m
   %k2 = bmt.aten "aten::transpose.int"(%k1, 1, 2) : (!bmt.tensor) -> !bmt.tensor
   %k3 = bmt.aten "aten::unsqueeze"(%k2, 2) : (!bmt.tensor) -> !bmt.tensor
   %k4 = bmt.aten "aten::expand"(%k3, [2, 2, 3, 5, 4], false) : (!bmt.tensor) -> !bmt.tensor
-  %k5 = bmt.aten "aten::reshape"(%k4, [2, 6, 5, 4]) : (!bmt.tensor) -> !bmt.tensor
+  %kd = bmt.aten "aten::size.int"(%k2, 3) : (!bmt.tensor) -> i64
+  %k5 = bmt.aten "aten::reshape"(%k4, [2, 6, 5, %kd]) : (!bmt.tensor, i64) -> !bmt.tensor
   %v = bmt.aten "aten::linear"(%x, %wv, #bmt.none) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
   %v1 = bmt.aten "aten::view"(%v, [2, 5, 2, 4]) : (!bmt.tensor) -> !bmt.tensor
   %v2 = bmt.aten "aten::transpose.int"(%v1, 1, 2) : (!bmt.tensor) -> !bmt.tensor
   %v3 = bmt.aten "aten::unsqueeze"(%v2, 2) : (!bmt.tensor) -> !bmt.tensor
   %v4 = bmt.aten "aten::expand"(%v3, [2, 2, 3, 5, 4], false) : (!bmt.tensor) -> !bmt.tensor
-  %v5 = bmt.aten "aten::reshape"(%v4, [2, 6, 5, 4]) : (!bmt.tensor) -> !bmt.tensor
+  %vd = bmt.aten "aten::size.int"(%v2, 3) : (!bmt.tensor) -> i64
+  %v5 = bmt.aten "aten::reshape"(%v4, [2, 6, 5, %vd]) : (!bmt.tensor, i64) -> !bmt.tensor
   %kt = bmt.aten "aten::transpose.int"(%k5, 2, 3) : (!bmt.tensor) -> !bmt.tensor
   %s = bmt.aten "aten::matmul"(%q2, %kt) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
   %p = bmt.aten "aten::softmax.int"(%s, -1, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
@@ -83,13 +87,15 @@ func.func private @h.1.forward(%x: !bmt.tensor) -> !bmt.tensor attributes {bmt.m
   %k2 = bmt.aten "aten::transpose.int"(%k1, 1, 2) : (!bmt.tensor) -> !bmt.tensor
   %k3 = bmt.aten "aten::unsqueeze"(%k2, 2) : (!bmt.tensor) -> !bmt.tensor
   %k4 = bmt.aten "aten::expand"(%k3, [2, 2, 3, 5, 4], false) : (!bmt.tensor) -> !bmt.tensor
-  %k5 = bmt.aten "aten::reshape"(%k4, [2, 6, 5, 4]) : (!bmt.tensor) -> !bmt.tensor
+  %kd = bmt.aten "aten::size.int"(%k2, 3) : (!bmt.tensor) -> i64
+  %k5 = bmt.aten "aten::reshape"(%k4, [2, 6, 5, %kd]) : (!bmt.tensor, i64) -> !bmt.tensor
   %v = bmt.aten "aten::linear"(%x, %wv, #bmt.none) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
   %v1 = bmt.aten "aten::view"(%v, [2, 5, 2, 4]) : (!bmt.tensor) -> !bmt.tensor
   %v2 = bmt.aten "aten::transpose.int"(%v1, 1, 2) : (!bmt.tensor) -> !bmt.tensor
   %v3 = bmt.aten "aten::unsqueeze"(%v2, 2) : (!bmt.tensor) -> !bmt.tensor
   %v4 = bmt.aten "aten::expand"(%v3, [2, 2, 3, 5, 4], false) : (!bmt.tensor) -> !bmt.tensor
-  %v5 = bmt.aten "aten::reshape"(%v4, [2, 6, 5, 4]) : (!bmt.tensor) -> !bmt.tensor
+  %vd = bmt.aten "aten::size.int"(%v2, 3) : (!bmt.tensor) -> i64
+  %v5 = bmt.aten "aten::reshape"(%v4, [2, 6, 5, %vd]) : (!bmt.tensor, i64) -> !bmt.tensor
   %kt = bmt.aten "aten::transpose.int"(%k5, 2, 3) : (!bmt.tensor) -> !bmt.tensor
   %s = bmt.aten "aten::matmul"(%q2, %kt) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
   %p = bmt.aten "aten::softmax.int"(%s, -1, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
