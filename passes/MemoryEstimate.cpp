@@ -49,6 +49,7 @@ struct ValueInfo {
   ParameterOp param;        ///< the parameter it is, if any
   int64_t headDim = 0;      ///< last dim of a [.., heads, head_dim] view, 0 if none
   bool score = false;       ///< an attention score tensor (width = heads x seq-len)
+  bool seqSplit = false;    ///< holds 1 / T of the sequence (sequence parallelism)
 };
 
 /// Whether `op` saves nothing of its own for backward: its results alias its
@@ -59,11 +60,32 @@ bool savesNothing(AtenOp op) {
   return info && info->mayAlias() && !info->isInPlace();
 }
 
+/// Whether `v` is computed from the TP rank (bmt.tp_rank), as the offsets
+/// of bmt-tensor-parallel's narrows to a rank's heads or sequence part are.
+bool dependsOnTpRank(Value v, int depth = 0) {
+  Operation *def = v.getDefiningOp();
+  if (!def || depth > 8)
+    return false;
+  if (isa<TpRankOp>(def))
+    return true;
+  for (Value operand : def->getOperands())
+    if (dependsOnTpRank(operand, depth + 1))
+      return true;
+  return false;
+}
+
 class ActivationWalker {
 public:
   ActivationWalker(SymbolTable &symbols, int64_t tokens, int64_t seqLen, int64_t bytes,
                    SmallVectorImpl<BlockCost> &blocks)
-      : symbols(symbols), tokens(tokens), seqLen(seqLen), bytes(bytes), blocks(blocks) {}
+      : symbols(symbols), tokens(tokens), seqLen(seqLen), bytes(bytes), blocks(blocks),
+        tp(bmt::tensorParallelOf(cast<ModuleOp>(symbols.getOp()))) {}
+
+  /// Bytes of a value of `v`'s width over this rank's tokens (1 / T of
+  /// them when it is split along the sequence).
+  int64_t bytesOf(const ValueInfo &v) const {
+    return v.width * (v.seqSplit ? tokens / tp : tokens) * bytes;
+  }
 
   /// Walks `f` with argument infos `args`, adding the saved activations of
   /// its ops (and its callees', blocks apart) to `acc`; returns the results' infos.
@@ -93,8 +115,20 @@ public:
             continue;
           info[result] = v;
           if (saves)
-            acc += v.width * tokens * bytes;
+            acc += bytesOf(v);
         }
+        acc += materializedBytes(aten, in);
+      } else if (isa<TpCopyOp>(op)) {
+        info[op.getResult(0)] = get(op.getOperand(0)); // the input itself (a view)
+      } else if (isa<TpAllReduceOp, TpAllGatherOp, TpReduceScatterOp>(op)) {
+        // A new tensor: the sum, the whole sequence, or this rank's part of it.
+        ValueInfo v = get(op.getOperand(0));
+        if (isa<TpAllGatherOp>(op))
+          v.seqSplit = false;
+        else if (isa<TpReduceScatterOp>(op))
+          v.seqSplit = true;
+        info[op.getResult(0)] = v;
+        acc += bytesOf(v);
       } else if (auto call = dyn_cast<func::CallOp>(op)) {
         SmallVector<ValueInfo> in;
         for (Value operand : call.getOperands())
@@ -109,7 +143,7 @@ public:
           out = walk(callee, in, cost.activationBytes, /*insideBlock=*/true);
           for (const ValueInfo &v : in)
             if (!v.param)
-              cost.inputBytes += v.width * tokens * bytes;
+              cost.inputBytes += bytesOf(v);
           blocks.push_back(cost);
         } else {
           out = walk(callee, in, acc, insideBlock);
@@ -127,6 +161,28 @@ public:
   }
 
 private:
+  /// Under bmt-tensor-parallel with k/v replicated, each rank narrows the
+  /// repeat of the kv heads (expand + reshape: a copy of all H heads) to
+  /// its H / T query heads; the narrowed view keeps the copy alive. Its
+  /// bytes, H x head dim per token on every rank; 0 for other ops.
+  int64_t materializedBytes(AtenOp op, ArrayRef<ValueInfo> in) const {
+    if (!isHeadNarrow(op, in))
+      return 0;
+    ValueInfo full = in[0];
+    full.width = *getAtenArg(op, 3)->getInt() * tp * in[0].headDim;
+    return bytesOf(full);
+  }
+
+  /// narrow(repeat, dim, t x H/T, H/T) of a head-shaped value: the offset
+  /// from bmt.tp_rank, the length a constant number of heads.
+  bool isHeadNarrow(AtenOp op, ArrayRef<ValueInfo> in) const {
+    if (op.getOperatorName() != "aten::narrow" || in.empty() || !in[0].headDim)
+      return false;
+    std::optional<AtenArg> start = getAtenArg(op, 2), length = getAtenArg(op, 3);
+    return start && start->isOperand() && dependsOnTpRank(start->getOperand()) && length &&
+           !length->isOperand() && length->getInt();
+  }
+
   /// The parameter's shape on one TP rank (its slice under
   /// --bmt-tensor-parallel: activations are per rank too).
   static SmallVector<int64_t, 4> shapeOf(const ValueInfo &v) {
@@ -205,14 +261,34 @@ private:
       out = in.empty() ? ValueInfo() : in[0];
       out.param = nullptr;
       out.headDim = 0;
-      // view(x, [b, s, -1, 64]): 64 is the head dim when it divides the width.
+      // view(x, [b, s, -1, 64]): 64 is the head dim when it divides the width;
+      // a last size read from a tensor (reshape(x, [b, h, s, d]) with d =
+      // x.size(-1), as the repeat of GQA's kv heads writes it) keeps x's.
       std::optional<AtenArg> sizes = getAtenArg(op, 1);
-      if (sizes && sizes->isList() && !sizes->getElements().empty())
-        if (auto last = dyn_cast_or_null<IntegerAttr>(sizes->getElements().back().getAttr())) {
+      if (sizes && sizes->isList() && !sizes->getElements().empty()) {
+        const AtenArg &lastSize = sizes->getElements().back();
+        if (auto last = dyn_cast_or_null<IntegerAttr>(lastSize.getAttr())) {
           int64_t d = last.getInt();
           if (d > 0 && d < out.width && out.width % d == 0)
             out.headDim = d;
+        } else if (lastSize.isOperand()) {
+          out.headDim = in[0].headDim;
         }
+      }
+    } else if (name == "aten::narrow" && in.size() >= 2 && isHeadNarrow(op, in)) {
+      // A rank's heads of the repeated kv heads (materializedBytes).
+      out = in[0];
+      out.param = nullptr;
+      out.width = *getAtenArg(op, 3)->getInt() * in[0].headDim;
+    } else if (name == "aten::narrow" && !in.empty()) {
+      // Under sequence parallelism, narrow(e, 1, t x L, L) of a position
+      // embedding: this rank's part of the sequence.
+      out = in[0];
+      out.param = nullptr;
+      std::optional<AtenArg> start = getAtenArg(op, 2);
+      if (start && start->isOperand() && dependsOnTpRank(start->getOperand()) &&
+          !isHeadNarrow(op, in))
+        out.seqSplit = true;
     } else if (name == "aten::split" || name == "aten::split_with_sizes" ||
                name == "aten::chunk" || name == "aten::unbind") {
       out = in.empty() ? ValueInfo() : in[0];
@@ -227,6 +303,7 @@ private:
   SymbolTable &symbols;
   int64_t tokens, seqLen, bytes;
   SmallVectorImpl<BlockCost> &blocks;
+  int64_t tp = 1; ///< T: ranks of a tensor-parallel group
   llvm::DenseSet<Operation *> active;
 };
 
@@ -307,9 +384,9 @@ MemoryModel estimateMemory(ModuleOp module, const MemoryConfig &config) {
   if (groups.empty()) {
     for (ParameterOp p : module.getOps<ParameterOp>())
       if (p.getRequiresGrad()) {
-        model.stateBytes += p.getNumElements() *
+        model.stateBytes += bmt::localNumElements(p) *
             stateBytesPerElement(cast<RankedTensorType>(p.getType()).getElementType());
-        model.outsideParameters += p.getNumElements();
+        model.outsideParameters += bmt::localNumElements(p);
       }
     return model;
   }

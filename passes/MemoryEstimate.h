@@ -67,7 +67,10 @@ struct MemoryModel {
 };
 
 /// Builds the model of `module` (after --bmt-find-blocks and, for sharding,
-/// --bmt-zero). Never fails: what it cannot size counts as zero.
+/// --bmt-zero; after --bmt-tensor-parallel it is per TP rank: the slices,
+/// the bmt.tp_* collectives' results, replicated k/v whole, and under
+/// sequence parallelism the values split along the sequence at 1 / T).
+/// Never fails: what it cannot size counts as zero.
 MemoryModel estimateMemory(mlir::ModuleOp module, const MemoryConfig &config);
 
 /// "3.2 GiB", "784 B".

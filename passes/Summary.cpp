@@ -168,7 +168,24 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
       os << "\n";
       os << "    gathered parameters and gradients: "
          << bmt::formatBytes(model.outsideGatheredBytes + model.blockGatheredBytes()) << "\n";
-      os << "    activations: " << bmt::formatBytes(model.activationBytes(recomputed)) << "\n";
+      int64_t activations = model.activationBytes(recomputed);
+      os << "    activations: " << bmt::formatBytes(activations) << " (" << activations
+         << " bytes; outside the blocks " << model.outsideActivationBytes;
+      if (!model.blocks.empty()) {
+        // The walk's terms (docs/passes.md, "Memory estimate"): A_i, I_i.
+        auto range = [&](auto field) {
+          int64_t least = -1, most = 0;
+          for (const bmt::BlockCost &b : model.blocks) {
+            least = least < 0 ? field(b) : std::min(least, field(b));
+            most = std::max(most, field(b));
+          }
+          return std::to_string(least) + (most != least ? " to " + std::to_string(most) : "");
+        };
+        os << ", a block's saved "
+           << range([](const bmt::BlockCost &b) { return b.activationBytes; })
+           << ", its inputs " << range([](const bmt::BlockCost &b) { return b.inputBytes; });
+      }
+      os << ")\n";
     }
     os << "  functions: " << functions << ", calls: " << calls
        << ", aten ops: " << atenOps << "\n";

@@ -1,6 +1,6 @@
 """bmt-opt --tensor-parallel end to end: the fixture GPT-2 and LLaMA
-compiled by bmt-tensor-parallel (chains and vocab-parallel head found from
-the program), trained by bmt-run on CPU ranks (TP groups of T consecutive
+(CONFIGS) and BERT (BERT_CONFIGS) compiled by bmt-tensor-parallel (chains
+and vocab-parallel head found from the program), trained by bmt-run on CPU ranks (TP groups of T consecutive
 ranks, ZeRO over the N / T data-parallel ranks) against single-process
 eager PyTorch on the same weights and batches: every step's loss and the
 final gathered parameters (numerics.assert_loss_close / assert_trained_close).
@@ -204,13 +204,16 @@ def test_bert_token_windows_match_one_process(tmp_path):
     assert worst <= 1e-5, worst
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--objective", "model-loss"], "--objective model-loss is not supported with it yet"),
-    (["--offload-optimizer"], "offload"),
-    (["--optimizer", "adafactor"], "adafactor"),
+@pytest.mark.parametrize("ranks,flags,message", [
+    (2, ["--objective", "model-loss"], "--objective model-loss is not supported with it yet"),
+    (2, ["--offload-optimizer"], "--offload-optimizer is not supported with it yet"),
+    (2, ["--optimizer", "adafactor"], "--optimizer adafactor factors each parameter's statistics"),
+    (3, [], "it needs a world size that is a multiple of 2, not 3 ranks"),
 ])
-def test_what_tensor_parallel_refuses_for_now(traced, flags, message):  # noqa: F811
-    """Each refusal is one error line per rank and no step trained."""
+def test_what_tensor_parallel_refuses_for_now(traced, ranks, flags, message):  # noqa: F811
+    """Each refusal of a T = 2 plan follows from the options and the plan,
+    so every rank finds it alike: one error line (rank 0's), a non-zero
+    exit and no step trained."""
     if traced["name"] != "gpt2":
         pytest.skip("one model is enough")
     tmp = traced["tmp"] / "refusals"
@@ -219,13 +222,15 @@ def test_what_tensor_parallel_refuses_for_now(traced, flags, message):  # noqa: 
     if not sharded.exists():
         subprocess.run([binary("bmt-opt"), str(traced["pt"]), "-o", str(sharded), "--world-size",
                         "2", "--tensor-parallel", "2"], check=True, capture_output=True)
-    log = tmp / f"log{flags[0]}.jsonl"  # one per case: a case that trained must not hide
-    r = torchrun(2, sharded, "--batches", traced["tmp"] / "batches.pt", "--steps", 1,
+    log = tmp / f"log{ranks}{''.join(flags)}.jsonl"  # one per case: a case that trained must not hide
+    r = torchrun(ranks, sharded, "--batches", traced["tmp"] / "batches.pt", "--steps", 1,
                  "--log-file", log, *flags)
     assert r.returncode != 0
-    errors = {line for line in r.stderr.splitlines() if line.startswith("error:")}
-    assert len(errors) == 1, r.stderr[-3000:]   # the same line from every rank
-    assert message.lower() in errors.pop().lower(), r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, r.stderr[-3000:]
+    assert errors[0].startswith(f"error: {sharded} is compiled for tensor parallelism (2 ranks "
+                                "per TP group): "), errors[0]
+    assert message in errors[0], r.stderr[-3000:]
     assert not log.exists() or not [x for x in open(log) if '"train"' in x]
 
 
@@ -432,27 +437,43 @@ def eager_masked_lm(bert, lrs, clip, wd, seed):
     return bert["eager"][key]
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_bert_masked_lm_matches_eager(bert, ranks):
+BERT_CONFIGS = {
+    # name: (tensor parallel T, world size N, bmt-opt's --checkpoint); the
+    # fixture's 4 heads, 64-wide MLP and 128 tokens divide by T = 4 as well.
+    "t2-n2": (2, 2, None),
+    "t2-n2-no-recompute": (2, 2, "none"),
+    "t2-n4": (2, 4, None),
+    "t4-n4": (4, 4, None),
+}
+
+
+@pytest.mark.parametrize("config", list(BERT_CONFIGS))
+def test_bert_masked_lm_matches_eager(bert, config):
     """BERT (post-LN: the attention module passes its input both to the
     q/k/v module and, as the residual, to the output module, so the tp_copy
     sits at the q/k/v call; above it, each block would multiply the lower
-    blocks' gradients by T) trained with --tensor-parallel 2 on 2 and 4
-    ranks against eager transformers: the masked-LM corruption of the whole
-    global batch drawn as bmt-run draws it, every step's loss and the final
-    gathered parameters; and every step's gradient norm, which AdamW's
-    scale-free update would not show (a gradient summed over the TP group
-    where it should not be: the bug the tp_copy placement avoids)."""
-    tmp = bert["tmp"] / f"t2-n{ranks}"
+    blocks' gradients by T) trained with --tensor-parallel T on N ranks
+    (BERT_CONFIGS: with and without recompute) against eager transformers:
+    the masked-LM corruption of the whole global batch drawn as bmt-run
+    draws it, every step's loss and the final gathered parameters; and
+    every step's gradient norm, which AdamW's scale-free update would not
+    show (a gradient summed over the TP group where it should not be: the
+    bug the tp_copy placement avoids)."""
+    tp, ranks, checkpoint = BERT_CONFIGS[config]
+    tmp = bert["tmp"] / config
     tmp.mkdir()
     sharded = tmp / "sharded.pt"
     compiled = subprocess.run([binary("bmt-opt"), str(bert["pt"]), "-o", str(sharded),
-                               "--world-size", str(ranks), "--tensor-parallel", "2"],
+                               "--world-size", str(ranks), "--tensor-parallel", str(tp),
+                               *(["--checkpoint", checkpoint] if checkpoint else [])],
                               capture_output=True, text=True)
     assert compiled.returncode == 0, compiled.stderr
-    assert "attention.self.query, attention.self.key, attention.self.value column-parallel" \
-        in compiled.stderr, compiled.stderr
-    assert "vocab-parallel embedding and LM head (128 -> 64 per rank)" in compiled.stderr
+    recomputed = 0 if checkpoint == "none" else 2
+    assert f"{recomputed} of 2 blocks recomputed" in compiled.stderr, compiled.stderr
+    assert f"tensor parallel: {tp} ranks per group;" in compiled.stderr, compiled.stderr
+    assert f"attention.self.query, attention.self.key, attention.self.value column-parallel " \
+        f"by heads (4 -> {4 // tp} per rank)" in compiled.stderr, compiled.stderr
+    assert f"vocab-parallel embedding and LM head (128 -> {128 // tp} per rank)" in compiled.stderr
     log, params = tmp / "log.jsonl", tmp / "params.safetensors"
     seed = 4
     r = torchrun(ranks, sharded, "--batches", bert["tmp"] / "batches.pt", "--data", bert["data"],
@@ -466,34 +487,44 @@ def test_bert_masked_lm_matches_eager(bert, ranks):
     lrs = {x["step"]: x["lr"] for x in train}
     losses, norms, want = eager_masked_lm(bert, lrs, 0.5, 0.01, seed)
     for x, loss, norm in zip(train, losses, norms):
-        assert_loss_close(x["loss"], loss, what=f"bert t2-n{ranks}: loss of step {x['step']}")
+        assert_loss_close(x["loss"], loss, what=f"bert {config}: loss of step {x['step']}")
         assert_close(x["grad_norm"], norm,
-                     what=f"bert t2-n{ranks}: gradient norm of step {x['step']}")
+                     what=f"bert {config}: gradient norm of step {x['step']}")
     from safetensors.torch import load_file
     stats = assert_trained_close(load_file(params), want, sum(lrs.values()))
     worst = max(abs(x["grad_norm"] - n) / n for x, n in zip(train, norms))
-    print(f"bert t2-n{ranks}: parameters max {stats[0]:.2e}, mean {stats[1]:.2e}, "
+    print(f"bert {config}: parameters max {stats[0]:.2e}, mean {stats[1]:.2e}, "
           f"differing {stats[2]:.1%}; gradient norms within {worst:.1e} relative")
 
 
 def test_sequence_parallel_refuses_a_sequence_t_does_not_divide(traced, tmp_path):  # noqa: F811
     """bmt-run on a --sequence-parallel plan (its parity with eager is
-    CONFIGS' t2-n2-sequence-parallel) with 7-token sequences at T = 2: it
-    stops at the first reduce-scatter with one message naming --seq-len
-    and T."""
+    CONFIGS' t2-n2-sequence-parallel) with 7-token sequences at T = 2, from
+    --batches and from --data --seq-len 7: before any step, one error line
+    (rank 0's) naming --sequence-parallel, T and where the length comes
+    from."""
     if traced["name"] != "gpt2":
         pytest.skip("one model is enough")
     import torch
+    from test_bmt_run import write_tokens
     sharded = tmp_path / "sharded.pt"
     subprocess.run([binary("bmt-opt"), str(traced["pt"]), "-o", str(sharded), "--world-size", "2",
                     "--tensor-parallel", "2", "--sequence-parallel"], check=True,
                    capture_output=True)
     odd = tmp_path / "odd.pt"
     torch.save(traced["batches"][:1, :2, :8].clone(), odd)  # 7 tokens and their targets
-    r = torchrun(2, sharded, "--batches", odd, "--steps", 1)
-    assert r.returncode != 0
-    assert "the sequence length (--seq-len) must be a multiple of --tensor-parallel 2" \
-        in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    data = write_tokens(tmp_path / "d", list(range(1, 400)), 128)
+    want = f"error: {sharded} was compiled with --sequence-parallel, which splits the sequence " \
+        "over the 2 ranks of a tensor-parallel group, so the sequence length must be a multiple " \
+        "of 2; "
+    for source, where in [(["--batches", odd], f"{odd} holds sequences of 7 tokens"),
+                          (["--data", data, "--seq-len", 7, "--micro-batch", 2], "--seq-len is 7")]:
+        log = tmp_path / f"log{source[0]}.jsonl"
+        r = torchrun(2, sharded, *source, "--steps", 1, "--log-file", log)
+        assert r.returncode != 0
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+        assert errors == [want + where], r.stdout[-3000:] + r.stderr[-3000:]
+        assert not log.exists() or not [x for x in open(log) if '"train"' in x]
 
 
 def test_sequence_parallel_needs_tensor_parallel(traced):  # noqa: F811

@@ -33,6 +33,13 @@ struct Failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A refusal that follows from the options and the plan alone, so that
+/// every rank of a launch makes it alike: bmt-run prints it on rank 0 only
+/// (RANK unset or 0); every rank exits 1.
+struct ConfigFailure : Failure {
+  using Failure::Failure;
+};
+
 /// The bytes of `path`; Failure when it cannot be opened.
 std::vector<char> readFile(const std::string &path);
 

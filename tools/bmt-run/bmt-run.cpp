@@ -4,7 +4,9 @@
 //
 // One process, or one per rank under `torchrun --no-python bmt-run ...`
 // (rendezvous from torchrun's environment; docs/runtime.md). Every failure
-// is one "error: ..." line on stderr and exit status 1 (on every rank).
+// is one "error: ..." line on stderr and exit status 1 on every rank; a
+// usage or configuration error, which every rank finds alike, is printed
+// by rank 0 alone.
 //
 //===----------------------------------------------------------------------===//
 
@@ -30,6 +32,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -151,6 +154,27 @@ int64_t probeVocabulary(const tools::RunOptions &o, runtime::Model &model,
       length = l.inputLength;
       target = l.targetLength;
     }
+  }
+  // A --sequence-parallel plan (its tp_reduce_scatter instructions) splits
+  // the sequence over the T ranks of a TP group.
+  const plan::Plan &p = model.plan();
+  const bool sequenceParallel =
+      p.tensorParallel > 1 &&
+      std::any_of(p.functions.begin(), p.functions.end(), [](const plan::Function &f) {
+        for (const plan::Instruction &inst : f.body)
+          if (inst.kind == plan::Instruction::Kind::TpReduceScatter)
+            return true;
+        return false;
+      });
+  if (sequenceParallel && length % p.tensorParallel != 0) {
+    const std::string t = std::to_string(p.tensorParallel);
+    throw tools::ConfigFailure(
+        o.archive + " was compiled with --sequence-parallel, which splits the sequence over the " +
+        t + " ranks of a tensor-parallel group, so the sequence length must be a multiple of " +
+        t + "; " +
+        (fixed.inputIds.defined() || fixed.windows.defined()
+             ? o.batchesFile + " holds sequences of " + std::to_string(length) + " tokens"
+             : "--seq-len is " + std::to_string(length)));
   }
   at::TensorOptions ids = at::TensorOptions().dtype(at::kLong).device(device);
   runtime::ModelInputs probe;
@@ -443,11 +467,41 @@ documentLayout(const tools::RunOptions &o, runtime::Model &model,
   return layout;
 }
 
+/// The options a plan compiled for tensor parallelism (T ranks per TP
+/// group) refuses, and a world size T does not divide: ConfigFailure,
+/// before any rank connects (the model-loss ones need the loaded model).
+void checkTensorParallel(const tools::RunOptions &o, const plan::Plan &p, int64_t worldSize) {
+  if (p.tensorParallel <= 1)
+    return;
+  const std::string t = std::to_string(p.tensorParallel);
+  const std::string tp = o.archive + " is compiled for tensor parallelism (" + t +
+                         " ranks per TP group): ";
+  if (worldSize % p.tensorParallel != 0)
+    throw tools::ConfigFailure(tp + "it needs a world size that is a multiple of " + t + ", not " +
+                               std::to_string(worldSize) + (worldSize == 1 ? " rank" : " ranks") +
+                               "; run on a multiple of " + t +
+                               " ranks or recompile with another --tensor-parallel");
+  if (!o.dumpInputs.empty())
+    throw tools::ConfigFailure(tp + "--dump is not supported with it yet (each rank holds a part "
+                               "of the logits)");
+  if (o.train.inspectEvery > 0)
+    throw tools::ConfigFailure(tp + "--inspect-every is not supported with it yet (its statistics "
+                               "would mix the ranks' slices)");
+  if (o.offloadOptimizer)
+    throw tools::ConfigFailure(tp + "--offload-optimizer is not supported with it yet");
+  if (o.train.optimizer.kind == runtime::OptimizerKind::Adafactor)
+    throw tools::ConfigFailure(tp + "--optimizer adafactor factors each parameter's statistics "
+                               "over its rows and columns, which tensor parallelism splits over "
+                               "ranks; it is not supported with it yet (use adamw, adam, sgd or "
+                               "lion)");
+}
+
 int run(const tools::RunOptions &o) {
   tools::checkOutputs(o);
   runtime::RendezvousInfo rendezvous = runtime::rendezvousFromEnvironment();
   at::Device device = chooseDevice(o.device, rendezvous.localRank);
   plan::Archive archive(o.archive);
+  checkTensorParallel(o, archive.plan(), rendezvous.worldSize);
   archive.setInitSeed(o.train.seed); // weights-free plans: initial values by --seed
   if (o.offloadOptimizer && archive.plan().groups.empty())
     throw tools::UsageError("--offload-optimizer keeps each rank's shard of the optimizer state "
@@ -478,21 +532,15 @@ int run(const tools::RunOptions &o) {
     const std::string tp = o.archive + " is compiled for tensor parallelism (" +
                            std::to_string(p.tensorParallel) + " ranks per TP group): ";
     if (modelLoss)
-      throw Failure(tp + "its forward takes labels and computes its own loss, which is not "
-                    "supported with it yet (bmt cannot see how that loss reduces over the "
-                    "ranks' parts of the model); export the model without labels "
-                    "(bmt-export-hf without --labels) to train it on bmt-run's vocab-parallel "
-                    "cross-entropy");
+      throw tools::ConfigFailure(
+          tp + "its forward takes labels and computes its own loss, which is not supported with "
+               "it yet (bmt cannot see how that loss reduces over the ranks' parts of the "
+               "model); export the model without labels (bmt-export-hf without --labels) to "
+               "train it on bmt-run's vocab-parallel cross-entropy");
     if (o.modelLoss)
-      throw Failure(tp + "--objective model-loss is not supported with it yet, and its forward "
-                    "takes no labels anyway; leave out --objective to train on bmt-run's "
-                    "vocab-parallel cross-entropy");
-    if (!o.dumpInputs.empty())
-      throw Failure(tp + "--dump is not supported with it yet (each rank holds a part of the "
-                    "logits)");
-    if (o.train.inspectEvery > 0)
-      throw Failure(tp + "--inspect-every is not supported with it yet (its statistics would "
-                    "mix the ranks' slices)");
+      throw tools::ConfigFailure(tp + "--objective model-loss is not supported with it yet, and "
+                                 "its forward takes no labels anyway; leave out --objective to "
+                                 "train on bmt-run's vocab-parallel cross-entropy");
   }
   if (o.modelLoss && !modelLoss)
     throw Failure(o.archive + ": --objective model-loss trains on the loss the model computes "
@@ -644,6 +692,18 @@ int run(const tools::RunOptions &o) {
 
 } // namespace
 
+namespace {
+
+/// Writes `line` unless this process is a rank other than 0 of a launch
+/// (torchrun's RANK).
+void printOnRank0(const std::string &line) {
+  const char *rank = std::getenv("RANK");
+  if (rank == nullptr || std::string(rank) == "0")
+    bmt::writeErrorLine(line);
+}
+
+} // namespace
+
 int main(int argc, char **argv) {
   try {
     tools::RunOptions options = tools::parseRunOptions(argc, argv);
@@ -652,6 +712,11 @@ int main(int argc, char **argv) {
       return 0;
     }
     return run(options);
+  } catch (const tools::UsageError &e) {
+    // The same argv, and so the same error, on every rank.
+    printOnRank0(std::string("error: ") + e.what());
+  } catch (const tools::ConfigFailure &e) {
+    printOnRank0(std::string("error: ") + e.what());
   } catch (const c10::Error &e) {
     bmt::writeErrorLine("error: " + bmt::firstErrorLine(e.what_without_backtrace()));
   } catch (const std::exception &e) {
