@@ -55,7 +55,12 @@ struct FusedFunction : torch::autograd::Function<FusedFunction> {
       out.resize(inputs.size() + 1);
       return out;
     }
-    for (at::Tensor &g : self->backward(inputs, grads[0]))
+    // Only the gradients autograd asks for (not those of the rotary
+    // cos/sin, say): fewer outputs, a smaller kernel, no sums of them.
+    std::vector<bool> needed(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i)
+      needed[i] = ctx->needs_input_grad(i);
+    for (at::Tensor &g : self->backward(inputs, grads[0], needed))
       out.push_back(g);
     return out;
   }
@@ -277,7 +282,8 @@ void *loadFunction(const std::string &source, const std::string &name, const at:
 #endif
 
 FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inputs,
-                                              const at::Tensor &gradOut, const RowVector *rowVector) {
+                                              const at::Tensor &gradOut, const RowVector *rowVector,
+                                              const std::vector<bool> &needed) {
   std::string key = inputs[0].device().str();
   std::vector<c10::ScalarType> dtypes;
   for (const at::Tensor &t : inputs) {
@@ -288,7 +294,7 @@ FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inp
   // Broadcast inputs get fp32 gradients (summed over the broadcast dims after).
   std::vector<c10::ScalarType> gradDtypes;
   for (size_t i = 0; i < inputs.size(); ++i)
-    if (region_.gradients[i] >= 0) {
+    if (gradientWanted(i, needed)) {
       bool full = inputs[i].sizes().vec() == shape;
       gradDtypes.push_back(full ? inputs[i].scalar_type() : at::kFloat);
       key += full ? ",g" : ",G";
@@ -299,6 +305,8 @@ FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inp
   // its column sums, or not) are compiled on their first use.
   const bool backward = gradOut.defined();
   key += backward ? ",bwd" : ",fwd";
+  for (size_t i = 0; backward && i < inputs.size(); ++i)
+    key += gradientWanted(i, needed) ? "1" : "0";
   if (rowVector) {
     key += ",v";
     for (bool c : rowVector->columnSums)
@@ -328,9 +336,9 @@ FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inp
     return *k;
   }
   std::vector<int> outs;
-  for (int g : region_.gradients)
-    if (g >= 0)
-      outs.push_back(g);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (gradientWanted(i, needed))
+      outs.push_back(region_.gradients[i]);
   std::string bname = tag + "bwd";
   if (!outs.empty())
     k->function = loadFunction(
@@ -412,7 +420,7 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
   if (region_.hasReduction) {
     if (unsigned threads = rowVectorThreads(a, inputs.size())) {
       RowVector rv{{false}};
-      Kernels &k = kernelsFor(inputs, at::Tensor(), &rv);
+      Kernels &k = kernelsFor(inputs, at::Tensor(), &rv, {});
       if (static_cast<int>(threads) <= k.maxThreads) { // else too many registers: the scalar kernel
         launch(k.function, a, rowVectorBlocks(a, device, false), threads, device);
         return out;
@@ -421,7 +429,7 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
   } else {
     chooseVector(a, inputs.size() + 1);
   }
-  Kernels &k = kernelsFor(inputs, at::Tensor(), nullptr);
+  Kernels &k = kernelsFor(inputs, at::Tensor(), nullptr, {});
   launch(k.function, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), device);
   return out;
 #else
@@ -429,10 +437,20 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
 #endif
 }
 
+bool FusedRegion::gradientWanted(size_t i, const std::vector<bool> &needed) const {
+  return region_.gradients[i] >= 0 && (needed.empty() || needed[i]);
+}
+
 std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inputs,
-                                              const at::Tensor &gradOut) {
-  if (!usesKernels(inputs[0].device()))
-    return backwardATen(region_, inputs, gradOut);
+                                              const at::Tensor &gradOut,
+                                              const std::vector<bool> &needed) {
+  if (!usesKernels(inputs[0].device())) {
+    std::vector<at::Tensor> grads = backwardATen(region_, inputs, gradOut);
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (!gradientWanted(i, needed))
+        grads[i] = at::Tensor();
+    return grads;
+  }
 #ifdef BMT_WITH_CUDA_KERNELS
   c10::cuda::CUDAGuard guard(inputs[0].device());
   std::vector<at::Tensor> grads(inputs.size());
@@ -448,7 +466,7 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
   std::vector<size_t> of;
   std::vector<bool> columnSums;
   for (size_t i = 0; i < inputs.size(); ++i)
-    if (region_.gradients[i] >= 0) {
+    if (gradientWanted(i, needed)) {
       of.push_back(i);
       bool oneRow = region_.hasReduction && !shape.empty() && inputs[i].numel() == shape.back() &&
                     inputs[i].sizes().vec() != shape;
@@ -466,10 +484,10 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
   const at::Device device = inputs[0].device();
   unsigned threads = region_.hasReduction ? rowVectorThreads(a, all.size()) : 0;
   RowVector rv{columnSums};
-  Kernels *k = &kernelsFor(inputs, gradOut, threads ? &rv : nullptr);
+  Kernels *k = &kernelsFor(inputs, gradOut, threads ? &rv : nullptr, needed);
   if (threads && static_cast<int>(threads) > k->maxThreads) { // too many registers: the scalar kernel
     threads = 0;
-    k = &kernelsFor(inputs, gradOut, nullptr);
+    k = &kernelsFor(inputs, gradOut, nullptr, needed);
   }
   unsigned blocks = threads ? rowVectorBlocks(a, device, true) : 0;
   std::vector<at::Tensor> outs;

@@ -317,6 +317,25 @@ TEST(Fusion, RejectsWhatItCannotFuse) {
   EXPECT_EQ(fusion::resultDtype(region, {at::kFloat, at::kBFloat16}), at::kFloat);
 }
 
+TEST(Fusion, OnlyWantedGradients) {
+  // The autograd node asks only for the gradients autograd needs: RMSNorm
+  // whose weight does not require grad gets its input's gradient (the
+  // reference's) and leaves the weight's undefined.
+  fusion::Region region = fusion::buildRegion(rmsNorm(6));
+  fusion::FusedRegion fused(region, "wanted");
+  at::Tensor x = test::randomTensor({3, 64}, at::kFloat, 80).requires_grad_();
+  at::Tensor w = test::randomTensor({64}, at::kFloat, 81);
+  at::Tensor gradOut = test::randomTensor({3, 64}, at::kFloat, 82);
+  fused.run({x, w}).backward(gradOut);
+  std::vector<at::Tensor> expected = fusion::backwardATen(region, {x.detach(), w}, gradOut);
+  ASSERT_TRUE(x.grad().defined());
+  expectClose(x.grad(), expected[0], 1e-6, "input gradient");
+  EXPECT_FALSE(w.grad().defined());
+  std::vector<at::Tensor> grads = fused.backward({x.detach(), w}, gradOut, {true, false});
+  EXPECT_TRUE(grads[0].defined());
+  EXPECT_FALSE(grads[1].defined());
+}
+
 TEST(Fusion, KernelCache) {
   if (!fusion::nvrtcAvailable())
     GTEST_SKIP() << "no NVRTC library";
@@ -375,6 +394,15 @@ void checkCuda(const plan::Function &body, const std::vector<at::Tensor> &inputs
     ASSERT_TRUE(grads[i].defined()) << name << " input " << i;
     expectClose(grads[i].cpu(), expectedGrads[i], tol, name + " CUDA gradient of input " + std::to_string(i));
   }
+  // Without the last input's gradient (a kernel with one output fewer).
+  std::vector<bool> needed(inputs.size(), true);
+  needed.back() = false;
+  std::vector<at::Tensor> some = fused.backward(onGpu, gradOut.to(at::kCUDA), needed);
+  EXPECT_FALSE(some.back().defined()) << name;
+  for (size_t i = 0; i + 1 < inputs.size(); ++i)
+    if (expectedGrads[i].defined())
+      expectClose(some[i].cpu(), expectedGrads[i], tol, name + " CUDA gradient of input " + std::to_string(i) +
+                                                            " (not the last input's)");
 }
 
 bool cudaKernels() {

@@ -41,7 +41,10 @@ public:
 
   /// Forward and backward without autograd (the node's two halves).
   at::Tensor forward(const std::vector<at::Tensor> &inputs);
-  std::vector<at::Tensor> backward(const std::vector<at::Tensor> &inputs, const at::Tensor &gradOut);
+  /// `needed[i]`: whether input i's gradient is wanted (empty: every one
+  /// the result depends on); the others are returned undefined.
+  std::vector<at::Tensor> backward(const std::vector<at::Tensor> &inputs, const at::Tensor &gradOut,
+                                   const std::vector<bool> &needed = {});
 
   /// Whether forward/backward use generated CUDA kernels for tensors on
   /// `device` (false: ATen evaluation).
@@ -56,7 +59,8 @@ private:
   /// The compiled forward (gradOut undefined) or backward kernel for these
   /// dtypes, the 8-wide row kernel when `rowVector` is given.
   Kernels &kernelsFor(const std::vector<at::Tensor> &inputs, const at::Tensor &gradOut,
-                      const RowVector *rowVector);
+                      const RowVector *rowVector, const std::vector<bool> &needed);
+  bool gradientWanted(size_t i, const std::vector<bool> &needed) const;
 };
 
 } // namespace bmt::fusion
