@@ -191,6 +191,34 @@ std::vector<int> levels(const Graph &g) {
   return level;
 }
 
+/// The row sums of `g` by level: [L - 1] holds those of level L (levels()),
+/// each level one pass over the row.
+std::vector<std::vector<int>> rowSumsByLevel(const Graph &g) {
+  std::vector<int> level = levels(g);
+  std::vector<std::vector<int>> byLevel;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (g.nodes[i].op == Op::RowSum) {
+      if (byLevel.size() < static_cast<size_t>(level[i]))
+        byLevel.resize(level[i]);
+      byLevel[level[i] - 1].push_back(static_cast<int>(i));
+    }
+  return byLevel;
+}
+
+/// Code computing b<slot>, the offset of row r in each slot's tensor, from
+/// the dims before the last.
+std::string rowBases(const std::vector<int> &slots) {
+  std::string c;
+  for (int k : slots)
+    c += "    long long b" + std::to_string(k) + " = 0;\n";
+  c += "    long long rem = r;\n"
+       "    for (int d = a.ndim - 2; d >= 0; --d) {\n"
+       "      long long idx = rem % a.sizes[d]; rem /= a.sizes[d];\n";
+  for (int k : slots)
+    c += "      b" + std::to_string(k) + " += idx * a.strides[" + std::to_string(k) + "][d];\n";
+  return c + "    }\n";
+}
+
 using EmitNodes = std::function<void(std::ostringstream &, const std::vector<int> &, const std::set<int> &,
                                       const std::string &, const std::function<std::string(int)> &)>;
 
@@ -207,7 +235,6 @@ std::string rowVectorKernel(const Graph &g, const std::vector<int> &outs, const 
   if (rv.columnSums.size() != outs.size())
     throw FusionError("fused region: RowVector::columnSums needs one entry per output");
   std::vector<bool> row = g.rowValued();
-  std::vector<int> level = levels(g);
   const bool hasGrad = gradDtype != c10::ScalarType::Undefined &&
                        std::find(slots.begin(), slots.end(), gradSlot) != slots.end();
   auto slotDtype = [&](int k) { return hasGrad && k == gradSlot ? gradDtype : inputDtypes.at(k); };
@@ -227,15 +254,7 @@ std::string rowVectorKernel(const Graph &g, const std::vector<int> &outs, const 
   for (size_t k = 0; k < outs.size(); ++k)
     if (rv.columnSums[k])
       s << "  float cs" << k << "[" << C << "][8] = {};\n";
-  s << "  for (long long r = blockIdx.x; r < a.n; r += gridDim.x) {\n";
-  for (int k : slots)
-    s << "    long long b" << k << " = 0;\n";
-  s << "    long long rem = r;\n"
-       "    for (int d = a.ndim - 2; d >= 0; --d) {\n"
-       "      long long idx = rem % a.sizes[d]; rem /= a.sizes[d];\n";
-  for (int k : slots)
-    s << "      b" << k << " += idx * a.strides[" << k << "][d];\n";
-  s << "    }\n";
+  s << "  for (long long r = blockIdx.x; r < a.n; r += gridDim.x) {\n" << rowBases(slots);
   for (int k : slots)
     s << "    float " << x(k) << "[" << C << "][8];\n";
   s << "#pragma unroll\n    for (int c = 0; c < " << C << "; ++c) {\n"
@@ -249,15 +268,7 @@ std::string rowVectorKernel(const Graph &g, const std::vector<int> &outs, const 
   }
   s << "    }\n";
   std::set<int> done;
-  int top = 0;
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (g.nodes[i].op == Op::RowSum)
-      top = std::max(top, level[i]);
-  for (int L = 1; L <= top; ++L) {
-    std::vector<int> sums;
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-      if (g.nodes[i].op == Op::RowSum && level[i] == L)
-        sums.push_back(static_cast<int>(i));
+  for (const std::vector<int> &sums : rowSumsByLevel(g)) {
     for (int r : sums)
       s << "    float acc" << r << " = 0.f;\n";
     s << "#pragma unroll\n    for (int c = 0; c < " << C << "; ++c) {\n"
@@ -331,7 +342,6 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
   const int firstOut = numInputs + (hasGrad ? 1 : 0);
   if (firstOut + static_cast<int>(outs.size()) > kMaxTensors)
     throw FusionError("fused region: more than " + std::to_string(kMaxTensors) + " tensors");
-  std::vector<int> level = levels(g);
   std::vector<bool> row = g.rowValued();
   bool rowKernel = false;
   for (size_t i = 0; i < g.nodes.size(); ++i)
@@ -544,15 +554,8 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
   // Row kernel: one block per row (grid-stride over rows).
   s << "  __shared__ float red[32];\n"
        "  const long long D = a.sizes[a.ndim - 1];\n"
-       "  for (long long r = blockIdx.x; r < a.n; r += gridDim.x) {\n";
-  for (int k : slots)
-    s << "    long long b" << k << " = 0;\n";
-  s << "    long long rem = r;\n"
-       "    for (int d = a.ndim - 2; d >= 0; --d) {\n"
-       "      long long idx = rem % a.sizes[d]; rem /= a.sizes[d];\n";
-  for (int k : slots)
-    s << "      b" << k << " += idx * a.strides[" << k << "][d];\n";
-  s << "    }\n";
+       "  for (long long r = blockIdx.x; r < a.n; r += gridDim.x) {\n"
+    << rowBases(slots);
   auto columnOffsets = [&](const std::string &indent) {
     std::string o;
     for (int k : slots)
@@ -561,15 +564,7 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     return o;
   };
   std::set<int> done;
-  int top = 0;
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (g.nodes[i].op == Op::RowSum)
-      top = std::max(top, level[i]);
-  for (int L = 1; L <= top; ++L) {
-    std::vector<int> sums;
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-      if (g.nodes[i].op == Op::RowSum && level[i] == L)
-        sums.push_back(static_cast<int>(i));
+  for (const std::vector<int> &sums : rowSumsByLevel(g)) {
     for (int r : sums)
       s << "    float acc" << r << " = 0.f;\n";
     s << "    for (long long j = threadIdx.x; j < D; j += blockDim.x) {\n" << columnOffsets("      ");
