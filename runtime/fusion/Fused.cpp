@@ -255,6 +255,15 @@ void launch(void *function, Args &a, bool row, int64_t rowLen, const at::Device 
   launch(function, a, blocks, threads, device);
 }
 
+/// The most threads a block of `function` may have (its registers allow).
+int maxThreadsPerBlock(void *function) {
+  constexpr int kAttribute = 0; // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+  int threads = 1024;
+  if (driver().funcGetAttribute(&threads, kAttribute, function) != 0)
+    throw FusionError("cuFuncGetAttribute failed");
+  return threads;
+}
+
 /// The kernel `name` of `source` on `device`: one module per distinct
 /// source and device in the process (identical regions of identical blocks
 /// share it), compiled through the disk cache.
@@ -331,8 +340,7 @@ FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inp
                                           c10::ScalarType::Undefined, {resultDtype(region_, dtypes)},
                                           rowVector),
                                fname, inputs[0].device());
-    constexpr int kMaxThreadsPerBlock = 0; // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
-    driver().funcGetAttribute(&k->maxThreads, kMaxThreadsPerBlock, k->function);
+    k->maxThreads = maxThreadsPerBlock(k->function);
     return *k;
   }
   std::vector<int> outs;
@@ -344,10 +352,8 @@ FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inp
     k->function = loadFunction(
         cudaSource(region_.backward, outs, bname, dtypes, gradDtype, gradDtypes, rowVector), bname,
         inputs[0].device());
-  if (k->function) {
-    constexpr int kMaxThreadsPerBlock = 0; // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
-    driver().funcGetAttribute(&k->maxThreads, kMaxThreadsPerBlock, k->function);
-  }
+  if (k->function)
+    k->maxThreads = maxThreadsPerBlock(k->function);
 #endif
   return *k;
 }
