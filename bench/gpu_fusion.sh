@@ -9,6 +9,7 @@
 # usage (on the GPU machine, in a checkout): bash bench/gpu_fusion.sh PLANS OUT
 #   PLANS: tiny-fused/NAME.sharded.pt, tiny-plain/NAME.sharded.pt (fixtures
 #          compiled with and without --bmt-default-pipeline='fuse-elementwise=true'),
+#          optionally tiny-{fused,plain}-bf16/ (the same from bench/make_bf16_fixtures.py),
 #          llama-{on,off}-{plain,fused,inline,gqa}.sharded.pt (--random-init;
 #          inline: also fuse-inline-calls=true; gqa: fused with
 #          grouped-query-attention=true)
@@ -46,6 +47,12 @@ B=$PWD/build-gpu/bin/bmt-run
 if [ -z "${SKIP_PARITY:-}" ]; then
 echo "== parity, fused plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-fused" gpt2 llama bert t5 2>&1 | tee "$out/logs/parity-fused.log" | grep -v Warning | tail -8
 echo "== parity, plain plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-plain" gpt2 llama bert t5 2>&1 | tee "$out/logs/parity-plain.log" | grep -v Warning | tail -2
+for v in fused plain; do
+  [ -d "$plans/tiny-$v-bf16" ] || continue
+  echo "== parity, $v plans (bf16 against float32, bound: 2 x eager bf16's difference)"
+  python3 bench/gpu_parity.py "$B" "$plans/tiny-$v-bf16" gpt2 llama bert t5 --dtype bfloat16 2>&1 \
+    | tee "$out/logs/parity-$v-bf16.log" | grep -E "\(bf16\)|worst|failed"
+done
 fi
 python3 - <<PY
 import json, numpy as np
