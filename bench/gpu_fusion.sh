@@ -13,7 +13,7 @@
 #          llama-{on,off}-{plain,fused,inline,gqa}.sharded.pt (--random-init;
 #          inline: also fuse-inline-calls=true; gqa: fused with
 #          grouped-query-attention=true)
-# env: VARIANTS (default "off-plain off-fused on-plain on-fused"), SKIP_PARITY=1,
+# env: VARIANTS (default "off-plain off-fused on-plain on-fused"; empty: none), SKIP_PARITY=1,
 #      GTEST_SOURCE=<googletest folder>: also build bmt-runtime-unit-tests and
 #      run its FusionCuda.* tests (the generated kernels against ATen on the GPU),
 #      REFERENCE="off on" (the FSDP2 + torch.compile runs; empty: none),
@@ -25,7 +25,7 @@ plans=$1; out=$2; mkdir -p "$out/logs"
 site=$(python3 -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))')
 export LD_LIBRARY_PATH="$site/torch/lib:$site/nvidia/cu13/lib:$site/nvidia/cuda_nvrtc/lib:${LD_LIBRARY_PATH:-}"
 export BMT_KERNEL_CACHE=/tmp/bmt-kernels
-VARIANTS=${VARIANTS:-off-plain off-fused on-plain on-fused}
+VARIANTS=${VARIANTS-off-plain off-fused on-plain on-fused}
 REFERENCE=${REFERENCE-off on}
 carry=${DEVCARRY:-$PWD/.devcarry}
 tests=(-DBMT_TESTS=OFF); targets=(bmt-run)
@@ -62,7 +62,7 @@ json.dump({"format": "bmt-tokens", "version": 1, "dtype": "uint32", "num_tokens"
            "vocab_size": 128256, "eos_id": 0, "mask_id": None, "pad_id": None, "tokenizer": "random",
            "source": []}, open("/tmp/tok.json", "w"))
 PY
-PROFILES=${PROFILES:-llama-off-fused llama-off-plain}
+PROFILES=${PROFILES-llama-off-fused llama-off-plain}
 for v in $VARIANTS; do
   p=llama-$v
   trace=()
