@@ -18,6 +18,20 @@ import json
 import re
 
 
+def read_events(path):
+    """The traceEvents of a Chrome trace file (plain or gzip-compressed JSON)."""
+    try:
+        with open(path, "rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+        with (gzip.open if gz else open)(path, "rt") as f:
+            trace = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SystemExit(f"error: cannot read {path} as a Chrome trace: {e}")
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise SystemExit(f"error: {path} is JSON but not a Chrome trace (no traceEvents list)")
+    return [e for e in trace["traceEvents"] if isinstance(e, dict)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace")
@@ -25,9 +39,16 @@ def main():
     ap.add_argument("--op", default=r"aten::(copy_|_to_copy|to|clone|contiguous)$")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
-    opener = gzip.open if args.trace.endswith(".gz") else open
-    with opener(args.trace, "rt") as f:
-        events = json.load(f)["traceEvents"]
+    if args.steps <= 0:
+        raise SystemExit(f"error: --steps must be positive (the steps the trace covers), got {args.steps}")
+    try:
+        pattern = re.compile(args.op)
+    except re.error as e:
+        raise SystemExit(f"error: --op {args.op!r} is not a regular expression: {e}")
+    events = read_events(args.trace)
+    if not any(e.get("cat") == "kernel" for e in events):
+        raise SystemExit(f"error: {args.trace} has no GPU kernels (a CPU run's trace: bmt-run "
+                         "--profile prints the CPU ops' self time itself)")
     ops = [e for e in events if e.get("cat") == "cpu_op" and "dur" in e]
     by_id = {}
     by_thread = collections.defaultdict(list)
@@ -47,7 +68,7 @@ def main():
         for e in lst[:bisect.bisect_right(st, op["ts"])][-400:]:
             if e is op or e["ts"] + e["dur"] < op["ts"] + op["dur"]:
                 continue
-            if re.search(args.op, e["name"]) or e["name"].startswith("aten::copy"):
+            if pattern.search(e["name"]) or e["name"].startswith("aten::copy"):
                 continue
             if best is None or e["dur"] <= best["dur"]:
                 best = e
@@ -60,7 +81,7 @@ def main():
             continue
         total += k["dur"]
         op = by_id.get(k.get("args", {}).get("External id"))
-        if op is None or not re.search(args.op, op["name"]):
+        if op is None or not pattern.search(op["name"]):
             continue
         matched += k["dur"]
         a = op.get("args", {})

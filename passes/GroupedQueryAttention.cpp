@@ -180,12 +180,18 @@ struct GroupedQueryAttentionPass
       ++rewritten;
       erased += eraseDead({key->getOperand(), value->getOperand()});
     }
-    if (rewritten)
+    if (rewritten == 0) {
       emitRemark(module.getLoc())
-          << "bmt-grouped-query-attention: " << rewritten << " aten::scaled_dot_product_attention "
-          << (rewritten == 1 ? "call reads" : "calls read")
-          << " the key/value heads with enable_gqa=True instead of their repeats; " << erased
-          << " op" << (erased == 1 ? "" : "s") << " removed";
+          << "bmt-grouped-query-attention: no aten::scaled_dot_product_attention whose key and "
+             "value are repeat_kv's repeats of fewer heads (" << calls.size() << " call"
+          << (calls.size() == 1 ? "" : "s") << " left as they are)";
+      return;
+    }
+    emitRemark(module.getLoc())
+        << "bmt-grouped-query-attention: " << rewritten << " aten::scaled_dot_product_attention "
+        << (rewritten == 1 ? "call reads" : "calls read")
+        << " the key/value heads with enable_gqa=True instead of their repeats; " << erased << " op"
+        << (erased == 1 ? "" : "s") << " removed";
   }
 
   /// Erases the ops that computed `roots` once nothing reads them: the

@@ -117,11 +117,11 @@ def GroupedQueryAttention : Pass<"bmt-grouped-query-attention", "::mlir::ModuleO
     different n for k and v) is left as it is. The repeats and the size
     arithmetic that nothing reads afterwards are erased.
 
-    Off in the default pipeline unless `grouped-query-attention=true`: on
-    CUDA the cuDNN kernel takes the call (bench/gpu_attention_gqa.py); on
-    the CPU, ATen runs such a call on its math path rather than the flash
-    kernel. Emits one remark with the number of calls rewritten and ops
-    removed, or nothing when none matched.
+    Off in the default pipeline unless `grouped-query-attention=true`
+    (bmt-opt `--grouped-query-attention`); on CUDA the cuDNN kernel takes
+    the call (bench/gpu_attention_gqa.py). Emits one remark: the number of
+    calls rewritten and ops removed, or that none matched (with the number
+    of calls left as they are).
   }];
   let dependentDialects = ["::bmt::BmtDialect"];
 }

@@ -1,10 +1,11 @@
 // RUN: bmt-opt %s --split-input-file --bmt-grouped-query-attention 2>/dev/null | FileCheck %s
 // RUN: bmt-opt %s --split-input-file --bmt-grouped-query-attention -o /dev/null 2>&1 | FileCheck %s --check-prefix=REMARK
 
-// One remark per module that had a rewrite (the split inputs below, in order).
+// One remark per module (the split inputs below, in order).
 // REMARK: remark: bmt-grouped-query-attention: 1 aten::scaled_dot_product_attention call reads the key/value heads with enable_gqa=True instead of their repeats; 18 ops removed
 // REMARK: remark: bmt-grouped-query-attention: 1 aten::scaled_dot_product_attention call reads the key/value heads with enable_gqa=True instead of their repeats; 6 ops removed
 // REMARK: remark: bmt-grouped-query-attention: 1 aten::scaled_dot_product_attention call reads the key/value heads with enable_gqa=True instead of their repeats; 3 ops removed
+// REMARK: remark: bmt-grouped-query-attention: no aten::scaled_dot_product_attention whose key and value are repeat_kv's repeats of fewer heads (5 calls left as they are)
 // REMARK-NOT: remark
 
 // repeat_kv as torch.jit.trace records it (x[:, :, None, :, :] with full
@@ -75,7 +76,7 @@ func.func private @attn.forward(%q: !bmt.tensor, %k: !bmt.tensor, %v: !bmt.tenso
 
 // -----
 
-// Left as they are, without a remark: k and v repeated by different
+// Left as they are (the remark says none matched): k and v repeated by different
 // factors; a batch of 1 broadcast by the expand (its size is another
 // tensor's); a narrow after the repeat (tensor parallelism's replicated
 // k/v); a reshape that does not merge kv and n; enable_gqa already true.

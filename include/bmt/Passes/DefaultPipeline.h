@@ -154,7 +154,7 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
   llvm::SmallVector<llvm::cl::Option *> commandLineFlags() {
     return {&worldSize,       &tensorParallel, &sequenceParallel, &zeroStage, &shardGroupSize,
             &checkpoint,      &memoryBudgetGib, &microBatch, &seqLen,
-            &prefetchDepth,   &assumeUnpadded};
+            &prefetchDepth,   &assumeUnpadded, &fuseElementwise, &groupedQueryAttention};
   }
 
   /// Checks the values together (sizes positive, a budget exactly with
