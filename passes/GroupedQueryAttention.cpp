@@ -54,16 +54,17 @@ bool isFullSlice(bmt::AtenOp slice) {
   return startOk && endOk && step->getInt() == 1;
 }
 
-/// `v` through full slices; every value passed is appended to `chain`.
-Value skipFullSlices(Value v, SmallVectorImpl<Value> &chain) {
-  chain.push_back(v);
+/// `v` and the values full slices of it were taken from, `v` first: the
+/// last is the tensor before any full slice (all of one shape).
+SmallVector<Value> throughFullSlices(Value v) {
+  SmallVector<Value> chain{v};
   while (bmt::AtenOp s = atenDef(v, "aten::slice.Tensor")) {
     if (!isFullSlice(s))
       break;
     v = s->getOperand(0);
     chain.push_back(v);
   }
-  return v;
+  return chain;
 }
 
 /// Whether list element `e` is -1, aten::size.int(x, dim) of one of
@@ -113,15 +114,14 @@ std::optional<Repeat> matchRepeat(Value v) {
   if (!n || *n < 1)
     return std::nullopt;
   // Below the expand: full slices, unsqueeze at dim 2 of the 4-d x, full slices.
-  SmallVector<Value> above, below;
-  Value unsqueezed = skipFullSlices(expand->getOperand(0), above);
-  bmt::AtenOp unsqueeze = atenDef(unsqueezed, "aten::unsqueeze");
+  bmt::AtenOp unsqueeze = atenDef(throughFullSlices(expand->getOperand(0)).back(), "aten::unsqueeze");
   if (!unsqueeze)
     return std::nullopt;
   std::optional<bmt::AtenArg> dim = bmt::getAtenArg(unsqueeze, "dim");
   if (!dim || (dim->getInt() != 2 && dim->getInt() != -3))
     return std::nullopt;
-  Value x = skipFullSlices(unsqueeze->getOperand(0), below);
+  SmallVector<Value> below = throughFullSlices(unsqueeze->getOperand(0));
+  Value x = below.back();
   // expand keeps every dim of x (no broadcast of a batch or kv dim of 1);
   // the reshape merges kv and n (b, s, d as the expand's: then its second
   // size is kv * n, the element count fixing it).
