@@ -30,6 +30,8 @@
 #include "mlir/Dialect/Shard/IR/ShardDialect.h"
 #include "mlir/Dialect/Shard/IR/ShardOps.h"
 #include "mlir/Dialect/Shard/Interfaces/ShardingInterface.h"
+#include "mlir/Dialect/Shard/Transforms/Passes.h"
+#include "mlir/Pass/PassManager.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/SymbolTable.h"
@@ -123,6 +125,10 @@ struct Chain {
   int64_t ops = 0;
   /// Every value the chain splits, and how: the `bmt.sharding` annotations.
   llvm::SmallVector<std::pair<Value, Split>> values;
+  /// The split dim (from the end) that upstream's sharding-propagation
+  /// decided for each result of the chain's ops that have a sharding rule
+  /// (none: replicated); see TensorParallelPass::shadow.
+  llvm::DenseMap<Value, std::optional<int64_t>> upstream;
 };
 
 /// Thrown (as a value) when a chain cannot be split: `fatal` for sizes that
@@ -1005,6 +1011,332 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     return m && u.get() == m->input;
   }
 
+  //===--- The ranked shadow: upstream's sharding-propagation decides -----===//
+  //
+  // `!bmt.tensor` has no rank, and upstream's `sharding-propagation` and
+  // `shard.shard` want ranked tensors; so each chain is copied into a
+  // temporary module (a `shard.grid @tp` of T devices and one function of
+  // ranked tensors, dynamic sizes except the parameters' static shapes),
+  // annotated with `shard.sharding` + `shard.shard` on what the pass
+  // decides itself, and propagated by upstream's pass (run by a
+  // PassManager of its own). The pass decides: the column weights, split
+  // along their output dim, and the results of the ops with no sharding
+  // rule (views that regroup dims, slices, split/chunk, cat, expand, the
+  // narrowed kv repeat), which become arguments of the shadow function
+  // annotated as the pass's rule splits them; their inputs are left to
+  // upstream. Upstream decides the rest: every op with a rule (pointwise,
+  // reductions, transposes, per-head matmuls, attention, the column and
+  // row matmuls) gets its operands' and results' shardings from it. Then:
+  // each result's sharding must be the split the pass follows, each input
+  // of a pass-rule op must arrive split as that rule expects, the row
+  // weights and column biases as the pass splits them, no operand may need
+  // a resharding, and no other parameter may be split: any difference is
+  // one error naming the op.
+
+  /// The value `v` stands for across calls of functions called once: a
+  /// callee's argument is its call's operand, a call's result the callee's
+  /// returned value.
+  Value resolve(Value v) {
+    for (int hops = 0; hops < 64; ++hops) {
+      if (auto arg = dyn_cast<BlockArgument>(v)) {
+        auto f = dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp());
+        if (!f || callSites[f].size() != 1)
+          return v;
+        v = callSites[f][0]->getOperand(arg.getArgNumber());
+        continue;
+      }
+      if (auto call = v.getDefiningOp<func::CallOp>()) {
+        auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
+        if (!callee || callee.isExternal())
+          return v;
+        v = callee.getBody().back().getTerminator()->getOperand(cast<OpResult>(v).getResultNumber());
+        continue;
+      }
+      return v;
+    }
+    return v;
+  }
+
+  /// The ops whose results the pass's own rule splits (no sharding rule).
+  static bool ownRule(Operation *op) {
+    auto aten = dyn_cast<bmt::AtenOp>(op);
+    if (!aten)
+      return false;
+    return llvm::is_contained({"aten::view", "aten::reshape", "aten::slice.Tensor", "aten::narrow",
+                               "aten::select.int", "aten::split.Tensor", "aten::chunk", "aten::cat",
+                               "aten::expand"},
+                              aten.getName());
+  }
+
+  /// The split dim (from the end) of `sharding` on a value of `rank`
+  /// dims: none when replicated; -rank - 1 for a sharding that is not one
+  /// dim split over grid axis 0 (no split of the pass looks like that).
+  static std::optional<int64_t> splitOf(const shard::Sharding &sharding, int64_t rank) {
+    if (!sharding)
+      return std::nullopt;
+    std::optional<int64_t> dim;
+    for (auto [d, axes] : llvm::enumerate(sharding.getSplitAxes())) {
+      if (axes.empty())
+        continue;
+      if (dim || axes.asArrayRef() != ArrayRef<shard::GridAxis>{0})
+        return -rank - 1;
+      dim = static_cast<int64_t>(d) - rank;
+    }
+    return dim;
+  }
+  static std::string dimText(std::optional<int64_t> dim) {
+    return dim ? "split along dim " + std::to_string(*dim) : std::string("replicated");
+  }
+
+  void shadow(Chain &chain) {
+    MLIRContext *context = &getContext();
+    Location loc = module.getLoc();
+    OwningOpRef<ModuleOp> scratch = ModuleOp::create(loc);
+    OpBuilder builder = OpBuilder::atBlockEnd(scratch->getBody());
+    shard::GridOp::create(builder, loc, "tp", ArrayRef<int64_t>{static_cast<int64_t>(tensorParallel)});
+    auto func = func::FuncOp::create(builder, loc, "chain", builder.getFunctionType({}, {}));
+    Block *body = func.addEntryBlock();
+    builder.setInsertionPointToEnd(body);
+    FlatSymbolRefAttr grid = FlatSymbolRefAttr::get(context, "tp");
+    Type f32 = builder.getF32Type();
+    auto dynamic = [&](int64_t rank) {
+      return RankedTensorType::get(llvm::SmallVector<int64_t>(rank, ShapedType::kDynamic), f32);
+    };
+    // shard.sharding + shard.shard (annotate_for_users) of `v`: split at
+    // `dim` (from the end), or replicated.
+    auto annotate = [&](Value v, std::optional<int64_t> dim) {
+      int64_t rank = cast<RankedTensorType>(v.getType()).getRank();
+      llvm::SmallVector<shard::GridAxesAttr> axes;
+      if (dim) {
+        axes.assign(rank + *dim + 1, shard::GridAxesAttr::get(context, {}));
+        axes.back() = shard::GridAxesAttr::get(context, {0});
+      }
+      Value sharding = shard::ShardingOp::create(builder, v.getLoc(), grid, axes).getResult();
+      return shard::ShardOp::create(builder, v.getLoc(), v, sharding, /*annotate_for_users=*/true).getResult();
+    };
+
+    // The chain's ops: those whose results it splits, and the rows.
+    llvm::SetVector<Operation *> ops;
+    for (auto &[v, s] : splits)
+      if (auto r = dyn_cast<OpResult>(v); r && isa<bmt::AtenOp, bmt::FusedOp>(r.getOwner()))
+        ops.insert(r.getOwner());
+    for (const MatmulSite &row : chain.rows)
+      ops.insert(row.op);
+    llvm::DenseSet<Operation *> columns;
+    for (const MatmulSite &c : chain.columns)
+      columns.insert(c.op);
+
+    llvm::DenseMap<Value, Value> copies;          // resolved original -> shadow value
+    llvm::DenseMap<Operation *, Operation *> cloneOf;
+    llvm::SmallVector<std::pair<Operation *, Operation *>> clones; // {original, copy}
+    std::function<void(Operation *)> emit = [&](Operation *op) {
+      if (cloneOf.count(op))
+        return;
+      cloneOf[op] = nullptr;
+      if (ownRule(op)) {
+        // The pass's rule decides: its split results enter as annotated
+        // arguments.
+        for (Value r : op->getResults()) {
+          auto it = splits.find(r);
+          if (it == splits.end())
+            continue;
+          const Split &s = it->second;
+          Value arg = body->addArgument(dynamic(s.rankKnown() ? s.rank() : std::max<int64_t>(4, -s.dim)),
+                                        op->getLoc());
+          copies[r] = annotate(arg, s.dim);
+        }
+        return;
+      }
+      // Operands: the chain's values, else arguments.
+      llvm::SmallVector<Value> operands;
+      llvm::SmallVector<int> external; // operand numbers
+      int64_t widest = -1;
+      for (OpOperand &o : op->getOpOperands()) {
+        Value v = resolve(o.get());
+        if (!isa<bmt::TensorType>(o.get().getType())) {
+          operands.push_back(body->addArgument(builder.getI64Type(), o.get().getLoc()));
+          continue;
+        }
+        Operation *def = v.getDefiningOp();
+        if (def && ops.count(def))
+          emit(def);
+        if (auto it = copies.find(v); it != copies.end()) {
+          operands.push_back(it->second);
+          widest = std::max(widest, cast<RankedTensorType>(it->second.getType()).getRank());
+          continue;
+        }
+        operands.push_back(Value());
+        external.push_back(o.getOperandNumber());
+      }
+      auto aten = dyn_cast<bmt::AtenOp>(op);
+      for (int i : external) {
+        Value v = resolve(op->getOperand(i));
+        if (auto it = copies.find(v); it != copies.end()) {
+          operands[i] = it->second;
+          continue;
+        }
+        Value arg;
+        if (auto param = paramOf(v)) {
+          arg = body->addArgument(RankedTensorType::get(shapeOf(param), f32), v.getLoc());
+        } else {
+          int64_t rank = widest >= 0 ? widest
+                         : aten && aten.getName() == "aten::addmm" ? 2
+                         : aten && aten.getName() == "aten::linear" ? 3
+                                                                     : 4;
+          arg = body->addArgument(dynamic(rank), v.getLoc());
+        }
+        // The column weights (and their biases) as the pass splits them.
+        std::optional<int64_t> seed;
+        if (columns.count(op))
+          if (auto param = paramOf(v); param && param == matmulShape(aten)->weight)
+            seed = matmulShape(aten)->outDim - 2;
+        copies[v] = seed ? annotate(arg, seed) : arg;
+        operands[i] = copies[v];
+      }
+      Operation *copy = bmt::cloneWithOperands(builder, op, operands);
+      if (!copy || !isa<shard::ShardingInterface>(copy))
+        fail(op, "internal error: no sharding rule at the ranks of the shadow of its chain", true);
+      // A name per copy, for upstream's diagnostics.
+      copy->setLoc(NameLoc::get(builder.getStringAttr("shadow." + std::to_string(clones.size())), op->getLoc()));
+      cloneOf[op] = copy;
+      clones.push_back({op, copy});
+      for (auto [r, c] : llvm::zip_equal(op->getResults(), copy->getResults()))
+        copies[r] = c;
+    };
+    // In program order (the copies of an op's operands come first).
+    module.walk([&](Operation *op) {
+      if (ops.count(op))
+        emit(op);
+    });
+    // The results nothing in the shadow reads (the inputs of the pass's
+    // rules, the rows' results) are returned: upstream annotates a result
+    // at its uses.
+    llvm::SmallVector<Value> unread;
+    for (auto [op, copy] : clones)
+      for (Value r : copy->getResults())
+        if (r.use_empty())
+          unread.push_back(r);
+    func::ReturnOp::create(builder, loc, unread);
+    func.setType(builder.getFunctionType(body->getArgumentTypes(), ValueRange(unread).getTypes()));
+
+    // Upstream's pass, on the shadow.
+    PassManager pm(context, ModuleOp::getOperationName());
+    pm.enableVerifier(false); // the copies are bmt.aten ops of ranked tensors
+    pm.addNestedPass<func::FuncOp>(shard::createShardingPropagation());
+    std::string diagnostics;
+    Operation *blamed = nullptr;
+    {
+      ScopedDiagnosticHandler capture(context, [&](Diagnostic &d) {
+        if (d.getSeverity() != DiagnosticSeverity::Error)
+          return success();
+        if (auto name = dyn_cast<NameLoc>(d.getLocation());
+            name && name.getName().strref().starts_with("shadow.") && !blamed) {
+          unsigned i = 0;
+          if (!name.getName().strref().drop_front(7).getAsInteger(10, i) && i < clones.size())
+            blamed = clones[i].first;
+        }
+        if (diagnostics.empty())
+          diagnostics = d.str();
+        return success();
+      });
+      if (failed(pm.run(*scratch)))
+        fail(blamed ? blamed : chain.columns.front().op.getOperation(),
+             "upstream's sharding-propagation cannot shard the chain here (" + diagnostics + ")", true);
+    }
+
+    // What upstream decided for a shadow value: the sharding of its
+    // shard.shard (the one for its producer, else the one for its users).
+    auto decided = [](Value v) -> std::optional<shard::Sharding> {
+      std::optional<shard::Sharding> users;
+      for (Operation *u : v.getUsers())
+        if (auto shardOp = dyn_cast<shard::ShardOp>(u)) {
+          if (!shardOp.getAnnotateForUsers())
+            return shard::Sharding(shardOp.getSharding());
+          users = shard::Sharding(shardOp.getSharding());
+        }
+      return users;
+    };
+    // The sharding an operand arrives with, and the value it comes from.
+    auto arriving = [](Value v) {
+      std::optional<shard::Sharding> s;
+      while (auto shardOp = v.getDefiningOp<shard::ShardOp>()) {
+        if (!s)
+          s = shard::Sharding(shardOp.getSharding());
+        v = shardOp.getSrc();
+      }
+      return std::make_pair(s, v);
+    };
+    auto rankOf = [](Value v) { return cast<RankedTensorType>(v.getType()).getRank(); };
+    auto expect = [&](Operation *op, const llvm::Twine &what, std::optional<int64_t> upstream,
+                      std::optional<int64_t> own) {
+      if (upstream != own)
+        fail(op, "internal error: upstream's sharding-propagation has " + what + " " +
+                     dimText(upstream) + ", the pass " + dimText(own),
+             true);
+    };
+    llvm::DenseMap<Value, Operation *> shadowToOriginal;
+    for (auto [op, copy] : clones) {
+      // Results: the split the pass follows.
+      for (auto [r, c] : llvm::zip_equal(op->getResults(), copy->getResults())) {
+        std::optional<shard::Sharding> d = decided(c);
+        std::optional<int64_t> dim = d ? splitOf(*d, rankOf(c)) : std::nullopt;
+        auto it = splits.find(r);
+        std::optional<int64_t> own = it == splits.end() ? std::nullopt : std::optional<int64_t>(it->second.dim);
+        if (!d && own)
+          fail(op, "internal error: upstream's sharding-propagation does not reach result " +
+                       std::to_string(r.getResultNumber()) + ", which the pass splits",
+               true);
+        expect(op, "result " + std::to_string(r.getResultNumber()), dim, own);
+        chain.upstream[r] = dim;
+      }
+      // Operands: no resharding; parameters split only as the pass splits them.
+      for (OpOperand &o : copy->getOpOperands()) {
+        if (!isa<RankedTensorType>(o.get().getType()))
+          continue;
+        auto [sharding, root] = arriving(o.get());
+        std::optional<int64_t> dim = sharding ? splitOf(*sharding, rankOf(root)) : std::nullopt;
+        std::optional<shard::Sharding> produced = decided(root);
+        if (produced && isa<OpResult>(root)) {
+          std::optional<int64_t> from = splitOf(*produced, rankOf(root));
+          if (from != dim)
+            fail(op, "upstream's sharding-propagation reshards operand " +
+                         std::to_string(o.getOperandNumber()) + " from " + dimText(from) + " to " +
+                         dimText(dim) + ": the chain has no one sharding",
+                 true);
+        }
+        Value original = resolve(op->getOperand(o.getOperandNumber()));
+        if (auto param = paramOf(original)) {
+          auto split = chain.paramSplits.find(param);
+          std::optional<int64_t> own;
+          if (split != chain.paramSplits.end())
+            own = split->second.first - static_cast<int64_t>(shapeOf(param).size());
+          if (dim != own)
+            fail(op, "upstream's sharding-propagation has parameter " + param.getSymName().str() +
+                         " (operand " + std::to_string(o.getOperandNumber()) + ") " + dimText(dim) +
+                         ", the pass " + dimText(own) + (own ? "" : " (it keeps the parameter whole)"),
+                 true);
+        }
+      }
+    }
+    // The inputs of the pass's own rules arrive split as the rule expects.
+    for (Operation *op : ops) {
+      if (!ownRule(op))
+        continue;
+      for (OpOperand &o : op->getOpOperands()) {
+        auto it = splits.find(o.get());
+        if (it == splits.end())
+          continue;
+        auto copy = copies.find(resolve(o.get()));
+        if (copy == copies.end())
+          continue;
+        auto [sharding, root] = arriving(copy->second);
+        std::optional<shard::Sharding> d = sharding ? sharding : decided(root);
+        expect(op, "operand " + std::to_string(o.getOperandNumber()),
+               d ? splitOf(*d, rankOf(root)) : std::nullopt, it->second.dim);
+      }
+    }
+  }
+
   void runOnOperation() override {
     module = getOperation();
     if (tensorParallel < 1) {
@@ -1128,6 +1460,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         }
       if (!chain.replicated.empty())
         checkReplicated(chain);
+      shadow(chain);
       chain.values.assign(splits.begin(), splits.end());
       return chain;
     };
@@ -1839,9 +2172,14 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         auto &results = byOp[r.getOwner()];
         if (results.empty())
           results.assign(r.getOwner()->getNumResults(), shard::GridAxesArrayAttr::get(context, {}));
-        int64_t rank = s.rankKnown() ? s.rank() : -s.dim;
+        // Upstream's decision where it made one (shadow() checked that it
+        // is the split the pass follows), else the pass's own rule's.
+        int64_t dim = s.dim;
+        if (auto it = chain.upstream.find(v); it != chain.upstream.end() && it->second)
+          dim = *it->second;
+        int64_t rank = s.rankKnown() ? s.rank() : -dim;
         llvm::SmallVector<shard::GridAxesAttr> axes(rank, shard::GridAxesAttr::get(context, {}));
-        axes[rank + s.dim] = shard::GridAxesAttr::get(context, {0});
+        axes[rank + dim] = shard::GridAxesAttr::get(context, {0});
         results[r.getResultNumber()] = shard::GridAxesArrayAttr::get(context, axes);
       }
     for (auto &[op, results] : byOp)

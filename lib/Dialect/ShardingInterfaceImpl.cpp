@@ -420,25 +420,42 @@ void bmt::registerShardingInterfaceExternalModels(DialectRegistry &registry) {
   });
 }
 
-Operation *bmt::cloneWithRankedTypes(Block &scratch, Operation *op, ArrayRef<int64_t> operandRanks) {
-  auto rule = ruleFor(op, operandRanks);
+Operation *bmt::cloneWithOperands(OpBuilder &builder, Operation *op, ValueRange operands) {
+  SmallVector<int64_t> ranks;
+  for (Value v : operands) {
+    auto r = dyn_cast<RankedTensorType>(v.getType());
+    ranks.push_back(r ? r.getRank() : -1);
+  }
+  auto rule = ruleFor(op, ranks);
   if (!rule)
+    return nullptr;
+  IRMapping mapping;
+  for (auto [operand, copy] : llvm::zip_equal(op->getOperands(), operands))
+    mapping.map(operand, copy);
+  Operation *copy = builder.clone(*op, mapping);
+  Type f32 = Float32Type::get(op->getContext());
+  unsigned numOperands = op->getNumOperands();
+  for (OpResult r : copy->getResults())
+    r.setType(RankedTensorType::get(
+        SmallVector<int64_t>(rule->maps[numOperands + r.getResultNumber()].getNumResults(),
+                             ShapedType::kDynamic),
+        f32));
+  return copy;
+}
+
+Operation *bmt::cloneWithRankedTypes(Block &scratch, Operation *op, ArrayRef<int64_t> operandRanks) {
+  if (!ruleFor(op, operandRanks))
     return nullptr;
   MLIRContext *ctx = op->getContext();
   Type f32 = Float32Type::get(ctx);
-  auto ranked = [&](int64_t rank) {
-    return RankedTensorType::get(SmallVector<int64_t>(rank, ShapedType::kDynamic), f32);
-  };
-  IRMapping mapping;
+  SmallVector<Value> operands;
   for (auto [operand, rank] : llvm::zip_equal(op->getOperands(), operandRanks))
-    mapping.map(operand, scratch.addArgument(rank < 0 ? Type(IntegerType::get(ctx, 64)) : ranked(rank),
-                                             operand.getLoc()));
+    operands.push_back(scratch.addArgument(
+        rank < 0 ? Type(IntegerType::get(ctx, 64))
+                 : Type(RankedTensorType::get(SmallVector<int64_t>(rank, ShapedType::kDynamic), f32)),
+        operand.getLoc()));
   OpBuilder builder = OpBuilder::atBlockEnd(&scratch);
-  Operation *copy = builder.clone(*op, mapping);
-  unsigned numOperands = op->getNumOperands();
-  for (OpResult r : copy->getResults())
-    r.setType(ranked(rule->maps[numOperands + r.getResultNumber()].getNumResults()));
-  return copy;
+  return cloneWithOperands(builder, op, operands);
 }
 
 bool bmt::hasShardingRule(Operation *op) { return isa<shard::ShardingInterface>(op) && ruleOfRanked(op); }

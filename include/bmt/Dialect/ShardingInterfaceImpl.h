@@ -22,6 +22,7 @@
 #define BMT_DIALECT_SHARDINGINTERFACEIMPL_H
 
 #include "mlir/IR/Block.h"
+#include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectRegistry.h"
 #include "llvm/ADT/ArrayRef.h"
 
@@ -44,6 +45,16 @@ void registerShardingInterfaceExternalModels(mlir::DialectRegistry &registry);
 /// body, say), which the caller destroys, with the copy, when done.
 mlir::Operation *cloneWithRankedTypes(mlir::Block &scratch, mlir::Operation *op,
                                       llvm::ArrayRef<int64_t> operandRanks);
+
+/// A copy of `op` at `builder`'s insertion point whose operands are
+/// `operands` (one per operand of `op`: ranked tensors for its tensor
+/// operands, any other type for the rest); its results get the ranked
+/// types (f32, dynamic sizes) the op's rule gives them at the operands'
+/// ranks. Null, and nothing created, when there is no rule for `op` at
+/// those ranks. --bmt-tensor-parallel builds its ranked shadow of a chain
+/// with it (docs/passes.md, "Tensor parallelism").
+mlir::Operation *cloneWithOperands(mlir::OpBuilder &builder, mlir::Operation *op,
+                                   mlir::ValueRange operands);
 
 /// Whether the rules cover `op` (a copy made by cloneWithRankedTypes).
 bool hasShardingRule(mlir::Operation *op);
