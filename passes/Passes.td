@@ -327,11 +327,22 @@ def TensorParallel : Pass<"bmt-tensor-parallel", "::mlir::ModuleOp"> {
     becomes a `bmt.tp_all_gather` and each `bmt.tp_all_reduce` a
     `bmt.tp_reduce_scatter` along it, and the parameters read there get
     `reduce_grad`; an op there that mixes positions fails the compile.
+    How a split moves through the ops with a sharding rule is decided by
+    the upstream shard dialect: each chain is copied into a ranked shadow
+    function, annotated with `shard.shard` on the column weights and on
+    the results of the views, slices and concatenations the pass follows
+    by its own rules, then run through upstream's `sharding-propagation`
+    and `shard-partition`; its shardings must be the pass's and its
+    collectives one all-reduce after each row-parallel matmul, else the
+    compile fails naming the op (`print-shadow` prints the shadows).
     docs/passes.md has the rules.
   }];
   let options = [
     Option<"tensorParallel", "tensor-parallel", "int64_t", "1",
            "ranks of one tensor-parallel group (1: no tensor parallelism)">,
+    Option<"printShadow", "print-shadow", "bool", "false",
+           "print each chain's ranked shadow to stderr after upstream's sharding-propagation "
+           "and after its shard-partition (for tests and debugging)">,
     Option<"sequenceParallel", "sequence-parallel", "bool", "false",
            "also split the activations between the chains (norms, residual adds) along the "
            "sequence (Megatron-LM's sequence parallelism): f and g become an all-gather and a "

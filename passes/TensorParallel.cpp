@@ -1088,6 +1088,15 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     return dim ? "split along dim " + std::to_string(*dim) : std::string("replicated");
   }
 
+  /// The shadow's text, in the custom forms (the copies are bmt.aten ops
+  /// of ranked tensors, which bmt's verifier would not take).
+  static std::string shadowText(ModuleOp m) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    m->print(os, OpPrintingFlags().assumeVerified());
+    return text;
+  }
+
   void shadow(Chain &chain) {
     MLIRContext *context = &getContext();
     Location loc = module.getLoc();
@@ -1219,6 +1228,15 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     func::ReturnOp::create(builder, loc, unread);
     func.setType(builder.getFunctionType(body->getArgumentTypes(), ValueRange(unread).getTypes()));
 
+    // The original of the shadow op at `loc`.
+    auto shadowOp = [&](Location loc) -> Operation * {
+      auto name = dyn_cast<NameLoc>(loc);
+      unsigned i = 0;
+      if (!name || !name.getName().strref().starts_with("shadow.") ||
+          name.getName().strref().drop_front(7).getAsInteger(10, i) || i >= clones.size())
+        return nullptr;
+      return clones[i].first;
+    };
     // Upstream's pass, on the shadow.
     PassManager pm(context, ModuleOp::getOperationName());
     pm.enableVerifier(false); // the copies are bmt.aten ops of ranked tensors
@@ -1229,12 +1247,8 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       ScopedDiagnosticHandler capture(context, [&](Diagnostic &d) {
         if (d.getSeverity() != DiagnosticSeverity::Error)
           return success();
-        if (auto name = dyn_cast<NameLoc>(d.getLocation());
-            name && name.getName().strref().starts_with("shadow.") && !blamed) {
-          unsigned i = 0;
-          if (!name.getName().strref().drop_front(7).getAsInteger(10, i) && i < clones.size())
-            blamed = clones[i].first;
-        }
+        if (auto op = shadowOp(d.getLocation()); op && !blamed)
+          blamed = op;
         if (diagnostics.empty())
           diagnostics = d.str();
         return success();
@@ -1244,6 +1258,10 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
              "upstream's sharding-propagation cannot shard the chain here (" + diagnostics + ")", true);
     }
 
+    if (printShadow)
+      llvm::errs() << "// bmt-tensor-parallel: the shadow of the chain of " << describe(chain.columns.front().op)
+                   << " after sharding-propagation\n"
+                   << shadowText(*scratch) << "\n";
     // What upstream decided for a shadow value: the sharding of its
     // shard.shard (the one for its producer, else the one for its users).
     auto decided = [](Value v) -> std::optional<shard::Sharding> {
@@ -1335,6 +1353,60 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
                d ? splitOf(*d, rankOf(root)) : std::nullopt, it->second.dim);
       }
     }
+    // Partition, by upstream's shard-partition: the collectives it needs
+    // must be the pass's, one all-reduce (a sum) after each row-parallel
+    // matmul and nothing else (the tp_copy before the chain is an identity
+    // forward, which partition has no op for). The returned values are
+    // annotated for their user, the return, as partition wants.
+    Operation *ret = func.getBody().front().getTerminator();
+    builder.setInsertionPoint(ret);
+    for (OpOperand &o : ret->getOpOperands())
+      if (auto shardOp = o.get().getDefiningOp<shard::ShardOp>(); shardOp && !shardOp.getAnnotateForUsers())
+        o.set(shard::ShardOp::create(builder, o.get().getLoc(), o.get(), shardOp.getSharding(),
+                                     /*annotate_for_users=*/true)
+                  .getResult());
+    PassManager partition(context, ModuleOp::getOperationName());
+    partition.enableVerifier(false);
+    partition.addNestedPass<func::FuncOp>(shard::createPartition());
+    {
+      ScopedDiagnosticHandler capture(context, [&](Diagnostic &d) {
+        if (d.getSeverity() == DiagnosticSeverity::Error && diagnostics.empty())
+          diagnostics = d.str();
+        if (auto op = shadowOp(d.getLocation()); op && !blamed)
+          blamed = op;
+        return success();
+      });
+      if (failed(partition.run(*scratch)))
+        fail(blamed ? blamed : chain.columns.front().op.getOperation(),
+             "upstream's shard-partition cannot partition the chain here (" + diagnostics + ")", true);
+    }
+    if (printShadow)
+      llvm::errs() << "// bmt-tensor-parallel: the shadow of the chain of " << describe(chain.columns.front().op)
+                   << " after shard-partition\n"
+                   << shadowText(*scratch) << "\n";
+    llvm::DenseMap<Operation *, int> reduced; // row -> all-reduces after it
+    scratch->walk([&](Operation *op) {
+      if (!isa<shard::ShardDialect>(op->getDialect()) || isa<shard::GridOp, shard::ShardingOp, shard::ShardOp>(op))
+        return;
+      Operation *after = op->getNumOperands() ? op->getOperand(0).getDefiningOp() : nullptr;
+      Operation *at = after ? shadowOp(after->getLoc()) : nullptr;
+      bool isRow = at && llvm::any_of(chain.rows, [&](auto &r) { return r.op.getOperation() == at; });
+      if (isa<shard::AllReduceOp>(op) && isRow) {
+        ++reduced[at];
+        return;
+      }
+      fail(at ? at : chain.columns.front().op.getOperation(),
+           "internal error: upstream's shard-partition inserts a " + op->getName().getStringRef().str() +
+               " after it, where the pass inserts " + (isRow ? "one bmt.tp_all_reduce" : "none"),
+           true);
+    });
+    for (const MatmulSite &row : chain.rows)
+      if (reduced.lookup(row.op) != 1)
+        fail(row.op, "internal error: upstream's shard-partition inserts " +
+                         std::to_string(reduced.lookup(row.op)) +
+                         " all-reduces after this row-parallel matmul, the pass one bmt.tp_all_reduce",
+             true);
+
   }
 
   void runOnOperation() override {

@@ -405,6 +405,39 @@ struct BmtShardingModel : shard::ShardingInterface::ExternalModel<BmtShardingMod
         kinds.push_back(shard::ReductionKind::Sum);
     return kinds;
   }
+  /// shard-partition: the op on its local operands, its results of the
+  /// local shapes; where it splits a loop it reduces, which only a matmul's
+  /// contraction (a sum) may, each result is then summed over those grid
+  /// axes by a shard.all_reduce (as upstream's linalg model does).
+  LogicalResult partition(Operation *op, ArrayRef<Value> partitionedOperands,
+                          ArrayRef<shard::Sharding> operandShardings,
+                          ArrayRef<shard::Sharding> resultShardings, IRMapping &partitionMap,
+                          SymbolTableCollection &symbolTable, OpBuilder &builder) const {
+    SmallVector<IteratorType> loops = getLoopIteratorTypes(op);
+    shard::ShardingArray assignment = shard::getGridAxisAssignmentForLoopIterators(
+        operandShardings, resultShardings, loops, getIndexingMaps(op));
+    if (!shard::isAtLeastOneReductionIteratorSharded(loops, assignment)) {
+      shard::partitionTriviallyShardableOperation(*op, partitionedOperands, operandShardings,
+                                                  resultShardings, partitionMap, symbolTable, builder);
+      return success();
+    }
+    auto aten = dyn_cast<bmt::AtenOp>(op);
+    const bmt::AtenOpInfo *info = aten ? bmt::lookupAtenOp(aten.getName()) : nullptr;
+    if (!info || info->kind != bmt::AtenOpKind::Matmul)
+      return op->emitOpError("splits a dim it reduces, and only a matmul's contraction is a sum");
+    SmallVector<shard::GridAxis> axes = shard::getReductionGridAxes(loops, assignment);
+    Operation *copy = builder.clone(*op, partitionMap);
+    for (auto [result, local, sharding] :
+         llvm::zip_equal(op->getResults(), copy->getResults(), resultShardings)) {
+      shard::GridOp grid = shard::getGridOrNull(op, sharding.getGridAttr(), symbolTable);
+      local.setType(shard::shardType(local.getType(), grid, sharding));
+      Value sum = shard::AllReduceOp::create(builder, op->getLoc(), local, sharding.getGrid(), axes,
+                                             shard::ReductionKind::Sum)
+                      .getResult();
+      partitionMap.map(result, sum);
+    }
+    return success();
+  }
 };
 
 } // namespace
