@@ -1150,8 +1150,15 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
           if (it == splits.end())
             continue;
           const Split &s = it->second;
-          Value arg = body->addArgument(dynamic(s.rankKnown() ? s.rank() : std::max<int64_t>(4, -s.dim)),
-                                        op->getLoc());
+          // The global sizes the pass knows, else dynamic ones.
+          RankedTensorType type = dynamic(s.rankKnown() ? s.rank() : std::max<int64_t>(4, -s.dim));
+          if (s.rankKnown()) {
+            llvm::SmallVector<int64_t> sizes;
+            for (int64_t size : s.sizes)
+              sizes.push_back(size > 0 ? size : ShapedType::kDynamic);
+            type = RankedTensorType::get(sizes, f32);
+          }
+          Value arg = body->addArgument(type, op->getLoc());
           copies[r] = annotate(arg, s.dim);
         }
         return;
@@ -1328,10 +1335,18 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
           std::optional<int64_t> own;
           if (split != chain.paramSplits.end())
             own = split->second.first - static_cast<int64_t>(shapeOf(param).size());
+          // A dim of size 1 broadcasts: it is the same on every rank.
+          int64_t rank = shapeOf(param).size();
+          if (dim && !own && shapeOf(param)[rank + *dim] == 1)
+            dim = std::nullopt;
+          std::string name = param.getSymName().str() + " (operand " + std::to_string(o.getOperandNumber()) + ")";
+          if (dim && !own)
+            fail(op, "upstream's sharding-propagation splits parameter " + name + " along dim " +
+                         std::to_string(*dim) + ", which the pass keeps whole: the chain has no one sharding",
+                 true);
           if (dim != own)
-            fail(op, "upstream's sharding-propagation has parameter " + param.getSymName().str() +
-                         " (operand " + std::to_string(o.getOperandNumber()) + ") " + dimText(dim) +
-                         ", the pass " + dimText(own) + (own ? "" : " (it keeps the parameter whole)"),
+            fail(op, "internal error: upstream's sharding-propagation has parameter " + name + " " +
+                         dimText(dim) + ", the pass " + dimText(own),
                  true);
         }
       }
