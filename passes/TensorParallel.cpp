@@ -16,6 +16,9 @@
 // per-head matmuls and attention is the upstream shard dialect's
 // ShardingInterface (lib/Dialect/ShardingInterfaceImpl.cpp), asked on
 // ranked copies of the ops; views that regroup dims are the pass's own.
+// The shardings of record are decided by upstream's sharding-propagation,
+// and the collectives checked against upstream's shard-partition, on a
+// ranked shadow of each chain (shadow() below).
 // See passes/Passes.td.
 //
 //===----------------------------------------------------------------------===//
@@ -1016,10 +1019,11 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   // `!bmt.tensor` has no rank, and upstream's `sharding-propagation` and
   // `shard.shard` want ranked tensors; so each chain is copied into a
   // temporary module (a `shard.grid @tp` of T devices and one function of
-  // ranked tensors, dynamic sizes except the parameters' static shapes),
-  // annotated with `shard.sharding` + `shard.shard` on what the pass
-  // decides itself, and propagated by upstream's pass (run by a
-  // PassManager of its own). The pass decides: the column weights, split
+  // ranked tensors, dynamic sizes except the parameters' static shapes and
+  // the global sizes the pass knows), annotated with `shard.sharding` +
+  // `shard.shard` on what the pass decides itself, propagated by upstream's
+  // pass and then partitioned by upstream's `shard-partition` (each run by
+  // a PassManager of its own). The pass decides: the column weights, split
   // along their output dim, and the results of the ops with no sharding
   // rule (views that regroup dims, slices, split/chunk, cat, expand, the
   // narrowed kv repeat), which become arguments of the shadow function
@@ -1030,8 +1034,9 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   // each result's sharding must be the split the pass follows, each input
   // of a pass-rule op must arrive split as that rule expects, the row
   // weights and column biases as the pass splits them, no operand may need
-  // a resharding, and no other parameter may be split: any difference is
-  // one error naming the op.
+  // a resharding, no other parameter may be split, and partition's
+  // collectives must be one all-reduce after each row-parallel matmul (the
+  // pass's tp_all_reduce): any difference is one error naming the op.
 
   /// The value `v` stands for across calls of functions called once: a
   /// callee's argument is its call's operand, a call's result the callee's
