@@ -1225,10 +1225,13 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         copies[r] = c;
     };
     // In program order (the copies of an op's operands come first).
+    llvm::SmallVector<Operation *> ordered;
     module.walk([&](Operation *op) {
       if (ops.count(op))
-        emit(op);
+        ordered.push_back(op);
     });
+    for (Operation *op : ordered)
+      emit(op);
     // The results nothing in the shadow reads (the inputs of the pass's
     // rules, the rows' results) are returned: upstream annotates a result
     // at its uses.
@@ -1357,7 +1360,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       }
     }
     // The inputs of the pass's own rules arrive split as the rule expects.
-    for (Operation *op : ops) {
+    for (Operation *op : ordered) {
       if (!ownRule(op))
         continue;
       for (OpOperand &o : op->getOpOperands()) {
