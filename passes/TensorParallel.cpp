@@ -33,6 +33,7 @@
 #include "mlir/Dialect/Shard/IR/ShardDialect.h"
 #include "mlir/Dialect/Shard/IR/ShardOps.h"
 #include "mlir/Dialect/Shard/Interfaces/ShardingInterface.h"
+#include "mlir/Dialect/Shard/Transforms/Partition.h"
 #include "mlir/Dialect/Shard/Transforms/Passes.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/IR/Diagnostics.h"
@@ -150,6 +151,9 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     TensorParallelBase::getDependentDialects(registry);
     // The rules by which a split moves through bmt.aten and bmt.fused.
     bmt::registerShardingInterfaceExternalModels(registry);
+    // What upstream's shard-partition creates in the shadows (shard and
+    // tensor ops), loaded before the pass runs.
+    shard::reshardingRegisterDependentDialects(registry);
   }
 
   ModuleOp module;
