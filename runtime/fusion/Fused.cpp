@@ -133,7 +133,7 @@ bool FusedRegion::accepts(const std::vector<at::Tensor> &inputs) const {
     return false;
   try {
     std::vector<int64_t> shape = elementShape(inputs);
-    return !(region_.hasReduction && shape.empty());
+    return !(region_.hasReduction && shape.empty()) && halvesFit(region_, inputs, shape);
   } catch (const FusionError &) {
     return false;
   }
@@ -159,15 +159,17 @@ namespace {
 /// Fills `a` for the element shape `shape` and the tensors' strides over
 /// it (`strided[k]`: the tensor broadcast to the element shape; outputs
 /// contiguous), merging adjacent dims every tensor walks alike (all but the
-/// last for a row kernel). False when more than kMaxDims dims remain.
-bool layout(Args &a, std::vector<int64_t> shape, std::vector<std::vector<int64_t>> strides, bool row) {
+/// last for a row kernel, `row`, or a region reading halves of the last
+/// dim, `halves`). False when more than kMaxDims dims remain.
+bool layout(Args &a, std::vector<int64_t> shape, std::vector<std::vector<int64_t>> strides, bool row,
+            bool halves) {
   if (shape.empty()) {
     shape = {1};
     for (auto &s : strides)
       s = {0};
   }
   // Merge dim d into d-1 where every tensor has stride[d-1] == stride[d] * size[d].
-  for (int d = static_cast<int>(shape.size()) - 1 - (row ? 1 : 0); d >= 1; --d) {
+  for (int d = static_cast<int>(shape.size()) - 1 - (row || halves ? 1 : 0); d >= 1; --d) {
     bool ok = true;
     for (auto &s : strides)
       ok = ok && s[d - 1] == s[d] * shape[d];
@@ -206,10 +208,13 @@ std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape) {
 /// Sets a.vec, the pointwise kernel's 8-wide paths (CudaSource.cpp): each
 /// of the `count` tensors walks the last dim with stride 1 or 0, the
 /// stride-1 ones start 16-byte aligned and (more than one dim: then the last
-/// size is a multiple of 8) have their other strides multiples of 8.
-void chooseVector(Args &a, size_t count) {
+/// size is a multiple of 8) have their other strides multiples of 8. With
+/// `halves` (a region reading halves of the last dim), half the last dim
+/// must be a multiple of 8 too (a run of 8 stays in its half).
+void chooseVector(Args &a, size_t count, bool halves) {
   a.vec = 0;
-  if (a.ndim < 1 || (a.ndim > 1 && a.sizes[a.ndim - 1] % 8 != 0))
+  if (a.ndim < 1 || (a.ndim > 1 && a.sizes[a.ndim - 1] % 8 != 0) ||
+      (halves && a.sizes[a.ndim - 1] % 16 != 0))
     return;
   const int last = a.ndim - 1;
   for (size_t k = 0; k < count; ++k) {
@@ -417,7 +422,7 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
     outStrides.back() = 0; // written once per row at index r
   strides.push_back(outStrides);
   Args a;
-  if (!layout(a, shape, strides, region_.hasReduction))
+  if (!layout(a, shape, strides, region_.hasReduction, !region_.halves.empty()))
     return forwardATen(region_, inputs);
   for (size_t i = 0; i < inputs.size(); ++i)
     a.tensors[i] = const_cast<void *>(inputs[i].data_ptr());
@@ -433,7 +438,7 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
       }
     }
   } else {
-    chooseVector(a, inputs.size() + 1);
+    chooseVector(a, inputs.size() + 1, !region_.halves.empty());
   }
   Kernels &k = kernelsFor(inputs, at::Tensor(), nullptr, {});
   launch(k.function, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), device);
@@ -483,7 +488,7 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
   for (size_t o = 0; o < of.size(); ++o)
     strides.push_back(contiguousStrides(shape));
   Args a;
-  if (!layout(a, shape, strides, region_.hasReduction))
+  if (!layout(a, shape, strides, region_.hasReduction, !region_.halves.empty()))
     return backwardATen(region_, inputs, gradOut);
   for (size_t i = 0; i < all.size(); ++i)
     a.tensors[i] = const_cast<void *>(all[i].data_ptr());
@@ -508,7 +513,7 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
   if (threads) {
     launch(k->function, a, blocks, threads, device);
   } else {
-    chooseVector(a, all.size() + outs.size());
+    chooseVector(a, all.size() + outs.size(), !region_.halves.empty());
     launch(k->function, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), device);
   }
   for (size_t o = 0; o < of.size(); ++o) {
