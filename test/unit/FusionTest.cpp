@@ -591,9 +591,9 @@ TEST(FusionCuda, RopeRotateHalf) {
              test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 91), test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 92)},
             2e-2, "rope_rotate_half_cuda");
   // Contiguous fp32 (dims that would merge but for the halves), exported
-  // bounds; halves of 4 (no 8-wide path); a 1-D element shape of 32.
+  // bounds; then halves of 4 (no 8-wide path).
   checkCuda(ropeRotateHalf(32),
-            {test::randomTensor({3, 5, 64}, at::kFloat, 93), test::randomTensor({5, 64}, at::kFloat, 94),
+            {test::randomTensor({2, 3, 5, 64}, at::kFloat, 93), test::randomTensor({5, 64}, at::kFloat, 94),
              test::randomTensor({5, 64}, at::kFloat, 95)},
             1e-5, "rope_rotate_half_contiguous");
   checkCuda(ropeRotateHalf(0),
