@@ -590,6 +590,19 @@ TEST(FusionCuda, RopeRotateHalf) {
             {test::randomTensor({2, 16, 4, 64}, at::kBFloat16, 90).transpose(1, 2),
              test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 91), test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 92)},
             2e-2, "rope_rotate_half_cuda");
+  // The result and q's gradient keep q's layout ([B, S, H, D] in memory),
+  // so that the attention's transpose + reshape after it copies nothing.
+  {
+    fusion::FusedRegion fused(fusion::buildRegion(ropeRotateHalf(0)), "rope_layout");
+    std::vector<at::Tensor> in{test::randomTensor({2, 16, 4, 64}, at::kBFloat16, 99).cuda().transpose(1, 2),
+                               test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 100).cuda(),
+                               test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 101).cuda()};
+    at::Tensor out = fused.forward(in);
+    EXPECT_TRUE(out.transpose(1, 2).is_contiguous()) << out.strides();
+    std::vector<at::Tensor> grads = fused.backward(in, at::ones_like(out));
+    ASSERT_TRUE(grads[0].defined());
+    EXPECT_TRUE(grads[0].transpose(1, 2).is_contiguous()) << grads[0].strides();
+  }
   // Contiguous fp32 (dims that would merge but for the halves), exported
   // bounds; then halves of 4 (no 8-wide path).
   checkCuda(ropeRotateHalf(32),
