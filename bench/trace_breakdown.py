@@ -103,9 +103,15 @@ def main():
     s = args.steps
     print(f"kernel time {total / 1e3 / s:.2f} ms a step; matching {args.op}: {matched / 1e3 / s:.2f} ms "
           f"({100 * matched / max(total, 1):.1f} %)")
-    print(f"{'ms/step':>8} {'launches':>8}  op <- enclosing op  input sizes  dtypes")
+    print_top(groups, args, "launches", "op <- enclosing op  input sizes  dtypes")
+
+
+def print_top(groups, args, count, heading):
+    """The --top groups (key -> [microseconds, count]) by time, per step."""
+    s = args.steps
+    print(f"{'ms/step':>8} {count:>8}  {heading}")
     for key, (us, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:args.top]:
-        print(f"{us / 1e3 / s:8.3f} {n / s:8.1f}  {key[0]} <- {key[1]}  {key[2]}  {key[3]}")
+        print(f"{us / 1e3 / s:8.3f} {n / s:8.1f}  {key[0]} <- {'  '.join(key[1:])}")
 
 
 def print_gaps(events, by_id, enclosing, args):
@@ -128,9 +134,7 @@ def print_gaps(events, by_id, enclosing, args):
     s = args.steps
     print(f"GPU span {span / 1e3 / s:.2f} ms a step; idle in gaps of >= {args.min_gap:g} us: "
           f"{total_idle / 1e3 / s:.2f} ms a step ({100 * total_idle / max(span, 1):.1f} %)")
-    print(f"{'ms/step':>8} {'gaps':>8}  op launching the kernel after the gap <- enclosing op")
-    for key, (us, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:args.top]:
-        print(f"{us / 1e3 / s:8.3f} {n / s:8.1f}  {key[0]} <- {key[1]}")
+    print_top(groups, args, "gaps", "op launching the kernel after the gap <- enclosing op")
 
 
 if __name__ == "__main__":

@@ -52,29 +52,24 @@ struct Body {
     f.body.push_back(std::move(inst));
     return next++;
   }
-  int64_t constant(double v) {
+  int64_t instruction(plan::Instruction::Kind kind, Arg arg) {
     plan::Instruction inst;
-    inst.kind = plan::Instruction::Kind::Constant;
-    inst.args = {Arg::ofConstant(c10::IValue(at::scalar_tensor(v, at::kDouble)))};
+    inst.kind = kind;
+    inst.args = {std::move(arg)};
     inst.results = {next};
     f.body.push_back(std::move(inst));
     return next++;
+  }
+  int64_t constant(double v) {
+    return instruction(plan::Instruction::Kind::Constant,
+                       Arg::ofConstant(c10::IValue(at::scalar_tensor(v, at::kDouble))));
   }
   int64_t constantInt(int64_t v) {
-    plan::Instruction inst;
-    inst.kind = plan::Instruction::Kind::Constant;
-    inst.args = {Arg::ofConstant(c10::IValue(at::scalar_tensor(v, at::kLong)))};
-    inst.results = {next};
-    f.body.push_back(std::move(inst));
-    return next++;
+    return instruction(plan::Instruction::Kind::Constant,
+                       Arg::ofConstant(c10::IValue(at::scalar_tensor(v, at::kLong))));
   }
   int64_t numToTensor(int64_t scalar) {
-    plan::Instruction inst;
-    inst.kind = plan::Instruction::Kind::NumToTensor;
-    inst.args = {Arg::ofRegister(scalar)};
-    inst.results = {next};
-    f.body.push_back(std::move(inst));
-    return next++;
+    return instruction(plan::Instruction::Kind::NumToTensor, Arg::ofRegister(scalar));
   }
   plan::Function done(int64_t result) {
     f.returns = {result};
