@@ -109,6 +109,8 @@ for p in $PROFILES; do
     echo "== $p: other elementwise kernels outside the fused regions"
     python3 bench/trace_breakdown.py "$out/logs/$p.trace.json" --steps 3 --top ${BREAKDOWN_LINES:-20} \
       --op 'aten::(mul|add|add_|sub|div|neg|cat|pow|sum|mean|fill_|silu|silu_backward|rsqrt|zero_)$'
+    echo "== $p: where the GPU waits (idle gaps between kernels)"
+    python3 bench/trace_breakdown.py "$out/logs/$p.trace.json" --steps 3 --top ${BREAKDOWN_LINES:-20} --gaps
     rm -f "$out/logs/$p.trace.json"
   fi
 done

@@ -8,7 +8,14 @@ grouped by the launching op, its enclosing op (the ATen op or autograd node
 that called it: aten::to, ToCopyBackward0, aten::contiguous, ...) and the
 input sizes and dtypes, largest first.
 
+With --gaps it prints instead where the GPU waits: the idle time between
+kernels (on any stream) of at least --min-gap microseconds, grouped by the
+op that launched the kernel ending the gap and its enclosing op (what the
+host was doing while the GPU had nothing to run: launching small kernels,
+a synchronization, the optimizer's host work).
+
 usage: python3 bench/trace_breakdown.py TRACE.json[.gz] --steps N [--op REGEX] [--top K]
+       python3 bench/trace_breakdown.py TRACE.json[.gz] --steps N --gaps [--min-gap US]
 """
 import argparse
 import bisect
@@ -38,6 +45,8 @@ def main():
     ap.add_argument("--steps", type=int, required=True, help="steps the trace covers")
     ap.add_argument("--op", default=r"aten::(copy_|_to_copy|to|clone|contiguous)$")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--gaps", action="store_true", help="where the GPU is idle between kernels")
+    ap.add_argument("--min-gap", type=float, default=10.0, help="with --gaps: microseconds (default 10)")
     args = ap.parse_args()
     if args.steps <= 0:
         raise SystemExit(f"error: --steps must be positive (the steps the trace covers), got {args.steps}")
@@ -74,6 +83,9 @@ def main():
                 best = e
         return best["name"] if best else "-"
 
+    if args.gaps:
+        print_gaps(events, by_id, enclosing, args)
+        return
     groups = collections.defaultdict(lambda: [0.0, 0])
     total = matched = 0.0
     for k in events:
@@ -91,9 +103,38 @@ def main():
     s = args.steps
     print(f"kernel time {total / 1e3 / s:.2f} ms a step; matching {args.op}: {matched / 1e3 / s:.2f} ms "
           f"({100 * matched / max(total, 1):.1f} %)")
-    print(f"{'ms/step':>8} {'launches':>8}  op <- enclosing op  input sizes  dtypes")
+    print_top(groups, args, "launches", "op <- enclosing op  input sizes  dtypes")
+
+
+def print_top(groups, args, count, heading):
+    """The --top groups (key -> [microseconds, count]) by time, per step."""
+    s = args.steps
+    print(f"{'ms/step':>8} {count:>8}  {heading}")
     for key, (us, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:args.top]:
-        print(f"{us / 1e3 / s:8.3f} {n / s:8.1f}  {key[0]} <- {key[1]}  {key[2]}  {key[3]}")
+        print(f"{us / 1e3 / s:8.3f} {n / s:8.1f}  {key[0]} <- {'  '.join(key[1:])}")
+
+
+def print_gaps(events, by_id, enclosing, args):
+    """Idle GPU time between kernels, by the op launching the kernel after each gap."""
+    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e), key=lambda e: e["ts"])
+    groups = collections.defaultdict(lambda: [0.0, 0])
+    busy_until = None
+    total_idle = 0.0
+    for k in kernels:
+        if busy_until is not None and k["ts"] - busy_until >= args.min_gap:
+            gap = k["ts"] - busy_until
+            total_idle += gap
+            op = by_id.get(k.get("args", {}).get("External id"))
+            key = (op["name"], enclosing(op)) if op else (f"(no op: {k['name'][:40]})", "-")
+            groups[key][0] += gap
+            groups[key][1] += 1
+        end = k["ts"] + k["dur"]
+        busy_until = end if busy_until is None else max(busy_until, end)
+    span = busy_until - kernels[0]["ts"]
+    s = args.steps
+    print(f"GPU span {span / 1e3 / s:.2f} ms a step; idle in gaps of >= {args.min_gap:g} us: "
+          f"{total_idle / 1e3 / s:.2f} ms a step ({100 * total_idle / max(span, 1):.1f} %)")
+    print_top(groups, args, "gaps", "op launching the kernel after the gap <- enclosing op")
 
 
 if __name__ == "__main__":

@@ -127,10 +127,96 @@ bool isScalarConstant(Value v) {
   return c && bmt::getConstantNumber(v).has_value();
 }
 
+/// `op` as a bmt.aten of `name` with one result used once, or null.
+bmt::AtenOp usedOnce(Operation *op, StringRef name) {
+  auto aten = dyn_cast_or_null<bmt::AtenOp>(op);
+  return aten && aten.getName() == name && aten->getNumResults() == 1 &&
+                 aten->getResult(0).hasOneUse()
+             ? aten
+             : bmt::AtenOp();
+}
+
+/// HF's rotate_half(x) = cat([-x[..., h:], x[..., :h]], -1) at `cat`
+/// (either half negated, or neither): every op of it (slices, negs, the
+/// cat, and where h is computed from x's size, the size.int, num_to_tensor,
+/// floor_divide by 2 and Int.Tensor of each slice), each used only inside
+/// it. Empty when `cat` is not that form. x must come from an op no region
+/// takes (the runtime reads halves of a region input only); the sliced dim
+/// being x's last and h = size / 2 are checked per call at run time.
+SmallVector<Operation *> rotateHalfOps(Operation *cat, Value *source = nullptr) {
+  auto c = dyn_cast<bmt::AtenOp>(cat);
+  if (!c || c.getName() != "aten::cat" || c->getNumResults() != 1)
+    return {};
+  SmallVector<bmt::AtenArg> args = bmt::getAtenArgs(c);
+  if (args.size() != 2 || !args[0].isList() || args[0].getElements().size() != 2 ||
+      !args[1].getInt())
+    return {};
+  SmallVector<Operation *> ops{cat};
+  struct Piece {
+    Value x;
+    std::optional<int64_t> dim;
+    bmt::AtenArg start, end;
+  };
+  SmallVector<Piece> pieces;
+  for (const bmt::AtenArg &e : args[0].getElements()) {
+    if (!e.isOperand() || !e.getOperand().hasOneUse())
+      return {};
+    Operation *op = e.getOperand().getDefiningOp();
+    if (auto neg = usedOnce(op, "aten::neg")) {
+      ops.push_back(neg);
+      op = neg->getOperand(0).getDefiningOp();
+    }
+    auto slice = usedOnce(op, "aten::slice.Tensor");
+    if (!slice)
+      return {};
+    SmallVector<bmt::AtenArg> sa = bmt::getAtenArgs(slice);
+    if (sa.size() != 5 || !sa[0].isOperand() || !sa[1].getInt() || sa[4].getInt() != 1)
+      return {};
+    ops.push_back(slice);
+    pieces.push_back({sa[0].getOperand(), sa[1].getInt(), sa[2], sa[3]});
+  }
+  const Piece &second = pieces[0], &first = pieces[1];
+  if (first.x != second.x || first.dim != second.dim)
+    return {};
+  // The half h: equal constants, or size.int(x, dim) // 2 on both sides.
+  auto half = [&](const bmt::AtenArg &a) -> std::optional<int64_t> {
+    if (a.getInt())
+      return a.getInt();
+    if (!a.isOperand())
+      return std::nullopt;
+    auto toInt = usedOnce(a.getOperand().getDefiningOp(), "aten::Int.Tensor");
+    auto div = toInt ? usedOnce(toInt->getOperand(0).getDefiningOp(), "aten::floor_divide")
+                     : bmt::AtenOp();
+    if (!div || div->getNumOperands() != 2 || bmt::getConstantInt(div->getOperand(1)) != 2)
+      return std::nullopt;
+    auto num = dyn_cast_or_null<bmt::NumToTensorOp>(div->getOperand(0).getDefiningOp());
+    if (!num || !num->getResult(0).hasOneUse())
+      return std::nullopt;
+    auto size = usedOnce(num->getOperand(0).getDefiningOp(), "aten::size.int");
+    std::optional<bmt::AtenArg> sizeDim = size ? bmt::getAtenArg(size, 1) : std::nullopt;
+    if (!size || size->getOperand(0) != first.x || !sizeDim || sizeDim->getInt() != first.dim)
+      return std::nullopt;
+    ops.append({toInt, div, num, size});
+    return -1; // size(dim) // 2
+  };
+  constexpr int64_t kToEnd = int64_t{1} << 62; // x[..., h:] records INT64_MAX
+  std::optional<int64_t> h1 = half(first.end), h2 = half(second.start);
+  if (first.start.getInt() != 0 || !second.end.getInt() || *second.end.getInt() < kToEnd || !h1 ||
+      !h2 || *h1 != *h2 || *h1 == 0)
+    return {};
+  Operation *producer = first.x.getDefiningOp();
+  if (producer && roleOf(producer))
+    return {};
+  if (source)
+    *source = first.x;
+  return ops;
+}
+
 /// One region being grown backwards from its root (its last op).
 struct Region {
   llvm::SetVector<Operation *> ops; // in no particular order until sorted
   unsigned reductions = 0;
+  unsigned rotateHalves = 0;
 };
 
 struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass> {
@@ -139,7 +225,7 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
   void runOnOperation() override {
     ModuleOp module = getOperation();
     int64_t inlined = inlineCalls ? inlinePointwiseCalls(module) : 0;
-    int64_t regions = 0, rowRegions = 0, fusedOps = 0;
+    int64_t regions = 0, rowRegions = 0, fusedOps = 0, rotateHalves = 0;
     SmallVector<StringRef> functions;
     for (func::FuncOp f : module.getOps<func::FuncOp>()) {
       int64_t before = regions;
@@ -149,7 +235,7 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
         for (Operation &op : llvm::reverse(block))
           candidates.push_back(&op);
         for (Operation *root : candidates) {
-          if (taken.contains(root) || !roleOf(root))
+          if (taken.contains(root) || (!roleOf(root) && rotateHalfOps(root).empty()))
             continue;
           Region region = grow(root, taken);
           if (region.ops.size() < 2)
@@ -159,6 +245,7 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
           fusedOps += static_cast<int64_t>(region.ops.size());
           ++regions;
           rowRegions += region.reductions;
+          rotateHalves += region.rotateHalves;
           for (Operation *c : outline(root, region))
             taken.insert(c); // erased: never look at them again
         }
@@ -172,7 +259,8 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
       return;
     }
     remark << "bmt-fuse-elementwise: " << fusedOps << " ops in " << regions << " region"
-           << (regions == 1 ? "" : "s") << " (" << rowRegions << " with a last-dim reduction) in "
+           << (regions == 1 ? "" : "s") << " (" << rowRegions << " with a last-dim reduction"
+           << (rotateHalves ? ", " + std::to_string(rotateHalves) + " rotate_half" : "") << ") in "
            << functions.size() << " function" << (functions.size() == 1 ? "" : "s") << " ("
            << functions.front();
     if (functions.size() > 1)
@@ -238,8 +326,13 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
   /// region, with at most one reduction.
   Region grow(Operation *root, const llvm::DenseSet<Operation *> &taken) {
     Region region;
-    region.ops.insert(root);
-    region.reductions = *roleOf(root) == Role::Reduction ? 1 : 0;
+    if (std::optional<Role> role = roleOf(root)) {
+      region.ops.insert(root);
+      region.reductions = *role == Role::Reduction ? 1 : 0;
+    } else {
+      region.ops.insert_range(rotateHalfOps(root));
+      region.rotateHalves = 1;
+    }
     bool changed = true;
     while (changed) {
       changed = false;
@@ -251,10 +344,22 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
               region.ops.contains(producer) || taken.contains(producer) ||
               isScalarConstant(v))
             continue;
-          std::optional<Role> role = roleOf(producer);
-          if (!role || (*role == Role::Reduction && region.reductions > 0))
-            continue;
           if (!llvm::all_of(v.getUsers(), [&](Operation *user) { return region.ops.contains(user); }))
+            continue;
+          // rotate_half joins as a whole, and never a region with a
+          // reduction (the runtime's row kernels read no halves).
+          std::optional<Role> role = roleOf(producer);
+          if (!role) {
+            SmallVector<Operation *> rotate = rotateHalfOps(producer);
+            if (rotate.empty() || region.reductions > 0 ||
+                llvm::any_of(rotate, [&](Operation *op) { return taken.contains(op); }))
+              continue;
+            region.ops.insert_range(rotate);
+            ++region.rotateHalves;
+            changed = true;
+            continue;
+          }
+          if (*role == Role::Reduction && (region.reductions > 0 || region.rotateHalves > 0))
             continue;
           region.ops.insert(producer);
           region.reductions += *role == Role::Reduction ? 1 : 0;

@@ -151,6 +151,15 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
     ops, views, matmuls, a reduction over another dim, an op whose result
     is also used outside the region (it becomes an input).
 
+    One form of slices and cat joins a region whole: HF's rotate_half,
+    `cat([-x[..., h:], x[..., :h]], -1)` (either half negated, or neither),
+    h a constant or `size(x, dim) // 2` computed in the trace (size.int,
+    num_to_tensor, floor_divide by 2, Int.Tensor, each used once), each
+    slice and neg used only by the cat, x not computed by a fusible op (the
+    runtime reads halves of a region input), never in a region with a
+    reduction. The runtime checks per call that the sliced dim is x's last
+    and h half of it, else runs the body op by op.
+
     With `inline-calls`, calls of private parameter-free functions whose
     body is fusible non-reduction ops only (an activation submodule such as
     LLaMA's SiLU `act_fn`) are inlined first, so that their ops can join the
@@ -158,8 +167,9 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
     pointwise kernel it then makes is as fast as ATen's (bench/RESULTS.md).
 
     A pipeline option of the default pipeline (`fuse-elementwise`, off).
-    Emits one remark: ops, regions (how many with a reduction), the first
-    and last function that has one, and the calls inlined.
+    Emits one remark: ops, regions (how many with a reduction, how many
+    rotate_half they hold), the first and last function that has one, and
+    the calls inlined.
   }];
   let options = [
     Option<"inlineCalls", "inline-calls", "bool", "false",

@@ -415,8 +415,9 @@ LogicalResult FusedOp::verify() {
       !isa<bmt::TensorType>(yield.getValues()[0].getType()))
     return emitOpError("body must end in bmt.yield of one tensor");
   for (Operation &op : body.without_terminator())
-    if (!isa<AtenOp, ConstantOp>(op))
-      return emitOpError("body may hold only bmt.aten and bmt.constant ops, found '")
+    if (!isa<AtenOp, ConstantOp, NumToTensorOp>(op))
+      return emitOpError("body may hold only bmt.aten, bmt.constant and bmt.num_to_tensor ops, "
+                         "found '")
              << op.getName() << "'";
   return success();
 }

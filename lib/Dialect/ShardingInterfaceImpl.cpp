@@ -321,9 +321,15 @@ std::optional<Rule> permutationRule(bmt::AtenOp op, ArrayRef<int64_t> ranks) {
 /// The rule of `op` when its tensor operands have `ranks` (-1: no tensor).
 std::optional<Rule> ruleFor(Operation *op, ArrayRef<int64_t> ranks) {
   if (auto fused = dyn_cast<bmt::FusedOp>(op)) {
-    if (fused.getKind() == "pointwise")
+    // rotate_half inside reads across the last dim: like a row region's
+    // reduction, a split there has no rule.
+    bool rotateHalf = false;
+    fused.getBody().walk([&](bmt::AtenOp inner) {
+      rotateHalf = rotateHalf || inner.getName() == "aten::cat";
+    });
+    if (fused.getKind() == "pointwise" && !rotateHalf)
       return pointwise(op, ranks);
-    if (fused.getKind() == "row") // one last-dim reduction, broadcast back
+    if (fused.getKind() == "row" || rotateHalf) // one last-dim reduction, broadcast back
       return pointwise(op, ranks, {}, {-1});
     return std::nullopt;
   }

@@ -416,6 +416,9 @@ private:
       } else if (auto constant = dyn_cast<bmt::ConstantOp>(op)) {
         inst.kind = plan::Instruction::Kind::Constant;
         inst.args.push_back(plan::Arg::ofConstant(constantOf(constant.getValue(), op.getLoc())));
+      } else if (auto n = dyn_cast<bmt::NumToTensorOp>(op)) { // rotate_half's half size
+        inst.kind = plan::Instruction::Kind::NumToTensor;
+        inst.args.push_back(plan::Arg::ofRegister(reg(n.getInput())));
       } else {
         throw ExportError{op.getLoc(), "op '" + op.getName().getStringRef().str() +
                                            "' cannot be in a bmt.fused body"};

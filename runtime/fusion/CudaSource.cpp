@@ -175,6 +175,7 @@ std::string expression(const Graph &g, int i, const std::function<std::string(in
     if (n.dtype == c10::ScalarType::Half) return "bmt_fused::round_f16(" + A(0) + ")";
     return A(0);
   case Op::RowSum: return var(i); // computed by its phase
+  case Op::HalfSign: return "sgn";  // the caller's, from the column
   }
   return "0.f";
 }
@@ -390,8 +391,10 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     }
   };
 
+  const bool halves = g.usesHalves();
   if (!rowKernel) {
-    // The element values as a function of the loaded inputs (x<slot>),
+    // The element values as a function of the loaded inputs (x<slot>, and
+    // xs<slot> read half-swapped; sgn: HalfSign at the element's column),
     // called by each of the kernel's loops; loads only the slots it uses.
     std::vector<bool> need(g.nodes.size(), false);
     std::function<void(int)> mark = [&](int i) {
@@ -403,16 +406,26 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     };
     for (int o : outs)
       mark(o);
-    std::vector<int> used;
-    for (int k : slots) {
-      bool u = false;
-      for (size_t i = 0; i < g.nodes.size(); ++i)
-        u = u || (need[i] && ((g.nodes[i].op == Op::GradOut && k == gradSlot) ||
-                              (g.nodes[i].op == Op::Input && g.nodes[i].index == k)));
-      if (u)
-        used.push_back(k);
-    }
+    std::vector<int> used, usedSwapped;
+    bool sign = false;
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      sign = sign || (need[i] && g.nodes[i].op == Op::HalfSign);
+    for (bool swapped : {false, true})
+      for (int k : slots) {
+        bool u = false;
+        for (size_t i = 0; i < g.nodes.size(); ++i)
+          u = u || (need[i] && g.nodes[i].swapped == swapped &&
+                    ((g.nodes[i].op == Op::GradOut && k == gradSlot) ||
+                     (g.nodes[i].op == Op::Input && g.nodes[i].index == k)));
+        if (u)
+          (swapped ? usedSwapped : used).push_back(k);
+      }
+    std::vector<int> loaded = used; // the slots whose offsets the loops compute
+    for (int k : usedSwapped)
+      if (std::find(used.begin(), used.end(), k) == used.end())
+        loaded.push_back(k);
     auto x = [](int k) { return "x" + std::to_string(k); };
+    auto xs = [](int k) { return "xs" + std::to_string(k); };
     auto y = [](size_t k) { return "y" + std::to_string(k); };
     auto slotDtype = [&](int k) { return k == gradSlot && hasGrad ? gradDtype : inputDtypes.at(k); };
     auto half = [](c10::ScalarType t) { return t == c10::ScalarType::BFloat16 ? "1" : "0"; };
@@ -426,6 +439,14 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
       s << sep << "float " << x(k);
       sep = ", ";
     }
+    for (int k : usedSwapped) {
+      s << sep << "float " << xs(k);
+      sep = ", ";
+    }
+    if (sign) {
+      s << sep << "float sgn";
+      sep = ", ";
+    }
     for (size_t k = 0; k < outs.size(); ++k) {
       s << sep << "float &" << y(k);
       sep = ", ";
@@ -433,12 +454,26 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     s << ") {\n";
     auto bodyLoad = [&](int i) -> std::string {
       const Node &n = g.nodes[i];
-      return x(n.op == Op::GradOut ? gradSlot : n.index);
+      int k = n.op == Op::GradOut ? gradSlot : n.index;
+      return n.swapped ? xs(k) : x(k);
     };
     emitNodes(s, outs, {}, "  ", bodyLoad);
     for (size_t k = 0; k < outs.size(); ++k)
       s << "  " << y(k) << " = " << var(outs[k]) << ";\n";
     s << "}\n";
+    // With halves: the column j of element i and what it gives, the
+    // partner's offset dsw (times a tensor's last stride) and sgn.
+    auto column = [&](const std::string &indent, const std::string &j) {
+      if (!halves)
+        return std::string();
+      return indent + "const long long H = a.sizes[a.ndim - 1] >> 1, jc = " + j + ";\n" + indent +
+             "const long long dsw = jc < H ? H : -H;\n" + indent +
+             "const float sgn = jc < H ? -1.f : 1.f; (void)sgn;\n";
+    };
+    auto swappedOffset = [](int k) {
+      std::string ks = std::to_string(k);
+      return "o" + ks + " + dsw * a.strides[" + ks + "][a.ndim - 1]";
+    };
     // One call of the body at element i with offsets o<slot>.
     auto call = [&](const std::string &indent, const std::string &elem) {
       std::string c;
@@ -448,6 +483,14 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
       std::string sp;
       for (int k : used) {
         c += sp + load(k, slotDtype(k), "o" + std::to_string(k));
+        sp = ", ";
+      }
+      for (int k : usedSwapped) {
+        c += sp + load(k, slotDtype(k), swappedOffset(k));
+        sp = ", ";
+      }
+      if (sign) {
+        c += sp + "sgn";
         sp = ", ";
       }
       for (size_t k = 0; k < outs.size(); ++k) {
@@ -468,18 +511,29 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     auto eight = [&](const std::function<std::string(int)> &base, const std::string &offset,
                      const std::function<std::string(int)> &stride) {
       std::string c;
-      for (int k : used) {
+      auto ld8 = [&](int k, const std::string &var, const std::string &at) {
         c10::ScalarType t = slotDtype(k);
-        c += "      float " + x(k) + "[8]; bmt_fused::ld8(" + base(k) + ", " + offset + ", " +
-             stride(k) + ", " + (t == c10::ScalarType::Float ? "" : std::string(half(t)) + ", ") +
-             x(k) + ");\n";
-      }
+        return "      float " + var + "[8]; bmt_fused::ld8(" + base(k) + ", " + at + ", " + stride(k) +
+               ", " + (t == c10::ScalarType::Float ? "" : std::string(half(t)) + ", ") + var + ");\n";
+      };
+      for (int k : used)
+        c += ld8(k, x(k), offset);
+      for (int k : usedSwapped) // a run of 8 stays in its half (D / 2 % 8 == 0)
+        c += ld8(k, xs(k), offset + " + dsw * " + stride(k));
       for (size_t k = 0; k < outs.size(); ++k)
         c += "      float " + y(k) + "[8];\n";
       c += "#pragma unroll\n      for (int u = 0; u < 8; ++u)\n        bmt_body_" + name + "(";
       std::string sp;
       for (int k : used) {
         c += sp + x(k) + "[u]";
+        sp = ", ";
+      }
+      for (int k : usedSwapped) {
+        c += sp + xs(k) + "[u]";
+        sp = ", ";
+      }
+      if (sign) {
+        c += sp + "sgn";
         sp = ", ";
       }
       for (size_t k = 0; k < outs.size(); ++k) {
@@ -503,12 +557,13 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
          "    const long long nv = a.n >> 3;\n"
          "    for (long long v = first; v < nv; v += step) {\n"
          "      const long long i = v << 3;\n";
+    s << column("      ", "i");
     s << eight([&](int k) { return ptr(k, slotDtype(k), false); }, "i", strideOf("0"));
     s << "    }\n"
          "    for (long long i = (nv << 3) + first; i < a.n; i += step) {\n";
-    for (int k : used)
+    for (int k : loaded)
       s << "      const long long o" << k << " = i * a.strides[" << k << "][0];\n";
-    s << call("      ", "i") << "    }\n    return;\n  }\n";
+    s << column("      ", "i") << call("      ", "i") << "    }\n    return;\n  }\n";
     // Last dim in runs of 8 (vec == 2: its size a multiple of 8, every
     // tensor's last stride 1 or 0, the stride-1 ones' row offsets and bases
     // 16-byte aligned): one offset computation and 16-byte accesses per 8.
@@ -516,14 +571,14 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
          "    const long long nv = a.n >> 3;\n"
          "    for (long long v = first; v < nv; v += step) {\n"
          "      const long long i = v << 3;\n";
-    for (int k : used)
+    for (int k : loaded)
       s << "      long long o" << k << " = 0;\n";
     s << "      long long rem = i;\n"
          "      for (int d = a.ndim - 1; d >= 0; --d) {\n"
          "        const long long idx = rem % a.sizes[d]; rem /= a.sizes[d];\n";
-    for (int k : used)
+    for (int k : loaded)
       s << "        o" << k << " += idx * a.strides[" << k << "][d];\n";
-    s << "      }\n";
+    s << "      }\n" << column("      ", "i % a.sizes[a.ndim - 1]");
     s << eight([&](int k) { return ptr(k, slotDtype(k), false) + " + o" + std::to_string(k); }, "0",
                strideOf("a.ndim - 1"));
     s << "    }\n    return;\n  }\n";
@@ -531,15 +586,16 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     // arithmetic where the element count allows (64-bit division is slow).
     auto general = [&](const std::string &index) {
       std::string c = "    for (" + index + " i = first; i < a.n; i += step) {\n";
-      for (int k : used)
+      for (int k : loaded)
         c += "      long long o" + std::to_string(k) + " = 0;\n";
       c += "      " + index + " rem = i;\n"
            "      for (int d = a.ndim - 1; d >= 0; --d) {\n"
            "        const " + index + " size = (" + index + ")a.sizes[d];\n"
            "        const " + index + " idx = rem % size; rem /= size;\n";
-      for (int k : used)
+      for (int k : loaded)
         c += "        o" + std::to_string(k) + " += (long long)idx * a.strides[" + std::to_string(k) + "][d];\n";
-      c += "      }\n" + call("      ", "i") + "    }\n";
+      c += "      }\n" + column("      ", "(long long)(i % (" + index + ")a.sizes[a.ndim - 1])") +
+           call("      ", "i") + "    }\n";
       return c;
     };
     s << "  if (a.n <= 0x7fffffffLL) {\n" << general("unsigned int") << "    return;\n  }\n"
@@ -547,6 +603,8 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     return s.str();
   }
 
+  if (halves)
+    throw FusionError("fused region: rotate_half in a region with a reduction");
   if (rowVector)
     return s.str() + rowVectorKernel(g, outs, name, inputDtypes, gradDtype, outDtypes, *rowVector,
                                      slots, gradSlot, firstOut, emitNodes);

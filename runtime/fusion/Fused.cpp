@@ -10,9 +10,11 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 
 #ifdef BMT_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
@@ -133,7 +135,7 @@ bool FusedRegion::accepts(const std::vector<at::Tensor> &inputs) const {
     return false;
   try {
     std::vector<int64_t> shape = elementShape(inputs);
-    return !(region_.hasReduction && shape.empty());
+    return !(region_.hasReduction && shape.empty()) && halvesFit(region_, inputs, shape);
   } catch (const FusionError &) {
     return false;
   }
@@ -159,15 +161,17 @@ namespace {
 /// Fills `a` for the element shape `shape` and the tensors' strides over
 /// it (`strided[k]`: the tensor broadcast to the element shape; outputs
 /// contiguous), merging adjacent dims every tensor walks alike (all but the
-/// last for a row kernel). False when more than kMaxDims dims remain.
-bool layout(Args &a, std::vector<int64_t> shape, std::vector<std::vector<int64_t>> strides, bool row) {
+/// last for a row kernel, `row`, or a region reading halves of the last
+/// dim, `halves`). False when more than kMaxDims dims remain.
+bool layout(Args &a, std::vector<int64_t> shape, std::vector<std::vector<int64_t>> strides, bool row,
+            bool halves) {
   if (shape.empty()) {
     shape = {1};
     for (auto &s : strides)
       s = {0};
   }
   // Merge dim d into d-1 where every tensor has stride[d-1] == stride[d] * size[d].
-  for (int d = static_cast<int>(shape.size()) - 1 - (row ? 1 : 0); d >= 1; --d) {
+  for (int d = static_cast<int>(shape.size()) - 1 - (row || halves ? 1 : 0); d >= 1; --d) {
     bool ok = true;
     for (auto &s : strides)
       ok = ok && s[d - 1] == s[d] * shape[d];
@@ -196,6 +200,55 @@ bool layout(Args &a, std::vector<int64_t> shape, std::vector<std::vector<int64_t
   return true;
 }
 
+/// The order (outermost first) in which a kernel walks the element shape
+/// `shape` and lays out its outputs: the memory order of the first input of
+/// that whole shape that is dense, not overlapping and not contiguous (a
+/// transposed q: its outputs and gradients then have q's layout, as ATen's
+/// TensorIterator gives them, so that views after it stay free), when its
+/// last dim is its innermost; otherwise the shape's own order.
+std::vector<int64_t> walkOrder(const std::vector<at::Tensor> &inputs, const std::vector<int64_t> &shape) {
+  const int64_t n = static_cast<int64_t>(shape.size());
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), int64_t{0});
+  for (const at::Tensor &t : inputs) {
+    if (t.sizes().vec() != shape || !t.is_non_overlapping_and_dense() || t.is_contiguous())
+      continue;
+    // Dims of size 1 first (their stride means nothing), then by stride.
+    std::vector<int64_t> byStride;
+    for (int64_t d = 0; d < n; ++d)
+      if (t.size(d) == 1)
+        byStride.push_back(d);
+    std::vector<int64_t> rest;
+    for (int64_t d = 0; d < n; ++d)
+      if (t.size(d) != 1)
+        rest.push_back(d);
+    std::stable_sort(rest.begin(), rest.end(),
+                     [&](int64_t x, int64_t y) { return t.stride(x) > t.stride(y); });
+    byStride.insert(byStride.end(), rest.begin(), rest.end());
+    if (byStride.back() == n - 1)
+      return byStride;
+    break;
+  }
+  return order;
+}
+
+/// `v` in `order` (v[order[0]], v[order[1]], ...).
+std::vector<int64_t> permuted(const std::vector<int64_t> &v, const std::vector<int64_t> &order) {
+  std::vector<int64_t> out;
+  for (int64_t d : order)
+    out.push_back(v.at(d));
+  return out;
+}
+
+/// An uninitialized tensor of `shape` whose memory is laid out in `order`.
+at::Tensor emptyInOrder(const std::vector<int64_t> &shape, const std::vector<int64_t> &order,
+                        const at::TensorOptions &options) {
+  std::vector<int64_t> inverse(order.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    inverse[order[i]] = static_cast<int64_t>(i);
+  return at::empty(permuted(shape, order), options).permute(inverse);
+}
+
 std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape) {
   std::vector<int64_t> s(shape.size(), 1);
   for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d)
@@ -206,10 +259,13 @@ std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape) {
 /// Sets a.vec, the pointwise kernel's 8-wide paths (CudaSource.cpp): each
 /// of the `count` tensors walks the last dim with stride 1 or 0, the
 /// stride-1 ones start 16-byte aligned and (more than one dim: then the last
-/// size is a multiple of 8) have their other strides multiples of 8.
-void chooseVector(Args &a, size_t count) {
+/// size is a multiple of 8) have their other strides multiples of 8. With
+/// `halves` (a region reading halves of the last dim), half the last dim
+/// must be a multiple of 8 too (a run of 8 stays in its half).
+void chooseVector(Args &a, size_t count, bool halves) {
   a.vec = 0;
-  if (a.ndim < 1 || (a.ndim > 1 && a.sizes[a.ndim - 1] % 8 != 0))
+  if (a.ndim < 1 || (a.ndim > 1 && a.sizes[a.ndim - 1] % 8 != 0) ||
+      (halves && a.sizes[a.ndim - 1] % 16 != 0))
     return;
   const int last = a.ndim - 1;
   for (size_t k = 0; k < count; ++k) {
@@ -408,16 +464,18 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
   std::vector<int64_t> outShape = shape;
   if (rowResult)
     outShape.back() = 1;
-  at::Tensor out = at::empty(outShape, inputs[0].options().dtype(resultDtype(region_, dtypes)));
+  // The kernel walks the element shape in `order` (the last dim stays last).
+  const std::vector<int64_t> order = walkOrder(inputs, shape);
+  at::Tensor out = emptyInOrder(outShape, order, inputs[0].options().dtype(resultDtype(region_, dtypes)));
   std::vector<std::vector<int64_t>> strides;
   for (const at::Tensor &t : inputs)
-    strides.push_back(t.expand(shape).strides().vec());
-  std::vector<int64_t> outStrides = contiguousStrides(shape);
+    strides.push_back(permuted(t.expand(shape).strides().vec(), order));
+  std::vector<int64_t> outStrides = contiguousStrides(permuted(shape, order));
   if (rowResult)
     outStrides.back() = 0; // written once per row at index r
   strides.push_back(outStrides);
   Args a;
-  if (!layout(a, shape, strides, region_.hasReduction))
+  if (!layout(a, permuted(shape, order), strides, region_.hasReduction, !region_.halves.empty()))
     return forwardATen(region_, inputs);
   for (size_t i = 0; i < inputs.size(); ++i)
     a.tensors[i] = const_cast<void *>(inputs[i].data_ptr());
@@ -433,7 +491,7 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
       }
     }
   } else {
-    chooseVector(a, inputs.size() + 1);
+    chooseVector(a, inputs.size() + 1, !region_.halves.empty());
   }
   Kernels &k = kernelsFor(inputs, at::Tensor(), nullptr, {});
   launch(k.function, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), device);
@@ -463,9 +521,11 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
   std::vector<at::Tensor> all = inputs;
   all.push_back(gradOut);
   std::vector<int64_t> shape = elementShape(all);
+  // Gradients laid out as the forward's result (walkOrder of the inputs).
+  const std::vector<int64_t> order = walkOrder(inputs, shape);
   std::vector<std::vector<int64_t>> strides;
   for (const at::Tensor &t : all)
-    strides.push_back(t.expand(shape).strides().vec());
+    strides.push_back(permuted(t.expand(shape).strides().vec(), order));
   // Per gradient output: the input it belongs to, and whether the 8-wide row
   // kernel writes it as column sums (an input that is one row broadcast
   // over all rows: a norm's weight).
@@ -481,9 +541,9 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
   if (of.empty())
     return grads;
   for (size_t o = 0; o < of.size(); ++o)
-    strides.push_back(contiguousStrides(shape));
+    strides.push_back(contiguousStrides(permuted(shape, order)));
   Args a;
-  if (!layout(a, shape, strides, region_.hasReduction))
+  if (!layout(a, permuted(shape, order), strides, region_.hasReduction, !region_.halves.empty()))
     return backwardATen(region_, inputs, gradOut);
   for (size_t i = 0; i < all.size(); ++i)
     a.tensors[i] = const_cast<void *>(all[i].data_ptr());
@@ -502,13 +562,13 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
     if (threads && columnSums[o])
       outs.push_back(at::empty({static_cast<int64_t>(blocks), shape.back()}, input.options().dtype(at::kFloat)));
     else
-      outs.push_back(at::empty(shape, input.options().dtype(k->gradDtypes[o])));
+      outs.push_back(emptyInOrder(shape, order, input.options().dtype(k->gradDtypes[o])));
     a.tensors[all.size() + o] = outs.back().data_ptr();
   }
   if (threads) {
     launch(k->function, a, blocks, threads, device);
   } else {
-    chooseVector(a, all.size() + outs.size());
+    chooseVector(a, all.size() + outs.size(), !region_.halves.empty());
     launch(k->function, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), device);
   }
   for (size_t o = 0; o < of.size(); ++o) {

@@ -6,7 +6,10 @@
 #include <ATen/ExpandUtils.h>
 
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <map>
+#include <optional>
 #include <tuple>
 
 namespace bmt::fusion {
@@ -35,7 +38,7 @@ int Graph::add(Node node) {
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node &m = nodes[i];
     if (m.op == node.op && m.args == node.args && m.value == node.value &&
-        m.index == node.index && m.dtype == node.dtype)
+        m.index == node.index && m.dtype == node.dtype && m.swapped == node.swapped)
       return static_cast<int>(i);
   }
   nodes.push_back(std::move(node));
@@ -109,6 +112,7 @@ std::vector<bool> Graph::rowValued() const {
       row[i] = true;
       break;
     case Op::Input:
+    case Op::HalfSign:
       row[i] = false;
       break;
     case Op::GradOut:
@@ -123,6 +127,38 @@ std::vector<bool> Graph::rowValued() const {
     }
   }
   return row;
+}
+
+int Graph::swapped(int n) {
+  std::vector<bool> row = rowValued();
+  std::map<int, int> memo;
+  std::function<int(int)> swap = [&](int i) -> int {
+    if (auto it = memo.find(i); it != memo.end())
+      return it->second;
+    Node node = nodes[i]; // copy: nodes grows below
+    int out;
+    if (node.op == Op::Input || node.op == Op::GradOut) {
+      node.swapped = !node.swapped;
+      out = add(node);
+    } else if (node.op == Op::HalfSign) {
+      out = unary(Op::Neg, i);
+    } else if (i < static_cast<int>(row.size()) && row[i]) {
+      out = i; // one value per row: the same at every column
+    } else {
+      for (int &a : node.args)
+        a = swap(a);
+      out = add(node);
+    }
+    return memo[i] = out;
+  };
+  return swap(n);
+}
+
+bool Graph::usesHalves() const {
+  for (const Node &n : nodes)
+    if (n.swapped || n.op == Op::HalfSign)
+      return true;
+  return false;
 }
 
 namespace {
@@ -186,6 +222,7 @@ std::vector<int> differentiate(Graph &g, int result, int numInputs) {
     case Op::GradOut:
     case Op::RowLen:
     case Op::Step:
+    case Op::HalfSign:
       break;
     case Op::Add:
       give(a, A);
@@ -284,12 +321,178 @@ std::vector<int> differentiate(Graph &g, int result, int numInputs) {
       break;
     }
   }
+  // An input read half-swapped contributes its adjoint swapped back.
   std::vector<int> grads(numInputs, -1);
-  for (size_t n = 0; n < forwardSize; ++n)
-    if (g.nodes[n].op == Op::Input)
-      grads[g.nodes[n].index] = adjoint[n];
+  for (size_t n = 0; n < forwardSize; ++n) {
+    const Node &node = g.nodes[n];
+    if (node.op != Op::Input || adjoint[n] < 0)
+      continue;
+    int contribution = node.swapped ? g.swapped(adjoint[n]) : adjoint[n];
+    int &grad = grads[node.index];
+    grad = grad < 0 ? contribution : g.binary(Op::Add, grad, contribution);
+  }
   return grads;
 }
+
+} // namespace
+
+namespace {
+
+/// rotate_half's pieces while a region body is read: a scalar computed from
+/// an input's size (size.int, NumToTensor, floor_divide by 2, Int.Tensor),
+/// or a slice of an input's dim at a half (negated or not).
+struct HalfScalar {
+  int input = -1;
+  int64_t dim = 0;
+  bool halved = false; // size(dim) // 2, else size(dim)
+};
+struct HalfSlice {
+  int input = -1;
+  int64_t dim = 0;
+  int64_t half = -1; // the constant boundary, or -1: size(dim) // 2
+  bool second = false;
+  double sign = 1;
+};
+
+/// The rotate_half forms of buildRegion: the scalar and slice registers
+/// they make, and the cat that ends them.
+class HalfReader {
+public:
+  HalfReader(Graph &g, std::map<int64_t, int> &nodeOf) : g_(g), nodeOf_(nodeOf) {}
+
+  /// Reads `inst` when it belongs to a rotate_half form (returns true), or
+  /// leaves it to the caller (false). Throws FusionError for a form it
+  /// cannot take.
+  bool read(const plan::Instruction &inst, const std::string &where, Region &region) {
+    using Kind = plan::Instruction::Kind;
+    if (inst.kind == Kind::NumToTensor) {
+      scalars_[result(inst, where)] = scalar(inst.args.at(0), where);
+      return true;
+    }
+    if (inst.kind != Kind::Aten)
+      return false;
+    const std::string &op = inst.op;
+    if (op == "aten::size.int") {
+      scalars_[result(inst, where)] = HalfScalar{input(inst.args.at(0), where), integer(inst, 1, where)};
+    } else if (op == "aten::Int.Tensor") {
+      scalars_[result(inst, where)] = scalar(inst.args.at(0), where);
+    } else if (op == "aten::floor_divide") {
+      HalfScalar s = scalar(inst.args.at(0), where);
+      const plan::Arg &d = inst.args.at(1);
+      bool two = d.kind == plan::Arg::Kind::Constant ? numberOf(d.constant, where) == 2
+                 : d.kind == plan::Arg::Kind::Register && nodeOf_.count(d.reg) &&
+                       g_.nodes[nodeOf_[d.reg]].op == Op::Const && g_.nodes[nodeOf_[d.reg]].value == 2;
+      if (s.halved || !two)
+        throw FusionError(where + ": only size(dim) // 2 is taken");
+      s.halved = true;
+      scalars_[result(inst, where)] = s;
+    } else if (op == "aten::slice.Tensor") {
+      // slice(x, dim, start, end, step 1): [0, h) or [h, end of dim).
+      HalfSlice piece{input(inst.args.at(0), where), integer(inst, 1, where)};
+      if (integer(inst, 4, where) != 1)
+        throw FusionError(where + ": a slice with a step");
+      std::optional<int64_t> start = boundary(inst.args.at(2), piece, where);
+      std::optional<int64_t> end = boundary(inst.args.at(3), piece, where);
+      constexpr int64_t kToEnd = int64_t{1} << 62; // x[..., h:] records INT64_MAX
+      if (start == 0) {
+        piece.half = end.value_or(-1);
+      } else if (end && *end >= kToEnd) {
+        piece.second = true;
+        piece.half = start.value_or(-1);
+      } else {
+        throw FusionError(where + ": not a half of the dim (rotate_half)");
+      }
+      if (piece.half == 0)
+        throw FusionError(where + ": an empty half");
+      slices_[result(inst, where)] = piece;
+    } else if (op == "aten::neg" && isSlice(inst.args.at(0))) {
+      HalfSlice piece = slices_.at(inst.args[0].reg);
+      piece.sign = -piece.sign;
+      slices_[result(inst, where)] = piece;
+    } else if (op == "aten::cat") {
+      const plan::Arg &list = inst.args.at(0);
+      if (list.kind != plan::Arg::Kind::List || list.elements.size() != 2 ||
+          !isSlice(list.elements[0]) || !isSlice(list.elements[1]))
+        throw FusionError(where + ": only cat of an input's two halves (rotate_half) is fusible");
+      HalfSlice a = slices_.at(list.elements[0].reg), b = slices_.at(list.elements[1].reg);
+      if (a.input != b.input || a.dim != b.dim || a.half != b.half || a.second == b.second)
+        throw FusionError(where + ": the halves are not one input's two halves");
+      // cat([s_a x[h:], s_b x[:h]]) = S * x half-swapped, S = s_a on the
+      // first half, s_b on the second; unswapped for cat([x[:h], x[h:]]).
+      Node x;
+      x.op = Op::Input;
+      x.index = a.input;
+      x.swapped = a.second;
+      int value = g_.add(x);
+      int out;
+      if (a.sign == b.sign)
+        out = a.sign > 0 ? value : g_.unary(Op::Neg, value);
+      else {
+        Node sign;
+        sign.op = Op::HalfSign;
+        int signed_ = g_.binary(Op::Mul, g_.add(sign), value);
+        out = a.sign < 0 ? signed_ : g_.unary(Op::Neg, signed_);
+      }
+      region.halves.push_back(HalfSplit{a.input, a.dim, integer(inst, 1, where), a.half});
+      nodeOf_[result(inst, where)] = out;
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  /// Throws when a register of a rotate_half form is read otherwise.
+  void checkNotRead(const plan::Arg &a, const std::string &where) const {
+    if (a.kind == plan::Arg::Kind::Register && (scalars_.count(a.reg) || slices_.count(a.reg)))
+      throw FusionError(where + ": reads a slice or size outside rotate_half's form");
+    for (const plan::Arg &e : a.elements)
+      checkNotRead(e, where);
+  }
+
+private:
+  static int64_t result(const plan::Instruction &inst, const std::string &where) {
+    if (inst.results.size() != 1)
+      throw FusionError(where + ": one result expected");
+    return inst.results[0];
+  }
+  int64_t integer(const plan::Instruction &inst, size_t i, const std::string &where) const {
+    const plan::Arg &a = inst.args.at(i);
+    if (a.kind != plan::Arg::Kind::Constant || !a.constant.isInt())
+      throw FusionError(where + ": argument " + std::to_string(i) + " must be a constant integer");
+    return a.constant.toInt();
+  }
+  int input(const plan::Arg &a, const std::string &where) const {
+    auto it = a.kind == plan::Arg::Kind::Register ? nodeOf_.find(a.reg) : nodeOf_.end();
+    if (it == nodeOf_.end() || g_.nodes[it->second].op != Op::Input || g_.nodes[it->second].swapped)
+      throw FusionError(where + ": rotate_half's halves are taken of a region input only");
+    return g_.nodes[it->second].index;
+  }
+  HalfScalar scalar(const plan::Arg &a, const std::string &where) const {
+    auto it = a.kind == plan::Arg::Kind::Register ? scalars_.find(a.reg) : scalars_.end();
+    if (it == scalars_.end())
+      throw FusionError(where + ": a scalar not computed from an input's size");
+    return it->second;
+  }
+  bool isSlice(const plan::Arg &a) const {
+    return a.kind == plan::Arg::Kind::Register && slices_.count(a.reg);
+  }
+  /// A slice boundary: a constant, or -1 for size(dim) // 2 of the sliced
+  /// input and dim, INT64_MAX for size(dim); nullopt for another scalar.
+  std::optional<int64_t> boundary(const plan::Arg &a, const HalfSlice &piece,
+                                  const std::string &where) const {
+    if (a.kind == plan::Arg::Kind::Constant && a.constant.isInt())
+      return a.constant.toInt();
+    HalfScalar s = scalar(a, where);
+    if (s.input != piece.input || s.dim != piece.dim)
+      throw FusionError(where + ": a boundary from another tensor's or dim's size");
+    return s.halved ? -1 : std::numeric_limits<int64_t>::max();
+  }
+
+  Graph &g_;
+  std::map<int64_t, int> &nodeOf_;
+  std::map<int64_t, HalfScalar> scalars_;
+  std::map<int64_t, HalfSlice> slices_;
+};
 
 } // namespace
 
@@ -300,14 +503,19 @@ Region buildRegion(const plan::Function &body) {
   std::map<int64_t, int> nodeOf; // register -> node
   for (size_t i = 0; i < body.params.size(); ++i)
     nodeOf[body.params[i]] = g.input(static_cast<int>(i));
+  HalfReader halves(g, nodeOf);
   for (const plan::Instruction &inst : body.body) {
     std::string where = (inst.op.empty() ? "instruction" : inst.op) + " in " + body.name;
     if (inst.kind == plan::Instruction::Kind::Constant) {
       nodeOf[inst.results.at(0)] = g.constant(numberOf(inst.args.at(0).constant, where));
       continue;
     }
+    if (halves.read(inst, where, region))
+      continue;
     if (inst.kind != plan::Instruction::Kind::Aten)
       throw FusionError(where + ": a fused region holds only operator calls and constants");
+    for (const plan::Arg &a : inst.args)
+      halves.checkNotRead(a, where);
     auto kind = fusibleKinds().find(inst.op);
     if (kind == fusibleKinds().end())
       throw FusionError(where + ": the operator is not fusible (FusibleOps.def)");
@@ -410,6 +618,8 @@ Region buildRegion(const plan::Function &body) {
   }
   if (body.returns.size() != 1 || !nodeOf.count(body.returns[0]))
     throw FusionError(body.name + ": a fused region returns one value it computes");
+  if (region.hasReduction && !region.halves.empty())
+    throw FusionError(body.name + ": rotate_half in a region with a reduction");
   region.result = nodeOf[body.returns[0]];
   region.backward = region.forward;
   region.gradients = differentiate(region.backward, region.result, region.numInputs);
@@ -434,6 +644,7 @@ c10::ScalarType resultDtype(const Region &region, const std::vector<c10::ScalarT
     case Op::Const:
     case Op::RowLen:
     case Op::GradOut:
+    case Op::HalfSign:
       break;
     case Op::Cast:
       t[i] = n.dtype;
@@ -444,6 +655,21 @@ c10::ScalarType resultDtype(const Region &region, const std::vector<c10::ScalarT
     }
   }
   return t[region.result] == none ? c10::ScalarType::Float : t[region.result];
+}
+
+bool halvesFit(const Region &region, const std::vector<at::Tensor> &inputs,
+               const std::vector<int64_t> &shape) {
+  for (const HalfSplit &h : region.halves) {
+    if (h.input < 0 || h.input >= static_cast<int>(inputs.size()) || shape.empty())
+      return false;
+    const at::Tensor &x = inputs[h.input];
+    const int64_t last = x.dim() - 1, D = shape.back();
+    auto isLast = [&](int64_t d) { return d == -1 || d == last; };
+    if (last < 0 || !isLast(h.dim) || !isLast(h.catDim) || x.size(last) != D || D % 2 != 0 ||
+        (h.half >= 0 && 2 * h.half != D))
+      return false;
+  }
+  return true;
 }
 
 std::vector<int64_t> elementShape(const std::vector<at::Tensor> &inputs) {
@@ -472,17 +698,37 @@ std::vector<at::Tensor> evaluateAll(const Graph &g, const std::vector<int> &outs
   for (int o : outs)
     last = std::max(last, o);
   auto options = at::TensorOptions().dtype(at::kFloat).device(inputs.at(0).device());
+  // Half-swapped: column j reads (j + D/2) mod D, torch.roll by D/2 (a
+  // broadcast last dim of 1 reads the same value at every column).
+  auto halfSwap = [&](const at::Tensor &t) {
+    if (shape.empty() || shape.back() % 2 != 0)
+      throw FusionError("fused region: rotate_half needs an even last dim");
+    return t.dim() == 0 || t.size(-1) == 1 ? t : at::roll(t, {shape.back() / 2}, {-1});
+  };
   std::vector<at::Tensor> v(g.nodes.size());
   for (int i = 0; i <= last; ++i) {
     const Node &n = g.nodes[i];
     auto arg = [&](int k) { return v[n.args[k]]; };
     switch (n.op) {
-    case Op::Input: v[i] = inputs.at(n.index).to(at::kFloat); break;
+    case Op::Input:
+      v[i] = inputs.at(n.index).to(at::kFloat);
+      if (n.swapped)
+        v[i] = halfSwap(v[i]);
+      break;
     case Op::GradOut:
       if (!gradOut.defined())
         throw FusionError("fused region: the backward graph needs grad_output");
       v[i] = gradOut.to(at::kFloat);
+      if (n.swapped)
+        v[i] = halfSwap(v[i]);
       break;
+    case Op::HalfSign: {
+      if (shape.empty() || shape.back() % 2 != 0)
+        throw FusionError("fused region: rotate_half needs an even last dim");
+      at::Tensor ones = at::ones({shape.back() / 2}, options);
+      v[i] = at::cat({-ones, ones});
+      break;
+    }
     case Op::Const: v[i] = at::scalar_tensor(n.value, options); break;
     case Op::RowLen:
       if (shape.empty())
@@ -548,6 +794,8 @@ at::Tensor forwardATen(const Region &region, const std::vector<at::Tensor> &inpu
   c10::ScalarType dtype = resultDtype(region, dtypes);
   if (dtype == c10::ScalarType::Undefined)
     throw FusionError("fused region: inputs must be float32, bfloat16 or float16");
+  if (!halvesFit(region, inputs, elementShape(inputs)))
+    throw FusionError("fused region: rotate_half's input does not fit (halves of its last dim)");
   at::Tensor v = evaluate(region.forward, region.result, inputs);
   std::vector<int64_t> shape = valueShape(region.forward, region.result, elementShape(inputs));
   return v.expand(shape).to(dtype).contiguous();
@@ -559,6 +807,8 @@ std::vector<at::Tensor> backwardATen(const Region &region, const std::vector<at:
   for (int n : region.gradients)
     if (n >= 0)
       outs.push_back(n);
+  if (!halvesFit(region, inputs, elementShape(inputs)))
+    throw FusionError("fused region: rotate_half's input does not fit (halves of its last dim)");
   std::vector<at::Tensor> values = evaluateAll(region.backward, outs, inputs, gradOut);
   std::vector<at::Tensor> all = inputs;
   all.push_back(gradOut);

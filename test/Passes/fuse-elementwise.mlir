@@ -199,3 +199,117 @@ module {
     return %0 : !bmt.tensor
   }
 }
+
+// -----
+
+// RoPE with rotate_half as torch.export records it (constant bounds): the
+// slices, the neg and the cat join the region whole, q is read whole.
+// CHECK-LABEL: func.func private @rope_exported(
+// CHECK-NEXT:    %[[Q:.*]] = bmt.aten "aten::transpose.int"(%arg0, 1, 2)
+// CHECK-NEXT:    %[[Y:.*]] = bmt.fused "pointwise"(%[[Q]], %arg1, %arg2)
+// CHECK-NEXT:    ^bb0(%[[A:.*]]: !bmt.tensor, %[[C:.*]]: !bmt.tensor, %[[S:.*]]: !bmt.tensor):
+// CHECK-NEXT:      %[[M1:.*]] = bmt.aten "aten::mul.Tensor"(%[[A]], %[[C]])
+// CHECK-NEXT:      %[[X1:.*]] = bmt.aten "aten::slice.Tensor"(%[[A]], 3, 0, 4, 1)
+// CHECK-NEXT:      %[[X2:.*]] = bmt.aten "aten::slice.Tensor"(%[[A]], 3, 4, 9223372036854775807, 1)
+// CHECK-NEXT:      %[[N:.*]] = bmt.aten "aten::neg"(%[[X2]])
+// CHECK-NEXT:      %[[R:.*]] = bmt.aten "aten::cat"([%[[N]], %[[X1]]], -1)
+// CHECK-NEXT:      %[[M2:.*]] = bmt.aten "aten::mul.Tensor"(%[[R]], %[[S]])
+// CHECK-NEXT:      %[[O:.*]] = bmt.aten "aten::add.Tensor"(%[[M1]], %[[M2]], 1)
+// CHECK-NEXT:      bmt.yield %[[O]]
+// CHECK:         return %[[Y]]
+// REMARK: remark: bmt-fuse-elementwise: 7 ops in 1 region (0 with a last-dim reduction, 1 rotate_half) in 1 function (rope_exported)
+module {
+  func.func private @rope_exported(%arg0: !bmt.tensor, %arg1: !bmt.tensor, %arg2: !bmt.tensor) -> !bmt.tensor {
+    %q = bmt.aten "aten::transpose.int"(%arg0, 1, 2) : (!bmt.tensor) -> !bmt.tensor
+    %0 = bmt.aten "aten::mul.Tensor"(%q, %arg1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %1 = bmt.aten "aten::slice.Tensor"(%q, 3, 0, 4, 1) : (!bmt.tensor) -> !bmt.tensor
+    %2 = bmt.aten "aten::slice.Tensor"(%q, 3, 4, 9223372036854775807, 1) : (!bmt.tensor) -> !bmt.tensor
+    %3 = bmt.aten "aten::neg"(%2) : (!bmt.tensor) -> !bmt.tensor
+    %4 = bmt.aten "aten::cat"([%3, %1], -1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %5 = bmt.aten "aten::mul.Tensor"(%4, %arg2) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %6 = bmt.aten "aten::add.Tensor"(%0, %5, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    return %6 : !bmt.tensor
+  }
+}
+
+// -----
+
+// What stays out: halves of a value a region computes (the runtime reads
+// halves of a region input only), unequal halves, a slice with a step, a
+// slice with another reader, halves of two tensors, and rotate_half next
+// to a reduction (no row kernel reads halves).
+// CHECK-LABEL: func.func private @not_rotate_half(
+// CHECK:         %[[V:.*]] = bmt.aten "aten::mul.Tensor"
+// CHECK-NEXT:    aten::slice.Tensor"(%[[V]], 3, 0, 4, 1)
+// CHECK-NEXT:    aten::slice.Tensor"(%[[V]], 3, 4, 9223372036854775807, 1)
+// CHECK-NEXT:    aten::neg
+// CHECK-NEXT:    %[[A:.*]] = bmt.aten "aten::cat"
+// CHECK:         aten::slice.Tensor"(%arg1, 3, 3, 9223372036854775807, 1)
+// CHECK-NEXT:    %[[B:.*]] = bmt.aten "aten::cat"
+// CHECK-NEXT:    bmt.fused "pointwise"(%[[B]])
+// CHECK:         aten::slice.Tensor"(%arg1, 3, 4, 9223372036854775807, 2)
+// CHECK-NEXT:    %[[S:.*]] = bmt.aten "aten::cat"
+// CHECK-NEXT:    bmt.fused "pointwise"(%[[S]])
+// CHECK:         %[[R1:.*]] = bmt.aten "aten::slice.Tensor"(%arg1, 3, 0, 4, 1)
+// CHECK-NEXT:    aten::slice.Tensor"(%arg1, 3, 4, 9223372036854775807, 1)
+// CHECK-NEXT:    %[[R:.*]] = bmt.aten "aten::cat"
+// CHECK-NEXT:    bmt.fused "pointwise"(%[[R]])
+// CHECK:         aten::slice.Tensor"(%arg2, 3, 4, 9223372036854775807, 1)
+// CHECK-NEXT:    %[[T:.*]] = bmt.aten "aten::cat"
+// CHECK-NEXT:    bmt.fused "pointwise"(%[[T]])
+// CHECK:         %[[N:.*]] = bmt.fused "pointwise"(%arg2)
+// CHECK-NEXT:    ^bb0(
+// CHECK-NEXT:      aten::slice.Tensor
+// CHECK-NEXT:      aten::slice.Tensor
+// CHECK-NEXT:      aten::neg
+// CHECK-NEXT:      aten::cat
+// CHECK-NEXT:      bmt.yield
+// CHECK:         bmt.fused "row"(%[[N]])
+// CHECK-NOT:       aten::cat
+// CHECK:         return %[[A]], %{{.*}}, %{{.*}}, %{{.*}}, %[[R1]],
+// REMARK: remark: bmt-fuse-elementwise: 15 ops in 6 regions (1 with a last-dim reduction, 1 rotate_half) in 1 function (not_rotate_half)
+module {
+  func.func private @not_rotate_half(%arg0: !bmt.tensor, %arg1: !bmt.tensor, %arg2: !bmt.tensor) -> (!bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor) {
+    // halves of exp(x) * 2
+    %e = bmt.aten "aten::exp"(%arg0) : (!bmt.tensor) -> !bmt.tensor
+    %c2 = bmt.constant dense<2.0> : tensor<f64>
+    %v = bmt.aten "aten::mul.Tensor"(%e, %c2) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %a1 = bmt.aten "aten::slice.Tensor"(%v, 3, 0, 4, 1) : (!bmt.tensor) -> !bmt.tensor
+    %a2 = bmt.aten "aten::slice.Tensor"(%v, 3, 4, 9223372036854775807, 1) : (!bmt.tensor) -> !bmt.tensor
+    %a3 = bmt.aten "aten::neg"(%a2) : (!bmt.tensor) -> !bmt.tensor
+    %a4 = bmt.aten "aten::cat"([%a3, %a1], -1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    // unequal halves
+    %b1 = bmt.aten "aten::slice.Tensor"(%arg1, 3, 0, 4, 1) : (!bmt.tensor) -> !bmt.tensor
+    %b2 = bmt.aten "aten::slice.Tensor"(%arg1, 3, 3, 9223372036854775807, 1) : (!bmt.tensor) -> !bmt.tensor
+    %b3 = bmt.aten "aten::cat"([%b2, %b1], -1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %b4 = bmt.aten "aten::exp"(%b3) : (!bmt.tensor) -> !bmt.tensor
+    %b5 = bmt.aten "aten::sin"(%b4) : (!bmt.tensor) -> !bmt.tensor
+    // a step
+    %s1 = bmt.aten "aten::slice.Tensor"(%arg1, 3, 0, 4, 2) : (!bmt.tensor) -> !bmt.tensor
+    %s2 = bmt.aten "aten::slice.Tensor"(%arg1, 3, 4, 9223372036854775807, 2) : (!bmt.tensor) -> !bmt.tensor
+    %s3 = bmt.aten "aten::cat"([%s2, %s1], -1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %s4 = bmt.aten "aten::exp"(%s3) : (!bmt.tensor) -> !bmt.tensor
+    %s5 = bmt.aten "aten::sin"(%s4) : (!bmt.tensor) -> !bmt.tensor
+    // another reader of a slice
+    %r1 = bmt.aten "aten::slice.Tensor"(%arg1, 3, 0, 4, 1) : (!bmt.tensor) -> !bmt.tensor
+    %r2 = bmt.aten "aten::slice.Tensor"(%arg1, 3, 4, 9223372036854775807, 1) : (!bmt.tensor) -> !bmt.tensor
+    %r3 = bmt.aten "aten::cat"([%r2, %r1], -1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %r4 = bmt.aten "aten::exp"(%r3) : (!bmt.tensor) -> !bmt.tensor
+    %r5 = bmt.aten "aten::sin"(%r4) : (!bmt.tensor) -> !bmt.tensor
+    // two tensors
+    %t1 = bmt.aten "aten::slice.Tensor"(%arg1, 3, 0, 4, 1) : (!bmt.tensor) -> !bmt.tensor
+    %t2 = bmt.aten "aten::slice.Tensor"(%arg2, 3, 4, 9223372036854775807, 1) : (!bmt.tensor) -> !bmt.tensor
+    %t3 = bmt.aten "aten::cat"([%t2, %t1], -1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %t4 = bmt.aten "aten::exp"(%t3) : (!bmt.tensor) -> !bmt.tensor
+    %t5 = bmt.aten "aten::sin"(%t4) : (!bmt.tensor) -> !bmt.tensor
+    // next to a reduction: sum(rotate_half(x), -1) * 2
+    %n1 = bmt.aten "aten::slice.Tensor"(%arg2, 3, 0, 4, 1) : (!bmt.tensor) -> !bmt.tensor
+    %n2 = bmt.aten "aten::slice.Tensor"(%arg2, 3, 4, 9223372036854775807, 1) : (!bmt.tensor) -> !bmt.tensor
+    %n3 = bmt.aten "aten::neg"(%n2) : (!bmt.tensor) -> !bmt.tensor
+    %n4 = bmt.aten "aten::cat"([%n3, %n1], -1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %n5 = bmt.aten "aten::exp"(%n4) : (!bmt.tensor) -> !bmt.tensor
+    %n6 = bmt.aten "aten::sum.dim_IntList"(%n5, [-1], true, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %n7 = bmt.aten "aten::mul.Tensor"(%n6, %c2) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    return %a4, %b5, %s5, %r5, %r1, %t5, %n7, %e : !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor
+  }
+}

@@ -80,6 +80,12 @@ def test_a_resume_names_the_settings_it_changes(models, tmp_path):
         assert phrase in notes[0], notes[0]
     assert "--seq-len" not in notes[0] and "--warmup" not in notes[0], notes[0]
     assert [x["step"] for x in train_log(tmp_path / "log.jsonl")] == [3, 4, 5, 6]
+    # Resumed at its last step with the same --steps: nothing to train, and it says so.
+    r = torchrun(1, sharded, *data, "--micro-batch", 4, "--steps", 4, "--resume", ck / "step-00000004",
+                 "--log-file", tmp_path / "done.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "note: the checkpoint is at step 4, --steps is 4: nothing to train" in r.stdout, r.stdout
+    assert train_log(tmp_path / "done.jsonl") == []
 
 
 def compile(pt, out, *flags):

@@ -23,6 +23,9 @@ CONFIGS = {
     "t2-n2-sequence-parallel": (2, 2, None, True),
     "t2-n4": (2, 4, None, False),
     "t4-n4": (4, 4, None, False),
+    # with the elementwise fusion: fused regions split by heads (LLaMA's
+    # RoPE regions hold rotate_half)
+    "t2-n2-fused": (2, 2, None, False),
 }
 
 
@@ -35,9 +38,14 @@ def test_tensor_parallel_training_matches_eager(traced, config):  # noqa: F811
     compiled = subprocess.run([binary("bmt-opt"), str(traced["pt"]), "-o", str(sharded),
                                "--world-size", str(ranks), "--tensor-parallel", str(tp),
                                *(["--checkpoint", checkpoint] if checkpoint else []),
-                               *(["--sequence-parallel"] if sequence_parallel else [])],
+                               *(["--sequence-parallel"] if sequence_parallel else []),
+                               *(["--fuse-elementwise"] if config.endswith("-fused") else [])],
                               capture_output=True, text=True)
     assert compiled.returncode == 0, compiled.stderr
+    if config.endswith("-fused"):
+        assert "bmt-fuse-elementwise:" in compiled.stderr, compiled.stderr
+        if traced["name"] == "llama":
+            assert ", 4 rotate_half)" in compiled.stderr, compiled.stderr
     # Recomputed blocks run their tp_copy and tp_all_reduce again in backward.
     recomputed = 0 if checkpoint == "none" else 2
     assert f"{recomputed} of 2 blocks recomputed" in compiled.stderr, compiled.stderr

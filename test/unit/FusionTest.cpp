@@ -25,6 +25,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <limits>
 #include <filesystem>
 #include <unistd.h>
 
@@ -51,13 +52,24 @@ struct Body {
     f.body.push_back(std::move(inst));
     return next++;
   }
-  int64_t constant(double v) {
+  int64_t instruction(plan::Instruction::Kind kind, Arg arg) {
     plan::Instruction inst;
-    inst.kind = plan::Instruction::Kind::Constant;
-    inst.args = {Arg::ofConstant(c10::IValue(at::scalar_tensor(v, at::kDouble)))};
+    inst.kind = kind;
+    inst.args = {std::move(arg)};
     inst.results = {next};
     f.body.push_back(std::move(inst));
     return next++;
+  }
+  int64_t constant(double v) {
+    return instruction(plan::Instruction::Kind::Constant,
+                       Arg::ofConstant(c10::IValue(at::scalar_tensor(v, at::kDouble))));
+  }
+  int64_t constantInt(int64_t v) {
+    return instruction(plan::Instruction::Kind::Constant,
+                       Arg::ofConstant(c10::IValue(at::scalar_tensor(v, at::kLong))));
+  }
+  int64_t numToTensor(int64_t scalar) {
+    return instruction(plan::Instruction::Kind::NumToTensor, Arg::ofRegister(scalar));
   }
   plan::Function done(int64_t result) {
     f.returns = {result};
@@ -232,6 +244,69 @@ TEST(Fusion, RopeBroadcast) {
         2e-6, "rope");
 }
 
+/// HF LLaMA's apply_rotary_pos_emb for one tensor, q * cos + rotate_half(q)
+/// * sin, rotate_half as a trace records it (the half computed from q's
+/// size: size.int, NumToTensor, floor_divide, Int.Tensor) or, with
+/// `constantHalf` > 0, as torch.export does (constant slice bounds).
+plan::Function ropeRotateHalf(int64_t constantHalf, bool negateFirst = true) {
+  Body b;
+  int64_t q = b.param(), cos = b.param(), sin = b.param();
+  auto half = [&]() -> Arg {
+    if (constantHalf > 0)
+      return C(constantHalf);
+    int64_t size = b.aten("aten::size.int", {R(q), C(int64_t{3})});
+    int64_t n = b.numToTensor(size);
+    return R(b.aten("aten::Int.Tensor", {R(b.aten("aten::floor_divide", {R(n), R(b.constantInt(2))}))}));
+  };
+  int64_t x1 = b.aten("aten::slice.Tensor", {R(q), C(int64_t{3}), C(int64_t{0}), half(), C(int64_t{1})});
+  int64_t x2 = b.aten("aten::slice.Tensor",
+                      {R(q), C(int64_t{3}), half(), C(std::numeric_limits<int64_t>::max()), C(int64_t{1})});
+  Arg list;
+  list.kind = Arg::Kind::List;
+  if (negateFirst)
+    list.elements = {R(b.aten("aten::neg", {R(x2)})), R(x1)};
+  else
+    list.elements = {R(x2), R(b.aten("aten::neg", {R(x1)}))};
+  int64_t rotated = b.aten("aten::cat", {list, C(int64_t{-1})});
+  int64_t a = b.aten("aten::mul.Tensor", {R(q), R(cos)});
+  int64_t c = b.aten("aten::mul.Tensor", {R(rotated), R(sin)});
+  return b.done(b.aten("aten::add.Tensor", {R(a), R(c), C(int64_t{1})}));
+}
+
+TEST(Fusion, RopeRotateHalf) {
+  // rotate_half inside the region: q read at its column and half-swapped;
+  // the backward sends the rotated part's gradient back swapped.
+  std::vector<at::Tensor> inputs{test::randomTensor({2, 3, 5, 8}, at::kFloat, 12),
+                                 test::randomTensor({1, 1, 5, 8}, at::kFloat, 13),
+                                 test::randomTensor({5, 8}, at::kFloat, 14)};
+  check(ropeRotateHalf(0), inputs, 2e-6, "rope_rotate_half_traced");
+  check(ropeRotateHalf(4), inputs, 2e-6, "rope_rotate_half_exported");
+  check(ropeRotateHalf(0, /*negateFirst=*/false), inputs, 2e-6, "rope_rotate_half_other_sign");
+  // A transposed q in bf16, cos/sin broadcast in the last dim too.
+  check(ropeRotateHalf(0),
+        {test::randomTensor({2, 5, 3, 16}, at::kBFloat16, 15).transpose(1, 2),
+         test::randomTensor({1, 1, 5, 1}, at::kBFloat16, 16), test::randomTensor({5, 16}, at::kFloat, 17)},
+        1e-2, "rope_rotate_half_bf16");
+
+  // Calls the region does not fit run op by op: an odd last dim, a constant
+  // half that is not D / 2, the sliced dim not the last.
+  fusion::FusedRegion traced(fusion::buildRegion(ropeRotateHalf(0)), "traced");
+  fusion::FusedRegion exported(fusion::buildRegion(ropeRotateHalf(4)), "exported");
+  auto call = [](std::vector<int64_t> shape) {
+    std::vector<int64_t> row{shape.back()};
+    return std::vector<at::Tensor>{test::randomTensor(shape, at::kFloat, 18), test::randomTensor(row, at::kFloat, 19),
+                                   test::randomTensor(row, at::kFloat, 20)};
+  };
+  EXPECT_TRUE(traced.accepts(call({2, 3, 5, 8})));
+  EXPECT_TRUE(traced.accepts(call({2, 3, 5, 16})));
+  EXPECT_FALSE(traced.accepts(call({2, 3, 5, 7})));
+  EXPECT_FALSE(traced.accepts(call({2, 3, 5, 8, 4})));
+  EXPECT_TRUE(exported.accepts(call({2, 3, 5, 8})));
+  EXPECT_FALSE(exported.accepts(call({2, 3, 5, 16})));
+  EXPECT_THROW(fusion::forwardATen(fusion::buildRegion(ropeRotateHalf(4)), call({2, 3, 5, 16})),
+               fusion::FusionError);
+}
+
 TEST(Fusion, ActivationsAndArithmetic) {
   // Every unary rule and rsub / div / neg / pow, in one chain.
   Body b;
@@ -310,6 +385,36 @@ TEST(Fusion, RejectsWhatItCannotFuse) {
   int64_t m2 = two.aten("aten::mean.dim", {R(two.aten("aten::mul.Tensor", {R(y), R(m1)})), lastDim(),
                                            C(true), C(c10::IValue())});
   EXPECT_THROW(fusion::buildRegion(two.done(m2)), fusion::FusionError);
+
+  // Slices and cats other than rotate_half's two halves of an input.
+  {
+    Body c;
+    int64_t p = c.param(), q = c.param();
+    Arg list;
+    list.kind = Arg::Kind::List;
+    list.elements = {R(p), R(q)};
+    int64_t cat = c.aten("aten::cat", {list, C(int64_t{-1})});
+    EXPECT_THROW(fusion::buildRegion(c.done(c.aten("aten::neg", {R(cat)}))), fusion::FusionError);
+  }
+  {
+    Body c;
+    int64_t p = c.param();
+    int64_t sl = c.aten("aten::slice.Tensor", {R(p), C(int64_t{1}), C(int64_t{0}), C(int64_t{2}), C(int64_t{1})});
+    EXPECT_THROW(fusion::buildRegion(c.done(c.aten("aten::exp", {R(sl)}))), fusion::FusionError);
+  }
+  {
+    Body c; // a slice with a step, and halves of a computed value
+    int64_t p = c.param();
+    int64_t e = c.aten("aten::exp", {R(p)});
+    EXPECT_THROW(fusion::buildRegion(c.done(c.aten(
+                     "aten::slice.Tensor", {R(e), C(int64_t{-1}), C(int64_t{0}), C(int64_t{2}), C(int64_t{1})}))),
+                 fusion::FusionError);
+    Body d;
+    int64_t p2 = d.param();
+    EXPECT_THROW(fusion::buildRegion(d.done(d.aten(
+                     "aten::slice.Tensor", {R(p2), C(int64_t{-1}), C(int64_t{0}), C(int64_t{2}), C(int64_t{2})}))),
+                 fusion::FusionError);
+  }
 
   // Integer inputs are not the generator's: resultDtype says so.
   fusion::Region region = fusion::buildRegion(rmsNorm(6));
@@ -469,6 +574,40 @@ TEST(FusionCuda, RopeAndRmsNorm) {
             2e-2, "rope_d12");
   checkCuda(rmsNorm(15), {test::randomTensor({33, 2048}, at::kFloat, 46), test::randomTensor({2048}, at::kBFloat16, 47)},
             2e-2, "rms_norm_cuda");
+}
+
+TEST(FusionCuda, RopeRotateHalf) {
+  if (!cudaKernels())
+    GTEST_SKIP() << "no CUDA device or no NVRTC";
+  // LLaMA's shape: q [B, S, H, 64] transposed to [B, H, S, 64], cos/sin
+  // [1, 1, S, 64] bf16: the 8-wide path with halves of 32.
+  checkCuda(ropeRotateHalf(0),
+            {test::randomTensor({2, 16, 4, 64}, at::kBFloat16, 90).transpose(1, 2),
+             test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 91), test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 92)},
+            2e-2, "rope_rotate_half_cuda");
+  // The result and q's gradient keep q's layout ([B, S, H, D] in memory),
+  // so that the attention's transpose + reshape after it copies nothing.
+  {
+    fusion::FusedRegion fused(fusion::buildRegion(ropeRotateHalf(0)), "rope_layout");
+    std::vector<at::Tensor> in{test::randomTensor({2, 16, 4, 64}, at::kBFloat16, 99).cuda().transpose(1, 2),
+                               test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 100).cuda(),
+                               test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 101).cuda()};
+    at::Tensor out = fused.forward(in);
+    EXPECT_TRUE(out.transpose(1, 2).is_contiguous()) << out.strides();
+    std::vector<at::Tensor> grads = fused.backward(in, at::ones_like(out));
+    ASSERT_TRUE(grads[0].defined());
+    EXPECT_TRUE(grads[0].transpose(1, 2).is_contiguous()) << grads[0].strides();
+  }
+  // Contiguous fp32 (dims that would merge but for the halves), exported
+  // bounds; then halves of 4 (no 8-wide path).
+  checkCuda(ropeRotateHalf(32),
+            {test::randomTensor({2, 3, 5, 64}, at::kFloat, 93), test::randomTensor({5, 64}, at::kFloat, 94),
+             test::randomTensor({5, 64}, at::kFloat, 95)},
+            1e-5, "rope_rotate_half_contiguous");
+  checkCuda(ropeRotateHalf(0),
+            {test::randomTensor({2, 3, 5, 8}, at::kFloat, 96), test::randomTensor({5, 8}, at::kFloat, 97),
+             test::randomTensor({5, 8}, at::kFloat, 98)},
+            1e-5, "rope_rotate_half_d8");
 }
 
 TEST(FusionCuda, RowKernelPaths) {

@@ -675,6 +675,10 @@ int run(const tools::RunOptions &o) {
     printResume(report, resumeFrom,
                 changedSettings(report, o, config.schedule, sequencesPerStep),
                 model.world()); // collective
+    if (report.progress.step >= o.train.steps && model.world().rank() == 0)
+      std::cout << "bmt-run: note: the checkpoint is at step " << report.progress.step
+                << ", --steps is " << o.train.steps
+                << ": nothing to train (a larger --steps goes on)\n";
   }
 
   if (o.evalOnly) {

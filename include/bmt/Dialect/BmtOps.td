@@ -321,7 +321,11 @@ def Bmt_FusedOp : Bmt_Op<"fused", [IsolatedFromAbove,
     gives the one result. `kind` is `"pointwise"` (every op elementwise,
     with broadcasting and dtype casts) or `"row"` (one `aten::mean.dim` or
     `aten::sum.dim_IntList` over the last dimension with keepdim, and the
-    pointwise ops before and after it: a normalization). The runtime runs
+    pointwise ops before and after it: a normalization). A pointwise body
+    may also hold rotate_half of an operand (`aten::slice.Tensor` of its
+    last dim's halves, `aten::neg`, `aten::cat`, and the half computed from
+    its size: `aten::size.int`, `bmt.num_to_tensor`, `aten::floor_divide`,
+    `aten::Int.Tensor`). The runtime runs
     the body as one generated kernel forward and one backward
     (docs/runtime.md), or op by op where it cannot.
 

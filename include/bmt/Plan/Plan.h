@@ -127,8 +127,9 @@ struct Instruction {
     Gather,      ///< start the all-gather of storage group `target` (ZeRO)
     Release,     ///< free the gathered buffer of group `target` (ZeRO-3)
     /// Version 5: results[0] = the fused region whose body is function
-    /// `target` (params: the region's inputs, Aten and Constant
-    /// instructions only, one return) applied to `args` (registers); `op`
+    /// `target` (params: the region's inputs, Aten, Constant and, for
+    /// rotate_half's half size, NumToTensor instructions only, one return)
+    /// applied to `args` (registers); `op`
     /// is its kind, "pointwise" or "row". Run as one generated kernel
     /// forward and one backward (include/bmt/Runtime/fusion/Region.h), or
     /// as the body's calls where the generator does not take the inputs.

@@ -1,8 +1,10 @@
 //===- Region.h - fused regions: expressions, derivatives, CPU and CUDA ---===//
 //
 // A fused region (bmt.fused, made by bmt-opt --bmt-fuse-elementwise) as an
-// expression graph over its inputs: pointwise nodes, dtype casts and at most
-// one reduction over the last dimension. From it come
+// expression graph over its inputs: pointwise nodes, dtype casts, at most
+// one reduction over the last dimension, and rotate_half's halves of an
+// input (an input read at column (j + D/2) mod D of the last dim, and a
+// sign per column half). From it come
 //   - the backward graph, by reverse-mode symbolic differentiation (the
 //     adjoint of a value reduced over the row is the row sum of what its
 //     users contribute: the chain rule through the reduction);
@@ -45,12 +47,14 @@ public:
 /// length of the last dimension; Pow: args[0] ^ value; Cast: round to
 /// `dtype` (then computed on as float); RowSum: the sum of args[0] over the
 /// last dimension (a value per row); Step: 1 where args[0] > 0, else 0;
-/// GeluErf / GeluTanh: aten::gelu with approximate "none" / "tanh".
+/// GeluErf / GeluTanh: aten::gelu with approximate "none" / "tanh";
+/// HalfSign: -1 in the first half of the last dim (column j < D/2), +1 in
+/// the second (rotate_half(x) = HalfSign * x read half-swapped).
 enum class Op {
   Input, Const, GradOut, RowLen,
   Add, Sub, Mul, Div, Neg, Pow,
   Sqrt, Rsqrt, Exp, Log, Tanh, Sigmoid, Relu, Silu, Erf, Cos, Sin, GeluErf, GeluTanh,
-  Step, Cast, RowSum,
+  Step, Cast, RowSum, HalfSign,
 };
 
 struct Node {
@@ -59,6 +63,9 @@ struct Node {
   double value = 0;      ///< Const: the number; Pow: the exponent
   int index = -1;        ///< Input: the input's position
   c10::ScalarType dtype = c10::ScalarType::Float; ///< Cast: the target
+  /// Input / GradOut: read half-swapped, at column (j + D/2) mod D of the
+  /// element's last dim (D even) instead of j.
+  bool swapped = false;
 };
 
 /// A DAG of nodes in topological order; equal nodes are shared (add()
@@ -73,6 +80,23 @@ struct Graph {
   /// Whether node `n` holds one value per row: a RowSum, or computed from
   /// row values and constants only (never from an input directly).
   std::vector<bool> rowValued() const;
+  /// The node whose value at column j is node `n`'s at column
+  /// (j + D/2) mod D: `n` with its inputs and grad_output read half-swapped
+  /// (swapping twice is the identity), HalfSign negated, row values kept.
+  int swapped(int n);
+  /// Whether a node reads an input or grad_output half-swapped or is a
+  /// HalfSign: kernels then keep the last dim apart (column index needed).
+  bool usesHalves() const;
+};
+
+/// rotate_half's slices of an input, as the region body takes them
+/// (slice.Tensor of the input's dim `dim` at `half`, cat along `catDim`):
+/// a call fits only where `dim` and `catDim` are the input's last dim, of
+/// size D = the element shape's last dim, even, and D / 2 == `half`
+/// (`half` < 0: the body computed it as size(dim) // 2).
+struct HalfSplit {
+  int input = -1;
+  int64_t dim = -1, catDim = -1, half = -1;
 };
 
 /// A region's forward graph and its derived backward.
@@ -81,6 +105,7 @@ struct Region {
   Graph forward;
   int result = -1;       ///< the forward result node
   bool hasReduction = false;
+  std::vector<HalfSplit> halves; ///< rotate_half's slices, checked per call
   /// Backward: the forward graph extended by GradOut and the adjoints;
   /// gradients[i] is the node of d result / d input i (broadcast to the
   /// region's element shape), or -1 where the result does not depend on i.
@@ -90,9 +115,17 @@ struct Region {
 
 /// The region of a plan function holding a bmt.fused body: params are the
 /// inputs, the body Aten instructions of FusibleOps.def and Constant
-/// instructions (0-dim numbers), one returned register. Derives the
-/// backward too. Throws FusionError for anything else.
+/// instructions (0-dim numbers), one returned register; and rotate_half of
+/// an input, cat([-x[..., h:], x[..., :h]], -1) (either sign on either
+/// half), with h a constant or size(x, dim) // 2 computed in the body
+/// (aten::size.int, NumToTensor, aten::floor_divide by 2, aten::Int.Tensor)
+/// and no reduction in the region. Derives the backward too. Throws
+/// FusionError for anything else.
 Region buildRegion(const plan::Function &body);
+
+/// Whether inputs whose broadcast is `shape` fit the region's HalfSplits.
+bool halvesFit(const Region &region, const std::vector<at::Tensor> &inputs,
+               const std::vector<int64_t> &shape);
 
 /// The dtype of the region's result for inputs of `inputDtypes` (ATen's
 /// promotion, casts; 0-dim constants do not promote), or Undefined when the
@@ -144,7 +177,10 @@ constexpr int kRowChunks = 2;
 /// element values it needs instead of keeping them; with `rowVector`, the
 /// 8-wide kernel above keeps the row's inputs in registers). The kernel's
 /// parameters are one `bmt_fused::Args` (its layout is in the source's
-/// preamble, see docs/runtime.md). Compiles with NVRTC (no headers needed).
+/// preamble, see docs/runtime.md). A graph that usesHalves() reads the
+/// half-swapped inputs at their column's partner (pointwise kernels only;
+/// the host keeps the last dim apart and takes the 8-wide paths only where
+/// D / 2 is a multiple of 8). Compiles with NVRTC (no headers needed).
 std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::string &name,
                        const std::vector<c10::ScalarType> &inputDtypes, c10::ScalarType gradDtype,
                        const std::vector<c10::ScalarType> &outDtypes,
