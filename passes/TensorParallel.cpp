@@ -1145,12 +1145,11 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       columns.insert(c.op);
 
     llvm::DenseMap<Value, Value> copies;          // resolved original -> shadow value
-    llvm::DenseMap<Operation *, Operation *> cloneOf;
+    llvm::DenseSet<Operation *> emitted;
     llvm::SmallVector<std::pair<Operation *, Operation *>> clones; // {original, copy}
     std::function<void(Operation *)> emit = [&](Operation *op) {
-      if (cloneOf.count(op))
+      if (!emitted.insert(op).second)
         return;
-      cloneOf[op] = nullptr;
       if (ownRule(op)) {
         // The pass's rule decides: its split results enter as annotated
         // arguments.
@@ -1223,7 +1222,6 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         fail(op, "internal error: no sharding rule at the ranks of the shadow of its chain", true);
       // A name per copy, for upstream's diagnostics.
       copy->setLoc(NameLoc::get(builder.getStringAttr("shadow." + std::to_string(clones.size())), op->getLoc()));
-      cloneOf[op] = copy;
       clones.push_back({op, copy});
       for (auto [r, c] : llvm::zip_equal(op->getResults(), copy->getResults()))
         copies[r] = c;
@@ -1311,7 +1309,6 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
                      dimText(upstream) + ", the pass " + dimText(own),
              true);
     };
-    llvm::DenseMap<Value, Operation *> shadowToOriginal;
     for (auto [op, copy] : clones) {
       // Results: the split the pass follows.
       for (auto [r, c] : llvm::zip_equal(op->getResults(), copy->getResults())) {
