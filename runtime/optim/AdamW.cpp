@@ -252,13 +252,6 @@ void AdamW::step(double lr, const std::optional<at::Tensor> &foundInf,
   }
   if (steps.empty())
     return;
-  // torch.optim's order: the step counts first (taken back below where the
-  // kernel skipped the update).
-  at::_foreach_add_(steps, 1);
-  // The kernel divides the grads by grad_scale: 1 / the clip factor.
-  std::optional<at::Tensor> divisor;
-  if (gradNorm && maxNorm > 0)
-    divisor = clipFactor(gradNorm->reshape({1}).to(at::kDouble), maxNorm).reciprocal();
   // Params with a low-precision copy go to the runtime's kernel (their
   // grads may be bf16/fp16 and are sums: the kernel divides), the copy
   // viewed as the param is (a placeholder where there is none).
@@ -281,6 +274,13 @@ void AdamW::step(double lr, const std::optional<at::Tensor> &foundInf,
     else if (!g.is_contiguous())
       grads[i] = g.contiguous();
   }
+  // torch.optim's order: the step counts first (taken back below where the
+  // kernel skipped the update).
+  at::_foreach_add_(steps, 1);
+  // The kernel divides the grads by grad_scale: 1 / the clip factor.
+  std::optional<at::Tensor> divisor;
+  if (gradNorm && maxNorm > 0)
+    divisor = clipFactor(gradNorm->reshape({1}).to(at::kDouble), maxNorm).reciprocal();
 #ifdef BMT_WITH_CUDA_KERNELS
   std::map<KernelKey, KernelGroup> kernelGroups;
 #endif

@@ -18,7 +18,8 @@
 // to the bit; params (and Adam's moments, which take p * wd) within 2 float32
 // ulps after three updates; step counts equal; each copy is its own master
 // rounded (bit-equal to master.to(bf16/fp16)); a found-inf step changes no
-// bit of anything.
+// bit of anything; params without a copy take ATen's kernel in the same
+// step, bit-equal to it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -256,6 +257,48 @@ TEST(AdamCuda, MatchesAtenFusedAdamWCalledDirectly) {
   }
 }
 
+TEST(AdamCuda, ParamsWithoutCopiesStayOnAtenInTheSameStep) {
+  if (!at::hasCUDA())
+    GTEST_SKIP() << "no CUDA device";
+  // p0 has a copy (the kernel), p1 none (ATen's kernel, bit-equal to the
+  // reference); in the second step p0 has no gradient: it, its copy and its
+  // step count stay as they are, as torch.optim skips it.
+  const at::Device cuda(at::kCUDA, 0);
+  at::Tensor p0 = bmt::test::randomTensor({4099}, at::kFloat, 60).to(cuda), p1 =
+      bmt::test::randomTensor({33, 7}, at::kFloat, 61).to(cuda);
+  at::Tensor r0 = p0.clone(), r1 = p1.clone(), copy = p0.to(at::kHalf);
+  AdamWConfig config;
+  AdamW kernel({p0, p1}, config), aten({r0, r1}, config);
+  ASSERT_TRUE(kernel.writeLowPrecisionCopies({{0, copy, 1}}));
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor before = p0.clone(), copyBefore = copy.clone();
+    if (step == 1) {
+      p0.mutable_grad() = at::Tensor();
+      r0.mutable_grad() = at::Tensor();
+    } else {
+      p0.mutable_grad() = bmt::test::randomTensor({4099}, at::kHalf, 70 + step).to(cuda);
+      r0.mutable_grad() = p0.grad().to(at::kFloat);
+    }
+    p1.mutable_grad() = bmt::test::randomTensor({33, 7}, at::kFloat, 80 + step).to(cuda);
+    r1.mutable_grad() = p1.grad().clone();
+    kernel.step(1e-2);
+    aten.step(1e-2);
+    EXPECT_TRUE(bitEqual(p1, r1)) << "step " << step;
+    EXPECT_TRUE(bitEqual(kernel.expAvg(1), aten.expAvg(1))) << "step " << step;
+    EXPECT_LE(maxUlps(p0, r0), 2) << "step " << step;
+    EXPECT_EQ(maxUlps(kernel.expAvg(0), aten.expAvg(0)), 0) << "step " << step;
+    EXPECT_TRUE(bitEqual(copy, p0.to(at::kHalf))) << "step " << step;
+    EXPECT_TRUE(bitEqual(kernel.state().tensors.at("step.0"), aten.state().tensors.at("step.0")));
+    if (step == 1) {
+      EXPECT_TRUE(bitEqual(p0, before));
+      EXPECT_TRUE(bitEqual(copy, copyBefore));
+    }
+  }
+  // A copy-owning param's grad of another dtype is refused.
+  p0.mutable_grad() = at::zeros({4099}, p0.options().dtype(at::kDouble));
+  EXPECT_THROW(kernel.step(1e-2), std::invalid_argument);
+}
+
 TEST(AdamLowPrecision, CpuKeepsTheAtenPath) {
   // Without CUDA (or the runtime's kernels) the offer is refused and the
   // step is ATen's, on float32 gradients as before; the copy is not written.
@@ -318,4 +361,12 @@ TEST(AdamLowPrecision, AtenHookServesCopiesOnTheCpu) {
     else
       EXPECT_FALSE(bitEqual(copy, before));
   }
+  // A grad of another dtype or size is refused before anything changes.
+  at::Tensor steps = opt.state().tensors.at("step.0").clone(), params = p.clone();
+  p.mutable_grad() = at::zeros({301}, at::kDouble);
+  EXPECT_THROW(opt.step(1e-2), std::invalid_argument);
+  p.mutable_grad() = at::zeros({300}, at::kBFloat16);
+  EXPECT_THROW(opt.step(1e-2), std::invalid_argument);
+  EXPECT_TRUE(bitEqual(opt.state().tensors.at("step.0"), steps));
+  EXPECT_TRUE(bitEqual(p, params));
 }

@@ -90,8 +90,8 @@ public:
   /// (multiplied by 1.0f / divisor, as ATen's CUDA div_ by a scalar does),
   /// then by the clip divisor; the copy gets the new param rounded to
   /// nearest even; the grad is left as it was (the ATen kernel writes the
-  /// clipped grad back). Throws std::invalid_argument for such a grad of
-  /// another dtype, numel or device.
+  /// clipped grad back). Throws std::invalid_argument, changing nothing,
+  /// for such a grad of another dtype, numel or device.
   void step(const StepInputs &inputs) override;
 
   /// Takes over `copies` (LowPrecisionCopy, Optimizer.h) when every param
