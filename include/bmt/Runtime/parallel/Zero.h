@@ -18,7 +18,10 @@
 //   - checkpointed blocks run without autograd in forward and are recomputed
 //     (same RNG state) in backward, as torch.utils.checkpoint's reentrant
 //     variant;
-//   - the optimizer updates the shards; clipping uses the global norm.
+//   - the optimizer updates the shards (bf16/fp16 ones through float32
+//     masters, which are copied into the shards after the step, or which
+//     the optimizer writes into them itself from the gradients as reduced:
+//     setOptimizerWritesShards); clipping uses the global norm.
 //   - with the optimizer offloaded (OffloadAdam.h), each group's gradient
 //     is copied to host memory as soon as its last reduce-scatter of the
 //     step has finished, on a copy stream, while the backward of the blocks
