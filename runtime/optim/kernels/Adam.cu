@@ -84,7 +84,9 @@ struct Constants {
 template <bool Decoupled>
 __device__ __forceinline__ void update(float &param, float grad, float &expAvg, float &expAvgSq,
                                        const Constants &c) {
-  grad = grad * c.gradMultiplier; // ZeRO's average (ATen: x * (1.0f / ranks))
+  // ZeRO's average, rounded on its own as ATen's x * (1.0f / ranks) is
+  // (__fmul_rn: never contracted into a later add).
+  grad = __fmul_rn(grad, c.gradMultiplier);
   if (c.scaled)
     grad /= c.gradScale;
   if (c.weightDecay != 0) {
