@@ -229,7 +229,7 @@ bool Model::letOptimizerWriteShards(Optimizer &optimizer) {
   std::vector<LowPrecisionCopy> copies = zero_->lowPrecisionCopies();
   if (copies.empty() || !optimizer.writeLowPrecisionCopies(copies))
     return false;
-  zero_->setOptimizerWritesShards(true);
+  zero_->letOptimizerWriteShards();
   return true;
 }
 

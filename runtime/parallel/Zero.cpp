@@ -493,7 +493,7 @@ void ZeroStorage::addGradient(PendingGradient &p) {
     replicaComm_->allReduce(p.out)->wait();
   if (optimizerWritesShards_ && g.master.defined()) {
     // The optimizer reads the gradient as reduced and divides it itself
-    // (setOptimizerWritesShards); a second contribution makes a float32 sum.
+    // (letOptimizerWriteShards); a second contribution makes a float32 sum.
     if (!param.grad().defined()) {
       param.mutable_grad() = p.out;
     } else {
@@ -694,11 +694,11 @@ std::vector<LowPrecisionCopy> ZeroStorage::lowPrecisionCopies() const {
   return copies;
 }
 
-void ZeroStorage::setOptimizerWritesShards(bool writes) {
-  if (writes && offload_)
+void ZeroStorage::letOptimizerWriteShards() {
+  if (offload_)
     throw std::logic_error("ZeroStorage: offloading, the optimizer's masters are in host memory "
                            "and it writes no device shard");
-  optimizerWritesShards_ = writes;
+  optimizerWritesShards_ = true;
 }
 
 c10::ScalarType ZeroStorage::reduceDtype(const Group &g) const {
@@ -747,7 +747,7 @@ at::Tensor ZeroStorage::gradNorm() {
   c10::NoGradGuard noGrad;
   // Sum of squares of this rank's shards (foreach norms, float64 across
   // shards and ranks), all-reduced over the shard group; no host sync.
-  // Gradients the optimizer divides itself (setOptimizerWritesShards) are
+  // Gradients the optimizer divides itself (letOptimizerWriteShards) are
   // sums over the data-parallel ranks: their squares count 1 / ranks^2.
   // Tensor parallelism: split members count on every TP rank, replicated
   // ones once (1/T of them on each of the T ranks, which hold the same).
@@ -789,7 +789,7 @@ at::Tensor ZeroStorage::gatherGroup(int64_t group, bool gradient) {
   if (!local.defined())
     local = at::zeros({g.range.shardSize}, g.shard.options().dtype(gradientDtype(g)));
   else if (gradient && optimizerWritesShards_ && g.master.defined()) {
-    // A sum in the reduce dtype (setOptimizerWritesShards): the average,
+    // A sum in the reduce dtype (letOptimizerWriteShards): the average,
     // in float32, as addGradient makes it otherwise.
     local = local.to(at::kFloat);
     if (data_.size() > 1)

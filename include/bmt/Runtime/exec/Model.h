@@ -193,7 +193,7 @@ public:
   /// parameters(), from makeOptimizer) the bf16/fp16 ZeRO shards of the
   /// float32 masters to write in its update, their gradients as reduced
   /// (Optimizer::writeLowPrecisionCopies, ZeroStorage::
-  /// setOptimizerWritesShards). Returns whether it took them (AdamW/Adam on
+  /// letOptimizerWriteShards). Returns whether it took them (AdamW/Adam on
   /// CUDA with the runtime's kernels; never offloading, nor without ZeRO
   /// masters); if not, nothing changes. Then the masters' gradients are
   /// sums in the reduce dtype between synchronizeGradients() and the step:

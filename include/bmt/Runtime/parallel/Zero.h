@@ -21,7 +21,7 @@
 //   - the optimizer updates the shards (bf16/fp16 ones through float32
 //     masters, which are copied into the shards after the step, or which
 //     the optimizer writes into them itself from the gradients as reduced:
-//     setOptimizerWritesShards); clipping uses the global norm.
+//     letOptimizerWriteShards); clipping uses the global norm.
 //   - with the optimizer offloaded (OffloadAdam.h), each group's gradient
 //     is copied to host memory as soon as its last reduce-scatter of the
 //     step has finished, on a copy stream, while the backward of the blocks
@@ -112,7 +112,7 @@ public:
   /// finishGradients().
   void synchronizeGradients() override { finishGradients(); }
   /// refreshFromMasters() (but for the shards the optimizer writes, see
-  /// setOptimizerWritesShards), then releaseAll() (the gathered buffers
+  /// letOptimizerWriteShards), then releaseAll() (the gathered buffers
   /// are stale).
   void afterOptimizerStep() override;
   /// refreshFromMasters() of every shard, then releaseAll(): after a
@@ -160,9 +160,10 @@ public:
   /// in float32, and afterOptimizerStep() leaves those shards to the
   /// optimizer. Meant for one backward a step: a second reduce-scatter into
   /// the same gradient before zeroGrad makes it a float32 sum (exact
-  /// accumulation, then still undivided). Throws std::logic_error when
+  /// accumulation, then still undivided). For the rest of the run (the
+  /// optimizer divides from now on). Throws std::logic_error when
   /// offloading.
-  void setOptimizerWritesShards(bool writes);
+  void letOptimizerWriteShards();
   bool optimizerWritesShards() const { return optimizerWritesShards_; }
   /// The dtype gradients are reduce-scattered in: `dtype`, or (nullopt,
   /// the default) each group's own dtype. float32 for bf16/fp16 groups
@@ -176,7 +177,7 @@ public:
   /// precision, as BMTrain): its gradient is float32, the optimizer updates
   /// it, and refreshFromMasters() copies it into the low-precision shard
   /// that is gathered for forward and backward; or, once the optimizer
-  /// writes the shards (setOptimizerWritesShards), the gradient is in the
+  /// writes the shards (letOptimizerWriteShards), the gradient is in the
   /// reduce dtype and is the sum over the data-parallel ranks. Offloading, it is the shard
   /// itself for every dtype (the masters live in host memory, in the
   /// OffloadAdamW), and the gradient of a bf16/fp16 shard is float32.
@@ -270,7 +271,7 @@ private:
   };
   std::deque<PendingGradient> pendingGradients_;
   std::optional<c10::ScalarType> reduceDtype_;
-  bool optimizerWritesShards_ = false; ///< setOptimizerWritesShards
+  bool optimizerWritesShards_ = false; ///< letOptimizerWriteShards
   /// Forward passes started (beginForward); a group's parameters are linked
   /// to its shard once per pass.
   int64_t generation_ = 0;
