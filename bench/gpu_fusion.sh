@@ -15,7 +15,8 @@
 #          grouped-query-attention=true)
 # env: VARIANTS (default "off-plain off-fused on-plain on-fused"; empty: none), SKIP_PARITY=1,
 #      GTEST_SOURCE=<googletest folder>: also build bmt-runtime-unit-tests and
-#      run its FusionCuda.* tests (the generated kernels against ATen on the GPU),
+#      run its FusionCuda.* tests (the generated kernels against ATen on the GPU)
+#      and AdamCuda.* (the Adam step that writes the bf16 shards, against ATen's),
 #      REFERENCE="off on" (the FSDP2 + torch.compile runs; empty: none),
 #      PROFILES (default "llama-off-fused llama-off-plain": the runs whose
 #      profile is printed, with a breakdown of their copy and elementwise
@@ -39,9 +40,9 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBMT_COMPILER=OFF "
   || { tail -40 "$out/logs/cmake.log" "$out/logs/build.log"; exit 1; }
 echo "built ${targets[*]} in $(( $(date +%s) - t0 )) s"; grep -h "bmt: CUDA kernels\|bmt: no CUDA" "$out/logs/cmake.log"
 if [ -n "${GTEST_SOURCE:-}" ]; then
-  echo "== FusionCuda unit tests"
-  ./build-gpu/test/bmt-runtime-unit-tests --gtest_filter='FusionCuda.*:Fusion.*' 2>&1 | tee "$out/logs/unit.log" \
-    | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|difference" | head -20
+  echo "== FusionCuda and AdamCuda unit tests"
+  ./build-gpu/test/bmt-runtime-unit-tests --gtest_filter='FusionCuda.*:Fusion.*:AdamCuda.*:AdamLowPrecision.*' 2>&1 | tee "$out/logs/unit.log" \
+    | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|difference|\[ note \]" | head -30
 fi
 B=$PWD/build-gpu/bin/bmt-run
 if [ -z "${SKIP_PARITY:-}" ]; then

@@ -184,6 +184,8 @@ at::Tensor Model::gradNorm() { return storage_->gradNorm(); }
 
 void Model::afterOptimizerStep() { storage_->afterOptimizerStep(); }
 
+void Model::parametersChanged() { storage_->parametersChanged(); }
+
 bool Model::offloadsOptimizer() const { return zero_ && zero_->offloadsOptimizer(); }
 
 HostGradientSource &Model::hostGradients(int64_t microBatchesPerStep) {
@@ -219,6 +221,19 @@ std::unique_ptr<Optimizer> Model::makeOptimizer(const OptimizerConfig &config,
   return makeDeviceOptimizer(parameters_, parameterLayouts(), config,
                              zero_ ? &zero_->shardComm() : nullptr);
 }
+
+bool Model::letOptimizerWriteShards(Optimizer &optimizer) {
+  if (!zero_ || zero_->offloadsOptimizer())
+    return false;
+  // (parameters() begin with the shards, in shards() order.)
+  std::vector<LowPrecisionCopy> copies = zero_->lowPrecisionCopies();
+  if (copies.empty() || !optimizer.writeLowPrecisionCopies(copies))
+    return false;
+  zero_->letOptimizerWriteShards();
+  return true;
+}
+
+bool Model::optimizerWritesShards() const { return zero_ && zero_->optimizerWritesShards(); }
 
 std::vector<ParameterLayout> Model::parameterLayouts() const {
   std::vector<ParameterLayout> layouts;

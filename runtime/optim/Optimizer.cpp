@@ -13,6 +13,8 @@ namespace bmt::runtime {
 
 Optimizer::~Optimizer() = default;
 
+bool Optimizer::writeLowPrecisionCopies(const std::vector<LowPrecisionCopy> &) { return false; }
+
 namespace {
 
 std::string stateKey(const std::string &name, size_t i) { return name + "." + std::to_string(i); }

@@ -491,6 +491,18 @@ void ZeroStorage::addGradient(PendingGradient &p) {
   p.work->wait();
   if (replicaComm_->size() > 1)
     replicaComm_->allReduce(p.out)->wait();
+  if (optimizerWritesShards_ && g.master.defined()) {
+    // The optimizer reads the gradient as reduced and divides it itself
+    // (letOptimizerWriteShards); a second contribution makes a float32 sum.
+    if (!param.grad().defined()) {
+      param.mutable_grad() = p.out;
+    } else {
+      if (param.grad().scalar_type() != at::kFloat)
+        param.mutable_grad() = param.grad().to(at::kFloat);
+      param.mutable_grad().add_(p.out);
+    }
+    return;
+  }
   at::Tensor out = p.out.to(gradientDtype(g)); // fp32 accumulation of a master's gradient
   if (data_.size() > 1)
     out.div_(static_cast<double>(data_.size()));
@@ -664,8 +676,29 @@ void ZeroStorage::endForward(bool gradMode) {
 }
 
 void ZeroStorage::afterOptimizerStep() {
+  if (!optimizerWritesShards_)
+    refreshFromMasters(); // (else the optimizer wrote every master's shard)
+  releaseAll();
+}
+
+void ZeroStorage::parametersChanged() {
   refreshFromMasters();
   releaseAll();
+}
+
+std::vector<LowPrecisionCopy> ZeroStorage::lowPrecisionCopies() const {
+  std::vector<LowPrecisionCopy> copies;
+  for (const auto &g : groups_)
+    if (g->master.defined())
+      copies.push_back({static_cast<size_t>(g->index), g->shard.detach(), data_.size()});
+  return copies;
+}
+
+void ZeroStorage::letOptimizerWriteShards() {
+  if (offload_)
+    throw std::logic_error("ZeroStorage: offloading, the optimizer's masters are in host memory "
+                           "and it writes no device shard");
+  optimizerWritesShards_ = true;
 }
 
 c10::ScalarType ZeroStorage::reduceDtype(const Group &g) const {
@@ -687,36 +720,63 @@ void ZeroStorage::releaseAll() {
   }
 }
 
+namespace {
+
+/// Gradients whose squared norms add up with one weight.
+struct NormTerms {
+  std::vector<at::Tensor> full, reduced; ///< float32/float64, and bf16/fp16
+  void add(const at::Tensor &t) {
+    (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf ? reduced : full)
+        .push_back(t);
+  }
+  /// The sum of their squared L2 norms, float64 [1] on `device` (foreach
+  /// norms; bf16/fp16 accumulate and return in float32).
+  at::Tensor sumSquares(at::Device device) const {
+    at::Tensor sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
+    if (!full.empty())
+      sum += at::stack(at::_foreach_norm(full, 2)).to(at::kDouble).pow(2).sum();
+    if (!reduced.empty())
+      sum += at::stack(at::_foreach_norm(reduced, 2, at::kFloat)).to(at::kDouble).pow(2).sum();
+    return sum;
+  }
+};
+
+} // namespace
+
 at::Tensor ZeroStorage::gradNorm() {
   c10::NoGradGuard noGrad;
-  std::vector<at::Tensor> grads;
-  for (const at::Tensor &s : shards_)
-    if (s.grad().defined())
-      grads.push_back(s.grad());
   // Sum of squares of this rank's shards (foreach norms, float64 across
   // shards and ranks), all-reduced over the shard group; no host sync.
-  at::Tensor sumSquares = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
-  if (tensor_) {
-    // Tensor parallelism: split members count on every TP rank, replicated
-    // ones once (1/T of them on each of the T ranks, which hold the same).
-    std::vector<at::Tensor> split, replicated;
-    for (const auto &g : groups_) {
-      const at::Tensor &grad = shards_[g->index].grad();
-      if (!grad.defined())
-        continue;
-      for (const auto &[begin, end] : g->splitRanges)
-        split.push_back(grad.narrow(0, begin, end - begin));
-      for (const auto &[begin, end] : g->replicatedRanges)
-        replicated.push_back(grad.narrow(0, begin, end - begin));
+  // Gradients the optimizer divides itself (letOptimizerWriteShards) are
+  // sums over the data-parallel ranks: their squares count 1 / ranks^2.
+  // Tensor parallelism: split members count on every TP rank, replicated
+  // ones once (1/T of them on each of the T ranks, which hold the same).
+  NormTerms averaged, summed, averagedReplicated, summedReplicated;
+  for (const auto &g : groups_) {
+    const at::Tensor &grad = shards_[g->index].grad();
+    if (!grad.defined())
+      continue;
+    const bool sum = optimizerWritesShards_ && g->master.defined();
+    if (!tensor_) {
+      (sum ? summed : averaged).add(grad);
+      continue;
     }
-    if (!split.empty())
-      sumSquares += at::stack(at::_foreach_norm(split, 2)).to(at::kDouble).pow(2).sum();
-    if (!replicated.empty())
-      sumSquares += at::stack(at::_foreach_norm(replicated, 2)).to(at::kDouble).pow(2).sum() /
-                    static_cast<double>(tensor_->size());
+    for (const auto &[begin, end] : g->splitRanges)
+      (sum ? summed : averaged).add(grad.narrow(0, begin, end - begin));
+    for (const auto &[begin, end] : g->replicatedRanges)
+      (sum ? summedReplicated : averagedReplicated).add(grad.narrow(0, begin, end - begin));
+  }
+  const double ranks = static_cast<double>(data_.size());
+  at::Tensor sumSquares = averaged.sumSquares(device_);
+  if (!summed.full.empty() || !summed.reduced.empty())
+    sumSquares += summed.sumSquares(device_) / (ranks * ranks);
+  if (tensor_) {
+    const double t = static_cast<double>(tensor_->size());
+    if (!averagedReplicated.full.empty() || !averagedReplicated.reduced.empty())
+      sumSquares += averagedReplicated.sumSquares(device_) / t;
+    if (!summedReplicated.full.empty() || !summedReplicated.reduced.empty())
+      sumSquares += summedReplicated.sumSquares(device_) / (t * ranks * ranks);
     tensor_->allReduce(sumSquares)->wait();
-  } else if (!grads.empty()) {
-    sumSquares += at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2).sum();
   }
   shardComm_->allReduce(sumSquares)->wait();
   return sumSquares.sqrt();
@@ -728,6 +788,13 @@ at::Tensor ZeroStorage::gatherGroup(int64_t group, bool gradient) {
   at::Tensor local = gradient ? param.grad() : g.shard.detach();
   if (!local.defined())
     local = at::zeros({g.range.shardSize}, g.shard.options().dtype(gradientDtype(g)));
+  else if (gradient && optimizerWritesShards_ && g.master.defined()) {
+    // A sum in the reduce dtype (letOptimizerWriteShards): the average,
+    // in float32, as addGradient makes it otherwise.
+    local = local.to(at::kFloat);
+    if (data_.size() > 1)
+      local.div_(static_cast<double>(data_.size()));
+  }
   at::Tensor full = at::empty({g.padded}, local.options());
   shardComm_->allGather(full, local.contiguous())->wait();
   return full;

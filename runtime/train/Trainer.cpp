@@ -86,6 +86,13 @@ Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
   // memory, fed by the gradient copies the ZeRO storage makes during the
   // backward (OffloadAdam.h).
   optimizer_ = model_.makeOptimizer(config_.optimizer, config_.gradAccum);
+  // Mixed precision: AdamW/Adam on CUDA write the bf16/fp16 ZeRO shards in
+  // their update, from the gradients as reduced, when nothing else reads
+  // those between the backward and the step: one micro-batch a step (the
+  // gradients of several are summed in float32 as before), no loss scaling
+  // (unscaling rounds in the gradients' dtype), no inspection statistics.
+  if (config_.gradAccum == 1 && config_.lossScale <= 0 && config_.inspectEvery == 0)
+    model_.letOptimizerWriteShards(*optimizer_);
   if (config_.lossScale > 0)
     scaler_.emplace(config_.lossScale, config_.lossScaleFactor, config_.lossScaleWindow,
                     std::min(config_.minLossScale, config_.lossScale), model_.device());

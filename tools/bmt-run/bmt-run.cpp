@@ -653,6 +653,10 @@ int run(const tools::RunOptions &o) {
       throw Failure(o.logFile + ": cannot write the log");
   }
   runtime::Trainer trainer(model, config, std::cout, log.get());
+  if (rank0 && model.optimizerWritesShards())
+    std::cout << "bmt-run: the optimizer writes the " << c10::toString(model.parameterDtype())
+              << " shards in its update, from the gradients as reduced (no float32 copy of "
+                 "them, no separate cast of the masters)\n";
   const int64_t sequencesPerStep = o.microBatch * worldSize * o.train.gradAccum;
   if (!o.checkpoints.dir.empty()) {
     runtime::RunIdentity identity;

@@ -189,6 +189,20 @@ public:
   /// the constructors and hostGradients().
   std::unique_ptr<Optimizer> makeOptimizer(const OptimizerConfig &config,
                                            int64_t microBatchesPerStep);
+  /// Mixed precision without separate casts: offers `optimizer` (of
+  /// parameters(), from makeOptimizer) the bf16/fp16 ZeRO shards of the
+  /// float32 masters to write in its update, their gradients as reduced
+  /// (Optimizer::writeLowPrecisionCopies, ZeroStorage::
+  /// letOptimizerWriteShards). Returns whether it took them (AdamW/Adam on
+  /// CUDA with the runtime's kernels; never offloading, nor without ZeRO
+  /// masters); if not, nothing changes. Then the masters' gradients are
+  /// sums in the reduce dtype between synchronizeGradients() and the step:
+  /// call it only when nothing but gradNorm() and the optimizer reads them
+  /// (no loss scaling, no inspection statistics) and one backward makes a
+  /// step's gradient (the Trainer's rule).
+  bool letOptimizerWriteShards(Optimizer &optimizer);
+  /// Whether letOptimizerWriteShards took effect.
+  bool optimizerWritesShards() const;
   /// What each of parameters() holds (same order): a ZeRO shard's members
   /// (plan shapes, offsets in the group's buffer, the shard's first
   /// element), or a replicated parameter as one member.
@@ -228,9 +242,9 @@ public:
   /// the same order.
   std::vector<ParameterSpace> parameterSpaces() const;
   /// After a checkpoint's values were copied into parameters() (and the
-  /// spaces' values): refreshes low-precision ZeRO shards from their
-  /// masters and frees gathered buffers, as after an optimizer step.
-  void parametersChanged() { afterOptimizerStep(); }
+  /// spaces' values): refreshes every low-precision ZeRO shard from its
+  /// master (also those an optimizer writes) and frees gathered buffers.
+  void parametersChanged();
 
   /// Reports the executor's block results (and instructions) to `observer`
   /// (train/Inspect.h; not owned, null: none).

@@ -7,6 +7,13 @@
 // coupled L2 weight decay as torch.optim.Adam (at::_fused_adam_). Plus
 // global-norm gradient clipping as torch.nn.utils.clip_grad_norm_.
 //
+// Mixed precision on CUDA: for the float32 masters whose bf16/fp16 copies
+// it was asked to write (writeLowPrecisionCopies), the step is the
+// runtime's own kernel (runtime/optim/kernels/Adam.cu), torch's fused
+// Adam/AdamW arithmetic in one pass that reads the gradient as ZeRO
+// reduced it (bf16, fp16 or float32, a sum over the data-parallel ranks)
+// and writes the copy as it writes the master.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef BMT_RUNTIME_OPTIM_ADAMW_H
@@ -74,7 +81,32 @@ public:
 
   /// The same step through the Optimizer interface (inputs.lossScale is not
   /// used: the grads it reads are already unscaled).
+  ///
+  /// A param with a low-precision copy (writeLowPrecisionCopies) is updated
+  /// by the runtime's kernel instead of the ATen one, with the same
+  /// result up to the rounding of one fused multiply-add (1 float32 ulp;
+  /// test/unit/AdamCudaTest.cpp): its grad may be float32, bfloat16 or
+  /// float16 and is divided by the copy's gradDivisor in the kernel
+  /// (multiplied by 1.0f / divisor, as ATen's CUDA div_ by a scalar does),
+  /// then by the clip divisor; the copy gets the new param rounded to
+  /// nearest even; the grad is left as it was (the ATen kernel writes the
+  /// clipped grad back). Throws std::invalid_argument, changing nothing,
+  /// for such a grad of another dtype, numel or device.
   void step(const StepInputs &inputs) override;
+
+  /// Takes over `copies` (LowPrecisionCopy, Optimizer.h) when every param
+  /// is on CUDA, the runtime was built with its CUDA kernels and
+  /// BMT_FUSED_ADAM is not "0"; replaces an earlier set. Returns false for
+  /// an empty list. Test hook: with BMT_DEBUG_ADAM_COPIES=aten it takes
+  /// them anywhere else too and serves them with ATen ops (the grad cast to
+  /// float32 and multiplied by 1.0f / divisor, ATen's fused step, a copy_
+  /// into the copy), so that ZeroStorage's side of the exchange runs in the
+  /// CPU tests. Throws std::invalid_argument, changing nothing, for a
+  /// param index out of range or repeated, a param that is not a
+  /// contiguous float32 tensor, a copy that is not a contiguous
+  /// bfloat16/float16 tensor of the param's numel and device, or a
+  /// divisor < 1 (checked on every device).
+  bool writeLowPrecisionCopies(const std::vector<LowPrecisionCopy> &copies) override;
 
   /// Sets every param's grad to undefined (set_to_none, as torch.optim's
   /// zero_grad default).
@@ -93,6 +125,11 @@ public:
 
 private:
   std::vector<at::Tensor> params_, expAvg_, expAvgSq_, steps_;
+  /// By param: its low-precision copy (undefined: none) and the divisor
+  /// of its grad (writeLowPrecisionCopies).
+  std::vector<at::Tensor> copies_;
+  std::vector<int64_t> gradDivisors_;
+  bool emulateCopies_ = false; ///< the test hook's ATen ops serve copies_
   AdamWConfig config_;
   std::vector<ParameterLayout> layouts_;
 };

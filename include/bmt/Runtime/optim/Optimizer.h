@@ -104,6 +104,23 @@ struct ParameterPiece {
 /// order; members outside it are left out, padding is in no piece.
 std::vector<ParameterPiece> piecesOf(const ParameterLayout &layout, int64_t numel);
 
+/// Mixed precision (ZeRO's float32 masters of bf16/fp16 shards, Zero.h): a
+/// parameter whose low-precision copy the optimizer writes in its update,
+/// and whose gradient it reads as the storage reduced it, so that neither
+/// a cast of the gradient to float32 nor a copy of the master into the
+/// shard is a pass of its own.
+struct LowPrecisionCopy {
+  size_t param = 0; ///< an index of params(): a float32 tensor
+  /// bfloat16 or float16, param's number of elements and device,
+  /// contiguous: after every update that changes the param it holds the
+  /// param rounded to nearest even (a copy_ of it).
+  at::Tensor copy;
+  /// The param's .grad() (float32, bfloat16 or float16, its number of
+  /// elements) is gradDivisor times the gradient: ZeRO's sum over the
+  /// data-parallel ranks, whose average the optimizer takes itself.
+  int64_t gradDivisor = 1;
+};
+
 class Optimizer {
 public:
   virtual ~Optimizer();
@@ -126,6 +143,16 @@ public:
   /// optimizer's). Throws std::invalid_argument, changing nothing, for a
   /// missing or unexpected name or a tensor of another shape.
   virtual void loadState(const OptimizerState &state) = 0;
+
+  /// Asks the optimizer to take over `copies` (at most one a param) from
+  /// the next step on: it reads their params' gradients as LowPrecisionCopy
+  /// says and writes the copies itself. Returns whether it did; false
+  /// (the default, changing nothing) when it cannot, and then the caller
+  /// keeps float32 gradients and copies the params itself. AdamW/Adam
+  /// take them on CUDA with the runtime's kernels (AdamW.h). Throws
+  /// std::invalid_argument, changing nothing, for a copy that does not fit
+  /// LowPrecisionCopy's rules (an optimizer that takes none checks nothing).
+  virtual bool writeLowPrecisionCopies(const std::vector<LowPrecisionCopy> &copies);
 };
 
 /// For implementations: per-parameter state tensors, one list a name (e.g.

@@ -36,6 +36,9 @@ public:
   virtual at::Tensor gradNorm() = 0;
   /// After an optimizer step updated the parameters.
   virtual void afterOptimizerStep() {}
+  /// After a checkpoint's values were copied into the parameters (whatever
+  /// an optimizer step leaves to the optimizer is redone here too).
+  virtual void parametersChanged() { afterOptimizerStep(); }
   /// The dtype gradients are reduced in (nullopt: their own); a storage
   /// that reduces in the parameters' dtype ignores it.
   virtual void setReduceDtype(std::optional<c10::ScalarType> /*dtype*/) {}

@@ -18,7 +18,10 @@
 //   - checkpointed blocks run without autograd in forward and are recomputed
 //     (same RNG state) in backward, as torch.utils.checkpoint's reentrant
 //     variant;
-//   - the optimizer updates the shards; clipping uses the global norm.
+//   - the optimizer updates the shards (bf16/fp16 ones through float32
+//     masters, which are copied into the shards after the step, or which
+//     the optimizer writes into them itself from the gradients as reduced:
+//     letOptimizerWriteShards); clipping uses the global norm.
 //   - with the optimizer offloaded (OffloadAdam.h), each group's gradient
 //     is copied to host memory as soon as its last reduce-scatter of the
 //     step has finished, on a copy stream, while the backward of the blocks
@@ -49,6 +52,7 @@
 #include "bmt/Runtime/comm/Comm.h"
 #include "bmt/Runtime/exec/Executor.h"
 #include "bmt/Runtime/optim/HostGradients.h"
+#include "bmt/Runtime/optim/Optimizer.h"
 #include "bmt/Runtime/parallel/Storage.h"
 
 #include <ATen/core/Tensor.h>
@@ -107,8 +111,13 @@ public:
   void endForward(bool gradMode) override;
   /// finishGradients().
   void synchronizeGradients() override { finishGradients(); }
-  /// refreshFromMasters(), then releaseAll() (the gathered buffers are stale).
+  /// refreshFromMasters() (but for the shards the optimizer writes, see
+  /// letOptimizerWriteShards), then releaseAll() (the gathered buffers
+  /// are stale).
   void afterOptimizerStep() override;
+  /// refreshFromMasters() of every shard, then releaseAll(): after a
+  /// checkpoint's values were copied into the masters.
+  void parametersChanged() override;
 
   /// Waits for the gradient reduce-scatters the backward started, all-reduces
   /// them across replicas (hybrid sharding), averages over all ranks and
@@ -138,6 +147,24 @@ public:
   /// Copies every float32 master into its low-precision shard (rounding);
   /// call after the optimizer updated the masters.
   void refreshFromMasters();
+
+  /// The bf16/fp16 shards of the float32 masters among shards(), as the
+  /// optimizer may write them (Optimizer::writeLowPrecisionCopies): param
+  /// = the shard's index, copy = the shard, gradDivisor = the number of
+  /// data-parallel ranks. Empty offloading (no masters on the device).
+  std::vector<LowPrecisionCopy> lowPrecisionCopies() const;
+  /// After the optimizer took lowPrecisionCopies() over: a master's
+  /// gradient stays as reduced (the reduce dtype, the sum over the
+  /// data-parallel ranks: no cast to float32, no division), gradNorm()
+  /// divides (accumulating in float32), gatherGroup() returns the average
+  /// in float32, and afterOptimizerStep() leaves those shards to the
+  /// optimizer. Meant for one backward a step: a second reduce-scatter into
+  /// the same gradient before zeroGrad makes it a float32 sum (exact
+  /// accumulation, then still undivided). For the rest of the run (the
+  /// optimizer divides from now on). Throws std::logic_error when
+  /// offloading.
+  void letOptimizerWriteShards();
+  bool optimizerWritesShards() const { return optimizerWritesShards_; }
   /// The dtype gradients are reduce-scattered in: `dtype`, or (nullopt,
   /// the default) each group's own dtype. float32 for bf16/fp16 groups
   /// reduces in full precision (--reduce-dtype float32).
@@ -149,7 +176,9 @@ public:
   /// of dtype bfloat16/float16 it is the shard's float32 master copy (mixed
   /// precision, as BMTrain): its gradient is float32, the optimizer updates
   /// it, and refreshFromMasters() copies it into the low-precision shard
-  /// that is gathered for forward and backward. Offloading, it is the shard
+  /// that is gathered for forward and backward; or, once the optimizer
+  /// writes the shards (letOptimizerWriteShards), the gradient is in the
+  /// reduce dtype and is the sum over the data-parallel ranks. Offloading, it is the shard
   /// itself for every dtype (the masters live in host memory, in the
   /// OffloadAdamW), and the gradient of a bf16/fp16 shard is float32.
   const std::vector<at::Tensor> &shards() const { return shards_; }
@@ -162,7 +191,7 @@ public:
   /// when T == 1) whole flat buffer [shard size x shard ranks]
   /// (a new tensor on the device; members at the plan's offsets, padding
   /// after the last shard's end), or its gradient with `gradient` (zeros
-  /// when none; float32 for a bf16/fp16 group). Gathered from the shard
+  /// when none; float32 for a bf16/fp16 group, averaged over ranks). Gathered from the shard
   /// group's shards: collective, every rank calls it for the same groups in
   /// the same order. Throws CommError.
   at::Tensor gatherGroup(int64_t group, bool gradient = false);
@@ -242,6 +271,7 @@ private:
   };
   std::deque<PendingGradient> pendingGradients_;
   std::optional<c10::ScalarType> reduceDtype_;
+  bool optimizerWritesShards_ = false; ///< letOptimizerWriteShards
   /// Forward passes started (beginForward); a group's parameters are linked
   /// to its shard once per pass.
   int64_t generation_ = 0;
