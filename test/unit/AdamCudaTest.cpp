@@ -194,8 +194,10 @@ void compareWithAten(const Case &c) {
       // AdamW's moments do not read the parameter: bit-exact. Adam's (L2)
       // read g + wd * p, which nvcc may round once (fma) or twice: within 2
       // ulps of the largest moment (elementwise ulps are unbounded where
-      // the sum cancels to nearly 0).
-      const int64_t pUlps = maxUlps(params[i], reference[i]);
+      // the sum cancels to nearly 0), and so the params within 2 ulps of
+      // the largest param (the GPU measured 6 elementwise ulps at step 3).
+      const double pUlps = c.decoupled ? maxUlps(params[i], reference[i])
+                                       : ulpsOfLargest(params[i], reference[i]);
       const double mUlps = c.decoupled ? maxUlps(kernel.expAvg(i), aten.expAvg(i))
                                        : ulpsOfLargest(kernel.expAvg(i), aten.expAvg(i));
       const double vUlps = c.decoupled ? maxUlps(kernel.expAvgSq(i), aten.expAvgSq(i))
