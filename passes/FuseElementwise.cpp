@@ -2,7 +2,7 @@
 //
 // Groups maximal regions of pointwise ATen ops (with broadcasting and dtype
 // casts) and at most one reduction over the last dimension (RMSNorm's mean,
-// a sum) into `bmt.fused` ops whose body holds the original ops; the runtime
+// a sum, layer_norm) into `bmt.fused` ops whose body holds the original ops; the runtime
 // runs each region as one generated kernel forward and one backward
 // (include/bmt/Runtime/fusion/Region.h). The ops a region may hold are
 // those of include/bmt/Runtime/fusion/FusibleOps.def that the operator
@@ -40,7 +40,8 @@ const llvm::StringMap<Role> &fusibleOps() {
 #define BMT_FUSIBLE_OP(NAME, KIND)                                                         \
   m[NAME] = std::string_view(#KIND) == "Cast"                                               \
                 ? Role::Cast                                                                \
-                : (std::string_view(#KIND) == "Mean" || std::string_view(#KIND) == "Sum")   \
+                : (std::string_view(#KIND) == "Mean" || std::string_view(#KIND) == "Sum" || \
+                   std::string_view(#KIND) == "LayerNorm")                                  \
                       ? Role::Reduction                                                     \
                       : Role::Pointwise;
 #include "bmt/Runtime/fusion/FusibleOps.def"
@@ -93,6 +94,16 @@ std::optional<Role> roleOf(Operation *op) {
                ? std::optional<Role>(role)
                : std::nullopt;
   case Role::Reduction: {
+    if (name == "aten::layer_norm") {
+      // layer_norm(input, normalized_shape=[D], weight?, bias?, eps, cudnn_enable):
+      // over the last dim only (D is checked against it per call).
+      std::optional<SmallVector<int64_t>> shape = args[1].getInts();
+      auto tensorOrNone = [&](unsigned i) { return args[i].isOperand() || args[i].isNone(); };
+      return args.size() == 6 && args[0].isOperand() && shape && shape->size() == 1 &&
+                     tensorOrNone(2) && tensorOrNone(3) && constantNumber(4)
+                 ? std::optional<Role>(role)
+                 : std::nullopt;
+    }
     // mean.dim / sum.dim_IntList(self, dim=[-1], keepdim=true, dtype=None)
     std::optional<SmallVector<int64_t>> dims = args[1].getInts();
     bool lastDim = dims && dims->size() == 1 && (*dims)[0] == -1;
@@ -119,6 +130,11 @@ std::optional<Role> roleOf(Operation *op) {
                : std::nullopt;
   }
   return args.size() == 1 ? std::optional<Role>(role) : std::nullopt; // unary
+}
+
+bool isLayerNorm(Operation *op) {
+  auto aten = dyn_cast<bmt::AtenOp>(op);
+  return aten && aten.getName() == "aten::layer_norm";
 }
 
 /// A 0-dim numeric bmt.constant: a number inside the region (cloned into it).
@@ -238,8 +254,8 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
           if (taken.contains(root) || (!roleOf(root) && rotateHalfOps(root).empty()))
             continue;
           Region region = grow(root, taken);
-          if (region.ops.size() < 2)
-            continue; // one op is one kernel already
+          if (region.ops.size() < 2 && !isLayerNorm(root))
+            continue; // one op is one kernel already (layer_norm: the row kernel's is faster)
           for (Operation *op : region.ops)
             taken.insert(op);
           fusedOps += static_cast<int64_t>(region.ops.size());

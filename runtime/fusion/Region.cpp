@@ -163,6 +163,10 @@ bool Graph::usesHalves() const {
 
 namespace {
 
+bool isNone(const plan::Arg &a) {
+  return a.kind == plan::Arg::Kind::Constant && a.constant.isNone();
+}
+
 double numberOf(const c10::IValue &v, const std::string &what) {
   if (v.isDouble())
     return v.toDouble();
@@ -582,6 +586,44 @@ Region buildRegion(const plan::Function &body) {
       c.args = {node(0)};
       c.dtype = dtype;
       out = g.add(c);
+    } else if (k == "LayerNorm") {
+      // layer_norm(x, [D], w, b, eps) over the last dim, in float:
+      // (x - mean) * rsqrt(var + eps) * w + b, var the mean of the squared
+      // deviations (ATen's biased variance), two row-sum levels.
+      if (region.hasReduction)
+        throw FusionError(where + ": a region holds at most one reduction");
+      region.hasReduction = true;
+      const plan::Arg &shape = inst.args.at(1);
+      std::vector<int64_t> lengths;
+      if (shape.kind == plan::Arg::Kind::List) {
+        for (const plan::Arg &e : shape.elements)
+          if (e.kind == plan::Arg::Kind::Constant && e.constant.isInt())
+            lengths.push_back(e.constant.toInt());
+          else
+            lengths.clear();
+      } else if (shape.kind == plan::Arg::Kind::Constant && shape.constant.isIntList()) {
+        lengths = shape.constant.toIntVector();
+      }
+      if (lengths.size() != 1 || lengths[0] <= 0)
+        throw FusionError(where + ": normalized_shape must be one constant length (the last dim)");
+      region.rowLength = lengths[0];
+      Node len;
+      len.op = Op::RowLen;
+      const int D = g.add(len), x = node(0);
+      const int mean = g.binary(Op::Div, g.unary(Op::RowSum, x), D);
+      const int centred = g.binary(Op::Sub, x, mean);
+      const int var = g.binary(Op::Div, g.unary(Op::RowSum, g.binary(Op::Mul, centred, centred)), D);
+      const int scale = g.unary(Op::Rsqrt, g.binary(Op::Add, var, g.constant(number(4))));
+      out = g.binary(Op::Mul, centred, scale);
+      auto optional = [&](size_t i) { return inst.args.at(i).kind == plan::Arg::Kind::Register; };
+      if (!optional(2) && !isNone(inst.args.at(2)))
+        throw FusionError(where + ": the weight must be a tensor or None");
+      if (!optional(3) && !isNone(inst.args.at(3)))
+        throw FusionError(where + ": the bias must be a tensor or None");
+      if (optional(2))
+        out = g.binary(Op::Mul, out, node(2));
+      if (optional(3))
+        out = g.binary(Op::Add, out, node(3));
     } else if (k == "Mean" || k == "Sum") {
       if (region.hasReduction)
         throw FusionError(where + ": a region holds at most one reduction");
@@ -657,8 +699,10 @@ c10::ScalarType resultDtype(const Region &region, const std::vector<c10::ScalarT
   return t[region.result] == none ? c10::ScalarType::Float : t[region.result];
 }
 
-bool halvesFit(const Region &region, const std::vector<at::Tensor> &inputs,
-               const std::vector<int64_t> &shape) {
+bool callFits(const Region &region, const std::vector<at::Tensor> &inputs,
+              const std::vector<int64_t> &shape) {
+  if (region.rowLength >= 0 && (shape.empty() || shape.back() != region.rowLength))
+    return false;
   for (const HalfSplit &h : region.halves) {
     if (h.input < 0 || h.input >= static_cast<int>(inputs.size()) || shape.empty())
       return false;
@@ -794,7 +838,7 @@ at::Tensor forwardATen(const Region &region, const std::vector<at::Tensor> &inpu
   c10::ScalarType dtype = resultDtype(region, dtypes);
   if (dtype == c10::ScalarType::Undefined)
     throw FusionError("fused region: inputs must be float32, bfloat16 or float16");
-  if (!halvesFit(region, inputs, elementShape(inputs)))
+  if (!callFits(region, inputs, elementShape(inputs)))
     throw FusionError("fused region: rotate_half's input does not fit (halves of its last dim)");
   at::Tensor v = evaluate(region.forward, region.result, inputs);
   std::vector<int64_t> shape = valueShape(region.forward, region.result, elementShape(inputs));
@@ -807,7 +851,7 @@ std::vector<at::Tensor> backwardATen(const Region &region, const std::vector<at:
   for (int n : region.gradients)
     if (n >= 0)
       outs.push_back(n);
-  if (!halvesFit(region, inputs, elementShape(inputs)))
+  if (!callFits(region, inputs, elementShape(inputs)))
     throw FusionError("fused region: rotate_half's input does not fit (halves of its last dim)");
   std::vector<at::Tensor> values = evaluateAll(region.backward, outs, inputs, gradOut);
   std::vector<at::Tensor> all = inputs;

@@ -146,6 +146,43 @@ module {
 
 // -----
 
+// aten::layer_norm over the last dim is a reduction: BERT's post-norm
+// add + layer_norm is one "row" region, and a layer_norm alone is a region
+// too (the row kernel replaces ATen's). One over two dims, with a run-time
+// eps, or after another reduction in the region is left alone.
+// CHECK-LABEL: func.func private @layer_norms(
+// CHECK-NEXT:    %[[P:.*]] = bmt.fused "row"(%arg0, %arg1, %arg2, %arg3)
+// CHECK-NEXT:    ^bb0(
+// CHECK-NEXT:      %[[S:.*]] = bmt.aten "aten::add.Tensor"
+// CHECK-NEXT:      bmt.aten "aten::layer_norm"(%[[S]], [8], %{{.*}}, %{{.*}}, 1.000000e-05, true)
+// CHECK-NEXT:      bmt.yield
+// CHECK:         %[[A:.*]] = bmt.fused "row"(%[[P]])
+// CHECK-NEXT:    ^bb0(
+// CHECK-NEXT:      bmt.aten "aten::layer_norm"({{.*}}, [8], #bmt.none, #bmt.none, 1.000000e-05, true)
+// CHECK-NEXT:      bmt.yield
+// CHECK:         bmt.aten "aten::layer_norm"(%[[A]], [2, 4],
+// CHECK-NEXT:    bmt.aten "aten::layer_norm"(%[[A]], [8], #bmt.none, #bmt.none, %arg4, true)
+// CHECK-NEXT:    %[[M:.*]] = bmt.aten "aten::mean.dim"(%[[A]], [-1], true, #bmt.none)
+// CHECK-NEXT:    bmt.fused "row"(%[[M]])
+// CHECK-NEXT:    ^bb0(
+// CHECK-NEXT:      bmt.aten "aten::layer_norm"
+// CHECK-NEXT:      bmt.yield
+// REMARK: remark: bmt-fuse-elementwise: 4 ops in 3 regions (3 with a last-dim reduction) in 1 function (layer_norms)
+module {
+  func.func private @layer_norms(%x: !bmt.tensor, %y: !bmt.tensor, %w: !bmt.tensor, %b: !bmt.tensor, %eps: f64) -> (!bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor) {
+    %s = bmt.aten "aten::add.Tensor"(%x, %y, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %post = bmt.aten "aten::layer_norm"(%s, [8], %w, %b, 1.000000e-05, true) : (!bmt.tensor, !bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %alone = bmt.aten "aten::layer_norm"(%post, [8], #bmt.none, #bmt.none, 1.000000e-05, true) : (!bmt.tensor) -> !bmt.tensor
+    %two = bmt.aten "aten::layer_norm"(%alone, [2, 4], #bmt.none, #bmt.none, 1.000000e-05, true) : (!bmt.tensor) -> !bmt.tensor
+    %dyn = bmt.aten "aten::layer_norm"(%alone, [8], #bmt.none, #bmt.none, %eps, true) : (!bmt.tensor, f64) -> !bmt.tensor
+    %m = bmt.aten "aten::mean.dim"(%alone, [-1], true, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %after = bmt.aten "aten::layer_norm"(%m, [8], #bmt.none, #bmt.none, 1.000000e-05, true) : (!bmt.tensor) -> !bmt.tensor
+    return %two, %dyn, %after, %post : !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor
+  }
+}
+
+// -----
+
 // Nothing to fuse.
 // REMARK: remark: bmt-fuse-elementwise: no region of two or more fusible ops
 module {

@@ -202,6 +202,21 @@ plan::Function rmsNorm(int64_t outCode) {
   return b.done(b.aten("aten::mul.Tensor", {R(w), R(c)}));
 }
 
+/// nn.LayerNorm as traced: layer_norm(x, [D], w, b, eps, cudnn_enable);
+/// `residual`: of x + y (BERT's post-norm); without `affine`, no weight and
+/// no bias.
+plan::Function layerNorm(int64_t D, bool residual = false, bool affine = true) {
+  Body b;
+  int64_t x = b.param();
+  if (residual)
+    x = b.aten("aten::add.Tensor", {R(x), R(b.param()), C(int64_t{1})});
+  Arg shape;
+  shape.kind = Arg::Kind::List;
+  shape.elements = {C(D)};
+  Arg w = affine ? R(b.param()) : C(c10::IValue()), bias = affine ? R(b.param()) : C(c10::IValue());
+  return b.done(b.aten("aten::layer_norm", {R(x), shape, w, bias, C(1e-5), C(true)}));
+}
+
 } // namespace
 
 TEST(Fusion, RmsNormFp32) {
@@ -348,6 +363,38 @@ TEST(Fusion, LayerNormWithMeanInput) {
         {xt, xt.mean(-1, true), test::randomTensor({24}, at::kFloat, 15),
          test::randomTensor({24}, at::kFloat, 16)},
         1e-5, "layer_norm");
+}
+
+TEST(Fusion, LayerNorm) {
+  // aten::layer_norm against its own kernel and autograd formula (the
+  // reference runs the body op by op): mean, centred variance, affine.
+  // Inputs offset from 0 (mean 3) so that a one-pass variance would show.
+  at::Tensor x = test::randomTensor({3, 5, 40}, at::kFloat, 70).add(3.0);
+  check(layerNorm(40), {x, test::randomTensor({40}, at::kFloat, 71), test::randomTensor({40}, at::kFloat, 72)},
+        2e-5, "layer_norm_op");
+  check(layerNorm(40, /*residual=*/true, /*affine=*/false),
+        {x, test::randomTensor({3, 5, 40}, at::kFloat, 73)}, 2e-5, "add_layer_norm_no_affine");
+  // bf16 as a bf16 model runs it: fp32 math inside, the result rounded once
+  // (ATen's kernel does the same), so the two agree to a bf16 rounding.
+  check(layerNorm(64, /*residual=*/true),
+        {test::randomTensor({4, 64}, at::kBFloat16, 74), test::randomTensor({4, 64}, at::kBFloat16, 75),
+         test::randomTensor({64}, at::kBFloat16, 76), test::randomTensor({64}, at::kBFloat16, 77)},
+        2e-2, "add_layer_norm_bf16");
+  // A call whose last dim is not the normalized length is not the region's
+  // (the executor runs the body, and ATen reports the mismatch).
+  fusion::FusedRegion region(fusion::buildRegion(layerNorm(40)), "ln");
+  EXPECT_TRUE(region.accepts({x, test::randomTensor({40}, at::kFloat, 1), test::randomTensor({40}, at::kFloat, 2)}));
+  EXPECT_FALSE(region.accepts({test::randomTensor({3, 8}, at::kFloat, 3), test::randomTensor({8}, at::kFloat, 1),
+                               test::randomTensor({8}, at::kFloat, 2)}));
+  // Normalized over two dims: not the generator's.
+  Body two;
+  int64_t y = two.param();
+  Arg shape;
+  shape.kind = Arg::Kind::List;
+  shape.elements = {C(int64_t{5}), C(int64_t{40})};
+  EXPECT_THROW(fusion::buildRegion(two.done(two.aten(
+                   "aten::layer_norm", {R(y), shape, C(c10::IValue()), C(c10::IValue()), C(1e-5), C(true)}))),
+               fusion::FusionError);
 }
 
 TEST(Fusion, EndsInReduction) {
@@ -629,4 +676,19 @@ TEST(FusionCuda, RowKernelPaths) {
             1e-5, "rms_norm_d100");
   checkCuda(rmsNorm(6), {test::randomTensor({64, 40}, at::kFloat, 68).t(), test::randomTensor({64}, at::kFloat, 69)},
             1e-5, "rms_norm_transposed");
+}
+
+TEST(FusionCuda, LayerNorm) {
+  if (!cudaKernels())
+    GTEST_SKIP() << "no CUDA device or no NVRTC";
+  // Two row-sum levels (the mean, then the centred variance) on both row
+  // kernels; the weight's and the bias's gradients as column sums.
+  checkCuda(layerNorm(2048), {test::randomTensor({300, 2048}, at::kBFloat16, 80).add(2.0),
+                              test::randomTensor({2048}, at::kBFloat16, 81), test::randomTensor({2048}, at::kBFloat16, 82)},
+            2e-2, "layer_norm_gpt2_row");
+  checkCuda(layerNorm(100, /*residual=*/true), {test::randomTensor({7, 100}, at::kFloat, 83),
+                                                 test::randomTensor({7, 100}, at::kFloat, 84),
+                                                 test::randomTensor({100}, at::kFloat, 85),
+                                                 test::randomTensor({100}, at::kFloat, 86)},
+            1e-5, "add_layer_norm_d100");
 }

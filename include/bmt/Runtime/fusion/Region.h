@@ -106,6 +106,9 @@ struct Region {
   int result = -1;       ///< the forward result node
   bool hasReduction = false;
   std::vector<HalfSplit> halves; ///< rotate_half's slices, checked per call
+  /// layer_norm's normalized length (-1: none): a call fits only where the
+  /// element shape's last dim is this long.
+  int64_t rowLength = -1;
   /// Backward: the forward graph extended by GradOut and the adjoints;
   /// gradients[i] is the node of d result / d input i (broadcast to the
   /// region's element shape), or -1 where the result does not depend on i.
@@ -115,7 +118,8 @@ struct Region {
 
 /// The region of a plan function holding a bmt.fused body: params are the
 /// inputs, the body Aten instructions of FusibleOps.def and Constant
-/// instructions (0-dim numbers), one returned register; and rotate_half of
+/// instructions (0-dim numbers), one returned register (layer_norm becomes
+/// its mean, centred variance, rsqrt and affine nodes); and rotate_half of
 /// an input, cat([-x[..., h:], x[..., :h]], -1) (either sign on either
 /// half), with h a constant or size(x, dim) // 2 computed in the body
 /// (aten::size.int, NumToTensor, aten::floor_divide by 2, aten::Int.Tensor)
@@ -123,8 +127,9 @@ struct Region {
 /// FusionError for anything else.
 Region buildRegion(const plan::Function &body);
 
-/// Whether inputs whose broadcast is `shape` fit the region's HalfSplits.
-bool halvesFit(const Region &region, const std::vector<at::Tensor> &inputs,
+/// Whether inputs whose broadcast is `shape` fit the region's HalfSplits
+/// and its layer_norm's normalized length (else the body runs op by op).
+bool callFits(const Region &region, const std::vector<at::Tensor> &inputs,
                const std::vector<int64_t> &shape);
 
 /// The dtype of the region's result for inputs of `inputDtypes` (ATen's
