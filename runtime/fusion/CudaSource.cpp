@@ -567,21 +567,29 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     // Last dim in runs of 8 (vec == 2: its size a multiple of 8, every
     // tensor's last stride 1 or 0, the stride-1 ones' row offsets and bases
     // 16-byte aligned): one offset computation and 16-byte accesses per 8.
+    // The offsets in 32-bit division where the element count allows (64-bit
+    // division per dim made RoPE's kernel bound by its index arithmetic).
+    auto runsOfEight = [&](const std::string &index) {
+      std::string c = "    for (long long v = first; v < nv; v += step) {\n"
+                      "      const long long i = v << 3;\n";
+      for (int k : loaded)
+        c += "      long long o" + std::to_string(k) + " = 0;\n";
+      c += "      " + index + " rem = (" + index + ")i;\n"
+           "      for (int d = a.ndim - 1; d >= 0; --d) {\n"
+           "        const " + index + " size = (" + index + ")a.sizes[d];\n"
+           "        const " + index + " idx = rem % size; rem /= size;\n";
+      for (int k : loaded)
+        c += "        o" + std::to_string(k) + " += (long long)idx * a.strides[" + std::to_string(k) + "][d];\n";
+      c += "      }\n" + column("      ", "(long long)((" + index + ")i % (" + index + ")a.sizes[a.ndim - 1])");
+      c += eight([&](int k) { return ptr(k, slotDtype(k), false) + " + o" + std::to_string(k); }, "0",
+                 strideOf("a.ndim - 1"));
+      return c + "    }\n";
+    };
     s << "  if (a.vec == 2) {\n"
          "    const long long nv = a.n >> 3;\n"
-         "    for (long long v = first; v < nv; v += step) {\n"
-         "      const long long i = v << 3;\n";
-    for (int k : loaded)
-      s << "      long long o" << k << " = 0;\n";
-    s << "      long long rem = i;\n"
-         "      for (int d = a.ndim - 1; d >= 0; --d) {\n"
-         "        const long long idx = rem % a.sizes[d]; rem /= a.sizes[d];\n";
-    for (int k : loaded)
-      s << "        o" << k << " += idx * a.strides[" << k << "][d];\n";
-    s << "      }\n" << column("      ", "i % a.sizes[a.ndim - 1]");
-    s << eight([&](int k) { return ptr(k, slotDtype(k), false) + " + o" + std::to_string(k); }, "0",
-               strideOf("a.ndim - 1"));
-    s << "    }\n    return;\n  }\n";
+         "    if (a.n <= 0x7fffffffLL) {\n"
+      << runsOfEight("unsigned int") << "      return;\n    }\n"
+      << runsOfEight("long long") << "    return;\n  }\n";
     // General strides: the offsets from the element index, in 32-bit
     // arithmetic where the element count allows (64-bit division is slow).
     auto general = [&](const std::string &index) {
