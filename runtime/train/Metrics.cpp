@@ -56,7 +56,8 @@ void MetricsWriter::step(const StepMetrics &m) {
            << ", \"tokens_per_s\": " << jsonNumber(m.tokensPerSecond)
            << ", \"tflops\": " << jsonNumber(m.tflops)
            << ", \"elapsed_s\": " << jsonNumber(m.elapsedSeconds)
-           << ", \"peak_mem_gib\": " << jsonNumber(m.peakMemoryGiB) << "}\n";
+           << ", \"peak_mem_gib\": " << jsonNumber(m.peakMemoryGiB)
+           << ", \"host_s\": " << jsonNumber(m.hostSeconds) << "}\n";
     json_->flush();
   }
 }

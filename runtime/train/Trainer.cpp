@@ -387,6 +387,7 @@ struct Trainer::PendingStep {
   at::Tensor values; ///< float64 [gradAccum + 4]: losses, grad norm, found inf, scale, next scale
   std::optional<c10::Event> ready;
   std::chrono::steady_clock::time_point queued; ///< when the host had queued all its work
+  double hostSeconds = 0; ///< how long the host took to queue it (queueStep)
   std::vector<MicroBatch> batches; ///< and the generator before them: to replay a failed step
   std::mt19937_64 rng;
 };
@@ -636,6 +637,7 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
       metrics.tokensPerSecond = tokensPerSecond;
       metrics.tflops = tflops;
       metrics.elapsedSeconds = elapsed;
+      metrics.hostSeconds = p.hostSeconds;
       metrics.peakMemoryGiB = peakMemoryGiB(device);
       metrics_.step(metrics);
     }
@@ -655,7 +657,9 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
     }
     if (hooks.syncDebug && step > 1)
       c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    const auto queueStart = Clock::now();
     PendingStep current = queueStep(step, source, hooks);
+    current.hostSeconds = std::chrono::duration<double>(Clock::now() - queueStart).count();
     if (saver_ && (saver_->due(step) || step == config_.steps)) {
       // The state after this step, snapshotted before the next one changes
       // it; first the save before it must be written (a wait that counts as

@@ -39,6 +39,9 @@ struct StepMetrics {
   int64_t tokens = 0;          ///< input tokens of all ranks (padding not counted)
   int64_t targetTokens = 0;    ///< predicted (target) tokens of all ranks
   double tokensPerSecond = 0, tflops = 0, elapsedSeconds = 0, peakMemoryGiB = 0;
+  /// Seconds the host spent queueing the step's work (data, forward,
+  /// backward, optimizer launches); near the step's time: host-bound.
+  double hostSeconds = 0;
 };
 
 /// One block's (or the parameters outside blocks') statistics at an
@@ -59,7 +62,7 @@ public:
   /// tokens/s | elapsed" (or "... | skipped: inf/NaN gradients, loss scale
   /// A -> B"), and {"kind": "train", "step", "loss", "lr", "grad_norm",
   /// "loss_scale", "skipped", "tokens", "tokens_per_s", "tflops",
-  /// "elapsed_s", "peak_mem_gib"}.
+  /// "elapsed_s", "peak_mem_gib", "host_s"}.
   void step(const StepMetrics &m);
 
   /// "eval  step N | val loss ... | val ppl ... | N tokens" and {"kind":
