@@ -60,7 +60,7 @@ for v in ("kernel", "aten"):
         continue
     s = [json.loads(l) for l in open(f)]
     s = [x for x in s if x.get("kind") == "train"]
-    timed = [x for x in s if 5 < x["step"] <= steps - 3]
+    timed = [x for x in s if 5 < x["step"] <= steps - 4]  # not the step before the profile window
     tps = sum(x["tokens"] for x in timed) / sum(x["tokens"] / x["tokens_per_s"] for x in timed)
     runs[v] = (tps, [x["loss"] for x in s], [x["grad_norm"] for x in s])
     print(f"{v:6} {tps:9,.0f} tokens/s  losses {[round(l, 4) for l in runs[v][1][:12:3]]}")

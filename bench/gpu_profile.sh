@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where one plan's step goes on one GPU: bmt-run (built by bench/gpu_fusion.sh
 # or bench/gpu_adamw.sh into build-gpu/) trains PLAN on random tokens below
-# VOCAB, prints tokens/s over steps 6 to STEPS-3, the profile of the last
+# VOCAB, prints tokens/s over steps 6 to STEPS-4, the profile of the last
 # three steps, and from their Chrome trace the copies and casts by the op
 # that made them and the GPU's idle gaps (bench/trace_breakdown.py).
 #
@@ -29,7 +29,7 @@ echo "exit $?"
 python3 - "$out/log.jsonl" "$steps" <<'PY'
 import json, sys
 s = [json.loads(l) for l in open(sys.argv[1]) if '"train"' in l]
-t = [x for x in s if 5 < x["step"] <= int(sys.argv[2]) - 3]
+t = [x for x in s if 5 < x["step"] <= int(sys.argv[2]) - 4]  # not the step before the window
 tps = sum(x["tokens"] for x in t) / sum(x["tokens"] / x["tokens_per_s"] for x in t)
 print(f"{tps:,.0f} tokens/s, peak {max(x.get('peak_mem_gib', 0) for x in s):.1f} GiB")
 PY

@@ -241,7 +241,7 @@ def run_bmt(args, bmt_run, archive, data, tp, out):
     log = os.path.join(out, f"bmt-tp{tp}-n{args.gpus}-recompute-{args.recompute}.jsonl")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={args.gpus}", "--no-python", bmt_run, archive, "--data", data,
-           "--steps", str(total), "--micro-batch", str(args.micro_batch * tp), "--seq-len",
+           "--steps", str(total + 1), "--micro-batch", str(args.micro_batch * tp), "--seq-len",
            str(args.seq), "--lr", "1e-4", "--schedule", "constant", "--clip-grad", "1.0",
            "--device", args.device, "--log-file", log, "--log-every", "5"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=dict(ENV, OMP_NUM_THREADS="1"))
@@ -249,13 +249,14 @@ def run_bmt(args, bmt_run, archive, data, tp, out):
         print(f"bmt T = {tp} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}", flush=True)
         return None
     steps = [json.loads(line) for line in open(log) if '"train"' in line]
+    # Not the last step: it ends the queued run (and counts the device's lag).
     timed = [s for s in steps if args.warmup < s["step"] <= total]
     seconds = sum(s["tokens"] / s["tokens_per_s"] for s in timed)
     peaks = [s.get("peak_mem_gib") for s in steps if s.get("peak_mem_gib") is not None]
     return {"name": "bmt", "tp": tp, "dp": args.gpus // tp, "micro_batch": args.micro_batch * tp,
             "tokens_per_s": sum(s["tokens"] for s in timed) / seconds,
             "peak_gib": max(peaks) if peaks and args.device == "cuda" else None,
-            "loss_first": steps[0]["loss"], "loss_last": steps[-1]["loss"]}
+            "loss_first": steps[0]["loss"], "loss_last": timed[-1]["loss"]}
 
 
 def print_table(args, results):
