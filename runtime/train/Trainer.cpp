@@ -529,7 +529,9 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
     }
   }
   using Clock = std::chrono::steady_clock;
-  if (checkpoints_ && !saver_) {
+  // Nothing to train (resumed at or past config.steps): no saver, so no host
+  // buffers and no line promising checkpoints.
+  if (checkpoints_ && !saver_ && startStep_ < config_.steps) {
     const auto t0 = Clock::now();
     saver_ = std::make_unique<CheckpointSaver>(model_, *optimizer_, scaler_ ? &*scaler_ : nullptr,
                                                checkpoints_->first, checkpoints_->second);

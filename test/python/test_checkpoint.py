@@ -87,6 +87,19 @@ def test_a_resume_names_the_settings_it_changes(models, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "note: the checkpoint is at step 4, --steps is 4: nothing to train" in r.stdout, r.stdout
     assert train_log(tmp_path / "done.jsonl") == []
+    # Past --steps with other settings and a --checkpoint-dir: that one note
+    # only, no "training goes on" with changed settings, no checkpoint line.
+    before = sorted(p.name for p in ck.iterdir())
+    r = torchrun(1, sharded, *data, "--micro-batch", 2, "--steps", 3, "--lr", "5e-4",
+                 "--resume", ck / "step-00000004", "--checkpoint-dir", ck,
+                 "--log-file", tmp_path / "past.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    notes = [x for x in r.stdout.splitlines() if "note:" in x or "resumed from" in x or
+             "checkpoints in" in x or "goes on" in x]
+    assert notes == ["bmt-run: note: the checkpoint is at step 4, --steps is 3: nothing to train "
+                     "(a larger --steps goes on)"], r.stdout
+    assert train_log(tmp_path / "past.jsonl") == []
+    assert sorted(p.name for p in ck.iterdir()) == before
 
 
 def compile(pt, out, *flags):
