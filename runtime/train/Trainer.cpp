@@ -544,6 +544,14 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
            << std::fixed << std::setprecision(1)
            << std::chrono::duration<double>(Clock::now() - t0).count() << " s)"
            << std::defaultfloat << "\n";
+      const std::vector<std::string> &dead = saver_->removedDeadSaves();
+      if (!dead.empty()) {
+        out_ << "bmt-run: note: removed " << dead.size() << " incomplete save"
+             << (dead.size() == 1 ? "" : "s") << " of an earlier run from " << c.dir << ":";
+        for (const std::string &name : dead)
+          out_ << " " << name;
+        out_ << "\n";
+      }
     }
   }
   auto start = Clock::now();
