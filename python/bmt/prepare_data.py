@@ -75,7 +75,11 @@ tokenizer, unwritable output, too small a vocabulary, a record without the
 field or with malformed JSON (FILE:LINE), an empty response, an unknown role,
 conversations without a chat template, a Parquet file without the column, ...)
 one "error: ..." line and status 1, and no output files (all are written under
-temporary names and renamed at the end).
+temporary names and renamed at the end). Files of PREFIX that the run does not
+write are removed then (with a note for a val split that --val-fraction 0
+drops), and so are temporary files of PREFIX's outputs that a killed run left.
+SIGINT (Ctrl-C) or SIGTERM: one "error: stopped by ..." line and status 128 +
+the signal.
 """
 
 import argparse
@@ -88,10 +92,16 @@ import tempfile
 import threading
 import time
 
-import numpy as np
+try:
+    # numpy's import takes a while (0.2 s warm, seconds cold): Ctrl-C during
+    # it is a stop like any other (main()), not a traceback.
+    import numpy as np
 
-from bmt.records import UserError
-from bmt.tokenfile import AtomicWriter, SplitWriter, output_names
+    from bmt.records import UserError
+    from bmt.tokenfile import AtomicWriter, SplitWriter, output_names
+except KeyboardInterrupt:
+    print("error: stopped by SIGINT; no output written", file=sys.stderr)
+    sys.exit(128 + signal.SIGINT)
 
 BPE_SPECIALS = ["<|endoftext|>", "[MASK]", "[PAD]"]
 EOS_NAMES = ["<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "[SEP]", "<|im_end|>"]
@@ -134,11 +144,14 @@ def stopped_by_signals():
 
 
 @contextlib.contextmanager
-def written_together(out_dir, output):
+def written_together(out_dir, output, names):
     """An AtomicWriter for the block: its files are renamed into place when the
     block ends normally and removed when it raises (an OSError becomes a
-    UserError naming the outputs PREFIX.*)."""
-    writer = AtomicWriter(out_dir)
+    UserError naming the outputs PREFIX.*). names: every output path of
+    PREFIX (output_paths). After the commit, a note names what it removed of
+    an earlier run: a val split that --val-fraction 0 does not write, and
+    temporary files of a run that was killed."""
+    writer = AtomicWriter(out_dir, names)
     try:
         yield writer
         writer.commit()
@@ -148,6 +161,20 @@ def written_together(out_dir, output):
     except BaseException:
         writer.abort()
         raise
+    val = output_names(os.path.join(out_dir, os.path.basename(output)), "val")
+    if val["json"] in writer.removed:   # no val split written, one was there
+        removed_val = [os.path.basename(p) for p in writer.removed if p in val.values()]
+        note(f"removed the val split of an earlier run ({', '.join(removed_val)}): "
+             f"--val-fraction 0 writes none")
+    if writer.removed_temporaries:
+        note(f"removed {len(writer.removed_temporaries)} temporary files of an earlier run that "
+             f"was killed: {', '.join(os.path.basename(p) for p in writer.removed_temporaries)}")
+
+
+def output_paths(prefix):
+    """Every file a run into PREFIX may write."""
+    paths = [path for split in ("train", "val") for path in output_names(prefix, split).values()]
+    return paths + [f"{prefix}.tokenizer.json"]
 
 
 def note(message):
@@ -497,7 +524,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
     parser.add_argument("--val-fraction", type=float, default=0.05,
                         help="fraction of documents for validation (default 0.05; 0: no val "
-                             "split)")
+                             "split, and an earlier run's val files of PREFIX are removed, "
+                             "with a note)")
     parser.add_argument("--dtype", choices=["uint16", "uint32"],
                         help="token id type (default: uint16 if the vocabulary fits)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -508,10 +536,11 @@ def main(argv=None):
             return run(args)
     except UserError as e:
         error(str(e))
-    except Stopped as e:
-        print(f"error: stopped by {signal.Signals(e.signum).name}; no output written",
+    except (Stopped, KeyboardInterrupt) as e:   # KeyboardInterrupt: before the handlers were set
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+        print(f"error: stopped by {signal.Signals(signum).name}; no output written",
               file=sys.stderr)
-        return 128 + e.signum
+        return 128 + signum
 
 
 def check_options(args, records):
@@ -559,8 +588,7 @@ def run(args):
     check_options(args, records)
     check_output_dir(args.output)
     # No output may be one of the inputs (PREFIX.train.bin given as --input).
-    outputs = [path for split in ("train", "val") for path in output_names(args.output, split).values()]
-    outputs.append(f"{args.output}.tokenizer.json")
+    outputs = output_paths(args.output)
     for out in outputs:
         for given in args.input:
             if os.path.exists(out) and os.path.exists(given) and (
@@ -599,7 +627,7 @@ def run(args):
 
     os.makedirs(out_dir, exist_ok=True)
     summary = []
-    with written_together(out_dir, args.output) as writer:
+    with written_together(out_dir, args.output, output_paths(prefix)) as writer:
         if tokenizer_json is not None:
             writer.write_bytes(prefix + ".tokenizer.json", tokenizer_json.encode())
         splits = []
@@ -663,7 +691,7 @@ def run_records(args, tokenizer, prefix, out_dir):
 
     dtype = choose_dtype(args, tokenizer)
     os.makedirs(out_dir, exist_ok=True)
-    with written_together(out_dir, args.output) as writer:
+    with written_together(out_dir, args.output, output_paths(prefix)) as writer:
         splits, stats = prepare_records(args, tokenizer, dtype, writer, prefix, note)
         common = common_meta(tokenizer, args.input)
         for split in splits.values():   # metadata last: it vouches for the .bin

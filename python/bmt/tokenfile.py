@@ -11,6 +11,7 @@ training target).
 
 import json
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -18,13 +19,26 @@ import numpy as np
 FORMAT = "bmt-tokens"
 
 
-class AtomicWriter:
-    """Files written under temporary names, renamed together by commit()."""
+# path_for()'s temporary names: tempfile.mkstemp's 8 random characters
+# between ".NAME." and ".tmp".
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
 
-    def __init__(self, directory):
+
+class AtomicWriter:
+    """Files written under temporary names, renamed together by commit().
+
+    names: the final paths (in `directory`) of every output this kind of run
+    may write; commit() also removes the temporary files of those names that
+    an earlier run left when it was killed (SIGKILL: no chance to clean up).
+    After commit(), `removed` lists the stale final paths it removed (those
+    that existed) and `removed_temporaries` those temporary files."""
+
+    def __init__(self, directory, names=()):
         self.directory = directory
+        self.names = {os.path.basename(n) for n in names}
         self.pending = []   # (temporary path, final path)
         self.stale = []     # final paths an earlier run may have left: removed by commit()
+        self.removed, self.removed_temporaries = [], []
 
     def path_for(self, final):
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{os.path.basename(final)}.",
@@ -50,8 +64,18 @@ class AtomicWriter:
         for final in self.stale:
             try:
                 os.unlink(final)
+                self.removed.append(final)
             except FileNotFoundError:
                 pass
+        ours = {os.path.basename(tmp) for tmp, _ in self.pending}
+        for entry in sorted(os.listdir(self.directory)) if self.names else ():
+            m = TEMPORARY.fullmatch(entry)
+            if m and m.group("name") in self.names and entry not in ours:
+                try:
+                    os.unlink(os.path.join(self.directory, entry))
+                    self.removed_temporaries.append(os.path.join(self.directory, entry))
+                except (FileNotFoundError, IsADirectoryError, PermissionError):
+                    pass
         self.pending, self.stale = [], []
 
     def abort(self):

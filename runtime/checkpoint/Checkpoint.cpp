@@ -348,6 +348,7 @@ struct CheckpointSaver::Impl {
   bool hostCopiesDone = true;        ///< the saving thread finished reading live host tensors
   std::optional<c10::Event> pendingCopies; ///< CUDA copies not yet waited for by the compute stream
   std::optional<CheckpointResult> finished; ///< not yet reported
+  std::vector<std::string> removedAtStart;  ///< removeDeadSaves' folder names
 
   Impl(Model &m, Optimizer &o, const LossScaler *s, CheckpointOptions opts, RunIdentity id)
       : model(m), optimizer(o), scaler(s), options(std::move(opts)), identity(std::move(id)) {}
@@ -717,6 +718,34 @@ struct CheckpointSaver::Impl {
     removeOld();
   }
 
+  /// Rank 0, before the run's first save: removes what saves of earlier
+  /// runs that died left in options.dir, i.e. their `step-N.tmp-<run>`
+  /// folders and the `step-N` folders without a COMPLETE file (renamed but
+  /// never completed, or a removal by --keep that died half-way). A folder
+  /// with a COMPLETE file is never removed here, whatever its content.
+  void removeDeadSaves() {
+    std::error_code ec;
+    std::vector<fs::path> dead;
+    for (const auto &entry : fs::directory_iterator(options.dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.size() < 13 || name.rfind("step-", 0) != 0 ||
+          !std::all_of(name.begin() + 5, name.begin() + 13, ::isdigit) ||
+          !entry.is_directory(ec) || entry.is_symlink(ec))
+        continue;
+      const std::string rest = name.substr(13);
+      const bool deadTmp = rest.rfind(".tmp-", 0) == 0 && rest != ".tmp-" + nonce;
+      const bool uncommitted = rest.empty() && !fs::exists(entry.path() / "COMPLETE", ec) && !ec;
+      if (deadTmp || uncommitted)
+        dead.push_back(entry.path());
+    }
+    std::sort(dead.begin(), dead.end());
+    for (const fs::path &folder : dead) {
+      fs::remove_all(folder, ec);
+      if (!ec)
+        removedAtStart.push_back(folder.filename().string());
+    }
+  }
+
   /// Removes the oldest complete checkpoints beyond options.keep.
   void removeOld() {
     if (options.keep <= 0)
@@ -776,12 +805,7 @@ CheckpointSaver::CheckpointSaver(Model &model, Optimizer &optimizer, const LossS
                           (ec ? ec.message() : std::string(e.what())) + ")");
   }
   if (s.rank == 0)
-    for (const auto &entry : fs::directory_iterator(s.options.dir, ec)) {
-      const std::string name = entry.path().filename().string();
-      if (name.rfind("step-", 0) == 0 && name.find(".tmp-") != std::string::npos &&
-          name.find(".tmp-" + s.nonce) == std::string::npos)
-        fs::remove_all(entry.path(), ec);
-    }
+    s.removeDeadSaves();
   if (s.worldSize > 1)
     world.barrier(); // rank 0 removed the dead saves before anyone writes
   if (s.device.is_cuda())
@@ -800,6 +824,10 @@ int64_t CheckpointSaver::hostBytes() const {
   for (const auto &[name, item] : impl_->items)
     n += static_cast<int64_t>(item.host.nbytes());
   return n;
+}
+
+const std::vector<std::string> &CheckpointSaver::removedDeadSaves() const {
+  return impl_->removedAtStart;
 }
 
 bool CheckpointSaver::due(int64_t step) const {

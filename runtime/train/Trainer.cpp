@@ -530,7 +530,9 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
     }
   }
   using Clock = std::chrono::steady_clock;
-  if (checkpoints_ && !saver_) {
+  // Nothing to train (resumed at or past config.steps): no saver, so no host
+  // buffers and no line promising checkpoints.
+  if (checkpoints_ && !saver_ && startStep_ < config_.steps) {
     const auto t0 = Clock::now();
     saver_ = std::make_unique<CheckpointSaver>(model_, *optimizer_, scaler_ ? &*scaler_ : nullptr,
                                                checkpoints_->first, checkpoints_->second);
@@ -543,6 +545,14 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
            << std::fixed << std::setprecision(1)
            << std::chrono::duration<double>(Clock::now() - t0).count() << " s)"
            << std::defaultfloat << "\n";
+      const std::vector<std::string> &dead = saver_->removedDeadSaves();
+      if (!dead.empty()) {
+        out_ << "bmt-run: note: removed " << dead.size() << " incomplete save"
+             << (dead.size() == 1 ? "" : "s") << " of an earlier run from " << c.dir << ":";
+        for (const std::string &name : dead)
+          out_ << " " << name;
+        out_ << "\n";
+      }
     }
   }
   auto start = Clock::now();

@@ -87,6 +87,19 @@ def test_a_resume_names_the_settings_it_changes(models, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "note: the checkpoint is at step 4, --steps is 4: nothing to train" in r.stdout, r.stdout
     assert train_log(tmp_path / "done.jsonl") == []
+    # Past --steps with other settings and a --checkpoint-dir: that one note
+    # only, no "training goes on" with changed settings, no checkpoint line.
+    before = sorted(p.name for p in ck.iterdir())
+    r = torchrun(1, sharded, *data, "--micro-batch", 2, "--steps", 3, "--lr", "5e-4",
+                 "--resume", ck / "step-00000004", "--checkpoint-dir", ck,
+                 "--log-file", tmp_path / "past.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    notes = [x for x in r.stdout.splitlines() if "note:" in x or "resumed from" in x or
+             "checkpoints in" in x or "goes on" in x]
+    assert notes == ["bmt-run: note: the checkpoint is at step 4, --steps is 3: nothing to train "
+                     "(a larger --steps goes on)"], r.stdout
+    assert train_log(tmp_path / "past.jsonl") == []
+    assert sorted(p.name for p in ck.iterdir()) == before
 
 
 def compile(pt, out, *flags):
@@ -466,6 +479,41 @@ def test_incomplete_checkpoint_is_ignored_by_auto_and_refused_by_name(gpt2_run, 
                  "--resume", "auto")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from " + str(tmp_path / "ck" / "step-00000002") + " at step 2" in r.stdout
+
+
+def test_dead_saves_are_removed_and_committed_checkpoints_kept(gpt2_run, saved, tmp_path):
+    """What saves killed in earlier runs leave next to the checkpoints of
+    steps 2 and 4: a step-5 folder renamed but never completed (no
+    COMPLETE), a .tmp- folder with a rank file, a step-3 folder that a
+    --keep removal left without its COMPLETE. A run with --keep 2 removes
+    them at start and says so; it keeps a committed checkpoint of a format it
+    does not read (a COMPLETE of version 9) and files that are not saves,
+    and --keep rotates only the complete ones."""
+    ck = tmp_path / "ck"
+    shutil.copytree(saved, ck)
+    shutil.copytree(saved / "step-00000004", ck / "step-00000005")
+    (ck / "step-00000005" / "COMPLETE").unlink()
+    (ck / "step-00000003").mkdir()
+    (ck / "step-00000003" / "checkpoint.json").write_text("{}")
+    (ck / "step-00000007.tmp-0000beef").mkdir()
+    shutil.copy(saved / "step-00000004" / "rank-00000.safetensors", ck / "step-00000007.tmp-0000beef")
+    (ck / "step-00000001").mkdir()
+    (ck / "step-00000001" / "COMPLETE").write_text("bmt-checkpoint 9 step 1\n")
+    (ck / "notes.txt").write_text("mine\n")
+    (ck / "step-later").mkdir()
+    r = torchrun(2, gpt2_run["sharded"], "--batches", gpt2_run["common"][1], "--steps", 8,
+                 "--checkpoint-dir", ck, "--checkpoint-every", 2, "--keep", 2,
+                 "--resume", "auto", "--log-file", tmp_path / "log.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {ck}/step-00000004 at step 4" in r.stdout, r.stdout
+    assert (f"bmt-run: note: removed 3 incomplete saves of an earlier run from {ck}: "
+            "step-00000003 step-00000005 step-00000007.tmp-0000beef") in r.stdout, r.stdout
+    assert sorted(p.name for p in ck.iterdir()) == [
+        "notes.txt", "step-00000001", "step-00000006", "step-00000008", "step-later"]
+    assert (ck / "step-00000001" / "COMPLETE").read_text() == "bmt-checkpoint 9 step 1\n"
+    for step in (6, 8):
+        assert (ck / f"step-{step:08d}" / "COMPLETE").read_text() == f"bmt-checkpoint 1 step {step}\n"
+    assert steps_logged(tmp_path / "log.jsonl") == [5, 6, 7, 8]
 
 
 def test_checkpoint_of_another_model_is_an_error(gpt2_run, saved, tmp_path):

@@ -415,3 +415,36 @@ def test_fortunes_corpus(tmp_path):
     tok = Tokenizer.from_file(f"{prefix}.tokenizer.json")
     val_docs = [tok.decode(s) for s in segments(val_ids, 0)]
     assert set(val_docs) <= set(reference)
+
+
+def test_ctrl_c_during_the_imports(tmp_path):
+    """SIGINT while the module's imports run (numpy's takes a while): exit
+    130 and one error line, no traceback. A numpy on PYTHONPATH that waits
+    inside its import holds the run there."""
+    import signal
+    import time
+    shim = tmp_path / "shim" / "numpy"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text(
+        "import os, time\n"
+        f"open({str(tmp_path / 'importing')!r}, 'w').close()\n"
+        "time.sleep(60)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path / "shim"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen(tool("bmt-prepare-data") + ["--input", str(tmp_path), "--train-bpe",
+                            "300", "--output", str(tmp_path / "out" / "p")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "importing").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (tmp_path / "importing").exists(), "the import did not start"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["error: stopped by SIGINT; no output written"], stderr
+    assert not (tmp_path / "out").exists()

@@ -499,6 +499,33 @@ def test_a_stopped_run_leaves_no_files_and_no_workers(signame, tok_dirs, tmp_pat
     assert not any(os.path.exists(f"/proc/{w}") for w in workers), "a worker outlived the run"
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_a_later_run_removes_the_temporary_files_of_a_killed_one(tok_dirs, tmp_path):
+    """SIGKILL of the main process halfway (no chance to clean up) leaves its
+    temporary files; the next run into the same prefix removes them with a
+    note once its own outputs are in place, and leaves other files alone
+    (another prefix's temporary file, names that are not its pattern)."""
+    import signal
+    proc, _, _, _, out = interrupted_run(
+        tok_dirs, tmp_path, lambda proc, workers: proc.send_signal(signal.SIGKILL))
+    assert proc.returncode == -signal.SIGKILL
+    left = sorted(os.listdir(out))
+    assert left and all(x.startswith(".p.") and x.endswith(".tmp") for x in left), left
+    others = [".q.train.bin.abcd1234.tmp", ".p.train.bin.tmp", "notes.txt"]
+    for name in others:
+        (out / name).write_text("not bmt-prepare-data's\n")
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(20)))
+    r = ok(run_tool("--input", tmp_path / "t.jsonl", "--tokenizer", tok_dirs[1] / "tokenizer.json",
+                    "--output", out / "p"))
+    assert sorted(os.listdir(out)) == sorted(others + ["p.train.bin", "p.train.docs.bin",
+                                                       "p.train.json", "p.val.bin",
+                                                       "p.val.docs.bin", "p.val.json"])
+    notes = [x for x in r.stderr.splitlines() if "temporary files" in x]
+    assert notes == [f"note: removed {len(left)} temporary files of an earlier run that was "
+                     f"killed: {', '.join(left)}"], r.stderr
+    assert all((out / name).read_text() == "not bmt-prepare-data's\n" for name in others)
+
+
 def test_rewriting_an_output_leaves_no_files_of_the_earlier_run(conversations, tok_dirs, tmp_path):
     """Supervised version 2 files, then plain text version 1 to the same
     prefix: the earlier run's documents and mask files are gone, not left
@@ -524,9 +551,18 @@ def test_val_fraction_zero_writes_only_train(tok_dirs, hf, tmp_path):
         ok(run_tool("--input", tmp_path / name, "--tokenizer", tok_dirs[1] / "tokenizer.json",
                     "--output", prefix, "--format-version", 2))
         assert os.path.exists(f"{prefix}.val.json")
-        ok(run_tool("--input", tmp_path / name, "--tokenizer", tok_dirs[1] / "tokenizer.json",
-                    "--output", prefix, "--format-version", 2, "--val-fraction", 0))
+        r = ok(run_tool("--input", tmp_path / name, "--tokenizer", tok_dirs[1] / "tokenizer.json",
+                        "--output", prefix, "--format-version", 2, "--val-fraction", 0))
         assert not any(os.path.exists(f"{prefix}.val{ext}") for ext in (".bin", ".json", ".docs.bin"))
+        # Not silently: one note names what was removed.
+        base = os.path.basename(prefix)
+        assert [x for x in r.stderr.splitlines() if x.startswith("note:")] == [
+            f"note: removed the val split of an earlier run ({base}.val.bin, {base}.val.docs.bin, "
+            f"{base}.val.json): --val-fraction 0 writes none"], r.stderr
+        # Again: nothing to remove, no note.
+        r = ok(run_tool("--input", tmp_path / name, "--tokenizer", tok_dirs[1] / "tokenizer.json",
+                        "--output", prefix, "--format-version", 2, "--val-fraction", 0))
+        assert "note:" not in r.stderr, r.stderr
         _, train_docs, _ = read_v2(prefix, "train")
         assert sorted(train_docs) == sorted(text_reference(hf, t) for t in docs)
 

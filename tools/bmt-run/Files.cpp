@@ -2,7 +2,9 @@
 
 #include "Run.h"
 
-#include <torch/csrc/jit/serialization/pickle.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -44,7 +46,27 @@ std::vector<char> readFile(const std::string &path) {
 
 /// Writes `value` (torch.save format) to `path` atomically.
 void saveIValue(const std::string &path, const c10::IValue &value) {
-  std::vector<char> bytes = torch::jit::pickle_save(value);
+  // torch::jit::pickle_save's container, but the pickle without the type
+  // tags of dicts and lists (torch.jit._pickle.restore_type_tag), which
+  // torch.load's default weights_only=True refuses: a dict of tensors then
+  // loads as a plain dict with torch.load(path).
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler(
+      [&](const char *data, size_t size) { pickled.insert(pickled.end(), data, data + size); },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> bytes;
+  caffe2::serialize::PyTorchStreamWriter container([&](const void *data, size_t size) {
+    const char *begin = static_cast<const char *>(data);
+    bytes.insert(bytes.end(), begin, begin + size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
+                                     container);
+  container.writeEndOfFile();
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary);

@@ -334,7 +334,8 @@ const std::vector<Option> &optionTable() {
       {"--dump", "INPUTS OUT", "output",
        "debugging: run forward and backward on the batch in INPUTS\n"
        "(torch.save of {\"input_ids\", \"attention_mask\", \"labels\"}, optionally\n"
-       "\"position_ids\") and save logits, loss and gradients to OUT",
+       "\"position_ids\") and save logits, loss and gradients to OUT: a\n"
+       "plain dict of tensors, read by torch.load(OUT) (weights_only=True)",
        [](RunOptions &o, auto &, const Values &v) {
          o.dumpInputs = v[0];
          o.dumpOutput = v[1];

@@ -352,8 +352,12 @@ std::vector<std::string> changedSettings(const runtime::ResumeReport &r, const t
   return out;
 }
 
+/// Rank 0 prints where the run resumed from, the bytes each rank read and
+/// `changes` (changedSettings); with `steps` at or below the checkpoint's
+/// step only that nothing is left to train (the resume's lines would say
+/// training goes on). Collective: every rank calls it.
 void printResume(const runtime::ResumeReport &r, const std::string &folder,
-                 const std::vector<std::string> &changes, runtime::Comm &world) {
+                 const std::vector<std::string> &changes, int64_t steps, runtime::Comm &world) {
   at::Tensor mine = at::full({1}, r.bytesRead, at::TensorOptions().dtype(at::kLong))
                         .to(world.device());
   at::Tensor all = at::empty({world.size()}, mine.options());
@@ -361,6 +365,11 @@ void printResume(const runtime::ResumeReport &r, const std::string &folder,
   all = all.cpu();
   if (world.rank() != 0)
     return;
+  if (r.progress.step >= steps) {
+    std::cout << "bmt-run: note: the checkpoint is at step " << r.progress.step << ", --steps is "
+              << steps << ": nothing to train (a larger --steps goes on)\n";
+    return;
+  }
   std::cout << "bmt-run: resumed from " << folder << " at step " << r.progress.step
             << " (saved by " << r.savedWorldSize << (r.savedWorldSize == 1 ? " rank" : " ranks")
             << (r.savedTensorParallel > 1
@@ -677,12 +686,8 @@ int run(const tools::RunOptions &o) {
   if (!resumeFrom.empty() && !o.evalOnly) {
     runtime::ResumeReport report = trainer.resume(resumeFrom);
     printResume(report, resumeFrom,
-                changedSettings(report, o, config.schedule, sequencesPerStep),
+                changedSettings(report, o, config.schedule, sequencesPerStep), o.train.steps,
                 model.world()); // collective
-    if (report.progress.step >= o.train.steps && model.world().rank() == 0)
-      std::cout << "bmt-run: note: the checkpoint is at step " << report.progress.step
-                << ", --steps is " << o.train.steps
-                << ": nothing to train (a larger --steps goes on)\n";
   }
 
   if (o.evalOnly) {

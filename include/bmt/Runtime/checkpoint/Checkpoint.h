@@ -113,7 +113,9 @@ struct CheckpointResult {
 class CheckpointSaver {
 public:
   /// Creates options.dir if needed and checks that it can be written; on
-  /// rank 0 removes the folders of saves that died (".tmp-" ones).
+  /// rank 0 removes the folders of saves that died in earlier runs (their
+  /// "step-N.tmp-<run>" folders, and "step-N" folders without a COMPLETE
+  /// file; never one with a COMPLETE file).
   /// Collective (the ranks agree on the run's save folder names). Throws
   /// CheckpointError naming the folder.
   CheckpointSaver(Model &model, Optimizer &optimizer, const LossScaler *scaler,
@@ -126,6 +128,9 @@ public:
   /// Bytes of the host buffers a save copies into (allocated, pinned on
   /// CUDA, by the constructor).
   int64_t hostBytes() const;
+  /// The folders (names in options.dir) the constructor removed; rank 0
+  /// only, empty on the other ranks.
+  const std::vector<std::string> &removedDeadSaves() const;
   /// Whether the run saves after `step`.
   bool due(int64_t step) const;
   /// Snapshots the state after `progress.step` (call after the step was

@@ -163,7 +163,8 @@ public:
   ResumeReport resume(const std::string &folder);
 
   /// Trains steps (the resumed step + 1) .. config.steps on micro-batches
-  /// of `source`.
+  /// of `source` (none when resumed at or past config.steps: then no
+  /// checkpoint is saved either).
   void train(MicroBatchSource &source, const TokenFile *evalData, int64_t seqLen,
              int64_t microBatch);
 
