@@ -139,7 +139,8 @@ TEST(AtenRegistry, KindsHaveNames) {
 
 // Every op a fused region may hold (FusibleOps.def, shared by
 // bmt-fuse-elementwise and the runtime's code generator) is in the registry,
-// pointwise or a reduction over named dims (or the to.dtype copy), and
+// pointwise or a reduction over named dims (or the to.dtype copy, or
+// layer_norm over its normalized_shape), and
 // neither in-place nor random.
 TEST(AtenRegistry, FusibleOpsAreRegisteredAndPure) {
   std::vector<std::pair<std::string, std::string>> ops = {
@@ -155,6 +156,10 @@ TEST(AtenRegistry, FusibleOpsAreRegisteredAndPure) {
     if (kind == "Mean" || kind == "Sum") {
       EXPECT_EQ(info->kind, bmt::AtenOpKind::Reduction) << name;
       EXPECT_EQ(info->reducedDimsArg, info->argIndex("dim")) << name;
+    } else if (kind == "LayerNorm") {
+      // Reduces over the trailing dims its normalized_shape names.
+      EXPECT_EQ(info->kind, bmt::AtenOpKind::Reduction) << name;
+      EXPECT_EQ(info->reducedDimsArg, info->argIndex("normalized_shape")) << name;
     } else if (kind == "Cast") {
       EXPECT_EQ(info->kind, bmt::AtenOpKind::Copy) << name;
     } else {
