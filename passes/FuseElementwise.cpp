@@ -41,7 +41,8 @@ const llvm::StringMap<Role> &fusibleOps() {
   m[NAME] = std::string_view(#KIND) == "Cast"                                               \
                 ? Role::Cast                                                                \
                 : (std::string_view(#KIND) == "Mean" || std::string_view(#KIND) == "Sum" || \
-                   std::string_view(#KIND) == "LayerNorm")                                  \
+                   std::string_view(#KIND) == "LayerNorm" ||                                \
+                   std::string_view(#KIND) == "Softmax")                                    \
                       ? Role::Reduction                                                     \
                       : Role::Pointwise;
 #include "bmt/Runtime/fusion/FusibleOps.def"
@@ -104,6 +105,13 @@ std::optional<Role> roleOf(Operation *op) {
                  ? std::optional<Role>(role)
                  : std::nullopt;
     }
+    if (name == "aten::softmax.int") {
+      // softmax(self, dim=-1, dtype=None or a floating dtype)
+      return args.size() == 3 && args[0].isOperand() && args[1].getInt() == -1 &&
+                     (args[2].isNone() || (args[2].getInt() && isFloatingDtypeCode(*args[2].getInt())))
+                 ? std::optional<Role>(role)
+                 : std::nullopt;
+    }
     // mean.dim / sum.dim_IntList(self, dim=[-1], keepdim=true, dtype=None)
     std::optional<SmallVector<int64_t>> dims = args[1].getInts();
     bool lastDim = dims && dims->size() == 1 && (*dims)[0] == -1;
@@ -135,6 +143,13 @@ std::optional<Role> roleOf(Operation *op) {
 bool isLayerNorm(Operation *op) {
   auto aten = dyn_cast<bmt::AtenOp>(op);
   return aten && aten.getName() == "aten::layer_norm";
+}
+
+/// softmax ends a region, never grows into one as a producer: its input
+/// must have the region's shape (the runtime reduces over that last dim).
+bool isSoftmax(Operation *op) {
+  auto aten = dyn_cast<bmt::AtenOp>(op);
+  return aten && aten.getName() == "aten::softmax.int";
 }
 
 /// A 0-dim numeric bmt.constant: a number inside the region (cloned into it).
@@ -375,7 +390,8 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
             changed = true;
             continue;
           }
-          if (*role == Role::Reduction && (region.reductions > 0 || region.rotateHalves > 0))
+          if (*role == Role::Reduction &&
+              (region.reductions > 0 || region.rotateHalves > 0 || isSoftmax(producer)))
             continue;
           region.ops.insert(producer);
           region.reductions += *role == Role::Reduction ? 1 : 0;

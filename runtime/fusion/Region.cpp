@@ -107,6 +107,7 @@ std::vector<bool> Graph::rowValued() const {
     const Node &n = nodes[i];
     switch (n.op) {
     case Op::RowSum:
+    case Op::RowMax:
     case Op::Const:
     case Op::RowLen:
       row[i] = true;
@@ -210,7 +211,9 @@ std::vector<int> differentiate(Graph &g, int result, int numInputs) {
     const Node node = g.nodes[n]; // copy: g.nodes grows below
     auto give = [&](int arg, int contribution) {
       Op k = g.nodes[arg].op;
-      if (k == Op::Const || k == Op::RowLen)
+      // RowMax is softmax's shift, which the value does not depend on: a
+      // constant for the derivative (its contributions would cancel).
+      if (k == Op::Const || k == Op::RowLen || k == Op::RowMax)
         return;
       (row[n] ? fromRow : fromElement)[arg].push_back(contribution);
     };
@@ -322,6 +325,8 @@ std::vector<int> differentiate(Graph &g, int result, int numInputs) {
       break;
     case Op::RowSum: // broadcast back over the row
       fromElement[a].push_back(A);
+      break;
+    case Op::RowMax: // never reached: nothing contributes to its adjoint
       break;
     }
   }
@@ -624,6 +629,31 @@ Region buildRegion(const plan::Function &body) {
         out = g.binary(Op::Mul, out, node(2));
       if (optional(3))
         out = g.binary(Op::Add, out, node(3));
+    } else if (k == "Softmax") {
+      // softmax(x, -1, dtype) = e / rowsum(e), e = exp(x - rowmax(x)), x
+      // first cast to dtype when one is given. Only as the region's result,
+      // so that x has the element shape (its last dim is the row).
+      if (region.hasReduction)
+        throw FusionError(where + ": a region holds at most one reduction");
+      region.hasReduction = true;
+      if (inst.results.size() != 1 || body.returns.size() != 1 || inst.results[0] != body.returns[0])
+        throw FusionError(where + ": softmax must be the region's result");
+      if (number(1) != -1)
+        throw FusionError(where + ": only a softmax over dim -1 is fusible");
+      int x = node(0);
+      if (!isNone(inst.args.at(2))) {
+        auto dtype = static_cast<c10::ScalarType>(static_cast<int64_t>(number(2)));
+        if (dtype != c10::ScalarType::Float && dtype != c10::ScalarType::BFloat16 &&
+            dtype != c10::ScalarType::Half)
+          throw FusionError(where + ": softmax's dtype must be float32, bfloat16 or float16");
+        Node c;
+        c.op = Op::Cast;
+        c.args = {x};
+        c.dtype = dtype;
+        x = g.add(c);
+      }
+      const int e = g.unary(Op::Exp, g.binary(Op::Sub, x, g.unary(Op::RowMax, x)));
+      out = g.binary(Op::Div, e, g.unary(Op::RowSum, e));
     } else if (k == "Mean" || k == "Sum") {
       if (region.hasReduction)
         throw FusionError(where + ": a region holds at most one reduction");
@@ -808,6 +838,11 @@ std::vector<at::Tensor> evaluateAll(const Graph &g, const std::vector<int> &outs
       v[i] = arg(0).expand(shape).sum(-1, /*keepdim=*/true);
       break;
     }
+    case Op::RowMax:
+      if (shape.empty())
+        throw FusionError("fused region: a reduction over the last dim of a 0-dim tensor");
+      v[i] = arg(0).expand(shape).amax(-1, /*keepdim=*/true);
+      break;
     }
   }
   std::vector<at::Tensor> out;
