@@ -145,8 +145,9 @@ bool isLayerNorm(Operation *op) {
   return aten && aten.getName() == "aten::layer_norm";
 }
 
-/// softmax ends a region, never grows into one as a producer: its input
-/// must have the region's shape (the runtime reduces over that last dim).
+/// softmax ends a region, never grows into one as a producer (its input must
+/// have the region's shape: the runtime reduces over that last dim) but for
+/// a region of one cast of it (softmax in float32, then `.to(q.dtype)`).
 bool isSoftmax(Operation *op) {
   auto aten = dyn_cast<bmt::AtenOp>(op);
   return aten && aten.getName() == "aten::softmax.int";
@@ -390,8 +391,9 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
             changed = true;
             continue;
           }
-          if (*role == Role::Reduction &&
-              (region.reductions > 0 || region.rotateHalves > 0 || isSoftmax(producer)))
+          if (*role == Role::Reduction && (region.reductions > 0 || region.rotateHalves > 0))
+            continue;
+          if (isSoftmax(producer) && !(region.ops.size() == 1 && roleOf(root) == Role::Cast))
             continue;
           region.ops.insert(producer);
           region.reductions += *role == Role::Reduction ? 1 : 0;

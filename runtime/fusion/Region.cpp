@@ -513,6 +513,7 @@ Region buildRegion(const plan::Function &body) {
   for (size_t i = 0; i < body.params.size(); ++i)
     nodeOf[body.params[i]] = g.input(static_cast<int>(i));
   HalfReader halves(g, nodeOf);
+  int softmax = -1; // its value's node
   for (const plan::Instruction &inst : body.body) {
     std::string where = (inst.op.empty() ? "instruction" : inst.op) + " in " + body.name;
     if (inst.kind == plan::Instruction::Kind::Constant) {
@@ -631,13 +632,12 @@ Region buildRegion(const plan::Function &body) {
         out = g.binary(Op::Add, out, node(3));
     } else if (k == "Softmax") {
       // softmax(x, -1, dtype) = e / rowsum(e), e = exp(x - rowmax(x)), x
-      // first cast to dtype when one is given. Only as the region's result,
-      // so that x has the element shape (its last dim is the row).
+      // first cast to dtype when one is given. Only as the region's result
+      // or a cast of it (checked below), so that x has the element shape
+      // (its last dim is the row).
       if (region.hasReduction)
         throw FusionError(where + ": a region holds at most one reduction");
       region.hasReduction = true;
-      if (inst.results.size() != 1 || body.returns.size() != 1 || inst.results[0] != body.returns[0])
-        throw FusionError(where + ": softmax must be the region's result");
       if (number(1) != -1)
         throw FusionError(where + ": only a softmax over dim -1 is fusible");
       int x = node(0);
@@ -654,6 +654,7 @@ Region buildRegion(const plan::Function &body) {
       }
       const int e = g.unary(Op::Exp, g.binary(Op::Sub, x, g.unary(Op::RowMax, x)));
       out = g.binary(Op::Div, e, g.unary(Op::RowSum, e));
+      softmax = out;
     } else if (k == "Mean" || k == "Sum") {
       if (region.hasReduction)
         throw FusionError(where + ": a region holds at most one reduction");
@@ -693,6 +694,9 @@ Region buildRegion(const plan::Function &body) {
   if (region.hasReduction && !region.halves.empty())
     throw FusionError(body.name + ": rotate_half in a region with a reduction");
   region.result = nodeOf[body.returns[0]];
+  const Node &last = g.nodes[region.result];
+  if (softmax >= 0 && region.result != softmax && !(last.op == Op::Cast && last.args[0] == softmax))
+    throw FusionError(body.name + ": softmax must be the region's result, or cast to it");
   region.backward = region.forward;
   region.gradients = differentiate(region.backward, region.result, region.numInputs);
   return region;

@@ -434,6 +434,14 @@ TEST(Fusion, Softmax) {
     check(b.done(b.aten("aten::softmax.int", {R(s), C(int64_t{-1}), toDtype(6)})), {bf16}, 1e-2,
           "softmax_dtype_float");
   }
+  // LLaMA's eager attention: softmax in float32, then cast to q's dtype.
+  {
+    Body b;
+    int64_t s = b.param();
+    int64_t p = b.aten("aten::softmax.int", {R(s), C(int64_t{-1}), toDtype(6)});
+    check(b.done(b.aten("aten::to.dtype", {R(p), toDtype(15), C(false), C(false), C(c10::IValue())})), {bf16},
+          1e-2, "softmax_then_cast");
+  }
   // All bf16: eager rounds x / 2 + mask to bf16 (up to 2^-9 x 8 at |x| <= 8)
   // and moves p by up to twice that times p; the fused region keeps fp32 and
   // rounds once, as ATen's softmax kernel does.
