@@ -549,6 +549,18 @@ Region buildRegion(const plan::Function &body) {
         throw FusionError(where + ": argument " + std::to_string(i) + " must be a constant");
       return numberOf(a.constant, where);
     };
+    // A Cast node of `a` to the dtype of c10::ScalarType code `code`.
+    auto cast = [&](int a, double code) {
+      auto dtype = static_cast<c10::ScalarType>(static_cast<int64_t>(code));
+      if (dtype != c10::ScalarType::Float && dtype != c10::ScalarType::BFloat16 &&
+          dtype != c10::ScalarType::Half)
+        throw FusionError(where + ": casts only to float32, bfloat16 or float16");
+      Node c;
+      c.op = Op::Cast;
+      c.args = {a};
+      c.dtype = dtype;
+      return g.add(c);
+    };
     const std::string &k = kind->second;
     int out;
     if (k == "Add" || k == "Sub" || k == "Rsub") {
@@ -582,16 +594,7 @@ Region buildRegion(const plan::Function &body) {
         throw FusionError(where + ": approximate must be \"none\" or \"tanh\"");
       out = g.unary(approximate == "tanh" ? Op::GeluTanh : Op::GeluErf, node(0));
     } else if (k == "Cast") {
-      int64_t code = static_cast<int64_t>(number(1));
-      auto dtype = static_cast<c10::ScalarType>(code);
-      if (dtype != c10::ScalarType::Float && dtype != c10::ScalarType::BFloat16 &&
-          dtype != c10::ScalarType::Half)
-        throw FusionError(where + ": casts only to float32, bfloat16 or float16");
-      Node c;
-      c.op = Op::Cast;
-      c.args = {node(0)};
-      c.dtype = dtype;
-      out = g.add(c);
+      out = cast(node(0), number(1));
     } else if (k == "LayerNorm") {
       // layer_norm(x, [D], w, b, eps) over the last dim, in float:
       // (x - mean) * rsqrt(var + eps) * w + b, var the mean of the squared
@@ -640,18 +643,7 @@ Region buildRegion(const plan::Function &body) {
       region.hasReduction = true;
       if (number(1) != -1)
         throw FusionError(where + ": only a softmax over dim -1 is fusible");
-      int x = node(0);
-      if (!isNone(inst.args.at(2))) {
-        auto dtype = static_cast<c10::ScalarType>(static_cast<int64_t>(number(2)));
-        if (dtype != c10::ScalarType::Float && dtype != c10::ScalarType::BFloat16 &&
-            dtype != c10::ScalarType::Half)
-          throw FusionError(where + ": softmax's dtype must be float32, bfloat16 or float16");
-        Node c;
-        c.op = Op::Cast;
-        c.args = {x};
-        c.dtype = dtype;
-        x = g.add(c);
-      }
+      const int x = isNone(inst.args.at(2)) ? node(0) : cast(node(0), number(2));
       const int e = g.unary(Op::Exp, g.binary(Op::Sub, x, g.unary(Op::RowMax, x)));
       out = g.binary(Op::Div, e, g.unary(Op::RowSum, e));
       softmax = out;
