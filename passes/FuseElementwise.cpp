@@ -2,7 +2,8 @@
 //
 // Groups maximal regions of pointwise ATen ops (with broadcasting and dtype
 // casts) and at most one reduction over the last dimension (RMSNorm's mean,
-// a sum, layer_norm) into `bmt.fused` ops whose body holds the original ops; the runtime
+// a sum, layer_norm, a softmax that ends the region) into `bmt.fused` ops
+// whose body holds the original ops; the runtime
 // runs each region as one generated kernel forward and one backward
 // (include/bmt/Runtime/fusion/Region.h). The ops a region may hold are
 // those of include/bmt/Runtime/fusion/FusibleOps.def that the operator
