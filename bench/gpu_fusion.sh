@@ -8,11 +8,14 @@
 #
 # usage (on the GPU machine, in a checkout): bash bench/gpu_fusion.sh PLANS OUT
 #   PLANS: tiny-fused/NAME.sharded.pt, tiny-plain/NAME.sharded.pt (fixtures
-#          compiled with and without --bmt-default-pipeline='fuse-elementwise=true'),
-#          optionally tiny-{fused,plain}-bf16/ (the same from bench/make_bf16_fixtures.py),
-#          llama-{on,off}-{plain,fused,inline,gqa}.sharded.pt (--random-init;
-#          inline: also fuse-inline-calls=true; gqa: fused with
-#          grouped-query-attention=true)
+#          compiled by the default pipeline, which fuses, and with
+#          bmt-opt --fuse-elementwise=false), optionally tiny-{fused,plain}-bf16/ (the
+#          same from bench/make_bf16_fixtures.py),
+#          llama-{on,off}-{plain,fused,inline,gqa}.sharded.pt (--random-init,
+#          --checkpoint all (on) or none (off); plain: --fuse-elementwise=false;
+#          fused: the default pipeline's fusion; inline: the same with
+#          fuse-inline-calls=true said explicitly (now its default);
+#          gqa: fused with --grouped-query-attention)
 # env: VARIANTS (default "off-plain off-fused on-plain on-fused"; empty: none), SKIP_PARITY=1,
 #      GTEST_SOURCE=<googletest folder>: also build bmt-runtime-unit-tests and
 #      run its FusionCuda.* tests (the generated kernels against ATen on the GPU)

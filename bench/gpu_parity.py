@@ -5,7 +5,9 @@ usage: gpu_parity.py BMT_RUN DIR NAME...
 
 For each NAME (a model of test/fixtures/make_fixtures.py), DIR/NAME.sharded.pt
 must have been compiled (bmt-opt) from that fixture (seed 0): the GPU machine
-has no MLIR, so the archives are compiled elsewhere and carried. Runs
+has no MLIR, so the archives are compiled elsewhere and carried. The default
+pipeline fuses elementwise regions; `bmt-opt --fuse-elementwise=false` makes
+the plain plans (bench/gpu_fusion.sh checks both). Runs
 `bmt-run --dump --device cuda` on a batch of 3 x 12 tokens and prints the max
 abs difference of logits, loss and every parameter gradient against the eager
 transformers model on CUDA. Exit status 1 if any exceeds --tol.

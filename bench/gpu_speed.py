@@ -2,7 +2,7 @@
 """GPU training speed: bmt-run against eager PyTorch, FSDP2 and FSDP2 +
 torch.compile on the same machine (issue 5's benchmark).
 
-usage: python3 bench/gpu_speed.py [--build] [--bmt-opt BIN] [--archives DIR]
+usage: python3 bench/gpu_speed.py [--build] [--bmt-opt BIN] [--archives DIR] [--plain]
            [--only bmt eager fsdp2 fsdp2-compile] [--recompute on off]
            [--steps 20] [--warmup 5] [--out DIR] [--layers 24 --hidden 2048 ...]
 
@@ -16,9 +16,11 @@ AdamW (fused), gradient clipping at 1.0, one GPU.
 2. The model is traced here (bench/make_gpt2_1p3b.py, bf16, no weights) and
    compiled by bmt-opt (--bmt-opt, else bmt-opt on PATH or in build/bin)
    twice: every block recomputed (--checkpoint all) and none
-   (--checkpoint none), ZeRO-3, --random-init. Where no bmt-opt runs (a GPU
-   machine without a portable bmt-opt), --archives DIR names a folder with
-   the two plans this script writes elsewhere (gpt2-1p3b-recompute-{on,off}.sharded.pt).
+   (--checkpoint none), ZeRO-3, --random-init, with the default pipeline's
+   elementwise fusion (--plain: --fuse-elementwise=false, plans of plain
+   ATen ops). Where no bmt-opt runs (a GPU machine without a portable
+   bmt-opt), --archives DIR names a folder with the two plans this script
+   writes elsewhere (gpt2-1p3b-recompute-{on,off}[-plain].sharded.pt).
 3. Each configuration runs in its own process: bmt-run on random tokens
    (--steps + 3 steps: the last 3 are profiled with --profile), and the
    references, each as `python3 bench/gpu_speed.py --reference NAME`:
@@ -161,7 +163,9 @@ def build_runtime():
 
 
 def make_archives(args, out):
-    archives = {r: os.path.join(out, f"gpt2-1p3b-recompute-{r}.sharded.pt") for r in ("on", "off")}
+    plain = "-plain" if args.plain else ""
+    archives = {r: os.path.join(out, f"gpt2-1p3b-recompute-{r}{plain}.sharded.pt")
+                for r in ("on", "off")}
     bmt_opt = find_binary("bmt-opt", args.bmt_opt)
     if args.archives or not bmt_opt:
         if not args.archives:
@@ -180,7 +184,9 @@ def make_archives(args, out):
     for r, path in archives.items():
         subprocess.run([bmt_opt, traced, "-o", path, "--random-init", "--world-size", "1",
                         "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ),
-                        "--checkpoint", "all" if r == "on" else "none"], check=True, env=env)
+                        "--checkpoint", "all" if r == "on" else "none",
+                        f"--fuse-elementwise={'false' if args.plain else 'true'}"],
+                       check=True, env=env)
     return archives
 
 
@@ -249,6 +255,8 @@ def main():
     ap.add_argument("--build", action="store_true", help="build bmt-run into build-gpu/ first")
     ap.add_argument("--bmt-opt", help="the compiler (default: build/bin/bmt-opt or PATH)")
     ap.add_argument("--archives", help="folder with plans made elsewhere by this script")
+    ap.add_argument("--plain", action="store_true",
+                    help="bmt's plans without the elementwise fusion (--fuse-elementwise=false)")
     ap.add_argument("--out", default="/tmp/bmt-gpu-speed", help="work folder")
     ap.add_argument("--only", nargs="+", default=["bmt", "eager", "fsdp2", "fsdp2-compile"],
                     choices=["bmt", "eager", "fsdp2", "fsdp2-compile"])

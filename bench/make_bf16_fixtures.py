@@ -4,7 +4,10 @@ Each NAME (gpt2, llama, bert, t5, ...) is built as make_fixtures builds it
 (seed 0), converted to bfloat16 and traced with the same example inputs,
 so that bench/gpu_parity.py --dtype bfloat16 can compare bmt-run's bf16
 plan with the same model in eager PyTorch. Compile the traces with bmt-opt
-(the GPU machine has no MLIR) and carry them.
+(the GPU machine has no MLIR) and carry them: `bmt-opt NAME.pt -o
+NAME.sharded.pt` for the fused plans (the default pipeline fuses), with
+`--fuse-elementwise=false` for the plain ones (bench/gpu_fusion.sh's
+tiny-fused-bf16/ and tiny-plain-bf16/).
 
 usage: python3 bench/make_bf16_fixtures.py OUT_DIR NAME...
 """

@@ -2,7 +2,8 @@
 //
 // What `bmt-opt model.pt -o sharded.pt` runs when no pass is named, and
 // `--bmt-default-pipeline` runs on request: causal-attention, fuse-gelu,
-// find-blocks, tensor-parallel (with tensor-parallel > 1), zero, checkpoint, overlap, summary. Its options are checked
+// fuse-elementwise (unless fuse-elementwise=false), find-blocks,
+// tensor-parallel (with tensor-parallel > 1), zero, checkpoint, overlap, summary. Its options are checked
 // here, for the top-level flags and the named pipeline alike. See
 // docs/passes.md.
 //
@@ -170,8 +171,8 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
 void bmt::registerDefaultPipeline() {
   registerPassPipeline(
       "bmt-default-pipeline",
-      "bmt's default pipeline: causal-attention, fuse-gelu, find-blocks, zero, checkpoint, "
-      "overlap, then the plan summary "
+      "bmt's default pipeline: causal-attention, fuse-gelu, fuse-elementwise, find-blocks, "
+      "zero, checkpoint, overlap, then the plan summary "
       "(what `bmt-opt model.pt -o sharded.pt` runs without pass flags)",
       [](OpPassManager &pm, llvm::StringRef text,
          llvm::function_ref<LogicalResult(const llvm::Twine &)> errorHandler) {

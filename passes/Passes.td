@@ -139,15 +139,20 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
     at most one reduction. The region becomes one `bmt.fused` op whose body
     holds the ops (and clones of the scalar constants they read); its kind
     is "row" when it holds the reduction, else "pointwise". Regions of one
-    op are left alone.
+    op are left alone, except `layer_norm`, which is a "row" region even
+    alone.
 
     The ops a region may hold are those of
     include/bmt/Runtime/fusion/FusibleOps.def (add, sub, rsub, mul, div,
     pow by a constant, neg, sqrt, rsqrt, exp, log, tanh, sigmoid, relu,
-    silu, erf, cos, sin, gelu, `to.dtype` to a floating dtype, and
-    `mean.dim` / `sum.dim_IntList` over `[-1]` with keepdim) that the
-    operator registry flags neither in-place nor random, with every
-    non-tensor argument a constant. Anything else stops a region: in-place
+    silu, erf, cos, sin, gelu, `to.dtype` to a floating dtype,
+    `mean.dim` / `sum.dim_IntList` over `[-1]` with keepdim, and
+    `layer_norm` over the last dim: one constant length, checked per call by
+    the runtime; it is the region's reduction, and `softmax.int` over dim -1,
+    which only ends a region: it is its root, or a cast of it is) that the
+    operator registry
+    flags neither in-place nor random, with every non-tensor argument a
+    constant. Anything else stops a region: in-place
     ops, views, matmuls, a reduction over another dim, an op whose result
     is also used outside the region (it becomes an input).
 
@@ -163,10 +168,12 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
     With `inline-calls`, calls of private parameter-free functions whose
     body is fusible non-reduction ops only (an activation submodule such as
     LLaMA's SiLU `act_fn`) are inlined first, so that their ops can join the
-    caller's region (SwiGLU's `silu(gate) * up`); off by default until the
-    pointwise kernel it then makes is as fast as ATen's (bench/RESULTS.md).
+    caller's region (SwiGLU's `silu(gate) * up`); off in the pass by
+    default, on in the default pipeline (`fuse-inline-calls`).
 
-    A pipeline option of the default pipeline (`fuse-elementwise`, off).
+    Runs in the default pipeline (its option `fuse-elementwise`, on;
+    `fuse-elementwise=false` or bmt-opt `--fuse-elementwise=false` for a
+    plan of plain ATen ops).
     Emits one remark: ops, regions (how many with a reduction, how many
     rotate_half they hold), the first and last function that has one, and
     the calls inlined.

@@ -408,6 +408,9 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
             callArgs.push_back(regs[a.reg]);
           regs[inst.results[0]] = call(inst.target, std::move(callArgs)).at(0);
         }
+        // Checked and hooked as one operator (Inspect's non-finite replay).
+        if (observer_ && observer_->checkInstructions)
+          observer_->instructionDone(index, n, regs);
         break;
       }
       case plan::Instruction::Kind::Call: {

@@ -35,6 +35,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -462,7 +463,9 @@ struct NonFiniteFinder : ExecutorObserver {
 
   void hook(size_t function, size_t index, const plan::Instruction &inst,
             const std::vector<IValue> &regs) {
-    if (inst.kind != plan::Instruction::Kind::Aten)
+    // A fused region is one autograd node (fusion::FusedRegion), hooked as
+    // an operator is.
+    if (inst.kind != plan::Instruction::Kind::Aten && inst.kind != plan::Instruction::Kind::Fused)
       return;
     for (int64_t r : inst.results) {
       if (!regs[r].isTensor() || !regs[r].toTensor().defined())
@@ -525,8 +528,20 @@ Finding firstOverRanks(const Finding &mine, Comm &world) {
 std::string describeInstruction(const plan::Plan &plan, int64_t function, int64_t index) {
   const plan::Function &f = plan.functions.at(function);
   const plan::Instruction &inst = f.body.at(index);
-  return (inst.op.empty() ? std::string("an instruction") : inst.op) + " in " + f.name +
-         (inst.location.empty() ? "" : " (" + inst.location + ")");
+  std::string what = inst.op.empty() ? std::string("an instruction") : inst.op;
+  if (inst.kind == plan::Instruction::Kind::Fused) {
+    // "the fused pointwise region of aten::sqrt, aten::mul.Tensor, ...": the
+    // operators of its body, each once, in order.
+    std::vector<std::string> ops;
+    for (const plan::Instruction &op : plan.functions.at(inst.target).body)
+      if (op.kind == plan::Instruction::Kind::Aten &&
+          std::find(ops.begin(), ops.end(), op.op) == ops.end())
+        ops.push_back(op.op);
+    what = "the fused " + inst.op + " region of ";
+    for (size_t i = 0; i < ops.size(); ++i)
+      what += (i ? ", " : "") + ops[i];
+  }
+  return what + " in " + f.name + (inst.location.empty() ? "" : " (" + inst.location + ")");
 }
 
 /// The first operator that reads register `reg` of `function` after
@@ -539,7 +554,7 @@ std::optional<std::pair<int64_t, int64_t>> firstUser(const plan::Plan &plan, int
     for (size_t a = 0; a < inst.args.size(); ++a) {
       if (!usesRegister(inst.args[a], reg))
         continue;
-      if (inst.kind == plan::Instruction::Kind::Aten)
+      if (inst.kind == plan::Instruction::Kind::Aten || inst.kind == plan::Instruction::Kind::Fused)
         return std::make_pair(function, static_cast<int64_t>(n));
       if (inst.kind == plan::Instruction::Kind::Call && depth < 8 &&
           inst.args[a].kind == plan::Arg::Kind::Register) {

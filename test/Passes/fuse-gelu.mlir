@@ -10,7 +10,9 @@
 // RUN: bmt-opt %fixtures/gpt2.pt2 --bmt-fuse-gelu --bmt-find-blocks -o /dev/null 2>&1 | FileCheck %s --check-prefix=BLOCKS
 // RUN: bmt-opt %fixtures/gpt2.pt --bmt-default-pipeline -o /dev/null 2>&1 | FileCheck %s --check-prefixes=PIPELINE,PIPELINE-PT
 // RUN: bmt-opt %fixtures/gpt2.pt2 --bmt-default-pipeline -o /dev/null 2>&1 | FileCheck %s --check-prefix=PIPELINE
-// RUN: bmt-opt %fixtures/gpt2.pt --bmt-default-pipeline='fuse-gelu=false' -o /dev/null 2>&1 | FileCheck %s --check-prefix=NOFUSE
+// RUN: bmt-opt %fixtures/gpt2.pt --bmt-default-pipeline='fuse-gelu=false fuse-elementwise=false' -o /dev/null 2>&1 | FileCheck %s --check-prefix=NOFUSE
+// Without fuse-gelu the written-out GELU's pointwise ops make regions of their own.
+// RUN: bmt-opt %fixtures/gpt2.pt --bmt-default-pipeline='fuse-gelu=false' -o /dev/null 2>&1 | FileCheck %s --check-prefix=NOFUSE-REGIONS
 
 // GPT2-LABEL: func.func private @transformer.h.0.mlp.act.forward(
 // GPT2-NEXT:    %[[G:.*]] = bmt.aten "aten::gelu"(%arg0, "tanh") : (!bmt.tensor) -> !bmt.tensor
@@ -24,13 +26,18 @@
 // BLOCKS-NEXT: remark: {{.*}}bmt-find-blocks: 2 blocks in transformer.h (transformer.h.0 ... transformer.h.1), rule: identical structure
 
 // PIPELINE:      remark: bmt-fuse-gelu: 2 GELUs fused into aten::gelu (2 approximate="tanh", 0 exact) in 2 functions (transformer.h.0.mlp.act.forward ... transformer.h.1.mlp.act.forward)
+// PIPELINE-NEXT: remark: bmt-fuse-elementwise: 13 ops in 7 regions (7 with a last-dim reduction) in 7 functions (transformer.h.0.ln_1.forward ... transformer.ln_f.forward); 2 calls of pointwise submodules inlined
 // PIPELINE-NEXT: remark: {{.*}}bmt-find-blocks: 2 blocks in transformer.h (transformer.h.0 ... transformer.h.1), rule: identical structure
 // PIPELINE:      blocks: 2 in transformer.h (transformer.h.0 ... transformer.h.1), 8544 parameters each
-// PIPELINE-PT:   functions: 31, calls: 30, aten ops: 162
+// PIPELINE-PT:   functions: 31, calls: 28, aten ops: 164
 
 // NOFUSE-NOT: bmt-fuse-gelu
 // NOFUSE:     remark: bmt-find-blocks: 2 blocks in transformer.h
 // NOFUSE:     functions: 31, calls: 30, aten ops: 176
+
+// NOFUSE-REGIONS-NOT: bmt-fuse-gelu
+// NOFUSE-REGIONS:     remark: bmt-fuse-elementwise: 45 ops in 11 regions (7 with a last-dim reduction) in 11 functions (transformer.h.0.ln_1.forward ... transformer.ln_f.forward); 2 calls of pointwise submodules inlined
+// NOFUSE-REGIONS:     remark: bmt-find-blocks: 2 blocks in transformer.h
 
 // One remark per module (the split inputs below, in order).
 // REMARK: remark: bmt-fuse-gelu: 1 GELU fused into aten::gelu (1 approximate="tanh", 0 exact) in 1 function (act.forward)

@@ -9,7 +9,8 @@ For the tiny GPT-2 and LLaMA of test_runtime_parity.py built with
 attn_implementation="sdpa", traced (.pt) and exported (.pt2): bmt-run --dump
 on all-ones masks gives the eager model's logits, loss and every parameter
 gradient within numerics.py's tolerances (fp32, CPU); the plan records the assumption (format
-version 3) and --dump refuses a padded mask with one error. With
+version 3, or 5 with the default pipeline's fused regions, which these plans have) and --dump
+refuses a padded mask with one error. With
 --assume-unpadded=false the padding term stays and a padded batch matches
 eager too. OPT traced without attention_mask needs no assumption at all.
 Compile-only checks show what the pass does to the other architectures.
@@ -99,6 +100,16 @@ def compile_sdpa(name, fmt, tmp_path, *flags, batch=2, seq=8):
     return model, sharded, bmt_opt(path, "-o", sharded, *flags)
 
 
+def plain_plan_of(tmp_path, name, fmt, *flags):
+    """The plan of compile_sdpa's saved model compiled without the
+    elementwise fusion (--fuse-elementwise=false): the oldest format version
+    that holds it."""
+    sharded = str(tmp_path / f"{name}.plain.sharded.pt")
+    err = bmt_opt(str(tmp_path / f"{name}.{fmt}"), "-o", sharded, "--fuse-elementwise=false", *flags)
+    assert "bmt-fuse-elementwise" not in err, err
+    return plan_of(sharded)
+
+
 def run_dump(sharded, tmp_path, ids, mask, labels=None):
     torch.save({"input_ids": ids, "attention_mask": mask,
                 "labels": ids if labels is None else labels}, tmp_path / "in.pt")
@@ -116,8 +127,11 @@ def test_causal_sdpa_matches_eager(name, fmt, tmp_path):
     model, sharded, err = compile_sdpa(name, fmt, tmp_path, batch=batch, seq=seq)
     assert MADE_CAUSAL in err and ASSUMED in err, err
     plan, version, program = plan_of(sharded)
-    assert version == "bmt-sharded 3" and plan["version"] == 3
+    assert version == "bmt-sharded 5" and plan["version"] == 5  # fused instructions
     assert plan["assumptions"] == ["attention_mask all ones"]
+    plain, plain_version, _ = plain_plan_of(tmp_path, name, fmt)
+    assert plain_version == "bmt-sharded 3" and plain["version"] == 3
+    assert plain["assumptions"] == ["attention_mask all ones"]
     assert program.count('"aten::scaled_dot_product_attention"') == 2
     assert "bmt.assumptions = [\"attention_mask all ones\"]" in program
     # Every call is causal, without a mask operand; no mask is built.
@@ -168,7 +182,9 @@ def test_assume_unpadded_false_keeps_the_padding(name, tmp_path):
             "(attn_mask=None, is_causal=True); left alone: 2 (the mask reads attention_mask "
             "(padding) and assume-unpadded is off)") in err, err
     plan, version, _ = plan_of(sharded)
-    assert version == "bmt-sharded 2" and plan["version"] == 2 and "assumptions" not in plan
+    assert version == "bmt-sharded 5" and plan["version"] == 5 and not plan.get("assumptions")
+    plain, plain_version, _ = plain_plan_of(tmp_path, name, "pt", "--assume-unpadded=false")
+    assert plain_version == "bmt-sharded 2" and plain["version"] == 2 and "assumptions" not in plain
 
     g = torch.Generator().manual_seed(4)
     ids = torch.randint(0, model.config.vocab_size, (3, 12), generator=g)
@@ -197,7 +213,9 @@ def test_causal_without_attention_mask_needs_no_assumption(tmp_path):
     err = bmt_opt(pt, "-o", sharded)
     assert MADE_CAUSAL in err and ASSUMED not in err, err
     plan, version, _ = plan_of(sharded)
-    assert version == "bmt-sharded 2" and "assumptions" not in plan
+    assert version == "bmt-sharded 5" and not plan.get("assumptions")
+    plain, plain_version, _ = plain_plan_of(tmp_path, "opt", "pt")
+    assert plain_version == "bmt-sharded 2" and "assumptions" not in plain
     g = torch.Generator().manual_seed(2)
     check_dump_against_eager(model, sharded, tmp_path,
                              torch.randint(0, model.config.vocab_size, (3, 12), generator=g), g)

@@ -18,8 +18,11 @@ non-finite loss or gradient.
    first eager module whose output is not finite, the same message on both
    ranks); a gradient that only the backward makes infinite (sqrt at 0 in a
    block of a small custom model, recomputed in backward: the backward of
-   aten::sqrt); an inf injected after the gradients' synchronisation
-   (BMT_DEBUG_INJECT_INF_STEP), which a replay cannot reproduce.
+   aten::sqrt, or of the fused region that holds it in the default plan); an
+   inf injected after the gradients' synchronisation
+   (BMT_DEBUG_INJECT_INF_STEP), which a replay cannot reproduce. The
+   operator-level cases compile plans of plain ATen ops
+   (--fuse-elementwise=false) as well as the default pipeline's.
 3. Bad --inspect-every values and combinations: one clear error.
 """
 import json
@@ -226,9 +229,14 @@ def first_non_finite_module(model, ids):
     return found[0] if found else (None, None)
 
 
-def test_overflow_on_one_rank_is_found_on_every_rank(tmp_path):
+@pytest.mark.parametrize("plan", ["plain", "default"])
+def test_overflow_on_one_rank_is_found_on_every_rank(plan, tmp_path):
     """A finite but huge embedding row overflows a block's layer norm only in
-    the rows that hold its token, which only rank 1 trains on."""
+    the rows that hold its token, which only rank 1 trains on. In the
+    default plan each LayerNorm is a fused row region, whose variance
+    overflows to inf and normalizes the row to 0 where ATen's layer_norm
+    gives NaN: the forward stays finite, and the backward of a region is
+    blamed."""
     model = build("gpt2")
     token = model.config.vocab_size - 1
     with torch.no_grad():
@@ -238,12 +246,19 @@ def test_overflow_on_one_rank_is_found_on_every_rank(tmp_path):
     batches[0, 3, 4] = token  # global row 3: rank 1's rows are 2 and 3
     module, finite_rows = first_non_finite_module(model, batches[0, :, :-1])
     assert module is not None and finite_rows == [True, True, True, False], (module, finite_rows)
-    sharded = compile_model(model, tmp_path / "big", "--world-size", 2)
+    sharded = compile_model(model, tmp_path / "big", "--world-size", 2,
+                            *(["--fuse-elementwise=false"] if plan == "plain" else []))
     torch.save(batches, tmp_path / "batches.pt")
     r = bmt_run(2, sharded, "--batches", tmp_path / "batches.pt", "--steps", 2)
     assert r.returncode != 0
     errors = error_lines(r)
     assert len(errors) == 2 and errors[0] == errors[1], errors  # one line per rank, the same
+    if plan == "default":
+        assert errors[0].startswith("error: the gradient norm is not finite at step 1; the forward "
+                                    "is finite; the first non-finite gradient of the backward comes "
+                                    "from "), errors[0]
+        assert ": the backward of the fused row region of aten::layer_norm in " in errors[0], errors[0]
+        return
     block = ".".join(module.split(".")[:3])  # transformer.h.<i>
     assert errors[0].startswith("error: the loss is NaN at step 1 "), errors[0]
     assert f"comes from block {block}: " in errors[0] and f" in {module}.forward (" in errors[0], \
@@ -279,7 +294,8 @@ class _GatedModel(torch.nn.Module):
         return {"logits": self.head(x)}
 
 
-def test_backward_only_overflow_names_the_operator(tmp_path):
+@pytest.mark.parametrize("plan", ["plain", "default"])
+def test_backward_only_overflow_names_the_operator(plan, tmp_path):
     torch.manual_seed(0)
     model = _GatedModel()
     with torch.no_grad():
@@ -293,14 +309,19 @@ def test_backward_only_overflow_names_the_operator(tmp_path):
     loss.backward()
     assert not torch.isfinite(model.layers[1].gate.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in model.layers[2].parameters())
-    sharded = compile_model(model, tmp_path / "gated")  # every block recomputed in backward
+    # every block recomputed in backward
+    sharded = compile_model(model, tmp_path / "gated",
+                            *(["--fuse-elementwise=false"] if plan == "plain" else []))
     torch.save(batches, tmp_path / "batches.pt")
     r = bmt_run(1, sharded, "--batches", tmp_path / "batches.pt", "--steps", 2)
     assert r.returncode == 1
     [error] = error_lines(r)
+    # The default plan has x + lin(x) * sqrt(gate) as one fused region.
+    op = ("aten::sqrt" if plan == "plain" else
+          "the fused pointwise region of aten::sqrt, aten::mul.Tensor, aten::add.Tensor")
     assert error.startswith("error: the gradient norm is not finite at step 1; the forward is "
                             "finite; the first non-finite gradient of the backward comes from block "
-                            "layers.1: the backward of aten::sqrt in layers.1.forward ("), error
+                            f"layers.1: the backward of {op} in layers.1.forward ("), error
 
 
 def test_injected_gradient_does_not_recur(tmp_path):

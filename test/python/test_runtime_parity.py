@@ -2,10 +2,11 @@
 
 For each tiny transformers model (GPT-2, LLaMA with GQA, BERT masked-LM,
 OPT, GPT-NeoX): trace it as a user does, compile it with bmt-opt to
-sharded.pt, run bmt-run --dump on a batch of another shape than the traced
-one, and compare logits, loss and every parameter gradient with the eager
-model (fp32, within the tolerances of numerics.py: 64 ulps of the largest
-value, gradients norm-wise).
+sharded.pt (the default pipeline, with its elementwise fusion, and once
+more with --fuse-elementwise=false: plain ATen ops), run bmt-run --dump on a
+batch of another shape than the traced one, and compare logits, loss and
+every parameter gradient with the eager model (fp32, within the tolerances
+of numerics.py: 64 ulps of the largest value, gradients norm-wise).
 
 Then AdamW: 5 training steps on fixed batches through bmt-run against
 torch.optim.AdamW in eager PyTorch (with bmt-run's default weight-decay
@@ -42,8 +43,8 @@ def build(name):
     return model
 
 
-def compile_model(model, tmp_path, name):
-    """Trace with batch 2 x seq 8 and compile to sharded.pt."""
+def compile_model(model, tmp_path, name, flags=()):
+    """Trace with batch 2 x seq 8 and compile to sharded.pt (bmt-opt `flags`)."""
     vocab = model.config.vocab_size
     inputs = {"input_ids": torch.randint(0, vocab, (2, 8), generator=torch.Generator().manual_seed(1)),
               "attention_mask": torch.ones(2, 8, dtype=torch.long)}
@@ -51,7 +52,7 @@ def compile_model(model, tmp_path, name):
     pt = str(tmp_path / f"{name}.pt")
     traced.save(pt)
     sharded = str(tmp_path / f"{name}.sharded.pt")
-    subprocess.run([binary("bmt-opt"), pt, "-o", sharded], check=True, capture_output=True)
+    subprocess.run([binary("bmt-opt"), pt, "-o", sharded, *flags], check=True, capture_output=True)
     return sharded
 
 
@@ -101,10 +102,12 @@ def check_dump_against_eager(model, sharded, tmp_path, ids, g):
     assert_gradients_close(grads, {n: p.grad for n, p in params.items()})
 
 
+@pytest.mark.parametrize("plan", ["default", "plain"])
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "opt", "gpt_neox"])
-def test_forward_and_gradients_match_eager(name, tmp_path):
+def test_forward_and_gradients_match_eager(name, plan, tmp_path):
     model = build(name)
-    sharded = compile_model(model, tmp_path, name)
+    sharded = compile_model(model, tmp_path, name,
+                            ["--fuse-elementwise=false"] if plan == "plain" else [])
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(0, model.config.vocab_size, (3, 12), generator=g)  # not the traced 2 x 8
     check_dump_against_eager(model, sharded, tmp_path, ids, g)

@@ -23,9 +23,10 @@ CONFIGS = {
     "t2-n2-sequence-parallel": (2, 2, None, True),
     "t2-n4": (2, 4, None, False),
     "t4-n4": (4, 4, None, False),
-    # with the elementwise fusion: fused regions split by heads (LLaMA's
-    # RoPE regions hold rotate_half)
-    "t2-n2-fused": (2, 2, None, False),
+    # the configs above have the default pipeline's elementwise fusion (fused
+    # regions split by heads; LLaMA's RoPE regions hold rotate_half); this one
+    # a plan of plain ATen ops (--fuse-elementwise=false)
+    "t2-n2-plain": (2, 2, None, False),
 }
 
 
@@ -39,10 +40,12 @@ def test_tensor_parallel_training_matches_eager(traced, config):  # noqa: F811
                                "--world-size", str(ranks), "--tensor-parallel", str(tp),
                                *(["--checkpoint", checkpoint] if checkpoint else []),
                                *(["--sequence-parallel"] if sequence_parallel else []),
-                               *(["--fuse-elementwise"] if config.endswith("-fused") else [])],
+                               *(["--fuse-elementwise=false"] if config.endswith("-plain") else [])],
                               capture_output=True, text=True)
     assert compiled.returncode == 0, compiled.stderr
-    if config.endswith("-fused"):
+    if config.endswith("-plain"):
+        assert "bmt-fuse-elementwise:" not in compiled.stderr, compiled.stderr
+    else:
         assert "bmt-fuse-elementwise:" in compiled.stderr, compiled.stderr
         if traced["name"] == "llama":
             assert ", 4 rotate_half)" in compiled.stderr, compiled.stderr

@@ -4,7 +4,8 @@ final parameters (within numerics.py's bounds) as single-process eager
 PyTorch (torch.optim.AdamW) on the same global batches, for N = 1..4 (3 gives
 uneven shards), ZeRO-3 and ZeRO-2, with and without checkpointing, hybrid
 sharding (G = 2 with N = 4) and prefetch depths 0 and 2. Each rank must read
-at most 1/N of the weights (+1 %).
+at most 1/N of the weights (+1 %). The plans have the default pipeline's
+elementwise fusion; one config compiles without it (--fuse-elementwise=false).
 """
 import json
 import os
@@ -36,6 +37,7 @@ CONFIGS = {
     "hybrid-g2-n4": (4, ["--shard-group-size", "2"], 1),
     "prefetch0-n2": (2, ["--prefetch-depth", "0"], 1),
     "prefetch2-n3": (3, ["--prefetch-depth", "2", "--checkpoint", "none"], 1),
+    "plain-recompute-n3": (3, ["--fuse-elementwise=false"], 1),
 }
 
 
@@ -85,6 +87,8 @@ def test_training_matches_eager(traced, config):
     compiled = subprocess.run([binary("bmt-opt"), str(traced["pt"]), "-o", str(sharded),
                                "--world-size", str(ranks), *flags], capture_output=True, text=True)
     assert compiled.returncode == 0, compiled.stderr
+    fused = "--fuse-elementwise=false" not in flags
+    assert ("bmt-fuse-elementwise:" in compiled.stderr) == fused, compiled.stderr
     log, params = tmp / "log.jsonl", tmp / "params.safetensors"
     r = torchrun(ranks, sharded, "--batches", traced["tmp"] / "batches.pt", "--steps", STEPS,
                  "--grad-accum", accum, "--lr", "1e-3", "--schedule", "cosine", "--warmup", 2,

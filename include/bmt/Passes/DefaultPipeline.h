@@ -127,8 +127,9 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
   Option<bool> fuseElementwise{
       *this, "fuse-elementwise",
       llvm::cl::desc("group pointwise ops and one last-dim reduction into bmt.fused regions, "
-                     "run as generated kernels (bmt-fuse-elementwise; off by default)"),
-      llvm::cl::init(false)};
+                     "run as generated kernels (bmt-fuse-elementwise; on by default, "
+                     "fuse-elementwise=false for a plan of plain ATen ops)"),
+      llvm::cl::init(true)};
   Option<bool> fuseInlineCalls{
       *this, "fuse-inline-calls",
       llvm::cl::desc("with fuse-elementwise: inline calls of parameter-free pointwise "
@@ -166,7 +167,7 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
 
 /// causal-attention (unless options.causalAttention is false; with
 /// options.assumeUnpadded), fuse-gelu (unless options.fuseGelu is false),
-/// fuse-elementwise (with options.fuseElementwise),
+/// fuse-elementwise (unless options.fuseElementwise is false),
 /// find-blocks, tensor-parallel (T > 1), grouped-query-attention (with
 /// options.groupedQueryAttention), zero, checkpoint, overlap, then (with options.summary) the
 /// summary with the memory estimate. `options` must pass verify().

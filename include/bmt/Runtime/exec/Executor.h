@@ -63,7 +63,7 @@ public:
   virtual void blockReturned(const plan::Instruction &inst,
                              const std::vector<c10::IValue> &results) = 0;
   /// While checkInstructions is set: after instruction `index` of function
-  /// `function` (of kind Aten or Global) wrote its results into
+  /// `function` (of kind Aten, Fused or Global) wrote its results into
   /// `registers` (the function's registers; its arguments are there too).
   virtual void instructionDone(size_t function, size_t index,
                                const std::vector<c10::IValue> &registers) = 0;
