@@ -148,9 +148,7 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
     silu, erf, cos, sin, gelu, `to.dtype` to a floating dtype,
     `mean.dim` / `sum.dim_IntList` over `[-1]` with keepdim, and
     `layer_norm` over the last dim: one constant length, checked per call by
-    the runtime; it is the region's reduction, and `softmax.int` over dim -1,
-    which only ends a region: it is its root, or a cast of it is) that the
-    operator registry
+    the runtime; it is the region's reduction) that the operator registry
     flags neither in-place nor random, with every non-tensor argument a
     constant. Anything else stops a region: in-place
     ops, views, matmuls, a reduction over another dim, an op whose result
