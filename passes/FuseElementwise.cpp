@@ -2,7 +2,8 @@
 //
 // Groups maximal regions of pointwise ATen ops (with broadcasting and dtype
 // casts) and at most one reduction over the last dimension (RMSNorm's mean,
-// a sum, layer_norm) into `bmt.fused` ops whose body holds the original ops; the runtime
+// a sum, layer_norm, a softmax that ends the region) into `bmt.fused` ops
+// whose body holds the original ops; the runtime
 // runs each region as one generated kernel forward and one backward
 // (include/bmt/Runtime/fusion/Region.h). The ops a region may hold are
 // those of include/bmt/Runtime/fusion/FusibleOps.def that the operator
@@ -41,7 +42,8 @@ const llvm::StringMap<Role> &fusibleOps() {
   m[NAME] = std::string_view(#KIND) == "Cast"                                               \
                 ? Role::Cast                                                                \
                 : (std::string_view(#KIND) == "Mean" || std::string_view(#KIND) == "Sum" || \
-                   std::string_view(#KIND) == "LayerNorm")                                  \
+                   std::string_view(#KIND) == "LayerNorm" ||                                \
+                   std::string_view(#KIND) == "Softmax")                                    \
                       ? Role::Reduction                                                     \
                       : Role::Pointwise;
 #include "bmt/Runtime/fusion/FusibleOps.def"
@@ -104,6 +106,13 @@ std::optional<Role> roleOf(Operation *op) {
                  ? std::optional<Role>(role)
                  : std::nullopt;
     }
+    if (name == "aten::softmax.int") {
+      // softmax(self, dim=-1, dtype=None or a floating dtype)
+      return args.size() == 3 && args[0].isOperand() && args[1].getInt() == -1 &&
+                     (args[2].isNone() || (args[2].getInt() && isFloatingDtypeCode(*args[2].getInt())))
+                 ? std::optional<Role>(role)
+                 : std::nullopt;
+    }
     // mean.dim / sum.dim_IntList(self, dim=[-1], keepdim=true, dtype=None)
     std::optional<SmallVector<int64_t>> dims = args[1].getInts();
     bool lastDim = dims && dims->size() == 1 && (*dims)[0] == -1;
@@ -135,6 +144,14 @@ std::optional<Role> roleOf(Operation *op) {
 bool isLayerNorm(Operation *op) {
   auto aten = dyn_cast<bmt::AtenOp>(op);
   return aten && aten.getName() == "aten::layer_norm";
+}
+
+/// softmax ends a region, never grows into one as a producer (its input must
+/// have the region's shape: the runtime reduces over that last dim) but for
+/// a region of one cast of it (softmax in float32, then `.to(q.dtype)`).
+bool isSoftmax(Operation *op) {
+  auto aten = dyn_cast<bmt::AtenOp>(op);
+  return aten && aten.getName() == "aten::softmax.int";
 }
 
 /// A 0-dim numeric bmt.constant: a number inside the region (cloned into it).
@@ -376,6 +393,8 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
             continue;
           }
           if (*role == Role::Reduction && (region.reductions > 0 || region.rotateHalves > 0))
+            continue;
+          if (isSoftmax(producer) && !(region.ops.size() == 1 && roleOf(root) == Role::Cast))
             continue;
           region.ops.insert(producer);
           region.reductions += *role == Role::Reduction ? 1 : 0;

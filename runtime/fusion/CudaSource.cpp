@@ -103,6 +103,17 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float block_max(float v, float *red) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  int warps = (blockDim.x + 31) >> 5;
+  v = (int)(threadIdx.x & 31) < warps ? red[threadIdx.x & 31] : neg_inf();
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 } // namespace bmt_fused
 )";
 
@@ -174,36 +185,48 @@ std::string expression(const Graph &g, int i, const std::function<std::string(in
     if (n.dtype == c10::ScalarType::BFloat16) return "bmt_fused::round_bf16(" + A(0) + ")";
     if (n.dtype == c10::ScalarType::Half) return "bmt_fused::round_f16(" + A(0) + ")";
     return A(0);
-  case Op::RowSum: return var(i); // computed by its phase
+  case Op::RowSum:
+  case Op::RowMax: return var(i); // computed by its phase
   case Op::HalfSign: return "sgn";  // the caller's, from the column
   }
   return "0.f";
 }
 
-/// Node i's level: how many row sums lie on its deepest path (inputs 0).
+/// Node i's level: how many row reductions lie on its deepest path (inputs 0).
 std::vector<int> levels(const Graph &g) {
   std::vector<int> level(g.nodes.size(), 0);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     for (int a : g.nodes[i].args)
       level[i] = std::max(level[i], level[a]);
-    if (g.nodes[i].op == Op::RowSum)
+    if (isRowReduction(g.nodes[i].op))
       level[i] += 1;
   }
   return level;
 }
 
-/// The row sums of `g` by level: [L - 1] holds those of level L (levels()),
-/// each level one pass over the row.
-std::vector<std::vector<int>> rowSumsByLevel(const Graph &g) {
+/// The row reductions of `g` by level: [L - 1] holds those of level L
+/// (levels()), each level one pass over the row.
+std::vector<std::vector<int>> rowReductionsByLevel(const Graph &g) {
   std::vector<int> level = levels(g);
   std::vector<std::vector<int>> byLevel;
   for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (g.nodes[i].op == Op::RowSum) {
+    if (isRowReduction(g.nodes[i].op)) {
       if (byLevel.size() < static_cast<size_t>(level[i]))
         byLevel.resize(level[i]);
       byLevel[level[i] - 1].push_back(static_cast<int>(i));
     }
   return byLevel;
+}
+
+/// A row reduction's accumulator: its start, how a value joins it, and the
+/// block-wide combination (max starts at -inf; fmaxf skips a NaN, which
+/// the exp(x - max) after it carries on).
+std::string accStart(const Node &n) { return n.op == Op::RowMax ? "bmt_fused::neg_inf()" : "0.f"; }
+std::string accJoin(const Node &n, const std::string &acc, const std::string &v) {
+  return n.op == Op::RowMax ? acc + " = fmaxf(" + acc + ", " + v + ");" : acc + " += " + v + ";";
+}
+std::string blockReduce(const Node &n) {
+  return n.op == Op::RowMax ? "bmt_fused::block_max" : "bmt_fused::block_sum";
 }
 
 /// Code computing b<slot>, the offset of row r in each slot's tensor, from
@@ -269,9 +292,9 @@ std::string rowVectorKernel(const Graph &g, const std::vector<int> &outs, const 
   }
   s << "    }\n";
   std::set<int> done;
-  for (const std::vector<int> &sums : rowSumsByLevel(g)) {
+  for (const std::vector<int> &sums : rowReductionsByLevel(g)) {
     for (int r : sums)
-      s << "    float acc" << r << " = 0.f;\n";
+      s << "    float acc" << r << " = " << accStart(g.nodes[r]) << ";\n";
     s << "#pragma unroll\n    for (int c = 0; c < " << C << "; ++c) {\n"
          "      if (threadIdx.x + c * blockDim.x >= D8) continue;\n"
          "#pragma unroll\n      for (int u = 0; u < 8; ++u) {\n";
@@ -279,10 +302,10 @@ std::string rowVectorKernel(const Graph &g, const std::vector<int> &outs, const 
     emitNodes(body, sums, done, "        ", loader);
     s << body.str();
     for (int r : sums)
-      s << "        acc" << r << " += " << var(g.nodes[r].args[0]) << ";\n";
+      s << "        " << accJoin(g.nodes[r], "acc" + std::to_string(r), var(g.nodes[r].args[0])) << "\n";
     s << "      }\n    }\n";
     for (int r : sums) {
-      s << "    const float " << var(r) << " = bmt_fused::block_sum(acc" << r << ", red);\n";
+      s << "    const float " << var(r) << " = " << blockReduce(g.nodes[r]) << "(acc" << r << ", red);\n";
       done.insert(r);
     }
   }
@@ -346,7 +369,7 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
   std::vector<bool> row = g.rowValued();
   bool rowKernel = false;
   for (size_t i = 0; i < g.nodes.size(); ++i)
-    rowKernel = rowKernel || (g.nodes[i].op == Op::RowSum);
+    rowKernel = rowKernel || isRowReduction(g.nodes[i].op);
 
   std::ostringstream s;
   s << kPreamble;
@@ -374,17 +397,17 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
       if (need[i] || done.count(i))
         return;
       need[i] = true;
-      if (g.nodes[i].op == Op::RowSum)
-        return; // a row sum of this phase is accumulated, not recomputed
+      if (isRowReduction(g.nodes[i].op))
+        return; // a row reduction of this phase is accumulated, not recomputed
       for (int a : g.nodes[i].args)
         mark(a);
     };
     for (int t : targets)
-      for (int a : g.nodes[t].op == Op::RowSum && !done.count(t) ? g.nodes[t].args
+      for (int a : isRowReduction(g.nodes[t].op) && !done.count(t) ? g.nodes[t].args
                                                                   : std::vector<int>{t})
         mark(a);
     for (size_t i = 0; i < g.nodes.size(); ++i) {
-      if (!need[i] || g.nodes[i].op == Op::RowSum)
+      if (!need[i] || isRowReduction(g.nodes[i].op))
         continue;
       std::string e = expression(g, static_cast<int>(i), var, loader);
       o << indent << "float " << var(static_cast<int>(i)) << " = " << e << ";\n";
@@ -630,18 +653,18 @@ std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::
     return o;
   };
   std::set<int> done;
-  for (const std::vector<int> &sums : rowSumsByLevel(g)) {
+  for (const std::vector<int> &sums : rowReductionsByLevel(g)) {
     for (int r : sums)
-      s << "    float acc" << r << " = 0.f;\n";
+      s << "    float acc" << r << " = " << accStart(g.nodes[r]) << ";\n";
     s << "    for (long long j = threadIdx.x; j < D; j += blockDim.x) {\n" << columnOffsets("      ");
     std::ostringstream body;
     emitNodes(body, sums, done, "      ", loadOf);
     s << body.str();
     for (int r : sums)
-      s << "      acc" << r << " += " << var(g.nodes[r].args[0]) << ";\n";
+      s << "      " << accJoin(g.nodes[r], "acc" + std::to_string(r), var(g.nodes[r].args[0])) << "\n";
     s << "    }\n";
     for (int r : sums) {
-      s << "    const float " << var(r) << " = bmt_fused::block_sum(acc" << r << ", red);\n";
+      s << "    const float " << var(r) << " = " << blockReduce(g.nodes[r]) << "(acc" << r << ", red);\n";
       done.insert(r);
     }
   }

@@ -107,6 +107,7 @@ std::vector<bool> Graph::rowValued() const {
     const Node &n = nodes[i];
     switch (n.op) {
     case Op::RowSum:
+    case Op::RowMax:
     case Op::Const:
     case Op::RowLen:
       row[i] = true;
@@ -210,7 +211,9 @@ std::vector<int> differentiate(Graph &g, int result, int numInputs) {
     const Node node = g.nodes[n]; // copy: g.nodes grows below
     auto give = [&](int arg, int contribution) {
       Op k = g.nodes[arg].op;
-      if (k == Op::Const || k == Op::RowLen)
+      // RowMax is softmax's shift, which the value does not depend on: a
+      // constant for the derivative (its contributions would cancel).
+      if (k == Op::Const || k == Op::RowLen || k == Op::RowMax)
         return;
       (row[n] ? fromRow : fromElement)[arg].push_back(contribution);
     };
@@ -322,6 +325,8 @@ std::vector<int> differentiate(Graph &g, int result, int numInputs) {
       break;
     case Op::RowSum: // broadcast back over the row
       fromElement[a].push_back(A);
+      break;
+    case Op::RowMax: // never reached: nothing contributes to its adjoint
       break;
     }
   }
@@ -508,6 +513,7 @@ Region buildRegion(const plan::Function &body) {
   for (size_t i = 0; i < body.params.size(); ++i)
     nodeOf[body.params[i]] = g.input(static_cast<int>(i));
   HalfReader halves(g, nodeOf);
+  int softmax = -1; // its value's node
   for (const plan::Instruction &inst : body.body) {
     std::string where = (inst.op.empty() ? "instruction" : inst.op) + " in " + body.name;
     if (inst.kind == plan::Instruction::Kind::Constant) {
@@ -543,6 +549,18 @@ Region buildRegion(const plan::Function &body) {
         throw FusionError(where + ": argument " + std::to_string(i) + " must be a constant");
       return numberOf(a.constant, where);
     };
+    // A Cast node of `a` to the dtype of c10::ScalarType code `code`.
+    auto cast = [&](int a, double code) {
+      auto dtype = static_cast<c10::ScalarType>(static_cast<int64_t>(code));
+      if (dtype != c10::ScalarType::Float && dtype != c10::ScalarType::BFloat16 &&
+          dtype != c10::ScalarType::Half)
+        throw FusionError(where + ": casts only to float32, bfloat16 or float16");
+      Node c;
+      c.op = Op::Cast;
+      c.args = {a};
+      c.dtype = dtype;
+      return g.add(c);
+    };
     const std::string &k = kind->second;
     int out;
     if (k == "Add" || k == "Sub" || k == "Rsub") {
@@ -576,16 +594,7 @@ Region buildRegion(const plan::Function &body) {
         throw FusionError(where + ": approximate must be \"none\" or \"tanh\"");
       out = g.unary(approximate == "tanh" ? Op::GeluTanh : Op::GeluErf, node(0));
     } else if (k == "Cast") {
-      int64_t code = static_cast<int64_t>(number(1));
-      auto dtype = static_cast<c10::ScalarType>(code);
-      if (dtype != c10::ScalarType::Float && dtype != c10::ScalarType::BFloat16 &&
-          dtype != c10::ScalarType::Half)
-        throw FusionError(where + ": casts only to float32, bfloat16 or float16");
-      Node c;
-      c.op = Op::Cast;
-      c.args = {node(0)};
-      c.dtype = dtype;
-      out = g.add(c);
+      out = cast(node(0), number(1));
     } else if (k == "LayerNorm") {
       // layer_norm(x, [D], w, b, eps) over the last dim, in float:
       // (x - mean) * rsqrt(var + eps) * w + b, var the mean of the squared
@@ -624,6 +633,20 @@ Region buildRegion(const plan::Function &body) {
         out = g.binary(Op::Mul, out, node(2));
       if (optional(3))
         out = g.binary(Op::Add, out, node(3));
+    } else if (k == "Softmax") {
+      // softmax(x, -1, dtype) = e / rowsum(e), e = exp(x - rowmax(x)), x
+      // first cast to dtype when one is given. Only as the region's result
+      // or a cast of it (checked below), so that x has the element shape
+      // (its last dim is the row).
+      if (region.hasReduction)
+        throw FusionError(where + ": a region holds at most one reduction");
+      region.hasReduction = true;
+      if (number(1) != -1)
+        throw FusionError(where + ": only a softmax over dim -1 is fusible");
+      const int x = isNone(inst.args.at(2)) ? node(0) : cast(node(0), number(2));
+      const int e = g.unary(Op::Exp, g.binary(Op::Sub, x, g.unary(Op::RowMax, x)));
+      out = g.binary(Op::Div, e, g.unary(Op::RowSum, e));
+      softmax = out;
     } else if (k == "Mean" || k == "Sum") {
       if (region.hasReduction)
         throw FusionError(where + ": a region holds at most one reduction");
@@ -663,6 +686,9 @@ Region buildRegion(const plan::Function &body) {
   if (region.hasReduction && !region.halves.empty())
     throw FusionError(body.name + ": rotate_half in a region with a reduction");
   region.result = nodeOf[body.returns[0]];
+  const Node &last = g.nodes[region.result];
+  if (softmax >= 0 && region.result != softmax && !(last.op == Op::Cast && last.args[0] == softmax))
+    throw FusionError(body.name + ": softmax must be the region's result, or cast to it");
   region.backward = region.forward;
   region.gradients = differentiate(region.backward, region.result, region.numInputs);
   return region;
@@ -808,6 +834,11 @@ std::vector<at::Tensor> evaluateAll(const Graph &g, const std::vector<int> &outs
       v[i] = arg(0).expand(shape).sum(-1, /*keepdim=*/true);
       break;
     }
+    case Op::RowMax:
+      if (shape.empty())
+        throw FusionError("fused region: a reduction over the last dim of a 0-dim tensor");
+      v[i] = arg(0).expand(shape).amax(-1, /*keepdim=*/true);
+      break;
     }
   }
   std::vector<at::Tensor> out;

@@ -183,6 +183,62 @@ module {
 
 // -----
 
+// softmax over the last dim ends a "row" region (the attention's scale +
+// mask + softmax), or a cast of it does; its dtype argument may be a
+// floating dtype. It never joins another consumer (the mul + exp after it
+// are a region of their own that reads it), nor over another dim, nor
+// alone, nor after another reduction.
+// CHECK-LABEL: func.func private @softmaxes(
+// CHECK-NEXT:    %[[P:.*]] = bmt.fused "row"(%arg0, %arg1)
+// CHECK-NEXT:    ^bb0(
+// CHECK-NEXT:      bmt.constant
+// CHECK-NEXT:      bmt.aten "aten::mul.Tensor"
+// CHECK-NEXT:      bmt.aten "aten::add.Tensor"
+// CHECK-NEXT:      bmt.aten "aten::softmax.int"({{.*}}, -1, 6)
+// CHECK-NEXT:      bmt.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    %[[C:.*]] = bmt.fused "row"(%arg0)
+// CHECK-NEXT:    ^bb0(
+// CHECK-NEXT:      bmt.aten "aten::softmax.int"({{.*}}, -1, 6)
+// CHECK-NEXT:      bmt.aten "aten::to.dtype"({{.*}}, 15,
+// CHECK-NEXT:      bmt.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    %[[E:.*]] = bmt.fused "pointwise"(%[[P]], %arg1)
+// CHECK-NEXT:    ^bb0(
+// CHECK-NEXT:      bmt.aten "aten::mul.Tensor"
+// CHECK-NEXT:      bmt.aten "aten::exp"
+// CHECK-NEXT:      bmt.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    bmt.aten "aten::softmax.int"(%[[E]], 1, #bmt.none)
+// CHECK-NEXT:    bmt.aten "aten::softmax.int"(%arg0, -1, #bmt.none)
+// CHECK-NEXT:    %[[M:.*]] = bmt.aten "aten::mean.dim"(%arg0, [-1], true, #bmt.none)
+// CHECK-NEXT:    bmt.fused "row"(%arg0, %[[M]])
+// CHECK-NEXT:    ^bb0(
+// CHECK-NEXT:      bmt.aten "aten::mul.Tensor"
+// CHECK-NEXT:      bmt.aten "aten::softmax.int"
+// CHECK-NEXT:      bmt.yield
+// REMARK: remark: bmt-fuse-elementwise: 9 ops in 4 regions (3 with a last-dim reduction) in 1 function (softmaxes)
+module {
+  func.func private @softmaxes(%x: !bmt.tensor, %mask: !bmt.tensor) -> (!bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor) {
+    %c = bmt.constant dense<1.250000e-01> : tensor<f64>
+    %s = bmt.aten "aten::mul.Tensor"(%x, %c) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %a = bmt.aten "aten::add.Tensor"(%s, %mask, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %p = bmt.aten "aten::softmax.int"(%a, -1, 6) : (!bmt.tensor) -> !bmt.tensor
+    %f = bmt.aten "aten::softmax.int"(%x, -1, 6) : (!bmt.tensor) -> !bmt.tensor
+    %cast = bmt.aten "aten::to.dtype"(%f, 15, false, false, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %after = bmt.aten "aten::mul.Tensor"(%p, %mask) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %e = bmt.aten "aten::exp"(%after) : (!bmt.tensor) -> !bmt.tensor
+    %other = bmt.aten "aten::softmax.int"(%e, 1, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %alone = bmt.aten "aten::softmax.int"(%x, -1, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %m = bmt.aten "aten::mean.dim"(%x, [-1], true, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %n = bmt.aten "aten::mul.Tensor"(%x, %m) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %two = bmt.aten "aten::softmax.int"(%n, -1, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    return %other, %alone, %two, %p, %cast : !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor
+  }
+}
+
+// -----
+
 // Nothing to fuse.
 // REMARK: remark: bmt-fuse-elementwise: no region of two or more fusible ops
 module {

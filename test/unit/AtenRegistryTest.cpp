@@ -153,7 +153,7 @@ TEST(AtenRegistry, FusibleOpsAreRegisteredAndPure) {
     ASSERT_NE(info, nullptr) << name;
     EXPECT_FALSE(info->isInPlace()) << name;
     EXPECT_FALSE(info->isRandom()) << name;
-    if (kind == "Mean" || kind == "Sum") {
+    if (kind == "Mean" || kind == "Sum" || kind == "Softmax") {
       EXPECT_EQ(info->kind, bmt::AtenOpKind::Reduction) << name;
       EXPECT_EQ(info->reducedDimsArg, info->argIndex("dim")) << name;
     } else if (kind == "LayerNorm") {

@@ -217,6 +217,20 @@ plan::Function layerNorm(int64_t D, bool residual = false, bool affine = true) {
   return b.done(b.aten("aten::layer_norm", {R(x), shape, w, bias, C(1e-5), C(true)}));
 }
 
+/// BERT's attention probabilities as its eager attention writes them:
+/// softmax(scores / scale + mask, -1); `dtype`: softmax's dtype argument
+/// (a code, or -1 for None); `castFirst`: T5's softmax(scores.float()).
+plan::Function attentionSoftmax(double scale, int64_t dtype = -1, bool castFirst = false) {
+  Body b;
+  int64_t scores = b.param();
+  int64_t x = castFirst ? b.aten("aten::to.dtype", {R(scores), toDtype(6), C(false), C(false), C(c10::IValue())})
+                        : b.aten("aten::div.Tensor", {R(scores), R(b.constant(scale))});
+  if (!castFirst)
+    x = b.aten("aten::add.Tensor", {R(x), R(b.param()), C(int64_t{1})});
+  return b.done(b.aten("aten::softmax.int",
+                       {R(x), C(int64_t{-1}), dtype < 0 ? C(c10::IValue()) : toDtype(dtype)}));
+}
+
 } // namespace
 
 TEST(Fusion, RmsNormFp32) {
@@ -397,6 +411,53 @@ TEST(Fusion, LayerNorm) {
                fusion::FusionError);
 }
 
+TEST(Fusion, Softmax) {
+  // Against ATen's softmax kernel and its autograd formula (the reference
+  // runs the body op by op). Scores up to about +-100 would overflow exp()
+  // without the max shift; the mask is HF's (0 or a large negative number,
+  // broadcast over heads and queries), so masked columns get 0 and a zero
+  // gradient.
+  at::Tensor scores = test::randomTensor({2, 3, 7, 40}, at::kFloat, 90).mul(100.0);
+  at::Tensor mask = at::where(test::randomTensor({2, 1, 1, 40}, at::kFloat, 91) > 0.5,
+                              at::full({}, -1e9), at::zeros({}));
+  check(attentionSoftmax(0.5), {scores, mask}, 1e-5, "bert_softmax");
+  // T5: softmax(scores.float()) of bf16 scores (a float32 result), and
+  // softmax's own dtype argument; an odd row length (the scalar row kernel).
+  // The gradient of a bf16 input is rounded to bf16 in both, from float32
+  // values a rounding apart: they may be one bf16 rounding (2^-8 of the
+  // largest gradient) apart.
+  at::Tensor bf16 = test::randomTensor({2, 3, 5, 33}, at::kBFloat16, 92).mul(8.0);
+  check(attentionSoftmax(1.0, -1, /*castFirst=*/true), {bf16}, 1e-2, "t5_softmax");
+  {
+    Body b;
+    int64_t s = b.param();
+    check(b.done(b.aten("aten::softmax.int", {R(s), C(int64_t{-1}), toDtype(6)})), {bf16}, 1e-2,
+          "softmax_dtype_float");
+  }
+  // LLaMA's eager attention: softmax in float32, then cast to q's dtype.
+  {
+    Body b;
+    int64_t s = b.param();
+    int64_t p = b.aten("aten::softmax.int", {R(s), C(int64_t{-1}), toDtype(6)});
+    check(b.done(b.aten("aten::to.dtype", {R(p), toDtype(15), C(false), C(false), C(c10::IValue())})), {bf16},
+          1e-2, "softmax_then_cast");
+  }
+  // All bf16: eager rounds x / 2 + mask to bf16 (up to 2^-9 x 8 at |x| <= 8)
+  // and moves p by up to twice that times p; the fused region keeps fp32 and
+  // rounds once, as ATen's softmax kernel does.
+  check(attentionSoftmax(2.0), {bf16, test::randomTensor({33}, at::kBFloat16, 94)}, 2e-2, "softmax_bf16");
+  // The value does not depend on the shift: a row shifted by a constant
+  // gives the same probabilities, and their gradient sums to 0 per row.
+  fusion::Region region = fusion::buildRegion(attentionSoftmax(1.0, -1, /*castFirst=*/true));
+  // (x in steps of 1/256, so that x + 64 is exact and so is the shifted
+  // row's x - max.)
+  at::Tensor x = test::randomTensor({4, 24}, at::kFloat, 95).mul(256.0).round().div(256.0);
+  at::Tensor p = fusion::forwardATen(region, {x});
+  EXPECT_TRUE(at::equal(fusion::forwardATen(region, {x.add(64.0)}), p));
+  at::Tensor g = fusion::backwardATen(region, {x}, test::randomTensor({4, 24}, at::kFloat, 96))[0];
+  EXPECT_LE(g.sum(-1).abs().max().item<double>(), 1e-6);
+}
+
 TEST(Fusion, EndsInReduction) {
   // sum(x * y, -1, keepdim): the result is one value per row.
   Body b;
@@ -421,10 +482,16 @@ TEST(Fusion, HalfAndBf16Inputs) {
 }
 
 TEST(Fusion, RejectsWhatItCannotFuse) {
+  // softmax over another dim than the last, or not as the region's result.
   Body b;
   int64_t x = b.param();
-  int64_t v = b.aten("aten::softmax.int", {R(x), C(int64_t{-1}), C(c10::IValue())});
+  int64_t v = b.aten("aten::softmax.int", {R(x), C(int64_t{1}), C(c10::IValue())});
   EXPECT_THROW(fusion::buildRegion(b.done(v)), fusion::FusionError);
+  Body after;
+  int64_t x2 = after.param();
+  int64_t sm = after.aten("aten::softmax.int", {R(x2), C(int64_t{-1}), C(c10::IValue())});
+  EXPECT_THROW(fusion::buildRegion(after.done(after.aten("aten::mul.Tensor", {R(sm), R(x2)}))),
+               fusion::FusionError);
 
   Body two;
   int64_t y = two.param();
@@ -676,6 +743,20 @@ TEST(FusionCuda, RowKernelPaths) {
             1e-5, "rms_norm_d100");
   checkCuda(rmsNorm(6), {test::randomTensor({64, 40}, at::kFloat, 68).t(), test::randomTensor({64}, at::kFloat, 69)},
             1e-5, "rms_norm_transposed");
+}
+
+TEST(FusionCuda, Softmax) {
+  if (!cudaKernels())
+    GTEST_SKIP() << "no CUDA device or no NVRTC";
+  // A row max, then a row sum, on both row kernels: BERT's shapes in bf16
+  // (rows of 128, 8 wide), and an odd row length in float32 with T5's cast.
+  at::Tensor mask = at::where(test::randomTensor({8, 1, 1, 128}, at::kFloat, 101) > 0.7,
+                              at::full({}, -1e9), at::zeros({}))
+                        .to(at::kBFloat16);
+  checkCuda(attentionSoftmax(8.0), {test::randomTensor({8, 12, 128, 128}, at::kBFloat16, 100).mul(50.0), mask},
+            2e-2, "bert_softmax_row8");
+  checkCuda(attentionSoftmax(1.0, -1, /*castFirst=*/true),
+            {test::randomTensor({3, 4, 9, 77}, at::kFloat, 102).mul(30.0)}, 1e-5, "t5_softmax_d77");
 }
 
 TEST(FusionCuda, LayerNorm) {

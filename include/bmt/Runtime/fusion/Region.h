@@ -46,7 +46,10 @@ public:
 /// GradOut: the gradient of the result (backward graphs only); RowLen: the
 /// length of the last dimension; Pow: args[0] ^ value; Cast: round to
 /// `dtype` (then computed on as float); RowSum: the sum of args[0] over the
-/// last dimension (a value per row); Step: 1 where args[0] > 0, else 0;
+/// last dimension (a value per row); RowMax: its maximum, only as
+/// softmax's stabilising shift exp(x - max): the region's value does not
+/// depend on it, so differentiation takes it as a constant; Step: 1 where
+/// args[0] > 0, else 0;
 /// GeluErf / GeluTanh: aten::gelu with approximate "none" / "tanh";
 /// HalfSign: -1 in the first half of the last dim (column j < D/2), +1 in
 /// the second (rotate_half(x) = HalfSign * x read half-swapped).
@@ -54,8 +57,11 @@ enum class Op {
   Input, Const, GradOut, RowLen,
   Add, Sub, Mul, Div, Neg, Pow,
   Sqrt, Rsqrt, Exp, Log, Tanh, Sigmoid, Relu, Silu, Erf, Cos, Sin, GeluErf, GeluTanh,
-  Step, Cast, RowSum, HalfSign,
+  Step, Cast, RowSum, RowMax, HalfSign,
 };
+
+/// Whether `op` reduces over the last dimension (RowSum, RowMax).
+inline bool isRowReduction(Op op) { return op == Op::RowSum || op == Op::RowMax; }
 
 struct Node {
   Op op = Op::Const;
@@ -77,7 +83,7 @@ struct Graph {
   int input(int index);
   int unary(Op op, int a);
   int binary(Op op, int a, int b);
-  /// Whether node `n` holds one value per row: a RowSum, or computed from
+  /// Whether node `n` holds one value per row: a row reduction, or computed from
   /// row values and constants only (never from an input directly).
   std::vector<bool> rowValued() const;
   /// The node whose value at column j is node `n`'s at column
@@ -119,7 +125,8 @@ struct Region {
 /// The region of a plan function holding a bmt.fused body: params are the
 /// inputs, the body Aten instructions of FusibleOps.def and Constant
 /// instructions (0-dim numbers), one returned register (layer_norm becomes
-/// its mean, centred variance, rsqrt and affine nodes); and rotate_half of
+/// its mean, centred variance, rsqrt and affine nodes; softmax over the
+/// last dim exp(x - max) / sum); and rotate_half of
 /// an input, cat([-x[..., h:], x[..., :h]], -1) (either sign on either
 /// half), with h a constant or size(x, dim) // 2 computed in the body
 /// (aten::size.int, NumToTensor, aten::floor_divide by 2, aten::Int.Tensor)
@@ -178,7 +185,7 @@ constexpr int kRowChunks = 2;
 /// the element count (8 elements a thread with 16-byte accesses where the
 /// launch's `Args::vec` says the strides and alignment allow, else offsets
 /// from the element index), graphs with a reduction one block per row with a
-/// block reduction per row sum (each pass over the row recomputes the
+/// block reduction per row sum or max (each pass over the row recomputes the
 /// element values it needs instead of keeping them; with `rowVector`, the
 /// 8-wide kernel above keeps the row's inputs in registers). The kernel's
 /// parameters are one `bmt_fused::Args` (its layout is in the source's
