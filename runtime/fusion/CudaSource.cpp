@@ -185,6 +185,7 @@ std::string expression(const Graph &g, int i, const std::function<std::string(in
     if (n.dtype == c10::ScalarType::BFloat16) return "bmt_fused::round_bf16(" + A(0) + ")";
     if (n.dtype == c10::ScalarType::Half) return "bmt_fused::round_f16(" + A(0) + ")";
     return A(0);
+  case Op::Round: return "0.f"; // resolved into a Cast before the source is made
   case Op::RowSum:
   case Op::RowMax: return var(i); // computed by its phase
   case Op::HalfSign: return "sgn";  // the caller's, from the column
@@ -355,9 +356,10 @@ std::string rowVectorKernel(const Graph &g, const std::vector<int> &outs, const 
 
 } // namespace
 
-std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::string &name,
+std::string cudaSource(const Graph &graph, const std::vector<int> &outs, const std::string &name,
                        const std::vector<c10::ScalarType> &inputDtypes, c10::ScalarType gradDtype,
                        const std::vector<c10::ScalarType> &outDtypes, const RowVector *rowVector) {
+  const Graph g = resolveRounding(graph, inputDtypes);
   const int numInputs = static_cast<int>(inputDtypes.size());
   bool hasGrad = false;
   for (const Node &n : g.nodes)

@@ -321,6 +321,7 @@ std::vector<int> differentiate(Graph &g, int result, int numInputs) {
       break;
     }
     case Op::Cast: // the gradient flows through unrounded (fp32 math)
+    case Op::Round:
       give(a, A);
       break;
     case Op::RowSum: // broadcast back over the row
@@ -679,6 +680,15 @@ Region buildRegion(const plan::Function &body) {
     }
     if (inst.results.size() != 1)
       throw FusionError(where + ": one result expected");
+    // Eager rounds each operator's result to its dtype (bf16 stays bf16
+    // between ops); a cast already has, an input or number needs not.
+    const Op made = g.nodes[out].op;
+    if (made != Op::Cast && made != Op::Input && made != Op::Const) {
+      const bool isSoftmax = out == softmax;
+      out = g.unary(Op::Round, out);
+      if (isSoftmax)
+        softmax = out;
+    }
     nodeOf[inst.results[0]] = out;
   }
   if (body.returns.size() != 1 || !nodeOf.count(body.returns[0]))
@@ -694,18 +704,19 @@ Region buildRegion(const plan::Function &body) {
   return region;
 }
 
-c10::ScalarType resultDtype(const Region &region, const std::vector<c10::ScalarType> &inputDtypes) {
-  const Graph &g = region.forward;
+std::vector<c10::ScalarType> valueDtypes(const Graph &g,
+                                         const std::vector<c10::ScalarType> &inputDtypes) {
   constexpr auto none = c10::ScalarType::Undefined; // a number: does not promote
   std::vector<c10::ScalarType> t(g.nodes.size(), none);
-  for (size_t i = 0; i <= static_cast<size_t>(region.result); ++i) {
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node &n = g.nodes[i];
     switch (n.op) {
     case Op::Input: {
       c10::ScalarType d = inputDtypes.at(n.index);
       if (d != c10::ScalarType::Float && d != c10::ScalarType::BFloat16 &&
           d != c10::ScalarType::Half)
-        return c10::ScalarType::Undefined;
+        throw FusionError(std::string("fused region: an input of dtype ") + c10::toString(d) +
+                          " (float32, bfloat16 or float16 expected)");
       t[i] = d;
       break;
     }
@@ -722,7 +733,30 @@ c10::ScalarType resultDtype(const Region &region, const std::vector<c10::ScalarT
         t[i] = t[i] == none ? t[a] : t[a] == none ? t[i] : c10::promoteTypes(t[i], t[a]);
     }
   }
-  return t[region.result] == none ? c10::ScalarType::Float : t[region.result];
+  return t;
+}
+
+Graph resolveRounding(const Graph &g, const std::vector<c10::ScalarType> &inputDtypes) {
+  Graph out = g;
+  std::vector<c10::ScalarType> t;
+  for (Node &n : out.nodes) {
+    if (n.op != Op::Round)
+      continue;
+    if (t.empty())
+      t = valueDtypes(g, inputDtypes);
+    c10::ScalarType d = t[&n - out.nodes.data()];
+    n.op = Op::Cast;
+    n.dtype = d == c10::ScalarType::Undefined ? c10::ScalarType::Float : d;
+  }
+  return out;
+}
+
+c10::ScalarType resultDtype(const Region &region, const std::vector<c10::ScalarType> &inputDtypes) {
+  for (c10::ScalarType d : inputDtypes)
+    if (d != c10::ScalarType::Float && d != c10::ScalarType::BFloat16 && d != c10::ScalarType::Half)
+      return c10::ScalarType::Undefined;
+  c10::ScalarType d = valueDtypes(region.forward, inputDtypes).at(region.result);
+  return d == c10::ScalarType::Undefined ? c10::ScalarType::Float : d;
 }
 
 bool callFits(const Region &region, const std::vector<at::Tensor> &inputs,
@@ -757,9 +791,13 @@ std::vector<int64_t> elementShape(const std::vector<at::Tensor> &inputs) {
 
 namespace {
 
-std::vector<at::Tensor> evaluateAll(const Graph &g, const std::vector<int> &outs,
+std::vector<at::Tensor> evaluateAll(const Graph &graph, const std::vector<int> &outs,
                                     const std::vector<at::Tensor> &inputs,
                                     const at::Tensor &gradOut) {
+  std::vector<c10::ScalarType> dtypes;
+  for (const at::Tensor &t : inputs)
+    dtypes.push_back(t.scalar_type());
+  const Graph g = resolveRounding(graph, dtypes);
   std::vector<at::Tensor> all = inputs;
   if (gradOut.defined())
     all.push_back(gradOut);
@@ -826,6 +864,7 @@ std::vector<at::Tensor> evaluateAll(const Graph &g, const std::vector<int> &outs
     case Op::GeluTanh: v[i] = at::gelu(arg(0), "tanh"); break;
     case Op::Step: v[i] = (arg(0) > 0).to(at::kFloat); break;
     case Op::Cast: v[i] = arg(0).to(n.dtype).to(at::kFloat); break;
+    case Op::Round: throw FusionError("fused region: an unresolved Round node");
     case Op::RowSum: {
       if (shape.empty())
         throw FusionError("fused region: a reduction over the last dim of a 0-dim tensor");

@@ -434,6 +434,25 @@ TEST(Fusion, Softmax) {
     check(b.done(b.aten("aten::softmax.int", {R(s), C(int64_t{-1}), toDtype(6)})), {bf16}, 1e-2,
           "softmax_dtype_float");
   }
+  // T5's attention: softmax((scores + position_bias).float()) with bf16
+  // scores of magnitude up to ~50 (T5 does not scale them): eager rounds the
+  // sum to bf16 (steps of 0.25 there) before the cast, and so does the
+  // region, so the float32 probabilities agree to float32's precision.
+  // Summed unrounded they would move by up to ~10 % (checked).
+  {
+    Body b;
+    int64_t sc = b.param(), bias = b.param();
+    int64_t sum = b.aten("aten::add.Tensor", {R(sc), R(bias), C(int64_t{1})});
+    int64_t f = b.aten("aten::to.dtype", {R(sum), toDtype(6), C(false), C(false), C(c10::IValue())});
+    plan::Function t5 = b.done(b.aten("aten::softmax.int", {R(f), C(int64_t{-1}), C(c10::IValue())}));
+    at::Tensor big = test::randomTensor({2, 3, 8, 48}, at::kBFloat16, 97).mul(50.0);
+    at::Tensor posBias = test::randomTensor({1, 3, 8, 48}, at::kBFloat16, 98).mul(3.0);
+    check(t5, {big, posBias}, 1e-5, "t5_position_bias_softmax");
+    at::Tensor eager = at::softmax((big + posBias).to(at::kFloat), -1);
+    at::Tensor unrounded = at::softmax(big.to(at::kFloat) + posBias.to(at::kFloat), -1);
+    EXPECT_GT((unrounded - eager).abs().max().item<double>(), 1e-2) << "the inputs do not tell the roundings apart";
+    EXPECT_LE((fusion::forwardATen(fusion::buildRegion(t5), {big, posBias}) - eager).abs().max().item<double>(), 1e-5);
+  }
   // LLaMA's eager attention: softmax in float32, then cast to q's dtype.
   {
     Body b;
@@ -442,9 +461,10 @@ TEST(Fusion, Softmax) {
     check(b.done(b.aten("aten::to.dtype", {R(p), toDtype(15), C(false), C(false), C(c10::IValue())})), {bf16},
           1e-2, "softmax_then_cast");
   }
-  // All bf16: eager rounds x / 2 + mask to bf16 (up to 2^-9 x 8 at |x| <= 8)
-  // and moves p by up to twice that times p; the fused region keeps fp32 and
-  // rounds once, as ATen's softmax kernel does.
+  // All bf16: x / 2 + mask is rounded to bf16 by both, and softmax in
+  // float32 rounded once, as ATen's kernel does; the probabilities may
+  // differ by a bf16 rounding where the float32 values land on either side
+  // of a rounding boundary.
   check(attentionSoftmax(2.0), {bf16, test::randomTensor({33}, at::kBFloat16, 94)}, 2e-2, "softmax_bf16");
   // The value does not depend on the shift: a row shifted by a constant
   // gives the same probabilities, and their gradient sums to 0 per row.
@@ -468,9 +488,42 @@ TEST(Fusion, EndsInReduction) {
         2e-6, "row_sum");
 }
 
+TEST(Fusion, RoundsEachOpAsEager) {
+  // bf16 (a + b) * c - d, exact in float32 before each rounding: rounded
+  // after every op, as eager is, the forward is bit-identical to eager's;
+  // rounded once at the end it would not be (checked on the same inputs).
+  Body b;
+  int64_t x = b.param(), y = b.param(), z = b.param(), w = b.param();
+  int64_t s = b.aten("aten::add.Tensor", {R(x), R(y), C(int64_t{1})});
+  int64_t m = b.aten("aten::mul.Tensor", {R(s), R(z)});
+  plan::Function f = b.done(b.aten("aten::sub.Tensor", {R(m), R(w), C(int64_t{1})}));
+  std::vector<at::Tensor> in;
+  for (int k = 0; k < 4; ++k)
+    in.push_back(test::randomTensor({16, 64}, at::kBFloat16, 300 + k).mul(4.0));
+  fusion::Region region = fusion::buildRegion(f);
+  at::Tensor fused = fusion::forwardATen(region, in);
+  at::Tensor eager = (in[0] + in[1]) * in[2] - in[3];
+  EXPECT_TRUE(at::equal(fused, eager));
+  at::Tensor once = ((in[0].to(at::kFloat) + in[1].to(at::kFloat)) * in[2].to(at::kFloat) -
+                     in[3].to(at::kFloat)).to(at::kBFloat16);
+  EXPECT_FALSE(at::equal(once, eager)) << "the inputs do not tell one rounding from three";
+  // Float32 inputs: the Round nodes resolve to no-op casts.
+  std::vector<at::Tensor> f32;
+  for (const at::Tensor &t : in)
+    f32.push_back(t.to(at::kFloat));
+  EXPECT_TRUE(at::equal(fusion::forwardATen(region, f32), (f32[0] + f32[1]) * f32[2] - f32[3]));
+  // The per-node dtypes: inputs' promotion, a number does not promote.
+  std::vector<c10::ScalarType> t =
+      fusion::valueDtypes(region.forward, {at::kBFloat16, at::kFloat, at::kBFloat16, at::kBFloat16});
+  EXPECT_EQ(t.at(region.result), at::kFloat);
+  EXPECT_THROW(fusion::valueDtypes(region.forward, {at::kLong, at::kFloat, at::kFloat, at::kFloat}),
+               fusion::FusionError);
+}
+
 TEST(Fusion, HalfAndBf16Inputs) {
-  // bf16 / fp16 activations: eager rounds after every op, the fused region
-  // once (fp32 math), so they agree to the dtype's precision.
+  // bf16 / fp16 activations: both round after every op; silu's float32
+  // value may differ from eager's by an ulp of float32 before its rounding,
+  // so they agree to the dtype's precision.
   Body b;
   int64_t g = b.param(), u = b.param();
   int64_t out = b.aten("aten::mul.Tensor", {R(b.aten("aten::silu", {R(g)})), R(u)});

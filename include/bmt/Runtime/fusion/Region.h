@@ -11,11 +11,13 @@
 //   - an evaluation of either graph with ATen ops on any device (the CPU
 //     path of the runtime, and the reference of the tests);
 //   - CUDA C++ source of one kernel per graph (cudaSource), for NVRTC.
-// Semantics follow ATen's with fp32 math ("opmath"): inputs are read in
-// their dtype and converted to float, every node computes in float, a cast
-// to bf16/fp16 rounds there, the result is rounded once to the region's
-// result dtype (ATen's type promotion of the inputs; 0-dim constants do not
-// promote). In fp32 the fused value equals the op-by-op one up to rounding.
+// Semantics follow eager ATen's with fp32 math ("opmath"): inputs are read
+// in their dtype and converted to float, every node computes in float, and
+// each operator's result is rounded to the dtype eager gives it (ATen's type
+// promotion of the inputs, 0-dim constants not promoting; a cast rounds to
+// its dtype): a bf16 a + b is rounded to bf16 before the next op reads it,
+// as op by op. An operator made of several nodes (layer_norm, softmax,
+// mean) rounds once, at its result, as its ATen kernel does.
 // Everything is built on c10/ATen only (no MLIR): bmt-run uses it.
 //
 //===----------------------------------------------------------------------===//
@@ -48,8 +50,11 @@ public:
 /// `dtype` (then computed on as float); RowSum: the sum of args[0] over the
 /// last dimension (a value per row); RowMax: its maximum, only as
 /// softmax's stabilising shift exp(x - max): the region's value does not
-/// depend on it, so differentiation takes it as a constant; Step: 1 where
-/// args[0] > 0, else 0;
+/// depend on it, so differentiation takes it as a constant; Round: an
+/// operator's result rounded to the dtype its inputs promote to (a no-op
+/// for float32; resolveRounding() makes it a Cast once the input dtypes
+/// are known), the gradient passing through; Step: 1 where args[0] > 0,
+/// else 0;
 /// GeluErf / GeluTanh: aten::gelu with approximate "none" / "tanh";
 /// HalfSign: -1 in the first half of the last dim (column j < D/2), +1 in
 /// the second (rotate_half(x) = HalfSign * x read half-swapped).
@@ -57,7 +62,7 @@ enum class Op {
   Input, Const, GradOut, RowLen,
   Add, Sub, Mul, Div, Neg, Pow,
   Sqrt, Rsqrt, Exp, Log, Tanh, Sigmoid, Relu, Silu, Erf, Cos, Sin, GeluErf, GeluTanh,
-  Step, Cast, RowSum, RowMax, HalfSign,
+  Step, Cast, Round, RowSum, RowMax, HalfSign,
 };
 
 /// Whether `op` reduces over the last dimension (RowSum, RowMax).
@@ -133,6 +138,19 @@ struct Region {
 /// and no reduction in the region. Derives the backward too. Throws
 /// FusionError for anything else.
 Region buildRegion(const plan::Function &body);
+
+/// The dtype of every node of `g` for inputs of `inputDtypes`: ATen's
+/// promotion over a node's arguments, a Cast's dtype, Undefined for numbers
+/// and values computed from numbers only (they do not promote) and for
+/// grad_output. Throws FusionError for an input dtype that is not float32,
+/// bfloat16 or float16.
+std::vector<c10::ScalarType> valueDtypes(const Graph &g,
+                                         const std::vector<c10::ScalarType> &inputDtypes);
+
+/// `g` with each Round node made a Cast to its valueDtypes() dtype (a
+/// float32 Cast, which rounds nothing, where that is float32 or none): the
+/// graph cudaSource and evaluate compute, same node indices.
+Graph resolveRounding(const Graph &g, const std::vector<c10::ScalarType> &inputDtypes);
 
 /// Whether inputs whose broadcast is `shape` fit the region's HalfSplits
 /// and its layer_norm's normalized length (else the body runs op by op).
