@@ -681,9 +681,10 @@ Region buildRegion(const plan::Function &body) {
     if (inst.results.size() != 1)
       throw FusionError(where + ": one result expected");
     // Eager rounds each operator's result to its dtype (bf16 stays bf16
-    // between ops); a cast already has, an input or number needs not.
+    // between ops); a cast or an earlier op already has (pow(x, 1) is x),
+    // an input or number needs not.
     const Op made = g.nodes[out].op;
-    if (made != Op::Cast && made != Op::Input && made != Op::Const) {
+    if (made != Op::Cast && made != Op::Round && made != Op::Input && made != Op::Const) {
       const bool isSoftmax = out == softmax;
       out = g.unary(Op::Round, out);
       if (isSoftmax)
