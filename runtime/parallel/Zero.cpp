@@ -86,6 +86,26 @@ template <typename T> T *pointerOf(const IValue &v) {
   return reinterpret_cast<T *>(static_cast<intptr_t>(v.toInt()));
 }
 
+/// The ranges [begin, end) of a buffer of `size` elements that no defined
+/// gradient of `grads` (one per member, at `offsets`) covers.
+std::vector<std::pair<int64_t, int64_t>> uncoveredRanges(const std::vector<int64_t> &offsets,
+                                                         int64_t size, const variable_list &grads) {
+  std::vector<std::pair<int64_t, int64_t>> covered, gaps;
+  for (size_t m = 0; m < grads.size(); ++m)
+    if (grads[m].defined())
+      covered.emplace_back(offsets[m], offsets[m] + grads[m].numel());
+  std::sort(covered.begin(), covered.end());
+  int64_t cursor = 0;
+  for (const auto &[begin, end] : covered) {
+    if (begin > cursor)
+      gaps.emplace_back(cursor, begin);
+    cursor = std::max(cursor, end);
+  }
+  if (cursor < size)
+    gaps.emplace_back(cursor, size);
+  return gaps;
+}
+
 } // namespace
 
 /// shard -> the group's members, gathered. Backward: the members' gradients
@@ -104,7 +124,17 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     auto *zero = pointerOf<ZeroStorage>(ctx->saved_data["zero"]);
     ZeroStorage::Group &g = *zero->groups_[ctx->saved_data["group"].toInt()];
-    at::Tensor flat = at::zeros({g.padded}, g.shard.options().dtype(zero->reduceDtype(g)));
+    // The members' gradients are copied in; only what they leave (the
+    // padding, alignment gaps, members without a gradient) is zeroed, in
+    // place of a zero-fill of the whole buffer that writes it twice, unless
+    // that would take more than a few small fills.
+    std::vector<std::pair<int64_t, int64_t>> gaps = uncoveredRanges(g.info->offsets, g.padded, grads);
+    at::Tensor flat = gaps.size() <= 4
+                          ? at::empty({g.padded}, g.shard.options().dtype(zero->reduceDtype(g)))
+                          : at::zeros({g.padded}, g.shard.options().dtype(zero->reduceDtype(g)));
+    if (gaps.size() <= 4)
+      for (const auto &[begin, end] : gaps)
+        flat.narrow(0, begin, end - begin).zero_();
     for (size_t m = 0; m < grads.size(); ++m)
       if (grads[m].defined())
         flat.narrow(0, g.info->offsets[m], grads[m].numel()).copy_(grads[m].reshape({-1}));
