@@ -116,7 +116,7 @@ for p in $PROFILES; do
     python3 bench/trace_breakdown.py "$out/logs/$p.trace.json" --steps 3 --top ${BREAKDOWN_LINES:-20} \
       --op 'aten::(mul|add|add_|sub|div|neg|cat|pow|sum|mean|fill_|silu|silu_backward|rsqrt|zero_)$'
     echo "== $p: where the GPU waits (idle gaps between kernels)"
-    python3 bench/trace_breakdown.py "$out/logs/$p.trace.json" --steps 3 --top ${BREAKDOWN_LINES:-20} --gaps
+    python3 bench/trace_breakdown.py "$out/logs/$p.trace.json" --steps 3 --top ${BREAKDOWN_LINES:-20} --gaps --host
     rm -f "$out/logs/$p.trace.json"
   fi
 done

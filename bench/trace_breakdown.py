@@ -12,7 +12,10 @@ With --gaps it prints instead where the GPU waits: the idle time between
 kernels (on any stream) of at least --min-gap microseconds, grouped by the
 op that launched the kernel ending the gap and its enclosing op (what the
 host was doing while the GPU had nothing to run: launching small kernels,
-a synchronization, the optimizer's host work).
+a synchronization, the optimizer's host work). With --host also the CUDA
+runtime calls and the CPU ops that overlap the gaps of the largest group
+(time inside the gaps, summed by name: a cudaStreamSynchronize, the ops the
+host was still running, the launch of the kernel that ended the gap).
 
 usage: python3 bench/trace_breakdown.py TRACE.json[.gz] --steps N [--op REGEX] [--top K]
        python3 bench/trace_breakdown.py TRACE.json[.gz] --steps N --gaps [--min-gap US]
@@ -47,6 +50,8 @@ def main():
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--gaps", action="store_true", help="where the GPU is idle between kernels")
     ap.add_argument("--min-gap", type=float, default=10.0, help="with --gaps: microseconds (default 10)")
+    ap.add_argument("--host", action="store_true",
+                    help="with --gaps: what the host did during the largest group's gaps")
     args = ap.parse_args()
     if args.steps <= 0:
         raise SystemExit(f"error: --steps must be positive (the steps the trace covers), got {args.steps}")
@@ -118,6 +123,7 @@ def print_gaps(events, by_id, enclosing, args):
     """Idle GPU time between kernels, by the op launching the kernel after each gap."""
     kernels = sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e), key=lambda e: e["ts"])
     groups = collections.defaultdict(lambda: [0.0, 0])
+    intervals = collections.defaultdict(list)  # key -> the gaps' (start, end)
     busy_until = None
     total_idle = 0.0
     for k in kernels:
@@ -128,6 +134,7 @@ def print_gaps(events, by_id, enclosing, args):
             key = (op["name"], enclosing(op)) if op else (f"(no op: {k['name'][:40]})", "-")
             groups[key][0] += gap
             groups[key][1] += 1
+            intervals[key].append((busy_until, k["ts"]))
         end = k["ts"] + k["dur"]
         busy_until = end if busy_until is None else max(busy_until, end)
     span = busy_until - kernels[0]["ts"]
@@ -135,6 +142,37 @@ def print_gaps(events, by_id, enclosing, args):
     print(f"GPU span {span / 1e3 / s:.2f} ms a step; idle in gaps of >= {args.min_gap:g} us: "
           f"{total_idle / 1e3 / s:.2f} ms a step ({100 * total_idle / max(span, 1):.1f} %)")
     print_top(groups, args, "gaps", "op launching the kernel after the gap <- enclosing op")
+    if args.host and groups:
+        key = max(groups, key=lambda k: groups[k][0])
+        print_host_during(events, sorted(intervals[key]), key, args)
+
+
+def print_host_during(events, gaps, key, args):
+    """The CUDA runtime calls and CPU ops overlapping `gaps`, by time inside them."""
+    starts = [g[0] for g in gaps]
+
+    def inside(e):
+        """Microseconds of event `e` inside the gaps."""
+        t0, t1 = e["ts"], e["ts"] + e["dur"]
+        total = 0.0
+        for a, b in gaps[max(0, bisect.bisect_right(starts, t0) - 1):bisect.bisect_right(starts, t1)]:
+            total += max(0.0, min(b, t1) - max(a, t0))
+        return total
+
+    for cat, title in (("cuda_runtime", "CUDA runtime calls"), ("cpu_op", "CPU ops (inclusive)")):
+        groups = collections.defaultdict(lambda: [0.0, 0])
+        for e in events:
+            if e.get("cat") != cat or "dur" not in e:
+                continue
+            t = inside(e)
+            if t > 0:
+                groups[(e["name"][:90],)][0] += t
+                groups[(e["name"][:90],)][1] += 1
+        print(f"-- during the gaps before {key[0]} <- {key[1]}: {title}")
+        s = args.steps
+        print(f"{'ms/step':>8} {'events':>8}  name")
+        for (name,), (us, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:args.top]:
+            print(f"{us / 1e3 / s:8.3f} {n / s:8.1f}  {name}")
 
 
 if __name__ == "__main__":
