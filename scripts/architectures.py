@@ -68,6 +68,22 @@ ARCHS = {
                                                     num_heads=4)),
 }
 
+# Short names of ARCHS (file stems and command-line names of bench/make_parity_plans.py and
+# bench/gpu_parity.py); an architecture not listed here is its own short name.
+SHORT_NAMES = {"llama (tied)": "llama_tied", "bert (masked LM)": "bert"}
+
+
+def short_name(arch):
+    return SHORT_NAMES.get(arch, arch)
+
+
+def arch_of(short):
+    """The ARCHS key whose short name is `short` (KeyError if none)."""
+    for arch in ARCHS:
+        if short_name(arch) == short:
+            return arch
+    raise KeyError(short)
+
 
 def exception_line(e):
     lines = [l for l in str(e).strip().splitlines() if l.strip()]
