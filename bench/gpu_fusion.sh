@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
 # The elementwise fusion on one GPU: build bmt-run (runtime only), check the
-# fused plans of the tiny fixtures against eager PyTorch (bench/gpu_parity.py),
+# fused and plain plans of the 14 tiny architectures against eager PyTorch
+# in fp32 and bf16 (bench/gpu_parity.py, about 2 minutes),
 # then time bmt-run on the Llama-3.2-1B-shaped model (bench/make_llama_1b.py)
 # with and without the fusion, recompute on and off, on the same random
 # tokens, and print tokens/s, peak memory, the losses of both (the same data
 # and init: they must agree to bf16 noise) and the fused run's profile.
 #
 # usage (on the GPU machine, in a checkout): bash bench/gpu_fusion.sh PLANS OUT
-#   PLANS: tiny-fused/NAME.sharded.pt, tiny-plain/NAME.sharded.pt (fixtures
-#          compiled by the default pipeline, which fuses, and with
+#   PLANS: tiny-fused/NAME.sharded.pt, tiny-plain/NAME.sharded.pt (the tiny
+#          architectures compiled by the default pipeline, which fuses, and with
 #          bmt-opt --fuse-elementwise=false), optionally tiny-{fused,plain}-bf16/ (the
-#          same from bench/make_bf16_fixtures.py),
+#          same in bf16): `python3 bench/make_parity_plans.py PLANS --plain` writes
+#          all four for every architecture (NAMES: default all; a subset, e.g. the
+#          fixture names "gpt2 llama bert t5", for an older PLANS folder),
 #          llama-{on,off}-{plain,fused,inline,gqa}.sharded.pt (--random-init,
 #          --checkpoint all (on) or none (off); plain: --fuse-elementwise=false;
 #          fused: the default pipeline's fusion; inline: the same with
 #          fuse-inline-calls=true said explicitly (now its default);
 #          gqa: fused with --grouped-query-attention)
 # env: VARIANTS (default "off-plain off-fused on-plain on-fused"; empty: none), SKIP_PARITY=1,
+#      NAMES (default "all": the architectures gpu_parity.py checks),
 #      GTEST_SOURCE=<googletest folder>: also build bmt-runtime-unit-tests and
 #      run its FusionCuda.* tests (the generated kernels against ATen on the GPU)
 #      and AdamCuda.* (the Adam step that writes the bf16 shards, against ATen's),
@@ -49,13 +53,14 @@ if [ -n "${GTEST_SOURCE:-}" ]; then
 fi
 B=$PWD/build-gpu/bin/bmt-run
 if [ -z "${SKIP_PARITY:-}" ]; then
-echo "== parity, fused plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-fused" gpt2 llama bert t5 2>&1 | tee "$out/logs/parity-fused.log" | grep -v Warning | tail -8
-echo "== parity, plain plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-plain" gpt2 llama bert t5 2>&1 | tee "$out/logs/parity-plain.log" | grep -v Warning | tail -2
+read -r -a names <<< "${NAMES:-all}"
+echo "== parity, fused plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-fused" "${names[@]}" --jobs 4 2>&1 | tee "$out/logs/parity-fused.log" | grep -v Warning | tail -16
+echo "== parity, plain plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-plain" "${names[@]}" --jobs 4 2>&1 | tee "$out/logs/parity-plain.log" | grep -v Warning | tail -2
 for v in fused plain; do
   [ -d "$plans/tiny-$v-bf16" ] || continue
   echo "== parity, $v plans (bf16 against float32, bound: 2 x eager bf16's difference)"
-  python3 bench/gpu_parity.py "$B" "$plans/tiny-$v-bf16" gpt2 llama bert t5 --dtype bfloat16 2>&1 \
-    | tee "$out/logs/parity-$v-bf16.log" | grep -E "\(bf16\)|worst|failed"
+  python3 bench/gpu_parity.py "$B" "$plans/tiny-$v-bf16" "${names[@]}" --dtype bfloat16 --jobs 4 2>&1 \
+    | tee "$out/logs/parity-$v-bf16.log" | grep -E "\(bf16\)|worst|failed|not compiled|no such"
 done
 fi
 python3 - <<PY
