@@ -55,7 +55,9 @@ B=$PWD/build-gpu/bin/bmt-run
 if [ -z "${SKIP_PARITY:-}" ]; then
 read -r -a names <<< "${NAMES:-all}"
 echo "== parity, fused plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-fused" "${names[@]}" --jobs 4 2>&1 | tee "$out/logs/parity-fused.log" | grep -v Warning | tail -16
-echo "== parity, plain plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-plain" "${names[@]}" --jobs 4 2>&1 | tee "$out/logs/parity-plain.log" | grep -v Warning | tail -2
+if [ -d "$plans/tiny-plain" ]; then
+  echo "== parity, plain plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-plain" "${names[@]}" --jobs 4 2>&1 | tee "$out/logs/parity-plain.log" | grep -v Warning | tail -2
+fi
 for v in fused plain; do
   [ -d "$plans/tiny-$v-bf16" ] || continue
   echo "== parity, $v plans (bf16 against float32, bound: 2 x eager bf16's difference)"
