@@ -33,6 +33,7 @@
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Generator.h>
+#include <ATen/ops/_foreach_copy.h>
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/stack.h>
@@ -135,9 +136,16 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
     if (gaps.size() <= 4)
       for (const auto &[begin, end] : gaps)
         flat.narrow(0, begin, end - begin).zero_();
+    // One multi-tensor copy (and cast) of every member's gradient: on CUDA
+    // one launch where a copy_ per member is a launch and its host work each.
+    std::vector<at::Tensor> into, from;
     for (size_t m = 0; m < grads.size(); ++m)
-      if (grads[m].defined())
-        flat.narrow(0, g.info->offsets[m], grads[m].numel()).copy_(grads[m].reshape({-1}));
+      if (grads[m].defined()) {
+        into.push_back(flat.narrow(0, g.info->offsets[m], grads[m].numel()));
+        from.push_back(grads[m].reshape({-1}));
+      }
+    if (!into.empty())
+      at::_foreach_copy_(into, from);
     // Tensor parallelism: replicated members whose gradient differs per TP
     // rank get the sum over the TP group (every TP rank runs this backward
     // in the same order).
