@@ -130,10 +130,10 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
     // place of a zero-fill of the whole buffer that writes it twice, unless
     // that would take more than a few small fills.
     std::vector<std::pair<int64_t, int64_t>> gaps = uncoveredRanges(g.info->offsets, g.padded, grads);
-    at::Tensor flat = gaps.size() <= 4
-                          ? at::empty({g.padded}, g.shard.options().dtype(zero->reduceDtype(g)))
-                          : at::zeros({g.padded}, g.shard.options().dtype(zero->reduceDtype(g)));
-    if (gaps.size() <= 4)
+    at::Tensor flat = at::empty({g.padded}, g.shard.options().dtype(zero->reduceDtype(g)));
+    if (gaps.size() > 4)
+      flat.zero_();
+    else
       for (const auto &[begin, end] : gaps)
         flat.narrow(0, begin, end - begin).zero_();
     // One multi-tensor copy (and cast) of every member's gradient: on CUDA
