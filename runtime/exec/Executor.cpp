@@ -308,6 +308,15 @@ Executor::Executor(const plan::Plan &plan, std::vector<at::Tensor> tensors,
 
 Executor::~Executor() = default;
 
+std::vector<fusion::FusedRegion *> Executor::fusedRegions() const {
+  std::vector<fusion::FusedRegion *> out;
+  for (const auto &function : prepared_)
+    for (const auto &p : function)
+      if (p->region)
+        out.push_back(p->region.get());
+  return out;
+}
+
 ExecutorHooks::~ExecutorHooks() = default;
 
 ExecutorObserver::~ExecutorObserver() = default;

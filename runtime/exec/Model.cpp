@@ -2,6 +2,7 @@
 
 #include "bmt/Runtime/exec/Model.h"
 #include "bmt/Runtime/objectives/CrossEntropy.h"
+#include "bmt/Runtime/fusion/Fused.h"
 
 #include "bmt/Runtime/optim/AdamW.h"
 #include "bmt/Runtime/optim/OffloadAdam.h"
@@ -405,6 +406,10 @@ ModelLoss Model::lossOf(const std::vector<std::pair<std::string, c10::IValue>> &
   if (hasLogits_ && results.at(logitsIndex_).second.isTensor())
     out.logits = results[logitsIndex_].second.toTensor();
   return out;
+}
+
+bool Model::usesFusedKernels() const {
+  return fusion::FusedRegion::usesKernels(device_) && !executor_->fusedRegions().empty();
 }
 
 bool Model::isEncoderDecoder() const { return takesInput("decoder_input_ids"); }

@@ -3,6 +3,7 @@
 #include "bmt/Runtime/fusion/Fused.h"
 
 #include "bmt/Runtime/fusion/Nvrtc.h"
+#include "bmt/Runtime/fusion/Prewarm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
@@ -15,6 +16,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
+#include <sstream>
 
 #ifdef BMT_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
@@ -68,36 +71,6 @@ struct FusedFunction : torch::autograd::Function<FusedFunction> {
   }
 };
 
-// ---- CUDA: the driver API through dlopen, kernels from NVRTC ----
-
-#ifdef BMT_WITH_CUDA_KERNELS
-struct Driver {
-  void *handle = nullptr;
-  int (*moduleLoadData)(void **, const void *) = nullptr;
-  int (*moduleGetFunction)(void **, void *, const char *) = nullptr;
-  int (*launchKernel)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                      void *, void **, void **) = nullptr;
-  int (*funcGetAttribute)(int *, int, void *) = nullptr;
-};
-
-const Driver &driver() {
-  static Driver d = [] {
-    Driver d;
-    d.handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!d.handle)
-      return d;
-    d.moduleLoadData = reinterpret_cast<decltype(d.moduleLoadData)>(dlsym(d.handle, "cuModuleLoadData"));
-    d.moduleGetFunction =
-        reinterpret_cast<decltype(d.moduleGetFunction)>(dlsym(d.handle, "cuModuleGetFunction"));
-    d.launchKernel = reinterpret_cast<decltype(d.launchKernel)>(dlsym(d.handle, "cuLaunchKernel"));
-    d.funcGetAttribute = reinterpret_cast<decltype(d.funcGetAttribute)>(dlsym(d.handle, "cuFuncGetAttribute"));
-    if (!d.moduleLoadData || !d.moduleGetFunction || !d.launchKernel || !d.funcGetAttribute)
-      d.handle = nullptr;
-    return d;
-  }();
-  return d;
-}
-
 /// bmt_fused::Args of the generated source (CudaSource.cpp's preamble).
 struct Args {
   long long n;
@@ -107,56 +80,7 @@ struct Args {
   void *tensors[kMaxTensors];
   long long strides[kMaxTensors][kMaxDims];
 };
-#endif
-
-} // namespace
-
-struct FusedRegion::Kernels {
-  void *function = nullptr; // CUfunction; null: a backward whose result depends on no input
-  int maxThreads = 1024;    // the most threads a block of it may have (its registers)
-  std::vector<c10::ScalarType> gradDtypes; // per backward output
-};
-
-FusedRegion::FusedRegion(Region region, std::string name)
-    : region_(std::move(region)), name_(identifier(name)) {}
-
-FusedRegion::~FusedRegion() = default;
-
-bool FusedRegion::accepts(const std::vector<at::Tensor> &inputs) const {
-  if (inputs.size() != static_cast<size_t>(region_.numInputs) || inputs.empty())
-    return false;
-  std::vector<c10::ScalarType> dtypes;
-  for (const at::Tensor &t : inputs) {
-    if (!t.defined() || !floating(t.scalar_type()) || t.device() != inputs[0].device())
-      return false;
-    dtypes.push_back(t.scalar_type());
-  }
-  if (resultDtype(region_, dtypes) == c10::ScalarType::Undefined)
-    return false;
-  try {
-    std::vector<int64_t> shape = elementShape(inputs);
-    return !(region_.hasReduction && shape.empty()) && callFits(region_, inputs, shape);
-  } catch (const FusionError &) {
-    return false;
-  }
-}
-
-at::Tensor FusedRegion::run(const std::vector<at::Tensor> &inputs) {
-  return FusedFunction::apply(this, at::TensorList(inputs));
-}
-
-bool FusedRegion::usesKernels(const at::Device &device) {
-#ifdef BMT_WITH_CUDA_KERNELS
-  static const bool disabled = std::getenv("BMT_FUSED_ATEN") != nullptr;
-  return device.is_cuda() && !disabled && driver().handle && nvrtcAvailable();
-#else
-  (void)device;
-  return false;
-#endif
-}
-
-#ifdef BMT_WITH_CUDA_KERNELS
-namespace {
+std::atomic<int64_t> lazyCount{0};
 
 /// Fills `a` for the element shape `shape` and the tensors' strides over
 /// it (`strided[k]`: the tensor broadcast to the element shape; outputs
@@ -280,6 +204,58 @@ void chooseVector(Args &a, size_t count, bool halves) {
   a.vec = a.ndim == 1 ? 1 : 2;
 }
 
+/// Threads of the 8-wide row kernel for rows of D: enough that kRowChunks
+/// runs of 8 a thread cover the row; 0 when RowVector's conditions fail for
+/// the first `count` tensors of `a`.
+unsigned rowVectorThreads(const Args &a, size_t count) {
+  const int last = a.ndim - 1;
+  const int64_t D = a.sizes[last];
+  if (D % 8 != 0 || D > int64_t{8} * kRowChunks * 1024)
+    return 0;
+  for (size_t k = 0; k < count; ++k) {
+    if (a.strides[k][last] == 0)
+      continue;
+    if (a.strides[k][last] != 1 || reinterpret_cast<uintptr_t>(a.tensors[k]) % 16 != 0)
+      return 0;
+    for (int d = 0; d < last; ++d)
+      if (a.strides[k][d] % 8 != 0)
+        return 0;
+  }
+  int64_t runs = D / 8;
+  int64_t threads = (runs + kRowChunks - 1) / kRowChunks;
+  return static_cast<unsigned>(std::max<int64_t>(64, (threads + 31) / 32 * 32));
+}
+
+#ifdef BMT_WITH_CUDA_KERNELS
+// ---- CUDA: the driver API through dlopen, kernels from NVRTC ----
+
+struct Driver {
+  void *handle = nullptr;
+  int (*moduleLoadData)(void **, const void *) = nullptr;
+  int (*moduleGetFunction)(void **, void *, const char *) = nullptr;
+  int (*launchKernel)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                      void *, void **, void **) = nullptr;
+  int (*funcGetAttribute)(int *, int, void *) = nullptr;
+};
+
+const Driver &driver() {
+  static Driver d = [] {
+    Driver d;
+    d.handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!d.handle)
+      return d;
+    d.moduleLoadData = reinterpret_cast<decltype(d.moduleLoadData)>(dlsym(d.handle, "cuModuleLoadData"));
+    d.moduleGetFunction =
+        reinterpret_cast<decltype(d.moduleGetFunction)>(dlsym(d.handle, "cuModuleGetFunction"));
+    d.launchKernel = reinterpret_cast<decltype(d.launchKernel)>(dlsym(d.handle, "cuLaunchKernel"));
+    d.funcGetAttribute = reinterpret_cast<decltype(d.funcGetAttribute)>(dlsym(d.handle, "cuFuncGetAttribute"));
+    if (!d.moduleLoadData || !d.moduleGetFunction || !d.launchKernel || !d.funcGetAttribute)
+      d.handle = nullptr;
+    return d;
+  }();
+  return d;
+}
+
 void launch(void *function, Args &a, unsigned blocks, unsigned threads, const at::Device &device) {
   if (a.n == 0)
     return;
@@ -322,18 +298,24 @@ int maxThreadsPerBlock(void *function) {
 
 /// The kernel `name` of `source` on `device`: one module per distinct
 /// source and device in the process (identical regions of identical blocks
-/// share it), compiled through the disk cache.
-void *loadFunction(const std::string &source, const std::string &name, const at::Device &device) {
+/// share it), loaded from `binary` when given, else compiled through the
+/// disk cache.
+void *loadFunction(const std::string &source, const std::string &name, const at::Device &device,
+                   const std::string *binary) {
   static std::mutex mutex;
   static std::map<std::string, void *> loaded;
   std::lock_guard<std::mutex> lock(mutex);
   std::string key = device.str() + "\n" + source;
   if (auto it = loaded.find(key); it != loaded.end())
     return it->second;
-  const cudaDeviceProp *prop = at::cuda::getDeviceProperties(device.index());
-  std::string cubin = compileCuda(source, name, prop->major, prop->minor, /*cubin=*/true);
+  std::string compiled;
+  if (!binary) {
+    const cudaDeviceProp *prop = at::cuda::getDeviceProperties(device.index());
+    compiled = compileCuda(source, name, prop->major, prop->minor, /*cubin=*/true);
+    binary = &compiled;
+  }
   void *module = nullptr, *function = nullptr;
-  int rc = driver().moduleLoadData(&module, cubin.data());
+  int rc = driver().moduleLoadData(&module, binary->data());
   if (rc != 0)
     throw FusionError("cuModuleLoadData failed for " + name + " (CUresult " + std::to_string(rc) + ")");
   rc = driver().moduleGetFunction(&function, module, name.c_str());
@@ -343,101 +325,12 @@ void *loadFunction(const std::string &source, const std::string &name, const at:
   return function;
 }
 
-} // namespace
-#endif
-
-FusedRegion::Kernels &FusedRegion::kernelsFor(const std::vector<at::Tensor> &inputs,
-                                              const at::Tensor &gradOut, const RowVector *rowVector,
-                                              const std::vector<bool> &needed) {
-  std::string key = inputs[0].device().str();
-  std::vector<c10::ScalarType> dtypes;
-  for (const at::Tensor &t : inputs) {
-    dtypes.push_back(t.scalar_type());
-    key += std::string(",") + c10::toString(t.scalar_type());
-  }
-  std::vector<int64_t> shape = elementShape(inputs);
-  // Broadcast inputs get fp32 gradients (summed over the broadcast dims after).
-  std::vector<c10::ScalarType> gradDtypes;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (gradientWanted(i, needed)) {
-      bool full = inputs[i].sizes().vec() == shape;
-      gradDtypes.push_back(full ? inputs[i].scalar_type() : at::kFloat);
-      key += full ? ",g" : ",G";
-    }
-  c10::ScalarType gradDtype = gradOut.defined() ? gradOut.scalar_type() : resultDtype(region_, dtypes);
-  key += std::string(",") + c10::toString(gradDtype);
-  // Forward and backward kernels of one variant (the 8-wide row kernel and
-  // its column sums, or not) are compiled on their first use.
-  const bool backward = gradOut.defined();
-  key += backward ? ",bwd" : ",fwd";
-  for (size_t i = 0; backward && i < inputs.size(); ++i)
-    key += gradientWanted(i, needed) ? "1" : "0";
-  if (rowVector) {
-    key += ",v";
-    for (bool c : rowVector->columnSums)
-      key += c ? "C" : "e";
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::unique_ptr<Kernels> &k = kernels_[key];
-  if (k)
-    return *k;
-  k = std::make_unique<Kernels>();
-  k->gradDtypes = gradDtypes;
-#ifdef BMT_WITH_CUDA_KERNELS
-  // Names from the region's shape only (one kernel per module), so equal
-  // regions still give equal sources and share one module, and a profile
-  // tells the kinds apart: bmt_fused_{row,pw}_<inputs>in_<nodes>n_{fwd,bwd}.
-  std::string tag = std::string("bmt_fused_") + (region_.hasReduction ? "row_" : "pw_") +
-                    std::to_string(region_.numInputs) + "in_" +
-                    std::to_string(region_.forward.nodes.size()) + "n_";
-  if (!backward) {
-    std::string fname = tag + "fwd";
-    k->function = loadFunction(cudaSource(region_.forward, {region_.result}, fname, dtypes,
-                                          c10::ScalarType::Undefined, {resultDtype(region_, dtypes)},
-                                          rowVector),
-                               fname, inputs[0].device());
-    k->maxThreads = maxThreadsPerBlock(k->function);
-    return *k;
-  }
-  std::vector<int> outs;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (gradientWanted(i, needed))
-      outs.push_back(region_.gradients[i]);
-  std::string bname = tag + "bwd";
-  if (!outs.empty())
-    k->function = loadFunction(
-        cudaSource(region_.backward, outs, bname, dtypes, gradDtype, gradDtypes, rowVector), bname,
-        inputs[0].device());
-  if (k->function)
-    k->maxThreads = maxThreadsPerBlock(k->function);
-#endif
-  return *k;
+int multiProcessors(const at::Device &device) {
+  return device.is_cuda() ? at::cuda::getDeviceProperties(device.index())->multiProcessorCount : 1;
 }
-
-#ifdef BMT_WITH_CUDA_KERNELS
-namespace {
-
-/// Threads of the 8-wide row kernel for rows of D: enough that kRowChunks
-/// runs of 8 a thread cover the row; 0 when RowVector's conditions fail for
-/// the first `count` tensors of `a`.
-unsigned rowVectorThreads(const Args &a, size_t count) {
-  const int last = a.ndim - 1;
-  const int64_t D = a.sizes[last];
-  if (D % 8 != 0 || D > int64_t{8} * kRowChunks * 1024)
-    return 0;
-  for (size_t k = 0; k < count; ++k) {
-    if (a.strides[k][last] == 0)
-      continue;
-    if (a.strides[k][last] != 1 || reinterpret_cast<uintptr_t>(a.tensors[k]) % 16 != 0)
-      return 0;
-    for (int d = 0; d < last; ++d)
-      if (a.strides[k][d] % 8 != 0)
-        return 0;
-  }
-  int64_t runs = D / 8;
-  int64_t threads = (runs + kRowChunks - 1) / kRowChunks;
-  return static_cast<unsigned>(std::max<int64_t>(64, (threads + 31) / 32 * 32));
-}
+#else
+int multiProcessors(const at::Device &) { return 1; }
+#endif
 
 /// Blocks of the 8-wide row kernel, at most one per row: 16 per SM (more
 /// than its registers let run at once: measured on an H200 with LLaMA's
@@ -446,30 +339,161 @@ unsigned rowVectorThreads(const Args &a, size_t count) {
 /// writes one row of column sums: [blocks, D] floats for the caller to sum;
 /// 8 or 16 were no faster).
 unsigned rowVectorBlocks(const Args &a, const at::Device &device, bool columnSums) {
-  int sms = at::cuda::getDeviceProperties(device.index())->multiProcessorCount;
+  int sms = multiProcessors(device);
   int64_t perSm = columnSums ? 4 : 16;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(a.n, int64_t{sms} * perSm)));
 }
 
 } // namespace
+
+std::string KernelSpec::key() const {
+  std::ostringstream os;
+  os << (backward ? "bwd" : "fwd");
+  for (size_t i = 0; i < inputDtypes.size(); ++i)
+    os << (i ? "," : " ") << c10::toString(inputDtypes[i]);
+  if (backward)
+    os << " grad=" << c10::toString(gradDtype);
+  os << " out=";
+  for (size_t o = 0; o < outDtypes.size(); ++o)
+    os << (o ? "," : "") << (backward ? std::to_string(gradients.at(o)) + ":" : std::string())
+       << c10::toString(outDtypes[o]);
+  if (rowVector) {
+    os << " rv=";
+    for (bool c : rowVector->columnSums)
+      os << (c ? 'C' : 'e');
+  }
+  return os.str();
+}
+
+struct FusedRegion::Kernels {
+  void *function = nullptr; // CUfunction; null: not loaded (no GPU, or no output)
+  int maxThreads = 1024;    // the most threads a block of it may have (its registers)
+};
+
+FusedRegion::FusedRegion(Region region, std::string name)
+    : region_(std::move(region)), name_(identifier(name)) {}
+
+FusedRegion::~FusedRegion() = default;
+
+bool FusedRegion::accepts(const std::vector<at::Tensor> &inputs) const {
+  if (inputs.size() != static_cast<size_t>(region_.numInputs) || inputs.empty())
+    return false;
+  std::vector<c10::ScalarType> dtypes;
+  for (const at::Tensor &t : inputs) {
+    if (!t.defined() || !floating(t.scalar_type()) || t.device() != inputs[0].device())
+      return false;
+    dtypes.push_back(t.scalar_type());
+  }
+  if (resultDtype(region_, dtypes) == c10::ScalarType::Undefined)
+    return false;
+  try {
+    std::vector<int64_t> shape = elementShape(inputs);
+    return !(region_.hasReduction && shape.empty()) && callFits(region_, inputs, shape);
+  } catch (const FusionError &) {
+    return false;
+  }
+}
+
+at::Tensor FusedRegion::run(const std::vector<at::Tensor> &inputs) {
+  return FusedFunction::apply(this, at::TensorList(inputs));
+}
+
+bool FusedRegion::usesKernels(const at::Device &device) {
+#ifdef BMT_WITH_CUDA_KERNELS
+  static const bool disabled = std::getenv("BMT_FUSED_ATEN") != nullptr;
+  return device.is_cuda() && !disabled && driver().handle && nvrtcAvailable();
+#else
+  (void)device;
+  return false;
 #endif
+}
+
+int64_t FusedRegion::lazyKernels() { return lazyCount.load(); }
+
+std::pair<std::string, std::string> FusedRegion::kernelSource(const KernelSpec &spec) const {
+  // Names from the region's shape only (one kernel per module), so equal
+  // regions still give equal sources and share one module, and a profile
+  // tells the kinds apart: bmt_fused_{row,pw}_<inputs>in_<nodes>n_{fwd,bwd}.
+  std::string tag = std::string("bmt_fused_") + (region_.hasReduction ? "row_" : "pw_") +
+                    std::to_string(region_.numInputs) + "in_" +
+                    std::to_string(region_.forward.nodes.size()) + "n_";
+  const RowVector *rv = spec.rowVector ? &*spec.rowVector : nullptr;
+  if (!spec.backward) {
+    std::string name = tag + "fwd";
+    return {name, cudaSource(region_.forward, {region_.result}, name, spec.inputDtypes,
+                             c10::ScalarType::Undefined, spec.outDtypes, rv)};
+  }
+  std::vector<int> outs;
+  for (size_t i : spec.gradients)
+    outs.push_back(region_.gradients.at(i));
+  std::string name = tag + "bwd";
+  return {name, cudaSource(region_.backward, outs, name, spec.inputDtypes, spec.gradDtype,
+                           spec.outDtypes, rv)};
+}
+
+FusedRegion::Kernels &FusedRegion::kernelsFor(const KernelSpec &spec, const at::Device &device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_ptr<Kernels> &k = kernels_[device.str() + " " + spec.key()];
+  if (k)
+    return *k;
+  ++lazyCount; // not installed before its first call (Prewarm.h)
+  k = std::make_unique<Kernels>();
+#ifdef BMT_WITH_CUDA_KERNELS
+  if (usesKernels(device)) {
+    auto [name, source] = kernelSource(spec);
+    k->function = loadFunction(source, name, device, nullptr);
+    k->maxThreads = maxThreadsPerBlock(k->function);
+  }
+#endif
+  return *k;
+}
+
+int FusedRegion::install(const KernelSpec &spec, const at::Device &device, const std::string &binary) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_ptr<Kernels> &k = kernels_[device.str() + " " + spec.key()];
+  if (k)
+    return k->maxThreads;
+  auto made = std::make_unique<Kernels>();
+#ifdef BMT_WITH_CUDA_KERNELS
+  if (usesKernels(device)) {
+    auto [name, source] = kernelSource(spec);
+    made->function = loadFunction(source, name, device, &binary);
+    made->maxThreads = maxThreadsPerBlock(made->function);
+  }
+#else
+  (void)binary;
+#endif
+  k = std::move(made);
+  return k->maxThreads;
+}
+
+KernelSpec FusedRegion::forwardSpec(const std::vector<at::Tensor> &inputs) const {
+  KernelSpec spec;
+  for (const at::Tensor &t : inputs)
+    spec.inputDtypes.push_back(t.scalar_type());
+  spec.outDtypes = {resultDtype(region_, spec.inputDtypes)};
+  return spec;
+}
 
 at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
-  if (!usesKernels(inputs[0].device()))
+  const at::Device device = inputs[0].device();
+  if (!kernelPath(device))
     return forwardATen(region_, inputs);
+  const bool kernels = usesKernels(device);
 #ifdef BMT_WITH_CUDA_KERNELS
-  c10::cuda::CUDAGuard guard(inputs[0].device());
+  std::optional<c10::cuda::CUDAGuard> guard;
+  if (kernels)
+    guard.emplace(device);
+#endif
   std::vector<int64_t> shape = elementShape(inputs);
-  std::vector<c10::ScalarType> dtypes;
-  for (const at::Tensor &t : inputs)
-    dtypes.push_back(t.scalar_type());
+  KernelSpec spec = forwardSpec(inputs);
   bool rowResult = region_.forward.rowValued()[region_.result];
   std::vector<int64_t> outShape = shape;
   if (rowResult)
     outShape.back() = 1;
   // The kernel walks the element shape in `order` (the last dim stays last).
   const std::vector<int64_t> order = walkOrder(inputs, shape);
-  at::Tensor out = emptyInOrder(outShape, order, inputs[0].options().dtype(resultDtype(region_, dtypes)));
+  at::Tensor out = emptyInOrder(outShape, order, inputs[0].options().dtype(spec.outDtypes[0]));
   std::vector<std::vector<int64_t>> strides;
   for (const at::Tensor &t : inputs)
     strides.push_back(permuted(t.expand(shape).strides().vec(), order));
@@ -483,25 +507,38 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
   for (size_t i = 0; i < inputs.size(); ++i)
     a.tensors[i] = const_cast<void *>(inputs[i].data_ptr());
   a.tensors[inputs.size()] = out.data_ptr();
-  const at::Device device = inputs[0].device();
+  // The 8-wide row kernel where the row allows it, else the scalar one.
+  unsigned threads = 0;
   if (region_.hasReduction) {
-    if (unsigned threads = rowVectorThreads(a, inputs.size())) {
-      RowVector rv{{false}};
-      Kernels &k = kernelsFor(inputs, at::Tensor(), &rv, {});
-      if (static_cast<int>(threads) <= k.maxThreads) { // else too many registers: the scalar kernel
-        launch(k.function, a, rowVectorBlocks(a, device, false), threads, device);
-        return out;
-      }
-    }
+    threads = rowVectorThreads(a, inputs.size());
+    if (threads)
+      spec.rowVector = RowVector{{false}};
   } else {
     chooseVector(a, inputs.size() + 1, !region_.halves.empty());
   }
-  Kernels &k = kernelsFor(inputs, at::Tensor(), nullptr, {});
-  launch(k.function, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), device);
-  return out;
-#else
-  return forwardATen(region_, inputs);
+  if (recorder_)
+    recorder_->add(this, spec, device, static_cast<int>(threads));
+  if (recorder_ && recorder_->dryRun())
+    return out; // allocated as the kernel's, not computed
+  Kernels *k = &kernelsFor(spec, device);
+  if (threads && static_cast<int>(threads) > k->maxThreads) { // too many registers: the scalar kernel
+    threads = 0;
+    spec.rowVector.reset();
+    if (recorder_)
+      recorder_->add(this, spec, device, 0);
+    k = &kernelsFor(spec, device);
+  }
+  if (!kernels) { // emulation: the ATen values in the kernel's layout
+    out.copy_(forwardATen(region_, inputs));
+    return out;
+  }
+#ifdef BMT_WITH_CUDA_KERNELS
+  if (threads)
+    launch(k->function, a, rowVectorBlocks(a, device, false), threads, device);
+  else
+    launch(k->function, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), device);
 #endif
+  return out;
 }
 
 bool FusedRegion::gradientWanted(size_t i, const std::vector<bool> &needed) const {
@@ -511,36 +548,53 @@ bool FusedRegion::gradientWanted(size_t i, const std::vector<bool> &needed) cons
 std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inputs,
                                               const at::Tensor &gradOut,
                                               const std::vector<bool> &needed) {
-  if (!usesKernels(inputs[0].device())) {
+  const at::Device device = inputs[0].device();
+  auto aten = [&] {
     std::vector<at::Tensor> grads = backwardATen(region_, inputs, gradOut);
     for (size_t i = 0; i < grads.size(); ++i)
       if (!gradientWanted(i, needed))
         grads[i] = at::Tensor();
     return grads;
-  }
+  };
+  if (!kernelPath(device))
+    return aten();
+  const bool kernels = usesKernels(device);
+  const bool dry = recorder_ && recorder_->dryRun();
 #ifdef BMT_WITH_CUDA_KERNELS
-  c10::cuda::CUDAGuard guard(inputs[0].device());
+  std::optional<c10::cuda::CUDAGuard> guard;
+  if (kernels)
+    guard.emplace(device);
+#endif
   std::vector<at::Tensor> grads(inputs.size());
   std::vector<at::Tensor> all = inputs;
   all.push_back(gradOut);
   std::vector<int64_t> shape = elementShape(all);
+  const std::vector<int64_t> inputShape = elementShape(inputs);
   // Gradients laid out as the forward's result (walkOrder of the inputs).
   const std::vector<int64_t> order = walkOrder(inputs, shape);
   std::vector<std::vector<int64_t>> strides;
   for (const at::Tensor &t : all)
     strides.push_back(permuted(t.expand(shape).strides().vec(), order));
-  // Per gradient output: the input it belongs to, and whether the 8-wide row
-  // kernel writes it as column sums (an input that is one row broadcast
-  // over all rows: a norm's weight).
-  std::vector<size_t> of;
+  // Per gradient output: the input it belongs to, its dtype (the input's
+  // where the input has the element shape; a broadcast one's is float32,
+  // summed after), and whether the 8-wide row kernel writes it as column
+  // sums (an input that is one row broadcast over all rows: a norm's weight).
+  KernelSpec spec;
+  spec.backward = true;
+  spec.gradDtype = gradOut.scalar_type();
+  for (const at::Tensor &t : inputs)
+    spec.inputDtypes.push_back(t.scalar_type());
   std::vector<bool> columnSums;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (gradientWanted(i, needed)) {
-      of.push_back(i);
+      spec.gradients.push_back(i);
+      spec.outDtypes.push_back(inputs[i].sizes().vec() == inputShape ? inputs[i].scalar_type()
+                                                                     : at::kFloat);
       bool oneRow = region_.hasReduction && !shape.empty() && inputs[i].numel() == shape.back() &&
                     inputs[i].sizes().vec() != shape;
       columnSums.push_back(oneRow);
     }
+  const std::vector<size_t> &of = spec.gradients;
   if (of.empty())
     return grads;
   for (size_t o = 0; o < of.size(); ++o)
@@ -550,13 +604,21 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
     return backwardATen(region_, inputs, gradOut);
   for (size_t i = 0; i < all.size(); ++i)
     a.tensors[i] = const_cast<void *>(all[i].data_ptr());
-  const at::Device device = inputs[0].device();
   unsigned threads = region_.hasReduction ? rowVectorThreads(a, all.size()) : 0;
-  RowVector rv{columnSums};
-  Kernels *k = &kernelsFor(inputs, gradOut, threads ? &rv : nullptr, needed);
-  if (threads && static_cast<int>(threads) > k->maxThreads) { // too many registers: the scalar kernel
-    threads = 0;
-    k = &kernelsFor(inputs, gradOut, nullptr, needed);
+  if (threads)
+    spec.rowVector = RowVector{columnSums};
+  if (recorder_)
+    recorder_->add(this, spec, device, static_cast<int>(threads));
+  Kernels *k = nullptr;
+  if (!dry) {
+    k = &kernelsFor(spec, device);
+    if (threads && static_cast<int>(threads) > k->maxThreads) { // too many registers: the scalar kernel
+      threads = 0;
+      spec.rowVector.reset();
+      if (recorder_)
+        recorder_->add(this, spec, device, 0);
+      k = &kernelsFor(spec, device);
+    }
   }
   unsigned blocks = threads ? rowVectorBlocks(a, device, true) : 0;
   std::vector<at::Tensor> outs;
@@ -565,15 +627,19 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
     if (threads && columnSums[o])
       outs.push_back(at::empty({static_cast<int64_t>(blocks), shape.back()}, input.options().dtype(at::kFloat)));
     else
-      outs.push_back(emptyInOrder(shape, order, input.options().dtype(k->gradDtypes[o])));
+      outs.push_back(emptyInOrder(shape, order, input.options().dtype(spec.outDtypes[o])));
     a.tensors[all.size() + o] = outs.back().data_ptr();
   }
-  if (threads) {
-    launch(k->function, a, blocks, threads, device);
-  } else {
-    chooseVector(a, all.size() + outs.size(), !region_.halves.empty());
-    launch(k->function, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), device);
+#ifdef BMT_WITH_CUDA_KERNELS
+  if (kernels && !dry) {
+    if (threads) {
+      launch(k->function, a, blocks, threads, device);
+    } else {
+      chooseVector(a, all.size() + outs.size(), !region_.halves.empty());
+      launch(k->function, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), device);
+    }
   }
+#endif
   for (size_t o = 0; o < of.size(); ++o) {
     const at::Tensor &input = inputs[of[o]];
     at::Tensor g = outs[o];
@@ -583,10 +649,12 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
       g = at::sum_to(g, input.sizes());
     grads[of[o]] = g.to(input.scalar_type());
   }
+  if (!kernels && !dry) { // emulation: the ATen values in the kernel's layouts
+    std::vector<at::Tensor> values = backwardATen(region_, inputs, gradOut);
+    for (size_t i : of)
+      grads[i].copy_(values[i]);
+  }
   return grads;
-#else
-  return backwardATen(region_, inputs, gradOut);
-#endif
 }
 
 } // namespace bmt::fusion

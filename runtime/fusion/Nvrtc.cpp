@@ -13,6 +13,7 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 namespace bmt::fusion {
@@ -106,7 +107,9 @@ std::filesystem::path cacheDir() {
 bool nvrtcAvailable() { return api().handle != nullptr; }
 
 std::string compileCuda(const std::string &source, const std::string &name, int major, int minor,
-                        bool cubin) {
+                        bool cubin, bool *cached) {
+  if (cached)
+    *cached = false;
   const Api &a = api();
   if (!a.handle)
     throw FusionError("NVRTC is not available (no libnvrtc.so.13/.12 could be loaded; set "
@@ -125,8 +128,11 @@ std::string compileCuda(const std::string &source, const std::string &name, int 
     if (in) {
       std::ostringstream buf;
       buf << in.rdbuf();
-      if (!buf.str().empty())
+      if (!buf.str().empty()) {
+        if (cached)
+          *cached = true;
         return buf.str();
+      }
     }
   }
 
@@ -158,10 +164,12 @@ std::string compileCuda(const std::string &source, const std::string &name, int 
   }
   a.destroy(&prog);
   if (!dir.empty()) {
-    // Written to a temporary name and renamed: concurrent ranks never read
-    // half a file.
+    // Written to a temporary name and renamed: concurrent ranks (and
+    // threads) never read half a file.
     std::filesystem::create_directories(dir, ec);
-    std::filesystem::path tmp = dir / (file.str() + ".tmp" + std::to_string(::getpid()));
+    std::filesystem::path tmp =
+        dir / (file.str() + ".tmp" + std::to_string(::getpid()) + "-" +
+               std::to_string(std::hash<std::thread::id>()(std::this_thread::get_id())));
     {
       std::ofstream o(tmp, std::ios::binary);
       o.write(out.data(), static_cast<std::streamsize>(out.size()));

@@ -23,6 +23,10 @@
 #include <string>
 #include <vector>
 
+namespace bmt::fusion {
+class FusedRegion;
+}
+
 namespace bmt::runtime {
 
 /// An operator failed, or the plan cannot run. The message names the
@@ -111,6 +115,9 @@ public:
   /// storage groups, which the hooks provide).
   std::vector<at::Tensor> &tensors() { return tensors_; }
   const plan::Plan &plan() const { return plan_; }
+  /// The fused regions of the plan's Fused instructions that the generator
+  /// takes (one per instruction), in plan order.
+  std::vector<fusion::FusedRegion *> fusedRegions() const;
 
 private:
   struct Prepared;

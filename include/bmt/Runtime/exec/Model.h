@@ -249,6 +249,11 @@ public:
   /// Reports the executor's block results (and instructions) to `observer`
   /// (train/Inspect.h; not owned, null: none).
   void setObserver(ExecutorObserver *observer) { executor_->setObserver(observer); }
+  /// The program's fused regions (Executor::fusedRegions).
+  std::vector<fusion::FusedRegion *> fusedRegions() const { return executor_->fusedRegions(); }
+  /// Whether the program has fused regions and they run generated CUDA
+  /// kernels on this device (fusion::FusedRegion::usesKernels).
+  bool usesFusedKernels() const;
 
   /// Elements in all distinct trainable parameters (of the whole model).
   int64_t numParameters() const;

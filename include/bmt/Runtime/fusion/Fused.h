@@ -5,9 +5,10 @@
 // whose backward is one kernel over the saved inputs and grad_output
 // (intermediates are recomputed, never saved). On a GPU with the runtime's
 // CUDA kernels built in and NVRTC loadable, the kernels are the generator's
-// (compiled once per input dtypes, cached on disk, include/bmt/Runtime/
-// fusion/Nvrtc.h); elsewhere (CPU, no NVRTC) the same graphs are evaluated
-// with ATen ops (Region.h), which computes the same values op by op.
+// (one per KernelSpec, cached on disk, include/bmt/Runtime/fusion/Nvrtc.h),
+// compiled before the first step (Prewarm.h) or else at their first call;
+// elsewhere (CPU, no NVRTC) the same graphs are evaluated with ATen ops
+// (Region.h), which computes the same values op by op.
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,11 +17,34 @@
 
 #include "bmt/Runtime/fusion/Region.h"
 
+#include <c10/core/Device.h>
+
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <utility>
 
 namespace bmt::fusion {
+
+class KernelRecorder;
+
+/// What selects one generated kernel of a region (its CUDA source is a
+/// function of this and the region): the input dtypes, forward or backward,
+/// the output dtypes, the gradients computed, the 8-wide row variant.
+struct KernelSpec {
+  std::vector<c10::ScalarType> inputDtypes;
+  bool backward = false;
+  c10::ScalarType gradDtype = c10::ScalarType::Undefined; ///< backward: grad_output's dtype
+  std::vector<size_t> gradients; ///< backward: the inputs whose gradients it writes, in order
+  /// Per output: forward, the result's dtype; backward, the input's dtype
+  /// where the input has the element shape, else float32 (summed after).
+  std::vector<c10::ScalarType> outDtypes;
+  std::optional<RowVector> rowVector; ///< the 8-wide row kernel (and its column sums)
+  /// All of the above as text ("bwd Float,Float grad=Float out=0:Float rv=C").
+  std::string key() const;
+};
 
 class FusedRegion {
 public:
@@ -50,17 +74,45 @@ public:
   /// `device` (false: ATen evaluation).
   static bool usesKernels(const at::Device &device);
 
+  /// While set (not owned; null: none), every call tells `recorder` the
+  /// kernel it launches, or would launch on a GPU; a dry-run recorder
+  /// makes calls allocate their results as the kernels would and compute
+  /// nothing (Prewarm.h). Set it only while no call runs.
+  void setRecorder(KernelRecorder *recorder) { recorder_ = recorder; }
+  /// Tests: on a device without kernels, calls take the kernels' path (the
+  /// same results' layouts, kernel bookkeeping and lazyKernels()) with the
+  /// values of the ATen evaluation.
+  void setEmulation(bool on) { emulate_ = on; }
+
+  /// The kernel's C name and CUDA source for `spec`.
+  std::pair<std::string, std::string> kernelSource(const KernelSpec &spec) const;
+  /// Makes `spec`'s kernel ready for calls on `device` from `binary` (a
+  /// CUBIN of kernelSource(spec) for the device; on a device without
+  /// kernels it is only noted as ready). Returns the most threads a block
+  /// of it may have (1024 where nothing is loaded). Throws FusionError.
+  int install(const KernelSpec &spec, const at::Device &device, const std::string &binary);
+  /// Kernels that calls had to make ready themselves (compiled or loaded
+  /// at the call: not installed before), in all regions since the process
+  /// started.
+  static int64_t lazyKernels();
+
 private:
   struct Kernels;
   Region region_;
   std::string name_;
+  KernelRecorder *recorder_ = nullptr;
+  bool emulate_ = false;
   std::mutex mutex_;
-  std::map<std::string, std::unique_ptr<Kernels>> kernels_; // by dtypes, device, direction, variant
-  /// The compiled forward (gradOut undefined) or backward kernel for these
-  /// dtypes, the 8-wide row kernel when `rowVector` is given.
-  Kernels &kernelsFor(const std::vector<at::Tensor> &inputs, const at::Tensor &gradOut,
-                      const RowVector *rowVector, const std::vector<bool> &needed);
+  std::map<std::string, std::unique_ptr<Kernels>> kernels_; // by device and KernelSpec::key
+  /// The kernel of `spec` on `device`, compiled (through the disk cache)
+  /// and loaded at the first call that was not preceded by install().
+  Kernels &kernelsFor(const KernelSpec &spec, const at::Device &device);
+  KernelSpec forwardSpec(const std::vector<at::Tensor> &inputs) const;
   bool gradientWanted(size_t i, const std::vector<bool> &needed) const;
+  /// Whether calls take the kernels' path on `device`.
+  bool kernelPath(const at::Device &device) const {
+    return recorder_ || emulate_ || usesKernels(device);
+  }
 };
 
 } // namespace bmt::fusion

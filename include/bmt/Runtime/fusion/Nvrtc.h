@@ -23,10 +23,11 @@ bool nvrtcAvailable();
 /// PTX for compute_XY. Results are cached on disk by a hash of the source,
 /// the architecture and the NVRTC version, in $BMT_KERNEL_CACHE (default
 /// $XDG_CACHE_HOME/bmt/kernels, else ~/.cache/bmt/kernels; a cache that
-/// cannot be written is skipped). Throws FusionError with NVRTC's log when
-/// compilation fails, or when no NVRTC library loads.
+/// cannot be written is skipped); `cached`, when given, says whether the
+/// result came from there. Thread-safe. Throws FusionError with NVRTC's log
+/// when compilation fails, or when no NVRTC library loads.
 std::string compileCuda(const std::string &source, const std::string &name, int major, int minor,
-                        bool cubin);
+                        bool cubin, bool *cached = nullptr);
 
 } // namespace bmt::fusion
 
