@@ -57,7 +57,8 @@ void MetricsWriter::step(const StepMetrics &m) {
            << ", \"tflops\": " << jsonNumber(m.tflops)
            << ", \"elapsed_s\": " << jsonNumber(m.elapsedSeconds)
            << ", \"peak_mem_gib\": " << jsonNumber(m.peakMemoryGiB)
-           << ", \"host_s\": " << jsonNumber(m.hostSeconds) << "}\n";
+           << ", \"host_s\": " << jsonNumber(m.hostSeconds)
+           << ", \"fused_lazy_kernels\": " << m.fusedLazyKernels << "}\n";
     json_->flush();
   }
 }

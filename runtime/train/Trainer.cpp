@@ -19,6 +19,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <ATen/Context.h>
 
 #include <algorithm>
 #include <chrono>
@@ -518,6 +519,50 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
   return current;
 }
 
+Trainer::KernelPrewarm Trainer::prewarmFusedKernels(MicroBatchSource &source,
+                                                    const fusion::PrewarmOptions &options) {
+  KernelPrewarm result;
+  std::vector<fusion::FusedRegion *> regions = model_.fusedRegions();
+  if (regions.empty())
+    return result;
+  const auto start = std::chrono::steady_clock::now();
+  // The step's own first micro-batch, read ahead and put back; the
+  // objective's draws and the device's generator (dropout) are restored
+  // after, so that the steps run as without the dry run.
+  const DataPosition position = source.position();
+  MicroBatch batch = source.next();
+  source.seek(position);
+  std::mt19937_64 rng = rng_;
+  const at::Device device = model_.device();
+  std::vector<at::Device> devices{at::Device(at::kCPU)};
+  if (!device.is_cpu())
+    devices.push_back(device);
+  std::vector<std::pair<at::Generator, at::Tensor>> generators;
+  for (const at::Device &d : devices) {
+    at::Generator g = at::globalContext().defaultGenerator(d);
+    generators.emplace_back(g, g.get_state());
+  }
+  fusion::KernelRecorder recorder(/*dryRun=*/true);
+  {
+    fusion::RecordingScope recording(regions, &recorder);
+    // As queueStep runs a micro-batch: the same tensors reach the regions.
+    at::Tensor objective =
+        microBatchLoss(batch, rng).loss.div(static_cast<double>(config_.gradAccum));
+    if (scaler_)
+      objective = objective.mul(scaler_->scale().to(objective.scalar_type()).reshape({}));
+    objective.backward();
+  }
+  model_.synchronizeGradients(); // (collective: the reduce-scatters the backward started)
+  optimizer_->zeroGrad();
+  for (auto &[generator, state] : generators)
+    generator.set_state(state);
+  result.dryRunSeconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.requests = recorder.requests();
+  result.compiled = fusion::prewarm(result.requests, options);
+  return result;
+}
+
 void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t seqLen,
                     int64_t microBatch) {
   const bool rank0 = model_.world().rank() == 0;
@@ -555,6 +600,17 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
       }
     }
   }
+  // The fused kernels of the steps, compiled before the first one.
+  const bool fusedKernels = model_.usesFusedKernels() && startStep_ < config_.steps;
+  if (fusedKernels && config_.prewarmKernels) {
+    KernelPrewarm p = prewarmFusedKernels(source);
+    if (rank0)
+      out_ << "bmt-run: compiled " << p.compiled.kernels << " fused kernels in " << std::fixed
+           << std::setprecision(1) << p.compiled.seconds << " s (" << p.compiled.cached
+           << " cached; " << p.compiled.installed << " uses found by a dry run of one micro-batch in "
+           << std::setprecision(2) << p.dryRunSeconds << " s)" << std::defaultfloat << "\n";
+  }
+  lazyKernelsAtStart_ = fusion::FusedRegion::lazyKernels();
   auto start = Clock::now();
   auto lastReport = start;
   double numParams = static_cast<double>(model_.numParameters());
@@ -649,6 +705,7 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
       metrics.elapsedSeconds = elapsed;
       metrics.hostSeconds = p.hostSeconds;
       metrics.peakMemoryGiB = peakMemoryGiB(device);
+      metrics.fusedLazyKernels = fusion::FusedRegion::lazyKernels() - lazyKernelsAtStart_;
       metrics_.step(metrics);
     }
     inspector_->report(p.step, rank0 ? &metrics_ : nullptr);
@@ -726,6 +783,10 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
     if (std::optional<CheckpointResult> done = saver_->wait())
       reportCheckpoint(*done);
   runEval(config_.steps);
+  if (fusedKernels && rank0)
+    out_ << "bmt-run: fused kernels compiled during training: "
+         << fusion::FusedRegion::lazyKernels() - lazyKernelsAtStart_
+         << (config_.prewarmKernels ? "" : " (--no-prewarm-kernels)") << "\n";
 }
 
 } // namespace bmt::runtime

@@ -216,6 +216,10 @@ const std::vector<Option> &optionTable() {
        }},
       {"--clip-grad", "F", "training", "clip the global gradient norm to F; 0 = off (default 1.0)",
        [](RunOptions &o, auto &k, const Values &v) { o.train.clipGrad = toDouble(k, v[0], 0); }},
+      {"--no-prewarm-kernels", "", "training",
+       "compile the fused regions' CUDA kernels at their first call in\n"
+       "a step instead of before step 1 (docs/runtime.md, Fused regions)",
+       [](RunOptions &o, auto &, const Values &) { o.train.prewarmKernels = false; }},
       {"--offload-optimizer", "", "training",
        "keep the float32 master weights and Adam/AdamW moments in\n"
        "(pinned) host memory and run the optimizer on the CPU; gradients\n"

@@ -19,6 +19,7 @@
 #include "bmt/Runtime/checkpoint/Checkpoint.h"
 #include "bmt/Runtime/objectives/Corruption.h"
 #include "bmt/Runtime/exec/Model.h"
+#include "bmt/Runtime/fusion/Prewarm.h"
 #include "bmt/Runtime/optim/OffloadAdam.h"
 #include "bmt/Runtime/comm/Rendezvous.h"
 #include "bmt/Runtime/io/Safetensors.h"
@@ -182,6 +183,14 @@ int64_t probeVocabulary(const tools::RunOptions &o, runtime::Model &model,
   if (encoderDecoder)
     probe.decoderInputIds = at::zeros({rows, target}, ids);
   std::vector<std::pair<std::string, c10::IValue>> results;
+  // Only the results' shapes are read: on a GPU the fused regions compute
+  // (and compile) nothing here; their kernels are compiled before step 1.
+  std::optional<fusion::KernelRecorder> dryRun;
+  std::optional<fusion::RecordingScope> recording;
+  if (model.usesFusedKernels()) {
+    dryRun.emplace(/*dryRun=*/true);
+    recording.emplace(model.fusedRegions(), &*dryRun);
+  }
   if (model.takesLabels())
     probe.labels = at::zeros({rows, encoderDecoder ? target : length}, ids);
   try {

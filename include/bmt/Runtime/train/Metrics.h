@@ -42,6 +42,10 @@ struct StepMetrics {
   /// Seconds the host spent queueing the step's work (data, forward,
   /// backward, optimizer launches); near the step's time: host-bound.
   double hostSeconds = 0;
+  /// Fused kernels made ready at their first call since the first step
+  /// began (so far, over the steps reported and the one queued after):
+  /// those the prewarm did not find, or all of them without it.
+  int64_t fusedLazyKernels = 0;
 };
 
 /// One block's (or the parameters outside blocks') statistics at an
@@ -62,7 +66,7 @@ public:
   /// tokens/s | elapsed" (or "... | skipped: inf/NaN gradients, loss scale
   /// A -> B"), and {"kind": "train", "step", "loss", "lr", "grad_norm",
   /// "loss_scale", "skipped", "tokens", "tokens_per_s", "tflops",
-  /// "elapsed_s", "peak_mem_gib", "host_s"}.
+  /// "elapsed_s", "peak_mem_gib", "host_s", "fused_lazy_kernels"}.
   void step(const StepMetrics &m);
 
   /// "eval  step N | val loss ... | val ppl ... | N tokens" and {"kind":

@@ -12,6 +12,7 @@
 #include "bmt/Runtime/exec/Model.h"
 #include "bmt/Runtime/optim/Optimizers.h"
 #include "bmt/Runtime/data/TokenData.h"
+#include "bmt/Runtime/fusion/Prewarm.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -106,6 +107,10 @@ struct TrainConfig {
   /// Per-block statistics of parameters, gradients and outputs every N
   /// steps as JSON lines (Inspect.h; bmt-run --inspect-every); 0 = off.
   int64_t inspectEvery = 0;
+  /// Compile the fused regions' CUDA kernels before the first step
+  /// (Trainer::prewarmFusedKernels; bmt-run --no-prewarm-kernels: false,
+  /// they are compiled at their first call).
+  bool prewarmKernels = true;
 };
 
 /// Runs the optimizer loop on `model` (on every rank of model.world(), each
@@ -168,6 +173,25 @@ public:
   void train(MicroBatchSource &source, const TokenFile *evalData, int64_t seqLen,
              int64_t microBatch);
 
+  /// What prewarmFusedKernels did.
+  struct KernelPrewarm {
+    std::vector<fusion::KernelRecorder::Request> requests; ///< what the dry run's calls asked for
+    fusion::PrewarmResult compiled;
+    double dryRunSeconds = 0;
+  };
+  /// Compiles the fused kernels the steps will launch (fusion/Prewarm.h),
+  /// found by a dry run of the micro-batch `source` gives next: its forward,
+  /// loss and backward as a step runs them, but with the fused regions
+  /// computing nothing; its gradients are dropped, and the data position,
+  /// the generators, the parameters and the optimizer stay as they were.
+  /// Collective under ZeRO (every rank runs it). train() calls it before the
+  /// first step when config.prewarmKernels and the model uses fused kernels,
+  /// and prints (rank 0) "bmt-run: compiled N fused kernels in S s (C
+  /// cached; ...)". Nothing (no dry run) for a model without fused regions.
+  /// Throws as a step does, and fusion::FusionError.
+  KernelPrewarm prewarmFusedKernels(MicroBatchSource &source,
+                                    const fusion::PrewarmOptions &options = {});
+
   /// Loss of the model on `data` in sequential windows [microBatch, seqLen+1]
   /// or, with config.evalDocuments, on its documents in file order
   /// (micro-batches of microBatch rows; the mean over their target tokens)
@@ -228,6 +252,8 @@ private:
   std::vector<double> losses_;
   double lossScale_ = 0;
   std::unique_ptr<Inspector> inspector_; ///< during train()
+  /// fusion::FusedRegion::lazyKernels() when the first step began.
+  int64_t lazyKernelsAtStart_ = 0;
 };
 
 } // namespace bmt::runtime
