@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The fused kernels compiled before step 1 (docs/runtime.md, "When the
+# kernels are compiled"), on one GPU: build bmt-run (runtime only), then run
+# the Llama-3.2-1B-shaped plan (bench/make_llama_1b.py, fused, --random-init)
+# with an empty kernel cache, with the warm cache, with the warm cache and
+# --no-prewarm-kernels, and recompute on; then the tiny fused fixtures
+# (fp32 and bf16). Each run prints its "compiled N fused kernels" line, the
+# count of kernels compiled during training (0 expected with the prewarm),
+# step 1's time and the losses (equal with and without the prewarm).
+#
+# usage (on the GPU machine, in a checkout): bash bench/gpu_prewarm.sh PLANS OUT
+#   PLANS: llama-off-gqa.sharded.pt, llama-on-gqa.sharded.pt (recompute off /
+#          on), tiny/NAME.sharded.pt and tiny/NAME-bf16.sharded.pt
+# env: GTEST_SOURCE=<googletest folder>: also build and run FusionCuda.*
+set -o pipefail
+plans=$1; out=$2; mkdir -p "$out"
+site=$(python3 -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))')
+export LD_LIBRARY_PATH="$site/torch/lib:$site/nvidia/cu13/lib:$site/nvidia/cuda_nvrtc/lib:${LD_LIBRARY_PATH:-}"
+carry=${DEVCARRY:-$PWD/.devcarry}
+tests=(-DBMT_TESTS=OFF); targets=(bmt-run)
+if [ -n "${GTEST_SOURCE:-}" ]; then
+  tests=(-DBMT_TESTS=ON -DBMT_GTEST_SOURCE_DIR="$GTEST_SOURCE"); targets+=(bmt-runtime-unit-tests)
+fi
+t0=$(date +%s)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBMT_COMPILER=OFF "${tests[@]}" \
+  -DPython3_EXECUTABLE="$(command -v python3)" -DNLOHMANN_JSON_INCLUDE_DIR="$carry/include" \
+  > "$out/cmake.log" 2>&1 && ninja -C build-gpu "${targets[@]}" > "$out/build.log" 2>&1 \
+  || { tail -40 "$out/cmake.log" "$out/build.log"; exit 1; }
+echo "built ${targets[*]} in $(( $(date +%s) - t0 )) s"; grep -h "bmt: CUDA kernels\|bmt: no CUDA" "$out/cmake.log"
+B=$PWD/build-gpu/bin/bmt-run
+python3 - <<PY
+import json, numpy as np
+for name, vocab in [("tok", 128256), ("tiny", 100)]:
+    n = 10 * 8 * 1025 * 2
+    np.random.default_rng(0).integers(0, vocab, n, dtype=np.uint32).tofile(f"/tmp/{name}.bin")
+    json.dump({"format": "bmt-tokens", "version": 1, "dtype": "uint32", "num_tokens": n,
+               "num_documents": 1, "vocab_size": vocab if vocab > 100 else 128, "eos_id": 0,
+               "mask_id": None, "pad_id": None, "tokenizer": "random", "source": []},
+              open(f"/tmp/{name}.json", "w"))
+PY
+# run NAME PLAN CACHE [bmt-run options]: a short training run; its lines.
+run() {
+  local name=$1 plan=$2 cache=$3; shift 3
+  BMT_KERNEL_CACHE=$cache timeout 200 "$B" "$plan" --steps 6 --lr 1e-4 --schedule constant \
+    --clip-grad 1.0 --device cuda --log-file "$out/$name.jsonl" "$@" > "$out/$name.out" 2>&1
+  echo "== $name: exit $?"
+  grep -E "fused kernels|error" "$out/$name.out"
+  python3 - "$out/$name.jsonl" <<'PY'
+import json, sys
+s = [json.loads(l) for l in open(sys.argv[1]) if '"train"' in l]
+if s:
+    t1 = s[0]["elapsed_s"]
+    print(f"  step 1 {t1:.3f} s, step 2 {s[1]['elapsed_s'] - t1:.3f} s; fused_lazy_kernels per step "
+          f"{[x['fused_lazy_kernels'] for x in s]}; losses {[round(x['loss'], 5) for x in s]}")
+PY
+}
+llama=(--data /tmp/tok.bin --micro-batch 8 --seq-len 1024)
+rm -rf /tmp/kc-llama
+run llama-cold "$plans/llama-off-gqa.sharded.pt" /tmp/kc-llama "${llama[@]}"
+run llama-warm "$plans/llama-off-gqa.sharded.pt" /tmp/kc-llama "${llama[@]}"
+run llama-lazy "$plans/llama-off-gqa.sharded.pt" /tmp/kc-llama "${llama[@]}" --no-prewarm-kernels
+rm -rf /tmp/kc-lazy-cold
+run llama-lazy-cold "$plans/llama-off-gqa.sharded.pt" /tmp/kc-lazy-cold "${llama[@]}" --no-prewarm-kernels
+run llama-recompute "$plans/llama-on-gqa.sharded.pt" /tmp/kc-llama "${llama[@]}"
+for m in llama gpt2 bert; do
+  for v in "" -bf16; do
+    run "tiny-$m$v" "$plans/tiny/$m$v.sharded.pt" /tmp/kc-tiny --data /tmp/tiny.bin --micro-batch 3 \
+      --seq-len 24 --objective causal-lm
+  done
+done
+if [ -n "${GTEST_SOURCE:-}" ]; then
+  echo "== FusionCuda unit tests"
+  ./build-gpu/test/bmt-runtime-unit-tests --gtest_filter='FusionCuda.*:Fusion.*' 2>&1 | tee "$out/unit.log" \
+    | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" | head -30
+fi
