@@ -10,7 +10,8 @@
 #
 # usage (on the GPU machine, in a checkout): bash bench/gpu_prewarm.sh PLANS OUT
 #   PLANS: llama-off-gqa.sharded.pt, llama-on-gqa.sharded.pt (recompute off /
-#          on), tiny/NAME.sharded.pt and tiny/NAME-bf16.sharded.pt
+#          on; bench/gpu_fusion.sh's), tiny-fused/NAME.sharded.pt and
+#          tiny-fused-bf16/NAME.sharded.pt (NAME: llama, gpt2, bert)
 # env: GTEST_SOURCE=<googletest folder>: also build and run FusionCuda.*
 set -o pipefail
 plans=$1; out=$2; mkdir -p "$out"
@@ -64,7 +65,7 @@ run llama-lazy-cold "$plans/llama-off-gqa.sharded.pt" /tmp/kc-lazy-cold "${llama
 run llama-recompute "$plans/llama-on-gqa.sharded.pt" /tmp/kc-llama "${llama[@]}"
 for m in llama gpt2 bert; do
   for v in "" -bf16; do
-    run "tiny-$m$v" "$plans/tiny/$m$v.sharded.pt" /tmp/kc-tiny --data /tmp/tiny.bin --micro-batch 3 \
+    run "tiny-$m$v" "$plans/tiny-fused$v/$m.sharded.pt" /tmp/kc-tiny --data /tmp/tiny.bin --micro-batch 3 \
       --seq-len 24 --objective causal-lm
   done
 done

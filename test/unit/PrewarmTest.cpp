@@ -47,15 +47,20 @@ fs::path freshDir(const std::string &name) {
   return dir;
 }
 
-/// The fixture `model` compiled by bmt-opt's default pipeline; empty when
-/// the fixture is missing.
-std::string compiledPlan(const std::string &model) {
-  fs::path pt = fs::path(BMT_FIXTURES_DIR) / (model + ".pt");
+/// A fixture model and the bmt-opt options it is compiled with (the
+/// default pipeline and `flags`).
+struct Case {
+  const char *name, *model, *flags;
+};
+
+/// The case's plan; empty when the fixture is missing.
+std::string compiledPlan(const Case &c) {
+  fs::path pt = fs::path(BMT_FIXTURES_DIR) / (std::string(c.model) + ".pt");
   if (!fs::exists(pt))
     return "";
-  fs::path out = freshDir("plans") / (model + ".sharded.pt");
-  std::string command = std::string(BMT_OPT) + " " + pt.string() + " -o " + out.string() +
-                        " 2>" + (out.string() + ".log");
+  fs::path out = freshDir("plans") / (std::string(c.name) + ".sharded.pt");
+  std::string command = std::string(BMT_OPT) + " " + pt.string() + " " + c.flags + " -o " +
+                        out.string() + " 2>" + (out.string() + ".log");
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
   return out.string();
 }
@@ -143,15 +148,15 @@ struct TrainingRun {
   }
 };
 
-class Prewarm : public testing::TestWithParam<const char *> {};
+class Prewarm : public testing::TestWithParam<Case> {};
 
 TEST_P(Prewarm, DryRunFindsExactlyTheKernelsOfTheSteps) {
   if (!fusion::nvrtcAvailable())
     GTEST_SKIP() << "no NVRTC library";
   std::string plan = compiledPlan(GetParam());
   if (plan.empty())
-    GTEST_SKIP() << "no fixture " << GetParam() << " in " << BMT_FIXTURES_DIR;
-  fs::path dir = freshDir(GetParam());
+    GTEST_SKIP() << "no fixture " << GetParam().model << " in " << BMT_FIXTURES_DIR;
+  fs::path dir = freshDir(GetParam().name);
   std::string tokens = tokenFile(dir);
   fs::path cache = dir / "kernels";
   setenv("BMT_KERNEL_CACHE", cache.c_str(), 1);
@@ -204,12 +209,20 @@ TEST_P(Prewarm, DryRunFindsExactlyTheKernelsOfTheSteps) {
   EXPECT_EQ(again.prewarm.compiled.cached, again.prewarm.compiled.kernels);
   EXPECT_EQ(again.lazyKernels, 0);
   unsetenv("BMT_KERNEL_CACHE");
+  fs::remove_all(dir);
 }
 
 // LLaMA: RMSNorm (8-wide row kernels with a weight's column sums), RoPE with
-// rotate_half, SwiGLU; GPT-2 and BERT: LayerNorm, attention softmax, GELU.
-INSTANTIATE_TEST_SUITE_P(Fixtures, Prewarm, testing::Values("llama", "gpt2", "bert"),
-                         [](const testing::TestParamInfo<const char *> &i) { return std::string(i.param); });
+// rotate_half, SwiGLU (every block recomputed in backward, the default
+// pipeline's choice here), without recompute, and with SDPA
+// reading the kv heads (grouped-query attention). GPT-2 and BERT:
+// LayerNorm, attention softmax, GELU.
+INSTANTIATE_TEST_SUITE_P(Fixtures, Prewarm,
+                         testing::Values(Case{"llama", "llama", ""},
+                                         Case{"llama_no_recompute", "llama", "--checkpoint=none"},
+                                         Case{"llama_gqa", "llama", "--grouped-query-attention"},
+                                         Case{"gpt2", "gpt2", ""}, Case{"bert", "bert", ""}),
+                         [](const testing::TestParamInfo<Case> &i) { return std::string(i.param.name); });
 
 /// A model without fused regions: no dry run at all.
 TEST(PrewarmPlain, NothingWithoutRegions) {
@@ -235,6 +248,7 @@ TEST(PrewarmPlain, NothingWithoutRegions) {
   EXPECT_TRUE(p.requests.empty());
   EXPECT_EQ(p.compiled.kernels, 0);
   EXPECT_EQ(source->position().windows, before.windows);
+  fs::remove_all(dir);
 }
 
 } // namespace
