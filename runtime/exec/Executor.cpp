@@ -3,7 +3,6 @@
 #include "bmt/Runtime/exec/Executor.h"
 
 #include "bmt/Runtime/fusion/Fused.h"
-#include "bmt/Runtime/ops/Linear.h"
 #include "bmt/Support/ErrorText.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -187,25 +186,6 @@ at::Tensor applyTpInstruction(plan::Instruction::Kind kind, const at::Tensor &x,
   }
 }
 
-/// aten::addmm(bias, x, W, beta, alpha) with beta = alpha = 1, or
-/// aten::linear(x, W, bias), through ops::linearWithBias; nullopt where that
-/// does not take them (then the ATen operator runs).
-std::optional<at::Tensor> linearOnDevice(ops::WeightLayout layout, const std::vector<IValue> &stack) {
-  auto tensor = [&](size_t i) { return stack[i].isTensor() ? stack[i].toTensor() : at::Tensor(); };
-  auto one = [&](size_t i) {
-    return (stack[i].isInt() && stack[i].toInt() == 1) ||
-           (stack[i].isDouble() && stack[i].toDouble() == 1.0);
-  };
-  if (layout == ops::WeightLayout::InOut) {
-    if (stack.size() != 5 || !one(3) || !one(4))
-      return std::nullopt;
-    return ops::linearWithBias(tensor(1), tensor(2), tensor(0), layout);
-  }
-  if (stack.size() != 3)
-    return std::nullopt;
-  return ops::linearWithBias(tensor(0), tensor(1), tensor(2), layout);
-}
-
 bool hasRegister(const plan::Arg &arg) {
   if (arg.kind == plan::Arg::Kind::Register)
     return true;
@@ -226,9 +206,6 @@ struct Executor::Prepared {
   /// aten::to to the run device (a GPU): the index of its non_blocking
   /// argument, and of its target device for to.dtype_layout (-1: none).
   int nonBlocking = -1, targetDevice = -1;
-  /// aten::addmm / aten::linear on a GPU: the weight's layout, for
-  /// ops::linearWithBias (its bias gradient from the weight-gradient GEMM).
-  std::optional<ops::WeightLayout> linear;
   /// Fused: the region (null when the generator does not take its body:
   /// then its ops run one by one).
   std::unique_ptr<fusion::FusedRegion> region;
@@ -296,10 +273,6 @@ Executor::Executor(const plan::Plan &plan, std::vector<at::Tensor> tensors,
                                  std::to_string(inst.args.size()));
           for (const c10::Argument &a : args)
             p->argTypes.push_back(a.type());
-          if (device_.is_cuda() && inst.op == "aten::addmm")
-            p->linear = ops::WeightLayout::InOut;
-          if (device_.is_cuda() && inst.op == "aten::linear")
-            p->linear = ops::WeightLayout::OutIn;
           // A trace copies host tensors it made (torch.tensor(0.0) in a
           // mask, say) to the device with aten::to; on a GPU that copy is
           // made from pinned memory without blocking (see call()).
@@ -479,14 +452,6 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
         if (p.native) {
           regs[inst.results.at(0)] = (*p.native)(stack);
           break;
-        }
-        if (p.linear) {
-          if (std::optional<at::Tensor> y = linearOnDevice(*p.linear, stack)) {
-            regs[inst.results.at(0)] = *std::move(y);
-            if (observer_ && observer_->checkInstructions)
-              observer_->instructionDone(index, n, regs);
-            break;
-          }
         }
         if (p.nonBlocking >= 0 && stack[0].isTensor() && stack[0].toTensor().is_cpu() &&
             (p.targetDevice < 0 || stack[p.targetDevice].isDevice()) &&
