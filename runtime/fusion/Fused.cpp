@@ -448,6 +448,19 @@ FusedRegion::Kernels &FusedRegion::kernelsFor(const KernelSpec &spec, const at::
   return *k;
 }
 
+FusedRegion::Kernels &FusedRegion::kernelsFitting(KernelSpec &spec, const at::Device &device,
+                                                  unsigned &threads) {
+  Kernels *k = &kernelsFor(spec, device);
+  if (threads && static_cast<int>(threads) > k->maxThreads) { // too many registers
+    threads = 0;
+    spec.rowVector.reset();
+    if (recorder_)
+      recorder_->add(this, spec, device, 0);
+    k = &kernelsFor(spec, device);
+  }
+  return *k;
+}
+
 int FusedRegion::install(const KernelSpec &spec, const at::Device &device, const std::string &binary) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::unique_ptr<Kernels> &k = kernels_[device.str() + " " + spec.key()];
@@ -520,14 +533,7 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
     recorder_->add(this, spec, device, static_cast<int>(threads));
   if (recorder_ && recorder_->dryRun())
     return out; // allocated as the kernel's, not computed
-  Kernels *k = &kernelsFor(spec, device);
-  if (threads && static_cast<int>(threads) > k->maxThreads) { // too many registers: the scalar kernel
-    threads = 0;
-    spec.rowVector.reset();
-    if (recorder_)
-      recorder_->add(this, spec, device, 0);
-    k = &kernelsFor(spec, device);
-  }
+  Kernels *k = &kernelsFitting(spec, device, threads);
   if (!kernels) { // emulation: the ATen values in the kernel's layout
     out.copy_(forwardATen(region_, inputs));
     return out;
@@ -610,16 +616,8 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
   if (recorder_)
     recorder_->add(this, spec, device, static_cast<int>(threads));
   Kernels *k = nullptr;
-  if (!dry) {
-    k = &kernelsFor(spec, device);
-    if (threads && static_cast<int>(threads) > k->maxThreads) { // too many registers: the scalar kernel
-      threads = 0;
-      spec.rowVector.reset();
-      if (recorder_)
-        recorder_->add(this, spec, device, 0);
-      k = &kernelsFor(spec, device);
-    }
-  }
+  if (!dry)
+    k = &kernelsFitting(spec, device, threads);
   unsigned blocks = threads ? rowVectorBlocks(a, device, true) : 0;
   std::vector<at::Tensor> outs;
   for (size_t o = 0; o < of.size(); ++o) {

@@ -107,6 +107,11 @@ private:
   /// The kernel of `spec` on `device`, compiled (through the disk cache)
   /// and loaded at the first call that was not preceded by install().
   Kernels &kernelsFor(const KernelSpec &spec, const at::Device &device);
+  /// kernelsFor(spec) where `threads` (a row kernel's block size; 0: not
+  /// a row kernel) fits its register use; else the scalar kernel of the
+  /// same region: spec loses its row vector, threads becomes 0 (and the
+  /// recorder hears of that kernel too).
+  Kernels &kernelsFitting(KernelSpec &spec, const at::Device &device, unsigned &threads);
   KernelSpec forwardSpec(const std::vector<at::Tensor> &inputs) const;
   bool gradientWanted(size_t i, const std::vector<bool> &needed) const;
   /// Whether calls take the kernels' path on `device`.
