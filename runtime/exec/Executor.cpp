@@ -3,6 +3,7 @@
 #include "bmt/Runtime/exec/Executor.h"
 
 #include "bmt/Runtime/fusion/Fused.h"
+#include "exec/Linear.h"
 #include "bmt/Support/ErrorText.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -206,6 +207,9 @@ struct Executor::Prepared {
   /// aten::to to the run device (a GPU): the index of its non_blocking
   /// argument, and of its target device for to.dtype_layout (-1: none).
   int nonBlocking = -1, targetDevice = -1;
+  /// aten::linear / aten::addmm: the weight's layout, for
+  /// linearWithGradientSlot (under hooks: the weight gradient into its slot).
+  std::optional<LinearLayout> linear;
   /// Fused: the region (null when the generator does not take its body:
   /// then its ops run one by one).
   std::unique_ptr<fusion::FusedRegion> region;
@@ -273,6 +277,10 @@ Executor::Executor(const plan::Plan &plan, std::vector<at::Tensor> tensors,
                                  std::to_string(inst.args.size()));
           for (const c10::Argument &a : args)
             p->argTypes.push_back(a.type());
+          if (inst.op == "aten::linear")
+            p->linear = LinearLayout::OutIn;
+          else if (inst.op == "aten::addmm")
+            p->linear = LinearLayout::InOut;
           // A trace copies host tensors it made (torch.tensor(0.0) in a
           // mask, say) to the device with aten::to; on a GPU that copy is
           // made from pinned memory without blocking (see call()).
@@ -318,6 +326,8 @@ std::vector<fusion::FusedRegion *> Executor::fusedRegions() const {
 }
 
 ExecutorHooks::~ExecutorHooks() = default;
+
+at::Tensor ExecutorHooks::gradientSlot(const at::Tensor &) { return {}; }
 
 ExecutorObserver::~ExecutorObserver() = default;
 
@@ -452,6 +462,14 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
         if (p.native) {
           regs[inst.results.at(0)] = (*p.native)(stack);
           break;
+        }
+        if (p.linear && hooks_) {
+          if (std::optional<at::Tensor> y = linearWithGradientSlot(*hooks_, *p.linear, stack)) {
+            regs[inst.results.at(0)] = *std::move(y);
+            if (observer_ && observer_->checkInstructions)
+              observer_->instructionDone(index, n, regs);
+            break;
+          }
         }
         if (p.nonBlocking >= 0 && stack[0].isTensor() && stack[0].toTensor().is_cpu() &&
             (p.targetDevice < 0 || stack[p.targetDevice].isDevice()) &&

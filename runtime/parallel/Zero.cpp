@@ -72,6 +72,12 @@ struct ZeroStorage::Group {
   std::shared_ptr<Work> pending; ///< gather in flight
   int64_t linkedGeneration = -1; ///< forward pass that `linked` belongs to
   variable_list linked;         ///< members linked to `shard` by a GatherFunction
+  /// The flat gradient of the backward under way, made by the first
+  /// gradientSlot() of the pass (the group's backward takes it), and the
+  /// members whose slot was given in pass `slotsGeneration`.
+  at::Tensor gradFlat;
+  int64_t slotsGeneration = -1;
+  std::vector<bool> slotsGiven;
   // Offloading:
   int64_t contributions = 0;    ///< reduce-scatters added to the gradient this step
   bool onHost = false;          ///< its copy to hostGrad was started this step
@@ -130,7 +136,11 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
     // place of a zero-fill of the whole buffer that writes it twice, unless
     // that would take more than a few small fills.
     std::vector<std::pair<int64_t, int64_t>> gaps = uncoveredRanges(g.info->offsets, g.padded, grads);
-    at::Tensor flat = at::empty({g.padded}, g.shard.options().dtype(zero->reduceDtype(g)));
+    // The flat gradient the members' slots are in (gradientSlot), or a new one.
+    at::Tensor flat = std::move(g.gradFlat);
+    g.gradFlat = at::Tensor();
+    if (!flat.defined())
+      flat = at::empty({g.padded}, g.shard.options().dtype(zero->reduceDtype(g)));
     if (gaps.size() > 4)
       flat.zero_();
     else
@@ -141,7 +151,13 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
     std::vector<at::Tensor> into, from;
     for (size_t m = 0; m < grads.size(); ++m)
       if (grads[m].defined()) {
-        into.push_back(flat.narrow(0, g.info->offsets[m], grads[m].numel()));
+        at::Tensor slice = flat.narrow(0, g.info->offsets[m], grads[m].numel());
+        if (grads[m].is_contiguous() && grads[m].scalar_type() == flat.scalar_type() &&
+            grads[m].data_ptr() == slice.data_ptr()) {
+          ++zero->gradientsInPlace_; // written in its slot by the op that made it
+          continue;
+        }
+        into.push_back(slice);
         from.push_back(grads[m].reshape({-1}));
       }
     if (!into.empty())
@@ -382,6 +398,7 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
           at::empty({0}, options).set_(holder.storage(), info.offsets[m], shape, strides));
     }
     freeBuffer(*g);
+    groupOfStorage_[g->storage.get()] = g->index;
     if (!info.blockList.empty())
       blocks_[{info.blockList, info.blockIndex}].push_back(g->index);
     shards_.push_back(trainable);
@@ -653,6 +670,33 @@ at::Tensor ZeroStorage::global(int64_t index) {
   }
   ensureGathered(g);
   return g.views[member];
+}
+
+at::Tensor ZeroStorage::gradientSlot(const at::Tensor &param) {
+  if (!param.defined() || !param.has_storage() || !param.is_contiguous())
+    return {};
+  auto it = groupOfStorage_.find(param.storage().unsafeGetStorageImpl());
+  if (it == groupOfStorage_.end())
+    return {};
+  Group &g = *groups_[it->second];
+  if (reduceDtype(g) != param.scalar_type())
+    return {};
+  size_t m = 0;
+  while (m < g.views.size() && !(g.views[m].storage_offset() == param.storage_offset() &&
+                                 g.views[m].sizes() == param.sizes()))
+    ++m;
+  if (m == g.views.size())
+    return {};
+  if (g.slotsGeneration != generation_) {
+    g.slotsGiven.assign(g.views.size(), false);
+    g.slotsGeneration = generation_;
+  }
+  if (g.slotsGiven[m])
+    return {};
+  if (!g.gradFlat.defined())
+    g.gradFlat = at::empty({g.padded}, g.shard.options().dtype(reduceDtype(g)));
+  g.slotsGiven[m] = true;
+  return g.gradFlat.narrow(0, g.info->offsets[m], param.numel()).view(param.sizes());
 }
 
 void ZeroStorage::gather(int64_t group) { startGather(groupOf(group)); }

@@ -54,6 +54,12 @@ public:
   using Run = std::function<std::vector<c10::IValue>(std::vector<c10::IValue>)>;
   virtual std::vector<c10::IValue> callBlock(const plan::Instruction &inst, const Run &run,
                                              std::vector<c10::IValue> args) = 0;
+  /// Where the gradient of `param` (a tensor global() returned) may be
+  /// written by the operator that computes it, in the backward of the
+  /// current forward pass, so that no copy follows: a contiguous tensor of
+  /// param's shape and dtype, or undefined (none: the operator makes its
+  /// own). A slot is given once per forward pass. Default: none.
+  virtual at::Tensor gradientSlot(const at::Tensor &param);
 };
 
 /// Watches an executor's runs (train/Inspect.h): the results of block

@@ -102,6 +102,13 @@ public:
   void release(int64_t group) override;
   std::vector<c10::IValue> callBlock(const plan::Instruction &inst, const Run &run,
                                      std::vector<c10::IValue> args) override;
+  /// A member's slice of its group's flat gradient (the reduce-scatter's
+  /// input), when the group's reduce dtype is the member's dtype: the
+  /// group's backward then copies nothing for that member.
+  at::Tensor gradientSlot(const at::Tensor &param) override;
+  /// Members' gradients found in their slots by the groups' backwards (not
+  /// copied), since construction.
+  int64_t gradientsWrittenInPlace() const { return gradientsInPlace_; }
 
   // ParameterStorage.
   /// Starts a new forward pass: the next use of each group under grad mode
@@ -275,6 +282,10 @@ private:
   /// Forward passes started (beginForward); a group's parameters are linked
   /// to its shard once per pass.
   int64_t generation_ = 0;
+  /// gradientSlot: the group of a gathered buffer's storage; members'
+  /// gradients the groups' backwards found in place.
+  std::map<const c10::StorageImpl *, int64_t> groupOfStorage_;
+  int64_t gradientsInPlace_ = 0;
   // Offloading (see the constructor and finishGradients).
   bool offload_ = false;
   int64_t microBatchesPerStep_ = 1;

@@ -1,0 +1,101 @@
+//===- Linear.cpp - linear layers whose weight gradient goes to its slot --===//
+
+#include "exec/Linear.h"
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace bmt::runtime {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct LinearFunction : torch::autograd::Function<LinearFunction> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, const at::Tensor &weight,
+                            const at::Tensor &bias, int64_t layout, int64_t hooks) {
+    const bool inOut = layout == static_cast<int64_t>(LinearLayout::InOut);
+    at::Tensor y = inOut ? at::addmm(bias, x, weight) : at::linear(x, weight, bias);
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["layout"] = layout;
+    ctx->saved_data["hooks"] = hooks;
+    if (bias.defined())
+      ctx->saved_data["bias_sizes"] = bias.sizes().vec();
+    return y;
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1];
+    const bool inOut = ctx->saved_data["layout"].toInt() == static_cast<int64_t>(LinearLayout::InOut);
+    auto *hooks = reinterpret_cast<ExecutorHooks *>(
+        static_cast<intptr_t>(ctx->saved_data["hooks"].toInt()));
+    variable_list out(5);
+    const at::Tensor &g = grads[0];
+    if (!g.defined())
+      return out;
+    // ATen flattens x to [tokens, in] (linear: a 3-D contiguous input with
+    // a bias through addmm, without one through matmul's fold), so the
+    // matmuls see g as [tokens, out].
+    const at::Tensor g2 = g.dim() == 2 ? g : g.reshape({-1, g.size(-1)});
+    const at::Tensor x2 = x.dim() == 2 ? x : x.view({-1, x.size(-1)});
+    if (ctx->needs_input_grad(0)) {
+      // mm_mat1_backward: g . mat2^T, mat2 = W (addmm) or W^T (linear).
+      at::Tensor dx = at::mm(g2, inOut ? weight.t() : weight);
+      out[0] = x.dim() == 2 ? dx : dx.view(x.sizes());
+    }
+    if (ctx->needs_input_grad(1)) {
+      // mm_mat2_backward: mat1^T . g for a row-major mat2 (addmm's W),
+      // (g^T . mat1)^T for a column-major one (linear's W^T): either way
+      // one matmul whose result has W's layout, written into its slot.
+      at::Tensor slot = hooks->gradientSlot(weight);
+      if (slot.defined())
+        out[1] = inOut ? at::mm_out(slot, x2.t(), g2) : at::mm_out(slot, g2.t(), x2);
+      else
+        out[1] = inOut ? at::mm(x2.t(), g2) : at::mm(g2.t(), x2);
+    }
+    if (ctx->needs_input_grad(2)) {
+      // addmm's self gradient is g (beta = 1), reduced to the bias's shape
+      // as autograd reduces the gradient of a broadcast input.
+      const std::vector<int64_t> sizes = ctx->saved_data["bias_sizes"].toIntVector();
+      out[2] = at::sum_to(g2, sizes);
+    }
+    return out;
+  }
+};
+
+bool isOne(const c10::IValue &v) {
+  return (v.isInt() && v.toInt() == 1) || (v.isDouble() && v.toDouble() == 1.0);
+}
+
+} // namespace
+
+std::optional<at::Tensor> linearWithGradientSlot(ExecutorHooks &hooks, LinearLayout layout,
+                                                 const std::vector<c10::IValue> &stack) {
+  if (!c10::GradMode::is_enabled())
+    return std::nullopt;
+  const bool inOut = layout == LinearLayout::InOut;
+  if (stack.size() != (inOut ? 5u : 3u))
+    return std::nullopt;
+  const c10::IValue &xv = stack[inOut ? 1 : 0], &wv = stack[inOut ? 2 : 1],
+                    &bv = stack[inOut ? 0 : 2];
+  if (!xv.isTensor() || !wv.isTensor() || !(bv.isTensor() || bv.isNone()))
+    return std::nullopt;
+  if (inOut && (!isOne(stack[3]) || !isOne(stack[4])))
+    return std::nullopt;
+  const at::Tensor &x = xv.toTensor(), &weight = wv.toTensor();
+  const at::Tensor bias = bv.isTensor() ? bv.toTensor() : at::Tensor();
+  if (!weight.requires_grad() || weight.dim() != 2 || !weight.is_contiguous() ||
+      !x.is_contiguous() || x.dim() < 2 || x.dim() > 3 || (inOut && x.dim() != 2) ||
+      x.is_complex() || (inOut && !bias.defined()))
+    return std::nullopt;
+  return LinearFunction::apply(x, weight, bias, static_cast<int64_t>(layout),
+                               static_cast<int64_t>(reinterpret_cast<intptr_t>(&hooks)));
+}
+
+} // namespace bmt::runtime
