@@ -17,8 +17,12 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 struct LinearFunction : torch::autograd::Function<LinearFunction> {
-  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, const at::Tensor &weight,
-                            const at::Tensor &bias, int64_t layout, int64_t hooks) {
+  // The tensors as a TensorList (x, W and, where there is one, b): autograd
+  // tracks each, and no undefined tensor is an input.
+  static at::Tensor forward(AutogradContext *ctx, at::TensorList tensors, int64_t layout,
+                            int64_t hooks) {
+    const at::Tensor &x = tensors[0], &weight = tensors[1];
+    const at::Tensor bias = tensors.size() > 2 ? tensors[2] : at::Tensor();
     const bool inOut = layout == static_cast<int64_t>(LinearLayout::InOut);
     at::Tensor y = inOut ? at::addmm(bias, x, weight) : at::linear(x, weight, bias);
     ctx->save_for_backward({x, weight});
@@ -35,7 +39,8 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     const bool inOut = ctx->saved_data["layout"].toInt() == static_cast<int64_t>(LinearLayout::InOut);
     auto *hooks = reinterpret_cast<ExecutorHooks *>(
         static_cast<intptr_t>(ctx->saved_data["hooks"].toInt()));
-    variable_list out(5);
+    const bool hasBias = ctx->saved_data.count("bias_sizes") > 0;
+    variable_list out(hasBias ? 5 : 4); // x, W, (b,) layout, hooks
     const at::Tensor &g = grads[0];
     if (!g.defined())
       return out;
@@ -59,7 +64,7 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
       else
         out[1] = inOut ? at::mm(x2.t(), g2) : at::mm(g2.t(), x2);
     }
-    if (ctx->needs_input_grad(2)) {
+    if (hasBias && ctx->needs_input_grad(2)) {
       // addmm's self gradient is g (beta = 1), reduced to the bias's shape
       // as autograd reduces the gradient of a broadcast input.
       const std::vector<int64_t> sizes = ctx->saved_data["bias_sizes"].toIntVector();
@@ -94,7 +99,10 @@ std::optional<at::Tensor> linearWithGradientSlot(ExecutorHooks &hooks, LinearLay
       !x.is_contiguous() || x.dim() < 2 || x.dim() > 3 || (inOut && x.dim() != 2) ||
       x.is_complex() || (inOut && !bias.defined()))
     return std::nullopt;
-  return LinearFunction::apply(x, weight, bias, static_cast<int64_t>(layout),
+  std::vector<at::Tensor> tensors{x, weight};
+  if (bias.defined())
+    tensors.push_back(bias);
+  return LinearFunction::apply(at::TensorList(tensors), static_cast<int64_t>(layout),
                                static_cast<int64_t>(reinterpret_cast<intptr_t>(&hooks)));
 }
 

@@ -139,9 +139,10 @@ struct GatherFunction : torch::autograd::Function<GatherFunction> {
     // The flat gradient the members' slots are in (gradientSlot), or a new one.
     at::Tensor flat = std::move(g.gradFlat);
     g.gradFlat = at::Tensor();
-    if (!flat.defined())
+    const bool slots = flat.defined(); // then a whole fill would erase them
+    if (!slots)
       flat = at::empty({g.padded}, g.shard.options().dtype(zero->reduceDtype(g)));
-    if (gaps.size() > 4)
+    if (gaps.size() > 4 && !slots)
       flat.zero_();
     else
       for (const auto &[begin, end] : gaps)
