@@ -187,6 +187,10 @@ void Model::afterOptimizerStep() { storage_->afterOptimizerStep(); }
 
 void Model::parametersChanged() { storage_->parametersChanged(); }
 
+int64_t Model::gradientsWrittenInPlace() const {
+  return zero_ ? zero_->gradientsWrittenInPlace() : 0;
+}
+
 bool Model::offloadsOptimizer() const { return zero_ && zero_->offloadsOptimizer(); }
 
 HostGradientSource &Model::hostGradients(int64_t microBatchesPerStep) {

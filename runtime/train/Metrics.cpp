@@ -58,7 +58,8 @@ void MetricsWriter::step(const StepMetrics &m) {
            << ", \"elapsed_s\": " << jsonNumber(m.elapsedSeconds)
            << ", \"peak_mem_gib\": " << jsonNumber(m.peakMemoryGiB)
            << ", \"host_s\": " << jsonNumber(m.hostSeconds)
-           << ", \"fused_lazy_kernels\": " << m.fusedLazyKernels << "}\n";
+           << ", \"fused_lazy_kernels\": " << m.fusedLazyKernels
+           << ", \"gradients_in_place\": " << m.gradientsInPlace << "}\n";
     json_->flush();
   }
 }

@@ -611,6 +611,7 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
            << std::setprecision(2) << p.dryRunSeconds << " s)" << std::defaultfloat << "\n";
   }
   lazyKernelsAtStart_ = fusion::FusedRegion::lazyKernels();
+  gradientsInPlaceAtStart_ = model_.gradientsWrittenInPlace();
   auto start = Clock::now();
   auto lastReport = start;
   double numParams = static_cast<double>(model_.numParameters());
@@ -706,6 +707,7 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
       metrics.hostSeconds = p.hostSeconds;
       metrics.peakMemoryGiB = peakMemoryGiB(device);
       metrics.fusedLazyKernels = fusion::FusedRegion::lazyKernels() - lazyKernelsAtStart_;
+      metrics.gradientsInPlace = model_.gradientsWrittenInPlace() - gradientsInPlaceAtStart_;
       metrics_.step(metrics);
     }
     inspector_->report(p.step, rank0 ? &metrics_ : nullptr);

@@ -68,6 +68,17 @@ def traced(request, tmp_path_factory):
     return {"name": name, "model": model, "pt": pt, "batches": batches, "tmp": tmp, "eager": {}}
 
 
+def untied_linear_weights(model):
+    """Weights of nn.Linear and HF Conv1D modules that no other module uses."""
+    uses = {}
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            uses[id(p)] = uses.get(id(p), 0) + 1
+    return sum(1 for m in model.modules()
+               if (isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D")
+               and uses[id(m.weight)] == 1)
+
+
 def eager_reference(traced, accum, lrs):
     """Losses and final parameters of eager PyTorch on the global batches."""
     if accum not in traced["eager"]:
@@ -108,6 +119,10 @@ def test_training_matches_eager(traced, config):
     train = [x for x in records if x["kind"] == "train"]
     assert [x["step"] for x in train] == list(range(1, STEPS + 1))
     lrs = {x["step"]: x["lr"] for x in train}
+    # Every untied linear weight's gradient was written by its matmul into
+    # the group's flat gradient, in every micro-batch (the last record
+    # counts all of rank 0's); a tied one (GPT-2's lm_head) is a sum, copied.
+    assert train[-1]["gradients_in_place"] == STEPS * accum * untied_linear_weights(traced["model"]), train[-1]
     losses, want = eager_reference(traced, accum, lrs)
     for x, loss in zip(train, losses):
         assert_loss_close(x["loss"], loss, what=f"{config}: loss of step {x['step']}")

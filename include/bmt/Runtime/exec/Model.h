@@ -254,6 +254,10 @@ public:
   /// Whether the program has fused regions and they run generated CUDA
   /// kernels on this device (fusion::FusedRegion::usesKernels).
   bool usesFusedKernels() const;
+  /// Weight gradients that their matmuls wrote straight into ZeRO's flat
+  /// gradient, not copied there, on this rank since construction
+  /// (ZeroStorage::gradientsWrittenInPlace; 0 without ZeRO).
+  int64_t gradientsWrittenInPlace() const;
 
   /// Elements in all distinct trainable parameters (of the whole model).
   int64_t numParameters() const;

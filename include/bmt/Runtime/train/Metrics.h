@@ -46,6 +46,9 @@ struct StepMetrics {
   /// began (so far, over the steps reported and the one queued after):
   /// those the prewarm did not find, or all of them without it.
   int64_t fusedLazyKernels = 0;
+  /// Weight gradients written by their matmuls into ZeRO's flat gradient
+  /// on rank 0 since the first step began (cumulative, as above).
+  int64_t gradientsInPlace = 0;
 };
 
 /// One block's (or the parameters outside blocks') statistics at an
@@ -66,7 +69,8 @@ public:
   /// tokens/s | elapsed" (or "... | skipped: inf/NaN gradients, loss scale
   /// A -> B"), and {"kind": "train", "step", "loss", "lr", "grad_norm",
   /// "loss_scale", "skipped", "tokens", "tokens_per_s", "tflops",
-  /// "elapsed_s", "peak_mem_gib", "host_s", "fused_lazy_kernels"}.
+  /// "elapsed_s", "peak_mem_gib", "host_s", "fused_lazy_kernels",
+  /// "gradients_in_place"}.
   void step(const StepMetrics &m);
 
   /// "eval  step N | val loss ... | val ppl ... | N tokens" and {"kind":

@@ -254,6 +254,7 @@ private:
   std::unique_ptr<Inspector> inspector_; ///< during train()
   /// fusion::FusedRegion::lazyKernels() when the first step began.
   int64_t lazyKernelsAtStart_ = 0;
+  int64_t gradientsInPlaceAtStart_ = 0; ///< model_.gradientsWrittenInPlace() then
 };
 
 } // namespace bmt::runtime
