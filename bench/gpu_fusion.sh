@@ -24,6 +24,7 @@
 #      GTEST_SOURCE=<googletest folder>: also build bmt-runtime-unit-tests and
 #      run its FusionCuda.* tests (the generated kernels against ATen on the GPU)
 #      and AdamCuda.* (the Adam step that writes the bf16 shards, against ATen's),
+#      ColumnSumCuda.* (bias gradients and row partials, against float64 sums),
 #      REFERENCE="off on" (the FSDP2 + torch.compile runs; empty: none),
 #      PROFILES (default "llama-off-fused llama-off-plain": the runs whose
 #      profile is printed, with a breakdown of their copy and elementwise
@@ -48,7 +49,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBMT_COMPILER=OFF "
 echo "built ${targets[*]} in $(( $(date +%s) - t0 )) s"; grep -h "bmt: CUDA kernels\|bmt: no CUDA" "$out/logs/cmake.log"
 if [ -n "${GTEST_SOURCE:-}" ]; then
   echo "== FusionCuda and AdamCuda unit tests"
-  ./build-gpu/test/bmt-runtime-unit-tests --gtest_filter='FusionCuda.*:Fusion.*:AdamCuda.*:AdamLowPrecision.*' 2>&1 | tee "$out/logs/unit.log" \
+  ./build-gpu/test/bmt-runtime-unit-tests --gtest_filter='FusionCuda.*:Fusion.*:AdamCuda.*:AdamLowPrecision.*:ColumnSum*' 2>&1 | tee "$out/logs/unit.log" \
     | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|difference|\[ note \]" | head -30
 fi
 B=$PWD/build-gpu/bin/bmt-run

@@ -2,6 +2,8 @@
 
 #include "exec/Linear.h"
 
+#include "bmt/Runtime/exec/ColumnSum.h"
+
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/linear.h>
@@ -67,8 +69,10 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     if (hasBias && ctx->needs_input_grad(2)) {
       // addmm's self gradient is g (beta = 1), reduced to the bias's shape
       // as autograd reduces the gradient of a broadcast input.
+      // One pass over g on CUDA (exec/ColumnSum.h's columnSum) for the usual [out] bias.
       const std::vector<int64_t> sizes = ctx->saved_data["bias_sizes"].toIntVector();
-      out[2] = at::sum_to(g2, sizes);
+      out[2] = sizes.size() == 1 && sizes[0] == g2.size(1) ? columnSum(g2, g2.scalar_type())
+                                                           : at::sum_to(g2, sizes);
     }
     return out;
   }

@@ -4,6 +4,7 @@
 
 #include "bmt/Runtime/fusion/Nvrtc.h"
 #include "bmt/Runtime/fusion/Prewarm.h"
+#include "bmt/Runtime/exec/ColumnSum.h"
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
@@ -641,9 +642,11 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
   for (size_t o = 0; o < of.size(); ++o) {
     const at::Tensor &input = inputs[of[o]];
     at::Tensor g = outs[o];
-    if (threads && columnSums[o])
-      g = g.sum(0).view(input.sizes());
-    else if (g.sizes() != input.sizes())
+    if (threads && columnSums[o]) {
+      grads[of[o]] = runtime::columnSum(g, input.scalar_type()).view(input.sizes());
+      continue;
+    }
+    if (g.sizes() != input.sizes())
       g = at::sum_to(g, input.sizes());
     grads[of[o]] = g.to(input.scalar_type());
   }
