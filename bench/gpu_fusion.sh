@@ -24,6 +24,7 @@
 #      GTEST_SOURCE=<googletest folder>: also build bmt-runtime-unit-tests and
 #      run its FusionCuda.* tests (the generated kernels against ATen on the GPU)
 #      and AdamCuda.* (the Adam step that writes the bf16 shards, against ATen's),
+#      and ColumnSum* (bias gradients and row partials, against float64 sums),
 #      ColumnSumCuda.* (bias gradients and row partials, against float64 sums),
 #      REFERENCE="off on" (the FSDP2 + torch.compile runs; empty: none),
 #      PROFILES (default "llama-off-fused llama-off-plain": the runs whose
