@@ -15,20 +15,9 @@
 #      STEPS (23), MICRO_BATCH (8), SEQ_LEN (1024).
 set -o pipefail
 plan=$1; out=$2; mkdir -p "$out"
-site=$(python3 -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))')
-export LD_LIBRARY_PATH="$site/torch/lib:$site/nvidia/cu13/lib:$site/nvidia/cuda_nvrtc/lib:${LD_LIBRARY_PATH:-}"
+source bench/gpu_build.sh "$out"
 export BMT_KERNEL_CACHE=/tmp/bmt-kernels
-carry=${DEVCARRY:-$PWD/.devcarry}
 steps=${STEPS:-23}
-tests=(-DBMT_TESTS=OFF); targets=(bmt-run)
-if [ -n "${GTEST_SOURCE:-}" ]; then
-  tests=(-DBMT_TESTS=ON -DBMT_GTEST_SOURCE_DIR="$GTEST_SOURCE"); targets+=(bmt-runtime-unit-tests)
-fi
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBMT_COMPILER=OFF "${tests[@]}" \
-  -DPython3_EXECUTABLE="$(command -v python3)" -DNLOHMANN_JSON_INCLUDE_DIR="$carry/include" \
-  > "$out/cmake.log" 2>&1 && ninja -C build-gpu "${targets[@]}" > "$out/build.log" 2>&1 \
-  || { tail -40 "$out/cmake.log" "$out/build.log"; exit 1; }
-grep -h "bmt: CUDA kernels\|bmt: no CUDA" "$out/cmake.log"
 if [ -n "${GTEST_SOURCE:-}" ]; then
   echo "== AdamCuda unit tests"
   ./build-gpu/test/bmt-runtime-unit-tests --gtest_filter='AdamCuda.*:AdamLowPrecision.*' 2>&1 \

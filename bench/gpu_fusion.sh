@@ -32,22 +32,10 @@
 #      kernels by launching op from the Chrome trace, bench/trace_breakdown.py).
 set -o pipefail
 plans=$1; out=$2; mkdir -p "$out/logs"
-site=$(python3 -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))')
-export LD_LIBRARY_PATH="$site/torch/lib:$site/nvidia/cu13/lib:$site/nvidia/cuda_nvrtc/lib:${LD_LIBRARY_PATH:-}"
+source bench/gpu_build.sh "$out/logs"
 export BMT_KERNEL_CACHE=/tmp/bmt-kernels
 VARIANTS=${VARIANTS-off-plain off-fused on-plain on-fused}
 REFERENCE=${REFERENCE-off on}
-carry=${DEVCARRY:-$PWD/.devcarry}
-tests=(-DBMT_TESTS=OFF); targets=(bmt-run)
-if [ -n "${GTEST_SOURCE:-}" ]; then
-  tests=(-DBMT_TESTS=ON -DBMT_GTEST_SOURCE_DIR="$GTEST_SOURCE"); targets+=(bmt-runtime-unit-tests)
-fi
-t0=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBMT_COMPILER=OFF "${tests[@]}" \
-  -DPython3_EXECUTABLE="$(command -v python3)" -DNLOHMANN_JSON_INCLUDE_DIR="$carry/include" \
-  > "$out/logs/cmake.log" 2>&1 && ninja -C build-gpu "${targets[@]}" > "$out/logs/build.log" 2>&1 \
-  || { tail -40 "$out/logs/cmake.log" "$out/logs/build.log"; exit 1; }
-echo "built ${targets[*]} in $(( $(date +%s) - t0 )) s"; grep -h "bmt: CUDA kernels\|bmt: no CUDA" "$out/logs/cmake.log"
 if [ -n "${GTEST_SOURCE:-}" ]; then
   echo "== FusionCuda and AdamCuda unit tests"
   ./build-gpu/test/bmt-runtime-unit-tests --gtest_filter='FusionCuda.*:Fusion.*:AdamCuda.*:AdamLowPrecision.*:ColumnSum*' 2>&1 | tee "$out/logs/unit.log" \

@@ -15,20 +15,7 @@
 # env: GTEST_SOURCE=<googletest folder>: also build and run FusionCuda.*
 set -o pipefail
 plans=$1; out=$2; mkdir -p "$out"
-site=$(python3 -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))')
-export LD_LIBRARY_PATH="$site/torch/lib:$site/nvidia/cu13/lib:$site/nvidia/cuda_nvrtc/lib:${LD_LIBRARY_PATH:-}"
-carry=${DEVCARRY:-$PWD/.devcarry}
-tests=(-DBMT_TESTS=OFF); targets=(bmt-run)
-if [ -n "${GTEST_SOURCE:-}" ]; then
-  tests=(-DBMT_TESTS=ON -DBMT_GTEST_SOURCE_DIR="$GTEST_SOURCE"); targets+=(bmt-runtime-unit-tests)
-fi
-t0=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBMT_COMPILER=OFF "${tests[@]}" \
-  -DPython3_EXECUTABLE="$(command -v python3)" -DNLOHMANN_JSON_INCLUDE_DIR="$carry/include" \
-  > "$out/cmake.log" 2>&1 && ninja -C build-gpu "${targets[@]}" > "$out/build.log" 2>&1 \
-  || { tail -40 "$out/cmake.log" "$out/build.log"; exit 1; }
-echo "built ${targets[*]} in $(( $(date +%s) - t0 )) s"; grep -h "bmt: CUDA kernels\|bmt: no CUDA" "$out/cmake.log"
-B=$PWD/build-gpu/bin/bmt-run
+source bench/gpu_build.sh "$out"
 python3 - <<PY
 import json, numpy as np
 for name, vocab in [("tok", 128256), ("tiny", 100)]:
