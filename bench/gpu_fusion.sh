@@ -25,7 +25,6 @@
 #      run its FusionCuda.* tests (the generated kernels against ATen on the GPU)
 #      and AdamCuda.* (the Adam step that writes the bf16 shards, against ATen's),
 #      and ColumnSum* (bias gradients and row partials, against float64 sums),
-#      ColumnSumCuda.* (bias gradients and row partials, against float64 sums),
 #      REFERENCE="off on" (the FSDP2 + torch.compile runs; empty: none),
 #      PROFILES (default "llama-off-fused llama-off-plain": the runs whose
 #      profile is printed, with a breakdown of their copy and elementwise
@@ -37,11 +36,10 @@ export BMT_KERNEL_CACHE=/tmp/bmt-kernels
 VARIANTS=${VARIANTS-off-plain off-fused on-plain on-fused}
 REFERENCE=${REFERENCE-off on}
 if [ -n "${GTEST_SOURCE:-}" ]; then
-  echo "== FusionCuda and AdamCuda unit tests"
+  echo "== FusionCuda, AdamCuda and ColumnSum unit tests"
   ./build-gpu/test/bmt-runtime-unit-tests --gtest_filter='FusionCuda.*:Fusion.*:AdamCuda.*:AdamLowPrecision.*:ColumnSum*' 2>&1 | tee "$out/logs/unit.log" \
     | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|difference|\[ note \]" | head -30
 fi
-B=$PWD/build-gpu/bin/bmt-run
 if [ -z "${SKIP_PARITY:-}" ]; then
 read -r -a names <<< "${NAMES:-all}"
 echo "== parity, fused plans (fp32)"; python3 bench/gpu_parity.py "$B" "$plans/tiny-fused" "${names[@]}" --jobs 4 2>&1 | tee "$out/logs/parity-fused.log" | grep -v Warning | tail -16

@@ -4,8 +4,9 @@
 // one autograd function, for parameters the executor's hooks hold: the
 // forward is the ATen operator itself, the backward ATen's formulas
 // (derivatives.yaml's mm_mat1_backward / mm_mat2_backward for a row-major or
-// column-major weight, sum_to for the bias), the same calls in the same
-// order, but the weight's gradient is written by its matmul straight into
+// column-major weight, sum_to for the bias; on CUDA the bias's sum is
+// bmt/Runtime/exec/ColumnSum.h's kernel, in
+// another order), but the weight's gradient is written by its matmul straight into
 // ExecutorHooks::gradientSlot(W) (ZeRO: the group's flat gradient), so the
 // group's backward does not copy it there. See docs/runtime.md.
 //
@@ -30,10 +31,10 @@ enum class LinearLayout { OutIn, InOut };
 /// addmm: self = bias, mat1, mat2, beta, alpha). Returns the result with
 /// autograd as the ATen operator's, or std::nullopt where the function does
 /// not take them (then the caller runs the operator): grad mode off, no
-/// weight gradient wanted, addmm with beta or alpha not 1 or a mat1 that
-/// is not 2-D, an input that is not contiguous, or of more than 3
-/// dimensions (ATen reduces the bias gradient otherwise there), or a
-/// weight that is not contiguous. `hooks` (not owned) must outlive the
+/// weight gradient wanted, addmm with beta or alpha not 1, a None bias or
+/// a mat1 that is not 2-D, an input that is not contiguous, complex, or of
+/// fewer than 2 or more than 3 dimensions (ATen reduces the bias gradient
+/// otherwise there), or a weight that is not 2-D and contiguous. `hooks` (not owned) must outlive the
 /// backward.
 std::optional<at::Tensor> linearWithGradientSlot(ExecutorHooks &hooks, LinearLayout layout,
                                                  const std::vector<c10::IValue> &stack);

@@ -1,15 +1,16 @@
 //===- ColumnSumTest.cpp - sums over the rows of a matrix ------------------===//
 //
 // columnSum (bmt/Runtime/exec/ColumnSum.h): the bias gradients of linear
-// layers and the column partials of fused row kernels. ColumnSum.* run
-// everywhere: off CUDA it is ATen's x.sum(0) then a cast, bit for bit.
-// ColumnSumCuda.* (skipped without a CUDA device) check the runtime's kernel
-// against float64 sums of the same values, for the shapes GPT-2 1.3 B and
+// layers and the column partials of fused row kernels (float32 partials
+// rounded to the weight's dtype). ColumnSum.* run everywhere (the refusal
+// of other ranks). ColumnSumCuda.* (skipped without a CUDA device) check
+// the runtime's kernel against float64 sums of the same values, for the shapes GPT-2 1.3 B and
 // the fused kernels give it (one range of rows and split rows), widths that
 // are not a multiple of the vector width, an unaligned start, bf16 / fp16 /
-// fp32 in and out. Bounds: a float32 sum of n terms in any order is within
-// (n - 1) * 2^-24 * sum |x| of the exact sum (Higham, Accuracy and Stability
-// of Numerical Algorithms, 2nd ed., eq. 4.4); a low-precision result is
+// fp32 in, each to bf16 / fp16 / fp32 out. Bounds: a float32 sum of n
+// terms in any order is within gamma_(n-1) * sum |x| of the exact sum,
+// gamma_k = k u / (1 - k u), u = 2^-24 (Higham, Accuracy and Stability of
+// Numerical Algorithms, 2nd ed., eq. 4.4); a low-precision result is
 // that sum rounded once, so within half an ulp of its dtype more. Two calls
 // give the same bits (a fixed order).
 //
@@ -46,7 +47,8 @@ void expectClose(const at::Tensor &x, at::ScalarType outType, const char *what) 
   at::Tensor xd = x.to(at::kCPU, at::kDouble);
   at::Tensor exact = xd.sum(0);
   const double n = static_cast<double>(x.size(0));
-  at::Tensor accumulation = (n - 1) * std::ldexp(1.0, -24) * xd.abs().sum(0);
+  const double u = std::ldexp(1.0, -24), gamma = (n - 1) * u / (1 - (n - 1) * u);
+  at::Tensor accumulation = gamma * xd.abs().sum(0);
   at::Tensor bound = accumulation + halfUlp(exact.abs() + accumulation, outType);
   at::Tensor err = (got.to(at::kCPU, at::kDouble) - exact).abs();
   EXPECT_TRUE(err.le(bound).all().item<bool>())
@@ -56,17 +58,6 @@ void expectClose(const at::Tensor &x, at::ScalarType outType, const char *what) 
 }
 
 } // namespace
-
-TEST(ColumnSum, IsAtenSumOffCuda) {
-  for (at::ScalarType in : {at::kFloat, at::kBFloat16})
-    for (at::ScalarType out : {at::kFloat, at::kBFloat16}) {
-      at::Tensor x = bmt::test::randomTensor({300, 37}, in, 1);
-      at::Tensor want = x.sum(0).to(out);
-      EXPECT_TRUE(at::equal(columnSum(x, out), want));
-      at::Tensor t = x.t(); // any strides
-      EXPECT_TRUE(at::equal(columnSum(t, out), t.sum(0).to(out)));
-    }
-}
 
 TEST(ColumnSum, RejectsOtherRanks) {
   EXPECT_THROW(columnSum(at::zeros({2, 3, 4}), at::kFloat), std::runtime_error);
@@ -80,7 +71,7 @@ TEST(ColumnSumCuda, MatchesFloat64Sums) {
       {8192, 2048}, {8192, 6144}, {528, 2048}, {528, 4096}, {1000, 37}, {3, 5}, {1, 8}, {4097, 264}};
   for (auto [rows, cols] : shapes)
     for (at::ScalarType in : {at::kBFloat16, at::kHalf, at::kFloat})
-      for (at::ScalarType out : {in, at::kFloat}) {
+      for (at::ScalarType out : {at::kBFloat16, at::kHalf, at::kFloat}) {
         at::Tensor x = bmt::test::randomTensor({rows, cols}, in, rows * 131 + cols, 2.0).cuda();
         std::string what = std::to_string(rows) + "x" + std::to_string(cols) + " " +
                            c10::toString(in) + " -> " + c10::toString(out);
@@ -97,5 +88,4 @@ TEST(ColumnSumCuda, UnalignedAndStrided) {
   // Not contiguous: ATen's sum.
   at::Tensor x = flat.narrow(0, 0, 2048 * 256).view({256, 2048}).t();
   expectClose(x, at::kBFloat16, "transposed");
-  EXPECT_TRUE(at::equal(columnSum(x, at::kBFloat16), x.sum(0)));
 }

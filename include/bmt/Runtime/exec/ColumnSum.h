@@ -14,10 +14,12 @@
 namespace bmt::runtime {
 
 /// `x`: [rows, cols], any strides. Returns [cols] of `dtype`: the sum over
-/// the rows, accumulated in float32 and rounded once (as `x.sum(0)` then a
-/// cast; on CUDA for a contiguous float32/bf16/fp16 `x` and out dtype the
-/// order of the additions differs from ATen's but is fixed, so a run
-/// repeats bit for bit). Throws std::runtime_error for a failed launch.
+/// the rows. On CUDA, for a contiguous float32/bf16/fp16 `x` and out
+/// dtype: accumulated in float32 in a fixed order (a run repeats bit for
+/// bit, the order differs from ATen's) and rounded once. Otherwise
+/// `x.sum(0)` (ATen's accumulation, the result in x's dtype) cast to
+/// `dtype`. Throws std::runtime_error for an `x` that is not 2-D or a
+/// failed launch.
 at::Tensor columnSum(const at::Tensor &x, at::ScalarType dtype);
 
 } // namespace bmt::runtime
