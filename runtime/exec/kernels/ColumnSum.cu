@@ -14,6 +14,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "ColumnSumKernels.h"
+#include "kernels/Convert.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -28,17 +29,6 @@ namespace {
 
 constexpr int kLanes = 32; ///< threads across a tile
 constexpr int kRowsPerBlock = 8; ///< threads down the rows
-
-__device__ __forceinline__ float toFloat(float x) { return x; }
-__device__ __forceinline__ float toFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float toFloat(__half x) { return __half2float(x); }
-
-template <typename T> __device__ __forceinline__ T fromFloat(float x);
-template <> __device__ __forceinline__ float fromFloat<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <> __device__ __forceinline__ __half fromFloat<__half>(float x) { return __float2half_rn(x); }
 
 /// Block (x, y) sums rows [y * rowsPerSplit, min(rows, (y + 1) * rowsPerSplit))
 /// of columns [x * kLanes * Vec, ...): into out (splits == 1, type Out) or

@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "CrossEntropyKernels.h"
+#include "kernels/Convert.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -23,19 +24,6 @@ namespace bmt::runtime::kernels {
 namespace {
 
 constexpr int kThreads = 512;
-
-__device__ __forceinline__ float toFloat(float x) { return x; }
-__device__ __forceinline__ float toFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float toFloat(__half x) { return __half2float(x); }
-
-template <typename T> __device__ __forceinline__ T fromFloat(float x);
-template <> __device__ __forceinline__ float fromFloat<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16(x);
-}
-template <> __device__ __forceinline__ __half fromFloat<__half>(float x) {
-  return __float2half(x);
-}
 
 /// Running (maximum, sum of exp(x - maximum)).
 struct MaxSum {

@@ -17,6 +17,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "AdamKernels.h"
+#include "kernels/Convert.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -54,18 +55,6 @@ struct Batch {
   int32_t count;
 };
 static_assert(sizeof(Batch) < 4000, "kernel arguments are limited to 4 KiB");
-
-__device__ __forceinline__ float toFloat(float x) { return x; }
-__device__ __forceinline__ float toFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float toFloat(__half x) { return __half2float(x); }
-
-template <typename T> __device__ __forceinline__ T fromFloat(float x);
-template <> __device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16(x); // round to nearest even, as c10::BFloat16 on CUDA
-}
-template <> __device__ __forceinline__ __half fromFloat<__half>(float x) {
-  return __float2half(x); // round to nearest even
-}
 
 template <typename T> struct alignas(kVec * sizeof(T)) Vec {
   T v[kVec];
