@@ -54,7 +54,7 @@ at::Tensor columnSum(const at::Tensor &x, at::ScalarType dtype) {
     if (splits > 1)
       workspace = at::empty({splits, cols}, x.options().dtype(at::kFloat));
     int err = kernels::columnSum(x.const_data_ptr(), *in, rows, cols, result.data_ptr(), *out,
-                                 splits > 1 ? workspace.data_ptr<float>() : nullptr, sms,
+                                 splits > 1 ? workspace.data_ptr<float>() : nullptr, splits,
                                  at::cuda::getCurrentCUDAStream(x.device().index()).stream());
     if (err != 0)
       throw std::runtime_error(std::string("columnSum: the kernel's launch failed: ") +

@@ -149,10 +149,9 @@ int64_t columnSumSplits(int64_t rows, int64_t cols, SumElement in, int sms) {
 }
 
 int columnSum(const void *in, SumElement inType, int64_t rows, int64_t cols, void *out,
-              SumElement outType, float *workspace, int sms, cudaStream_t stream) {
-  if (rows < 1 || cols < 1)
+              SumElement outType, float *workspace, int64_t splits, cudaStream_t stream) {
+  if (rows < 1 || cols < 1 || splits < 1)
     return static_cast<int>(cudaErrorInvalidValue);
-  const int64_t splits = columnSumSplits(rows, cols, inType, sms);
   if (splits > 1 && !workspace)
     return static_cast<int>(cudaErrorInvalidValue);
   switch (inType) {

@@ -24,11 +24,12 @@ int64_t columnSumSplits(int64_t rows, int64_t cols, SumElement in, int sms);
 
 /// out[c] = sum over r of in[r * cols + c], for a row-major [rows, cols]
 /// input (rows, cols >= 1), accumulated in float32 in an order fixed by
-/// (rows, cols, sms), rounded once to out's type (nearest even).
-/// Asynchronous on `stream`; returns the cudaError_t of the launches
-/// (0 = success).
+/// (rows, cols, splits), rounded once to out's type (nearest even).
+/// `splits`: columnSumSplits' answer (workspace as it says). Asynchronous
+/// on `stream`; returns the cudaError_t of the launches (0 = success), or
+/// cudaErrorInvalidValue for empty sizes, splits < 1, or no workspace.
 int columnSum(const void *in, SumElement inType, int64_t rows, int64_t cols, void *out,
-              SumElement outType, float *workspace, int sms, cudaStream_t stream);
+              SumElement outType, float *workspace, int64_t splits, cudaStream_t stream);
 
 } // namespace bmt::runtime::kernels
 
