@@ -4,6 +4,7 @@
 
 #include "bmt/Runtime/fusion/Fused.h"
 #include "exec/Linear.h"
+#include "exec/Recompute.h"
 #include "bmt/Support/ErrorText.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -217,7 +218,8 @@ struct Executor::Prepared {
 
 Executor::Executor(const plan::Plan &plan, std::vector<at::Tensor> tensors,
                    at::Device device)
-    : plan_(plan), tensors_(std::move(tensors)), device_(device) {
+    : plan_(plan), tensors_(std::move(tensors)), device_(device),
+      recomputePlans_(std::make_unique<RecomputePlans>(plan)) {
   if (tensors_.size() != plan.tensors.size())
     throw ExecutionError("executor: " + std::to_string(tensors_.size()) +
                          " tensors given, the plan has " +
@@ -335,7 +337,8 @@ std::vector<IValue> Executor::run(const std::vector<IValue> &inputs) {
   return call(static_cast<size_t>(plan_.entry), inputs);
 }
 
-std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
+std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
+                                   const RecomputePlan *graphOnly) {
   const plan::Function &f = plan_.functions[index];
   if (args.size() != f.params.size())
     throw ExecutionError(f.name + " takes " + std::to_string(f.params.size()) +
@@ -439,11 +442,21 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
         std::vector<IValue> results;
         if (hooks_ && !inst.blockList.empty()) {
           size_t target = static_cast<size_t>(inst.target);
+          size_t numResults = inst.results.size();
           results = hooks_->callBlock(
               inst, [this, target](std::vector<IValue> a) { return call(target, std::move(a)); },
+              [this, target, numResults](std::vector<IValue> a) {
+                // Inspect's replay reads every value: then nothing is skipped.
+                const RecomputePlan *plan =
+                    observer_ && observer_->checkInstructions
+                        ? nullptr
+                        : &recomputePlans_->forResults(target, std::vector<bool>(numResults, true));
+                return call(target, std::move(a), plan);
+              },
               std::move(callArgs));
         } else {
-          results = call(inst.target, std::move(callArgs));
+          results = call(inst.target, std::move(callArgs),
+                         graphOnly ? graphOnly->callee[n] : nullptr);
         }
         if (observer_ && !inst.blockList.empty())
           observer_->blockReturned(inst, results);
@@ -463,8 +476,21 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args) {
           regs[inst.results.at(0)] = (*p.native)(stack);
           break;
         }
+        const Skip skip = graphOnly ? graphOnly->skip[n] : Skip::None;
+        if (skip == Skip::Add && stack[0].isTensor() && stack[1].isTensor() &&
+            stack[2].isScalar() &&
+            stack[0].toTensor().device() == stack[1].toTensor().device()) {
+          const double alpha = stack[2].toScalar().toDouble();
+          regs[inst.results.at(0)] =
+              addWithoutValue(stack[0].toTensor(), stack[1].toTensor(),
+                              inst.op == "aten::sub.Tensor" ? -alpha : alpha);
+          ++recomputeSkips_;
+          break;
+        }
         if (p.linear && hooks_) {
-          if (std::optional<at::Tensor> y = linearWithGradientSlot(*hooks_, *p.linear, stack)) {
+          if (std::optional<at::Tensor> y =
+                  linearWithGradientSlot(*hooks_, *p.linear, stack, skip != Skip::Linear)) {
+            recomputeSkips_ += skip == Skip::Linear ? 1 : 0;
             regs[inst.results.at(0)] = *std::move(y);
             if (observer_ && observer_->checkInstructions)
               observer_->instructionDone(index, n, regs);

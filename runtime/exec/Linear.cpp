@@ -6,6 +6,7 @@
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/mm.h>
 #include <c10/core/GradMode.h>
@@ -22,11 +23,19 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
   // The tensors as a TensorList (x, W and, where there is one, b): autograd
   // tracks each, and no undefined tensor is an input.
   static at::Tensor forward(AutogradContext *ctx, at::TensorList tensors, int64_t layout,
-                            int64_t hooks) {
+                            int64_t hooks, bool computeValue) {
     const at::Tensor &x = tensors[0], &weight = tensors[1];
     const at::Tensor bias = tensors.size() > 2 ? tensors[2] : at::Tensor();
     const bool inOut = layout == static_cast<int64_t>(LinearLayout::InOut);
-    at::Tensor y = inOut ? at::addmm(bias, x, weight) : at::linear(x, weight, bias);
+    at::Tensor y;
+    if (computeValue) {
+      y = inOut ? at::addmm(bias, x, weight) : at::linear(x, weight, bias);
+    } else {
+      // [tokens, out] (addmm) or [..., out] (linear), uninitialised.
+      std::vector<int64_t> shape = x.sizes().vec();
+      shape.back() = weight.size(inOut ? 1 : 0);
+      y = at::empty(shape, x.options());
+    }
     ctx->save_for_backward({x, weight});
     ctx->saved_data["layout"] = layout;
     ctx->saved_data["hooks"] = hooks;
@@ -42,7 +51,7 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     auto *hooks = reinterpret_cast<ExecutorHooks *>(
         static_cast<intptr_t>(ctx->saved_data["hooks"].toInt()));
     const bool hasBias = ctx->saved_data.count("bias_sizes") > 0;
-    variable_list out(hasBias ? 5 : 4); // x, W, (b,) layout, hooks
+    variable_list out(hasBias ? 6 : 5); // x, W, (b,) layout, hooks, computeValue
     const at::Tensor &g = grads[0];
     if (!g.defined())
       return out;
@@ -85,7 +94,8 @@ bool isOne(const c10::IValue &v) {
 } // namespace
 
 std::optional<at::Tensor> linearWithGradientSlot(ExecutorHooks &hooks, LinearLayout layout,
-                                                 const std::vector<c10::IValue> &stack) {
+                                                 const std::vector<c10::IValue> &stack,
+                                                 bool computeValue) {
   if (!c10::GradMode::is_enabled())
     return std::nullopt;
   const bool inOut = layout == LinearLayout::InOut;
@@ -107,7 +117,8 @@ std::optional<at::Tensor> linearWithGradientSlot(ExecutorHooks &hooks, LinearLay
   if (bias.defined())
     tensors.push_back(bias);
   return LinearFunction::apply(at::TensorList(tensors), static_cast<int64_t>(layout),
-                               static_cast<int64_t>(reinterpret_cast<intptr_t>(&hooks)));
+                               static_cast<int64_t>(reinterpret_cast<intptr_t>(&hooks)),
+                               computeValue);
 }
 
 } // namespace bmt::runtime

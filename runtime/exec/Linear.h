@@ -35,9 +35,13 @@ enum class LinearLayout { OutIn, InOut };
 /// a mat1 that is not 2-D, an input that is not contiguous, complex, or of
 /// fewer than 2 or more than 3 dimensions (ATen reduces the bias gradient
 /// otherwise there), or a weight that is not 2-D and contiguous. `hooks` (not owned) must outlive the
-/// backward.
+/// backward. `computeValue` false (a recomputed block's result only for its
+/// graph, exec/Recompute.h): the result is uninitialised, the matmul not
+/// run (call it so only where the same call computed it before), the
+/// backward the same.
 std::optional<at::Tensor> linearWithGradientSlot(ExecutorHooks &hooks, LinearLayout layout,
-                                                 const std::vector<c10::IValue> &stack);
+                                                 const std::vector<c10::IValue> &stack,
+                                                 bool computeValue = true);
 
 } // namespace bmt::runtime
 

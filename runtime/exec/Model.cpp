@@ -191,6 +191,8 @@ int64_t Model::gradientsWrittenInPlace() const {
   return zero_ ? zero_->gradientsWrittenInPlace() : 0;
 }
 
+int64_t Model::recomputeSkips() const { return executor_->recomputeSkips(); }
+
 bool Model::offloadsOptimizer() const { return zero_ && zero_->offloadsOptimizer(); }
 
 HostGradientSource &Model::hostGradients(int64_t microBatchesPerStep) {

@@ -205,6 +205,7 @@ struct RegatherFunction : torch::autograd::Function<RegatherFunction> {
 struct CheckpointState : torch::CustomClassHolder {
   const plan::Instruction *inst = nullptr;
   ExecutorHooks::Run run;
+  ExecutorHooks::Run recompute; ///< run for the graph only (backward)
   std::vector<IValue> args;           ///< non-tensor arguments in place, tensors undefined
   std::vector<size_t> tensorArgs;     ///< positions of the tensor arguments
   std::vector<IValue> results;        ///< non-tensor results in place
@@ -216,8 +217,10 @@ struct CheckpointState : torch::CustomClassHolder {
 /// A block run without autograd in forward and recomputed in backward
 /// (torch.utils.checkpoint, reentrant variant): forward keeps only the
 /// inputs; backward gathers the block, restores the RNG state, runs it again
-/// with autograd and back-propagates through it, which reduce-scatters its
-/// parameters' gradients on the way (GatherFunction).
+/// with autograd (the `recompute` run: what only the results' values need,
+/// such as the last matmul, is not computed, exec/Recompute.h) and
+/// back-propagates through it, which reduce-scatters its parameters'
+/// gradients on the way (GatherFunction).
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   static variable_list forward(AutogradContext *ctx, at::TensorList inputs, ZeroStorage *zero,
                                c10::intrusive_ptr<CheckpointState> state) {
@@ -264,7 +267,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     std::vector<IValue> results;
     {
       c10::AutoGradMode enable(true);
-      results = state->run(std::move(args));
+      results = state->recompute(std::move(args));
     }
     generator.set_state(current);
 
@@ -710,13 +713,14 @@ void ZeroStorage::release(int64_t group) {
 }
 
 std::vector<IValue> ZeroStorage::callBlock(const plan::Instruction &inst, const Run &run,
-                                           std::vector<IValue> args) {
+                                           const Run &recompute, std::vector<IValue> args) {
   if (!c10::GradMode::is_enabled())
     return run(std::move(args));
   if (inst.checkpoint) {
     auto state = c10::make_intrusive<CheckpointState>();
     state->inst = &inst;
     state->run = run;
+    state->recompute = recompute;
     state->device = device_;
     variable_list inputs;
     for (size_t i = 0; i < args.size(); ++i)

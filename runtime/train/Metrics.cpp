@@ -59,7 +59,8 @@ void MetricsWriter::step(const StepMetrics &m) {
            << ", \"peak_mem_gib\": " << jsonNumber(m.peakMemoryGiB)
            << ", \"host_s\": " << jsonNumber(m.hostSeconds)
            << ", \"fused_lazy_kernels\": " << m.fusedLazyKernels
-           << ", \"gradients_in_place\": " << m.gradientsInPlace << "}\n";
+           << ", \"gradients_in_place\": " << m.gradientsInPlace
+           << ", \"recompute_skipped\": " << m.recomputeSkipped << "}\n";
     json_->flush();
   }
 }

@@ -612,6 +612,7 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
   }
   lazyKernelsAtStart_ = fusion::FusedRegion::lazyKernels();
   gradientsInPlaceAtStart_ = model_.gradientsWrittenInPlace();
+  recomputeSkipsAtStart_ = model_.recomputeSkips();
   auto start = Clock::now();
   auto lastReport = start;
   double numParams = static_cast<double>(model_.numParameters());
@@ -708,6 +709,7 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
       metrics.peakMemoryGiB = peakMemoryGiB(device);
       metrics.fusedLazyKernels = fusion::FusedRegion::lazyKernels() - lazyKernelsAtStart_;
       metrics.gradientsInPlace = model_.gradientsWrittenInPlace() - gradientsInPlaceAtStart_;
+      metrics.recomputeSkipped = model_.recomputeSkips() - recomputeSkipsAtStart_;
       metrics_.step(metrics);
     }
     inspector_->report(p.step, rank0 ? &metrics_ : nullptr);

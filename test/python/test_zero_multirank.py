@@ -123,6 +123,11 @@ def test_training_matches_eager(traced, config):
     # the group's flat gradient, in every micro-batch (the last record
     # counts all of rank 0's); a tied one (GPT-2's lm_head) is a sum, copied.
     assert train[-1]["gradients_in_place"] == STEPS * accum * untied_linear_weights(traced["model"]), train[-1]
+    # A recomputed block does not compute what only its output's value
+    # needs: the MLP's last matmul and the residual add after it.
+    recomputed = "none" not in flags
+    layers = traced["model"].config.num_hidden_layers
+    assert train[-1]["recompute_skipped"] == (STEPS * accum * layers * 2 if recomputed else 0), train[-1]
     losses, want = eager_reference(traced, accum, lrs)
     for x, loss in zip(train, losses):
         assert_loss_close(x["loss"], loss, what=f"{config}: loss of step {x['step']}")

@@ -29,6 +29,9 @@ class FusedRegion;
 
 namespace bmt::runtime {
 
+struct RecomputePlan;
+class RecomputePlans;
+
 /// An operator failed, or the plan cannot run. The message names the
 /// function, the operator and its source location.
 class ExecutionError : public std::runtime_error {
@@ -50,9 +53,14 @@ public:
   /// Instruction Gather / Release of storage group `group`.
   virtual void gather(int64_t group) = 0;
   virtual void release(int64_t group) = 0;
-  /// Runs the call `inst` of a block: `run(args)` executes the callee.
+  /// Runs the call `inst` of a block: `run(args)` executes the callee;
+  /// `recompute(args)` too, for a run whose tensor results are used only
+  /// for their autograd graph (a checkpointed block's backward): it may
+  /// leave values that only those results need uncomputed
+  /// (runtime/exec/Recompute.h), so its results' values are unspecified.
   using Run = std::function<std::vector<c10::IValue>(std::vector<c10::IValue>)>;
   virtual std::vector<c10::IValue> callBlock(const plan::Instruction &inst, const Run &run,
+                                             const Run &recompute,
                                              std::vector<c10::IValue> args) = 0;
   /// Where the gradient of `param` (a tensor global() returned) may be
   /// written by the operator that computes it, in the backward of the
@@ -124,10 +132,16 @@ public:
   /// The fused regions of the plan's Fused instructions that the generator
   /// takes (one per instruction), in plan order.
   std::vector<fusion::FusedRegion *> fusedRegions() const;
+  /// Instructions run without computing their value in recomputes
+  /// (ExecutorHooks::callBlock's `recompute`) since construction.
+  int64_t recomputeSkips() const { return recomputeSkips_; }
 
 private:
   struct Prepared;
-  std::vector<c10::IValue> call(size_t function, std::vector<c10::IValue> args);
+  /// `graphOnly`: the plan of a run whose results' values are unused
+  /// (null: every instruction runs as usual).
+  std::vector<c10::IValue> call(size_t function, std::vector<c10::IValue> args,
+                                const RecomputePlan *graphOnly = nullptr);
 
   const plan::Plan &plan_;
   std::vector<at::Tensor> tensors_;
@@ -136,6 +150,8 @@ private:
   ExecutorObserver *observer_ = nullptr;
   Comm *tensorComm_ = nullptr;
   std::vector<std::vector<std::unique_ptr<Prepared>>> prepared_; // [function][instruction]
+  std::unique_ptr<RecomputePlans> recomputePlans_;
+  int64_t recomputeSkips_ = 0;
 };
 
 } // namespace bmt::runtime

@@ -258,6 +258,10 @@ public:
   /// gradient, not copied there, on this rank since construction
   /// (ZeroStorage::gradientsWrittenInPlace; 0 without ZeRO).
   int64_t gradientsWrittenInPlace() const;
+  /// Operators of recomputed (checkpointed) blocks whose values were not
+  /// computed, only their backward recorded, since construction
+  /// (Executor::recomputeSkips).
+  int64_t recomputeSkips() const;
 
   /// Elements in all distinct trainable parameters (of the whole model).
   int64_t numParameters() const;

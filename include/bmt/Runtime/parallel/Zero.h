@@ -101,6 +101,7 @@ public:
   void gather(int64_t group) override;
   void release(int64_t group) override;
   std::vector<c10::IValue> callBlock(const plan::Instruction &inst, const Run &run,
+                                     const Run &recompute,
                                      std::vector<c10::IValue> args) override;
   /// A member's slice of its group's flat gradient (the reduce-scatter's
   /// input), when the group's reduce dtype is the member's dtype: the

@@ -49,6 +49,9 @@ struct StepMetrics {
   /// Weight gradients written by their matmuls into ZeRO's flat gradient
   /// on rank 0 since the first step began (cumulative, as above).
   int64_t gradientsInPlace = 0;
+  /// Operators of recomputed blocks left uncomputed (only their backward
+  /// recorded) on rank 0 since the first step began (cumulative).
+  int64_t recomputeSkipped = 0;
 };
 
 /// One block's (or the parameters outside blocks') statistics at an
@@ -70,7 +73,7 @@ public:
   /// A -> B"), and {"kind": "train", "step", "loss", "lr", "grad_norm",
   /// "loss_scale", "skipped", "tokens", "tokens_per_s", "tflops",
   /// "elapsed_s", "peak_mem_gib", "host_s", "fused_lazy_kernels",
-  /// "gradients_in_place"}.
+  /// "gradients_in_place", "recompute_skipped"}.
   void step(const StepMetrics &m);
 
   /// "eval  step N | val loss ... | val ppl ... | N tokens" and {"kind":

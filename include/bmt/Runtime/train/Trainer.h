@@ -255,6 +255,7 @@ private:
   /// fusion::FusedRegion::lazyKernels() when the first step began.
   int64_t lazyKernelsAtStart_ = 0;
   int64_t gradientsInPlaceAtStart_ = 0; ///< model_.gradientsWrittenInPlace() then
+  int64_t recomputeSkipsAtStart_ = 0;   ///< model_.recomputeSkips() then
 };
 
 } // namespace bmt::runtime
