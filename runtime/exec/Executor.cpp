@@ -3,6 +3,7 @@
 #include "bmt/Runtime/exec/Executor.h"
 
 #include "bmt/Runtime/fusion/Fused.h"
+#include "exec/Embedding.h"
 #include "exec/Linear.h"
 #include "exec/Recompute.h"
 #include "bmt/Support/ErrorText.h"
@@ -211,6 +212,8 @@ struct Executor::Prepared {
   /// aten::linear / aten::addmm: the weight's layout, for
   /// linearWithGradientSlot (under hooks: the weight gradient into its slot).
   std::optional<LinearLayout> linear;
+  /// aten::embedding: under hooks, embeddingWithGradientSlot.
+  bool embedding = false;
   /// Fused: the region (null when the generator does not take its body:
   /// then its ops run one by one).
   std::unique_ptr<fusion::FusedRegion> region;
@@ -283,6 +286,7 @@ Executor::Executor(const plan::Plan &plan, std::vector<at::Tensor> tensors,
             p->linear = LinearLayout::OutIn;
           else if (inst.op == "aten::addmm")
             p->linear = LinearLayout::InOut;
+          p->embedding = inst.op == "aten::embedding";
           // A trace copies host tensors it made (torch.tensor(0.0) in a
           // mask, say) to the device with aten::to; on a GPU that copy is
           // made from pinned memory without blocking (see call()).
@@ -330,6 +334,8 @@ std::vector<fusion::FusedRegion *> Executor::fusedRegions() const {
 ExecutorHooks::~ExecutorHooks() = default;
 
 at::Tensor ExecutorHooks::gradientSlot(const at::Tensor &) { return {}; }
+
+at::Tensor ExecutorHooks::givenGradientSlot(const at::Tensor &) { return {}; }
 
 ExecutorObserver::~ExecutorObserver() = default;
 
@@ -486,6 +492,14 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
                               inst.op == "aten::sub.Tensor" ? -alpha : alpha);
           ++recomputeSkips_;
           break;
+        }
+        if (p.embedding && hooks_) {
+          if (std::optional<at::Tensor> y = embeddingWithGradientSlot(*hooks_, stack)) {
+            regs[inst.results.at(0)] = *std::move(y);
+            if (observer_ && observer_->checkInstructions)
+              observer_->instructionDone(index, n, regs);
+            break;
+          }
         }
         if (p.linear && hooks_) {
           if (std::optional<at::Tensor> y =

@@ -676,7 +676,11 @@ at::Tensor ZeroStorage::global(int64_t index) {
   return g.views[member];
 }
 
-at::Tensor ZeroStorage::gradientSlot(const at::Tensor &param) {
+at::Tensor ZeroStorage::gradientSlot(const at::Tensor &param) { return slotOf(param, false); }
+
+at::Tensor ZeroStorage::givenGradientSlot(const at::Tensor &param) { return slotOf(param, true); }
+
+at::Tensor ZeroStorage::slotOf(const at::Tensor &param, bool given) {
   if (!param.defined() || !param.has_storage() || !param.is_contiguous())
     return {};
   auto it = groupOfStorage_.find(param.storage().unsafeGetStorageImpl());
@@ -695,8 +699,10 @@ at::Tensor ZeroStorage::gradientSlot(const at::Tensor &param) {
     g.slotsGiven.assign(g.views.size(), false);
     g.slotsGeneration = generation_;
   }
-  if (g.slotsGiven[m])
+  if (g.slotsGiven[m] != given || (given && !g.gradFlat.defined()))
     return {};
+  if (given)
+    return g.gradFlat.narrow(0, g.info->offsets[m], param.numel()).view(param.sizes());
   if (!g.gradFlat.defined())
     g.gradFlat = at::empty({g.padded}, g.shard.options().dtype(reduceDtype(g)));
   g.slotsGiven[m] = true;

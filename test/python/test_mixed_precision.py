@@ -29,7 +29,7 @@ import torch
 from bmt_paths import binary
 from numerics import assert_identical, assert_loss_close, assert_trained_close
 from test_runtime_parity import build, decay_groups
-from test_zero_multirank import untied_linear_weights
+from test_zero_multirank import slot_weights
 
 SEQ = 8
 GLOBAL_BATCH = 4
@@ -140,9 +140,9 @@ def test_bf16_master_weights_match_reference(bf16, reduce_dtype):
     assert all(x["loss_scale"] is None and not x["skipped"] for x in train)
     lrs = {x["step"]: x["lr"] for x in train}
     model = build("gpt2").to(torch.bfloat16)
-    # The linear layers' weight gradients go straight into the flat gradient
+    # The linear and embedding weights' gradients go straight into the flat gradient
     # when it has their dtype (bf16 reduction); a float32 one takes copies.
-    in_place = STEPS * untied_linear_weights(model) if reduce_dtype == "bfloat16" else 0
+    in_place = STEPS * slot_weights(model) if reduce_dtype == "bfloat16" else 0
     assert train[-1]["gradients_in_place"] == in_place, train[-1]
     losses, want = reference_mixed_precision(model, bf16["batches"], STEPS, lrs, 0.5, 0.01)
     worst = max(abs(x["loss"] - l) for x, l in zip(train, losses))

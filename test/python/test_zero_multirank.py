@@ -68,15 +68,12 @@ def traced(request, tmp_path_factory):
     return {"name": name, "model": model, "pt": pt, "batches": batches, "tmp": tmp, "eager": {}}
 
 
-def untied_linear_weights(model):
-    """Weights of nn.Linear and HF Conv1D modules that no other module uses."""
-    uses = {}
-    for m in model.modules():
-        for p in m.parameters(recurse=False):
-            uses[id(p)] = uses.get(id(p), 0) + 1
-    return sum(1 for m in model.modules()
-               if (isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D")
-               and uses[id(m.weight)] == 1)
+def slot_weights(model):
+    """Distinct weights of nn.Linear, HF Conv1D and nn.Embedding modules:
+    the gradients their backwards write into ZeRO's flat gradient (a tied
+    embedding adds into its LM head's)."""
+    return len({id(m.weight) for m in model.modules()
+                if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)) or type(m).__name__ == "Conv1D"})
 
 
 def eager_reference(traced, accum, lrs):
@@ -119,10 +116,11 @@ def test_training_matches_eager(traced, config):
     train = [x for x in records if x["kind"] == "train"]
     assert [x["step"] for x in train] == list(range(1, STEPS + 1))
     lrs = {x["step"]: x["lr"] for x in train}
-    # Every untied linear weight's gradient was written by its matmul into
-    # the group's flat gradient, in every micro-batch (the last record
-    # counts all of rank 0's); a tied one (GPT-2's lm_head) is a sum, copied.
-    assert train[-1]["gradients_in_place"] == STEPS * accum * untied_linear_weights(traced["model"]), train[-1]
+    # Every linear and embedding weight's gradient was written by its
+    # backward into the group's flat gradient, in every micro-batch (the
+    # last record counts all of rank 0's); a tied embedding added into its
+    # LM head's, so the sum is not copied either.
+    assert train[-1]["gradients_in_place"] == STEPS * accum * slot_weights(traced["model"]), train[-1]
     # A recomputed block does not compute what only its output's value
     # needs: the MLP's last matmul and the residual add after it.
     recomputed = "none" not in flags

@@ -68,6 +68,10 @@ public:
   /// param's shape and dtype, or undefined (none: the operator makes its
   /// own). A slot is given once per forward pass. Default: none.
   virtual at::Tensor gradientSlot(const at::Tensor &param);
+  /// The slot of `param` already given in the current backward (its
+  /// operator has written it: a tied embedding's other use may add into
+  /// it), or undefined. Default: none.
+  virtual at::Tensor givenGradientSlot(const at::Tensor &param);
 };
 
 /// Watches an executor's runs (train/Inspect.h): the results of block

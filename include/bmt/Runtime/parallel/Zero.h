@@ -107,6 +107,7 @@ public:
   /// input), when the group's reduce dtype is the member's dtype: the
   /// group's backward then copies nothing for that member.
   at::Tensor gradientSlot(const at::Tensor &param) override;
+  at::Tensor givenGradientSlot(const at::Tensor &param) override;
   /// Members' gradients found in their slots by the groups' backwards (not
   /// copied), since construction.
   int64_t gradientsWrittenInPlace() const { return gradientsInPlace_; }
@@ -232,6 +233,9 @@ private:
   void startGather(Group &g);
   void ensureGathered(Group &g);
   void freeBuffer(Group &g);
+  /// gradientSlot (given false: a new slot, once a pass) and
+  /// givenGradientSlot (given true: the one given already).
+  at::Tensor slotOf(const at::Tensor &param, bool given);
   /// Gathers the groups of block `blockIndex` of `list` (waiting) and
   /// starts the gathers of the `prefetchDepth` blocks before it: the
   /// backward order.
