@@ -17,7 +17,9 @@ using torch::autograd::variable_list;
 
 struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
   static at::Tensor forward(AutogradContext *ctx, const at::Tensor &weight,
-                            const at::Tensor &indices, int64_t paddingIdx, int64_t hooks) {
+                            const at::Tensor &indices, int64_t paddingIdx, int64_t hooks,
+                            bool tied) {
+    ctx->saved_data["tied"] = tied;
     ctx->save_for_backward({indices});
     ctx->saved_data["rows"] = weight.size(0);
     ctx->saved_data["padding_idx"] = paddingIdx;
@@ -27,7 +29,7 @@ struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
   }
 
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
-    variable_list out(4); // weight, indices, padding_idx, hooks
+    variable_list out(5); // weight, indices, padding_idx, hooks, tied
     const at::Tensor &g = grads[0];
     if (!g.defined() || !ctx->needs_input_grad(0))
       return out;
@@ -43,7 +45,9 @@ struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
         rows = rows.masked_fill(index.eq(paddingIdx).unsqueeze(1), 0);
       into.index_put_({index}, rows.to(into.scalar_type()), /*accumulate=*/true);
     };
-    if (at::Tensor given = hooks->givenGradientSlot(weight); given.defined()) {
+    at::Tensor given =
+        ctx->saved_data["tied"].toBool() ? hooks->givenGradientSlot(weight) : at::Tensor();
+    if (given.defined()) {
       addRows(given); // W's other use returned this slot as its gradient
       return out;
     }
@@ -62,7 +66,8 @@ struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
 } // namespace
 
 std::optional<at::Tensor> embeddingWithGradientSlot(ExecutorHooks &hooks,
-                                                    const std::vector<c10::IValue> &stack) {
+                                                    const std::vector<c10::IValue> &stack,
+                                                    bool tied) {
   if (!c10::GradMode::is_enabled() || stack.size() != 5 || !stack[0].isTensor() ||
       !stack[1].isTensor() || !stack[2].isInt() || !stack[3].isBool() || !stack[4].isBool() ||
       stack[3].toBool() || stack[4].toBool())
@@ -72,7 +77,7 @@ std::optional<at::Tensor> embeddingWithGradientSlot(ExecutorHooks &hooks,
       indices.requires_grad())
     return std::nullopt;
   return EmbeddingFunction::apply(weight, indices, stack[2].toInt(),
-                                  static_cast<int64_t>(reinterpret_cast<intptr_t>(&hooks)));
+                                  static_cast<int64_t>(reinterpret_cast<intptr_t>(&hooks)), tied);
 }
 
 } // namespace bmt::runtime

@@ -6,9 +6,10 @@
 // the row of W's gradient its index names (index_put_ with accumulate,
 // as ATen's embedding_dense_backward sums them; the padding index's rows
 // add nothing) straight into ZeRO's flat gradient:
-//   - into the slot another use of W (a tied LM head's matmul) has already
-//     written in this backward (ExecutorHooks::givenGradientSlot), and W
-//     gets no separate gradient: no [vocab, hidden] tensor, sum or copy;
+//   - where W's only other reader is a linear layer (a tied LM head, so the
+//     executor says: `tied`), into the slot that layer's matmul wrote in this
+//     backward (ExecutorHooks::givenGradientSlot), and W gets no separate
+//     gradient: no [vocab, hidden] tensor, sum or copy;
 //   - else into a new slot (ExecutorHooks::gradientSlot), zeroed first.
 // Without a slot it is ATen's embedding_dense_backward. See docs/runtime.md.
 //
@@ -31,10 +32,13 @@ namespace bmt::runtime {
 /// result ([*indices.shape, H], with autograd), or std::nullopt where the
 /// function does not take them (then the caller runs the operator): grad
 /// mode off, a weight that needs no gradient or is not 2-D and contiguous,
-/// scale_grad_by_freq or sparse set. `hooks` (not owned) must outlive the
-/// backward.
+/// indices that require grad, scale_grad_by_freq or sparse set. `tied`:
+/// the weight's one other reader is a linear layer whose backward returns
+/// its slot as its gradient (only then is adding into that slot the sum
+/// autograd would make). `hooks` (not owned) must outlive the backward.
 std::optional<at::Tensor> embeddingWithGradientSlot(ExecutorHooks &hooks,
-                                                    const std::vector<c10::IValue> &stack);
+                                                    const std::vector<c10::IValue> &stack,
+                                                    bool tied);
 
 } // namespace bmt::runtime
 

@@ -212,8 +212,9 @@ struct Executor::Prepared {
   /// aten::linear / aten::addmm: the weight's layout, for
   /// linearWithGradientSlot (under hooks: the weight gradient into its slot).
   std::optional<LinearLayout> linear;
-  /// aten::embedding: under hooks, embeddingWithGradientSlot.
-  bool embedding = false;
+  /// aten::embedding: under hooks, embeddingWithGradientSlot; it may add
+  /// into the slot its weight's other reader was given (markTiedEmbeddings).
+  bool embedding = false, addsIntoGivenSlot = false;
   /// Fused: the region (null when the generator does not take its body:
   /// then its ops run one by one).
   std::unique_ptr<fusion::FusedRegion> region;
@@ -317,6 +318,91 @@ Executor::Executor(const plan::Plan &plan, std::vector<at::Tensor> tensors,
       }
       prepared_.back().push_back(std::move(p));
     }
+  }
+  markTiedEmbeddings();
+}
+
+void Executor::markTiedEmbeddings() {
+  // How many times each function runs in one pass (entry: once).
+  const size_t numFunctions = plan_.functions.size();
+  std::vector<std::vector<int64_t>> callers(numFunctions); // callee -> calling function, per site
+  for (size_t f = 0; f < numFunctions; ++f)
+    for (const plan::Instruction &inst : plan_.functions[f].body)
+      if (inst.kind == plan::Instruction::Kind::Call || inst.kind == plan::Instruction::Kind::Fused)
+        callers.at(inst.target).push_back(static_cast<int64_t>(f));
+  std::vector<int64_t> runs(numFunctions, -1);
+  std::function<int64_t(size_t)> timesRun = [&](size_t f) -> int64_t {
+    if (runs[f] >= 0)
+      return runs[f];
+    runs[f] = 0; // (a cycle would count as never)
+    int64_t n = f == static_cast<size_t>(plan_.entry) ? 1 : 0;
+    for (int64_t caller : callers[f])
+      n += timesRun(static_cast<size_t>(caller));
+    return runs[f] = n;
+  };
+  // Every read of each Global's register, followed into the functions it
+  // is passed to: (function, instruction, argument), instruction -1 for a
+  // return (a read the caller makes), argument -1 inside a list.
+  struct Read {
+    size_t function;
+    int64_t instruction, argument;
+  };
+  std::function<void(size_t, int64_t, std::vector<Read> &)> readsOf =
+      [&](size_t f, int64_t reg, std::vector<Read> &out) {
+        const plan::Function &fn = plan_.functions[f];
+        std::function<bool(const plan::Arg &)> mentions = [&](const plan::Arg &a) {
+          if (a.kind == plan::Arg::Kind::Register && a.reg == reg)
+            return true;
+          for (const plan::Arg &e : a.elements)
+            if (mentions(e))
+              return true;
+          return false;
+        };
+        for (size_t n = 0; n < fn.body.size(); ++n) {
+          const plan::Instruction &inst = fn.body[n];
+          for (size_t i = 0; i < inst.args.size(); ++i) {
+            const plan::Arg &a = inst.args[i];
+            if (!mentions(a))
+              continue;
+            const bool plain = a.kind == plan::Arg::Kind::Register;
+            if (plain && inst.kind == plan::Instruction::Kind::Call)
+              readsOf(static_cast<size_t>(inst.target),
+                      plan_.functions.at(inst.target).params.at(i), out);
+            else
+              out.push_back({f, static_cast<int64_t>(n), plain ? static_cast<int64_t>(i) : -1});
+          }
+        }
+        for (int64_t r : fn.returns)
+          if (r == reg)
+            out.push_back({f, -1, -1});
+      };
+  std::map<int64_t, std::vector<Read>> reads; // by plan tensor
+  for (size_t f = 0; f < numFunctions; ++f)
+    for (const plan::Instruction &inst : plan_.functions[f].body)
+      if (inst.kind == plan::Instruction::Kind::Global)
+        readsOf(f, inst.results.at(0), reads[inst.target]);
+  // A weight read, once a pass each, by one aten::embedding (as its weight)
+  // and one linear layer (as its weight): the linear layer's backward, which
+  // runs first, gets its slot and returns it as the weight's only other
+  // gradient, so the embedding's backward may add into it.
+  for (const auto &[tensor, list] : reads) {
+    if (list.size() != 2)
+      continue;
+    const Read *embedding = nullptr, *linear = nullptr;
+    for (const Read &r : list) {
+      if (r.instruction < 0 || timesRun(r.function) != 1)
+        break;
+      const plan::Instruction &inst = plan_.functions[r.function].body[r.instruction];
+      if (inst.kind != plan::Instruction::Kind::Aten)
+        break;
+      if (inst.op == "aten::embedding" && r.argument == 0)
+        embedding = &r;
+      else if ((inst.op == "aten::linear" && r.argument == 1) ||
+               (inst.op == "aten::addmm" && r.argument == 2))
+        linear = &r;
+    }
+    if (embedding && linear)
+      prepared_[embedding->function][embedding->instruction]->addsIntoGivenSlot = true;
   }
 }
 
@@ -494,7 +580,8 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
           break;
         }
         if (p.embedding && hooks_) {
-          if (std::optional<at::Tensor> y = embeddingWithGradientSlot(*hooks_, stack)) {
+          if (std::optional<at::Tensor> y =
+                  embeddingWithGradientSlot(*hooks_, stack, p.addsIntoGivenSlot)) {
             regs[inst.results.at(0)] = *std::move(y);
             if (observer_ && observer_->checkInstructions)
               observer_->instructionDone(index, n, regs);

@@ -1,6 +1,7 @@
 //===- Linear.cpp - linear layers whose weight gradient goes to its slot --===//
 
 #include "exec/Linear.h"
+#include "exec/Recompute.h"
 
 #include "bmt/Runtime/exec/ColumnSum.h"
 
@@ -34,7 +35,7 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
       // [tokens, out] (addmm) or [..., out] (linear), uninitialised.
       std::vector<int64_t> shape = x.sizes().vec();
       shape.back() = weight.size(inOut ? 1 : 0);
-      y = at::empty(shape, x.options());
+      y = placeholder(shape, x.options());
     }
     ctx->save_for_backward({x, weight});
     ctx->saved_data["layout"] = layout;

@@ -7,7 +7,10 @@
 #include <ATen/ops/result_type.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cstdlib>
 #include <functional>
+#include <limits>
+#include <string>
 
 namespace bmt::runtime {
 
@@ -19,22 +22,12 @@ bool isConstantNumber(const plan::Arg &a) {
 
 bool isRegister(const plan::Arg &a) { return a.kind == plan::Arg::Kind::Register; }
 
-/// aten::dropout(x, p, train) that returns x: train false or p 0.
-bool isIdentityDropout(const plan::Instruction &inst) {
-  if (inst.op != "aten::dropout" || inst.args.size() != 3)
-    return false;
-  const plan::Arg &p = inst.args[1], &train = inst.args[2];
-  return (train.kind == plan::Arg::Kind::Constant && train.constant.isBool() &&
-          !train.constant.toBool()) ||
-         (p.kind == plan::Arg::Kind::Constant && p.constant.isDouble() &&
-          p.constant.toDouble() == 0.0);
-}
-
-/// Operators whose result is a view (or the input itself) of their first
-/// argument: its value is needed only where theirs is.
+/// Operators whose first argument's value is needed only where theirs is:
+/// views of it, and aten::dropout (its input itself, or its input times a
+/// random mask; the backward reads only the mask).
 bool passesThrough(const plan::Instruction &inst) {
   return inst.op == "aten::view" || inst.op == "aten::reshape" ||
-         inst.op == "aten::_unsafe_view" || isIdentityDropout(inst);
+         inst.op == "aten::_unsafe_view" || inst.op == "aten::dropout";
 }
 
 using torch::autograd::AutogradContext;
@@ -46,8 +39,8 @@ struct AddWithoutValueFunction : torch::autograd::Function<AddWithoutValueFuncti
     ctx->saved_data["a"] = a.sizes().vec();
     ctx->saved_data["b"] = b.sizes().vec();
     ctx->saved_data["alpha"] = alpha;
-    return at::empty(at::infer_size(a.sizes(), b.sizes()),
-                     a.options().dtype(at::result_type(a, b)));
+    return placeholder(at::infer_size(a.sizes(), b.sizes()),
+                       a.options().dtype(at::result_type(a, b)));
   }
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     const at::Tensor &g = grads[0];
@@ -129,6 +122,15 @@ const RecomputePlan &RecomputePlans::forResults(size_t function,
   for (int64_t p : f.params)
     out->paramNeedsValue.push_back(needed[p]);
   return *plans_.emplace(key, std::move(out)).first->second;
+}
+
+at::Tensor placeholder(at::IntArrayRef shape, const at::TensorOptions &options) {
+  static const bool nan = [] {
+    const char *v = std::getenv("BMT_DEBUG_RECOMPUTE_NAN");
+    return v && std::string(v) == "1";
+  }();
+  at::Tensor t = at::empty(shape, options);
+  return nan ? t.fill_(std::numeric_limits<double>::quiet_NaN()) : t;
 }
 
 at::Tensor addWithoutValue(const at::Tensor &a, const at::Tensor &b, double alpha) {

@@ -10,7 +10,9 @@
 // it stops recomputing once every saved tensor is back). RecomputePlans
 // finds such instructions, across calls; the executor runs them as
 // placeholders (an uninitialised result of the right shape and dtype with
-// the operator's backward). See docs/runtime.md, "ZeRO".
+// the operator's backward). Dropout passes through too: it still runs (the
+// same random numbers) but its backward reads only its mask. See
+// docs/runtime.md, "ZeRO".
 //
 //===----------------------------------------------------------------------===//
 
@@ -62,6 +64,11 @@ private:
 /// uninitialised result of the broadcast shape and promoted dtype: the add
 /// is not computed. `a` and `b` on one device.
 at::Tensor addWithoutValue(const at::Tensor &a, const at::Tensor &b, double alpha);
+
+/// The result of an operator that is not computed: at::empty(shape,
+/// options), or filled with NaN where BMT_DEBUG_RECOMPUTE_NAN=1 (tests: a
+/// value read after all would show).
+at::Tensor placeholder(at::IntArrayRef shape, const at::TensorOptions &options);
 
 } // namespace bmt::runtime
 

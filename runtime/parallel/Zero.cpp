@@ -74,10 +74,12 @@ struct ZeroStorage::Group {
   variable_list linked;         ///< members linked to `shard` by a GatherFunction
   /// The flat gradient of the backward under way, made by the first
   /// gradientSlot() of the pass (the group's backward takes it), and the
-  /// members whose slot was given in pass `slotsGeneration`.
+  /// members whose slot was given in pass `slotsGeneration`, and the
+  /// flat gradient (by `flats`, the count of those made) each came from.
   at::Tensor gradFlat;
-  int64_t slotsGeneration = -1;
+  int64_t slotsGeneration = -1, flats = 0;
   std::vector<bool> slotsGiven;
+  std::vector<int64_t> slotFlat;
   // Offloading:
   int64_t contributions = 0;    ///< reduce-scatters added to the gradient this step
   bool onHost = false;          ///< its copy to hostGrad was started this step
@@ -697,15 +699,21 @@ at::Tensor ZeroStorage::slotOf(const at::Tensor &param, bool given) {
     return {};
   if (g.slotsGeneration != generation_) {
     g.slotsGiven.assign(g.views.size(), false);
+    g.slotFlat.assign(g.views.size(), -1);
     g.slotsGeneration = generation_;
   }
-  if (g.slotsGiven[m] != given || (given && !g.gradFlat.defined()))
+  if (g.slotsGiven[m] != given)
     return {};
-  if (given)
-    return g.gradFlat.narrow(0, g.info->offsets[m], param.numel()).view(param.sizes());
-  if (!g.gradFlat.defined())
+  if (given) // still the flat gradient it was given in (not yet reduced)
+    return g.gradFlat.defined() && g.slotFlat[m] == g.flats
+               ? g.gradFlat.narrow(0, g.info->offsets[m], param.numel()).view(param.sizes())
+               : at::Tensor();
+  if (!g.gradFlat.defined()) {
     g.gradFlat = at::empty({g.padded}, g.shard.options().dtype(reduceDtype(g)));
+    ++g.flats;
+  }
   g.slotsGiven[m] = true;
+  g.slotFlat[m] = g.flats;
   return g.gradFlat.narrow(0, g.info->offsets[m], param.numel()).view(param.sizes());
 }
 

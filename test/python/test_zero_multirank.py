@@ -46,7 +46,8 @@ def torchrun(n, *args):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={n}", "--no-python", binary("bmt-run"), *map(str, args),
            "--device", "cpu"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", BMT_COMM_TIMEOUT_S="120")
+    # Values a recompute does not compute are NaN: one read after all would show.
+    env = dict(os.environ, OMP_NUM_THREADS="1", BMT_COMM_TIMEOUT_S="120", BMT_DEBUG_RECOMPUTE_NAN="1")
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 

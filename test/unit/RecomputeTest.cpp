@@ -122,6 +122,38 @@ TEST(RecomputePlans, AReaderOfTheValueKeepsItsProducers) {
   EXPECT_EQ(s.skipped, 1);
 }
 
+TEST(RecomputePlans, DropoutAndReshapePassThroughReadersDoNot) {
+  // r5 = dropout(r4, 0.1, true); r6 = reshape(r5, [-1]); return r6: the
+  // add and the matmul are still skipped (dropout's backward reads its mask).
+  plan::Plan p = blockPlan(
+      {aten("aten::dropout", {reg(4), plan::Arg::ofConstant(c10::IValue(0.1)),
+                              plan::Arg::ofConstant(c10::IValue(true))}, 5),
+       aten("aten::reshape", {reg(5), plan::Arg::ofConstant(c10::IValue(std::vector<int64_t>{-1}))}, 6)},
+      6);
+  RecomputePlans plans(p);
+  EXPECT_EQ(plans.forResults(0, {true}).skipped, 2);
+
+  // An in-place reader of the add's result (add_), or a fused region
+  // reading it, needs its value: nothing is skipped.
+  plan::Plan q = blockPlan({aten("aten::add_.Tensor", {reg(4), reg(0), num(1)}, 5)}, 5);
+  RecomputePlans qplans(q);
+  EXPECT_EQ(qplans.forResults(0, {true}).skipped, 0);
+  plan::Instruction fused;
+  fused.kind = plan::Instruction::Kind::Fused;
+  fused.target = 1; // (the body is not read by the analysis)
+  fused.args = {reg(4)};
+  fused.results = {5};
+  plan::Plan r = blockPlan({fused}, 5);
+  RecomputePlans rplans(r);
+  EXPECT_EQ(rplans.forResults(0, {true}).skipped, 0);
+
+  // sub.Tensor is skipped as add.Tensor is.
+  plan::Plan s = blockPlan();
+  s.functions[0].body[2].op = "aten::sub.Tensor";
+  RecomputePlans splans(s);
+  EXPECT_EQ(splans.forResults(0, {true}).skip[2], Skip::Add);
+}
+
 TEST(RecomputePlans, ARuntimeAlphaIsNotSkipped) {
   plan::Plan p = blockPlan();
   p.functions[0].body[2].args[2] = reg(7);

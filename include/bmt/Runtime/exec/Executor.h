@@ -54,8 +54,8 @@ public:
   virtual void gather(int64_t group) = 0;
   virtual void release(int64_t group) = 0;
   /// Runs the call `inst` of a block: `run(args)` executes the callee;
-  /// `recompute(args)` too, for a run whose tensor results are used only
-  /// for their autograd graph (a checkpointed block's backward): it may
+  /// `recompute(args)` too, for a run whose results are used only for
+  /// their autograd graph (a checkpointed block's backward): it may
   /// leave values that only those results need uncomputed
   /// (runtime/exec/Recompute.h), so its results' values are unspecified.
   using Run = std::function<std::vector<c10::IValue>(std::vector<c10::IValue>)>;
@@ -142,6 +142,10 @@ public:
 
 private:
   struct Prepared;
+  /// Marks the aten::embedding instructions whose weight has one other
+  /// reader, a linear layer, each run once a pass (a tied LM head): their
+  /// backward may add into the slot the linear layer's was given.
+  void markTiedEmbeddings();
   /// `graphOnly`: the plan of a run whose results' values are unused
   /// (null: every instruction runs as usual).
   std::vector<c10::IValue> call(size_t function, std::vector<c10::IValue> args,

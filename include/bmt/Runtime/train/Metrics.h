@@ -46,8 +46,9 @@ struct StepMetrics {
   /// began (so far, over the steps reported and the one queued after):
   /// those the prewarm did not find, or all of them without it.
   int64_t fusedLazyKernels = 0;
-  /// Weight gradients written by their matmuls into ZeRO's flat gradient
-  /// on rank 0 since the first step began (cumulative, as above).
+  /// Weight gradients written by their operators (linear layers'
+  /// matmuls, embeddings' backwards) into ZeRO's flat gradient on rank 0
+  /// since the first step began (cumulative, as above).
   int64_t gradientsInPlace = 0;
   /// Operators of recomputed blocks left uncomputed (only their backward
   /// recorded) on rank 0 since the first step began (cumulative).
