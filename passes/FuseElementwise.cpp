@@ -250,7 +250,36 @@ struct Region {
   llvm::SetVector<Operation *> ops; // in no particular order until sorted
   unsigned reductions = 0;
   unsigned rotateHalves = 0;
+  /// Ops whose value ops after the root read too: results of the region
+  /// besides the root's (a residual sum that a norm in the region reads).
+  llvm::SetVector<Operation *> extraResults;
 };
+
+/// The most results beside the root's a region may have: each adds a
+/// grad_output and an output to the kernels' tensors (at most 16).
+constexpr unsigned kMaxExtraResults = 2;
+
+/// Whether `op` of `region` has one value per row: a mean or sum over the
+/// last dim, or computed from such values and constants only (the
+/// runtime's Graph::rowValued; an input from outside is element-valued).
+bool rowValued(Operation *op, const Region &region, llvm::DenseMap<Operation *, bool> &memo) {
+  if (auto it = memo.find(op); it != memo.end())
+    return it->second;
+  auto aten = dyn_cast<bmt::AtenOp>(op);
+  bool row = false;
+  if (aten && (aten.getName() == "aten::mean.dim" || aten.getName() == "aten::sum.dim_IntList")) {
+    row = true;
+  } else if (aten && aten.getName() != "aten::layer_norm" && aten.getName() != "aten::softmax.int") {
+    row = true;
+    for (Value v : op->getOperands()) {
+      if (isScalarConstant(v))
+        continue;
+      Operation *producer = v.getDefiningOp();
+      row = row && producer && region.ops.contains(producer) && rowValued(producer, region, memo);
+    }
+  }
+  return memo[op] = row;
+}
 
 struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass> {
   using FuseElementwiseBase::FuseElementwiseBase;
@@ -258,7 +287,7 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
   void runOnOperation() override {
     ModuleOp module = getOperation();
     int64_t inlined = inlineCalls ? inlinePointwiseCalls(module) : 0;
-    int64_t regions = 0, rowRegions = 0, fusedOps = 0, rotateHalves = 0;
+    int64_t regions = 0, rowRegions = 0, fusedOps = 0, rotateHalves = 0, results = 0;
     SmallVector<StringRef> functions;
     for (func::FuncOp f : module.getOps<func::FuncOp>()) {
       int64_t before = regions;
@@ -270,7 +299,14 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
         for (Operation *root : candidates) {
           if (taken.contains(root) || (!roleOf(root) && rotateHalfOps(root).empty()))
             continue;
-          Region region = grow(root, taken);
+          Region region = grow(root, taken, /*extraResults=*/true);
+          // Results beside the root's must be element-valued (and feed no
+          // rotate_half region): else the region without them.
+          llvm::DenseMap<Operation *, bool> memo;
+          if (region.rotateHalves > 0 ||
+              llvm::any_of(region.extraResults,
+                           [&](Operation *op) { return rowValued(op, region, memo); }))
+            region = grow(root, taken, /*extraResults=*/false);
           if (region.ops.size() < 2 && !isLayerNorm(root))
             continue; // one op is one kernel already (layer_norm: the row kernel's is faster)
           for (Operation *op : region.ops)
@@ -279,6 +315,7 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
           ++regions;
           rowRegions += region.reductions;
           rotateHalves += region.rotateHalves;
+          results += static_cast<int64_t>(region.extraResults.size());
           for (Operation *c : outline(root, region))
             taken.insert(c); // erased: never look at them again
         }
@@ -293,7 +330,8 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
     }
     remark << "bmt-fuse-elementwise: " << fusedOps << " ops in " << regions << " region"
            << (regions == 1 ? "" : "s") << " (" << rowRegions << " with a last-dim reduction"
-           << (rotateHalves ? ", " + std::to_string(rotateHalves) + " rotate_half" : "") << ") in "
+           << (rotateHalves ? ", " + std::to_string(rotateHalves) + " rotate_half" : "")
+           << (results ? ", " + std::to_string(results) + " with a second result" : "") << ") in "
            << functions.size() << " function" << (functions.size() == 1 ? "" : "s") << " ("
            << functions.front();
     if (functions.size() > 1)
@@ -301,14 +339,17 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
     remark << ")";
     if (inlined)
       remark << "; " << inlined << " call" << (inlined == 1 ? "" : "s")
-             << " of pointwise submodules inlined";
+             << " of fusible submodules inlined";
   }
 
-  /// Inlines every call of a private function whose body is fusible ops
-  /// and scalar constants only, with one result and no parameters (an
-  /// activation module such as LLaMA's `act_fn`, SiLU): its op can then
-  /// join a region of the caller (SwiGLU's `silu(gate) * up`). The callee
-  /// stays (the module tree is kept). Returns the number of calls inlined.
+  /// Inlines every call of a private function whose body is fusible ops,
+  /// scalar constants and reads of its own parameters only, with at most
+  /// one reduction (an activation module such as LLaMA's
+  /// `act_fn`, SiLU; a norm module, RMSNorm or LayerNorm, its weight read
+  /// where the call was): its ops can then join a region of the caller
+  /// (SwiGLU's `silu(gate) * up`, a residual add and the norm after it).
+  /// A callee left without calls is erased. Returns the number of calls
+  /// inlined.
   int64_t inlinePointwiseCalls(ModuleOp module) {
     SymbolTable symbols(module);
     llvm::DenseMap<Operation *, bool> pointwise;
@@ -316,15 +357,16 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
       auto [it, fresh] = pointwise.try_emplace(f, false);
       if (!fresh)
         return it->second;
-      if (!f.isPrivate() || f.getBody().getBlocks().size() != 1 || f.getNumResults() != 1)
+      if (!f.isPrivate() || f.getBody().getBlocks().size() != 1 || f.getNumResults() == 0)
         return false;
+      unsigned reductions = 0;
       for (Operation &op : f.getBody().front()) {
-        if (isa<func::ReturnOp>(op))
+        if (isa<func::ReturnOp, bmt::GetGlobalOp>(op))
           continue;
         if (isa<bmt::ConstantOp>(op) && isScalarConstant(op.getResult(0)))
           continue;
         std::optional<Role> role = roleOf(&op);
-        if (!role || *role == Role::Reduction)
+        if (!role || (*role == Role::Reduction && ++reductions > 1))
           return false;
       }
       return it->second = true;
@@ -344,20 +386,31 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
       OpBuilder builder(call);
       for (Operation &op : body) {
         if (auto ret = dyn_cast<func::ReturnOp>(op)) {
-          call.getResult(0).replaceAllUsesWith(mapping.lookup(ret.getOperand(0)));
+          for (auto [result, value] : llvm::zip_equal(call.getResults(), ret.getOperands()))
+            result.replaceAllUsesWith(mapping.lookupOrDefault(value));
           continue;
         }
         builder.clone(op, mapping);
       }
       call->erase();
     }
+    // A callee left without calls goes: its parameter reads are the
+    // callers' now (a parameter read in two places would be two readers).
+    llvm::SetVector<Operation *> callees;
+    for (auto [f, fusible] : pointwise)
+      if (fusible && SymbolTable::symbolKnownUseEmpty(f, module))
+        callees.insert(f);
+    for (Operation *f : callees)
+      f->erase();
     return static_cast<int64_t>(calls.size());
   }
 
   /// The maximal region ending at `root`: producers in the root's block
   /// that are fusible, not in another region, and whose every use is in the
-  /// region, with at most one reduction.
-  Region grow(Operation *root, const llvm::DenseSet<Operation *> &taken) {
+  /// region, with at most one reduction. With `extraResults`, a pointwise
+  /// producer whose other users all come after the root joins too, as a
+  /// result of the region (at most kMaxExtraResults).
+  Region grow(Operation *root, const llvm::DenseSet<Operation *> &taken, bool extraResults) {
     Region region;
     if (std::optional<Role> role = roleOf(root)) {
       region.ops.insert(root);
@@ -377,8 +430,19 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
               region.ops.contains(producer) || taken.contains(producer) ||
               isScalarConstant(v))
             continue;
-          if (!llvm::all_of(v.getUsers(), [&](Operation *user) { return region.ops.contains(user); }))
-            continue;
+          bool outsideUsers =
+              !llvm::all_of(v.getUsers(), [&](Operation *user) { return region.ops.contains(user); });
+          if (outsideUsers) {
+            std::optional<Role> role = roleOf(producer);
+            bool later = llvm::all_of(v.getUsers(), [&](Operation *user) {
+              return region.ops.contains(user) ||
+                     (user->getBlock() == root->getBlock() && root->isBeforeInBlock(user));
+            });
+            if (!extraResults || !later || !role || *role == Role::Reduction ||
+                region.extraResults.size() >= kMaxExtraResults)
+              continue;
+            region.extraResults.insert(producer);
+          }
           // rotate_half joins as a whole, and never a region with a
           // reduction (the runtime's row kernels read no halves).
           std::optional<Role> role = roleOf(producer);
@@ -406,7 +470,8 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
   }
 
   /// Replaces the region by a bmt.fused op at the root's place whose body
-  /// holds clones of the region's ops in their block order.
+  /// holds clones of the region's ops in their block order; its results
+  /// are the root's value, then the extra results' in block order.
   /// Returns the outer constants it erased (dead once the region held them).
   SmallVector<Operation *> outline(Operation *root, Region &region) {
     SmallVector<Operation *> ordered(region.ops.begin(), region.ops.end());
@@ -423,8 +488,13 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
     OpBuilder builder(root);
     MLIRContext *context = root->getContext();
     SmallVector<Value> inputValues(inputs.begin(), inputs.end());
+    SmallVector<Operation *> results{root};
+    for (Operation *op : ordered)
+      if (region.extraResults.contains(op))
+        results.push_back(op);
+    SmallVector<Type> resultTypes(results.size(), bmt::TensorType::get(context));
     auto fused = bmt::FusedOp::create(
-        builder, root->getLoc(), bmt::TensorType::get(context),
+        builder, root->getLoc(), resultTypes,
         builder.getStringAttr(region.reductions ? "row" : "pointwise"), inputValues);
     Block *body = new Block();
     fused.getBody().push_back(body);
@@ -441,8 +511,12 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
         }
       inner.clone(*op, mapping);
     }
-    bmt::YieldOp::create(inner, root->getLoc(), ValueRange{mapping.lookup(root->getResult(0))});
-    root->getResult(0).replaceAllUsesWith(fused.getResult());
+    SmallVector<Value> yielded;
+    for (Operation *op : results)
+      yielded.push_back(mapping.lookup(op->getResult(0)));
+    bmt::YieldOp::create(inner, root->getLoc(), yielded);
+    for (auto [op, value] : llvm::zip_equal(results, fused.getResults()))
+      op->getResult(0).replaceAllUsesWith(value);
     for (Operation *op : llvm::reverse(ordered))
       op->erase();
     SmallVector<Operation *> erased;

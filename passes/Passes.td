@@ -135,8 +135,13 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
     This pass groups them: in each function block, walking backwards, every
     op not yet taken that can be in a region is a root, and the region grows
     through producers in the same block that can be in one and whose every
-    use is already in the region (so only the root's value leaves it), with
-    at most one reduction. The region becomes one `bmt.fused` op whose body
+    use is already in the region, with at most one reduction. Up to two
+    pointwise producers whose other uses all come after the root join as
+    well, as further results of the region (a residual sum that the norm
+    in the region reads, read again by the next residual add), where each
+    such value is element-valued (not derived from the reduction alone) and
+    the region reads no rotate_half; else the region is grown without them.
+    The region becomes one `bmt.fused` op whose body
     holds the ops (and clones of the scalar constants they read); its kind
     is "row" when it holds the reduction, else "pointwise". Regions of one
     op are left alone, except `layer_norm`, which is a "row" region even
@@ -152,7 +157,8 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
     flags neither in-place nor random, with every non-tensor argument a
     constant. Anything else stops a region: in-place
     ops, views, matmuls, a reduction over another dim, an op whose result
-    is also used outside the region (it becomes an input).
+    is also used outside the region before the root, or by a third result
+    (it becomes an input).
 
     One form of slices and cat joins a region whole: HF's rotate_half,
     `cat([-x[..., h:], x[..., :h]], -1)` (either half negated, or neither),
@@ -163,22 +169,26 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
     reduction. The runtime checks per call that the sliced dim is x's last
     and h half of it, else runs the body op by op.
 
-    With `inline-calls`, calls of private parameter-free functions whose
-    body is fusible non-reduction ops only (an activation submodule such as
-    LLaMA's SiLU `act_fn`) are inlined first, so that their ops can join the
-    caller's region (SwiGLU's `silu(gate) * up`); off in the pass by
-    default, on in the default pipeline (`fuse-inline-calls`).
+    With `inline-calls`, calls of private functions whose body is fusible
+    ops, scalar constants and reads of parameters only, with at most one
+    reduction (an activation submodule such as LLaMA's SiLU `act_fn`, a
+    norm submodule: RMSNorm, LayerNorm) are inlined first, so that their
+    ops can join the caller's region (SwiGLU's `silu(gate) * up`, the
+    residual add before a norm); a callee left without calls is erased
+    (its parameters are read where the calls were). Off in the pass by default, on in the default pipeline
+    (`fuse-inline-calls`).
 
     Runs in the default pipeline (its option `fuse-elementwise`, on;
     `fuse-elementwise=false` or bmt-opt `--fuse-elementwise=false` for a
     plan of plain ATen ops).
     Emits one remark: ops, regions (how many with a reduction, how many
-    rotate_half they hold), the first and last function that has one, and
+    rotate_half they hold, how many have a second result), the first and
+    last function that has one, and
     the calls inlined.
   }];
   let options = [
     Option<"inlineCalls", "inline-calls", "bool", "false",
-           "inline calls of parameter-free pointwise submodules first">,
+           "inline calls of activation and norm submodules first">,
   ];
   let dependentDialects = ["::bmt::BmtDialect"];
 }

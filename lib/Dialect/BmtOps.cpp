@@ -411,9 +411,11 @@ LogicalResult FusedOp::verify() {
     if (!isa<bmt::TensorType>(arg.getType()))
       return emitOpError("body arguments must be !bmt.tensor");
   auto yield = dyn_cast<YieldOp>(body.getTerminator());
-  if (!yield || yield.getValues().size() != 1 ||
-      !isa<bmt::TensorType>(yield.getValues()[0].getType()))
-    return emitOpError("body must end in bmt.yield of one tensor");
+  if (getNumResults() == 0)
+    return emitOpError("must have at least one result");
+  if (!yield || yield.getValues().size() != getNumResults() ||
+      !llvm::all_of(yield.getValues().getTypes(), [](Type t) { return isa<bmt::TensorType>(t); }))
+    return emitOpError("body must end in bmt.yield of one tensor per result");
   for (Operation &op : body.without_terminator())
     if (!isa<AtenOp, ConstantOp, NumToTensorOp>(op))
       return emitOpError("body may hold only bmt.aten, bmt.constant and bmt.num_to_tensor ops, "

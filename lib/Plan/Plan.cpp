@@ -737,9 +737,9 @@ Plan fromIValue(const IValue &value) {
         if (plan.version < 5)
           throw PlanError("plan: a fused instruction in a version " + std::to_string(plan.version) +
                           " plan (" + f.name + ")");
-        if (inst.target < 0 || inst.target >= numFunctions || inst.results.size() != 1 ||
+        if (inst.target < 0 || inst.target >= numFunctions || inst.results.empty() ||
             plan.functions[inst.target].params.size() != inst.args.size() ||
-            plan.functions[inst.target].returns.size() != 1)
+            plan.functions[inst.target].returns.size() != inst.results.size())
           throw PlanError("plan: malformed fused instruction in " + f.name);
         for (const Arg &a : inst.args)
           if (a.kind != Arg::Kind::Register)

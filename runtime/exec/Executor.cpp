@@ -515,12 +515,16 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
           inputs.push_back(tensors ? regs[a.reg].toTensor() : at::Tensor());
         }
         if (p.region && tensors && p.region->accepts(inputs)) {
-          regs[inst.results[0]] = p.region->run(inputs);
+          std::vector<at::Tensor> results = p.region->run(inputs);
+          for (size_t k = 0; k < inst.results.size(); ++k)
+            regs[inst.results[k]] = results.at(k);
         } else {
           std::vector<IValue> callArgs;
           for (const plan::Arg &a : inst.args)
             callArgs.push_back(regs[a.reg]);
-          regs[inst.results[0]] = call(inst.target, std::move(callArgs)).at(0);
+          std::vector<IValue> results = call(inst.target, std::move(callArgs));
+          for (size_t k = 0; k < inst.results.size(); ++k)
+            regs[inst.results[k]] = std::move(results.at(k));
         }
         // Checked and hooked as one operator (Inspect's non-finite replay).
         if (observer_ && observer_->checkInstructions)

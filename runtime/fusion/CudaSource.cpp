@@ -24,7 +24,7 @@ constexpr int kMaxTensors = 16;
 constexpr int kMaxDims = 6;
 // n: elements (pointwise) or rows (row kernels) of the element shape;
 // sizes[0..ndim): the element shape (collapsed); tensors[k]: inputs, then
-// grad_output (backward), then outputs; strides[k][d] in elements (outputs
+// a grad_output per result (backward), then outputs; strides[k][d] in elements (outputs
 // are contiguous: element-valued ones in the element shape, row-valued ones
 // one value per row).
 // vec (pointwise kernels; the host checks): 1 when the element shape is one
@@ -253,23 +253,21 @@ using EmitNodes = std::function<void(std::ostringstream &, const std::vector<int
 /// over the registers and a block sum; element outputs are stored 8 at a
 /// time, column sums accumulated over the block's rows and written once.
 std::string rowVectorKernel(const Graph &g, const std::vector<int> &outs, const std::string &name,
-                            const std::vector<c10::ScalarType> &inputDtypes, c10::ScalarType gradDtype,
                             const std::vector<c10::ScalarType> &outDtypes, const RowVector &rv,
-                            const std::vector<int> &slots, int gradSlot, int firstOut,
+                            const std::vector<int> &slots, int firstOut,
+                            const std::function<c10::ScalarType(int)> &slotDtype,
+                            const std::function<int(const Node &)> &slotOf,
                             const EmitNodes &emitNodes) {
   if (rv.columnSums.size() != outs.size())
     throw FusionError("fused region: RowVector::columnSums needs one entry per output");
   std::vector<bool> row = g.rowValued();
-  const bool hasGrad = gradDtype != c10::ScalarType::Undefined &&
-                       std::find(slots.begin(), slots.end(), gradSlot) != slots.end();
-  auto slotDtype = [&](int k) { return hasGrad && k == gradSlot ? gradDtype : inputDtypes.at(k); };
+  bool hasGrad = false;
+  for (const Node &n : g.nodes)
+    hasGrad = hasGrad || n.op == Op::GradOut;
   auto half = [](c10::ScalarType t) { return t == c10::ScalarType::BFloat16 ? "1" : "0"; };
   auto x = [](int k) { return "x" + std::to_string(k); };
   auto var = [](int i) { return "v" + std::to_string(i); };
-  auto loader = [&](int i) {
-    const Node &n = g.nodes[i];
-    return x(n.op == Op::GradOut ? gradSlot : n.index) + "[c][u]";
-  };
+  auto loader = [&](int i) { return x(slotOf(g.nodes[i])) + "[c][u]"; };
   const std::string C = std::to_string(kRowChunks);
   std::ostringstream s;
   s << "extern \"C\" __global__ void " << name << "(bmt_fused::Args a) {\n"
@@ -357,15 +355,24 @@ std::string rowVectorKernel(const Graph &g, const std::vector<int> &outs, const 
 } // namespace
 
 std::string cudaSource(const Graph &graph, const std::vector<int> &outs, const std::string &name,
-                       const std::vector<c10::ScalarType> &inputDtypes, c10::ScalarType gradDtype,
+                       const std::vector<c10::ScalarType> &inputDtypes,
+                       const std::vector<c10::ScalarType> &gradDtypes,
                        const std::vector<c10::ScalarType> &outDtypes, const RowVector *rowVector) {
   const Graph g = resolveRounding(graph, inputDtypes);
   const int numInputs = static_cast<int>(inputDtypes.size());
+  const int numGrads = static_cast<int>(gradDtypes.size());
   bool hasGrad = false;
-  for (const Node &n : g.nodes)
-    hasGrad = hasGrad || n.op == Op::GradOut;
-  const int gradSlot = numInputs;
-  const int firstOut = numInputs + (hasGrad ? 1 : 0);
+  for (const Node &n : g.nodes) {
+    if (n.op != Op::GradOut)
+      continue;
+    hasGrad = true;
+    if (n.index < 0 || n.index >= numGrads)
+      throw FusionError("fused region: a grad_output dtype per result is needed");
+  }
+  // Slots: the inputs, a grad_output per result, the outputs.
+  auto slotOf = [numInputs](const Node &n) { return n.op == Op::GradOut ? numInputs + n.index : n.index; };
+  auto slotDtype = [&](int k) { return k >= numInputs ? gradDtypes.at(k - numInputs) : inputDtypes.at(k); };
+  const int firstOut = numInputs + numGrads;
   if (firstOut + static_cast<int>(outs.size()) > kMaxTensors)
     throw FusionError("fused region: more than " + std::to_string(kMaxTensors) + " tensors");
   std::vector<bool> row = g.rowValued();
@@ -377,17 +384,13 @@ std::string cudaSource(const Graph &graph, const std::vector<int> &outs, const s
   s << kPreamble;
   auto var = [](int i) { return "v" + std::to_string(i); };
   auto loadOf = [&](int i) -> std::string {
-    const Node &n = g.nodes[i];
-    if (n.op == Op::GradOut)
-      return load(gradSlot, gradDtype, "o" + std::to_string(gradSlot));
-    return load(n.index, inputDtypes.at(n.index), "o" + std::to_string(n.index));
+    int k = slotOf(g.nodes[i]);
+    return load(k, slotDtype(k), "o" + std::to_string(k));
   };
   // The slots whose offsets a loop body needs.
   std::vector<int> slots;
-  for (int k = 0; k < numInputs; ++k)
+  for (int k = 0; k < numInputs + (hasGrad ? numGrads : 0); ++k)
     slots.push_back(k);
-  if (hasGrad)
-    slots.push_back(gradSlot);
 
   // Emits the definitions of every node `targets` need, in topological
   // order, skipping nodes in `done` (row sums of earlier phases).
@@ -440,8 +443,8 @@ std::string cudaSource(const Graph &graph, const std::vector<int> &outs, const s
         bool u = false;
         for (size_t i = 0; i < g.nodes.size(); ++i)
           u = u || (need[i] && g.nodes[i].swapped == swapped &&
-                    ((g.nodes[i].op == Op::GradOut && k == gradSlot) ||
-                     (g.nodes[i].op == Op::Input && g.nodes[i].index == k)));
+                    (g.nodes[i].op == Op::GradOut || g.nodes[i].op == Op::Input) &&
+                    slotOf(g.nodes[i]) == k);
         if (u)
           (swapped ? usedSwapped : used).push_back(k);
       }
@@ -452,7 +455,6 @@ std::string cudaSource(const Graph &graph, const std::vector<int> &outs, const s
     auto x = [](int k) { return "x" + std::to_string(k); };
     auto xs = [](int k) { return "xs" + std::to_string(k); };
     auto y = [](size_t k) { return "y" + std::to_string(k); };
-    auto slotDtype = [&](int k) { return k == gradSlot && hasGrad ? gradDtype : inputDtypes.at(k); };
     auto half = [](c10::ScalarType t) { return t == c10::ScalarType::BFloat16 ? "1" : "0"; };
     auto ptr = [&](int k, c10::ScalarType t, bool out) {
       return std::string("((") + (out ? "" : "const ") + ctype(t) + " *)a.tensors[" +
@@ -479,7 +481,7 @@ std::string cudaSource(const Graph &graph, const std::vector<int> &outs, const s
     s << ") {\n";
     auto bodyLoad = [&](int i) -> std::string {
       const Node &n = g.nodes[i];
-      int k = n.op == Op::GradOut ? gradSlot : n.index;
+      int k = slotOf(n);
       return n.swapped ? xs(k) : x(k);
     };
     emitNodes(s, outs, {}, "  ", bodyLoad);
@@ -639,8 +641,8 @@ std::string cudaSource(const Graph &graph, const std::vector<int> &outs, const s
   if (halves)
     throw FusionError("fused region: rotate_half in a region with a reduction");
   if (rowVector)
-    return s.str() + rowVectorKernel(g, outs, name, inputDtypes, gradDtype, outDtypes, *rowVector,
-                                     slots, gradSlot, firstOut, emitNodes);
+    return s.str() + rowVectorKernel(g, outs, name, outDtypes, *rowVector, slots, firstOut,
+                                     slotDtype, slotOf, emitNodes);
   s << "extern \"C\" __global__ void " << name << "(bmt_fused::Args a) {\n";
   // Row kernel: one block per row (grid-stride over rows).
   s << "  __shared__ float red[32];\n"

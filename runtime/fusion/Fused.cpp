@@ -45,19 +45,21 @@ std::string identifier(const std::string &name) {
 struct FusedFunction : torch::autograd::Function<FusedFunction> {
   // The inputs as a TensorList: autograd tracks each (a std::vector would
   // count as one non-tensor argument).
-  static at::Tensor forward(torch::autograd::AutogradContext *ctx, FusedRegion *self,
-                            at::TensorList list) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx,
+                                                FusedRegion *self, at::TensorList list) {
     std::vector<at::Tensor> inputs(list.begin(), list.end());
     ctx->saved_data["region"] = reinterpret_cast<int64_t>(self);
     ctx->save_for_backward(inputs);
     return self->forward(inputs);
   }
+  // A result without a gradient gets zeros (autograd materializes it): its
+  // term of the sum is then zero.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
                                                  torch::autograd::variable_list grads) {
     auto *self = reinterpret_cast<FusedRegion *>(ctx->saved_data["region"].toInt());
     std::vector<at::Tensor> inputs = ctx->get_saved_variables();
     torch::autograd::variable_list out{at::Tensor()}; // the region pointer
-    if (!grads.at(0).defined()) {
+    if (std::none_of(grads.begin(), grads.end(), [](const at::Tensor &g) { return g.defined(); })) {
       out.resize(inputs.size() + 1);
       return out;
     }
@@ -66,7 +68,7 @@ struct FusedFunction : torch::autograd::Function<FusedFunction> {
     std::vector<bool> needed(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i)
       needed[i] = ctx->needs_input_grad(i);
-    for (at::Tensor &g : self->backward(inputs, grads[0], needed))
+    for (at::Tensor &g : self->backward(inputs, grads, needed))
       out.push_back(g);
     return out;
   }
@@ -353,7 +355,8 @@ std::string KernelSpec::key() const {
   for (size_t i = 0; i < inputDtypes.size(); ++i)
     os << (i ? "," : " ") << c10::toString(inputDtypes[i]);
   if (backward)
-    os << " grad=" << c10::toString(gradDtype);
+    for (size_t k = 0; k < gradDtypes.size(); ++k)
+      os << (k ? "," : " grad=") << c10::toString(gradDtypes[k]);
   os << " out=";
   for (size_t o = 0; o < outDtypes.size(); ++o)
     os << (o ? "," : "") << (backward ? std::to_string(gradients.at(o)) + ":" : std::string())
@@ -385,7 +388,7 @@ bool FusedRegion::accepts(const std::vector<at::Tensor> &inputs) const {
       return false;
     dtypes.push_back(t.scalar_type());
   }
-  if (resultDtype(region_, dtypes) == c10::ScalarType::Undefined)
+  if (resultDtypes(region_, dtypes).empty())
     return false;
   try {
     std::vector<int64_t> shape = elementShape(inputs);
@@ -395,7 +398,7 @@ bool FusedRegion::accepts(const std::vector<at::Tensor> &inputs) const {
   }
 }
 
-at::Tensor FusedRegion::run(const std::vector<at::Tensor> &inputs) {
+std::vector<at::Tensor> FusedRegion::run(const std::vector<at::Tensor> &inputs) {
   return FusedFunction::apply(this, at::TensorList(inputs));
 }
 
@@ -421,14 +424,14 @@ std::pair<std::string, std::string> FusedRegion::kernelSource(const KernelSpec &
   const RowVector *rv = spec.rowVector ? &*spec.rowVector : nullptr;
   if (!spec.backward) {
     std::string name = tag + "fwd";
-    return {name, cudaSource(region_.forward, {region_.result}, name, spec.inputDtypes,
-                             c10::ScalarType::Undefined, spec.outDtypes, rv)};
+    return {name, cudaSource(region_.forward, region_.results, name, spec.inputDtypes, {},
+                             spec.outDtypes, rv)};
   }
   std::vector<int> outs;
   for (size_t i : spec.gradients)
     outs.push_back(region_.gradients.at(i));
   std::string name = tag + "bwd";
-  return {name, cudaSource(region_.backward, outs, name, spec.inputDtypes, spec.gradDtype,
+  return {name, cudaSource(region_.backward, outs, name, spec.inputDtypes, spec.gradDtypes,
                            spec.outDtypes, rv)};
 }
 
@@ -485,11 +488,11 @@ KernelSpec FusedRegion::forwardSpec(const std::vector<at::Tensor> &inputs) const
   KernelSpec spec;
   for (const at::Tensor &t : inputs)
     spec.inputDtypes.push_back(t.scalar_type());
-  spec.outDtypes = {resultDtype(region_, spec.inputDtypes)};
+  spec.outDtypes = resultDtypes(region_, spec.inputDtypes);
   return spec;
 }
 
-at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
+std::vector<at::Tensor> FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
   const at::Device device = inputs[0].device();
   if (!kernelPath(device))
     return forwardATen(region_, inputs);
@@ -501,43 +504,51 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
 #endif
   std::vector<int64_t> shape = elementShape(inputs);
   KernelSpec spec = forwardSpec(inputs);
-  bool rowResult = region_.forward.rowValued()[region_.result];
+  // One result may be row-valued (buildRegion: only a region's one result).
+  const size_t numResults = region_.results.size();
+  bool rowResult = region_.forward.rowValued()[region_.results[0]];
   std::vector<int64_t> outShape = shape;
   if (rowResult)
     outShape.back() = 1;
   // The kernel walks the element shape in `order` (the last dim stays last).
   const std::vector<int64_t> order = walkOrder(inputs, shape);
-  at::Tensor out = emptyInOrder(outShape, order, inputs[0].options().dtype(spec.outDtypes[0]));
+  std::vector<at::Tensor> outs;
+  for (size_t k = 0; k < numResults; ++k)
+    outs.push_back(emptyInOrder(outShape, order, inputs[0].options().dtype(spec.outDtypes[k])));
   std::vector<std::vector<int64_t>> strides;
   for (const at::Tensor &t : inputs)
     strides.push_back(permuted(t.expand(shape).strides().vec(), order));
   std::vector<int64_t> outStrides = contiguousStrides(permuted(shape, order));
   if (rowResult)
     outStrides.back() = 0; // written once per row at index r
-  strides.push_back(outStrides);
+  for (size_t k = 0; k < numResults; ++k)
+    strides.push_back(outStrides);
   Args a;
   if (!layout(a, permuted(shape, order), strides, region_.hasReduction, !region_.halves.empty()))
     return forwardATen(region_, inputs);
   for (size_t i = 0; i < inputs.size(); ++i)
     a.tensors[i] = const_cast<void *>(inputs[i].data_ptr());
-  a.tensors[inputs.size()] = out.data_ptr();
+  for (size_t k = 0; k < numResults; ++k)
+    a.tensors[inputs.size() + k] = outs[k].data_ptr();
   // The 8-wide row kernel where the row allows it, else the scalar one.
   unsigned threads = 0;
   if (region_.hasReduction) {
     threads = rowVectorThreads(a, inputs.size());
     if (threads)
-      spec.rowVector = RowVector{{false}};
+      spec.rowVector = RowVector{std::vector<bool>(numResults, false)};
   } else {
-    chooseVector(a, inputs.size() + 1, !region_.halves.empty());
+    chooseVector(a, inputs.size() + numResults, !region_.halves.empty());
   }
   if (recorder_)
     recorder_->add(this, spec, device, static_cast<int>(threads));
   if (recorder_ && recorder_->dryRun())
-    return out; // allocated as the kernel's, not computed
+    return outs; // allocated as the kernel's, not computed
   Kernels *k = &kernelsFitting(spec, device, threads);
   if (!kernels) { // emulation: the ATen values in the kernel's layout
-    out.copy_(forwardATen(region_, inputs));
-    return out;
+    std::vector<at::Tensor> values = forwardATen(region_, inputs);
+    for (size_t r = 0; r < numResults; ++r)
+      outs[r].copy_(values[r]);
+    return outs;
   }
 #ifdef BMT_WITH_CUDA_KERNELS
   if (threads)
@@ -545,7 +556,7 @@ at::Tensor FusedRegion::forward(const std::vector<at::Tensor> &inputs) {
   else
     launch(k->function, a, region_.hasReduction, shape.empty() ? 1 : shape.back(), device);
 #endif
-  return out;
+  return outs;
 }
 
 bool FusedRegion::gradientWanted(size_t i, const std::vector<bool> &needed) const {
@@ -553,11 +564,14 @@ bool FusedRegion::gradientWanted(size_t i, const std::vector<bool> &needed) cons
 }
 
 std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inputs,
-                                              const at::Tensor &gradOut,
+                                              const std::vector<at::Tensor> &gradOuts,
                                               const std::vector<bool> &needed) {
   const at::Device device = inputs[0].device();
+  if (gradOuts.size() != region_.results.size())
+    throw FusionError("fused region: " + std::to_string(gradOuts.size()) + " grad_outputs for " +
+                      std::to_string(region_.results.size()) + " results");
   auto aten = [&] {
-    std::vector<at::Tensor> grads = backwardATen(region_, inputs, gradOut);
+    std::vector<at::Tensor> grads = backwardATen(region_, inputs, gradOuts);
     for (size_t i = 0; i < grads.size(); ++i)
       if (!gradientWanted(i, needed))
         grads[i] = at::Tensor();
@@ -574,7 +588,7 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
 #endif
   std::vector<at::Tensor> grads(inputs.size());
   std::vector<at::Tensor> all = inputs;
-  all.push_back(gradOut);
+  all.insert(all.end(), gradOuts.begin(), gradOuts.end());
   std::vector<int64_t> shape = elementShape(all);
   const std::vector<int64_t> inputShape = elementShape(inputs);
   // Gradients laid out as the forward's result (walkOrder of the inputs).
@@ -586,21 +600,34 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
   // where the input has the element shape; a broadcast one's is float32,
   // summed after), and whether the 8-wide row kernel writes it as column
   // sums (an input that is one row broadcast over all rows: a norm's weight).
+  // An input whose gradient is the same node as an earlier one's, both of
+  // the element shape and dtype, shares that output (`sameAs`).
   KernelSpec spec;
   spec.backward = true;
-  spec.gradDtype = gradOut.scalar_type();
+  for (const at::Tensor &g : gradOuts)
+    spec.gradDtypes.push_back(g.scalar_type());
   for (const at::Tensor &t : inputs)
     spec.inputDtypes.push_back(t.scalar_type());
   std::vector<bool> columnSums;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (gradientWanted(i, needed)) {
-      spec.gradients.push_back(i);
-      spec.outDtypes.push_back(inputs[i].sizes().vec() == inputShape ? inputs[i].scalar_type()
-                                                                     : at::kFloat);
-      bool oneRow = region_.hasReduction && !shape.empty() && inputs[i].numel() == shape.back() &&
-                    inputs[i].sizes().vec() != shape;
-      columnSums.push_back(oneRow);
-    }
+  std::vector<int> sameAs(inputs.size(), -1);
+  auto elementShaped = [&](size_t i) { return inputs[i].sizes().vec() == inputShape; };
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!gradientWanted(i, needed))
+      continue;
+    for (size_t j : spec.gradients)
+      if (region_.gradients[j] == region_.gradients[i] && elementShaped(i) && elementShaped(j) &&
+          inputs[i].scalar_type() == inputs[j].scalar_type()) {
+        sameAs[i] = static_cast<int>(j);
+        break;
+      }
+    if (sameAs[i] >= 0)
+      continue;
+    spec.gradients.push_back(i);
+    spec.outDtypes.push_back(elementShaped(i) ? inputs[i].scalar_type() : at::kFloat);
+    bool oneRow = region_.hasReduction && !shape.empty() && inputs[i].numel() == shape.back() &&
+                  inputs[i].sizes().vec() != shape;
+    columnSums.push_back(oneRow);
+  }
   const std::vector<size_t> &of = spec.gradients;
   if (of.empty())
     return grads;
@@ -608,7 +635,7 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
     strides.push_back(contiguousStrides(permuted(shape, order)));
   Args a;
   if (!layout(a, permuted(shape, order), strides, region_.hasReduction, !region_.halves.empty()))
-    return backwardATen(region_, inputs, gradOut);
+    return aten();
   for (size_t i = 0; i < all.size(); ++i)
     a.tensors[i] = const_cast<void *>(all[i].data_ptr());
   unsigned threads = region_.hasReduction ? rowVectorThreads(a, all.size()) : 0;
@@ -651,10 +678,14 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
     grads[of[o]] = g.to(input.scalar_type());
   }
   if (!kernels && !dry) { // emulation: the ATen values in the kernel's layouts
-    std::vector<at::Tensor> values = backwardATen(region_, inputs, gradOut);
+    std::vector<at::Tensor> values = backwardATen(region_, inputs, gradOuts);
     for (size_t i : of)
       grads[i].copy_(values[i]);
   }
+  // Shared after the copies above: one tensor for the equal gradients.
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (sameAs[i] >= 0)
+      grads[i] = grads[sameAs[i]];
   return grads;
 }
 

@@ -117,7 +117,7 @@ std::vector<bool> Graph::rowValued() const {
       row[i] = false;
       break;
     case Op::GradOut:
-      row[i] = n.index == 1; // the gradient of a row-valued result
+      row[i] = n.value != 0; // the gradient of a row-valued result
       break;
     default: {
       bool all = true;
@@ -180,19 +180,25 @@ double numberOf(const c10::IValue &v, const std::string &what) {
   throw FusionError(what + ": a number was expected, got " + v.tagKind());
 }
 
-/// Reverse-mode differentiation of `g` at `result`: extends `g` by GradOut
-/// and the adjoint nodes; returns the adjoint of each input (-1: none).
-std::vector<int> differentiate(Graph &g, int result, int numInputs) {
+/// Reverse-mode differentiation of `g` at `results`: extends `g` by a
+/// GradOut per result and the adjoint nodes; returns the adjoint of each
+/// input (-1: none).
+std::vector<int> differentiate(Graph &g, const std::vector<int> &results, int numInputs) {
   std::vector<bool> row = g.rowValued();
   const size_t forwardSize = g.nodes.size();
-  Node gradOut;
-  gradOut.op = Op::GradOut;
-  gradOut.index = row[result] ? 1 : 0;
-  int seed = g.add(gradOut);
   // Contributions to each node's adjoint: from element-valued users (a row
-  // node sums them over the row) and from row-valued ones.
+  // node sums them over the row) and from row-valued ones; a result's
+  // GradOut seeds its adjoint (a result read inside the region too sums both).
   std::vector<std::vector<int>> fromElement(forwardSize), fromRow(forwardSize);
-  (row[result] ? fromRow : fromElement)[result].push_back(seed);
+  for (size_t k = 0; k < results.size(); ++k) {
+    const int result = results[k];
+    Node gradOut;
+    gradOut.op = Op::GradOut;
+    gradOut.index = static_cast<int>(k);
+    gradOut.value = row[result] ? 1 : 0;
+    int seed = g.add(gradOut);
+    (row[result] ? fromRow : fromElement)[result].push_back(seed);
+  }
   std::vector<int> adjoint(forwardSize, -1);
   auto sum = [&](const std::vector<int> &terms) {
     int s = -1;
@@ -692,16 +698,27 @@ Region buildRegion(const plan::Function &body) {
     }
     nodeOf[inst.results[0]] = out;
   }
-  if (body.returns.size() != 1 || !nodeOf.count(body.returns[0]))
-    throw FusionError(body.name + ": a fused region returns one value it computes");
+  if (body.returns.empty())
+    throw FusionError(body.name + ": a fused region returns at least one value");
+  for (int64_t r : body.returns) {
+    if (!nodeOf.count(r))
+      throw FusionError(body.name + ": a fused region returns values it computes");
+    region.results.push_back(nodeOf[r]);
+  }
   if (region.hasReduction && !region.halves.empty())
     throw FusionError(body.name + ": rotate_half in a region with a reduction");
-  region.result = nodeOf[body.returns[0]];
-  const Node &last = g.nodes[region.result];
-  if (softmax >= 0 && region.result != softmax && !(last.op == Op::Cast && last.args[0] == softmax))
-    throw FusionError(body.name + ": softmax must be the region's result, or cast to it");
+  if (region.results.size() > 1) {
+    std::vector<bool> row = g.rowValued();
+    for (int r : region.results)
+      if (row[r])
+        throw FusionError(body.name + ": a row-valued result beside other results");
+  }
+  const Node &last = g.nodes[region.results[0]];
+  if (softmax >= 0 && (region.results.size() != 1 ||
+                       (region.results[0] != softmax && !(last.op == Op::Cast && last.args[0] == softmax))))
+    throw FusionError(body.name + ": softmax must be the region's one result, or cast to it");
   region.backward = region.forward;
-  region.gradients = differentiate(region.backward, region.result, region.numInputs);
+  region.gradients = differentiate(region.backward, region.results, region.numInputs);
   return region;
 }
 
@@ -752,12 +769,17 @@ Graph resolveRounding(const Graph &g, const std::vector<c10::ScalarType> &inputD
   return out;
 }
 
-c10::ScalarType resultDtype(const Region &region, const std::vector<c10::ScalarType> &inputDtypes) {
+std::vector<c10::ScalarType> resultDtypes(const Region &region,
+                                          const std::vector<c10::ScalarType> &inputDtypes) {
   for (c10::ScalarType d : inputDtypes)
     if (d != c10::ScalarType::Float && d != c10::ScalarType::BFloat16 && d != c10::ScalarType::Half)
-      return c10::ScalarType::Undefined;
-  c10::ScalarType d = valueDtypes(region.forward, inputDtypes).at(region.result);
-  return d == c10::ScalarType::Undefined ? c10::ScalarType::Float : d;
+      return {};
+  std::vector<c10::ScalarType> values = valueDtypes(region.forward, inputDtypes), out;
+  for (int r : region.results) {
+    c10::ScalarType d = values.at(r);
+    out.push_back(d == c10::ScalarType::Undefined ? c10::ScalarType::Float : d);
+  }
+  return out;
 }
 
 bool callFits(const Region &region, const std::vector<at::Tensor> &inputs,
@@ -794,14 +816,13 @@ namespace {
 
 std::vector<at::Tensor> evaluateAll(const Graph &graph, const std::vector<int> &outs,
                                     const std::vector<at::Tensor> &inputs,
-                                    const at::Tensor &gradOut) {
+                                    const std::vector<at::Tensor> &gradOuts) {
   std::vector<c10::ScalarType> dtypes;
   for (const at::Tensor &t : inputs)
     dtypes.push_back(t.scalar_type());
   const Graph g = resolveRounding(graph, dtypes);
   std::vector<at::Tensor> all = inputs;
-  if (gradOut.defined())
-    all.push_back(gradOut);
+  all.insert(all.end(), gradOuts.begin(), gradOuts.end());
   std::vector<int64_t> shape = elementShape(all);
   int last = 0;
   for (int o : outs)
@@ -825,9 +846,9 @@ std::vector<at::Tensor> evaluateAll(const Graph &graph, const std::vector<int> &
         v[i] = halfSwap(v[i]);
       break;
     case Op::GradOut:
-      if (!gradOut.defined())
-        throw FusionError("fused region: the backward graph needs grad_output");
-      v[i] = gradOut.to(at::kFloat);
+      if (n.index >= static_cast<int>(gradOuts.size()) || !gradOuts[n.index].defined())
+        throw FusionError("fused region: the backward graph needs a grad_output per result");
+      v[i] = gradOuts[n.index].to(at::kFloat);
       if (n.swapped)
         v[i] = halfSwap(v[i]);
       break;
@@ -898,35 +919,39 @@ std::vector<int64_t> valueShape(const Graph &g, int node, std::vector<int64_t> s
 } // namespace
 
 at::Tensor evaluate(const Graph &g, int out, const std::vector<at::Tensor> &inputs,
-                    const at::Tensor &gradOut) {
-  return evaluateAll(g, {out}, inputs, gradOut).at(0);
+                    const std::vector<at::Tensor> &gradOuts) {
+  return evaluateAll(g, {out}, inputs, gradOuts).at(0);
 }
 
-at::Tensor forwardATen(const Region &region, const std::vector<at::Tensor> &inputs) {
+std::vector<at::Tensor> forwardATen(const Region &region, const std::vector<at::Tensor> &inputs) {
   std::vector<c10::ScalarType> dtypes;
   for (const at::Tensor &t : inputs)
     dtypes.push_back(t.scalar_type());
-  c10::ScalarType dtype = resultDtype(region, dtypes);
-  if (dtype == c10::ScalarType::Undefined)
+  std::vector<c10::ScalarType> outDtypes = resultDtypes(region, dtypes);
+  if (outDtypes.empty())
     throw FusionError("fused region: inputs must be float32, bfloat16 or float16");
   if (!callFits(region, inputs, elementShape(inputs)))
     throw FusionError("fused region: rotate_half's input does not fit (halves of its last dim)");
-  at::Tensor v = evaluate(region.forward, region.result, inputs);
-  std::vector<int64_t> shape = valueShape(region.forward, region.result, elementShape(inputs));
-  return v.expand(shape).to(dtype).contiguous();
+  std::vector<at::Tensor> values = evaluateAll(region.forward, region.results, inputs, {});
+  std::vector<at::Tensor> out;
+  for (size_t k = 0; k < values.size(); ++k) {
+    std::vector<int64_t> shape = valueShape(region.forward, region.results[k], elementShape(inputs));
+    out.push_back(values[k].expand(shape).to(outDtypes[k]).contiguous());
+  }
+  return out;
 }
 
 std::vector<at::Tensor> backwardATen(const Region &region, const std::vector<at::Tensor> &inputs,
-                                     const at::Tensor &gradOut) {
+                                     const std::vector<at::Tensor> &gradOuts) {
   std::vector<int> outs;
   for (int n : region.gradients)
     if (n >= 0)
       outs.push_back(n);
   if (!callFits(region, inputs, elementShape(inputs)))
     throw FusionError("fused region: rotate_half's input does not fit (halves of its last dim)");
-  std::vector<at::Tensor> values = evaluateAll(region.backward, outs, inputs, gradOut);
+  std::vector<at::Tensor> values = evaluateAll(region.backward, outs, inputs, gradOuts);
   std::vector<at::Tensor> all = inputs;
-  all.push_back(gradOut);
+  all.insert(all.end(), gradOuts.begin(), gradOuts.end());
   std::vector<int64_t> shape = elementShape(all);
   std::vector<at::Tensor> grads(inputs.size());
   size_t k = 0;

@@ -71,8 +71,9 @@ struct Body {
   int64_t numToTensor(int64_t scalar) {
     return instruction(plan::Instruction::Kind::NumToTensor, Arg::ofRegister(scalar));
   }
-  plan::Function done(int64_t result) {
-    f.returns = {result};
+  plan::Function done(int64_t result) { return done(std::vector<int64_t>{result}); }
+  plan::Function done(std::vector<int64_t> results) {
+    f.returns = std::move(results);
     f.numRegisters = next;
     return f;
   }
@@ -88,11 +89,11 @@ Arg lastDim() {
 }
 Arg toDtype(int64_t code) { return C(code); }
 
-/// Runs `body` op by op through the Executor with autograd: the result and
-/// the gradient of sum(result * gradOut) for each input.
-std::pair<at::Tensor, std::vector<at::Tensor>> reference(const plan::Function &body,
-                                                          const std::vector<at::Tensor> &inputs,
-                                                          const at::Tensor &gradOut) {
+/// Runs `body` op by op through the Executor with autograd: the results and
+/// the gradient of sum_k sum(result_k * gradOuts[k]) for each input.
+std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> reference(const plan::Function &body,
+                                                                       const std::vector<at::Tensor> &inputs,
+                                                                       const std::vector<at::Tensor> &gradOuts) {
   plan::Plan p;
   p.functions = {body};
   p.entry = 0;
@@ -103,11 +104,15 @@ std::pair<at::Tensor, std::vector<at::Tensor>> reference(const plan::Function &b
     leaves.push_back(t.detach().clone().requires_grad_(true));
     args.emplace_back(leaves.back());
   }
-  at::Tensor out = exec.run(args).at(0).toTensor();
+  std::vector<at::Tensor> outs;
+  for (const c10::IValue &v : exec.run(args))
+    outs.push_back(v.toTensor());
   std::vector<at::Tensor> grads =
-      torch::autograd::grad({out}, leaves, {gradOut}, /*retain_graph=*/false,
+      torch::autograd::grad(outs, leaves, gradOuts, /*retain_graph=*/false,
                             /*create_graph=*/false, /*allow_unused=*/true);
-  return {out.detach(), grads};
+  for (at::Tensor &o : outs)
+    o = o.detach();
+  return {outs, grads};
 }
 
 void expectClose(const at::Tensor &actual, const at::Tensor &expected, double tol,
@@ -127,11 +132,19 @@ void expectClose(const at::Tensor &actual, const at::Tensor &expected, double to
 void check(const plan::Function &body, std::vector<at::Tensor> inputs, double tol,
            const std::string &name) {
   fusion::Region region = fusion::buildRegion(body);
-  at::Tensor fused = fusion::forwardATen(region, inputs);
-  at::Tensor gradOut = test::randomTensor(fused.sizes(), fused.scalar_type(), 999);
-  auto [out, grads] = reference(body, inputs, gradOut);
-  expectClose(fused, out, tol, name + " forward");
-  std::vector<at::Tensor> fusedGrads = fusion::backwardATen(region, inputs, gradOut);
+  std::vector<at::Tensor> fused = fusion::forwardATen(region, inputs);
+  std::vector<at::Tensor> gradOuts;
+  std::vector<c10::ScalarType> resultDtypes, gradDtypes;
+  for (size_t k = 0; k < fused.size(); ++k) {
+    gradOuts.push_back(test::randomTensor(fused[k].sizes(), fused[k].scalar_type(), 999 + k));
+    resultDtypes.push_back(fused[k].scalar_type());
+    gradDtypes.push_back(fused[k].scalar_type());
+  }
+  auto [outs, grads] = reference(body, inputs, gradOuts);
+  ASSERT_EQ(outs.size(), fused.size()) << name;
+  for (size_t k = 0; k < fused.size(); ++k)
+    expectClose(fused[k], outs[k], tol, name + " forward, result " + std::to_string(k));
+  std::vector<at::Tensor> fusedGrads = fusion::backwardATen(region, inputs, gradOuts);
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!grads[i].defined()) {
       EXPECT_FALSE(fusedGrads[i].defined()) << name << " input " << i;
@@ -146,22 +159,22 @@ void check(const plan::Function &body, std::vector<at::Tensor> inputs, double to
   std::vector<c10::ScalarType> dtypes;
   for (const at::Tensor &t : inputs)
     dtypes.push_back(t.scalar_type());
-  std::string fwd = fusion::cudaSource(region.forward, {region.result}, name + "_fwd", dtypes,
-                                       c10::ScalarType::Undefined, {fused.scalar_type()});
-  std::vector<int> outs;
+  std::string fwd = fusion::cudaSource(region.forward, region.results, name + "_fwd", dtypes, {},
+                                       resultDtypes);
+  std::vector<int> gradients;
   std::vector<c10::ScalarType> outDtypes;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (region.gradients[i] >= 0) {
-      outs.push_back(region.gradients[i]);
+      gradients.push_back(region.gradients[i]);
       outDtypes.push_back(inputs[i].scalar_type());
     }
-  std::string bwd = fusion::cudaSource(region.backward, outs, name + "_bwd", dtypes,
-                                       gradOut.scalar_type(), outDtypes);
+  std::string bwd = fusion::cudaSource(region.backward, gradients, name + "_bwd", dtypes, gradDtypes,
+                                       outDtypes);
   std::vector<std::pair<std::string, std::string>> sources{{fwd, name + "_fwd"}, {bwd, name + "_bwd"}};
   if (region.hasReduction) {
     // The 8-wide row kernel too, a norm weight's gradient as column sums.
     std::vector<int64_t> shape = fusion::elementShape(inputs);
-    fusion::RowVector forwardRows{{false}}, backwardRows;
+    fusion::RowVector forwardRows{std::vector<bool>(fused.size(), false)}, backwardRows;
     std::vector<c10::ScalarType> columnDtypes;
     for (size_t i = 0, o = 0; i < inputs.size(); ++i)
       if (region.gradients[i] >= 0) {
@@ -170,10 +183,10 @@ void check(const plan::Function &body, std::vector<at::Tensor> inputs, double to
         columnDtypes.push_back(oneRow ? at::kFloat : outDtypes[o]);
         ++o;
       }
-    sources.emplace_back(fusion::cudaSource(region.forward, {region.result}, name + "_fwd8", dtypes,
-                                            c10::ScalarType::Undefined, {fused.scalar_type()}, &forwardRows),
+    sources.emplace_back(fusion::cudaSource(region.forward, region.results, name + "_fwd8", dtypes, {},
+                                            resultDtypes, &forwardRows),
                          name + "_fwd8");
-    sources.emplace_back(fusion::cudaSource(region.backward, outs, name + "_bwd8", dtypes, gradOut.scalar_type(),
+    sources.emplace_back(fusion::cudaSource(region.backward, gradients, name + "_bwd8", dtypes, gradDtypes,
                                             columnDtypes, &backwardRows),
                          name + "_bwd8");
   }
@@ -215,6 +228,35 @@ plan::Function layerNorm(int64_t D, bool residual = false, bool affine = true) {
   shape.elements = {C(D)};
   Arg w = affine ? R(b.param()) : C(c10::IValue()), bias = affine ? R(b.param()) : C(c10::IValue());
   return b.done(b.aten("aten::layer_norm", {R(x), shape, w, bias, C(1e-5), C(true)}));
+}
+
+/// A residual sum that the norm after it reads and ops after the region
+/// read too, so the region returns it as a second result, as the pass makes
+/// it: LLaMA's h = x + y, then RMSNorm(h.float()) * w in `outCode`'s dtype;
+/// results {norm, h}.
+plan::Function residualRmsNorm(int64_t outCode) {
+  Body b;
+  int64_t x = b.param(), y = b.param(), w = b.param();
+  int64_t h = b.aten("aten::add.Tensor", {R(x), R(y), C(int64_t{1})});
+  int64_t f = b.aten("aten::to.dtype", {R(h), toDtype(6), C(false), C(false), C(c10::IValue())});
+  int64_t p = b.aten("aten::pow.Tensor_Scalar", {R(f), C(int64_t{2})});
+  int64_t m = b.aten("aten::mean.dim", {R(p), lastDim(), C(true), C(c10::IValue())});
+  int64_t s = b.aten("aten::add.Tensor", {R(m), R(b.constant(1e-6)), C(int64_t{1})});
+  int64_t r = b.aten("aten::rsqrt", {R(s)});
+  int64_t n = b.aten("aten::mul.Tensor", {R(f), R(r)});
+  int64_t c = b.aten("aten::to.dtype", {R(n), toDtype(outCode), C(false), C(false), C(c10::IValue())});
+  return b.done({b.aten("aten::mul.Tensor", {R(w), R(c)}), h});
+}
+
+/// GPT-2's h = x + y, then layer_norm(h) over D; results {norm, h}.
+plan::Function residualLayerNorm(int64_t D) {
+  Body b;
+  int64_t x = b.param(), y = b.param(), w = b.param(), bias = b.param();
+  int64_t h = b.aten("aten::add.Tensor", {R(x), R(y), C(int64_t{1})});
+  Arg shape;
+  shape.kind = Arg::Kind::List;
+  shape.elements = {C(D)};
+  return b.done({b.aten("aten::layer_norm", {R(h), shape, R(w), R(bias), C(1e-5), C(true)}), h});
 }
 
 /// BERT's attention probabilities as its eager attention writes them:
@@ -411,6 +453,60 @@ TEST(Fusion, LayerNorm) {
                fusion::FusionError);
 }
 
+TEST(Fusion, SecondResult) {
+  // The residual sum is a result too: its value as eager's, and every
+  // input's gradient the sum of both results' terms (the norm's and the
+  // sum's own grad_output), as autograd sums them op by op.
+  check(residualRmsNorm(6),
+        {test::randomTensor({3, 5, 64}, at::kFloat, 110), test::randomTensor({3, 5, 64}, at::kFloat, 111),
+         test::randomTensor({64}, at::kFloat, 112)},
+        2e-6, "residual_rms_norm");
+  // bf16 as LLaMA runs it: h rounded to bf16 once, as eager's add is (the
+  // tolerance is bf16's: eager sums the two gradient terms in bf16, the
+  // kernel in float32 rounding once).
+  check(residualRmsNorm(15),
+        {test::randomTensor({4, 64}, at::kBFloat16, 113), test::randomTensor({4, 64}, at::kBFloat16, 114),
+         test::randomTensor({64}, at::kBFloat16, 115)},
+        2e-2, "residual_rms_norm_bf16");
+  at::Tensor x = test::randomTensor({3, 5, 40}, at::kFloat, 116).add(3.0);
+  std::vector<at::Tensor> ln{x, test::randomTensor({3, 5, 40}, at::kFloat, 117),
+                             test::randomTensor({40}, at::kFloat, 118), test::randomTensor({40}, at::kFloat, 119)};
+  check(residualLayerNorm(40), ln, 2e-5, "residual_layer_norm");
+  {
+    std::vector<at::Tensor> sum = fusion::forwardATen(fusion::buildRegion(residualLayerNorm(40)), ln);
+    ASSERT_EQ(sum.size(), 2u);
+    EXPECT_TRUE(at::equal(sum[1], ln[0] + ln[1]));
+  }
+  // On the kernels' path (emulated here) the two operands of the sum get
+  // one gradient tensor, equal to the ATen evaluation's; through autograd
+  // too, with a gradient for one result only (the other's is zero).
+  fusion::Region region = fusion::buildRegion(residualLayerNorm(40));
+  fusion::FusedRegion fused(region, "second_result");
+  fused.setEmulation(true);
+  std::vector<at::Tensor> gradOuts{test::randomTensor({3, 5, 40}, at::kFloat, 120),
+                                   test::randomTensor({3, 5, 40}, at::kFloat, 121)};
+  std::vector<at::Tensor> expected = fusion::backwardATen(region, ln, gradOuts);
+  std::vector<at::Tensor> grads = fused.backward(ln, gradOuts);
+  EXPECT_TRUE(grads[0].is_same(grads[1]));
+  for (size_t i = 0; i < ln.size(); ++i)
+    expectClose(grads[i], expected[i], 1e-6, "shared gradient of input " + std::to_string(i));
+  std::vector<at::Tensor> leaves;
+  for (const at::Tensor &t : ln)
+    leaves.push_back(t.detach().clone().requires_grad_(true));
+  std::vector<at::Tensor> outs = fused.run(leaves);
+  ASSERT_EQ(outs.size(), 2u);
+  outs[0].backward(gradOuts[0]);
+  std::vector<at::Tensor> normOnly = fusion::backwardATen(region, ln, {gradOuts[0], at::zeros_like(gradOuts[1])});
+  for (size_t i = 0; i < ln.size(); ++i)
+    expectClose(leaves[i].grad(), normOnly[i], 1e-6, "autograd gradient of input " + std::to_string(i));
+  // A row value beside another result is not the generator's.
+  Body b;
+  int64_t v = b.param();
+  int64_t m = b.aten("aten::mean.dim", {R(v), lastDim(), C(true), C(c10::IValue())});
+  int64_t r = b.aten("aten::rsqrt", {R(m)});
+  EXPECT_THROW(fusion::buildRegion(b.done({b.aten("aten::mul.Tensor", {R(v), R(r)}), r})), fusion::FusionError);
+}
+
 TEST(Fusion, Softmax) {
   // Against ATen's softmax kernel and its autograd formula (the reference
   // runs the body op by op). Scores up to about +-100 would overflow exp()
@@ -451,7 +547,7 @@ TEST(Fusion, Softmax) {
     at::Tensor eager = at::softmax((big + posBias).to(at::kFloat), -1);
     at::Tensor unrounded = at::softmax(big.to(at::kFloat) + posBias.to(at::kFloat), -1);
     EXPECT_GT((unrounded - eager).abs().max().item<double>(), 1e-2) << "the inputs do not tell the roundings apart";
-    EXPECT_LE((fusion::forwardATen(fusion::buildRegion(t5), {big, posBias}) - eager).abs().max().item<double>(), 1e-5);
+    EXPECT_LE((fusion::forwardATen(fusion::buildRegion(t5), {big, posBias})[0] - eager).abs().max().item<double>(), 1e-5);
   }
   // LLaMA's eager attention: softmax in float32, then cast to q's dtype.
   {
@@ -472,9 +568,9 @@ TEST(Fusion, Softmax) {
   // (x in steps of 1/256, so that x + 64 is exact and so is the shifted
   // row's x - max.)
   at::Tensor x = test::randomTensor({4, 24}, at::kFloat, 95).mul(256.0).round().div(256.0);
-  at::Tensor p = fusion::forwardATen(region, {x});
-  EXPECT_TRUE(at::equal(fusion::forwardATen(region, {x.add(64.0)}), p));
-  at::Tensor g = fusion::backwardATen(region, {x}, test::randomTensor({4, 24}, at::kFloat, 96))[0];
+  at::Tensor p = fusion::forwardATen(region, {x})[0];
+  EXPECT_TRUE(at::equal(fusion::forwardATen(region, {x.add(64.0)})[0], p));
+  at::Tensor g = fusion::backwardATen(region, {x}, {test::randomTensor({4, 24}, at::kFloat, 96)})[0];
   EXPECT_LE(g.sum(-1).abs().max().item<double>(), 1e-6);
 }
 
@@ -501,7 +597,7 @@ TEST(Fusion, RoundsEachOpAsEager) {
   for (int k = 0; k < 4; ++k)
     in.push_back(test::randomTensor({16, 64}, at::kBFloat16, 300 + k).mul(4.0));
   fusion::Region region = fusion::buildRegion(f);
-  at::Tensor fused = fusion::forwardATen(region, in);
+  at::Tensor fused = fusion::forwardATen(region, in)[0];
   at::Tensor eager = (in[0] + in[1]) * in[2] - in[3];
   EXPECT_TRUE(at::equal(fused, eager));
   at::Tensor once = ((in[0].to(at::kFloat) + in[1].to(at::kFloat)) * in[2].to(at::kFloat) -
@@ -511,11 +607,11 @@ TEST(Fusion, RoundsEachOpAsEager) {
   std::vector<at::Tensor> f32;
   for (const at::Tensor &t : in)
     f32.push_back(t.to(at::kFloat));
-  EXPECT_TRUE(at::equal(fusion::forwardATen(region, f32), (f32[0] + f32[1]) * f32[2] - f32[3]));
+  EXPECT_TRUE(at::equal(fusion::forwardATen(region, f32)[0], (f32[0] + f32[1]) * f32[2] - f32[3]));
   // The per-node dtypes: inputs' promotion, a number does not promote.
   std::vector<c10::ScalarType> t =
       fusion::valueDtypes(region.forward, {at::kBFloat16, at::kFloat, at::kBFloat16, at::kBFloat16});
-  EXPECT_EQ(t.at(region.result), at::kFloat);
+  EXPECT_EQ(t.at(region.results.at(0)), at::kFloat);
   EXPECT_THROW(fusion::valueDtypes(region.forward, {at::kLong, at::kFloat, at::kFloat, at::kFloat}),
                fusion::FusionError);
 }
@@ -583,10 +679,10 @@ TEST(Fusion, RejectsWhatItCannotFuse) {
                  fusion::FusionError);
   }
 
-  // Integer inputs are not the generator's: resultDtype says so.
+  // Integer inputs are not the generator's: resultDtypes says so.
   fusion::Region region = fusion::buildRegion(rmsNorm(6));
-  EXPECT_EQ(fusion::resultDtype(region, {at::kLong, at::kFloat}), c10::ScalarType::Undefined);
-  EXPECT_EQ(fusion::resultDtype(region, {at::kFloat, at::kBFloat16}), at::kFloat);
+  EXPECT_TRUE(fusion::resultDtypes(region, {at::kLong, at::kFloat}).empty());
+  EXPECT_EQ(fusion::resultDtypes(region, {at::kFloat, at::kBFloat16}), std::vector<c10::ScalarType>{at::kFloat});
 }
 
 TEST(Fusion, OnlyWantedGradients) {
@@ -599,11 +695,11 @@ TEST(Fusion, OnlyWantedGradients) {
   at::Tensor x = test::randomTensor({3, 64}, at::kFloat, 80).requires_grad_();
   at::Tensor w = test::randomTensor({64}, at::kFloat, 81);
   at::Tensor gradOut = test::randomTensor({3, 64}, at::kFloat, 82);
-  fused.run({x, w}).backward(gradOut);
-  std::vector<at::Tensor> expected = fusion::backwardATen(region, {x.detach(), w}, gradOut);
+  fused.run({x, w}).at(0).backward(gradOut);
+  std::vector<at::Tensor> expected = fusion::backwardATen(region, {x.detach(), w}, {gradOut});
   ASSERT_TRUE(x.grad().defined());
   expectClose(x.grad(), expected[0], 1e-6, "input gradient");
-  std::vector<at::Tensor> grads = fused.backward({x.detach(), w}, gradOut, {true, false});
+  std::vector<at::Tensor> grads = fused.backward({x.detach(), w}, {gradOut}, {true, false});
   EXPECT_TRUE(grads[0].defined());
   EXPECT_FALSE(grads[1].defined());
 }
@@ -615,8 +711,8 @@ TEST(Fusion, KernelCache) {
   std::filesystem::remove_all(dir);
   setenv("BMT_KERNEL_CACHE", dir.c_str(), 1);
   fusion::Region region = fusion::buildRegion(rmsNorm(6));
-  std::string source = fusion::cudaSource(region.forward, {region.result}, "cached", {at::kFloat, at::kFloat},
-                                          c10::ScalarType::Undefined, {at::kFloat});
+  std::string source = fusion::cudaSource(region.forward, region.results, "cached", {at::kFloat, at::kFloat},
+                                          {}, {at::kFloat});
   std::string first = fusion::compileCuda(source, "cached", 9, 0, /*cubin=*/true);
   ASSERT_FALSE(first.empty());
   size_t files = 0;
@@ -647,17 +743,23 @@ void checkCuda(const plan::Function &body, const std::vector<at::Tensor> &inputs
                const std::string &name) {
   fusion::Region region = fusion::buildRegion(body);
   fusion::FusedRegion fused(region, name);
-  at::Tensor expected = fusion::forwardATen(region, inputs);
-  at::Tensor gradOut = test::randomTensor(expected.sizes(), expected.scalar_type(), 777);
-  std::vector<at::Tensor> expectedGrads = fusion::backwardATen(region, inputs, gradOut);
+  std::vector<at::Tensor> expected = fusion::forwardATen(region, inputs);
+  std::vector<at::Tensor> gradOuts, gradOutsOnGpu;
+  for (size_t k = 0; k < expected.size(); ++k) {
+    gradOuts.push_back(test::randomTensor(expected[k].sizes(), expected[k].scalar_type(), 777 + k));
+    gradOutsOnGpu.push_back(gradOuts.back().to(at::kCUDA));
+  }
+  std::vector<at::Tensor> expectedGrads = fusion::backwardATen(region, inputs, gradOuts);
   std::vector<at::Tensor> onGpu;
   for (const at::Tensor &t : inputs)
     onGpu.push_back(t.to(at::kCUDA));
   at::full({int64_t{1} << 24}, std::nan(""), at::TensorOptions().device(at::kCUDA));
-  at::Tensor out = fused.forward(onGpu);
-  expectClose(out.cpu(), expected, tol, name + " forward (CUDA)");
+  std::vector<at::Tensor> out = fused.forward(onGpu);
+  ASSERT_EQ(out.size(), expected.size()) << name;
+  for (size_t k = 0; k < out.size(); ++k)
+    expectClose(out[k].cpu(), expected[k], tol, name + " forward (CUDA), result " + std::to_string(k));
   at::full({int64_t{1} << 24}, std::nan(""), at::TensorOptions().device(at::kCUDA));
-  std::vector<at::Tensor> grads = fused.backward(onGpu, gradOut.to(at::kCUDA));
+  std::vector<at::Tensor> grads = fused.backward(onGpu, gradOutsOnGpu);
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!expectedGrads[i].defined()) {
       EXPECT_FALSE(grads[i].defined()) << name << " input " << i;
@@ -669,7 +771,7 @@ void checkCuda(const plan::Function &body, const std::vector<at::Tensor> &inputs
   // Without the last input's gradient (a kernel with one output fewer).
   std::vector<bool> needed(inputs.size(), true);
   needed.back() = false;
-  std::vector<at::Tensor> some = fused.backward(onGpu, gradOut.to(at::kCUDA), needed);
+  std::vector<at::Tensor> some = fused.backward(onGpu, gradOutsOnGpu, needed);
   EXPECT_FALSE(some.back().defined()) << name;
   for (size_t i = 0; i + 1 < inputs.size(); ++i)
     if (expectedGrads[i].defined())
@@ -743,6 +845,34 @@ TEST(FusionCuda, RopeAndRmsNorm) {
             2e-2, "rms_norm_cuda");
 }
 
+TEST(FusionCuda, SecondResult) {
+  if (!cudaKernels())
+    GTEST_SKIP() << "no CUDA device or no NVRTC";
+  // The 8-wide row kernel with two outputs (LLaMA's and GPT-2's widths),
+  // then the scalar one (a width not a multiple of 8).
+  checkCuda(residualRmsNorm(15),
+            {test::randomTensor({33, 2048}, at::kBFloat16, 130), test::randomTensor({33, 2048}, at::kBFloat16, 131),
+             test::randomTensor({2048}, at::kBFloat16, 132)},
+            2e-2, "residual_rms_norm_cuda");
+  checkCuda(residualLayerNorm(2048),
+            {test::randomTensor({17, 2048}, at::kBFloat16, 133), test::randomTensor({17, 2048}, at::kBFloat16, 134),
+             test::randomTensor({2048}, at::kBFloat16, 135), test::randomTensor({2048}, at::kBFloat16, 136)},
+            2e-2, "residual_layer_norm_cuda");
+  checkCuda(residualLayerNorm(100),
+            {test::randomTensor({7, 100}, at::kFloat, 137), test::randomTensor({7, 100}, at::kFloat, 138),
+             test::randomTensor({100}, at::kFloat, 139), test::randomTensor({100}, at::kFloat, 140)},
+            1e-5, "residual_layer_norm_scalar_cuda");
+  fusion::FusedRegion fused(fusion::buildRegion(residualLayerNorm(2048)), "second_result_shared");
+  std::vector<at::Tensor> in;
+  for (int k = 0; k < 2; ++k)
+    in.push_back(test::randomTensor({5, 2048}, at::kBFloat16, 141 + k).cuda());
+  for (int k = 0; k < 2; ++k)
+    in.push_back(test::randomTensor({2048}, at::kBFloat16, 143 + k).cuda());
+  std::vector<at::Tensor> out = fused.forward(in);
+  std::vector<at::Tensor> grads = fused.backward(in, {at::ones_like(out[0]), at::ones_like(out[1])});
+  EXPECT_TRUE(grads[0].is_same(grads[1]));
+}
+
 TEST(FusionCuda, RopeRotateHalf) {
   if (!cudaKernels())
     GTEST_SKIP() << "no CUDA device or no NVRTC";
@@ -759,9 +889,9 @@ TEST(FusionCuda, RopeRotateHalf) {
     std::vector<at::Tensor> in{test::randomTensor({2, 16, 4, 64}, at::kBFloat16, 99).cuda().transpose(1, 2),
                                test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 100).cuda(),
                                test::randomTensor({1, 1, 16, 64}, at::kBFloat16, 101).cuda()};
-    at::Tensor out = fused.forward(in);
+    at::Tensor out = fused.forward(in).at(0);
     EXPECT_TRUE(out.transpose(1, 2).is_contiguous()) << out.strides();
-    std::vector<at::Tensor> grads = fused.backward(in, at::ones_like(out));
+    std::vector<at::Tensor> grads = fused.backward(in, {at::ones_like(out)});
     ASSERT_TRUE(grads[0].defined());
     EXPECT_TRUE(grads[0].transpose(1, 2).is_contiguous()) << grads[0].strides();
   }

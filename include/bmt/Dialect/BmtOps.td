@@ -318,7 +318,9 @@ def Bmt_FusedOp : Bmt_Op<"fused", [IsolatedFromAbove,
     Made by `--bmt-fuse-elementwise` (docs/passes.md). The body holds the
     original `bmt.aten` ops (and the scalar `bmt.constant`s they read) over
     the block arguments, which stand for the operands in order; `bmt.yield`
-    gives the one result. `kind` is `"pointwise"` (every op elementwise,
+    gives the results: the region's last value, and values of the body that
+    ops after the region read too (a residual sum that a norm in the body
+    reads), each element-valued. `kind` is `"pointwise"` (every op elementwise,
     with broadcasting and dtype casts) or `"row"` (one `aten::mean.dim` or
     `aten::sum.dim_IntList` over the last dimension with keepdim, and the
     pointwise ops before and after it: a normalization). A pointwise body
@@ -339,7 +341,7 @@ def Bmt_FusedOp : Bmt_Op<"fused", [IsolatedFromAbove,
     ```
   }];
   let arguments = (ins StrAttr:$kind, Variadic<Bmt_TensorType>:$inputs);
-  let results = (outs Bmt_TensorType:$result);
+  let results = (outs Variadic<Bmt_TensorType>:$results);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$kind `(` $inputs `)` attr-dict `:` functional-type($inputs, results) $body";
   let hasVerifier = 1;

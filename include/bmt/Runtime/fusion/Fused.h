@@ -2,8 +2,8 @@
 //
 // What the executor runs for a plan's Fused instruction: the region's
 // forward as one kernel and, when an input requires grad, one autograd node
-// whose backward is one kernel over the saved inputs and grad_output
-// (intermediates are recomputed, never saved). On a GPU with the runtime's
+// whose backward is one kernel over the saved inputs and the results'
+// grad_outputs (intermediates are recomputed, never saved). On a GPU with the runtime's
 // CUDA kernels built in and NVRTC loadable, the kernels are the generator's
 // (one per KernelSpec, cached on disk, include/bmt/Runtime/fusion/Nvrtc.h),
 // compiled before the first step (Prewarm.h) or else at their first call;
@@ -36,9 +36,9 @@ class KernelRecorder;
 struct KernelSpec {
   std::vector<c10::ScalarType> inputDtypes;
   bool backward = false;
-  c10::ScalarType gradDtype = c10::ScalarType::Undefined; ///< backward: grad_output's dtype
+  std::vector<c10::ScalarType> gradDtypes; ///< backward: each result's grad_output dtype
   std::vector<size_t> gradients; ///< backward: the inputs whose gradients it writes, in order
-  /// Per output: forward, the result's dtype; backward, the input's dtype
+  /// Per output: forward, the results' dtypes; backward, the input's dtype
   /// where the input has the element shape, else float32 (summed after).
   std::vector<c10::ScalarType> outDtypes;
   std::optional<RowVector> rowVector; ///< the 8-wide row kernel (and its column sums)
@@ -57,17 +57,20 @@ public:
   /// region's ops one by one).
   bool accepts(const std::vector<at::Tensor> &inputs) const;
 
-  /// The region's value (resultDtype, elementShape; contiguous), recorded
-  /// for autograd when an input requires grad.
-  at::Tensor run(const std::vector<at::Tensor> &inputs);
+  /// The region's results (resultDtypes, elementShape), recorded for
+  /// autograd as one node when an input requires grad.
+  std::vector<at::Tensor> run(const std::vector<at::Tensor> &inputs);
 
   const Region &region() const { return region_; }
 
   /// Forward and backward without autograd (the node's two halves).
-  at::Tensor forward(const std::vector<at::Tensor> &inputs);
-  /// `needed[i]`: whether input i's gradient is wanted (empty: every one
-  /// the result depends on); the others are returned undefined.
-  std::vector<at::Tensor> backward(const std::vector<at::Tensor> &inputs, const at::Tensor &gradOut,
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor> &inputs);
+  /// From a grad_output per result. `needed[i]`: whether input i's
+  /// gradient is wanted (empty: every one the results depend on); the
+  /// others are returned undefined. Inputs whose gradients are equal (a
+  /// residual sum's two operands) get one tensor.
+  std::vector<at::Tensor> backward(const std::vector<at::Tensor> &inputs,
+                                   const std::vector<at::Tensor> &gradOuts,
                                    const std::vector<bool> &needed = {});
 
   /// Whether forward/backward use generated CUDA kernels for tensors on

@@ -4,7 +4,8 @@
 // expression graph over its inputs: pointwise nodes, dtype casts, at most
 // one reduction over the last dimension, and rotate_half's halves of an
 // input (an input read at column (j + D/2) mod D of the last dim, and a
-// sign per column half). From it come
+// sign per column half), with one or more results (a residual sum that a
+// norm reads and later ops read too). From it come
 //   - the backward graph, by reverse-mode symbolic differentiation (the
 //     adjoint of a value reduced over the row is the row sum of what its
 //     users contribute: the chain rule through the reduction);
@@ -37,15 +38,16 @@
 namespace bmt::fusion {
 
 /// A region the generator cannot take (an op or argument outside
-/// FusibleOps.def, a second reduction, more than one result); the message
-/// names the instruction.
+/// FusibleOps.def, a second reduction, a row-valued result beside others);
+/// the message names the instruction.
 class FusionError : public std::runtime_error {
 public:
   using std::runtime_error::runtime_error;
 };
 
 /// Node kinds. Input: the region's input `index`; Const: `value`;
-/// GradOut: the gradient of the result (backward graphs only); RowLen: the
+/// GradOut: the gradient of result `index` (backward graphs only; `value`
+/// 1 when that result is row-valued: one gradient per row); RowLen: the
 /// length of the last dimension; Pow: args[0] ^ value; Cast: round to
 /// `dtype` (then computed on as float); RowSum: the sum of args[0] over the
 /// last dimension (a value per row); RowMax: its maximum, only as
@@ -114,22 +116,25 @@ struct HalfSplit {
 struct Region {
   int numInputs = 0;
   Graph forward;
-  int result = -1;       ///< the forward result node
+  /// The forward result nodes, in the body's return order. More than one
+  /// only where every result is element-valued.
+  std::vector<int> results;
   bool hasReduction = false;
   std::vector<HalfSplit> halves; ///< rotate_half's slices, checked per call
   /// layer_norm's normalized length (-1: none): a call fits only where the
   /// element shape's last dim is this long.
   int64_t rowLength = -1;
-  /// Backward: the forward graph extended by GradOut and the adjoints;
-  /// gradients[i] is the node of d result / d input i (broadcast to the
-  /// region's element shape), or -1 where the result does not depend on i.
+  /// Backward: the forward graph extended by a GradOut per result and the
+  /// adjoints; gradients[i] is the node of input i's gradient, the sum over
+  /// results of GradOut_k * d result_k / d input i (broadcast to the
+  /// region's element shape), or -1 where no result depends on i.
   Graph backward;
   std::vector<int> gradients;
 };
 
 /// The region of a plan function holding a bmt.fused body: params are the
 /// inputs, the body Aten instructions of FusibleOps.def and Constant
-/// instructions (0-dim numbers), one returned register (layer_norm becomes
+/// instructions (0-dim numbers), the returned registers (layer_norm becomes
 /// its mean, centred variance, rsqrt and affine nodes; softmax over the
 /// last dim exp(x - max) / sum); and rotate_half of
 /// an input, cat([-x[..., h:], x[..., :h]], -1) (either sign on either
@@ -157,10 +162,11 @@ Graph resolveRounding(const Graph &g, const std::vector<c10::ScalarType> &inputD
 bool callFits(const Region &region, const std::vector<at::Tensor> &inputs,
                const std::vector<int64_t> &shape);
 
-/// The dtype of the region's result for inputs of `inputDtypes` (ATen's
-/// promotion, casts; 0-dim constants do not promote), or Undefined when the
-/// generator does not take these dtypes (an input that is not floating).
-c10::ScalarType resultDtype(const Region &region, const std::vector<c10::ScalarType> &inputDtypes);
+/// The dtype of each of the region's results for inputs of `inputDtypes`
+/// (ATen's promotion, casts; 0-dim constants do not promote), or empty when
+/// the generator does not take these dtypes (an input that is not floating).
+std::vector<c10::ScalarType> resultDtypes(const Region &region,
+                                          const std::vector<c10::ScalarType> &inputDtypes);
 
 /// The element shape of a call: the broadcast of the inputs' shapes (the
 /// result's shape, but for the result of a region ending in its reduction,
@@ -169,20 +175,21 @@ c10::ScalarType resultDtype(const Region &region, const std::vector<c10::ScalarT
 std::vector<int64_t> elementShape(const std::vector<at::Tensor> &inputs);
 
 /// Evaluates graph `g` at node `out` with ATen ops in float32 on the inputs'
-/// device: `inputs` (any floating dtype, broadcastable), `gradOut` for a
-/// backward graph. Returns a float32 tensor of the element shape (or with
-/// last dim 1 for a row value).
+/// device: `inputs` (any floating dtype, broadcastable), `gradOuts` (one per
+/// result) for a backward graph. Returns a float32 tensor of the element
+/// shape (or with last dim 1 for a row value).
 at::Tensor evaluate(const Graph &g, int out, const std::vector<at::Tensor> &inputs,
-                    const at::Tensor &gradOut = at::Tensor());
+                    const std::vector<at::Tensor> &gradOuts = {});
 
-/// Forward on ATen: the result in resultDtype(...), of the element shape
-/// (last dim 1 when the result is a row value).
-at::Tensor forwardATen(const Region &region, const std::vector<at::Tensor> &inputs);
+/// Forward on ATen: each result in its resultDtypes(...) dtype, of the
+/// element shape (last dim 1 for a row value).
+std::vector<at::Tensor> forwardATen(const Region &region, const std::vector<at::Tensor> &inputs);
 
-/// Backward on ATen: per input its gradient (summed to the input's shape,
-/// in the input's dtype), or an undefined tensor where there is none.
+/// Backward on ATen from `gradOuts` (one per result, each of its result's
+/// shape): per input its gradient (summed to the input's shape, in the
+/// input's dtype), or an undefined tensor where there is none.
 std::vector<at::Tensor> backwardATen(const Region &region, const std::vector<at::Tensor> &inputs,
-                                     const at::Tensor &gradOut);
+                                     const std::vector<at::Tensor> &gradOuts);
 
 /// The 8-wide row kernel of cudaSource, for a launch where the last dim D
 /// is a multiple of 8 and at most 8 * kRowChunks * 1024, every tensor walks
@@ -197,9 +204,9 @@ struct RowVector {
 constexpr int kRowChunks = 2;
 
 /// CUDA C++ source of the kernel computing graph `g` at nodes `outs`
-/// (forward: {result}; backward: the gradients), named `name`, for inputs
-/// of `inputDtypes` (and a grad_output of `gradDtype` for backward), storing
-/// outs[k] in outDtypes[k]. Elementwise graphs get a grid-stride kernel over
+/// (forward: the results; backward: the gradients), named `name`, for
+/// inputs of `inputDtypes` (and for backward a grad_output per result, of
+/// `gradDtypes`; empty for forward), storing outs[k] in outDtypes[k]. Elementwise graphs get a grid-stride kernel over
 /// the element count (8 elements a thread with 16-byte accesses where the
 /// launch's `Args::vec` says the strides and alignment allow, else offsets
 /// from the element index), graphs with a reduction one block per row with a
@@ -212,11 +219,12 @@ constexpr int kRowChunks = 2;
 /// the host keeps the last dim apart and takes the 8-wide paths only where
 /// D / 2 is a multiple of 8). Compiles with NVRTC (no headers needed).
 std::string cudaSource(const Graph &g, const std::vector<int> &outs, const std::string &name,
-                       const std::vector<c10::ScalarType> &inputDtypes, c10::ScalarType gradDtype,
+                       const std::vector<c10::ScalarType> &inputDtypes,
+                       const std::vector<c10::ScalarType> &gradDtypes,
                        const std::vector<c10::ScalarType> &outDtypes,
                        const RowVector *rowVector = nullptr);
 
-/// The most inputs + grad_output + outputs a kernel takes, and the most
+/// The most inputs + grad_outputs + outputs a kernel takes, and the most
 /// dims of its (collapsed) element shape.
 constexpr int kMaxTensors = 16;
 constexpr int kMaxDims = 6;
