@@ -131,6 +131,7 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
   if (options.fuseElementwise) {
     FuseElementwiseOptions fuse;
     fuse.inlineCalls = options.fuseInlineCalls;
+    fuse.secondResults = options.fuseSecondResults;
     pm.addPass(createFuseElementwise(fuse));
   }
   pm.addPass(createFindBlocks());

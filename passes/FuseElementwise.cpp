@@ -299,13 +299,14 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
         for (Operation *root : candidates) {
           if (taken.contains(root) || (!roleOf(root) && rotateHalfOps(root).empty()))
             continue;
-          Region region = grow(root, taken, /*extraResults=*/true);
+          Region region = grow(root, taken, secondResults);
           // Results beside the root's must be element-valued (and feed no
           // rotate_half region): else the region without them.
           llvm::DenseMap<Operation *, bool> memo;
-          if (region.rotateHalves > 0 ||
-              llvm::any_of(region.extraResults,
-                           [&](Operation *op) { return rowValued(op, region, memo); }))
+          if (!region.extraResults.empty() &&
+              (region.rotateHalves > 0 ||
+               llvm::any_of(region.extraResults,
+                            [&](Operation *op) { return rowValued(op, region, memo); })))
             region = grow(root, taken, /*extraResults=*/false);
           if (region.ops.size() < 2 && !isLayerNorm(root))
             continue; // one op is one kernel already (layer_norm: the row kernel's is faster)
@@ -342,14 +343,16 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
              << " of fusible submodules inlined";
   }
 
-  /// Inlines every call of a private function whose body is fusible ops,
-  /// scalar constants and reads of its own parameters only, with at most
-  /// one reduction (an activation module such as LLaMA's
-  /// `act_fn`, SiLU; a norm module, RMSNorm or LayerNorm, its weight read
-  /// where the call was): its ops can then join a region of the caller
-  /// (SwiGLU's `silu(gate) * up`, a residual add and the norm after it).
-  /// A callee left without calls is erased. Returns the number of calls
-  /// inlined.
+  /// Inlines every call of a private function whose body is fusible
+  /// non-reduction ops and scalar constants only (an activation module such
+  /// as LLaMA's `act_fn`, SiLU): its op can then join a region of the caller
+  /// (SwiGLU's `silu(gate) * up`); the callee stays (the module tree is
+  /// kept). With second-results, also one whose body reads parameters and
+  /// holds one reduction (a norm module, RMSNorm or LayerNorm, its weight
+  /// then read where the call was), so that the residual add before the
+  /// norm can join its region; such a callee left without calls is erased
+  /// (else its parameters would have a second reader). Returns the number
+  /// of calls inlined.
   int64_t inlinePointwiseCalls(ModuleOp module) {
     SymbolTable symbols(module);
     llvm::DenseMap<Operation *, bool> pointwise;
@@ -361,12 +364,12 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
         return false;
       unsigned reductions = 0;
       for (Operation &op : f.getBody().front()) {
-        if (isa<func::ReturnOp, bmt::GetGlobalOp>(op))
+        if (isa<func::ReturnOp>(op) || (secondResults && isa<bmt::GetGlobalOp>(op)))
           continue;
         if (isa<bmt::ConstantOp>(op) && isScalarConstant(op.getResult(0)))
           continue;
         std::optional<Role> role = roleOf(&op);
-        if (!role || (*role == Role::Reduction && ++reductions > 1))
+        if (!role || (*role == Role::Reduction && (!secondResults || ++reductions > 1)))
           return false;
       }
       return it->second = true;
@@ -394,12 +397,15 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
       }
       call->erase();
     }
-    // A callee left without calls goes: its parameter reads are the
-    // callers' now (a parameter read in two places would be two readers).
+    // A callee that reads parameters and is left without calls goes: its
+    // parameter reads are the callers' now.
     llvm::SetVector<Operation *> callees;
-    for (auto [f, fusible] : pointwise)
-      if (fusible && SymbolTable::symbolKnownUseEmpty(f, module))
+    for (auto [f, fusible] : pointwise) {
+      bool readsParameters = false;
+      f->walk([&](bmt::GetGlobalOp) { readsParameters = true; });
+      if (fusible && readsParameters && SymbolTable::symbolKnownUseEmpty(f, module))
         callees.insert(f);
+    }
     for (Operation *f : callees)
       f->erase();
     return static_cast<int64_t>(calls.size());

@@ -135,12 +135,14 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
     This pass groups them: in each function block, walking backwards, every
     op not yet taken that can be in a region is a root, and the region grows
     through producers in the same block that can be in one and whose every
-    use is already in the region, with at most one reduction. Up to two
-    pointwise producers whose other uses all come after the root join as
-    well, as further results of the region (a residual sum that the norm
-    in the region reads, read again by the next residual add), where each
-    such value is element-valued (not derived from the reduction alone) and
-    the region reads no rotate_half; else the region is grown without them.
+    use is already in the region, with at most one reduction. With
+    `second-results`, up to two pointwise producers whose other uses all
+    come after the root join as well, as further results of the region (a
+    residual sum that the norm in the region reads, read again by the next
+    residual add), where each such value is element-valued (not derived
+    from the reduction alone) and the region reads no rotate_half; else the
+    region is grown without them. Off by default: on one H200 such row
+    regions were slower than the separate add (docs/passes.md).
     The region becomes one `bmt.fused` op whose body
     holds the ops (and clones of the scalar constants they read); its kind
     is "row" when it holds the reduction, else "pointwise". Regions of one
@@ -169,14 +171,16 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
     reduction. The runtime checks per call that the sliced dim is x's last
     and h half of it, else runs the body op by op.
 
-    With `inline-calls`, calls of private functions whose body is fusible
-    ops, scalar constants and reads of parameters only, with at most one
-    reduction (an activation submodule such as LLaMA's SiLU `act_fn`, a
-    norm submodule: RMSNorm, LayerNorm) are inlined first, so that their
-    ops can join the caller's region (SwiGLU's `silu(gate) * up`, the
-    residual add before a norm); a callee left without calls is erased
-    (its parameters are read where the calls were). Off in the pass by default, on in the default pipeline
-    (`fuse-inline-calls`).
+    With `inline-calls`, calls of private parameter-free functions whose
+    body is fusible non-reduction ops only (an activation submodule such as
+    LLaMA's SiLU `act_fn`) are inlined first, so that their ops can join the
+    caller's region (SwiGLU's `silu(gate) * up`); with `second-results`
+    too, so are functions that read parameters and hold one reduction (a
+    norm submodule: RMSNorm, LayerNorm), so that the residual add before a
+    norm can join its region, and such a callee left without calls is
+    erased (its parameters are then read where the calls were). Off in the
+    pass by default, on in the default pipeline (`fuse-inline-calls`;
+    `fuse-second-results`, off).
 
     Runs in the default pipeline (its option `fuse-elementwise`, on;
     `fuse-elementwise=false` or bmt-opt `--fuse-elementwise=false` for a
@@ -188,7 +192,11 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
   }];
   let options = [
     Option<"inlineCalls", "inline-calls", "bool", "false",
-           "inline calls of activation and norm submodules first">,
+           "inline calls of activation submodules first (and norm submodules, "
+           "with second-results)">,
+    Option<"secondResults", "second-results", "bool", "false",
+           "let a region return values read after its root too (a residual sum "
+           "and the norm after it in one region)">,
   ];
   let dependentDialects = ["::bmt::BmtDialect"];
 }

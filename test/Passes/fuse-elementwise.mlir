@@ -4,15 +4,20 @@
 // RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise 2>/dev/null | FileCheck %s --check-prefix=NOINLINE
 // The fused IR parses back and verifies.
 // RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise 2>/dev/null | bmt-opt --split-input-file -o /dev/null
+// With second-results: values read after a region's root are its further
+// results, and norm submodules are inlined (the SECOND cases).
+// RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise='inline-calls=true second-results=true' 2>/dev/null | FileCheck %s --check-prefix=SECOND
+// RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise='inline-calls=true second-results=true' -o /dev/null 2>&1 | FileCheck %s --check-prefix=SECOND-REMARK
+// RUN: bmt-opt %s --split-input-file --bmt-fuse-elementwise='inline-calls=true second-results=true' 2>/dev/null | bmt-opt --split-input-file -o /dev/null
 
 // RMSNorm as LLaMA's trace writes it: the input's fp32 cast is also returned
-// (the residual), after the norm: it joins the "row" region as its second
-// result, the rest up to the weight multiply too.
+// (the residual), so it stays outside and is the region's first input; the
+// rest, up to the weight multiply, is one "row" region.
 // CHECK-LABEL: func.func private @rms_norm(
 // CHECK:         %[[W:.*]] = bmt.get_global @w
-// CHECK-NEXT:    %[[Y:.*]]:2 = bmt.fused "row"(%arg0, %[[W]]) : (!bmt.tensor, !bmt.tensor) -> (!bmt.tensor, !bmt.tensor) {
-// CHECK-NEXT:    ^bb0(%[[IN:.*]]: !bmt.tensor, %[[B:.*]]: !bmt.tensor):
-// CHECK-NEXT:      %[[A:.*]] = bmt.aten "aten::to.dtype"(%[[IN]], 6, false, false, #bmt.none)
+// CHECK-NEXT:    %[[X:.*]] = bmt.aten "aten::to.dtype"(%arg0, 6, false, false, #bmt.none)
+// CHECK-NEXT:    %[[Y:.*]] = bmt.fused "row"(%[[X]], %[[W]]) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor {
+// CHECK-NEXT:    ^bb0(%[[A:.*]]: !bmt.tensor, %[[B:.*]]: !bmt.tensor):
 // CHECK-NEXT:      %[[P:.*]] = bmt.aten "aten::pow.Tensor_Scalar"(%[[A]], 2)
 // CHECK-NEXT:      %[[M:.*]] = bmt.aten "aten::mean.dim"(%[[P]], [-1], true, #bmt.none)
 // CHECK-NEXT:      %[[E:.*]] = bmt.constant dense<9.9999999999999995E-7> : tensor<f64>
@@ -21,10 +26,20 @@
 // CHECK-NEXT:      %[[N:.*]] = bmt.aten "aten::mul.Tensor"(%[[A]], %[[R]])
 // CHECK-NEXT:      %[[C:.*]] = bmt.aten "aten::to.dtype"(%[[N]], 15, false, false, #bmt.none)
 // CHECK-NEXT:      %[[O:.*]] = bmt.aten "aten::mul.Tensor"(%[[B]], %[[C]])
-// CHECK-NEXT:      bmt.yield %[[O]], %[[A]] : !bmt.tensor, !bmt.tensor
+// CHECK-NEXT:      bmt.yield %[[O]] : !bmt.tensor
 // CHECK-NEXT:    }
-// CHECK-NEXT:    return %[[Y]]#0, %[[Y]]#1
-// REMARK: remark: bmt-fuse-elementwise: 8 ops in 1 region (1 with a last-dim reduction, 1 with a second result) in 1 function (rms_norm)
+// CHECK-NEXT:    return %[[Y]], %[[X]]
+// REMARK: remark: bmt-fuse-elementwise: 7 ops in 1 region (1 with a last-dim reduction) in 1 function (rms_norm)
+// With second-results the cast, returned after the norm, joins as the
+// region's second result.
+// SECOND-LABEL: func.func private @rms_norm(
+// SECOND:         %[[Y:.*]]:2 = bmt.fused "row"(%arg0, %{{.*}}) : (!bmt.tensor, !bmt.tensor) -> (!bmt.tensor, !bmt.tensor)
+// SECOND-NEXT:    ^bb0(%[[IN:.*]]: !bmt.tensor,
+// SECOND-NEXT:      %[[A:.*]] = bmt.aten "aten::to.dtype"(%[[IN]], 6, false, false, #bmt.none)
+// SECOND:           bmt.yield %{{.*}}, %[[A]] : !bmt.tensor, !bmt.tensor
+// SECOND-NEXT:    }
+// SECOND-NEXT:    return %[[Y]]#0, %[[Y]]#1
+// SECOND-REMARK: remark: bmt-fuse-elementwise: 8 ops in 1 region (1 with a last-dim reduction, 1 with a second result) in 1 function (rms_norm)
 module {
   bmt.parameter @w : tensor<8xf32> {requires_grad}
   func.func private @rms_norm(%arg0: !bmt.tensor) -> (!bmt.tensor, !bmt.tensor) {
@@ -74,23 +89,26 @@ module {
 // -----
 
 // Negative cases. An in-place op is never fused and stops the region; so does
-// a view. An op whose value is also used before the root (%5, by a view) is
-// an input; its own region ends at it.
+// a view. An op whose value is also used outside (%1, returned) is an input.
 // CHECK-LABEL: func.func private @stops(
 // CHECK-NEXT:    %[[A:.*]] = bmt.aten "aten::exp"(%arg0)
 // CHECK-NEXT:    %[[B:.*]] = bmt.aten "aten::add_.Tensor"(%[[A]], %arg1, 1)
 // CHECK-NEXT:    %[[C:.*]] = bmt.aten "aten::neg"(%[[B]])
 // CHECK-NEXT:    %[[V:.*]] = bmt.aten "aten::view"(%[[C]], [-1])
-// CHECK-NEXT:    %[[D:.*]] = bmt.fused "pointwise"(%[[V]], %arg1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+// CHECK-NEXT:    %[[D:.*]] = bmt.fused "pointwise"(%[[V]], %arg1)
 // CHECK:           aten::tanh
 // CHECK-NEXT:      aten::mul.Tensor
 // CHECK-NEXT:      bmt.yield
-// CHECK:         %[[W:.*]] = bmt.aten "aten::view"(%[[D]], [-1])
-// CHECK-NEXT:    %[[E:.*]] = bmt.fused "pointwise"(%[[D]]) : (!bmt.tensor) -> !bmt.tensor
+// CHECK:         %[[E:.*]] = bmt.fused "pointwise"(%[[D]])
 // CHECK:           aten::sigmoid
 // CHECK-NEXT:      aten::relu
-// CHECK:         return %[[E]], %[[W]]
+// CHECK:         return %[[E]], %[[D]]
 // REMARK: remark: bmt-fuse-elementwise: 4 ops in 2 regions (0 with a last-dim reduction) in 1 function (stops)
+// With second-results %5, returned after the root, is a result of one region.
+// SECOND-LABEL: func.func private @stops(
+// SECOND:         %[[R:.*]]:2 = bmt.fused "pointwise"(%{{.*}}, %arg1) : (!bmt.tensor, !bmt.tensor) -> (!bmt.tensor, !bmt.tensor)
+// SECOND:         return %[[R]]#0, %[[R]]#1
+// SECOND-REMARK: remark: bmt-fuse-elementwise: 4 ops in 1 region (0 with a last-dim reduction, 1 with a second result) in 1 function (stops)
 module {
   func.func private @stops(%x: !bmt.tensor, %y: !bmt.tensor) -> (!bmt.tensor, !bmt.tensor) {
     %0 = bmt.aten "aten::exp"(%x) : (!bmt.tensor) -> !bmt.tensor
@@ -99,50 +117,9 @@ module {
     %3 = bmt.aten "aten::view"(%2, [-1]) : (!bmt.tensor) -> !bmt.tensor
     %4 = bmt.aten "aten::tanh"(%3) : (!bmt.tensor) -> !bmt.tensor
     %5 = bmt.aten "aten::mul.Tensor"(%4, %y) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
-    %w = bmt.aten "aten::view"(%5, [-1]) : (!bmt.tensor) -> !bmt.tensor
     %6 = bmt.aten "aten::sigmoid"(%5) : (!bmt.tensor) -> !bmt.tensor
     %7 = bmt.aten "aten::relu"(%6) : (!bmt.tensor) -> !bmt.tensor
-    return %7, %w : !bmt.tensor, !bmt.tensor
-  }
-}
-
-// -----
-
-// A residual sum that the norm after it reads and the next residual add
-// reads again (after the region's root) is the region's second result; a
-// value derived from the reduction alone (the rsqrt, read later) is not:
-// the region is then grown without second results and that value stays an
-// input of its own region's readers.
-// CHECK-LABEL: func.func private @residual_norm(
-// CHECK-NEXT:    %[[R:.*]]:2 = bmt.fused "row"(%arg0, %arg1, %arg2) : (!bmt.tensor, !bmt.tensor, !bmt.tensor) -> (!bmt.tensor, !bmt.tensor)
-// CHECK-NEXT:    ^bb0(
-// CHECK-NEXT:      %[[H:.*]] = bmt.aten "aten::add.Tensor"
-// CHECK-NEXT:      bmt.aten "aten::layer_norm"(%[[H]],
-// CHECK-NEXT:      bmt.yield %{{.*}}, %[[H]] : !bmt.tensor, !bmt.tensor
-// CHECK:         %[[M:.*]] = bmt.aten "aten::matmul"(%[[R]]#0, %arg1)
-// CHECK-NEXT:    %[[OUT:.*]] = bmt.aten "aten::add.Tensor"(%[[R]]#1, %[[M]], 1)
-// CHECK-LABEL: func.func private @row_value_read_later(
-// CHECK-NEXT:    %[[RS:.*]] = bmt.fused "row"(%arg0) : (!bmt.tensor) -> !bmt.tensor
-// CHECK:           aten::mean.dim
-// CHECK-NEXT:      aten::rsqrt
-// CHECK:         bmt.fused "pointwise"(%arg0, %[[RS]]) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
-// CHECK:         bmt.aten "aten::sigmoid"(%[[RS]])
-// REMARK: remark: bmt-fuse-elementwise: 6 ops in 3 regions (2 with a last-dim reduction, 1 with a second result) in 2 functions (residual_norm ... row_value_read_later)
-module {
-  func.func private @residual_norm(%x: !bmt.tensor, %y: !bmt.tensor, %w: !bmt.tensor) -> !bmt.tensor {
-    %h = bmt.aten "aten::add.Tensor"(%x, %y, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
-    %n = bmt.aten "aten::layer_norm"(%h, [8], %w, %w, 1.000000e-05, true) : (!bmt.tensor, !bmt.tensor, !bmt.tensor) -> !bmt.tensor
-    %m = bmt.aten "aten::matmul"(%n, %y) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
-    %o = bmt.aten "aten::add.Tensor"(%h, %m, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
-    return %o : !bmt.tensor
-  }
-  func.func private @row_value_read_later(%x: !bmt.tensor) -> (!bmt.tensor, !bmt.tensor) {
-    %m = bmt.aten "aten::mean.dim"(%x, [-1], true, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
-    %r = bmt.aten "aten::rsqrt"(%m) : (!bmt.tensor) -> !bmt.tensor
-    %n = bmt.aten "aten::mul.Tensor"(%x, %r) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
-    %t = bmt.aten "aten::tanh"(%n) : (!bmt.tensor) -> !bmt.tensor
-    %s = bmt.aten "aten::sigmoid"(%r) : (!bmt.tensor) -> !bmt.tensor
-    return %t, %s : !bmt.tensor, !bmt.tensor
+    return %7, %5 : !bmt.tensor, !bmt.tensor
   }
 }
 
@@ -293,48 +270,37 @@ module {
 
 // -----
 
-// A submodule of fusible ops (an activation; a norm, which reads its
-// weight) is inlined into its caller and joins the caller's region, and the
-// callee, left without calls, goes; one that holds a matmul is called as
-// before.
+// A parameter-free submodule of fusible ops (an activation) is inlined into
+// its caller and joins the caller's region; one that reads a parameter, or
+// holds a reduction, is called as before.
 // CHECK-LABEL: func.func private @mlp(
-// CHECK-NEXT:    %[[W:.*]] = bmt.get_global @scale
-// CHECK-NEXT:    %[[P:.*]] = call @proj(%arg0)
-// CHECK-NEXT:    %[[Y:.*]] = bmt.fused "pointwise"(%arg0, %[[W]], %arg1, %[[P]])
+// CHECK-NEXT:    %[[N:.*]] = call @norm(%arg0)
+// CHECK-NEXT:    %[[Y:.*]] = bmt.fused "pointwise"(%arg0, %arg1, %[[N]])
 // CHECK-NEXT:    ^bb0(
 // CHECK-NEXT:      aten::silu
 // CHECK-NEXT:      aten::mul.Tensor
-// CHECK-NEXT:      aten::mul.Tensor
-// CHECK-NEXT:      aten::add.Tensor
 // CHECK-NEXT:      aten::add.Tensor
 // CHECK-NEXT:      bmt.yield
 // CHECK-NEXT:    }
 // CHECK-NEXT:    return %[[Y]]
-// CHECK-NOT:     func.func private @act(
-// CHECK-NOT:     func.func private @norm(
-// CHECK:         func.func private @proj(
-// REMARK: remark: bmt-fuse-elementwise: 5 ops in 1 region (0 with a last-dim reduction) in 1 function (mlp); 2 calls of fusible submodules inlined
+// CHECK-LABEL: func.func private @act(
+// CHECK-NEXT:    aten::silu
+// REMARK: remark: bmt-fuse-elementwise: 3 ops in 1 region (0 with a last-dim reduction) in 1 function (mlp); 1 call of fusible submodules inlined
 // NOINLINE-LABEL: func.func private @mlp(
 // NOINLINE-NEXT:    call @act(%arg0)
 // NOINLINE-NEXT:    call @norm(%arg0)
-// NOINLINE-NEXT:    call @proj(%arg0)
 // NOINLINE-NEXT:    bmt.fused "pointwise"
 // NOINLINE:           aten::mul.Tensor
 // NOINLINE-NEXT:      aten::add.Tensor
-// NOINLINE-NEXT:      aten::add.Tensor
 // NOINLINE-NEXT:      bmt.yield
-// NOINLINE:         func.func private @act(
-// NOINLINE:         func.func private @norm(
 module {
   bmt.parameter @scale : tensor<8xf32> {requires_grad}
   func.func private @mlp(%g: !bmt.tensor, %u: !bmt.tensor) -> !bmt.tensor {
     %0 = call @act(%g) : (!bmt.tensor) -> !bmt.tensor
     %n = call @norm(%g) : (!bmt.tensor) -> !bmt.tensor
-    %p = call @proj(%g) : (!bmt.tensor) -> !bmt.tensor
     %1 = bmt.aten "aten::mul.Tensor"(%0, %u) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
     %2 = bmt.aten "aten::add.Tensor"(%1, %n, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
-    %3 = bmt.aten "aten::add.Tensor"(%2, %p, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
-    return %3 : !bmt.tensor
+    return %2 : !bmt.tensor
   }
   func.func private @act(%x: !bmt.tensor) -> !bmt.tensor {
     %0 = bmt.aten "aten::silu"(%x) : (!bmt.tensor) -> !bmt.tensor
@@ -343,10 +309,6 @@ module {
   func.func private @norm(%x: !bmt.tensor) -> !bmt.tensor {
     %w = bmt.get_global @scale : !bmt.tensor
     %0 = bmt.aten "aten::mul.Tensor"(%x, %w) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
-    return %0 : !bmt.tensor
-  }
-  func.func private @proj(%x: !bmt.tensor) -> !bmt.tensor {
-    %0 = bmt.aten "aten::matmul"(%x, %x) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
     return %0 : !bmt.tensor
   }
 }
@@ -390,11 +352,9 @@ module {
 // slice with another reader, halves of two tensors, and rotate_half next
 // to a reduction (no row kernel reads halves).
 // CHECK-LABEL: func.func private @not_rotate_half(
-// CHECK:         %[[V:.*]]:2 = bmt.fused "pointwise"(%arg0)
-// CHECK:           bmt.yield
-// CHECK-NEXT:    }
-// CHECK-NEXT:    aten::slice.Tensor"(%[[V]]#0, 3, 0, 4, 1)
-// CHECK-NEXT:    aten::slice.Tensor"(%[[V]]#0, 3, 4, 9223372036854775807, 1)
+// CHECK:         %[[V:.*]] = bmt.aten "aten::mul.Tensor"
+// CHECK-NEXT:    aten::slice.Tensor"(%[[V]], 3, 0, 4, 1)
+// CHECK-NEXT:    aten::slice.Tensor"(%[[V]], 3, 4, 9223372036854775807, 1)
 // CHECK-NEXT:    aten::neg
 // CHECK-NEXT:    %[[A:.*]] = bmt.aten "aten::cat"
 // CHECK:         aten::slice.Tensor"(%arg1, 3, 3, 9223372036854775807, 1)
@@ -420,7 +380,7 @@ module {
 // CHECK:         bmt.fused "row"(%[[N]])
 // CHECK-NOT:       aten::cat
 // CHECK:         return %[[A]], %{{.*}}, %{{.*}}, %{{.*}}, %[[R1]],
-// REMARK: remark: bmt-fuse-elementwise: 17 ops in 7 regions (1 with a last-dim reduction, 1 rotate_half, 1 with a second result) in 1 function (not_rotate_half)
+// REMARK: remark: bmt-fuse-elementwise: 15 ops in 6 regions (1 with a last-dim reduction, 1 rotate_half) in 1 function (not_rotate_half)
 module {
   func.func private @not_rotate_half(%arg0: !bmt.tensor, %arg1: !bmt.tensor, %arg2: !bmt.tensor) -> (!bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor) {
     // halves of exp(x) * 2
@@ -466,3 +426,93 @@ module {
     return %a4, %b5, %s5, %r5, %r1, %t5, %n7, %e : !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor
   }
 }
+
+// -----
+
+// A residual sum that the norm after it reads and the next residual add
+// reads again (after the region's root) is the region's second result; a
+// value derived from the reduction alone (the rsqrt, read later) is not:
+// the region is then grown without second results and that value stays an
+// input of its own region's readers.
+// SECOND-LABEL: func.func private @residual_norm(
+// SECOND-NEXT:    %[[R:.*]]:2 = bmt.fused "row"(%arg0, %arg1, %arg2) : (!bmt.tensor, !bmt.tensor, !bmt.tensor) -> (!bmt.tensor, !bmt.tensor)
+// SECOND-NEXT:    ^bb0(
+// SECOND-NEXT:      %[[H:.*]] = bmt.aten "aten::add.Tensor"
+// SECOND-NEXT:      bmt.aten "aten::layer_norm"(%[[H]],
+// SECOND-NEXT:      bmt.yield %{{.*}}, %[[H]] : !bmt.tensor, !bmt.tensor
+// SECOND:         %[[M:.*]] = bmt.aten "aten::matmul"(%[[R]]#0, %arg1)
+// SECOND-NEXT:    %[[OUT:.*]] = bmt.aten "aten::add.Tensor"(%[[R]]#1, %[[M]], 1)
+// SECOND-LABEL: func.func private @row_value_read_later(
+// SECOND-NEXT:    %[[RS:.*]] = bmt.fused "row"(%arg0) : (!bmt.tensor) -> !bmt.tensor
+// SECOND:           aten::mean.dim
+// SECOND-NEXT:      aten::rsqrt
+// SECOND:         bmt.fused "pointwise"(%arg0, %[[RS]]) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+// SECOND:         bmt.aten "aten::sigmoid"(%[[RS]])
+// SECOND-REMARK: remark: bmt-fuse-elementwise: 6 ops in 3 regions (2 with a last-dim reduction, 1 with a second result) in 2 functions (residual_norm ... row_value_read_later)
+module {
+  func.func private @residual_norm(%x: !bmt.tensor, %y: !bmt.tensor, %w: !bmt.tensor) -> !bmt.tensor {
+    %h = bmt.aten "aten::add.Tensor"(%x, %y, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %n = bmt.aten "aten::layer_norm"(%h, [8], %w, %w, 1.000000e-05, true) : (!bmt.tensor, !bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %m = bmt.aten "aten::matmul"(%n, %y) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %o = bmt.aten "aten::add.Tensor"(%h, %m, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    return %o : !bmt.tensor
+  }
+  func.func private @row_value_read_later(%x: !bmt.tensor) -> (!bmt.tensor, !bmt.tensor) {
+    %m = bmt.aten "aten::mean.dim"(%x, [-1], true, #bmt.none) : (!bmt.tensor) -> !bmt.tensor
+    %r = bmt.aten "aten::rsqrt"(%m) : (!bmt.tensor) -> !bmt.tensor
+    %n = bmt.aten "aten::mul.Tensor"(%x, %r) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %t = bmt.aten "aten::tanh"(%n) : (!bmt.tensor) -> !bmt.tensor
+    %s = bmt.aten "aten::sigmoid"(%r) : (!bmt.tensor) -> !bmt.tensor
+    return %t, %s : !bmt.tensor, !bmt.tensor
+  }
+}
+
+// -----
+
+// With second-results a norm submodule, which reads its weight, is inlined
+// too and joins the caller's region, and its callee, left without calls,
+// goes (the activation's stays, as without second-results); one that holds
+// a matmul is called as before.
+// SECOND-LABEL: func.func private @mlp2(
+// SECOND-NEXT:    %[[W:.*]] = bmt.get_global @scale2
+// SECOND-NEXT:    %[[P:.*]] = call @proj2(%arg0)
+// SECOND-NEXT:    %[[Y:.*]] = bmt.fused "pointwise"(%arg0, %[[W]], %arg1, %[[P]])
+// SECOND-NEXT:    ^bb0(
+// SECOND-NEXT:      aten::silu
+// SECOND-NEXT:      aten::mul.Tensor
+// SECOND-NEXT:      aten::mul.Tensor
+// SECOND-NEXT:      aten::add.Tensor
+// SECOND-NEXT:      aten::add.Tensor
+// SECOND-NEXT:      bmt.yield
+// SECOND-NEXT:    }
+// SECOND-NEXT:    return %[[Y]]
+// SECOND:         func.func private @act2(
+// SECOND-NOT:     func.func private @norm2(
+// SECOND:         func.func private @proj2(
+// SECOND-REMARK: remark: bmt-fuse-elementwise: 5 ops in 1 region (0 with a last-dim reduction) in 1 function (mlp2); 2 calls of fusible submodules inlined
+module {
+  bmt.parameter @scale2 : tensor<8xf32> {requires_grad}
+  func.func private @mlp2(%g: !bmt.tensor, %u: !bmt.tensor) -> !bmt.tensor {
+    %0 = call @act2(%g) : (!bmt.tensor) -> !bmt.tensor
+    %n = call @norm2(%g) : (!bmt.tensor) -> !bmt.tensor
+    %p = call @proj2(%g) : (!bmt.tensor) -> !bmt.tensor
+    %1 = bmt.aten "aten::mul.Tensor"(%0, %u) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %2 = bmt.aten "aten::add.Tensor"(%1, %n, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %3 = bmt.aten "aten::add.Tensor"(%2, %p, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    return %3 : !bmt.tensor
+  }
+  func.func private @act2(%x: !bmt.tensor) -> !bmt.tensor {
+    %0 = bmt.aten "aten::silu"(%x) : (!bmt.tensor) -> !bmt.tensor
+    return %0 : !bmt.tensor
+  }
+  func.func private @norm2(%x: !bmt.tensor) -> !bmt.tensor {
+    %w = bmt.get_global @scale2 : !bmt.tensor
+    %0 = bmt.aten "aten::mul.Tensor"(%x, %w) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    return %0 : !bmt.tensor
+  }
+  func.func private @proj2(%x: !bmt.tensor) -> !bmt.tensor {
+    %0 = bmt.aten "aten::matmul"(%x, %x) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    return %0 : !bmt.tensor
+  }
+}
+

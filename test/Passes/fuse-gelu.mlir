@@ -26,17 +26,17 @@
 // BLOCKS-NEXT: remark: {{.*}}bmt-find-blocks: 2 blocks in transformer.h (transformer.h.0 ... transformer.h.1), rule: identical structure
 
 // PIPELINE:      remark: bmt-fuse-gelu: 2 GELUs fused into aten::gelu (2 approximate="tanh", 0 exact) in 2 functions (transformer.h.0.mlp.act.forward ... transformer.h.1.mlp.act.forward)
-// PIPELINE-NEXT: remark: bmt-fuse-elementwise: 15 ops in 7 regions (7 with a last-dim reduction, 2 with a second result) in 5 functions (transformer.forward ... transformer.h.1.attn.forward); 7 calls of fusible submodules inlined
+// PIPELINE-NEXT: remark: bmt-fuse-elementwise: 13 ops in 7 regions (7 with a last-dim reduction) in 7 functions (transformer.h.0.ln_1.forward ... transformer.ln_f.forward); 2 calls of fusible submodules inlined
 // PIPELINE-NEXT: remark: {{.*}}bmt-find-blocks: 2 blocks in transformer.h (transformer.h.0 ... transformer.h.1), rule: identical structure
 // PIPELINE:      blocks: 2 in transformer.h (transformer.h.0 ... transformer.h.1), 8544 parameters each
-// PIPELINE-PT:   functions: 24, calls: 23, aten ops: 162
+// PIPELINE-PT:   functions: 31, calls: 28, aten ops: 164
 
 // NOFUSE-NOT: bmt-fuse-gelu
 // NOFUSE:     remark: bmt-find-blocks: 2 blocks in transformer.h
 // NOFUSE:     functions: 31, calls: 30, aten ops: 176
 
 // NOFUSE-REGIONS-NOT: bmt-fuse-gelu
-// NOFUSE-REGIONS:     remark: bmt-fuse-elementwise: 31 ops in 9 regions (7 with a last-dim reduction, 2 with a second result) in 7 functions (transformer.forward ... transformer.h.1.mlp.forward); 7 calls of fusible submodules inlined
+// NOFUSE-REGIONS:     remark: bmt-fuse-elementwise: 45 ops in 11 regions (7 with a last-dim reduction) in 11 functions (transformer.h.0.ln_1.forward ... transformer.ln_f.forward); 2 calls of fusible submodules inlined
 // NOFUSE-REGIONS:     remark: bmt-find-blocks: 2 blocks in transformer.h
 
 // One remark per module (the split inputs below, in order).

@@ -136,6 +136,13 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
                      "submodules (an activation) first, so their ops join the caller's regions "
                      "(bmt-fuse-elementwise inline-calls; on by default)"),
       llvm::cl::init(true)};
+  Option<bool> fuseSecondResults{
+      *this, "fuse-second-results",
+      llvm::cl::desc("with fuse-elementwise: let regions return values read after them too, "
+                     "and inline norm submodules, so a residual add and the norm after it "
+                     "share one region (bmt-fuse-elementwise second-results; off by default: "
+                     "slower on an H200, docs/passes.md)"),
+      llvm::cl::init(false)};
   Option<bool> groupedQueryAttention{
       *this, "grouped-query-attention",
       llvm::cl::desc("let aten::scaled_dot_product_attention read the key/value heads with "
@@ -155,7 +162,8 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
   llvm::SmallVector<llvm::cl::Option *> commandLineFlags() {
     return {&worldSize,       &tensorParallel, &sequenceParallel, &zeroStage, &shardGroupSize,
             &checkpoint,      &memoryBudgetGib, &microBatch, &seqLen,
-            &prefetchDepth,   &assumeUnpadded, &fuseElementwise, &groupedQueryAttention};
+            &prefetchDepth,   &assumeUnpadded, &fuseElementwise, &fuseSecondResults,
+            &groupedQueryAttention};
   }
 
   /// Checks the values together (sizes positive, a budget exactly with
@@ -167,7 +175,8 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
 
 /// causal-attention (unless options.causalAttention is false; with
 /// options.assumeUnpadded), fuse-gelu (unless options.fuseGelu is false),
-/// fuse-elementwise (unless options.fuseElementwise is false),
+/// fuse-elementwise (unless options.fuseElementwise is false; with
+/// options.fuseInlineCalls and options.fuseSecondResults),
 /// find-blocks, tensor-parallel (T > 1), grouped-query-attention (with
 /// options.groupedQueryAttention), zero, checkpoint, overlap, then (with options.summary) the
 /// summary with the memory estimate. `options` must pass verify().
