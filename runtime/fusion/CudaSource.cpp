@@ -79,6 +79,17 @@ __device__ __forceinline__ void ld8(const unsigned short *p, long long i, long l
     x[2 * u + 1] = from_half((unsigned short)(q[u] >> 16), bf16);
   }
 }
+// 8 16-bit values from p + i (s == 1: 16-byte aligned) or p[0] broadcast
+// (s == 0), kept packed: two to a word, the first in the low half.
+__device__ __forceinline__ void ld8_packed(const unsigned short *p, long long i, long long s, unsigned int *q) {
+  if (s == 0) { unsigned int h = p[0]; h |= h << 16; q[0] = q[1] = q[2] = q[3] = h; return; }
+  uint4 w = *(const uint4 *)(p + i);
+  q[0] = w.x; q[1] = w.y; q[2] = w.z; q[3] = w.w;
+}
+// Value u of a packed run's word w (w holds values u & ~1 and u | 1).
+__device__ __forceinline__ float half_at(unsigned int w, int u, int bf16) {
+  return from_half((unsigned short)((u & 1) ? (w >> 16) : (w & 0xffffu)), bf16);
+}
 __device__ __forceinline__ void st8(float *p, long long i, const float *y) {
   *(float4 *)(p + i) = make_float4(y[0], y[1], y[2], y[3]);
   *(float4 *)(p + i + 4) = make_float4(y[4], y[5], y[6], y[7]);
@@ -249,7 +260,8 @@ using EmitNodes = std::function<void(std::ostringstream &, const std::vector<int
 
 /// The 8-wide row kernel (RowVector): one block per row, thread t holding
 /// columns [8 (t + c blockDim), +8) for c < kRowChunks of every input in
-/// registers, loaded once with 16-byte loads; each row-sum level is a pass
+/// registers (a 16-bit input packed, two values to a register), loaded once
+/// with 16-byte loads; each row-sum level is a pass
 /// over the registers and a block sum; element outputs are stored 8 at a
 /// time, column sums accumulated over the block's rows and written once.
 std::string rowVectorKernel(const Graph &g, const std::vector<int> &outs, const std::string &name,
@@ -267,7 +279,15 @@ std::string rowVectorKernel(const Graph &g, const std::vector<int> &outs, const 
   auto half = [](c10::ScalarType t) { return t == c10::ScalarType::BFloat16 ? "1" : "0"; };
   auto x = [](int k) { return "x" + std::to_string(k); };
   auto var = [](int i) { return "v" + std::to_string(i); };
-  auto loader = [&](int i) { return x(slotOf(g.nodes[i])) + "[c][u]"; };
+  // A 16-bit slot stays packed in registers (4 words for 8 values, half a
+  // float row's registers: more blocks an SM) and is unpacked where read.
+  auto packed = [&](int k) { return slotDtype(k) != c10::ScalarType::Float; };
+  auto loader = [&](int i) {
+    const int k = slotOf(g.nodes[i]);
+    if (!packed(k))
+      return x(k) + "[c][u]";
+    return "bmt_fused::half_at(" + x(k) + "[c][u >> 1], u, " + half(slotDtype(k)) + ")";
+  };
   const std::string C = std::to_string(kRowChunks);
   std::ostringstream s;
   s << "extern \"C\" __global__ void " << name << "(bmt_fused::Args a) {\n"
@@ -279,15 +299,16 @@ std::string rowVectorKernel(const Graph &g, const std::vector<int> &outs, const 
       s << "  float cs" << k << "[" << C << "][8] = {};\n";
   s << "  for (long long r = blockIdx.x; r < a.n; r += gridDim.x) {\n" << rowBases(slots);
   for (int k : slots)
-    s << "    float " << x(k) << "[" << C << "][8];\n";
+    s << "    " << (packed(k) ? "unsigned int " : "float ") << x(k) << "[" << C << "]"
+      << (packed(k) ? "[4]" : "[8]") << ";\n";
   s << "#pragma unroll\n    for (int c = 0; c < " << C << "; ++c) {\n"
        "      const int col = threadIdx.x + c * blockDim.x;\n"
        "      if (col >= D8) continue;\n";
   for (int k : slots) {
     c10::ScalarType t = slotDtype(k);
-    s << "      bmt_fused::ld8((const " << ctype(t) << " *)a.tensors[" << k << "] + b" << k
-      << ", (long long)col * 8, a.strides[" << k << "][a.ndim - 1], "
-      << (t == c10::ScalarType::Float ? "" : std::string(half(t)) + ", ") << x(k) << "[c]);\n";
+    s << "      bmt_fused::" << (packed(k) ? "ld8_packed" : "ld8") << "((const " << ctype(t)
+      << " *)a.tensors[" << k << "] + b" << k << ", (long long)col * 8, a.strides[" << k
+      << "][a.ndim - 1], " << x(k) << "[c]);\n";
   }
   s << "    }\n";
   std::set<int> done;
