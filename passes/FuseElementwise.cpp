@@ -360,7 +360,8 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
       auto [it, fresh] = pointwise.try_emplace(f, false);
       if (!fresh)
         return it->second;
-      if (!f.isPrivate() || f.getBody().getBlocks().size() != 1 || f.getNumResults() == 0)
+      if (!f.isPrivate() || f.getBody().getBlocks().size() != 1 || f.getNumResults() == 0 ||
+          (!secondResults && f.getNumResults() != 1))
         return false;
       unsigned reductions = 0;
       for (Operation &op : f.getBody().front()) {
@@ -447,7 +448,6 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
             if (!extraResults || !later || !role || *role == Role::Reduction ||
                 region.extraResults.size() >= kMaxExtraResults)
               continue;
-            region.extraResults.insert(producer);
           }
           // rotate_half joins as a whole, and never a region with a
           // reduction (the runtime's row kernels read no halves).
@@ -467,6 +467,8 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
           if (isSoftmax(producer) && !(region.ops.size() == 1 && roleOf(root) == Role::Cast))
             continue;
           region.ops.insert(producer);
+          if (outsideUsers)
+            region.extraResults.insert(producer);
           region.reductions += *role == Role::Reduction ? 1 : 0;
           changed = true;
         }

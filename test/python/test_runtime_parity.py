@@ -2,8 +2,10 @@
 
 For each tiny transformers model (GPT-2, LLaMA with GQA, BERT masked-LM,
 OPT, GPT-NeoX): trace it as a user does, compile it with bmt-opt to
-sharded.pt (the default pipeline, with its elementwise fusion, and once
-more with --fuse-elementwise=false: plain ATen ops), run bmt-run --dump on a
+sharded.pt (the default pipeline, with its elementwise fusion, once more
+with --fuse-elementwise=false: plain ATen ops, and once with
+--fuse-second-results: regions that also return the residual sum before a
+norm), run bmt-run --dump on a
 batch of another shape than the traced one, and compare logits, loss and
 every parameter gradient with the eager model (fp32, within the tolerances
 of numerics.py: 64 ulps of the largest value, gradients norm-wise).
@@ -52,7 +54,9 @@ def compile_model(model, tmp_path, name, flags=()):
     pt = str(tmp_path / f"{name}.pt")
     traced.save(pt)
     sharded = str(tmp_path / f"{name}.sharded.pt")
-    subprocess.run([binary("bmt-opt"), pt, "-o", sharded, *flags], check=True, capture_output=True)
+    r = subprocess.run([binary("bmt-opt"), pt, "-o", sharded, *flags], check=True, capture_output=True,
+                       text=True)
+    (tmp_path / f"{name}.remarks").write_text(r.stderr)
     return sharded
 
 
@@ -102,12 +106,18 @@ def check_dump_against_eager(model, sharded, tmp_path, ids, g):
     assert_gradients_close(grads, {n: p.grad for n, p in params.items()})
 
 
-@pytest.mark.parametrize("plan", ["default", "plain"])
+PLAN_FLAGS = {"default": [], "plain": ["--fuse-elementwise=false"],
+              "second-results": ["--fuse-second-results"]}
+
+
+@pytest.mark.parametrize("plan", ["default", "plain", "second-results"])
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "opt", "gpt_neox"])
 def test_forward_and_gradients_match_eager(name, plan, tmp_path):
     model = build(name)
-    sharded = compile_model(model, tmp_path, name,
-                            ["--fuse-elementwise=false"] if plan == "plain" else [])
+    sharded = compile_model(model, tmp_path, name, PLAN_FLAGS[plan])
+    if plan == "second-results" and name in ("gpt2", "llama"):
+        remarks = (tmp_path / f"{name}.remarks").read_text()
+        assert "with a second result" in remarks, remarks  # the plan this case is about
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(0, model.config.vocab_size, (3, 12), generator=g)  # not the traced 2 x 8
     # An embedding's padding_idx (BERT's 0, OPT's 1) in every row: its rows
