@@ -79,6 +79,9 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   else if (sequenceParallel && seqLen.hasValue() && seqLen > 0 && seqLen % tensorParallel != 0)
     os << name("sequence-parallel") << ": " << name("seq-len") << " " << seqLen.getValue()
        << " is not a multiple of " << name("tensor-parallel") << " " << tensorParallel.getValue();
+  else if (fuseSecondResults && !fuseElementwise)
+    os << name("fuse-second-results") << " needs the elementwise fusion (" << name("fuse-elementwise")
+       << " is false)";
   else if (shardGroupSize < 0)
     os << name("shard-group-size") << " must be 0 (all ranks) or positive, got "
        << shardGroupSize.getValue();

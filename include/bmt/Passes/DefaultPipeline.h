@@ -139,9 +139,9 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
   Option<bool> fuseSecondResults{
       *this, "fuse-second-results",
       llvm::cl::desc("with fuse-elementwise: let regions return values read after them too, "
-                     "and inline norm submodules, so a residual add and the norm after it "
-                     "share one region (bmt-fuse-elementwise second-results; off by default: "
-                     "slower on an H200, docs/passes.md)"),
+                     "and with fuse-inline-calls inline norm submodules, so a residual add and "
+                     "the norm after it share one region (bmt-fuse-elementwise second-results; "
+                     "off by default: not faster on an H200, docs/passes.md)"),
       llvm::cl::init(false)};
   Option<bool> groupedQueryAttention{
       *this, "grouped-query-attention",
