@@ -118,6 +118,28 @@ public:
             acc += bytesOf(v);
         }
         acc += materializedBytes(aten, in);
+      } else if (auto fused = dyn_cast<FusedOp>(op)) {
+        // A fused region: its body's widths from its inputs' by the same
+        // rules. Its autograd node saves only its inputs (counted where they
+        // were made), so only its results count, as an op's that saves.
+        Block &body = fused.getBody().front();
+        for (auto [arg, operand] : llvm::zip(body.getArguments(), fused.getInputs()))
+          info[arg] = get(operand);
+        for (Operation &inner : body.without_terminator()) {
+          auto a = dyn_cast<AtenOp>(inner);
+          if (!a)
+            continue;
+          SmallVector<ValueInfo> in;
+          for (Value operand : a.getOperands())
+            in.push_back(get(operand));
+          for (auto [result, v] : llvm::zip(a.getResults(), atenResults(a, in)))
+            info[result] = v;
+        }
+        auto yield = cast<YieldOp>(body.getTerminator());
+        for (auto [result, value] : llvm::zip(fused.getResults(), yield.getValues())) {
+          info[result] = get(value);
+          acc += bytesOf(info[result]);
+        }
       } else if (isa<TpCopyOp>(op)) {
         info[op.getResult(0)] = get(op.getOperand(0)); // the input itself (a view)
       } else if (isa<TpAllReduceOp, TpAllGatherOp, TpReduceScatterOp>(op)) {
