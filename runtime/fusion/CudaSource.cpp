@@ -243,11 +243,11 @@ std::string blockReduce(const Node &n) {
 
 /// Code computing b<slot>, the offset of row r in each slot's tensor, from
 /// the dims before the last.
-std::string rowBases(const std::vector<int> &slots) {
+std::string rowBases(const std::vector<int> &slots, const std::string &row = "r") {
   std::string c;
   for (int k : slots)
     c += "    long long b" + std::to_string(k) + " = 0;\n";
-  c += "    long long rem = r;\n"
+  c += "    long long rem = " + row + ";\n"
        "    for (int d = a.ndim - 2; d >= 0; --d) {\n"
        "      long long idx = rem % a.sizes[d]; rem /= a.sizes[d];\n";
   for (int k : slots)
@@ -297,20 +297,40 @@ std::string rowVectorKernel(const Graph &g, const std::vector<int> &outs, const 
   for (size_t k = 0; k < outs.size(); ++k)
     if (rv.columnSums[k])
       s << "  float cs" << k << "[" << C << "][8] = {};\n";
-  s << "  for (long long r = blockIdx.x; r < a.n; r += gridDim.x) {\n" << rowBases(slots);
-  for (int k : slots)
-    s << "    " << (packed(k) ? "unsigned int " : "float ") << x(k) << "[" << C << "]"
-      << (packed(k) ? "[4]" : "[8]") << ";\n";
-  s << "#pragma unroll\n    for (int c = 0; c < " << C << "; ++c) {\n"
-       "      const int col = threadIdx.x + c * blockDim.x;\n"
-       "      if (col >= D8) continue;\n";
-  for (int k : slots) {
-    c10::ScalarType t = slotDtype(k);
-    s << "      bmt_fused::" << (packed(k) ? "ld8_packed" : "ld8") << "((const " << ctype(t)
-      << " *)a.tensors[" << k << "] + b" << k << ", (long long)col * 8, a.strides[" << k
-      << "][a.ndim - 1], " << x(k) << "[c]);\n";
+  // The registers of one row's inputs (prefix x: the row computed, n: the
+  // next row of the block, loaded while this one is reduced and stored).
+  auto declare = [&](const std::string &prefix) {
+    std::string c;
+    for (int k : slots)
+      c += std::string("    ") + (packed(k) ? "unsigned int " : "float ") + prefix + std::to_string(k) +
+           "[" + C + "]" + (packed(k) ? "[4]" : "[8]") + ";\n";
+    return c;
+  };
+  auto loadRow = [&](const std::string &row, const std::string &prefix) {
+    std::string c = "    {\n" + rowBases(slots, row) +
+                    "#pragma unroll\n    for (int c = 0; c < " + C + "; ++c) {\n"
+                    "      const int col = threadIdx.x + c * blockDim.x;\n"
+                    "      if (col >= D8) continue;\n";
+    for (int k : slots) {
+      c10::ScalarType t = slotDtype(k);
+      c += std::string("      bmt_fused::") + (packed(k) ? "ld8_packed" : "ld8") + "((const " + ctype(t) +
+           " *)a.tensors[" + std::to_string(k) + "] + b" + std::to_string(k) +
+           ", (long long)col * 8, a.strides[" + std::to_string(k) + "][a.ndim - 1], " + prefix +
+           std::to_string(k) + "[c]);\n";
+    }
+    return c + "    }\n    }\n";
+  };
+  if (rv.prefetch) {
+    // Software pipelining: a block's next row is in flight while this one
+    // is reduced and stored (a block walks several rows, and the row sums'
+    // block barriers otherwise leave its loads waiting on memory latency).
+    s << declare("x") << "  if (blockIdx.x < a.n)\n" << loadRow("blockIdx.x", "x");
+    s << "  for (long long r = blockIdx.x; r < a.n; r += gridDim.x) {\n" << declare("n")
+      << "    if (r + gridDim.x < a.n)\n" << loadRow("r + gridDim.x", "n");
+  } else {
+    s << "  for (long long r = blockIdx.x; r < a.n; r += gridDim.x) {\n" << declare("x")
+      << loadRow("r", "x");
   }
-  s << "    }\n";
   std::set<int> done;
   for (const std::vector<int> &sums : rowReductionsByLevel(g)) {
     for (int r : sums)
@@ -357,7 +377,15 @@ std::string rowVectorKernel(const Graph &g, const std::vector<int> &outs, const 
     }
     s << "    }\n";
   }
-  s << "    __syncthreads();\n  }\n";
+  s << "    __syncthreads();\n";
+  if (rv.prefetch) {
+    s << "#pragma unroll\n    for (int c = 0; c < " << C << "; ++c) {\n";
+    for (int k : slots)
+      s << "#pragma unroll\n      for (int w = 0; w < " << (packed(k) ? 4 : 8) << "; ++w) " << x(k)
+        << "[c][w] = n" << k << "[c][w];\n";
+    s << "    }\n";
+  }
+  s << "  }\n";
   for (size_t k = 0; k < outs.size(); ++k) {
     if (!rv.columnSums[k])
       continue;

@@ -341,9 +341,25 @@ int multiProcessors(const at::Device &) { return 1; }
 /// nothing more), or 4 with `columnSums` (each block strides over rows and
 /// writes one row of column sums: [blocks, D] floats for the caller to sum;
 /// 8 or 16 were no faster).
+/// RowVector::prefetch for a forward or backward row kernel, from
+/// BMT_ROW_PREFETCH (0, the default: none; backward; 1: both), a setting
+/// for measuring the two (bench/gpu_row_prefetch.sh).
+bool rowPrefetch(bool backward) {
+  static const std::string mode = [] {
+    const char *v = std::getenv("BMT_ROW_PREFETCH");
+    return std::string(v ? v : "0");
+  }();
+  return mode == "1" || (backward && mode == "backward");
+}
+
 unsigned rowVectorBlocks(const Args &a, const at::Device &device, bool columnSums) {
   int sms = multiProcessors(device);
-  int64_t perSm = columnSums ? 4 : 16;
+  // BMT_ROW_BLOCKS_PER_SM: the forward's blocks an SM (default 16), for measuring.
+  static const int64_t forwardPerSm = [] {
+    const char *v = std::getenv("BMT_ROW_BLOCKS_PER_SM");
+    return v ? std::max<int64_t>(1, std::atoll(v)) : int64_t{16};
+  }();
+  int64_t perSm = columnSums ? 4 : forwardPerSm;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(a.n, int64_t{sms} * perSm)));
 }
 
@@ -362,7 +378,7 @@ std::string KernelSpec::key() const {
     os << (o ? "," : "") << (backward ? std::to_string(gradients.at(o)) + ":" : std::string())
        << c10::toString(outDtypes[o]);
   if (rowVector) {
-    os << " rv=";
+    os << (rowVector->prefetch ? " rvp=" : " rv=");
     for (bool c : rowVector->columnSums)
       os << (c ? 'C' : 'e');
   }
@@ -535,7 +551,7 @@ std::vector<at::Tensor> FusedRegion::forward(const std::vector<at::Tensor> &inpu
   if (region_.hasReduction) {
     threads = rowVectorThreads(a, inputs.size());
     if (threads)
-      spec.rowVector = RowVector{std::vector<bool>(numResults, false)};
+      spec.rowVector = RowVector{std::vector<bool>(numResults, false), rowPrefetch(false)};
   } else {
     chooseVector(a, inputs.size() + numResults, !region_.halves.empty());
   }
@@ -640,7 +656,7 @@ std::vector<at::Tensor> FusedRegion::backward(const std::vector<at::Tensor> &inp
     a.tensors[i] = const_cast<void *>(all[i].data_ptr());
   unsigned threads = region_.hasReduction ? rowVectorThreads(a, all.size()) : 0;
   if (threads)
-    spec.rowVector = RowVector{columnSums};
+    spec.rowVector = RowVector{columnSums, rowPrefetch(true)};
   if (recorder_)
     recorder_->add(this, spec, device, static_cast<int>(threads));
   Kernels *k = nullptr;

@@ -189,6 +189,14 @@ void check(const plan::Function &body, std::vector<at::Tensor> inputs, double to
     sources.emplace_back(fusion::cudaSource(region.backward, gradients, name + "_bwd8", dtypes, gradDtypes,
                                             columnDtypes, &backwardRows),
                          name + "_bwd8");
+    // And with each block's next row loaded while it reduces the current one.
+    forwardRows.prefetch = backwardRows.prefetch = true;
+    sources.emplace_back(fusion::cudaSource(region.forward, region.results, name + "_fwd8p", dtypes, {},
+                                            resultDtypes, &forwardRows),
+                         name + "_fwd8p");
+    sources.emplace_back(fusion::cudaSource(region.backward, gradients, name + "_bwd8p", dtypes, gradDtypes,
+                                            columnDtypes, &backwardRows),
+                         name + "_bwd8p");
   }
   for (const auto &[source, kernel] : sources) {
     std::string ptx;

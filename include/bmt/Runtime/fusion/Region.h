@@ -200,6 +200,9 @@ std::vector<at::Tensor> backwardATen(const Region &region, const std::vector<at:
 /// thread block (shape [gridDim.x, D]) for the caller to sum.
 struct RowVector {
   std::vector<bool> columnSums;
+  /// Each block loads its next row while it reduces and stores the current
+  /// one (software pipelining; about 32 more registers a thread).
+  bool prefetch = false;
 };
 constexpr int kRowChunks = 2;
 
