@@ -23,14 +23,7 @@ if [ -n "${GTEST_SOURCE:-}" ]; then
   ./build-gpu/test/bmt-runtime-unit-tests --gtest_filter='AdamCuda.*:AdamLowPrecision.*' 2>&1 \
     | tee "$out/unit.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|\[ note \]" | head -30
 fi
-python3 - <<PY
-import json, numpy as np
-n = ($steps + 7) * ${MICRO_BATCH:-8} * (${SEQ_LEN:-1024} + 1) * 2
-np.random.default_rng(0).integers(0, 128256, n, dtype=np.uint32).tofile("/tmp/tok.bin")
-json.dump({"format": "bmt-tokens", "version": 1, "dtype": "uint32", "num_tokens": n, "num_documents": 1,
-           "vocab_size": 128256, "eos_id": 0, "mask_id": None, "pad_id": None, "tokenizer": "random",
-           "source": []}, open("/tmp/tok.json", "w"))
-PY
+python3 bench/random_tokens.py /tmp/tok.bin $(( (steps + 7) * ${MICRO_BATCH:-8} * (${SEQ_LEN:-1024} + 1) * 2 )) 128256
 for v in kernel aten; do
   env=(); [ $v = aten ] && env=(BMT_FUSED_ADAM=0)
   env "${env[@]}" timeout 200 ./build-gpu/bin/bmt-run "$plan" --data /tmp/tok.bin --steps "$steps" \

@@ -53,14 +53,7 @@ for v in fused plain; do
     | tee "$out/logs/parity-$v-bf16.log" | grep -E "\(bf16\)|worst|failed|not compiled|no such"
 done
 fi
-python3 - <<PY
-import json, numpy as np
-n = 30 * 8 * 1025 * 2
-np.random.default_rng(0).integers(0, 128256, n, dtype=np.uint32).tofile("/tmp/tok.bin")
-json.dump({"format": "bmt-tokens", "version": 1, "dtype": "uint32", "num_tokens": n, "num_documents": 1,
-           "vocab_size": 128256, "eos_id": 0, "mask_id": None, "pad_id": None, "tokenizer": "random",
-           "source": []}, open("/tmp/tok.json", "w"))
-PY
+python3 bench/random_tokens.py /tmp/tok.bin $(( 30 * 8 * 1025 * 2 )) 128256
 PROFILES=${PROFILES-llama-off-fused llama-off-plain}
 for v in $VARIANTS; do
   p=llama-$v

@@ -16,16 +16,8 @@
 set -o pipefail
 plans=$1; out=$2; mkdir -p "$out"
 source bench/gpu_build.sh "$out"
-python3 - <<PY
-import json, numpy as np
-for name, vocab in [("tok", 128256), ("tiny", 100)]:
-    n = 10 * 8 * 1025 * 2
-    np.random.default_rng(0).integers(0, vocab, n, dtype=np.uint32).tofile(f"/tmp/{name}.bin")
-    json.dump({"format": "bmt-tokens", "version": 1, "dtype": "uint32", "num_tokens": n,
-               "num_documents": 1, "vocab_size": vocab if vocab > 100 else 128, "eos_id": 0,
-               "mask_id": None, "pad_id": None, "tokenizer": "random", "source": []},
-              open(f"/tmp/{name}.json", "w"))
-PY
+python3 bench/random_tokens.py /tmp/tok.bin $(( 10 * 8 * 1025 * 2 )) 128256
+python3 bench/random_tokens.py /tmp/tiny.bin $(( 10 * 8 * 1025 * 2 )) 100 --vocab-size 128
 # run NAME PLAN CACHE [bmt-run options]: a short training run; its lines.
 run() {
   local name=$1 plan=$2 cache=$3; shift 3

@@ -13,14 +13,7 @@ steps=${STEPS:-18}; mb=${MICRO_BATCH:-8}; seq=${SEQ_LEN:-1024}
 site=$(python3 -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))')
 export LD_LIBRARY_PATH="$site/torch/lib:$site/nvidia/cu13/lib:$site/nvidia/cuda_nvrtc/lib:${LD_LIBRARY_PATH:-}"
 export BMT_KERNEL_CACHE=/tmp/bmt-kernels
-python3 - "$vocab" "$out/tok.bin" $(( (steps + 4) * mb * (seq + 1) )) <<'PY'
-import json, sys, numpy as np
-vocab, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-np.random.default_rng(0).integers(0, vocab, n, dtype=np.uint32).tofile(path)
-json.dump({"format": "bmt-tokens", "version": 1, "dtype": "uint32", "num_tokens": n, "num_documents": 1,
-           "vocab_size": vocab, "eos_id": 0, "mask_id": None, "pad_id": None, "tokenizer": "random",
-           "source": []}, open(path[:-4] + ".json", "w"))
-PY
+python3 bench/random_tokens.py "$out/tok.bin" $(( (steps + 4) * mb * (seq + 1) )) "$vocab"
 timeout 300 "${BMT_RUN:-build-gpu/bin/bmt-run}" "$plan" --data "$out/tok.bin" --steps "$steps" \
   --micro-batch "$mb" --seq-len "$seq" --lr 1e-4 --schedule constant --clip-grad 1.0 --device cuda \
   --log-file "$out/log.jsonl" --log-every 1 --profile $((steps - 2)):"$steps" \

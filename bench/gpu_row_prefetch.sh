@@ -14,14 +14,7 @@
 set -o pipefail
 plans=$1; out=$2; mkdir -p "$out/logs"
 source bench/gpu_build.sh "$out/logs"
-python3 - <<PY
-import json, numpy as np
-n = 30 * 8 * 1025 * 2
-np.random.default_rng(0).integers(0, 50257, n, dtype=np.uint32).tofile("/tmp/tok.bin")
-json.dump({"format": "bmt-tokens", "version": 1, "dtype": "uint32", "num_tokens": n, "num_documents": 1,
-           "vocab_size": 50257, "eos_id": 0, "mask_id": None, "pad_id": None, "tokenizer": "random",
-           "source": []}, open("/tmp/tok.json", "w"))
-PY
+python3 bench/random_tokens.py /tmp/tok.bin $(( 30 * 8 * 1025 * 2 )) 50257
 for mode in ${MODES:-0 backward 1}; do
   export BMT_ROW_PREFETCH=$mode BMT_KERNEL_CACHE=/tmp/bmt-kernels-$mode
   if [ -n "${GTEST_SOURCE:-}" ]; then
