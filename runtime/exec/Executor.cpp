@@ -153,13 +153,25 @@ at::Tensor applyTp(TpOp op, Comm &comm, const at::Tensor &x, int64_t dim) {
 /// each other's backward.
 struct TpCollectiveFunction : torch::autograd::Function<TpCollectiveFunction> {
   static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, Comm *comm,
-                            int64_t forwardOp, int64_t backwardOp, int64_t dim) {
+                            int64_t forwardOp, int64_t backwardOp, int64_t dim,
+                            bool computeValue) {
     ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(comm));
     ctx->saved_data["backward"] = backwardOp;
     ctx->saved_data["dim"] = dim;
-    if (static_cast<TpOp>(forwardOp) == TpOp::Identity)
+    const auto op = static_cast<TpOp>(forwardOp);
+    if (op == TpOp::Identity)
       return x.view_as(x); // a function's output must not be its input
-    return applyTp(static_cast<TpOp>(forwardOp), *comm, x, dim);
+    if (!computeValue) {
+      // A recomputed block's value nobody reads (exec/Recompute.h): the
+      // result's shape, nothing communicated.
+      std::vector<int64_t> shape = x.sizes().vec();
+      if (op == TpOp::AllGather)
+        shape[dim] *= comm->size();
+      else if (op == TpOp::ReduceScatter)
+        shape[dim] /= comm->size(); // divisible: the same call computed it before
+      return placeholder(shape, x.options());
+    }
+    return applyTp(op, *comm, x, dim);
   }
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     auto *comm = reinterpret_cast<Comm *>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
@@ -167,15 +179,17 @@ struct TpCollectiveFunction : torch::autograd::Function<TpCollectiveFunction> {
     at::Tensor grad = grads[0].defined()
                           ? applyTp(op, *comm, grads[0], ctx->saved_data["dim"].toInt())
                           : at::Tensor();
-    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
+/// `computeValue` false: the collective is not run (its result uninitialised,
+/// its backward recorded), as Skip::Collective asks.
 at::Tensor applyTpInstruction(plan::Instruction::Kind kind, const at::Tensor &x, Comm *comm,
-                              int64_t dim) {
+                              int64_t dim, bool computeValue) {
   auto apply = [&](TpOp forward, TpOp backward) {
     return TpCollectiveFunction::apply(x, comm, static_cast<int64_t>(forward),
-                                       static_cast<int64_t>(backward), dim);
+                                       static_cast<int64_t>(backward), dim, computeValue);
   };
   switch (kind) {
   case plan::Instruction::Kind::TpAllReduce:
@@ -209,7 +223,7 @@ struct Executor::Prepared {
   /// aten::to to the run device (a GPU): the index of its non_blocking
   /// argument, and of its target device for to.dtype_layout (-1: none).
   int nonBlocking = -1, targetDevice = -1;
-  /// aten::linear / aten::addmm: the weight's layout, for
+  /// aten::linear / aten::addmm / aten::mm: the weight's layout, for
   /// linearWithGradientSlot (under hooks: the weight gradient into its slot).
   std::optional<LinearLayout> linear;
   /// aten::embedding: under hooks, embeddingWithGradientSlot; it may add
@@ -285,7 +299,7 @@ Executor::Executor(const plan::Plan &plan, std::vector<at::Tensor> tensors,
             p->argTypes.push_back(a.type());
           if (inst.op == "aten::linear")
             p->linear = LinearLayout::OutIn;
-          else if (inst.op == "aten::addmm")
+          else if (inst.op == "aten::addmm" || inst.op == "aten::mm")
             p->linear = LinearLayout::InOut;
           p->embedding = inst.op == "aten::embedding";
           // A trace copies host tensors it made (torch.tensor(0.0) in a
@@ -500,7 +514,9 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
           break;
         }
         const int64_t dim = inst.op.empty() ? 0 : std::stoll(inst.op);
-        regs[inst.results[0]] = applyTpInstruction(inst.kind, x, tensorComm_, dim);
+        const bool computeValue = !graphOnly || graphOnly->skip[n] != Skip::Collective;
+        regs[inst.results[0]] = applyTpInstruction(inst.kind, x, tensorComm_, dim, computeValue);
+        recomputeSkips_ += computeValue ? 0 : 1;
         break;
       }
       case plan::Instruction::Kind::NumToTensor:

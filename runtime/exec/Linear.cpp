@@ -30,7 +30,8 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     const bool inOut = layout == static_cast<int64_t>(LinearLayout::InOut);
     at::Tensor y;
     if (computeValue) {
-      y = inOut ? at::addmm(bias, x, weight) : at::linear(x, weight, bias);
+      y = inOut ? (bias.defined() ? at::addmm(bias, x, weight) : at::mm(x, weight))
+                : at::linear(x, weight, bias);
     } else {
       // [tokens, out] (addmm) or [..., out] (linear), uninitialised.
       std::vector<int64_t> shape = x.sizes().vec();
@@ -100,19 +101,21 @@ std::optional<at::Tensor> linearWithGradientSlot(ExecutorHooks &hooks, LinearLay
   if (!c10::GradMode::is_enabled())
     return std::nullopt;
   const bool inOut = layout == LinearLayout::InOut;
-  if (stack.size() != (inOut ? 5u : 3u))
+  const bool mm = inOut && stack.size() == 2; // aten::mm(x, W)
+  if (!mm && stack.size() != (inOut ? 5u : 3u))
     return std::nullopt;
-  const c10::IValue &xv = stack[inOut ? 1 : 0], &wv = stack[inOut ? 2 : 1],
-                    &bv = stack[inOut ? 0 : 2];
+  static const c10::IValue none;
+  const c10::IValue &xv = stack[mm ? 0 : inOut ? 1 : 0], &wv = stack[mm ? 1 : inOut ? 2 : 1],
+                    &bv = mm ? none : stack[inOut ? 0 : 2];
   if (!xv.isTensor() || !wv.isTensor() || !(bv.isTensor() || bv.isNone()))
     return std::nullopt;
-  if (inOut && (!isOne(stack[3]) || !isOne(stack[4])))
+  if (inOut && !mm && (!isOne(stack[3]) || !isOne(stack[4])))
     return std::nullopt;
   const at::Tensor &x = xv.toTensor(), &weight = wv.toTensor();
   const at::Tensor bias = bv.isTensor() ? bv.toTensor() : at::Tensor();
   if (!weight.requires_grad() || weight.dim() != 2 || !weight.is_contiguous() ||
       !x.is_contiguous() || x.dim() < 2 || x.dim() > 3 || (inOut && x.dim() != 2) ||
-      x.is_complex() || (inOut && !bias.defined()))
+      x.is_complex() || (inOut && !mm && !bias.defined()))
     return std::nullopt;
   std::vector<at::Tensor> tensors{x, weight};
   if (bias.defined())

@@ -1,6 +1,7 @@
 //===- Linear.h - linear layers whose weight gradient goes to its slot -*- C++ -*-===//
 //
-// aten::linear(x, W, b) and aten::addmm(b, x, W, 1, 1) (GPT-2's Conv1D) as
+// aten::linear(x, W, b), aten::addmm(b, x, W, 1, 1) (GPT-2's Conv1D) and
+// aten::mm(x, W) (its row-parallel split under tensor parallelism) as
 // one autograd function, for parameters the executor's hooks hold: the
 // forward is the ATen operator itself, the backward ATen's formulas
 // (derivatives.yaml's mm_mat1_backward / mm_mat2_backward for a row-major or
@@ -24,11 +25,11 @@
 
 namespace bmt::runtime {
 
-/// The weight's layout: aten::linear's [out, in], aten::addmm's mat2 [in, out].
+/// The weight's layout: aten::linear's [out, in], aten::addmm's and aten::mm's mat2 [in, out].
 enum class LinearLayout { OutIn, InOut };
 
 /// `stack`: the operator's arguments (linear: input, weight, bias or None;
-/// addmm: self = bias, mat1, mat2, beta, alpha). Returns the result with
+/// addmm: self = bias, mat1, mat2, beta, alpha; mm: mat1, mat2). Returns the result with
 /// autograd as the ATen operator's, or std::nullopt where the function does
 /// not take them (then the caller runs the operator): grad mode off, no
 /// weight gradient wanted, addmm with beta or alpha not 1, a None bias or

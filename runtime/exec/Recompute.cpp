@@ -30,6 +30,12 @@ bool passesThrough(const plan::Instruction &inst) {
          inst.op == "aten::_unsafe_view" || inst.op == "aten::dropout";
 }
 
+bool isTpCollective(const plan::Instruction &inst) {
+  using Kind = plan::Instruction::Kind;
+  return inst.kind == Kind::TpAllReduce || inst.kind == Kind::TpAllGather ||
+         inst.kind == Kind::TpReduceScatter || inst.kind == Kind::TpCopy;
+}
+
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -99,11 +105,18 @@ const RecomputePlan &RecomputePlans::forResults(size_t function,
           need(inst.args[i]);
       continue;
     }
+    if (!resultNeeded && inst.results.size() == 1 && isTpCollective(inst)) {
+      if (inst.kind != plan::Instruction::Kind::TpCopy) {
+        out->skip[n] = Skip::Collective; // its backward reads only the gradient
+        ++out->skipped;
+      } // else the identity: its input's value is needed only where its own is
+      continue;
+    }
     if (inst.kind != plan::Instruction::Kind::Aten || resultNeeded || inst.results.size() != 1) {
       needAll(inst);
       continue;
     }
-    if (inst.op == "aten::linear" || inst.op == "aten::addmm") {
+    if (inst.op == "aten::linear" || inst.op == "aten::addmm" || inst.op == "aten::mm") {
       out->skip[n] = Skip::Linear; // its backward reads its input and weight
       ++out->skipped;
       needAll(inst);

@@ -11,8 +11,10 @@
 // finds such instructions, across calls; the executor runs them as
 // placeholders (an uninitialised result of the right shape and dtype with
 // the operator's backward). Dropout passes through too: it still runs (the
-// same random numbers) but its backward reads only its mask. See
-// docs/runtime.md, "ZeRO".
+// same random numbers) but its backward reads only its mask. Under tensor
+// parallelism the all-reduce after a row-parallel matmul is skipped the same
+// way (its backward reads only the gradient), and with it the matmul before
+// it. See docs/runtime.md, "ZeRO".
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,8 +36,11 @@ namespace bmt::runtime {
 /// How an instruction runs when its result is needed only for its graph.
 enum class Skip : uint8_t {
   None,   ///< runs as usual
-  Linear, ///< aten::linear / aten::addmm: the matmul is not run
+  Linear, ///< aten::linear / aten::addmm / aten::mm: the matmul is not run
   Add,    ///< aten::add.Tensor / aten::sub.Tensor: addWithoutValue
+  /// A tensor-parallel all-reduce, all-gather or reduce-scatter: nothing is
+  /// communicated, the result uninitialised, the backward the collective's.
+  Collective,
 };
 
 /// One function's instructions for a run whose results' values are unused.
