@@ -63,9 +63,6 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
         throw ExecutionError(what + ": the trainable parameter " + t.name +
                              " is outside the ZeRO storage groups, which this runtime does not "
                              "support");
-    if (options.offloadOptimizer)
-      throw ExecutionError(what + ": --offload-optimizer is not supported with tensor "
-                           "parallelism yet");
     const int64_t rank = world_->rank();
     tensorComm_ = world_->split(rank / tp, rank, "tensor");
     dataComm_ = world_->split(rank % tp, rank, "data");

@@ -19,7 +19,9 @@ micro-batch), for
    skipped identically (same skipped flags and loss scales, same losses and
    parameters: the host copies still carry the loss scale and are unscaled
    on the host; the injected inf reaches the host only through the flag);
-3. the usage errors: a plan without storage groups, --eval-only.
+3. tensor parallelism (T = 2 on 2 and 4 ranks): the host copies are taken
+   after the TP group's sum of the replicated members' gradients;
+4. the usage errors: a plan without storage groups, --eval-only.
 """
 import re
 import subprocess
@@ -59,15 +61,15 @@ def compile_plan(pt, out, *flags):
     return out
 
 
-def train_pair(tmp, sharded, batches, steps, common, env=None):
-    """Trains with and without --offload-optimizer; returns both runs'
-    (stdout, train records, saved parameters)."""
+def train_pair(tmp, sharded, batches, steps, common, env=None, ranks=RANKS):
+    """Trains with and without --offload-optimizer on `ranks` ranks; returns
+    both runs' (stdout, train records, saved parameters)."""
     from safetensors.torch import load_file
     runs = {}
     for offload in (False, True):
         name = "offload" if offload else "device"
         log, params = tmp / f"{name}.jsonl", tmp / f"{name}.safetensors"
-        r = torchrun(RANKS, sharded, "--batches", batches, "--steps", steps, "--grad-accum", ACCUM,
+        r = torchrun(ranks, sharded, "--batches", batches, "--steps", steps, "--grad-accum", ACCUM,
                      *common, *(["--offload-optimizer"] if offload else []),
                      "--log-file", log, "--save-params", params, env=env)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -137,6 +139,30 @@ def test_offload_matches_device_optimizer(models, config):
     runs = train_pair(tmp, sharded, models["batches"], STEPS, common)
     if dtype != torch.float32:
         assert "float32 master weights" in runs["offload"][0]
+    assert_same_training(runs, config)
+
+
+TP_CONFIGS = {
+    # name: (model dtype, tensor parallel T, world size N): ZeRO shards over
+    # the N / T data-parallel ranks; GPT-2's row biases, norm weights and
+    # position embedding are replicated over the TP group (their gradients
+    # all-reduced over it before the reduce-scatter: the host copies must
+    # see that sum).
+    "tp2-n2-bf16": (torch.bfloat16, 2, 2),
+    "tp2-n4-fp32": (torch.float32, 2, 4),
+}
+
+
+@pytest.mark.parametrize("config", list(TP_CONFIGS))
+def test_offload_with_tensor_parallelism_matches_device_optimizer(models, config):
+    dtype, tp, ranks = TP_CONFIGS[config]
+    tmp = models["tmp"] / config
+    tmp.mkdir()
+    sharded = compile_plan(models["traces"][dtype], tmp / "sharded.pt", "--world-size", ranks,
+                           "--tensor-parallel", tp)
+    common = ["--lr", "1e-3", "--schedule", "cosine", "--warmup", 2, "--clip-grad", CLIP,
+              "--weight-decay", 0.01]
+    runs = train_pair(tmp, sharded, models["batches"], STEPS, common, ranks=ranks)
     assert_same_training(runs, config)
 
 

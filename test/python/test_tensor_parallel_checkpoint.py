@@ -121,14 +121,15 @@ def work(tmp_path_factory):
     return state
 
 
-def resume(work, name, tp, ranks, folder, out):
+def resume(work, name, tp, ranks, folder, out, *flags):
     """A fresh run of plan (name, T, N) resumed from checkpoint `folder` to
-    step STEPS, saving a checkpoint at the end: (its output, train records
-    of the resumed steps, final parameters, its step-STEPS checkpoint.json)."""
+    step STEPS with bmt-run `flags`, saving a checkpoint at the end: (its
+    output, train records of the resumed steps, final parameters, its
+    step-STEPS checkpoint.json)."""
     from safetensors.torch import load_file
     out.mkdir()
     r = torchrun(ranks, work["plan"](name, tp, ranks), "--batches",
-                 work["tmp"] / f"{name}.batches.pt", *COMMON, "--resume", folder,
+                 work["tmp"] / f"{name}.batches.pt", *COMMON, *flags, "--resume", folder,
                  "--checkpoint-dir", out / "ck", "--checkpoint-every", HALF,
                  "--log-file", out / "log.jsonl", "--save-params", out / "params.safetensors")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -159,6 +160,41 @@ def test_resume_on_the_same_layout_is_bit_identical(work, name):
     for x, y in zip(records[HALF:], resumed):
         assert (x["loss"], x["grad_norm"]) == (y["loss"], y["grad_norm"]), (x, y)
     assert_identical(got, params, f"{name}: parameters of the resumed run")
+
+
+def test_offloaded_optimizer_checkpoints_and_resumes(work):
+    """--offload-optimizer on T = 2 N = 2: the run equals the device
+    optimizer's bit for bit (on the CPU both run the same kernels on the same
+    values, test_offload.py), and its step-5 checkpoint resumes bit-identically
+    with the optimizer offloaded and with it on the device (the masters and
+    moments saved are the same either way), and offloaded on T = 2 N = 4
+    (resharded: the uninterrupted run within the numerics policy)."""
+    from safetensors.torch import load_file
+    records, params, _ = work["straight"]("gpt2", 2, 2)
+    out = work["tmp"] / "offload-straight"
+    out.mkdir()
+    r = torchrun(2, work["plan"]("gpt2", 2, 2), "--batches", work["tmp"] / "gpt2.batches.pt", *COMMON,
+                 "--offload-optimizer", "--checkpoint-dir", out / "ck", "--checkpoint-every", HALF,
+                 "--log-file", out / "log.jsonl", "--save-params", out / "params.safetensors")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "--offload-optimizer: float32 master weights" in r.stdout, r.stdout
+    offloaded = train_log(out / "log.jsonl")
+    assert [(x["loss"], x["grad_norm"]) for x in offloaded] == \
+        [(x["loss"], x["grad_norm"]) for x in records]
+    assert_identical(load_file(out / "params.safetensors"), params, "offloaded run's parameters")
+    for where, flags in (("host", ["--offload-optimizer"]), ("device", [])):
+        _, resumed, got, _ = resume(work, "gpt2", 2, 2, out / "ck" / f"step-{HALF:08d}",
+                                    work["tmp"] / f"offload-resumed-{where}", *flags)
+        assert [(x["loss"], x["grad_norm"]) for x in resumed] == \
+            [(x["loss"], x["grad_norm"]) for x in records[HALF:]], where
+        assert_identical(got, params, f"resumed with the optimizer on the {where}: parameters")
+    r, resumed, got, _ = resume(work, "gpt2", 2, 4, out / "ck" / f"step-{HALF:08d}",
+                                work["tmp"] / "offload-resumed-t2n4", "--offload-optimizer")
+    assert "resharded to this run's layout" in r.stdout, r.stdout
+    lrs = {x["step"]: x["lr"] for x in records}
+    for x, y in zip(resumed, records[HALF:]):
+        assert_loss_close(x["loss"], y["loss"], what=f"T = 2 N = 4 offloaded: loss of step {x['step']}")
+    assert_trained_close(got, params, sum(lrs.values()))
 
 
 def test_to_hf_of_a_tensor_parallel_checkpoint(work, tmp_path):

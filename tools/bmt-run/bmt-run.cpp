@@ -505,8 +505,6 @@ void checkTensorParallel(const tools::RunOptions &o, const plan::Plan &p, int64_
   if (o.train.inspectEvery > 0)
     throw tools::ConfigFailure(tp + "--inspect-every is not supported with it yet (its statistics "
                                "would mix the ranks' slices)");
-  if (o.offloadOptimizer)
-    throw tools::ConfigFailure(tp + "--offload-optimizer is not supported with it yet");
   if (o.train.optimizer.kind == runtime::OptimizerKind::Adafactor)
     throw tools::ConfigFailure(tp + "--optimizer adafactor factors each parameter's statistics "
                                "over its rows and columns, which tensor parallelism splits over "
