@@ -335,12 +335,6 @@ int multiProcessors(const at::Device &device) {
 int multiProcessors(const at::Device &) { return 1; }
 #endif
 
-/// Blocks of the 8-wide row kernel, at most one per row: 16 per SM (more
-/// than its registers let run at once: measured on an H200 with LLaMA's
-/// RMSNorm, 8 -> 16 took its forward from 41 to 34 us; 32 and 64 gained
-/// nothing more), or 4 with `columnSums` (each block strides over rows and
-/// writes one row of column sums: [blocks, D] floats for the caller to sum;
-/// 8 or 16 were no faster).
 /// RowVector::prefetch for a forward or backward row kernel, from
 /// BMT_ROW_PREFETCH (0, the default: none; backward; 1: both), a setting
 /// for measuring the two (bench/gpu_row_prefetch.sh).
@@ -352,6 +346,12 @@ bool rowPrefetch(bool backward) {
   return mode == "1" || (backward && mode == "backward");
 }
 
+/// Blocks of the 8-wide row kernel, at most one per row: 16 per SM (more
+/// than its registers let run at once: measured on an H200 with LLaMA's
+/// RMSNorm, 8 -> 16 took its forward from 41 to 34 us; 32 and 64 gained
+/// nothing more), or 4 with `columnSums` (each block strides over rows and
+/// writes one row of column sums: [blocks, D] floats for the caller to sum;
+/// 8 or 16 were no faster).
 unsigned rowVectorBlocks(const Args &a, const at::Device &device, bool columnSums) {
   int sms = multiProcessors(device);
   // BMT_ROW_BLOCKS_PER_SM: the forward's blocks an SM (default 16), for measuring.
