@@ -1497,21 +1497,27 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
           reader.rankOf(savedSpace, 0), fieldName(static_cast<int64_t>(savedSpace), "step"));
     // Replicated slots (Adafactor's factors, concatenated over the space's
     // members): whole, from shard 0, when the saved space has the same
-    // members (any number of shards).
+    // members (any number of shards) and the same TP split (this TP
+    // rank's factors are those of its slices).
     for (const std::string &slot : state.replicatedSlots) {
       if (!state.tensors.count(slot + "." + std::to_string(spaces[k].parameter)))
         continue;
       const SavedSpace &saved = reader.spaces()[savedSpace];
-      bool sameMembers = saved.name == spaces[k].name && savedTp == 1 && tp == 1;
+      bool sameMembers = saved.name == spaces[k].name && savedTp == tp;
       for (size_t m = 0; m < spaces[k].members.size() && sameMembers; ++m) {
         const SavedMember &member = reader.members().at(p.tensors.at(spaces[k].members[m]).name);
-        sameMembers = member.copies.at(0).first == savedSpace &&
-                      member.copies.at(0).second == spaces[k].offsets[m];
+        const auto &copy = member.copies.at(static_cast<size_t>(tpRank % savedTp));
+        sameMembers = copy.first == savedSpace && copy.second == spaces[k].offsets[m];
       }
       if (!sameMembers)
         throw CheckpointError(folder + ": the optimizer's " + slot + " of " + spaces[k].name +
                               " is kept per storage group, and the checkpoint's groups differ "
-                              "(another plan's layout): resume with the plan it was saved with");
+                              "(another plan's layout" +
+                              (savedTp != tp ? ", saved with tensor parallel " +
+                                                   std::to_string(savedTp) + ", this run " +
+                                                   std::to_string(tp)
+                                             : std::string()) +
+                              "): resume with the plan it was saved with");
       loaded[k].byName[slot] = reader.readChecked(
           reader.rankOf(savedSpace, 0), fieldName(static_cast<int64_t>(savedSpace), slot));
     }

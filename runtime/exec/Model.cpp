@@ -207,11 +207,6 @@ HostGradientSource &Model::hostGradients(int64_t microBatchesPerStep) {
 std::unique_ptr<Optimizer> Model::makeOptimizer(const OptimizerConfig &config,
                                                 int64_t microBatchesPerStep) {
   checkOptimizerConfig(config);
-  if (tensorComm_ && config.kind == OptimizerKind::Adafactor)
-    throw std::invalid_argument("--optimizer adafactor factors each parameter's statistics over "
-                                "its rows and columns, which tensor parallelism splits over "
-                                "ranks; it is not supported with it yet (use adamw, adam, sgd "
-                                "or lion)");
   if (offloadsOptimizer()) {
     if (config.kind != OptimizerKind::Adam && config.kind != OptimizerKind::AdamW)
       throw std::invalid_argument(std::string("--offload-optimizer runs Adam or AdamW on the "
@@ -223,7 +218,7 @@ std::unique_ptr<Optimizer> Model::makeOptimizer(const OptimizerConfig &config,
                                           parameterLayouts());
   }
   return makeDeviceOptimizer(parameters_, parameterLayouts(), config,
-                             zero_ ? &zero_->shardComm() : nullptr);
+                             zero_ ? &zero_->shardComm() : nullptr, tensorComm_.get());
 }
 
 bool Model::letOptimizerWriteShards(Optimizer &optimizer) {
@@ -246,7 +241,11 @@ std::vector<ParameterLayout> Model::parameterLayouts() const {
     for (size_t m = 0; m < s.members.size(); ++m) {
       const plan::TensorInfo &t = plan_.tensors.at(s.members[m]);
       // (Tensor parallelism: the shard holds the local slices.)
-      layout.members.push_back({t.name, t.localShape(plan_.tensorParallel), s.offsets[m]});
+      ParameterLayout::Member member{t.name, t.localShape(plan_.tensorParallel), s.offsets[m]};
+      member.globalShape = t.shape;
+      if (plan_.tensorParallel > 1 && t.split.isSplit())
+        member.tpDim = t.split.dim;
+      layout.members.push_back(std::move(member));
     }
     layout.begin = s.shardIndex * s.shardSize;
     layout.split = s.numShards > 1;

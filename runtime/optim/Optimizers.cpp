@@ -132,7 +132,8 @@ AdamWConfig adamWConfig(const OptimizerConfig &c) {
 
 std::unique_ptr<Optimizer> makeDeviceOptimizer(std::vector<at::Tensor> params,
                                                std::vector<ParameterLayout> layouts,
-                                               const OptimizerConfig &c, Comm *shardComm) {
+                                               const OptimizerConfig &c, Comm *shardComm,
+                                               Comm *tensorComm) {
   checkOptimizerConfig(c);
   switch (c.kind) {
   case OptimizerKind::Adam:
@@ -153,7 +154,7 @@ std::unique_ptr<Optimizer> makeDeviceOptimizer(std::vector<at::Tensor> params,
                                        AdafactorConfig{c.beta2Decay, c.eps1, c.eps2,
                                                        c.clipThreshold, c.weightDecayValue(),
                                                        c.decayParams},
-                                       std::move(layouts), shardComm);
+                                       std::move(layouts), shardComm, tensorComm);
   }
   throw std::invalid_argument("unknown optimizer");
 }
@@ -416,8 +417,9 @@ at::Tensor unpadRows(const at::Tensor &rows, const RowView &v, int64_t n) {
 } // namespace
 
 Adafactor::Adafactor(std::vector<at::Tensor> params, AdafactorConfig config,
-                     std::vector<ParameterLayout> layouts, Comm *shardComm)
-    : params_(std::move(params)), config_(config), shardComm_(shardComm) {
+                     std::vector<ParameterLayout> layouts, Comm *shardComm, Comm *tensorComm)
+    : params_(std::move(params)), config_(config), shardComm_(shardComm),
+      tensorComm_(tensorComm) {
   checkParams(params_, "Adafactor");
   for (size_t i = 0; i < params_.size(); ++i)
     if (!params_[i].is_contiguous())
@@ -433,6 +435,11 @@ Adafactor::Adafactor(std::vector<at::Tensor> params, AdafactorConfig config,
       throw std::invalid_argument("Adafactor: parameter " + std::to_string(i) +
                                   " is a shard of a split buffer, and no shard communicator "
                                   "was given");
+    for (const ParameterLayout::Member &m : layout.members)
+      if (m.tpDim >= 0 && !tensorComm_)
+        throw std::invalid_argument("Adafactor: member " + m.name +
+                                    " is split over a tensor-parallel group, and no "
+                                    "communicator of the group was given");
     int64_t rows = 0, cols = 0;
     for (const ParameterLayout::Member &m : layout.members)
       if (factored(m.shape)) {
@@ -475,8 +482,13 @@ void Adafactor::step(const StepInputs &in) {
     std::vector<ParameterPiece> pieces;
     std::vector<at::Tensor> p, g; ///< the pieces' flat views (g clipped)
     int64_t rowBase = 0, colBase = 0; ///< offsets in rowVar_/colVar_ of the param
+    /// Tensor parallelism: the member's dim split over the TP group (-1:
+    /// none), and the whole tensor's shape (the divisors of its means).
+    int64_t tpDim = -1;
+    std::vector<int64_t> global;
     at::Tensor paramSq, rowSum, colSum; ///< float32: [1], [rows], [batches * C]
     at::Tensor rowNew, colNew;          ///< the new factors
+    at::Tensor rowNewSum;               ///< [batches]: rowNew summed over R
   };
   std::vector<MemberWork> work;
   std::vector<at::Tensor> stepNew(params_.size());
@@ -492,12 +504,16 @@ void Adafactor::step(const StepInputs &in) {
       gFlat = gFlat.div(*scale);
     int64_t rowBase = 0, colBase = 0;
     for (size_t m = 0; m < layout.members.size(); ++m) {
-      const std::vector<int64_t> &shape = layout.members[m].shape;
+      const ParameterLayout::Member &member = layout.members[m];
+      const std::vector<int64_t> &shape = member.shape;
       MemberWork w;
       w.param = i;
       w.member = m;
       w.rowBase = rowBase;
       w.colBase = colBase;
+      const bool tpSplit = tensorComm_ && tensorComm_->size() > 1 && member.tpDim >= 0;
+      w.tpDim = tpSplit ? member.tpDim : -1;
+      w.global = member.globalShape.empty() ? shape : member.globalShape;
       for (const ParameterPiece &piece : pieces)
         if (piece.member == m) {
           w.pieces.push_back(piece);
@@ -529,15 +545,19 @@ void Adafactor::step(const StepInputs &in) {
       work.push_back(std::move(w));
     }
   }
-  // The first all-reduce: ||p||^2, row and column sums of the split members.
-  auto reduce = [&](std::vector<at::Tensor *> parts) {
-    if (parts.empty() || !shardComm_)
+  // The first all-reduce: ||p||^2, row and column sums of the split members
+  // (over the shard group, then over the TP group for the members split
+  // over it: along the last dim their row sums, along the one before
+  // their column sums).
+  auto reduce = [&](std::vector<at::Tensor *> parts, Comm *comm = nullptr) {
+    comm = comm ? comm : shardComm_;
+    if (parts.empty() || !comm)
       return;
     std::vector<at::Tensor> flat;
     for (at::Tensor *t : parts)
       flat.push_back(t->reshape({-1}));
     at::Tensor buffer = at::cat(flat);
-    shardComm_->allReduce(buffer)->wait();
+    comm->allReduce(buffer)->wait();
     int64_t at = 0;
     for (at::Tensor *t : parts) {
       *t = buffer.narrow(0, at, t->numel()).view(t->sizes());
@@ -555,6 +575,18 @@ void Adafactor::step(const StepInputs &in) {
         }
       }
     reduce(parts);
+    std::vector<at::Tensor *> tpParts;
+    for (MemberWork &w : work) {
+      if (w.tpDim < 0)
+        continue;
+      tpParts.push_back(&w.paramSq);
+      const int64_t ndim = static_cast<int64_t>(w.global.size());
+      if (w.rowSum.defined() && w.tpDim == ndim - 1)
+        tpParts.push_back(&w.rowSum);
+      if (w.rowSum.defined() && w.tpDim == ndim - 2)
+        tpParts.push_back(&w.colSum);
+    }
+    reduce(tpParts, tensorComm_);
   }
   // Per member: the update of its pieces, and ||update||^2.
   std::vector<std::vector<at::Tensor>> updates(work.size());
@@ -566,6 +598,27 @@ void Adafactor::step(const StepInputs &in) {
       oneMinusBeta2[i] = t.pow(config_.beta2Decay).to(params_[i].scalar_type());
       rho[i] = at::minimum(at::scalar_tensor(in.lr, t.options()), t.sqrt().reciprocal());
     }
+  // The new factors (means over the whole tensor's C and R); members
+  // split over the TP group along R sum their rows' factors over it.
+  {
+    std::vector<at::Tensor *> tpParts;
+    for (MemberWork &mw : work) {
+      const size_t i = mw.param;
+      const std::vector<int64_t> &shape = layouts_[i].members[mw.member].shape;
+      if (!factored(shape))
+        continue;
+      Factors f = factorsOf(shape), whole = factorsOf(mw.global);
+      at::Tensor rows = rowVar_[i].narrow(0, mw.rowBase, f.rows);
+      at::Tensor cols = colVar_[i].narrow(0, mw.colBase, f.batches * f.C);
+      mw.rowNew = rows.lerp(mw.rowSum.div(static_cast<double>(whole.C)), oneMinusBeta2[i]);
+      mw.colNew = cols.lerp(mw.colSum.div(static_cast<double>(whole.R)), oneMinusBeta2[i]);
+      if (mw.tpDim == static_cast<int64_t>(mw.global.size()) - 2) {
+        mw.rowNewSum = mw.rowNew.view({f.batches, f.R}).sum(1);
+        tpParts.push_back(&mw.rowNewSum);
+      }
+    }
+    reduce(tpParts, tensorComm_);
+  }
   for (size_t w = 0; w < work.size(); ++w) {
     MemberWork &mw = work[w];
     const size_t i = mw.param;
@@ -577,12 +630,14 @@ void Adafactor::step(const StepInputs &in) {
     updateSq[w] = at::zeros({1}, params_[i].detach().options());
     if (factored(shape)) {
       Factors f = factorsOf(shape);
-      at::Tensor rows = rowVar_[i].narrow(0, mw.rowBase, f.rows);
-      at::Tensor cols = colVar_[i].narrow(0, mw.colBase, f.batches * f.C);
-      mw.rowNew = rows.lerp(mw.rowSum.div(static_cast<double>(f.C)), oneMinusBeta2[i]);
-      mw.colNew = cols.lerp(mw.colSum.div(static_cast<double>(f.R)), oneMinusBeta2[i]);
-      // var_estimate = row_var @ col_var / clamp(mean(row_var over R), eps1).
-      at::Tensor rowMean = mw.rowNew.view({f.batches, f.R}).mean(1).clamp_min(eps1);
+      // var_estimate = row_var @ col_var / clamp(mean(row_var over R), eps1)
+      // (R split over the TP group: the group's sum over the whole R's
+      // rows; the padding's rows are zero).
+      at::Tensor rowMean =
+          (mw.rowNewSum.defined()
+               ? mw.rowNewSum.div(static_cast<double>(factorsOf(mw.global).R))
+               : mw.rowNew.view({f.batches, f.R}).mean(1))
+              .clamp_min(eps1);
       at::Tensor colRows = mw.colNew.view({f.batches, f.C});
       for (size_t k = 0; k < mw.pieces.size(); ++k) {
         RowView v = rowViewOf(mw.pieces[k], f.C);
@@ -610,19 +665,25 @@ void Adafactor::step(const StepInputs &in) {
       }
     }
   }
-  // The second all-reduce: ||update||^2 of the split members.
+  // The second all-reduce: ||update||^2 of the split members (shard group,
+  // then TP group).
   {
-    std::vector<at::Tensor *> parts;
-    for (size_t w = 0; w < work.size(); ++w)
+    std::vector<at::Tensor *> parts, tpParts;
+    for (size_t w = 0; w < work.size(); ++w) {
       if (layouts_[work[w].param].split)
         parts.push_back(&updateSq[w]);
+      if (work[w].tpDim >= 0)
+        tpParts.push_back(&updateSq[w]);
+    }
     reduce(parts);
+    reduce(tpParts, tensorComm_);
   }
   for (size_t w = 0; w < work.size(); ++w) {
     MemberWork &mw = work[w];
     const size_t i = mw.param;
     const std::vector<int64_t> &shape = layouts_[i].members[mw.member].shape;
-    const double numel = static_cast<double>(product(shape, 0, shape.size()));
+    // RMS over the whole tensor (its TP padding is zero).
+    const double numel = static_cast<double>(product(mw.global, 0, mw.global.size()));
     at::Tensor paramRms = mw.paramSq.to(at::kDouble).sqrt().div(std::sqrt(numel));
     at::Tensor alpha = paramRms.clamp_min(config_.eps2).mul(rho[i]);
     at::Tensor denom = updateSq[w]

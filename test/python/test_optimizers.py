@@ -69,8 +69,8 @@ OPTIMIZERS = {
 }
 
 
-def eager_run(name, batches, lrs):
-    model = build("gpt2")
+def eager_run(name, batches, lrs, make_model=lambda: build("gpt2")):
+    model = make_model()
     groups = decay_groups(model.parameters(), WD)  # tied parameters once
     if name == "lion":
         step = lion_reference(None, None, (0.9, 0.99), WD)
@@ -126,17 +126,69 @@ def setup(tmp_path_factory):
                             generator=torch.Generator().manual_seed(3))
     torch.save(batches, tmp / "batches.pt")
     return {"tmp": tmp, "sharded": sharded, "batches": batches, "eager": {},
-            "n_embd": model.config.n_embd}
+            "n_embd": model.config.n_embd, "pt": pt}
 
 
 @pytest.mark.parametrize("ranks", [1, 3])
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_optimizer_matches_reference(setup, name, ranks):
+    check_against_reference(setup, name, ranks, setup["sharded"][ranks], f"{name}-{ranks}")
+
+
+@pytest.mark.parametrize("tp,ranks", [(2, 2), (2, 4)])
+def test_adafactor_with_tensor_parallelism_matches_reference(setup, tp, ranks):
+    """Adafactor on a plan split over TP groups of 2 (bmt-opt --tensor-parallel):
+    the factored statistics, ||p|| and ||update|| of a split member are the
+    whole tensor's (summed over the TP group: row sums of the row-parallel
+    weights, column sums of the column-parallel ones and of the
+    vocab-parallel embedding), and on 4 ranks also over the ZeRO shards."""
+    sharded = setup["tmp"] / f"sharded-t{tp}n{ranks}.pt"
+    r = subprocess.run([binary("bmt-opt"), str(setup["pt"]), "-o", str(sharded), "--world-size",
+                        str(ranks), "--tensor-parallel", str(tp)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    check_against_reference(setup, "adafactor", ranks, sharded, f"adafactor-t{tp}n{ranks}")
+
+
+def test_adafactor_with_a_padded_vocab_split_matches_reference(setup):
+    """GPT-2 with 127 tokens on T = 2: the embedding and head padded to 128
+    rows, split 64 a rank; Adafactor's means over the rows, ||p|| and
+    ||update|| are the 127 real rows' (the padding's rows stay zero)."""
+    import transformers
+    import make_fixtures
+    cls, config = make_fixtures.MODELS["gpt2"](transformers)
+    config.vocab_size = 127
+
+    def make_model():
+        torch.manual_seed(0)
+        return cls(config).eval()
+    model = make_model()
+    inputs = {"input_ids": torch.randint(0, 127, (2, SEQ), generator=torch.Generator().manual_seed(1)),
+              "attention_mask": torch.ones(2, SEQ, dtype=torch.long)}
+    pt = setup["tmp"] / "gpt2-127.pt"
+    torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False).save(str(pt))
+    sharded = setup["tmp"] / "sharded-127-t2n2.pt"
+    r = subprocess.run([binary("bmt-opt"), str(pt), "-o", str(sharded), "--world-size", "2",
+                        "--tensor-parallel", "2"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "127 -> 64 per rank, padded to 128" in r.stderr, r.stderr
+    batches = torch.randint(0, 127, (STEPS, GLOBAL_BATCH, SEQ + 1),
+                            generator=torch.Generator().manual_seed(3))
+    torch.save(batches, setup["tmp"] / "batches-127.pt")
+    check_against_reference(setup, "adafactor", 2, sharded, "adafactor-127-t2n2",
+                            batches=(batches, setup["tmp"] / "batches-127.pt"), make_model=make_model)
+
+
+def check_against_reference(setup, name, ranks, sharded, label, batches=None,
+                            make_model=lambda: build("gpt2")):
+    """Trains `sharded` on `ranks` ranks with optimizer `name` on `batches`
+    ((tensor, file), default the setup's) and checks the losses and final
+    parameters against eager PyTorch's on the model make_model() builds."""
     flags, _, lr = OPTIMIZERS[name]
-    tmp = setup["tmp"] / f"{name}-{ranks}"
+    tmp = setup["tmp"] / label
     tmp.mkdir()
     log, params = tmp / "log.jsonl", tmp / "params.safetensors"
-    r = bmt_run(ranks, setup["sharded"][ranks], "--batches", setup["tmp"] / "batches.pt",
+    batch_tensor, batch_file = batches or (setup["batches"], setup["tmp"] / "batches.pt")
+    r = bmt_run(ranks, sharded, "--batches", batch_file,
                 "--steps", STEPS, "--lr", lr, "--schedule", "cosine", "--warmup", 2,
                 "--clip-grad", CLIP, "--weight-decay", WD, *flags,
                 "--log-file", log, "--save-params", params)
@@ -144,9 +196,10 @@ def test_optimizer_matches_reference(setup, name, ranks):
     train = [x for x in map(json.loads, open(log)) if x["kind"] == "train"]
     assert [x["step"] for x in train] == list(range(1, STEPS + 1))
     lrs = {x["step"]: x["lr"] for x in train}
-    if name not in setup["eager"]:
-        setup["eager"][name] = eager_run(name, setup["batches"], lrs)
-    losses, want = setup["eager"][name]
+    key = name if batches is None else label  # the setup's model and batches: one reference
+    if key not in setup["eager"]:
+        setup["eager"][key] = eager_run(name, batch_tensor, lrs, make_model)
+    losses, want = setup["eager"][key]
     for x, loss in zip(train, losses):
         assert abs(x["loss"] - loss) <= OPTIMIZER_LOSS_TOL, (name, ranks, x["step"], x["loss"], loss)
     from safetensors.torch import load_file
@@ -164,8 +217,8 @@ def test_optimizer_matches_reference(setup, name, ranks):
                 got[n][width:2 * width] = want[n][width:2 * width]
     worst = max((got[n].double() - p.double()).abs().max().item() for n, p in want.items())
     moved = max((p.double() - q.detach().double()).abs().max().item()
-                for (n, p), q in zip(want.items(), build("gpt2").parameters()))
-    print(f"{name} on {ranks} rank(s): parameters max {worst:.2e} (moved up to {moved:.2e})")
+                for (n, p), q in zip(want.items(), make_model().parameters()))
+    print(f"{label}: parameters max {worst:.2e} (moved up to {moved:.2e})")
     assert worst < 0.1 * moved  # far closer to the reference than to the start
     assert worst <= OPTIMIZER_PARAM_TOL, (name, ranks, worst)
 

@@ -225,7 +225,6 @@ def test_bert_token_windows_match_one_process(tmp_path):
 
 @pytest.mark.parametrize("ranks,flags,message", [
     (2, ["--objective", "model-loss"], "--objective model-loss is not supported with it yet"),
-    (2, ["--optimizer", "adafactor"], "--optimizer adafactor factors each parameter's statistics"),
     (3, [], "it needs a world size that is a multiple of 2, not 3 ranks"),
 ])
 def test_what_tensor_parallel_refuses_for_now(traced, ranks, flags, message):  # noqa: F811

@@ -277,6 +277,39 @@ def test_resume_on_another_layout(work, case):
           f"per rank {per_rank} of {sum(saved['rank_bytes'])} saved")
 
 
+def test_adafactor_checkpoint_resumes_on_the_same_split(work):
+    """Adafactor on T = 2 N = 2 (its factored statistics are those of each TP
+    rank's slices): a resume from step 5 is bit-identical, on N = 4 (the
+    same split, ZeRO over 2) it continues within the numerics policy, and
+    on T = 1, where the factors would be another split's, it is one error
+    naming both sizes."""
+    from safetensors.torch import load_file
+    flags = ["--optimizer", "adafactor", "--lr", "1e-2"]
+    out = work["tmp"] / "adafactor-straight"
+    out.mkdir()
+    r = torchrun(2, work["plan"]("gpt2", 2, 2), "--batches", work["tmp"] / "gpt2.batches.pt", *COMMON,
+                 *flags, "--checkpoint-dir", out / "ck", "--checkpoint-every", HALF,
+                 "--log-file", out / "log.jsonl", "--save-params", out / "params.safetensors")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    records, params = train_log(out / "log.jsonl"), load_file(out / "params.safetensors")
+    folder = out / "ck" / f"step-{HALF:08d}"
+    _, resumed, got, _ = resume(work, "gpt2", 2, 2, folder, work["tmp"] / "adafactor-same", *flags)
+    assert [(x["loss"], x["grad_norm"]) for x in resumed] == \
+        [(x["loss"], x["grad_norm"]) for x in records[HALF:]]
+    assert_identical(got, params, "Adafactor resumed on T = 2 N = 2: parameters")
+    _, resumed, got, _ = resume(work, "gpt2", 2, 4, folder, work["tmp"] / "adafactor-n4", *flags)
+    for x, y in zip(resumed, records[HALF:]):
+        assert_loss_close(x["loss"], y["loss"], what=f"Adafactor on N = 4: loss of step {x['step']}")
+    assert_trained_close(got, params, sum(x["lr"] for x in records))
+    (work["tmp"] / "adafactor-t1").mkdir()
+    r = torchrun(1, work["plan"]("gpt2", 1, 1), "--batches", work["tmp"] / "gpt2.batches.pt", *COMMON,
+                 *flags, "--resume", folder, "--log-file", work["tmp"] / "adafactor-t1" / "log.jsonl")
+    assert r.returncode != 0
+    assert len(errors(r)) == 1, r.stderr[-3000:]
+    assert "kept per storage group" in errors(r)[0] and \
+        "saved with tensor parallel 2, this run 1" in errors(r)[0], errors(r)
+
+
 def test_restart_after_a_killed_rank(work):
     """T = 2 N = 2 under torchrun --max-restarts=2: rank 1 killed with
     SIGKILL after step 5; both ranks restart, resume from the newest

@@ -220,6 +220,19 @@ TEST(Optimizers, BadSettingsAreRefused) {
   c.kind = OptimizerKind::Adafactor;
   c.momentum = 0.9;
   expectRefused(c, "takes no --momentum");
+  // A member split over a TP group needs the group's communicator.
+  ParameterLayout split;
+  split.members.push_back({"w", {4, 2}, 0});
+  split.members.back().tpDim = 0;
+  split.members.back().globalShape = {8, 2};
+  try {
+    Adafactor(std::vector<at::Tensor>{at::zeros({8}).requires_grad_()}, AdafactorConfig{}, {split});
+    ADD_FAILURE() << "Adafactor took a TP-split member without a communicator";
+  } catch (const std::invalid_argument &e) {
+    EXPECT_NE(std::string(e.what()).find("member w is split over a tensor-parallel group"),
+              std::string::npos)
+        << e.what();
+  }
   // Torch's defaults.
   EXPECT_EQ(OptimizerConfig{}.weightDecayValue(), 0.01);
   c = OptimizerConfig{};

@@ -505,11 +505,6 @@ void checkTensorParallel(const tools::RunOptions &o, const plan::Plan &p, int64_
   if (o.train.inspectEvery > 0)
     throw tools::ConfigFailure(tp + "--inspect-every is not supported with it yet (its statistics "
                                "would mix the ranks' slices)");
-  if (o.train.optimizer.kind == runtime::OptimizerKind::Adafactor)
-    throw tools::ConfigFailure(tp + "--optimizer adafactor factors each parameter's statistics "
-                               "over its rows and columns, which tensor parallelism splits over "
-                               "ranks; it is not supported with it yet (use adamw, adam, sgd or "
-                               "lion)");
 }
 
 int run(const tools::RunOptions &o) {

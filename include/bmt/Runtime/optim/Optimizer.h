@@ -64,8 +64,14 @@ struct OptimizerState {
 struct ParameterLayout {
   struct Member {
     std::string name;           ///< the plan tensor's name (for messages)
-    std::vector<int64_t> shape; ///< its full shape
+    std::vector<int64_t> shape; ///< its full shape (this TP rank's slice)
     int64_t offset = 0;         ///< its first element in the buffer
+    /// Tensor parallelism: the dim of `shape` split over the TP group (-1:
+    /// whole on every TP rank), and the whole tensor's shape without the
+    /// split's zero padding (empty: `shape`). A statistic over the whole
+    /// member (Adafactor's) sums over the TP group along that dim.
+    int64_t tpDim = -1;
+    std::vector<int64_t> globalShape;
   };
   std::vector<Member> members; ///< in buffer order, not overlapping
   /// The buffer element at the parameter's (flattened) element 0: the

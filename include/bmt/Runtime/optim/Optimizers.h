@@ -81,11 +81,13 @@ AdamWConfig adamWConfig(const OptimizerConfig &config);
 /// The device optimizer of `config.kind` over `params` (one layout each).
 /// `shardComm`: the communicator of the ranks that hold the other shards
 /// of the split layouts (Adafactor sums its statistics over it; null when
-/// no layout is split). Throws as checkOptimizerConfig and the
-/// constructors.
+/// no layout is split); `tensorComm`: the TP group's, where members are
+/// split over it (ParameterLayout::Member::tpDim; null without tensor
+/// parallelism). Throws as checkOptimizerConfig and the constructors.
 std::unique_ptr<Optimizer> makeDeviceOptimizer(std::vector<at::Tensor> params,
                                                std::vector<ParameterLayout> layouts,
-                                               const OptimizerConfig &config, Comm *shardComm);
+                                               const OptimizerConfig &config, Comm *shardComm,
+                                               Comm *tensorComm = nullptr);
 
 struct SGDConfig {
   double momentum = 0, dampening = 0, weightDecay = 0;
@@ -164,9 +166,13 @@ class Adafactor : public Optimizer {
 public:
   /// `params`: contiguous float32/float64 tensors. Throws
   /// std::invalid_argument for a non-contiguous one, a layout that is split
-  /// without a shardComm, or one whose members do not fit the parameter.
+  /// without a shardComm, a member split over the TP group without a
+  /// tensorComm, or one whose members do not fit the parameter. The
+  /// factored statistics, ||p|| and ||update|| of a member split over the
+  /// TP group are those of the whole tensor (sums over the group).
   Adafactor(std::vector<at::Tensor> params, AdafactorConfig config,
-            std::vector<ParameterLayout> layouts = {}, Comm *shardComm = nullptr);
+            std::vector<ParameterLayout> layouts = {}, Comm *shardComm = nullptr,
+            Comm *tensorComm = nullptr);
   void step(const StepInputs &inputs) override;
   void zeroGrad() override;
   const std::vector<at::Tensor> &params() const override { return params_; }
@@ -177,7 +183,7 @@ private:
   std::vector<at::Tensor> params_, variance_, rowVar_, colVar_, steps_;
   AdafactorConfig config_;
   std::vector<ParameterLayout> layouts_;
-  Comm *shardComm_ = nullptr;
+  Comm *shardComm_ = nullptr, *tensorComm_ = nullptr;
 };
 
 } // namespace bmt::runtime
