@@ -110,6 +110,55 @@ def train_t2_n2(model_file, tmp_path, steps):
     return compiled.stderr, [x for x in train if x["kind"] == "train"], params
 
 
+def test_dropout_masks_agree_over_the_tp_group(tmp_path):
+    """GPT-2 traced in training mode: its embedding and residual dropouts act
+    on activations every rank of a TP group holds whole. bmt-run seeds the
+    generators from --seed and the data-parallel rank, so the ranks of a TP
+    group draw the same masks, and T = 2 N = 2 trains as one process with
+    the same --seed does (losses and parameters within the numerics policy;
+    with each rank's own masks the TP ranks' copies would disagree). The
+    attention's dropout, on the TP ranks' own heads, is set to 0: there the
+    ranks draw for their slices only, so T = 1 draws another stream. A run
+    repeats bit for bit; another --seed gives other masks."""
+    import torch
+    from safetensors.torch import load_file
+    from test_runtime_parity import build
+    from test_zero_multirank import SEQ
+    model = build("gpt2")
+    for block in model.transformer.h:
+        block.attn.attn_dropout.p = 0.0
+    model.train()
+    ids = torch.randint(0, model.config.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    pt = tmp_path / "gpt2-dropout.pt"
+    traced_model = torch.jit.trace(model, example_kwarg_inputs={"input_ids": ids,
+                                                                "attention_mask": torch.ones_like(ids)},
+                                   strict=False, check_trace=False)
+    assert str(traced_model.inlined_graph).count("aten::dropout") == 7  # embedding, 3 per block
+    traced_model.save(str(pt))
+    batches = torch.randint(0, model.config.vocab_size, (4, 2, SEQ + 1),
+                            generator=torch.Generator().manual_seed(3))
+    torch.save(batches, tmp_path / "batches.pt")
+    runs = {}
+    for name, tp, ranks, seed in [("t1", 1, 1, 5), ("t1-again", 1, 1, 5), ("t1-seed6", 1, 1, 6),
+                                  ("t2", 2, 2, 5)]:
+        sharded = tmp_path / f"{name}.sharded.pt"
+        flags = ["--world-size", str(ranks), "--tensor-parallel", str(tp)] if tp > 1 else []
+        compiled = subprocess.run([binary("bmt-opt"), str(pt), "-o", str(sharded), *flags],
+                                  capture_output=True, text=True)
+        assert compiled.returncode == 0, compiled.stderr
+        log, params = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.safetensors"
+        r = torchrun(ranks, sharded, "--batches", tmp_path / "batches.pt", "--steps", 4, "--lr", "1e-3",
+                     "--seed", seed, "--log-file", log, "--save-params", params)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        train = [x for x in map(json.loads, open(log)) if x["kind"] == "train"]
+        runs[name] = ([x["loss"] for x in train], load_file(params), sum(x["lr"] for x in train))
+    assert runs["t1-again"][0] == runs["t1"][0]
+    assert max(abs(a - b) for a, b in zip(runs["t1-seed6"][0], runs["t1"][0])) > 1e-3
+    for step, (a, b) in enumerate(zip(runs["t2"][0], runs["t1"][0]), 1):
+        assert_loss_close(a, b, what=f"T = 2 against one process, loss of step {step}")
+    assert_trained_close(runs["t2"][1], runs["t1"][1], runs["t1"][2])
+
+
 def test_padded_vocab_matches_eager(tmp_path):
     """A vocab T does not divide (GPT-2 with 127 tokens on T = 2): the
     embedding and head padded to 128 rows (TensorSplit.paddedSize), the

@@ -292,7 +292,7 @@ const std::vector<Option> &optionTable() {
        "first decoder input token (default: the data's pad_id, else 0,\n"
        "T5's decoder_start_token_id)",
        [](RunOptions &o, auto &k, const Values &v) { o.decoderStartId = toInt(k, v[0], 0); }},
-      {"--seed", "N", "objective", "seed of sampling and masking (default 0)",
+      {"--seed", "N", "objective", "seed of sampling, masking and dropout (default 0)",
        [](RunOptions &o, auto &k, const Values &v) {
          o.train.seed = static_cast<uint64_t>(toInt(k, v[0], 0));
        }},
