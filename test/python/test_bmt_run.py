@@ -234,5 +234,20 @@ def test_limits_found_before_training(gpt2, tmp_path):
     # The tiny GPT-2 has 64 positions.
     assert_one_error(bmt_run(sharded, "--data", data, "--steps", 1, "--seq-len", 100),
                      "--seq-len 100")
+    # --batches fixes the training's shape; --eval-data's micro-batches are
+    # --micro-batch x --seq-len (default 128 > 64 positions): refused before
+    # step 1, not after the training (whose --save-params would be lost).
+    import torch
+    torch.save(torch.randint(0, 100, (2, 2, 9), generator=torch.Generator().manual_seed(0)),
+               tmp_path / "batches.pt")
+    r = bmt_run(sharded, "--batches", tmp_path / "batches.pt", "--steps", 2, "--eval-data", data,
+                "--save-params", tmp_path / "p.safetensors")
+    assert_one_error(r, "--eval-data with --micro-batch 8 --seq-len 128",
+                     "set --seq-len to the batches' 8")
+    assert "step 1/2" not in r.stdout and not (tmp_path / "p.safetensors").exists()
+    r = bmt_run(sharded, "--batches", tmp_path / "batches.pt", "--steps", 2, "--eval-data", data,
+                "--seq-len", 8, "--save-params", tmp_path / "p.safetensors")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "val loss" in r.stdout and (tmp_path / "p.safetensors").exists()
     assert_one_error(bmt_run(sharded, "--data", data, "--steps", 1, "--lr", "1e-4",
                              "--min-lr", "1"), "--min-lr")

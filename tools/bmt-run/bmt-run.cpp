@@ -234,6 +234,26 @@ int64_t probeVocabulary(const tools::RunOptions &o, runtime::Model &model,
                   " tokens (it may have fewer positions, or be a torch.export program fixed "
                   "to other shapes): " + e.what());
   }
+  // --batches with --eval-data: the evaluation's micro-batches are
+  // --micro-batch x --seq-len, another shape, found here too (not after
+  // the training's steps).
+  const bool fixedShape = fixed.inputIds.defined() || fixed.windows.defined();
+  if (fixedShape && !o.evalData.empty() && !encoderDecoder && !model.takesLabels() &&
+      (o.microBatch != rows || o.seqLen != length)) {
+    runtime::ModelInputs eval;
+    eval.inputIds = at::zeros({o.microBatch, o.seqLen}, ids);
+    try {
+      model.forward(eval);
+    } catch (const runtime::ExecutionError &e) {
+      throw Failure("--eval-data with --micro-batch " + std::to_string(o.microBatch) +
+                    " --seq-len " + std::to_string(o.seqLen) +
+                    ": the model cannot run an evaluation micro-batch of " +
+                    std::to_string(o.microBatch) + " x " + std::to_string(o.seqLen) +
+                    " tokens (it may have fewer positions, or be a torch.export program fixed "
+                    "to other shapes; set --seq-len to the batches' " + std::to_string(length) +
+                    "): " + e.what());
+    }
+  }
   // A model computing its own loss: its result must be a scalar (an
   // ExecutionError naming it, before any training); one that returns no
   // logits leaves the vocabulary unknown (an id outside it fails in the
