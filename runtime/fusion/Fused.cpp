@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -337,11 +338,15 @@ int multiProcessors(const at::Device &) { return 1; }
 
 /// RowVector::prefetch for a forward or backward row kernel, from
 /// BMT_ROW_PREFETCH (0, the default: none; backward; 1: both), a setting
-/// for measuring the two (bench/gpu_row_prefetch.sh).
+/// for measuring the two (bench/gpu_row_prefetch.sh); another value is a
+/// FusionError (a measurement must not run another mode than it says).
 bool rowPrefetch(bool backward) {
   static const std::string mode = [] {
     const char *v = std::getenv("BMT_ROW_PREFETCH");
-    return std::string(v ? v : "0");
+    std::string m = v ? v : "0";
+    if (m != "0" && m != "backward" && m != "1")
+      throw FusionError("BMT_ROW_PREFETCH is '" + m + "'; it takes 0, backward or 1");
+    return m;
   }();
   return mode == "1" || (backward && mode == "backward");
 }
@@ -354,10 +359,19 @@ bool rowPrefetch(bool backward) {
 /// 8 or 16 were no faster).
 unsigned rowVectorBlocks(const Args &a, const at::Device &device, bool columnSums) {
   int sms = multiProcessors(device);
-  // BMT_ROW_BLOCKS_PER_SM: the forward's blocks an SM (default 16), for measuring.
+  // BMT_ROW_BLOCKS_PER_SM: the forward's blocks an SM (default 16), for
+  // measuring; an integer from 1 to 64, else a FusionError.
   static const int64_t forwardPerSm = [] {
     const char *v = std::getenv("BMT_ROW_BLOCKS_PER_SM");
-    return v ? std::max<int64_t>(1, std::atoll(v)) : int64_t{16};
+    if (!v)
+      return int64_t{16};
+    char *end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || n < 1 || n > 64)
+      throw FusionError(std::string("BMT_ROW_BLOCKS_PER_SM is '") + v +
+                        "'; it takes an integer from 1 to 64");
+    return static_cast<int64_t>(n);
   }();
   int64_t perSm = columnSums ? 4 : forwardPerSm;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(a.n, int64_t{sms} * perSm)));
