@@ -1,6 +1,7 @@
 //===- Batches.cpp - where a run's micro-batches come from ----------------===//
 
 #include "bmt/Runtime/data/Batches.h"
+#include "data/Random.h"
 
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
@@ -94,13 +95,6 @@ private:
   int64_t rowBegin_ = 0, rowEnd_ = 0;
   int64_t consumed_ = 0;
 };
-
-uint64_t splitMix64(uint64_t x) {
-  uint64_t z = x + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 } // namespace
 

@@ -9,6 +9,10 @@
 #include "bmt/Runtime/optim/Optimizers.h"
 #include "bmt/Runtime/parallel/Storage.h"
 #include "bmt/Runtime/parallel/Zero.h"
+#include "data/Random.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
@@ -17,6 +21,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <mutex>
 #include <ATen/ops/cross_entropy_loss.h>
 
 namespace bmt::runtime {
@@ -189,6 +194,18 @@ int64_t Model::gradientsWrittenInPlace() const {
 }
 
 int64_t Model::recomputeSkips() const { return executor_->recomputeSkips(); }
+
+void Model::seedGenerators(uint64_t seed) {
+  const uint64_t s = splitMix64(seed + 0x9E3779B97F4A7C15ull *
+                                           static_cast<uint64_t>(dataParallel().rank() + 1));
+  auto seedOne = [s](at::Generator g) { // (a handle: the default generator itself)
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_current_seed(s);
+  };
+  seedOne(at::detail::getDefaultCPUGenerator());
+  if (device_.is_cuda())
+    seedOne(at::globalContext().defaultGenerator(device_));
+}
 
 bool Model::offloadsOptimizer() const { return zero_ && zero_->offloadsOptimizer(); }
 

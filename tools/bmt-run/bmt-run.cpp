@@ -25,7 +25,6 @@
 #include "bmt/Runtime/io/Safetensors.h"
 #include "bmt/Runtime/train/Trainer.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -45,7 +44,6 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <unistd.h>
 
@@ -89,28 +87,6 @@ void loadProgress(int64_t done, int64_t total) {
 /// Prints (rank 0) what was loaded: the model, its parameters, the bytes
 /// this rank read, the objective and device; with several ranks, the bytes
 /// every rank read (an all-gather: collective).
-/// Dropout (and any other random operator of the program) draws from ATen's
-/// default generators, which ATen seeds nondeterministically. They are
-/// seeded from --seed and the data-parallel rank instead: a run repeats,
-/// data-parallel ranks draw different masks, and the ranks of a TP group,
-/// which hold the same replicated activations, draw the same ones (as
-/// Megatron-LM's default generator; its second one, per TP rank, for
-/// dropout on split activations, is not here: there the TP ranks' masks
-/// are alike). A resume restores each rank's saved generator states after.
-void seedGenerators(uint64_t seed, int64_t dataParallelRank, const at::Device &device) {
-  uint64_t s = seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(dataParallelRank + 1);
-  s = (s ^ (s >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  s = (s ^ (s >> 27)) * 0x94D049BB133111EBULL;
-  s ^= s >> 31; // splitmix64's finalizer
-  auto seedOne = [s](at::Generator g) { // (a handle: the default generator itself)
-    std::lock_guard<std::mutex> lock(g.mutex());
-    g.set_current_seed(s);
-  };
-  seedOne(at::detail::getDefaultCPUGenerator());
-  if (device.is_cuda())
-    seedOne(at::globalContext().defaultGenerator(device));
-}
-
 void printLoadSummary(const tools::RunOptions &o, const plan::Archive &archive,
                       runtime::Model &model, const std::string &objective, at::Device device) {
   runtime::Comm *world = &model.world();
@@ -573,7 +549,9 @@ int run(const tools::RunOptions &o) {
   // Tensor parallelism: a TP group of T ranks shares its rows of the batch;
   // the data is split over the data-parallel ranks.
   const int64_t worldSize = model.dataParallel().size(), rank = model.dataParallel().rank();
-  seedGenerators(o.train.seed, rank, device);
+  // Dropout repeats run to run and agrees over a TP group; a resume
+  // restores each rank's saved generator states after this.
+  model.seedGenerators(o.train.seed);
   const bool encoderDecoder = model.isEncoderDecoder();
   runtime::Objective objectiveKind;
   try {

@@ -273,6 +273,14 @@ public:
   /// gradients: world() without tensor parallelism, else the N/T ranks of
   /// this rank's TP rank (data-parallel rank = world rank / T).
   Comm &dataParallel() { return dataComm_ ? *dataComm_ : *world_; }
+  /// Seeds ATen's default generators (CPU, and the run device's), which
+  /// the program's random operators (dropout) draw from and which ATen
+  /// seeds nondeterministically, from `seed` and the data-parallel rank:
+  /// a run repeats, data-parallel ranks draw different masks, and the ranks
+  /// of a TP group, which hold the same replicated activations, the same
+  /// ones (Megatron-LM's second generator per TP rank, for dropout on split
+  /// activations, is not here: there the TP ranks' masks are alike).
+  void seedGenerators(uint64_t seed);
   /// This rank's TP group (T consecutive ranks; TP rank = world rank % T),
   /// null without tensor parallelism (T == 1).
   Comm *tensorParallel() { return tensorComm_.get(); }
