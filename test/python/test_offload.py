@@ -105,11 +105,18 @@ def assert_same_training(runs, label):
 
 
 CONFIGS = {
-    # name: (model dtype, bmt-opt flags, bmt-run flags)
-    "fp32": (torch.float32, [], []),
-    "bf16": (torch.bfloat16, [], []),
-    "bf16-reduce-fp32-hybrid": (torch.bfloat16, ["--shard-group-size", 1], ["--reduce-dtype", "float32"]),
-    "fp32-zero2-no-recompute": (torch.float32, ["--zero-stage", 2, "--checkpoint", "none"], []),
+    # name: (model dtype, bmt-opt flags, bmt-run flags, ranks)
+    "fp32": (torch.float32, [], [], RANKS),
+    "bf16": (torch.bfloat16, [], [], RANKS),
+    "bf16-reduce-fp32-hybrid": (torch.bfloat16, ["--shard-group-size", 1], ["--reduce-dtype", "float32"],
+                                RANKS),
+    "fp32-zero2-no-recompute": (torch.float32, ["--zero-stage", 2, "--checkpoint", "none"], [], RANKS),
+    # Tensor parallelism (T = 2): ZeRO shards over the N / T data-parallel
+    # ranks; GPT-2's row biases, norm weights and position embedding are
+    # replicated over the TP group (their gradients all-reduced over it
+    # before the reduce-scatter: the host copies must see that sum).
+    "tp2-n2-bf16": (torch.bfloat16, ["--tensor-parallel", 2], [], 2),
+    "tp2-n4-fp32": (torch.float32, ["--tensor-parallel", 2], [], 4),
 }
 
 
@@ -129,40 +136,16 @@ def models(tmp_path_factory):
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_offload_matches_device_optimizer(models, config):
-    dtype, opt_flags, run_flags = CONFIGS[config]
-    tmp = models["tmp"] / config
-    tmp.mkdir()
-    sharded = compile_plan(models["traces"][dtype], tmp / "sharded.pt", "--world-size", RANKS,
-                           *opt_flags)
-    common = ["--lr", "1e-3", "--schedule", "cosine", "--warmup", 2, "--clip-grad", CLIP,
-              "--weight-decay", 0.01, *run_flags]
-    runs = train_pair(tmp, sharded, models["batches"], STEPS, common)
-    if dtype != torch.float32:
-        assert "float32 master weights" in runs["offload"][0]
-    assert_same_training(runs, config)
-
-
-TP_CONFIGS = {
-    # name: (model dtype, tensor parallel T, world size N): ZeRO shards over
-    # the N / T data-parallel ranks; GPT-2's row biases, norm weights and
-    # position embedding are replicated over the TP group (their gradients
-    # all-reduced over it before the reduce-scatter: the host copies must
-    # see that sum).
-    "tp2-n2-bf16": (torch.bfloat16, 2, 2),
-    "tp2-n4-fp32": (torch.float32, 2, 4),
-}
-
-
-@pytest.mark.parametrize("config", list(TP_CONFIGS))
-def test_offload_with_tensor_parallelism_matches_device_optimizer(models, config):
-    dtype, tp, ranks = TP_CONFIGS[config]
+    dtype, opt_flags, run_flags, ranks = CONFIGS[config]
     tmp = models["tmp"] / config
     tmp.mkdir()
     sharded = compile_plan(models["traces"][dtype], tmp / "sharded.pt", "--world-size", ranks,
-                           "--tensor-parallel", tp)
+                           *opt_flags)
     common = ["--lr", "1e-3", "--schedule", "cosine", "--warmup", 2, "--clip-grad", CLIP,
-              "--weight-decay", 0.01]
+              "--weight-decay", 0.01, *run_flags]
     runs = train_pair(tmp, sharded, models["batches"], STEPS, common, ranks=ranks)
+    if dtype != torch.float32:
+        assert "float32 master weights" in runs["offload"][0]
     assert_same_training(runs, config)
 
 

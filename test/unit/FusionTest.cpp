@@ -183,20 +183,18 @@ void check(const plan::Function &body, std::vector<at::Tensor> inputs, double to
         columnDtypes.push_back(oneRow ? at::kFloat : outDtypes[o]);
         ++o;
       }
-    sources.emplace_back(fusion::cudaSource(region.forward, region.results, name + "_fwd8", dtypes, {},
-                                            resultDtypes, &forwardRows),
-                         name + "_fwd8");
-    sources.emplace_back(fusion::cudaSource(region.backward, gradients, name + "_bwd8", dtypes, gradDtypes,
-                                            columnDtypes, &backwardRows),
-                         name + "_bwd8");
-    // And with each block's next row loaded while it reduces the current one.
-    forwardRows.prefetch = backwardRows.prefetch = true;
-    sources.emplace_back(fusion::cudaSource(region.forward, region.results, name + "_fwd8p", dtypes, {},
-                                            resultDtypes, &forwardRows),
-                         name + "_fwd8p");
-    sources.emplace_back(fusion::cudaSource(region.backward, gradients, name + "_bwd8p", dtypes, gradDtypes,
-                                            columnDtypes, &backwardRows),
-                         name + "_bwd8p");
+    // Both variants: and with each block's next row loaded while it
+    // reduces the current one (RowVector::prefetch).
+    for (bool prefetch : {false, true}) {
+      forwardRows.prefetch = backwardRows.prefetch = prefetch;
+      const std::string suffix = prefetch ? "8p" : "8";
+      sources.emplace_back(fusion::cudaSource(region.forward, region.results, name + "_fwd" + suffix,
+                                              dtypes, {}, resultDtypes, &forwardRows),
+                           name + "_fwd" + suffix);
+      sources.emplace_back(fusion::cudaSource(region.backward, gradients, name + "_bwd" + suffix, dtypes,
+                                              gradDtypes, columnDtypes, &backwardRows),
+                           name + "_bwd" + suffix);
+    }
   }
   for (const auto &[source, kernel] : sources) {
     std::string ptx;
