@@ -29,6 +29,9 @@
 #include "bmt/Dialect/ShardingInterfaceImpl.h"
 #include "bmt/Passes.h"
 
+#include "TensorParallelGradients.h"
+#include "TensorParallelUpstream.h"
+
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Shard/IR/ShardDialect.h"
 #include "mlir/Dialect/Shard/IR/ShardOps.h"
@@ -1220,6 +1223,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       Operation *copy = bmt::cloneWithOperands(builder, op, operands);
       if (!copy || !isa<shard::ShardingInterface>(copy))
         fail(op, "internal error: no sharding rule at the ranks of the shadow of its chain", true);
+      bmt::tp::detachUnmappedOperands(*body, copy);
       // A name per copy, for upstream's diagnostics.
       copy->setLoc(NameLoc::get(builder.getStringAttr("shadow." + std::to_string(clones.size())), op->getLoc()));
       clones.push_back({op, copy});
@@ -1260,6 +1264,11 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     pm.addNestedPass<func::FuncOp>(shard::createShardingPropagation());
     std::string diagnostics;
     Operation *blamed = nullptr;
+    if (std::string why; failed(bmt::tp::verifyShadow(*scratch, why)))
+      fail(chain.columns.front().op, "internal error: the shadow of the chain is no valid input for upstream's "
+                                     "sharding-propagation (" + why + ")",
+           true);
+    bool crashed = false;
     {
       ScopedDiagnosticHandler capture(context, [&](Diagnostic &d) {
         if (d.getSeverity() != DiagnosticSeverity::Error)
@@ -1270,7 +1279,12 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
           diagnostics = d.str();
         return success();
       });
-      if (failed(pm.run(*scratch)))
+      LogicalResult ran = bmt::tp::runOnShadow(pm, scratch, crashed);
+      if (crashed)
+        fail(chain.columns.front().op, "internal error: upstream's sharding-propagation crashed on the shadow of "
+                                       "the chain",
+             true);
+      if (failed(ran))
         fail(blamed ? blamed : chain.columns.front().op.getOperation(),
              "upstream's sharding-propagation cannot shard the chain here (" + diagnostics + ")", true);
     }
@@ -1400,7 +1414,11 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
           blamed = op;
         return success();
       });
-      if (failed(partition.run(*scratch)))
+      LogicalResult ran = bmt::tp::runOnShadow(partition, scratch, crashed);
+      if (crashed)
+        fail(chain.columns.front().op, "internal error: upstream's shard-partition crashed on the shadow of the chain",
+             true);
+      if (failed(ran))
         fail(blamed ? blamed : chain.columns.front().op.getOperation(),
              "upstream's shard-partition cannot partition the chain here (" + diagnostics + ")", true);
     }
@@ -1617,7 +1635,13 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         d << " (" << describe(skipped.front().op) << ": " << skipped.front().message << ")";
       return signalPassFailure();
     }
+    // Every parameter left whole: how its gradient is completed
+    // (TensorParallelGradients.h), before anything is rewritten.
+    FailureOr<llvm::SmallVector<bmt::tp::ParameterGradient>> gradients = proveGradients(chains);
+    if (failed(gradients))
+      return signalPassFailure();
     rewrite(chains);
+    markSummed(*gradients);
     std::string vocab = vocabParallel();
     std::string sequence;
     if (sequenceParallel) {
@@ -1630,6 +1654,75 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       }
     }
     report(chains, skipped, vocab, sequence);
+  }
+
+  //===--- Gradient completion (TensorParallelGradients.cpp) ---------------===//
+
+  FailureOr<llvm::SmallVector<bmt::tp::ParameterGradient>> proveGradients(llvm::ArrayRef<Chain> chains) {
+    llvm::SmallVector<bmt::tp::ChainRegion> regions;
+    llvm::DenseSet<Operation *> splitParams;
+    for (const Chain &chain : chains) {
+      bmt::tp::ChainRegion &region = regions.emplace_back();
+      for (auto &[v, s] : chain.values)
+        region.split[v] = {s.dim, s.rankKnown() ? s.rank() : -1};
+      region.completed.insert(chain.copyUses.begin(), chain.copyUses.end());
+      for (const MatmulSite &row : chain.rows) {
+        region.rows.insert(row.op);
+        // The row's bias is added after the all-reduce.
+        if (auto m = matmulShape(row.op); m && m->biasValue)
+          for (OpOperand &o : row.op->getOpOperands())
+            if (o.get() == m->biasValue)
+              region.completed.insert(&o);
+      }
+      for (const HeadNarrow &n : chain.narrows)
+        region.narrowing.insert(n.repeat);
+      for (auto &[param, split] : chain.paramSplits)
+        splitParams.insert(param);
+    }
+    return bmt::tp::proveGradientCompletion(module, regions, splitParams, tensorParallel);
+  }
+
+  /// reduce_grad on the parameters whose gradient is each rank's partial
+  /// sum (the replicated k/v projections already have it), and a remark
+  /// with the decision for each.
+  void markSummed(llvm::ArrayRef<bmt::tp::ParameterGradient> gradients) {
+    llvm::SmallVector<std::string> summed;
+    int64_t identical = 0, count = 0;
+    for (const bmt::tp::ParameterGradient &g : gradients) {
+      if (g.completion == bmt::tp::Completion::Identical) {
+        ++identical;
+        continue;
+      }
+      ++count;
+      bmt::ParameterOp param = g.param;
+      std::string name = shortName(param);
+      name = name == param.getSymName() ? name : name + "." + weightSuffix(param);
+      if (!llvm::is_contained(summed, name))
+        summed.push_back(name);
+      if (!param->hasAttr("bmt.tensor_split"))
+        markReduceGrad(param);
+    }
+    InFlightDiagnostic remark = emitRemark(module.getLoc())
+                                << "bmt-tensor-parallel: gradient completion: " << count
+                                << " whole parameters read beside split values, each rank's gradient a partial "
+                                   "sum, reduce_grad";
+    if (count)
+      remark << " (" << llvm::join(summed, ", ") << ")";
+    remark << "; " << identical << " whole parameters identical on every rank";
+  }
+
+  /// "weight" of "model.layers.0.self_attn.q_norm.weight".
+  static std::string weightSuffix(bmt::ParameterOp p) { return p.getSymName().rsplit('.').second.str(); }
+
+  /// `bmt.tensor_split = {dim = -1, chunks = 1, reduce_grad = true}`: whole
+  /// on every TP rank, its gradient summed over the group before ZeRO's
+  /// reduce-scatter (Plan's TensorSplit{dim = -1, reduceGrad}).
+  static void markReduceGrad(bmt::ParameterOp p) {
+    Builder builder(p.getContext());
+    p->setAttr("bmt.tensor_split",
+               builder.getDictionaryAttr({builder.getNamedAttr("dim", builder.getI64IntegerAttr(-1)),
+                                          builder.getNamedAttr("chunks", builder.getI64IntegerAttr(1)),
+                                          builder.getNamedAttr("reduce_grad", builder.getBoolAttr(true))}));
   }
 
   //===--- Sequence parallelism (Korthikanti et al. 2022, section 4.2.2) ---===//
