@@ -1654,6 +1654,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       }
     }
     report(chains, skipped, vocab, sequence);
+    emitRemark(module.getLoc()) << gradientReport(*gradients);
   }
 
   //===--- Gradient completion (TensorParallelGradients.cpp) ---------------===//
@@ -1683,36 +1684,44 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   }
 
   /// reduce_grad on the parameters whose gradient is each rank's partial
-  /// sum (the replicated k/v projections already have it), and a remark
-  /// with the decision for each.
+  /// sum (the replicated k/v projections already have it).
   void markSummed(llvm::ArrayRef<bmt::tp::ParameterGradient> gradients) {
+    for (const bmt::tp::ParameterGradient &g : gradients)
+      if (g.completion == bmt::tp::Completion::Summed && !g.param->hasAttr("bmt.tensor_split"))
+        markReduceGrad(g.param);
+  }
+
+  /// The decision for each whole parameter, after sequence parallelism
+  /// (which sums the gradients of the parameters it reads between the
+  /// chains), for the remark.
+  std::string gradientReport(llvm::ArrayRef<bmt::tp::ParameterGradient> gradients) {
     llvm::SmallVector<std::string> summed;
-    int64_t identical = 0, count = 0;
+    int64_t identical = 0, count = 0, sequence = 0;
     for (const bmt::tp::ParameterGradient &g : gradients) {
+      bmt::ParameterOp param = g.param;
       if (g.completion == bmt::tp::Completion::Identical) {
-        ++identical;
+        auto split = param->getAttrOfType<DictionaryAttr>("bmt.tensor_split");
+        ++(split && split.get("reduce_grad") ? sequence : identical);
         continue;
       }
       ++count;
-      bmt::ParameterOp param = g.param;
       std::string name = shortName(param);
-      name = name == param.getSymName() ? name : name + "." + weightSuffix(param);
+      if (param.getSymName().ends_with(".weight") && !StringRef(name).ends_with(".weight"))
+        name += ".weight";
       if (!llvm::is_contained(summed, name))
         summed.push_back(name);
-      if (!param->hasAttr("bmt.tensor_split"))
-        markReduceGrad(param);
     }
-    InFlightDiagnostic remark = emitRemark(module.getLoc())
-                                << "bmt-tensor-parallel: gradient completion: " << count
-                                << " whole parameters read beside split values, each rank's gradient a partial "
-                                   "sum, reduce_grad";
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << "bmt-tensor-parallel: gradient completion: " << count
+       << " whole parameters read beside split values, each rank's gradient a partial sum, reduce_grad";
     if (count)
-      remark << " (" << llvm::join(summed, ", ") << ")";
-    remark << "; " << identical << " whole parameters identical on every rank";
+      os << " (" << llvm::join(summed, ", ") << ")";
+    if (sequence)
+      os << "; " << sequence << " read between the chains, split along the sequence, reduce_grad";
+    os << "; " << identical << " whole parameters identical on every rank";
+    return text;
   }
-
-  /// "weight" of "model.layers.0.self_attn.q_norm.weight".
-  static std::string weightSuffix(bmt::ParameterOp p) { return p.getSymName().rsplit('.').second.str(); }
 
   /// `bmt.tensor_split = {dim = -1, chunks = 1, reduce_grad = true}`: whole
   /// on every TP rank, its gradient summed over the group before ZeRO's
