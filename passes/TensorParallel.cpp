@@ -757,6 +757,12 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         assign(op.getResult(0), s, work); // the whole tensor
         return;
       }
+      if (nd && *nd == s.dim && name == "aten::slice.Tensor" && s.chunks > 1) {
+        // One of the equal parts of a fused projection (Phi-3's q, k, v):
+        // its bounds become the rank's part of each chunk.
+        fusedSlice(op, s, work, chain);
+        return;
+      }
       if (!nd || *nd == s.dim)
         fail(op, "indexing along the split dim");
       Split out = s;
@@ -847,6 +853,31 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       return;
     }
     fail(op, "an op the pass does not know how to split");
+  }
+
+  /// A slice [start, end) of a fused projection's output along the split
+  /// dim that takes one of its `chunks` equal parts; each rank holds its
+  /// 1 / T of every part, in the parts' order, so the bounds become
+  /// [start / T, end / T) (an end past the width stays).
+  void fusedSlice(bmt::AtenOp op, const Split &s, llvm::SmallVector<Value> &work, Chain &chain) {
+    auto intArg = [&](StringRef arg) { return bmt::getAtenArg(op, arg)->getInt(); };
+    auto start = intArg("start"), end = intArg("end"), step = intArg("step");
+    int64_t part = s.global > 0 ? s.global / s.chunks : -1;
+    bool open = end && *end >= std::numeric_limits<int64_t>::max() / 2;
+    if (!start || !end || !step || *step != 1 || part <= 0 || *start % part != 0 ||
+        (open ? *start != s.global - part : *end != *start + part))
+      fail(op, "a slice along the split dim that does not take one part of a fused projection");
+    const bmt::AtenOpInfo *info = bmt::lookupAtenOp(op.getName());
+    if (*start != 0)
+      edit(chain, op, info->argIndex("start"), -1, *start, "the slice's start");
+    if (!open)
+      edit(chain, op, info->argIndex("end"), -1, *end, "the slice's end");
+    Split out = s;
+    out.chunks = 1;
+    out.global = part;
+    if (out.rankKnown())
+      out.sizes[out.pos()] = part;
+    assign(op.getResult(0), out, work);
   }
 
   /// view/reshape: which dim of the new shape holds the split, from the
@@ -1527,7 +1558,8 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
           continue;
         }
         // A fused projection: q, k, v (3 chunks) split apart later.
-        int64_t chunks = fusedChunks(op, m);
+        int64_t sliceRank = 0;
+        int64_t chunks = fusedChunks(op, m, &sliceRank);
         if (m.out % (chunks * tensorParallel) != 0) {
           std::string what = "the output size " + std::to_string(m.out);
           if (chunks > 1)
@@ -1553,6 +1585,8 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         s.chunks = chunks;
         if (op.getName() == "aten::addmm")
           s.setSizes({-1, m.out});
+        else if (sliceRank > 0)
+          s.setSizes(llvm::SmallVector<int64_t>(sliceRank, -1));
         assign(op.getResult(0), s, work);
       }
       propagate(work, chain);
@@ -2307,11 +2341,18 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   }
 
   /// How many chunks the output of a column matmul has: the number of
-  /// results of the aten::split (or chunk) along the last dim that takes
-  /// it apart into equal parts, else 1.
-  int64_t fusedChunks(bmt::AtenOp op, const MatmulShape &m) {
+  /// results of the aten::split (or, read without a view, aten::chunk) along
+  /// the last dim that takes it apart into equal parts, or of the slices
+  /// that do (Phi-3's qkv_proj: [..., 0:q], [..., q:2q], [..., 2q:]), else 1.
+  /// With slices along a dim counted from the front, `rank` is set to the
+  /// output's rank (the sliced dim is its last).
+  int64_t fusedChunks(bmt::AtenOp op, const MatmulShape &m, int64_t *rank = nullptr) {
     Value v = op.getResult(0);
+    bool viewed = false;
     for (int hops = 0; hops < 8; ++hops) {
+      if (!viewed)
+        if (int64_t n = slicedChunks(v, m.out, rank))
+          return n;
       if (!v.hasOneUse())
         return 1;
       Operation *user = *v.getUsers().begin();
@@ -2327,6 +2368,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         return 1;
       if (aten.getName() == "aten::view" || aten.getName() == "aten::reshape") {
         v = aten.getResult(0);
+        viewed = true;
         continue;
       }
       if (aten.getName() == "aten::split.Tensor") {
@@ -2334,9 +2376,46 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         if (size && *size > 0 && m.out % *size == 0 && m.out / *size == aten->getNumResults())
           return aten->getNumResults();
       }
+      if (aten.getName() == "aten::chunk" && !viewed) {
+        auto n = bmt::getAtenArg(aten, "chunks")->getInt(), dim = bmt::getAtenArg(aten, "dim")->getInt();
+        if (n && dim && *dim == -1 && *n > 1 && *n == aten->getNumResults() && m.out % *n == 0)
+          return *n;
+      }
       return 1;
     }
     return 1;
+  }
+
+  /// The number of equal parts of [0, `width`) that the uses of `v`, all
+  /// aten::slice.Tensor along one dim with constant bounds and step 1,
+  /// take (each one part; the last may end at the end), else 0. A dim
+  /// counted from the front is taken as the last, and `rank` set.
+  int64_t slicedChunks(Value v, int64_t width, int64_t *rank) {
+    llvm::SmallVector<std::pair<int64_t, int64_t>> parts; // {start, end}
+    std::optional<int64_t> dim;
+    for (Operation *user : v.getUsers()) {
+      auto slice = dyn_cast<bmt::AtenOp>(user);
+      if (!slice || slice.getName() != "aten::slice.Tensor" || slice->getOperand(0) != v)
+        return 0;
+      auto d = bmt::getAtenArg(slice, "dim")->getInt(), start = bmt::getAtenArg(slice, "start")->getInt(),
+           end = bmt::getAtenArg(slice, "end")->getInt(), step = bmt::getAtenArg(slice, "step")->getInt();
+      if (!d || !start || !end || !step || *step != 1 || (dim && *dim != *d))
+        return 0;
+      dim = d;
+      parts.push_back({*start, std::min(*end, width)});
+    }
+    if (parts.size() < 2 || width % static_cast<int64_t>(parts.size()) != 0)
+      return 0;
+    llvm::sort(parts);
+    int64_t part = width / static_cast<int64_t>(parts.size());
+    for (auto [i, p] : llvm::enumerate(parts))
+      if (p.first != static_cast<int64_t>(i) * part || p.second != p.first + part)
+        return 0;
+    if (*dim >= 0 && rank)
+      *rank = *dim + 1;
+    else if (*dim != -1)
+      return 0;
+    return parts.size();
   }
 
   std::string describe(Operation *op) {

@@ -608,48 +608,54 @@ def test_sequence_parallel_needs_tensor_parallel(traced):  # noqa: F811
         assert not out.exists()
 
 
-# Architectures whose attention normalizes q and k per head (q_norm, k_norm:
-# RMSNorm weights of head_dim applied to head-split activations), built as
+# Architectures users train today that the fixtures lack: per-head q/k norms
+# (q_norm, k_norm: RMSNorm weights of head_dim applied to head-split
+# activations) and fused projections taken apart by slices, built as
 # scripts/architectures.py builds its models: tiny config, eager attention,
 # no cache, seed 0.
-QK_NORM_ARCHS = {
+TP_ARCHS = {
     # name: (transformers class, model_type, config fields)
     "qwen3": ("Qwen3ForCausalLM", "qwen3", dict(tie_word_embeddings=False)),
     "qwen3_tied": ("Qwen3ForCausalLM", "qwen3", dict(tie_word_embeddings=True)),
     # Gemma 3's norms (1 + weight, then type_as) also mix sliding-window and
     # global layers.
     "gemma3": ("Gemma3ForCausalLM", "gemma3_text", dict(sliding_window=4)),
+    # Phi-3's fused projections, taken apart by slices (qkv_proj: q, k, v of
+    # 4 heads each) and by chunk (gate_up_proj); no q/k norms.
+    "phi3": ("Phi3ForCausalLM", "phi3", dict(num_key_value_heads=4, pad_token_id=0)),
 }
 
 
-def build_qk_norm(name):
+def build_arch(name):
     import torch
     import transformers
-    cls, model_type, fields = QK_NORM_ARCHS[name]
+    cls, model_type, fields = TP_ARCHS[name]
     config = transformers.AutoConfig.for_model(
-        model_type, vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64, **fields)
+        model_type, **dict(dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                max_position_embeddings=64), **fields))
     config.use_cache = False
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     return getattr(transformers, cls)(config).eval()
 
 
-@pytest.mark.parametrize("name,ranks", [("qwen3", 2), ("qwen3_tied", 4), ("gemma3", 2)])
-def test_per_head_norms_match_eager(name, ranks, tmp_path):
-    """Qwen3 (untied, and tied on T = 2 N = 4) and Gemma 3 at T = 2 against
-    eager transformers over 5 AdamW steps: every step's loss and gradient
-    norm, and the final parameters. q_norm and k_norm stay whole on each TP
-    rank while the heads they scale are split, so each rank's gradient of
-    them is the sum over its own heads: the gradient-completion proof marks
-    them reduce_grad (without it the losses drifted 1.3e-4 from eager in 5
-    steps); Gemma 3 crashed upstream's sharding-propagation (its norms'
-    type_as of a split dtype source)."""
+@pytest.mark.parametrize("name,ranks", [("qwen3", 2), ("qwen3_tied", 4), ("gemma3", 2), ("phi3", 2)])
+def test_architectures_match_eager(name, ranks, tmp_path):
+    """Qwen3 (untied, and tied on T = 2 N = 4), Gemma 3 and Phi-3 at T = 2
+    against eager transformers over 5 AdamW steps: every step's loss and
+    gradient norm, and the final parameters. q_norm and k_norm stay whole on
+    each TP rank while the heads they scale are split, so each rank's
+    gradient of them is the sum over its own heads: the gradient-completion
+    proof marks them reduce_grad (without it the losses drifted 1.3e-4 from
+    eager in 5 steps); Gemma 3 crashed upstream's sharding-propagation (its
+    norms' type_as of a split dtype source). Phi-3's fused qkv_proj and
+    gate_up_proj are split in parts, as GPT-2's c_attn (they were refused)."""
     import torch
     from safetensors.torch import load_file
     from test_runtime_parity import decay_groups
     from test_zero_multirank import GLOBAL_BATCH, SEQ
-    model = build_qk_norm(name)
+    model = build_arch(name)
     ids = torch.randint(0, 128, (2, SEQ), generator=torch.Generator().manual_seed(1))
     pt = tmp_path / f"{name}.pt"
     torch.jit.trace(model, example_kwarg_inputs={"input_ids": ids, "attention_mask": torch.ones_like(ids)},
@@ -661,10 +667,15 @@ def test_per_head_norms_match_eager(name, ranks, tmp_path):
     compiled = subprocess.run([binary("bmt-opt"), str(pt), "-o", str(sharded), "--world-size", str(ranks),
                                "--tensor-parallel", "2"], capture_output=True, text=True)
     assert compiled.returncode == 0, compiled.stderr
-    assert "gradient completion: 4 whole parameters read beside split values, each rank's gradient a " \
-        "partial sum, reduce_grad (self_attn.q_norm.weight, self_attn.k_norm.weight)" in compiled.stderr, \
-        compiled.stderr
-    assert "column-parallel by heads (4 -> 2 per rank, kv heads 2 -> 1)" in compiled.stderr, compiled.stderr
+    if name == "phi3":
+        assert "self_attn.qkv_proj column-parallel by heads (4 -> 2 per rank, fused q/k/v), " \
+            "self_attn.o_proj row-parallel; mlp.gate_up_proj column-parallel (128 -> 64 per rank)" \
+            in compiled.stderr, compiled.stderr
+    else:
+        assert "gradient completion: 4 whole parameters read beside split values, each rank's gradient a " \
+            "partial sum, reduce_grad (self_attn.q_norm.weight, self_attn.k_norm.weight)" in compiled.stderr, \
+            compiled.stderr
+        assert "column-parallel by heads (4 -> 2 per rank, kv heads 2 -> 1)" in compiled.stderr, compiled.stderr
     log, params = tmp_path / "log.jsonl", tmp_path / "params.safetensors"
     r = torchrun(ranks, sharded, "--batches", tmp_path / "batches.pt", "--steps", steps, "--lr", "1e-3",
                  "--clip-grad", 0, "--weight-decay", 0.01, "--log-file", log, "--save-params", params)
@@ -674,7 +685,7 @@ def test_per_head_norms_match_eager(name, ranks, tmp_path):
     # Eager transformers on the same weights and batches (torch.optim.AdamW
     # with bmt-run's weight-decay groups and learning rates).
     lrs = {x["step"]: x["lr"] for x in train}
-    reference = build_qk_norm(name)
+    reference = build_arch(name)
     opt = torch.optim.AdamW(decay_groups(reference.parameters(), 0.01), lr=1.0)
     for x, w in zip(train, batches):
         opt.zero_grad()
