@@ -193,14 +193,15 @@ static FailureOr<llvm::SmallVector<int64_t>> derivedShape(Context &ctx, Value v,
     if (!info)
       return failure();
     StringRef name = cast<bmt::AtenOp>(def).getName();
-    bool sameShape = info->kind == bmt::AtenOpKind::Elementwise || info->kind == bmt::AtenOpKind::Copy ||
-                     name == "aten::type_as" || name == "aten::alias";
-    if (!sameShape)
-      return failure();
-    if (name == "aten::type_as") {
+    // Casts and copies keep the shape (cat, repeat, pad, ..., also of the
+    // Copy kind, do not); a dtype source is not followed.
+    if (name == "aten::type_as" || name == "aten::to.other" || name.starts_with("aten::to.") ||
+        llvm::is_contained({"aten::contiguous", "aten::clone", "aten::lift_fresh_copy", "aten::alias"}, name)) {
       v = def->getOperand(0);
       continue;
     }
+    if (info->kind != bmt::AtenOpKind::Elementwise)
+      return failure();
     // One tensor operand, the others scalars.
     Value next;
     for (Value o : def->getOperands()) {
