@@ -96,13 +96,13 @@ const std::vector<Option> &optionTable() {
       {"--sequences", "LAYOUT", "data",
        "how whole documents of a version-2 token file become rows\n"
        "(supervised fine-tuning; docs/runtime.md): padded (one document a\n"
-       "row, right-padded; needs a plan compiled with bmt-opt\n"
-       "--assume-unpadded=false) | packed (whole documents packed into\n"
-       "rows of --seq-len + 1 tokens, position_ids restarting at each;\n"
-       "needs a model exported with bmt-export-hf --position-ids) |\n"
-       "windows (random windows of the token stream, ignoring the\n"
-       "documents). Default: padded for supervised data (a loss mask),\n"
-       "else windows",
+       "row, right-padded; needs a forward taking attention_mask) |\n"
+       "packed (whole documents packed into rows of --seq-len + 1 tokens,\n"
+       "position_ids restarting at each; needs a model exported with\n"
+       "bmt-export-hf --position-ids) | windows (random windows of the\n"
+       "token stream, ignoring the documents). Default for supervised\n"
+       "data (a loss mask): packed for a model exported with\n"
+       "--position-ids, else padded; for other data: windows",
        [](RunOptions &o, auto &k, const Values &v) {
          if (v[0] == "padded")
            o.sequences = runtime::SequenceLayout::Padded;

@@ -432,9 +432,14 @@ documentLayout(const tools::RunOptions &o, runtime::Model &model,
                               "ready batches");
     return std::nullopt;
   }
+  // Supervised data: packed for a program exported for it (position_ids and
+  // no attention_mask: bmt-export-hf --position-ids), else padded.
+  const bool exportedForPacking =
+      model.takesInput("position_ids") && !model.takesInput("attention_mask");
   std::optional<runtime::SequenceLayout> layout = o.sequences;
   if (!layout && data->hasLossMask())
-    layout = runtime::SequenceLayout::Padded; // supervised data
+    layout = exportedForPacking ? runtime::SequenceLayout::Packed
+                                : runtime::SequenceLayout::Padded;
   if (!layout) {
     if (rank0 && eval && eval->hasLossMask())
       std::cout << "bmt-run: note: " << eval->binPath() << " is supervised, but the training "
@@ -450,20 +455,16 @@ documentLayout(const tools::RunOptions &o, runtime::Model &model,
   if (objective != runtime::Objective::CausalLM)
     throw Failure(std::string("--sequences ") + name + " trains causal LMs on whole documents; "
                   "the objective is " + runtime::objectiveName(objective));
-  const plan::Plan &p = model.plan();
   // The other layout is suggested only where this program can run it.
-  const bool paddedRuns = model.takesInput("attention_mask") &&
-                          !p.assumes(plan::kAssumeAttentionMaskAllOnes);
-  const bool packedRuns = model.takesInput("position_ids") && !model.takesInput("attention_mask");
-  const std::string orPacked = packedRuns ? ", or train with --sequences packed" : "";
+  const bool paddedRuns = model.takesInput("attention_mask");
+  const std::string orPacked = exportedForPacking ? ", or train with --sequences packed" : "";
   const std::string orPadded = paddedRuns ? ", or train with --sequences padded" : "";
   if (*layout == runtime::SequenceLayout::Padded) {
-    if (p.assumes(plan::kAssumeAttentionMaskAllOnes))
-      throw Failure(o.archive + " was compiled assuming attention_mask all ones (bmt-opt "
-                    "--assume-unpadded, the default: its attention has no padding term), and "
-                    "padded sequences (--sequences padded) have padding; recompile with "
-                    "bmt-opt --assume-unpadded=false" + orPacked);
-    if (!model.takesInput("attention_mask"))
+    // A plan compiled assuming attention_mask all ones (bmt-opt's default)
+    // is fed all ones (Trainer): right padding only follows a row's tokens,
+    // which a causal LM's earlier positions never see, so the loss on them
+    // is the same with or without the padding term.
+    if (!paddedRuns)
       throw Failure(o.archive + "'s forward takes no attention_mask, which padded sequences "
                     "(--sequences padded) need; export the model with attention_mask "
                     "(bmt-export-hf does by default)" + orPacked);
