@@ -417,6 +417,21 @@ void printResume(const runtime::ResumeReport &r, const std::string &folder,
   }
 }
 
+/// What the entry function returns, for a message: "a plain tensor", or its
+/// result names ("'last_hidden_state', 'pooler_output'").
+std::string describeResults(const runtime::Model &model) {
+  const plan::Function &entry = model.plan().functions[model.plan().entry];
+  std::string names;
+  for (const std::string &n : entry.resultNames)
+    if (!n.empty())
+      names += (names.empty() ? "'" : ", '") + n + "'";
+  if (!names.empty())
+    return names;
+  return entry.resultNames.size() == 1
+             ? "a plain tensor"
+             : std::to_string(entry.resultNames.size()) + " unnamed results (a tuple)";
+}
+
 /// Whole documents (--sequences, or supervised data by default): the layout,
 /// or none for random windows. Checks that the data, the objective and the
 /// plan fit the layout (Failure otherwise, saying what to change), and
@@ -587,8 +602,12 @@ int run(const tools::RunOptions &o) {
                       runtime::objectiveName(objectiveKind) + " labels)"
                 : std::string(runtime::objectiveName(objectiveKind));
   if (!model.hasLogits() && !modelLoss && o.dumpInputs.empty())
-    throw Failure(o.archive + ": the model has no language-model head (no 'logits' "
-                  "result: " + p.modelType + "); it can be run with --dump but not trained");
+    throw Failure(o.archive + ": the model's forward returns " + describeResults(model) +
+                  " and no 'logits' result (" + p.modelType + "); to train, its forward must "
+                  "return a dict or ModelOutput with 'logits' [batch, seq, vocab] (a "
+                  "*ForCausalLM/*ForMaskedLM/*ForConditionalGeneration model does), or take "
+                  "'labels' and return its loss as 'loss' (--objective model-loss); it can be "
+                  "run with --dump as it is");
   const bool maskedLM = objectiveKind == runtime::Objective::MaskedLM;
   const bool spanCorruption = objectiveKind == runtime::Objective::SpanCorruption;
   // Span corruption: --seq-len is the encoder input's length; the windows
