@@ -204,7 +204,8 @@ Trainer::MicroBatchLoss Trainer::microBatchLoss(const MicroBatch &micro,
   if (!micro.window.defined()) { // ready encoder-decoder pairs
     inputIds = micro.inputIds;
     labels = micro.labels;
-    decoderInputIds = shiftRight(labels, config_.spanCorruption.decoderStartId);
+    decoderInputIds = shiftRight(labels, config_.spanCorruption.decoderStartId,
+                                 config_.spanCorruption.decoderPadId);
   } else {
     const int64_t seq = micro.window.size(1) - 1;
     switch (config_.objective) {

@@ -289,8 +289,8 @@ const std::vector<Option> &optionTable() {
          o.train.spanCorruption.meanSpanLength = toDouble(k, v[0], 1);
        }},
       {"--decoder-start-id", "N", "objective",
-       "first decoder input token (default: the data's pad_id, else 0,\n"
-       "T5's decoder_start_token_id)",
+       "first decoder input token (default: the model's config.json\n"
+       "decoder_start_token_id, else the data's pad_id, else 0, T5's)",
        [](RunOptions &o, auto &k, const Values &v) { o.decoderStartId = toInt(k, v[0], 0); }},
       {"--seed", "N", "objective", "seed of sampling, masking and dropout (default 0)",
        [](RunOptions &o, auto &k, const Values &v) {

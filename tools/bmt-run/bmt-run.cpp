@@ -562,6 +562,7 @@ int run(const tools::RunOptions &o) {
   runtime::Model model(archive, device, world.get(), rank0 ? loadProgress : nullptr,
                        modelOptions);
   const plan::Plan &p = model.plan();
+  const tools::DecoderConfig decoder = tools::decoderConfig(archive);
   // Tensor parallelism: a TP group of T ranks shares its rows of the batch;
   // the data is split over the data-parallel ranks.
   const int64_t worldSize = model.dataParallel().size(), rank = model.dataParallel().rank();
@@ -627,7 +628,7 @@ int run(const tools::RunOptions &o) {
   printLoadSummary(o, archive, model, objective, device);
 
   if (!o.dumpInputs.empty()) {
-    tools::runDump(model, o, objectiveKind);
+    tools::runDump(model, o, objectiveKind, decoder);
     return 0;
   }
 
@@ -672,14 +673,19 @@ int run(const tools::RunOptions &o) {
     config.maskId = tools::maskTokenId(train ? train.get() : eval.get());
   if (spanCorruption && o.batchesFile.empty()) // (--batches: below, from the file's windows)
     config.spanCorruption = tools::spanCorruptionSettings(
-        o, span, spanLengths, vocab, train ? train.get() : eval.get(), 0, rank0);
+        o, decoder, span, spanLengths, vocab, train ? train.get() : eval.get(), 0, rank0);
 
-  if (fixed.inputIds.defined()) // ready encoder-decoder pairs
-    config.spanCorruption.decoderStartId = std::max<int64_t>(o.decoderStartId, 0);
+  if (fixed.inputIds.defined()) { // ready encoder-decoder pairs
+    const tools::DecoderIds ids = tools::decoderIds(o, decoder, nullptr);
+    config.spanCorruption.decoderStartId = ids.startId;
+    config.spanCorruption.decoderPadId = ids.padId;
+    if (rank0)
+      std::cout << "bmt-run: decoder start " << ids.startId << " (" << ids.source << ")\n";
+  }
   tools::checkBatchIds(fixed, vocab, o.batchesFile);
   if (fixed.windows.defined() && spanCorruption)
     config.spanCorruption = tools::spanCorruptionSettings(
-        o, span, runtime::spanCorruptionLengths(fixed.windows.size(2), span), vocab, nullptr,
+        o, decoder, span, runtime::spanCorruptionLengths(fixed.windows.size(2), span), vocab, nullptr,
         fixed.windows.max().item<int64_t>() + 1, rank0);
   std::unique_ptr<runtime::MicroBatchSource> batches;
   if (layout && train)
