@@ -48,6 +48,9 @@ struct CheckpointOptions {
   std::string dir;
   int64_t every = 0; ///< save after every N-th step; 0: never
   int64_t keep = 0;  ///< complete checkpoints kept (the newest); 0: all
+  /// The step the run starts from (the resumed checkpoint's; 0 for a new
+  /// run): `dir` must hold no checkpoint of a later step.
+  int64_t startStep = 0;
 };
 
 /// What a checkpoint says about the run that saved it (checkpoint.json's
@@ -112,7 +115,9 @@ struct CheckpointResult {
 /// All references must outlive the saver.
 class CheckpointSaver {
 public:
-  /// Creates options.dir if needed and checks that it can be written; on
+  /// Creates options.dir if needed and checks that it can be written and
+  /// holds no checkpoint of a step after options.startStep (its saves
+  /// would replace them: CheckpointError naming them and what to do); on
   /// rank 0 removes the folders of saves that died in earlier runs (their
   /// "step-N.tmp-<run>" folders, and "step-N" folders without a COMPLETE
   /// file; never one with a COMPLETE file).
