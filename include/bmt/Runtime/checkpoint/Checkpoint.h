@@ -186,10 +186,14 @@ struct ResumeReport {
 /// 1 without it) is resharded: every element of this rank's slices is read
 /// from the saved slice that holds it (plan::tpSlice's rule, the padding
 /// left out). Returns the rest of the run's state.
+/// Every byte it reads is checked against its chunk's CRC-32 (rank files
+/// without per-chunk checksums: each tensor touched is read whole and
+/// checked against its CRC-32). The folder is known by its COMPLETE file
+/// and checkpoint.json, whatever its name.
 /// Throws CheckpointError, changing nothing, for a folder that is not a
 /// complete checkpoint, another format version, another model (naming the
-/// first tensor that differs), missing or truncated rank files; and for a
-/// checksum mismatch (then the model may be partly loaded: stop the run).
+/// first tensor that differs), missing or truncated rank files, and a
+/// checksum mismatch (naming the file, tensor, chunk and model tensors).
 /// With `expected` (the run's optimizer, `offloaded` or not): throws
 /// CheckpointError, changing nothing, when the checkpoint was saved by
 /// another optimizer or with other hyperparameters (its kind and settings
