@@ -33,6 +33,9 @@
 namespace bmt::plan {
 
 uint32_t crc32(const void *data, size_t nbytes) { return crc32_fast(data, nbytes); }
+uint32_t crc32(const void *data, size_t nbytes, uint32_t previous) {
+  return crc32_fast(data, nbytes, previous);
+}
 
 namespace {
 
@@ -492,8 +495,7 @@ Archive::Archive(const std::string &path) : path_(path) {
     throw PlanError(path + ": not a bmt archive (no " + kVersionRecord +
                     " record; compile the model with bmt-opt MODEL -o " + path + ")");
   try {
-    auto [data, size] = reader_->getRecord(kVersionRecord);
-    std::string version(static_cast<const char *>(data.get()), size);
+    std::string version = checkedRecord(kVersionRecord);
     std::istringstream in(version);
     std::string magic;
     int64_t number = -1;
@@ -506,12 +508,15 @@ Archive::Archive(const std::string &path) : path_(path) {
                       std::to_string(kOldestPlanFormatVersion) + " to " +
                       std::to_string(kPlanFormatVersion) +
                       "); recompile with this bmt-opt, or run a newer bmt-run");
-    auto [planData, planSize] = reader_->getRecord(kPlanRecord);
-    const char *bytes = static_cast<const char *>(planData.get());
-    plan_ = fromIValue(torch::jit::pickle_load(std::vector<char>(bytes, bytes + planSize)));
+    const std::string planBytes = checkedRecord(kPlanRecord);
+    plan_ = fromIValue(torch::jit::pickle_load(std::vector<char>(planBytes.begin(), planBytes.end())));
     if (plan_.version != number)
       throw PlanError("the version record says " + std::to_string(number) +
                       " but the plan is version " + std::to_string(plan_.version));
+    // The other whole records, checked now: a damaged program text or
+    // Hugging Face file is found at load, whatever reads it later.
+    checkedRecord(kProgramRecord);
+    hfFiles();
   } catch (const PlanError &e) {
     std::string message = e.what();
     if (message.rfind(path, 0) == 0)
@@ -558,13 +563,62 @@ void Archive::readRecordRange(const std::string &record, int64_t offset, int64_t
   bytesRead_ += nbytes;
 }
 
-std::string Archive::programText() {
+std::string Archive::programText() { return checkedRecord(kProgramRecord); }
+
+std::string Archive::checkedRecord(const std::string &record) {
+  std::string bytes;
+  int64_t start = 0, header = 0;
   try {
-    auto [data, size] = reader_->getRecord(kProgramRecord);
-    return std::string(static_cast<const char *>(data.get()), size);
+    auto [data, size] = reader_->getRecord(record);
+    bytes.assign(static_cast<const char *>(data.get()), size);
+    start = static_cast<int64_t>(reader_->getRecordOffset(record));
+    header = static_cast<int64_t>(reader_->getRecordHeaderOffset(record));
   } catch (const c10::Error &e) {
-    throw PlanError(path_ + ": corrupt record " + kProgramRecord + ": " +
+    throw PlanError(path_ + ": corrupt record " + record + ": " +
                     bmt::firstErrorLine(e.what_without_backtrace()));
+  }
+  // The zip's CRC-32 of the record: in its local header, or, when the
+  // header's flag bit 3 says so (PyTorchStreamWriter's records), in the
+  // data descriptor after its data (an optional "PK\7\8" signature, then
+  // the CRC-32).
+  auto u32 = [](const unsigned char *p) {
+    return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+           static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+  };
+  unsigned char local[30], descriptor[8];
+  readFileBytes(header, sizeof local, local, record);
+  if (u32(local) != 0x04034b50u)
+    throw PlanError(path_ + ": corrupt record " + record + " (no zip header at byte " +
+                    std::to_string(header) + ")");
+  uint32_t expected = u32(local + 14);
+  if (local[6] & 8) {
+    readFileBytes(start + static_cast<int64_t>(bytes.size()), sizeof descriptor, descriptor, record);
+    expected = u32(descriptor) == 0x08074b50u ? u32(descriptor + 4) : u32(descriptor);
+  }
+  const uint32_t actual = crc32(bytes.data(), bytes.size());
+  if (actual != expected) {
+    char text[64];
+    std::snprintf(text, sizeof text, "CRC-32 %08x, the zip says %08x", actual, expected);
+    throw PlanError(path_ + ": corrupt record " + record + " (bytes [" + std::to_string(start) +
+                    ", " + std::to_string(start + static_cast<int64_t>(bytes.size())) +
+                    ") of the file: " + text + "); recompile it with bmt-opt");
+  }
+  return bytes;
+}
+
+void Archive::readFileBytes(int64_t at, int64_t nbytes, void *dst, const std::string &record) {
+  if (fd_ < 0 && (fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC)) < 0)
+    throw PlanError(path_ + ": cannot open: " + std::strerror(errno));
+  char *out = static_cast<char *>(dst);
+  for (int64_t done = 0; done < nbytes;) {
+    ssize_t n = ::pread(fd_, out + done, static_cast<size_t>(nbytes - done),
+                        static_cast<off_t>(at + done));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      throw PlanError(path_ + ": corrupt record " + record + " (the file ends at byte " +
+                      std::to_string(at + done) + ")");
+    done += n;
   }
 }
 
@@ -574,13 +628,7 @@ std::vector<NamedFile> Archive::hfFiles() {
     const std::string record = kHfRecordPrefix + name;
     if (!reader_->hasRecord(record))
       continue;
-    try {
-      auto [data, size] = reader_->getRecord(record);
-      files.emplace_back(name, std::string(static_cast<const char *>(data.get()), size));
-    } catch (const c10::Error &e) {
-      throw PlanError(path_ + ": corrupt record " + record + ": " +
-                      bmt::firstErrorLine(e.what_without_backtrace()));
-    }
+    files.emplace_back(name, checkedRecord(record));
   }
   return files;
 }

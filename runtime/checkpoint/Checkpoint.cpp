@@ -70,6 +70,17 @@ namespace {
 constexpr int kFormatVersion = 1;
 constexpr int kTensorParallelVersion = 2;
 const char *kFormat = "bmt-checkpoint";
+/// Every tensor of a rank file has a CRC-32 per chunk of this many bytes
+/// (the last chunk the rest), so that a reader of a slice checks what it
+/// reads by reading at most one chunk more at each end of a piece.
+constexpr int64_t kChunkBytes = 64 << 10;
+
+/// A CRC-32 as the rank files' metadata writes it: 8 hex digits.
+std::string crcHex(uint32_t crc) {
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", crc);
+  return hex;
+}
 
 using Clock = std::chrono::steady_clock;
 double secondsSince(Clock::time_point t) {
@@ -170,20 +181,71 @@ std::string readText(const std::string &path) {
   return s.str();
 }
 
-/// The step of a complete checkpoint folder, or -1.
+/// What a folder's COMPLETE file says: the format version and the step
+/// ("bmt-checkpoint <version> step <step>\n"), whatever the folder's name.
+/// `present` is false without a COMPLETE file; version is -1 for one that
+/// does not read so.
+struct CompleteFile {
+  bool present = false;
+  int version = -1;
+  int64_t step = -1;
+  std::string text;
+};
+
+CompleteFile readComplete(const fs::path &folder) {
+  CompleteFile c;
+  std::error_code ec;
+  if (!fs::is_regular_file(folder / "COMPLETE", ec))
+    return c;
+  c.present = true;
+  c.text = readText((folder / "COMPLETE").string());
+  std::istringstream in(c.text);
+  std::string format, word;
+  int version = -1;
+  long long step = -1;
+  if (in >> format >> version >> word >> step && format == kFormat && word == "step" &&
+      step >= 0 && c.text == completeLine(step, version)) {
+    c.version = version;
+    c.step = step;
+  }
+  return c;
+}
+
+/// The step of a checkpoint folder that this bmt-run reads, by its COMPLETE
+/// file, or -1.
+int64_t completeStepOf(const fs::path &folder) {
+  const CompleteFile c = readComplete(folder);
+  return c.version == kFormatVersion || c.version == kTensorParallelVersion ? c.step : -1;
+}
+
+/// The step of a checkpoint that a save of this run manages in its
+/// --checkpoint-dir (`--resume auto`, --keep): a folder named
+/// step-<8 digits> whose COMPLETE file this bmt-run reads and says the same
+/// step; else -1. (A checkpoint resumed by name may be called anything.)
 int64_t completeStep(const fs::path &folder) {
   const std::string name = folder.filename().string();
   if (name.size() != 13 || name.rfind("step-", 0) != 0 ||
       !std::all_of(name.begin() + 5, name.end(), ::isdigit))
     return -1;
-  const int64_t step = std::stoll(name.substr(5));
+  const int64_t step = completeStepOf(folder);
+  return step == std::stoll(name.substr(5)) ? step : -1;
+}
+
+/// The checkpoints in `dir` that saves of a run starting at `step` would
+/// replace or mix with: the folders step-<8 digits> of a later step with a
+/// COMPLETE file (of any format version), by step.
+std::vector<std::string> checkpointsAfter(const std::string &dir, int64_t step) {
+  std::vector<std::string> names;
   std::error_code ec;
-  if (!fs::is_regular_file(folder / "COMPLETE", ec))
-    return -1;
-  const std::string line = readText((folder / "COMPLETE").string());
-  const bool valid = line == completeLine(step, kFormatVersion) ||
-                     line == completeLine(step, kTensorParallelVersion);
-  return valid ? step : -1;
+  for (const auto &entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() == 13 && name.rfind("step-", 0) == 0 &&
+        std::all_of(name.begin() + 5, name.end(), ::isdigit) &&
+        std::stoll(name.substr(5)) > step && readComplete(entry.path()).present)
+      names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 
@@ -531,6 +593,13 @@ struct CheckpointSaver::Impl {
 
   std::set<std::string> masterOnlyForDerive; ///< host copies used to derive params, not saved
   bool committing = false; ///< rank 0's saving thread: waitForRanks of commit() has run
+  /// The bytes of each checksummed chunk of a tensor (kChunkBytes;
+  /// BMT_DEBUG_CHECKPOINT_CHUNK_BYTES sets another, for tests of tiny
+  /// models whose tensors are smaller than a chunk).
+  int64_t chunkBytes = [] {
+    const char *v = std::getenv("BMT_DEBUG_CHECKPOINT_CHUNK_BYTES");
+    return v && *v && std::atoll(v) > 0 ? std::atoll(v) : kChunkBytes;
+  }();
   /// BMT_DEBUG_CHECKPOINT_SLOW_MS: sleep after writing each tensor (tests
   /// that kill a rank during a save).
   int64_t slowWriteMs = [] {
@@ -587,22 +656,29 @@ struct CheckpointSaver::Impl {
           it->host.copy_(it->deriveFrom.view({-1}));
       // This rank's file.
       std::vector<SafetensorsEntry> entries;
-      json crcs = json::object();
+      json crcs = json::object(), chunkCrcs = json::object();
       std::vector<Item *> saved;
       for (Item *it : snap->items) {
         if (masterOnlyForDerive.count(it->name))
           continue;
         saved.push_back(it);
         entries.push_back({it->name, it->host.scalar_type(), it->host.sizes().vec()});
-        char hex[9];
-        std::snprintf(hex, sizeof hex, "%08x", plan::crc32(it->host.data_ptr(), it->host.nbytes()));
-        crcs[it->name] = hex;
+        const char *bytes = static_cast<const char *>(it->host.data_ptr());
+        const int64_t nbytes = static_cast<int64_t>(it->host.nbytes());
+        crcs[it->name] = crcHex(plan::crc32(bytes, static_cast<size_t>(nbytes)));
+        std::string chunks;
+        for (int64_t at = 0; at < nbytes; at += chunkBytes)
+          chunks += crcHex(plan::crc32(bytes + at, static_cast<size_t>(
+                                                       std::min(chunkBytes, nbytes - at))));
+        chunkCrcs[it->name] = chunks;
       }
       SafetensorsWriter writer(myFile, entries,
                                {{"format", kFormat},
                                 {"version", std::to_string(version)},
                                 {"rank", std::to_string(rank)},
-                                {"crc32", crcs.dump()}});
+                                {"crc32", crcs.dump()},
+                                {"crc32_chunk_bytes", std::to_string(chunkBytes)},
+                                {"crc32_chunks", chunkCrcs.dump()}});
       for (Item *it : saved) {
         writer.write(it->host.data_ptr(), static_cast<int64_t>(it->host.nbytes()));
         if (slowWriteMs > 0) // test hook: a save that lasts long enough to be killed
@@ -796,6 +872,19 @@ CheckpointSaver::CheckpointSaver(Model &model, Optimizer &optimizer, const LossS
   s.nonce = hex;
   std::error_code ec;
   fs::create_directories(s.options.dir, ec);
+  // Saves of this run into a folder that holds checkpoints of later steps
+  // would replace them (or be dropped beside them): refuse before training.
+  if (std::vector<std::string> later = checkpointsAfter(s.options.dir, s.options.startStep);
+      !later.empty()) {
+    std::string names;
+    for (const std::string &name : later)
+      names += " " + name;
+    throw CheckpointError(
+        s.options.dir + " holds checkpoints of steps after step " +
+        std::to_string(s.options.startStep) + ", where this run starts:" + names +
+        "; its saves would replace or mix with them: resume the latest (--resume auto), move "
+        "them out of " + s.options.dir + ", or save into another --checkpoint-dir");
+  }
   const fs::path probe = fs::path(s.options.dir) / (".probe-" + s.nonce + "-" + std::to_string(s.rank));
   try {
     writeSynced(probe.string(), "");
@@ -1032,6 +1121,7 @@ struct SavedSpace {
   int64_t size = 0, shards = 1, shardSize = 0;
   int64_t tpRank = 0; ///< the TP rank whose slices it holds (0 without TP)
   std::vector<std::pair<int64_t, int64_t>> members; ///< (offset, elements)
+  std::vector<std::string> names;                   ///< of the members
 };
 
 /// Reads this rank's pieces from the checkpoint's rank files.
@@ -1101,6 +1191,7 @@ public:
             throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
                                   " does not fit in space " + space.name + ")");
           space.members.emplace_back(copy.second, numel);
+          space.names.push_back(name);
         }
         spaces_.push_back(space);
       }
@@ -1147,11 +1238,43 @@ public:
     try {
       const json table = json::parse(crc->second);
       for (const auto &[name, value] : table.items())
-        crcs_[{rank, name}] = static_cast<uint32_t>(std::stoul(value.get<std::string>(), nullptr, 16));
-    } catch (const std::exception &) {
-      throw CheckpointError(path + ": bad checksums in its header");
+        crcs_[{rank, name}] = parseCrc(value.get<std::string>());
+      // Per-chunk CRC-32s (checkpoints written before them have none: a
+      // tensor is then one chunk, checked by its whole CRC-32).
+      auto chunkBytes = f->metadata().find("crc32_chunk_bytes");
+      auto chunks = f->metadata().find("crc32_chunks");
+      if ((chunkBytes == f->metadata().end()) != (chunks == f->metadata().end()))
+        throw std::invalid_argument("half a chunk table");
+      if (chunks != f->metadata().end()) {
+        chunkBytes_[rank] = std::stoll(chunkBytes->second);
+        if (chunkBytes_[rank] <= 0)
+          throw std::invalid_argument("chunk size");
+        const json chunkTable = json::parse(chunks->second);
+        for (const auto &[name, value] : chunkTable.items()) {
+          const std::string hex = value.get<std::string>();
+          const SafetensorsEntry *e = f->find(name);
+          const int64_t n = e ? (e->nbytes() + chunkBytes_[rank] - 1) / chunkBytes_[rank] : 0;
+          if (!e || static_cast<int64_t>(hex.size()) != 8 * n)
+            throw std::invalid_argument("chunk count of " + name);
+          std::vector<uint32_t> &list = chunkCrcs_[{rank, name}];
+          for (int64_t i = 0; i < n; ++i)
+            list.push_back(parseCrc(hex.substr(static_cast<size_t>(8 * i), 8)));
+        }
+      }
+      for (const SafetensorsEntry &e : f->entries())
+        if (!crcs_.count({rank, e.name}) ||
+            (chunks != f->metadata().end() && !chunkCrcs_.count({rank, e.name})))
+          throw std::invalid_argument("no checksum of " + e.name);
+    } catch (const std::exception &e) {
+      throw CheckpointError(path + ": bad checksums in its header (" + e.what() + ")");
     }
     return *files_.emplace(rank, std::move(f)).first->second;
+  }
+
+  static uint32_t parseCrc(const std::string &hex) {
+    if (hex.size() != 8 || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+      throw std::invalid_argument("not a CRC-32: " + hex);
+    return static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
   }
 
   /// Queues a copy of `numel` elements of field `field` of saved space
@@ -1169,21 +1292,28 @@ public:
       p.nbytes = (upTo - at) * static_cast<int64_t>(elementSize);
       p.dst = dst + (at - begin) * static_cast<int64_t>(elementSize);
       p.dtype = dtype;
-      p.memberBytes = memberElements(space, shard) * static_cast<int64_t>(elementSize);
-      pending_[{rankOf(space, shard), fieldName(static_cast<int64_t>(space), field)}].push_back(p);
+      Pending &pending = pending_[{rankOf(space, shard), fieldName(static_cast<int64_t>(space), field)}];
+      pending.space = space;
+      pending.shard = shard;
+      pending.pieces.push_back(p);
       at = upTo;
     }
   }
 
-  /// Reads every queued piece: a saved shard whose every member element is
-  /// needed (the same layout) is read whole and checked against its
-  /// CRC-32; slices of it (another layout) are read with one pread per
-  /// run of adjacent pieces (at most 16 MiB), unchecked.
+  /// Reads every queued piece and checks every byte it reads: the chunks
+  /// of the saved tensor that the pieces touch are read (one pread per run
+  /// of adjacent chunks, at most 16 MiB at a time) and each is checked
+  /// against its CRC-32. A tensor without per-chunk CRC-32s (a checkpoint
+  /// written before them) is one chunk: read whole and checked against its
+  /// CRC-32. Throws CheckpointError naming the file, the tensor, the
+  /// chunk's bytes and the model tensors in them (the destinations then
+  /// hold unchecked bytes: the caller discards them with the error).
   void flush() {
     constexpr int64_t kSpan = 16 << 20;
     std::vector<char> span;
-    for (auto &[key, pieces] : pending_) {
+    for (auto &[key, pending] : pending_) {
       const auto &[rank, name] = key;
+      std::vector<Piece> &pieces = pending.pieces;
       SafetensorsFile &f = file(rank);
       const SafetensorsEntry *e = f.find(name);
       if (!e)
@@ -1194,42 +1324,60 @@ public:
                               c10::toString(pieces.front().dtype));
       std::sort(pieces.begin(), pieces.end(),
                 [](const Piece &a, const Piece &b) { return a.offset < b.offset; });
-      // A read of every member's bytes of a saved shard (the same layout:
-      // only the alignment padding is not needed) reads all of it and
-      // checks its CRC-32; a read of slices (another layout) reads only
-      // those.
-      int64_t requested = 0;
-      for (const Piece &p : pieces)
-        requested += p.nbytes;
-      const bool whole = requested == pieces.front().memberBytes;
-      try {
-        if (whole) {
-          std::vector<char> buffer(static_cast<size_t>(e->nbytes()));
-          f.read(name, 0, e->nbytes(), buffer.data());
-          if (plan::crc32(buffer.data(), buffer.size()) != crcs_.at({rank, name}))
-            throw CheckpointError(f.path() + ": corrupt tensor " + name + " (checksum mismatch)");
-          for (const Piece &p : pieces)
-            std::memcpy(p.dst, buffer.data() + p.offset, static_cast<size_t>(p.nbytes));
+      const auto chunked = chunkCrcs_.find(key);
+      const bool legacy = chunked == chunkCrcs_.end();
+      const int64_t size = e->nbytes();
+      const int64_t chunk = legacy ? std::max<int64_t>(size, 1) : chunkBytes_.at(rank);
+      // The runs of adjacent chunks the pieces touch: [first, last] chunk.
+      std::vector<std::pair<int64_t, int64_t>> runs;
+      for (const Piece &p : pieces) {
+        if (p.nbytes <= 0)
           continue;
-        }
-        // Another TP layout reads a slice in many adjacent runs (a row's
-        // piece each): one pread for a run of adjacent pieces.
-        for (size_t i = 0; i < pieces.size();) {
-          size_t j = i + 1;
-          int64_t end = pieces[i].offset + pieces[i].nbytes;
-          while (j < pieces.size() && pieces[j].offset == end &&
-                 end + pieces[j].nbytes - pieces[i].offset <= kSpan)
-            end += pieces[j++].nbytes;
-          if (j == i + 1) {
-            f.read(name, pieces[i].offset, pieces[i].nbytes, pieces[i].dst);
-          } else {
-            span.resize(static_cast<size_t>(end - pieces[i].offset));
-            f.read(name, pieces[i].offset, end - pieces[i].offset, span.data());
-            for (size_t k = i; k < j; ++k)
-              std::memcpy(pieces[k].dst, span.data() + (pieces[k].offset - pieces[i].offset),
-                          static_cast<size_t>(pieces[k].nbytes));
+        const int64_t first = p.offset / chunk, last = (p.offset + p.nbytes - 1) / chunk;
+        if (!runs.empty() && first <= runs.back().second + 1)
+          runs.back().second = std::max(runs.back().second, last);
+        else
+          runs.emplace_back(first, last);
+      }
+      size_t firstPiece = 0;
+      try {
+        for (const auto &[firstChunk, lastChunk] : runs) {
+          const int64_t runEnd = std::min(size, (lastChunk + 1) * chunk);
+          // Whole chunks per read where a chunk fits in a span.
+          const int64_t step = chunk <= kSpan ? kSpan / chunk * chunk : kSpan;
+          uint32_t crc = 0; // of the current chunk's bytes so far
+          for (int64_t at = firstChunk * chunk; at < runEnd;) {
+            const int64_t n = std::min(step, runEnd - at);
+            span.resize(static_cast<size_t>(n));
+            f.read(name, at, n, span.data());
+            // Check each chunk that ends in this span.
+            for (int64_t c = at; c < at + n;) {
+              const int64_t index = c / chunk;
+              const int64_t chunkEnd = std::min(size, (index + 1) * chunk);
+              const int64_t upTo = std::min(chunkEnd, at + n);
+              crc = plan::crc32(span.data() + (c - at), static_cast<size_t>(upTo - c), crc);
+              if (upTo == chunkEnd) {
+                const uint32_t want = legacy ? crcs_.at(key) : chunked->second.at(index);
+                if (crc != want)
+                  throw CheckpointError(corruption(f, pending, *e, index, chunk, legacy));
+                crc = 0;
+              }
+              c = upTo;
+            }
+            // The pieces' bytes in this span.
+            while (firstPiece < pieces.size() &&
+                   pieces[firstPiece].offset + pieces[firstPiece].nbytes <= at)
+              ++firstPiece;
+            for (size_t i = firstPiece; i < pieces.size() && pieces[i].offset < at + n; ++i) {
+              const Piece &p = pieces[i];
+              const int64_t from = std::max(at, p.offset);
+              const int64_t to = std::min(at + n, p.offset + p.nbytes);
+              if (from < to)
+                std::memcpy(p.dst + (from - p.offset), span.data() + (from - at),
+                            static_cast<size_t>(to - from));
+            }
+            at += n;
           }
-          i = j;
         }
       } catch (const CheckpointError &) {
         throw;
@@ -1238,20 +1386,6 @@ public:
       }
     }
     pending_.clear();
-  }
-
-  /// The elements of saved space `space`'s members in its shard `shard`.
-  int64_t memberElements(size_t space, int64_t shard) {
-    auto cached = memberElements_.find({space, shard});
-    if (cached != memberElements_.end())
-      return cached->second;
-    const SavedSpace &s = spaces_[space];
-    const int64_t begin = shard * s.shardSize, end = begin + s.shardSize;
-    int64_t n = 0;
-    for (const auto &[offset, numel] : s.members)
-      n += std::max<int64_t>(0, std::min(end, offset + numel) - std::max(begin, offset));
-    memberElements_[{space, shard}] = n;
-    return n;
   }
 
   /// Tensor `name` of rank `rank`'s file, whole, checked against its CRC-32.
@@ -1281,16 +1415,49 @@ private:
     int64_t offset = 0, nbytes = 0; ///< in the saved tensor
     char *dst = nullptr;
     c10::ScalarType dtype = c10::ScalarType::Float; ///< the reader's
-    int64_t memberBytes = 0; ///< of all the members' elements in the saved shard
   };
+  /// The pieces of one saved tensor (shard `shard` of saved space `space`).
+  struct Pending {
+    size_t space = 0;
+    int64_t shard = 0;
+    std::vector<Piece> pieces;
+  };
+
+  /// The error of chunk `index` of `e` (in `pending`'s file) that failed
+  /// its check: the file, the tensor, the chunk's bytes (in the tensor's
+  /// data and in the file) and the model tensors whose elements are in it.
+  std::string corruption(const SafetensorsFile &f, const Pending &pending,
+                         const SafetensorsEntry &e, int64_t index, int64_t chunk,
+                         bool legacy) const {
+    const int64_t begin = index * chunk, end = std::min(e.nbytes(), begin + chunk);
+    const int64_t elementSize = static_cast<int64_t>(c10::elementSize(e.dtype));
+    const SavedSpace &s = spaces_.at(pending.space);
+    const int64_t first = pending.shard * s.shardSize + begin / elementSize;
+    const int64_t last = pending.shard * s.shardSize + (end + elementSize - 1) / elementSize;
+    std::string inside;
+    for (size_t m = 0; m < s.members.size(); ++m)
+      if (s.members[m].first < last && s.members[m].first + s.members[m].second > first)
+        inside += (inside.empty() ? "" : ", ") + s.names[m];
+    const int64_t chunks = (e.nbytes() + chunk - 1) / chunk;
+    return f.path() + ": corrupt tensor " + e.name + " (" +
+           (legacy ? std::string("checked whole: a checkpoint without per-chunk checksums")
+                   : "chunk " + std::to_string(index) + " of " + std::to_string(chunks)) +
+           ", bytes [" + std::to_string(begin) + ", " + std::to_string(end) +
+           ") of its data, file bytes [" + std::to_string(e.begin + begin) + ", " +
+           std::to_string(e.begin + end) + "), holding " +
+           (inside.empty() ? std::string("padding only") : inside) +
+           "): checksum mismatch; resume another checkpoint";
+  }
+
   std::string folder_;
   int64_t worldSize_ = 0, tp_ = 1;
   std::vector<SavedSpace> spaces_;
   std::map<std::string, SavedMember> members_;
   std::map<int64_t, std::unique_ptr<SafetensorsFile>> files_;
-  std::map<std::pair<int64_t, std::string>, uint32_t> crcs_;
-  std::map<std::pair<size_t, int64_t>, int64_t> memberElements_;
-  std::map<std::pair<int64_t, std::string>, std::vector<Piece>> pending_;
+  std::map<std::pair<int64_t, std::string>, uint32_t> crcs_; ///< whole tensors'
+  std::map<std::pair<int64_t, std::string>, std::vector<uint32_t>> chunkCrcs_;
+  std::map<int64_t, int64_t> chunkBytes_; ///< by rank file
+  std::map<std::pair<int64_t, std::string>, Pending> pending_;
 };
 
 std::string shapeText(const std::vector<int64_t> &shape) {
@@ -1340,10 +1507,15 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     throw CheckpointError(folder + ": no such checkpoint folder");
   json meta;
   {
-    int64_t step = completeStep(dir);
-    if (step < 0)
-      throw CheckpointError(folder + ": not a complete checkpoint (no valid COMPLETE file: the "
-                            "save did not finish)");
+    // The folder's identity is its COMPLETE file and checkpoint.json, not
+    // its name: a checkpoint copied or renamed resumes as saved.
+    const CompleteFile complete = readComplete(dir);
+    if (!complete.present)
+      throw CheckpointError(folder + ": not a complete checkpoint (no COMPLETE file: the save "
+                            "did not finish, or this is not a checkpoint folder)");
+    if (complete.version < 0)
+      throw CheckpointError(folder + ": not a complete checkpoint (its COMPLETE file does not "
+                            "read \"bmt-checkpoint <version> step <step>\")");
     try {
       meta = json::parse(readText((dir / "checkpoint.json").string()));
     } catch (const json::exception &e) {
@@ -1352,6 +1524,12 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     if (meta.value("format", "") != kFormat)
       throw CheckpointError(folder + "/checkpoint.json: not a bmt checkpoint");
     const int version = meta.value("version", 0);
+    if (version != complete.version || meta.value("step", int64_t{-1}) != complete.step)
+      throw CheckpointError(folder + "/checkpoint.json: version " + std::to_string(version) +
+                            ", step " + meta.value("step", json(nullptr)).dump() +
+                            " do not match the COMPLETE file's (" +
+                            std::to_string(complete.version) + ", step " +
+                            std::to_string(complete.step) + ")");
     if (version != kFormatVersion && version != kTensorParallelVersion)
       throw CheckpointError(folder + ": checkpoint format version " + std::to_string(version) +
                             "; this bmt-run reads " + std::to_string(kFormatVersion) + " and " +

@@ -585,8 +585,10 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
   // buffers and no line promising checkpoints.
   if (checkpoints_ && !saver_ && startStep_ < config_.steps) {
     const auto t0 = Clock::now();
+    CheckpointOptions options = checkpoints_->first;
+    options.startStep = startStep_; // no checkpoint of a later step in options.dir
     saver_ = std::make_unique<CheckpointSaver>(model_, *optimizer_, scaler_ ? &*scaler_ : nullptr,
-                                               checkpoints_->first, checkpoints_->second);
+                                               options, checkpoints_->second);
     if (rank0) {
       const CheckpointOptions &c = checkpoints_->first;
       out_ << "bmt-run: checkpoints in " << c.dir << " after "

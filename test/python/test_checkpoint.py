@@ -39,6 +39,7 @@ SEQ = 8
 GLOBAL_BATCH = 12  # rows per micro-batch of all ranks (divisible by 1..4)
 STEPS = 10
 HALF = 5
+CHUNK = 64  # bytes of a checksummed chunk in the tests that count bytes read
 
 
 def torchrun(n, *args, env=None, extra=()):
@@ -232,9 +233,13 @@ def test_resume_on_another_layout(models, case):
     a = torchrun(new_ranks, resumed, *a_flags, "--steps", STEPS, "--log-file", tmp / "a.jsonl")
     assert a.returncode == 0, a.stderr[-3000:]
     ck = tmp / "ck"
+    # Checksummed chunks of CHUNK bytes (the default 64 KiB is more than
+    # these tiny shards): a rank reads at most a chunk more at each end of
+    # each piece it needs.
     b1 = torchrun(ranks, sharded, *b_flags, "--steps", STEPS, "--checkpoint-dir", ck,
                   "--checkpoint-every", HALF, "--log-file", tmp / "b.jsonl",
-                  env={"BMT_DEBUG_EXIT_AFTER_STEP": str(HALF)})
+                  env={"BMT_DEBUG_EXIT_AFTER_STEP": str(HALF),
+                       "BMT_DEBUG_CHECKPOINT_CHUNK_BYTES": str(CHUNK)})
     assert b1.returncode != 0 and not errors(b1), b1.stderr[-3000:]
     b2 = torchrun(new_ranks, resumed, *a_flags, "--steps", STEPS, "--checkpoint-dir", ck,
                   "--resume", ck / f"step-{HALF:08d}", "--log-file", tmp / "b.jsonl")
@@ -252,13 +257,16 @@ def test_resume_on_another_layout(models, case):
         assert meta["data"]["windows"] == HALF * GLOBAL_BATCH, meta["data"]
     else:
         assert meta["data"] == {"kind": "fixed-batches", "micro_batches": HALF}, meta["data"]
-    # Each rank read only its slices: at most 1/M of what was saved (+1 %).
+    # Each rank read only its slices: at most 1/M of what was saved (+1 %),
+    # and two chunks a piece: a piece per field (4) of each saved shard its
+    # range of a space overlaps.
     total = sum(meta["rank_bytes"])
     m = re.search(r"resumed from .*; bytes read per rank: ([\d ]+)", b2.stdout)
     per_rank = [int(x) for x in m.group(1).split()]
     assert len(per_rank) == new_ranks
+    pieces = 4 * len(meta["spaces"]) * (-(-ranks // new_ranks) + 1)
     for got in per_rank:
-        assert got <= total / new_ranks * 1.01, (got, total, new_ranks)
+        assert got <= total / new_ranks * 1.01 + pieces * 2 * CHUNK, (got, total, new_ranks)
     print(f"{case}: max loss difference {worst:.1e}; bytes read per rank {per_rank} of {total}")
 
 
@@ -564,3 +572,209 @@ def test_overflow_at_the_minimum_loss_scale_stops(models, tmp_path):
     e = errors(r)
     assert e and "overflowed at the minimum loss scale 1 in 3 steps in a row (steps 4 to 6)" in e[0] \
         and "stopping at step 6" in e[0], r.stderr[-2000:]
+
+
+# --- integrity: every byte a resume reads is checked ---------------------------
+
+def rank_file(path):
+    """(bytes, header length, header) of a safetensors rank file."""
+    data = bytearray(path.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    return data, n, json.loads(data[8:8 + n])
+
+
+def flip_parameter_byte(folder, rank):
+    """Flips one byte in the middle of the member with the most elements in
+    rank `rank`'s shard of a parameter space (a region some rank of any
+    resume reads); returns (space tensor name, member name)."""
+    meta = json.load(open(folder / "checkpoint.json"))
+    tp = meta.get("tensor_parallel", 1)
+    best = None
+    for k, space in enumerate(meta["spaces"]):
+        if space.get("tp_rank", 0) != rank % tp or space["shards"] <= rank // tp:
+            continue
+        begin = rank // tp * space["shard_size"]
+        end = begin + space["shard_size"]
+        for m in space["members"]:
+            shape = list(m["shape"])
+            if "split" in m:
+                split = m["split"]
+                shape[split["dim"]] = (split["padded_size"] or shape[split["dim"]]) // tp
+            numel = 1
+            for d in shape:
+                numel *= d
+            lo, hi = max(begin, m["offset"]), min(end, m["offset"] + numel)
+            if hi - lo > 0 and (best is None or hi - lo > best[0]):
+                best = (hi - lo, k, (lo + hi) // 2 - begin, m["tensor"])
+    _, k, element, member = best
+    path = folder / f"rank-{rank:05d}.safetensors"
+    data, n, header = rank_file(path)
+    data[8 + n + header[f"s{k}.param"]["data_offsets"][0] + 4 * element + 1] ^= 0x10
+    path.write_bytes(bytes(data))
+    return f"s{k}.param", member
+
+
+def without_chunk_checksums(folder):
+    """Rewrites the rank files of `folder` as bmt-run wrote them before
+    per-chunk checksums (their headers without crc32_chunk_bytes and
+    crc32_chunks; the data as it is) and checkpoint.json's rank_bytes."""
+    meta = json.load(open(folder / "checkpoint.json"))
+    for rank in range(meta["world_size"]):
+        path = folder / f"rank-{rank:05d}.safetensors"
+        data, n, header = rank_file(path)
+        header["__metadata__"].pop("crc32_chunk_bytes", None)
+        header["__metadata__"].pop("crc32_chunks", None)
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        path.write_bytes(len(text).to_bytes(8, "little") + text + bytes(data[8 + n:]))
+        meta["rank_bytes"][rank] = path.stat().st_size
+    (folder / "checkpoint.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+@pytest.fixture(scope="module")
+def old_format(gpt2_run, saved):
+    """Step 4 of `saved` as written before per-chunk checksums."""
+    folder = gpt2_run["tmp"] / "old-format" / "step-00000004"
+    shutil.copytree(saved / "step-00000004", folder)
+    without_chunk_checksums(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def zero2(gpt2_run):
+    return compile(gpt2_run["tmp"].parent / "gpt2.pt", gpt2_run["tmp"] / "zero2.pt",
+                   "--zero-stage", "2")
+
+
+CORRUPT_CASES = {
+    # name: (ranks of the resume, its plan, the checkpoint)
+    "n2-to-n3": (3, "sharded", "saved"),
+    "zero3-n2-to-zero2-n3": (3, "zero2", "saved"),
+    "n2-to-n3-written-before-chunk-checksums": (3, "sharded", "old"),
+}
+
+
+@pytest.mark.parametrize("case", list(CORRUPT_CASES))
+def test_corrupt_byte_is_found_on_another_layout(gpt2_run, saved, old_format, zero2, tmp_path,
+                                                 case):
+    """A byte flipped in a parameter of rank 1's file of a 2-rank checkpoint,
+    resumed on 3 ranks (whose ranges cut the saved shards: a read of part of
+    a saved tensor): one error naming the file, the tensor, the chunk's bytes
+    and the model tensor; no step trained. A checkpoint written before
+    per-chunk checksums resumes (checked whole), and its flipped byte is
+    found the same way."""
+    ranks, plan, source = CORRUPT_CASES[case]
+    sharded = zero2 if plan == "zero2" else gpt2_run["sharded"]
+    origin = old_format if source == "old" else saved / "step-00000004"
+    if source == "old":  # it resumes, reading the tensors it touches whole
+        r = torchrun(ranks, sharded, *gpt2_run["common"], "--resume", origin,
+                     "--log-file", tmp_path / "clean.jsonl")
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert steps_logged(tmp_path / "clean.jsonl") == list(range(5, 13))
+    folder = tmp_path / "step-00000004"
+    shutil.copytree(origin, folder)
+    tensor, member = flip_parameter_byte(folder, 1)
+    r = torchrun(ranks, sharded, *gpt2_run["common"], "--resume", folder,
+                 "--log-file", tmp_path / "log.jsonl")
+    assert r.returncode != 0
+    assert not steps_logged(tmp_path / "log.jsonl"), "nothing is trained"
+    found = [e for e in errors(r) if "checksum mismatch" in e]
+    assert found, r.stderr[-3000:]
+    e = found[0]
+    assert f"{folder}/rank-00001.safetensors: corrupt tensor {tensor} (" in e and member in e, e
+    assert ("checked whole" if source == "old" else "chunk 0 of 1, bytes [0, ") in e, e
+
+
+def test_chunks_are_read_and_checked_one_by_one(gpt2_run, tmp_path):
+    """Checkpoints with 256-byte chunks (many a tensor): a resume on 3 ranks
+    reads within a chunk of each piece it needs, continues exactly as from
+    the default chunks, and a flipped byte names its chunk."""
+    ck = tmp_path / "ck"
+    r = torchrun(2, gpt2_run["sharded"], "--batches", gpt2_run["common"][1], "--steps", 4,
+                 "--checkpoint-dir", ck, "--checkpoint-every", 2,
+                 env={"BMT_DEBUG_CHECKPOINT_CHUNK_BYTES": "256"})  # as `saved`'s
+    assert r.returncode == 0, r.stderr[-3000:]
+    folder = ck / "step-00000004"
+    data, n, header = rank_file(folder / "rank-00001.safetensors")
+    assert header["__metadata__"]["crc32_chunk_bytes"] == "256"
+    chunks = json.loads(header["__metadata__"]["crc32_chunks"])
+    size = header["s0.param"]["data_offsets"][1] - header["s0.param"]["data_offsets"][0]
+    assert len(chunks["s0.param"]) == 8 * -(-size // 256)
+    r = torchrun(3, gpt2_run["sharded"], *gpt2_run["common"], "--resume", folder,
+                 "--log-file", tmp_path / "a.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = re.search(r"resumed from .*; bytes read per rank: ([\d ]+)", r.stdout)
+    per_rank = [int(x) for x in m.group(1).split()]
+    meta = json.load(open(folder / "checkpoint.json"))
+    total = sum(meta["rank_bytes"])
+    # A rank's ranges: one per saved shard and field it reads (<= 2 files x
+    # 4 fields x spaces), each at most a chunk longer at either end.
+    ranges = 2 * 4 * len(meta["spaces"])
+    for got in per_rank:
+        assert got <= total / 3 + ranges * 2 * 256, (per_rank, total)
+    shutil.copytree(gpt2_run["tmp"] / "saved" / "step-00000004", tmp_path / "default")
+    r = torchrun(3, gpt2_run["sharded"], *gpt2_run["common"], "--resume", tmp_path / "default",
+                 "--log-file", tmp_path / "b.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    def losses(name):
+        return [(x["step"], x["loss"], x["grad_norm"]) for x in train_log(tmp_path / name)]
+    assert losses("a.jsonl") == losses("b.jsonl") and len(losses("a.jsonl")) == 8
+    tensor, member = flip_parameter_byte(folder, 1)
+    r = torchrun(3, gpt2_run["sharded"], *gpt2_run["common"], "--resume", folder,
+                 "--log-file", tmp_path / "c.jsonl")
+    assert r.returncode != 0 and not steps_logged(tmp_path / "c.jsonl")
+    found = [e for e in errors(r) if "checksum mismatch" in e]
+    assert found and re.search(rf"corrupt tensor {re.escape(tensor)} \(chunk \d+ of \d+, bytes "
+                               rf"\[\d+, \d+\) of its data, file bytes \[\d+, \d+\), holding "
+                               rf".*{re.escape(member)}", found[0]), r.stderr[-3000:]
+
+
+def test_a_checkpoint_is_known_by_its_files_and_later_ones_are_kept(gpt2_run, saved, tmp_path):
+    """A checkpoint folder copied under another name resumes (its identity is
+    its COMPLETE file and checkpoint.json); a run that would save into a
+    --checkpoint-dir holding checkpoints of later steps than it starts from
+    (a resume of step 2, or a new run) is refused before training, naming
+    them, and leaves them as they were."""
+    args = ["--batches", gpt2_run["common"][1], "--lr", "1e-3", "--steps", 5]
+    copy = tmp_path / "kept-copy"
+    shutil.copytree(saved / "step-00000004", copy)
+    r = torchrun(2, gpt2_run["sharded"], *args, "--resume", copy, "--log-file", tmp_path / "a.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {copy} at step 4" in r.stdout, r.stdout
+    assert steps_logged(tmp_path / "a.jsonl") == [5]
+    ck = tmp_path / "ck"
+    shutil.copytree(saved, ck)
+    before = {p.name: p.stat().st_mtime_ns for p in ck.rglob("*")}
+    for resume in (["--resume", ck / "step-00000002"], []):
+        r = torchrun(2, gpt2_run["sharded"], *args, *resume, "--checkpoint-dir", ck,
+                     "--checkpoint-every", 1, "--log-file", tmp_path / "b.jsonl")
+        assert r.returncode != 0
+        e = errors(r)
+        assert e and f"{ck} holds checkpoints of steps after step {2 if resume else 0}" in e[0] \
+            and "step-00000004" in e[0] and "--resume auto" in e[0], r.stderr[-3000:]
+        assert (not resume) == ("step-00000002" in e[0]), e[0]
+        assert not steps_logged(tmp_path / "b.jsonl")
+        assert {p.name: p.stat().st_mtime_ns for p in ck.rglob("*")} == before
+
+
+@pytest.mark.parametrize("record", ["bmt/plan.pkl", "bmt/program.mlir"])
+def test_a_flipped_byte_in_a_plan_record_is_an_error(gpt2_run, tmp_path, record):
+    """One byte of a tensor name in plan.pkl, or of the program text, flipped
+    in place in sharded.pt: one error naming the record (the zip's CRC-32)."""
+    import zipfile
+    data = bytearray(gpt2_run["sharded"].read_bytes())
+    with zipfile.ZipFile(gpt2_run["sharded"]) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(record))
+    local = info.header_offset
+    start = local + 30 + int.from_bytes(data[local + 26:local + 28], "little") + \
+        int.from_bytes(data[local + 28:local + 30], "little")
+    body = bytes(data[start:start + info.file_size])
+    at = start + body.index(b".mlp.c_fc.weight" if record.endswith("pkl") else b"module attributes")
+    data[at] ^= 0x04
+    broken = tmp_path / "sharded.pt"
+    broken.write_bytes(bytes(data))
+    r = torchrun(1, broken, *gpt2_run["common"], "--log-file", tmp_path / "log.jsonl")
+    assert r.returncode != 0 and not steps_logged(tmp_path / "log.jsonl")
+    e = errors(r)
+    assert len(e) == 1 and f"{broken}: corrupt record {record}" in e[0] and "CRC-32" in e[0], \
+        r.stderr[-3000:]

@@ -22,6 +22,7 @@ bmt-opt --tensor-parallel, trained with AdamW on fixed batches.
 """
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -111,7 +112,11 @@ def work(tmp_path_factory):
             r = torchrun(ranks, plan(name, tp, ranks, group), "--batches", tmp / f"{name}.batches.pt",
                          *COMMON, "--checkpoint-dir", out / "ck", "--checkpoint-every", HALF,
                          "--log-file", out / "log.jsonl", "--save-params",
-                         out / "params.safetensors")
+                         out / "params.safetensors",
+                         # chunks of 64 bytes (many a tensor; the default 64 KiB
+                         # is more than these tiny shards): resumes read within a
+                         # chunk of what they need
+                         env={"BMT_DEBUG_CHECKPOINT_CHUNK_BYTES": "64"})
             assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
             state["runs"][key] = (train_log(out / "log.jsonl"),
                                   load_file(out / "params.safetensors"), out / "ck")
@@ -343,3 +348,25 @@ def test_resume_of_another_model_is_an_error(work, other, message, tmp_path):
     assert len(lines) == 1, r.stderr[-3000:]  # the same line from every rank
     assert message in lines.pop(), r.stderr[-3000:]
     assert not steps_logged(tmp_path / "log.jsonl"), "nothing is trained"
+
+
+@pytest.mark.parametrize("case", ["t2n2-to-t1n2", "t2n2-to-t2n4"])
+def test_corrupt_byte_is_found_on_another_split(work, tmp_path, case):
+    """A byte flipped in a parameter of rank 1's file (TP rank 1's slices) of
+    a T = 2 checkpoint, resumed on T = 1 (the slices put back together,
+    each rank reading half of every tensor) or on 4 ranks: one error naming
+    the file, the tensor, its chunk and the model tensor; no step trained."""
+    from test_checkpoint import flip_parameter_byte
+    _, new_tp, new_ranks = case.partition("-to-")[2].replace("t", " ").replace("n", " ").split(" ")
+    _, _, ck = work["straight"]("gpt2", 2, 2)
+    folder = tmp_path / f"step-{HALF:08d}"
+    shutil.copytree(ck / f"step-{HALF:08d}", folder)
+    tensor, member = flip_parameter_byte(folder, 1)
+    r = torchrun(int(new_ranks), work["plan"]("gpt2", int(new_tp), int(new_ranks)), "--batches",
+                 work["tmp"] / "gpt2.batches.pt", *COMMON, "--resume", folder,
+                 "--log-file", tmp_path / "log.jsonl")
+    assert r.returncode != 0
+    assert not (tmp_path / "log.jsonl").exists() or not train_log(tmp_path / "log.jsonl")
+    found = [e for e in errors(r) if "checksum mismatch" in e]
+    assert found and f"{folder}/rank-00001.safetensors: corrupt tensor {tensor} (chunk " in found[0] \
+        and member in found[0], r.stderr[-3000:]

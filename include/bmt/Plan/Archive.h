@@ -103,8 +103,9 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
                         int64_t maxGroupRecordBytes = kMaxGroupRecordBytes);
 
 /// An opened sharded.pt. Construction reads and checks the version record
-/// and the plan; it throws PlanError naming the file for: a missing file, a
-/// file that is not a bmt archive, another format version, a corrupt plan.
+/// and the plan (each against the zip's CRC-32 of its bytes); it throws
+/// PlanError naming the file for: a missing file, a file that is not a bmt
+/// archive, another format version, a corrupt record or plan.
 class Archive {
 public:
   explicit Archive(const std::string &path);
@@ -148,6 +149,14 @@ private:
   int fd_ = -1; ///< the file, for reading byte ranges of records
   int64_t bytesRead_ = 0;
   uint64_t initSeed_ = 0;
+  /// Record `record` whole (the version, the plan, the program, the
+  /// Hugging Face files), checked against the zip's CRC-32 of it. Throws
+  /// PlanError naming the record for a mismatch or a record that cannot
+  /// be read.
+  std::string checkedRecord(const std::string &record);
+  /// Copies `nbytes` bytes at byte `at` of the file to `dst` (PlanError
+  /// naming `record` at the end of the file).
+  void readFileBytes(int64_t at, int64_t nbytes, void *dst, const std::string &record);
   /// Copies `nbytes` bytes at `offset` of record `record` to `dst`.
   void readRecordRange(const std::string &record, int64_t offset, int64_t nbytes,
                        void *dst, const std::string &what);

@@ -244,8 +244,11 @@ at::Tensor tpUnslice(const std::vector<at::Tensor> &slices, const TensorSplit &s
                      const std::vector<int64_t> &shape);
 
 /// CRC-32 (IEEE 802.3, zlib's crc32) of `nbytes` bytes at `data`: the
-/// checksum of sharded.pt's tensors and of checkpoint shards.
+/// checksum of sharded.pt's tensors and of checkpoint shards. With
+/// `previous`, the CRC-32 of the bytes that gave `previous` followed by
+/// these (a checksum computed piece by piece).
 uint32_t crc32(const void *data, size_t nbytes);
+uint32_t crc32(const void *data, size_t nbytes, uint32_t previous);
 
 /// The whole plan.
 struct Plan {

@@ -48,6 +48,9 @@ struct CheckpointOptions {
   std::string dir;
   int64_t every = 0; ///< save after every N-th step; 0: never
   int64_t keep = 0;  ///< complete checkpoints kept (the newest); 0: all
+  /// The step the run starts from (the resumed checkpoint's; 0 for a new
+  /// run): `dir` must hold no checkpoint of a later step.
+  int64_t startStep = 0;
 };
 
 /// What a checkpoint says about the run that saved it (checkpoint.json's
@@ -112,7 +115,9 @@ struct CheckpointResult {
 /// All references must outlive the saver.
 class CheckpointSaver {
 public:
-  /// Creates options.dir if needed and checks that it can be written; on
+  /// Creates options.dir if needed and checks that it can be written and
+  /// holds no checkpoint of a step after options.startStep (its saves
+  /// would replace them: CheckpointError naming them and what to do); on
   /// rank 0 removes the folders of saves that died in earlier runs (their
   /// "step-N.tmp-<run>" folders, and "step-N" folders without a COMPLETE
   /// file; never one with a COMPLETE file).
@@ -181,10 +186,14 @@ struct ResumeReport {
 /// 1 without it) is resharded: every element of this rank's slices is read
 /// from the saved slice that holds it (plan::tpSlice's rule, the padding
 /// left out). Returns the rest of the run's state.
+/// Every byte it reads is checked against its chunk's CRC-32 (rank files
+/// without per-chunk checksums: each tensor touched is read whole and
+/// checked against its CRC-32). The folder is known by its COMPLETE file
+/// and checkpoint.json, whatever its name.
 /// Throws CheckpointError, changing nothing, for a folder that is not a
 /// complete checkpoint, another format version, another model (naming the
-/// first tensor that differs), missing or truncated rank files; and for a
-/// checksum mismatch (then the model may be partly loaded: stop the run).
+/// first tensor that differs), missing or truncated rank files, and a
+/// checksum mismatch (naming the file, tensor, chunk and model tensors).
 /// With `expected` (the run's optimizer, `offloaded` or not): throws
 /// CheckpointError, changing nothing, when the checkpoint was saved by
 /// another optimizer or with other hyperparameters (its kind and settings
