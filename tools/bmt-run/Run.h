@@ -40,6 +40,17 @@ struct ConfigFailure : Failure {
   using Failure::Failure;
 };
 
+/// A failure every rank of a launch knows alike, having agreed on it by a
+/// collective (a save that some rank could not write): printed by rank 0
+/// only; every rank exits 1.
+struct AgreedFailure : Failure {
+  using Failure::Failure;
+};
+
+/// Refuses --save-params PATH before training when its folder's free space
+/// (statvfs) is below `bytes`, the file's size (Failure naming both).
+void checkSaveParamsRoom(const std::string &path, int64_t bytes);
+
 /// The bytes of `path`; Failure when it cannot be opened.
 std::vector<char> readFile(const std::string &path);
 

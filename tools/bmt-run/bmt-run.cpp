@@ -23,6 +23,7 @@
 #include "bmt/Runtime/optim/OffloadAdam.h"
 #include "bmt/Runtime/comm/Rendezvous.h"
 #include "bmt/Runtime/io/Safetensors.h"
+#include "bmt/Runtime/train/StopSignal.h"
 #include "bmt/Runtime/train/Trainer.h"
 
 #include <ATen/Context.h>
@@ -282,11 +283,13 @@ void printPrecision(const tools::RunOptions &o, runtime::Model &model, double lo
 /// can load the file. Gathers one storage group at a time, which rank 0
 /// streams into the file (SafetensorsWriter): no rank holds more than its
 /// shards and one group. Written to a temporary name and renamed.
-/// Collective; a failure to write is thrown on rank 0 after the last
-/// gather, so that the other ranks are not left waiting.
-void saveParameters(runtime::Model &model, const std::string &path) {
+/// Collective; a failure to write is found after the last gather, so that
+/// the other ranks are not left waiting, and thrown on every rank
+/// (AgreedFailure: rank 0 prints it).
+/// The entries of --save-params's file: every trained tensor under each of
+/// its names.
+std::vector<runtime::SafetensorsEntry> savedParameterEntries(runtime::Model &model) {
   const plan::Plan &p = model.plan();
-  const bool rank0 = model.world().rank() == 0;
   std::vector<runtime::SafetensorsEntry> entries;
   for (int64_t index : model.fullParameterOrder()) {
     const plan::TensorInfo &t = p.tensors.at(index);
@@ -294,6 +297,26 @@ void saveParameters(runtime::Model &model, const std::string &path) {
     for (const std::string &alias : t.aliases)
       entries.push_back({alias, t.dtype, t.shape});
   }
+  return entries;
+}
+
+/// The size of --save-params's file: the tensors' bytes and a header of
+/// at most 256 bytes an entry.
+int64_t savedParameterBytes(runtime::Model &model) {
+  int64_t bytes = 8;
+  for (const runtime::SafetensorsEntry &e : savedParameterEntries(model)) {
+    int64_t n = static_cast<int64_t>(c10::elementSize(e.dtype));
+    for (int64_t d : e.shape)
+      n *= d;
+    bytes += n + 256;
+  }
+  return bytes;
+}
+
+void saveParameters(runtime::Model &model, const std::string &path) {
+  const plan::Plan &p = model.plan();
+  const bool rank0 = model.world().rank() == 0;
+  std::vector<runtime::SafetensorsEntry> entries = savedParameterEntries(model);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   std::unique_ptr<runtime::SafetensorsWriter> writer;
   std::string failure;
@@ -321,8 +344,6 @@ void saveParameters(runtime::Model &model, const std::string &path) {
       fail(e);
     }
   });
-  if (!rank0)
-    return;
   if (writer) {
     try {
       writer->close();
@@ -332,9 +353,21 @@ void saveParameters(runtime::Model &model, const std::string &path) {
       fail(e);
     }
   }
+  // Every rank learns whether rank 0 wrote the file (so that every rank
+  // exits alike).
+  runtime::Comm &world = model.world();
+  if (world.size() > 1) {
+    at::Tensor failed = at::full({1}, failure.empty() ? 0.0 : 1.0,
+                                 at::TensorOptions().dtype(at::kDouble));
+    at::Tensor t = world.backend() == "local" ? failed : failed.to(world.device());
+    world.allReduce(t)->wait();
+    if (!rank0 && t.cpu().item<double>() > 0)
+      throw tools::AgreedFailure(path + ": rank 0 could not write the parameters");
+  }
   if (!failure.empty())
-    throw Failure(failure);
-  std::cout << "saved " << entries.size() << " parameters -> " << path << "\n";
+    throw tools::AgreedFailure(failure);
+  if (rank0)
+    std::cout << "saved " << entries.size() << " parameters -> " << path << "\n";
 }
 
 /// Prints (rank 0) where a resumed run continues and the bytes each rank
@@ -527,6 +560,52 @@ void checkTensorParallel(const tools::RunOptions &o, const plan::Plan &p, int64_
                                "would mix the ranks' slices)");
 }
 
+/// After the steps: a run stopped by a signal exits 128 + the signal (143
+/// SIGTERM, 130 SIGINT) without --save-params; a last checkpoint that
+/// could not be written is an error (exit 1) naming the state lost, after
+/// --save-params has been tried. Collective (--save-params).
+int finishRun(const tools::RunOptions &o, runtime::Model &model,
+              const runtime::TrainOutcome &outcome) {
+  std::string lost;
+  if (!outcome.lastSaveError.empty()) {
+    std::optional<std::string> newest = runtime::latestCheckpoint(o.checkpoints.dir);
+    lost = std::string(outcome.stopSignal
+                           ? std::string("stopped by ") + runtime::stopSignalName(outcome.stopSignal) +
+                                 " after step " + std::to_string(outcome.lastStep) + ", but the"
+                           : std::string("the")) +
+           " checkpoint of step " + std::to_string(outcome.lastStep) + " (the last) could not be "
+           "written: " + outcome.lastSaveError + "; the trained state after step " +
+           std::to_string(outcome.lastStep) + " is lost (" +
+           (newest ? "the newest complete checkpoint is " + *newest
+                   : "there is no complete checkpoint in " + o.checkpoints.dir) + ")";
+  }
+  if (outcome.stopSignal) {
+    if (!lost.empty())
+      throw tools::AgreedFailure(lost);
+    return 128 + outcome.stopSignal;
+  }
+  if (!o.saveParams.empty()) {
+    try {
+      saveParameters(model, o.saveParams);
+    } catch (const tools::AgreedFailure &e) {
+      if (lost.empty())
+        throw tools::AgreedFailure(std::string(e.what()) + "; the trained parameters of step " +
+                                   std::to_string(outcome.lastStep) + " are lost" +
+                                   (outcome.lastSavePath.empty()
+                                        ? std::string()
+                                        : " (the checkpoint " + outcome.lastSavePath +
+                                              " holds them: bmt-to-hf exports it)"));
+      lost += std::string("; --save-params failed too: ") + e.what();
+    }
+    if (lost.empty())
+      return 0;
+    lost += "; --save-params " + o.saveParams + " holds the parameters (not the optimizer state)";
+  }
+  if (!lost.empty())
+    throw tools::AgreedFailure(lost);
+  return 0;
+}
+
 int run(const tools::RunOptions &o) {
   tools::checkOutputs(o);
   runtime::RendezvousInfo rendezvous = runtime::rendezvousFromEnvironment();
@@ -546,6 +625,8 @@ int run(const tools::RunOptions &o) {
   runtime::Model model(archive, device, world.get(), rank0 ? loadProgress : nullptr,
                        modelOptions);
   const plan::Plan &p = model.plan();
+  if (!o.saveParams.empty() && rank0)
+    tools::checkSaveParamsRoom(o.saveParams, savedParameterBytes(model));
   // Tensor parallelism: a TP group of T ranks shares its rows of the batch;
   // the data is split over the data-parallel ranks.
   const int64_t worldSize = model.dataParallel().size(), rank = model.dataParallel().rank();
@@ -721,11 +802,9 @@ int run(const tools::RunOptions &o) {
     return 0;
   }
 
-  trainer.train(*batches, eval.get(), windowLength - 1, o.microBatch);
-
-  if (!o.saveParams.empty())
-    saveParameters(model, o.saveParams);
-  return 0;
+  const runtime::TrainOutcome outcome =
+      trainer.train(*batches, eval.get(), windowLength - 1, o.microBatch);
+  return finishRun(o, model, outcome);
 }
 
 } // namespace
@@ -744,6 +823,9 @@ void printOnRank0(const std::string &line) {
 
 int main(int argc, char **argv) {
   try {
+    // SIGTERM / SIGINT: at once, or during the steps after the step in
+    // flight, with a checkpoint (StopSignal.h).
+    runtime::installStopHandlers();
     tools::RunOptions options = tools::parseRunOptions(argc, argv);
     if (options.help) {
       std::cout << tools::runUsage();
@@ -754,6 +836,8 @@ int main(int argc, char **argv) {
     // The same argv, and so the same error, on every rank.
     printOnRank0(std::string("error: ") + e.what());
   } catch (const tools::ConfigFailure &e) {
+    printOnRank0(std::string("error: ") + e.what());
+  } catch (const tools::AgreedFailure &e) {
     printOnRank0(std::string("error: ") + e.what());
   } catch (const c10::Error &e) {
     bmt::writeErrorLine("error: " + bmt::firstErrorLine(e.what_without_backtrace()));
