@@ -220,6 +220,10 @@ const std::vector<Option> &optionTable() {
        "compile the fused regions' CUDA kernels at their first call in\n"
        "a step instead of before step 1 (docs/runtime.md, Fused regions)",
        [](RunOptions &o, auto &, const Values &) { o.train.prewarmKernels = false; }},
+      {"--no-memory-check", "", "training",
+       "start even when a micro-batch's forward, measured at 1 and 2\n"
+       "rows, would need more memory than the device (or host) has free",
+       [](RunOptions &o, auto &, const Values &) { o.memoryCheck = false; }},
       {"--offload-optimizer", "", "training",
        "keep the float32 master weights and Adam/AdamW moments in\n"
        "(pinned) host memory and run the optimizer on the CPU; gradients\n"

@@ -132,11 +132,14 @@ void printLoadSummary(const tools::RunOptions &o, const plan::Archive &archive,
 /// The model's vocabulary: the logits' last dimension on one micro-batch of
 /// the run's shape (the fixed batches', else --micro-batch x --seq-len;
 /// `span`: span corruption's sizes), which also finds a shape the model
-/// cannot take (beyond its position embeddings, or not the shape a
-/// torch.export program was fixed to) before anything else is done.
+/// cannot take (beyond its position embeddings, or beyond the positions
+/// its config.json gives: checkPositions; or not the shape a torch.export
+/// program was fixed to) before anything else is done; and, before that,
+/// a micro-batch that memory cannot hold (checkMemory).
 int64_t probeVocabulary(const tools::RunOptions &o, runtime::Model &model,
                         const tools::FixedBatches &fixed,
-                        const runtime::SpanCorruptionConfig *span, int64_t targetLength) {
+                        const runtime::SpanCorruptionConfig *span, int64_t targetLength,
+                        const std::vector<plan::NamedFile> &hfFiles) {
   const bool encoderDecoder = model.isEncoderDecoder(), spanCorruption = span != nullptr;
   const int64_t worldSize = model.dataParallel().size(); // the ranks that split the rows
   const at::Device device = model.device();
@@ -178,6 +181,13 @@ int64_t probeVocabulary(const tools::RunOptions &o, runtime::Model &model,
              ? o.batchesFile + " holds sequences of " + std::to_string(length) + " tokens"
              : "--seq-len is " + std::to_string(length)));
   }
+  const std::string shape =
+      fixed.inputIds.defined() || fixed.windows.defined()
+          ? o.batchesFile
+          : "--micro-batch " + std::to_string(o.microBatch) + " --seq-len " + std::to_string(o.seqLen);
+  tools::checkPositions(o.archive, hfFiles, length, shape);
+  if (!o.evalOnly)
+    tools::checkMemory(o, model, rows, length, target, shape);
   at::TensorOptions ids = at::TensorOptions().dtype(at::kLong).device(device);
   runtime::ModelInputs probe;
   probe.inputIds = at::zeros({rows, length}, ids);
@@ -699,7 +709,8 @@ int run(const tools::RunOptions &o) {
     fixed = tools::loadBatches(o, encoderDecoder, p.modelType, worldSize);
 
   const int64_t vocab =
-      probeVocabulary(o, model, fixed, spanCorruption ? &span : nullptr, spanLengths.targetLength);
+      probeVocabulary(o, model, fixed, spanCorruption ? &span : nullptr, spanLengths.targetLength,
+                      archive.hfFiles());
 
   if (vocab == std::numeric_limits<int64_t>::max() && objectiveKind != runtime::Objective::CausalLM)
     throw Failure(o.archive + ": the model returns its loss but no 'logits', so bmt-run does not "
