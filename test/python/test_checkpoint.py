@@ -312,8 +312,8 @@ def launch(n, *args, env=None, extra=()):
            f"--nproc_per_node={n}", *extra, "--no-python", binary("bmt-run"),
            *map(str, args), "--device", "cpu"]
     tag = str(os.getpid()) + str(time.time_ns())
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", BMT_COMM_TIMEOUT_S="120",
-                    BMT_TEST_JOB=tag, **(env or {}))
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "BMT_COMM_TIMEOUT_S": "120",
+                "BMT_TEST_JOB": tag, **(env or {})}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=full_env), tag
 
@@ -479,6 +479,32 @@ def test_a_signal_stops_after_a_step_with_a_checkpoint(gpt2_run, ranks, sig, tmp
     assert_identical(load_file(tmp_path / "resumed.safetensors"),
                      load_file(tmp_path / "straight.safetensors"),
                      "parameters after a stop by a signal and a resume")
+
+
+def test_a_stopped_rank_times_out_naming_the_collective(gpt2_run, tmp_path):
+    """SIGSTOP on rank 1 mid-run (BMT_COMM_TIMEOUT_S=3): rank 0 stops with
+    one error naming the ZeRO collective it waited in, the communicator and
+    rank 1 (wherever the wait falls: a forward's all-gather, a backward's
+    reduce-scatter, the step's all-reduce), never a tensor-parallel
+    instruction of this plan without tensor parallelism."""
+    log = tmp_path / "log.jsonl"
+    proc, tag = launch(2, gpt2_run["sharded"], "--batches", gpt2_run["common"][1], "--steps", 5000,
+                       "--log-file", log, env={"BMT_COMM_TIMEOUT_S": "3"})
+    try:
+        assert wait_for(lambda: len(steps_logged(log)) >= 3), steps_logged(log)
+        rank1 = workers_of(tag)[1]
+        os.kill(rank1, signal.SIGSTOP)
+        assert wait_for(lambda: proc.poll() is not None or not workers_of(tag).get(0), 60)
+        os.kill(rank1, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    e = [x for x in err.splitlines() if x.startswith("error:")]
+    assert len(e) == 1, err[-3000:]
+    assert re.search(r"rank 0 of 2 \((shard|world)\): (all_gather|reduce_scatter|all_reduce) "
+                     r"#[0-9]+ .*timed out after 3 s waiting for rank 1", e[0]), e[0]
+    assert "tensor-parallel" not in e[0], e[0]
 
 
 @pytest.fixture(scope="module")
