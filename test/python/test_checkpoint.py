@@ -384,6 +384,13 @@ def test_restart_after_a_killed_rank(gpt2_run):
     assert "resumed from" in out, out
     steps = steps_logged(log)
     assert steps[-1] == 12 and len(steps) > 12, steps  # some steps ran twice
+    # bmt-plot draws each step once, as the resumed run trained it.
+    from bmt.plot import read_metrics
+    records = train_log(log)
+    restart = next(i for i in range(1, len(records)) if records[i]["step"] <= records[i - 1]["step"])
+    train, _ = read_metrics(str(log))
+    assert [x["step"] for x in train] == list(range(1, 13)), [x["step"] for x in train]
+    assert train == records[:records[restart]["step"] - 1] + records[restart:]
     assert_identical(load_file(tmp / "params.safetensors"), gpt2_run["params"],
                      "parameters after a restart")
 
