@@ -46,6 +46,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sched.h>
 #include <unistd.h>
 
 using namespace bmt;
@@ -830,9 +831,47 @@ void printOnRank0(const std::string &line) {
     bmt::writeErrorLine(line);
 }
 
+/// The CPUs this process may use: its affinity mask, capped by a cgroup
+/// CPU quota (cpu.max "QUOTA PERIOD", rounded up).
+int64_t usableCpus() {
+  cpu_set_t set;
+  int64_t cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  std::ifstream in("/sys/fs/cgroup/cpu.max");
+  std::string quota;
+  int64_t period = 0;
+  if (in >> quota >> period && quota != "max" && period > 0) {
+    const int64_t q = std::atoll(quota.c_str());
+    if (q > 0)
+      cpus = std::min(cpus, (q + period - 1) / period);
+  }
+  return std::max<int64_t>(cpus, 1);
+}
+
+/// Without OMP_NUM_THREADS, restarts the process (the same pid, argv) with
+/// OMP_NUM_THREADS = the usable CPUs less the load average (at least 1)
+/// and, unless set, OMP_WAIT_POLICY =
+/// passive: OpenMP reads both when it loads, before main. LibTorch's own
+/// default counts the host's cores, ignoring a container's CPU quota and
+/// other jobs, and OpenMP's threads spin while they wait: on a busy 2-core
+/// machine a run was 9x slower (docs/runtime.md, "Threads"). Returns when
+/// nothing is to be done or exec fails.
+void chooseThreads(char **argv) {
+  if (std::getenv("OMP_NUM_THREADS") != nullptr)
+    return;
+  // The CPUs not already busy (the 1-minute load average), at least one.
+  double load = 0;
+  int64_t threads = usableCpus();
+  if (::getloadavg(&load, 1) == 1)
+    threads = std::max<int64_t>(1, threads - std::llround(load));
+  ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+  ::setenv("OMP_WAIT_POLICY", "passive", 0);
+  ::execv("/proc/self/exe", argv);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
+  chooseThreads(argv);
   try {
     // SIGTERM / SIGINT: at once, or during the steps after the step in
     // flight, with a checkpoint (StopSignal.h).
