@@ -390,8 +390,8 @@ struct Trainer::PendingStep {
   int64_t tokens = 0;  ///< input tokens of all ranks (without padding)
   int64_t targets = 0; ///< predicted (target) tokens of all ranks
   /// float64 [gradAccum + 7]: losses, grad norm, found inf, scale, next
-  /// scale, and the requests of all ranks (kRequests: SIGTERMs, SIGINTs,
-  /// a timed save)
+  /// scale, and the requests summed over the ranks (ranks that received
+  /// SIGTERM, SIGINT; rank 0's timed save)
   at::Tensor values;
   std::optional<c10::Event> ready;
   std::chrono::steady_clock::time_point queued; ///< when the host had queued all its work

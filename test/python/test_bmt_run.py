@@ -223,12 +223,14 @@ def test_memory_check_refuses_a_micro_batch_that_cannot_fit(gpt2, tmp_path):
     maxrss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert_one_error(r, f"--micro-batch {rows} --seq-len 64: a forward of this micro-batch "
-                     "allocates at least ", "MemAvailable of this host; lower --micro-batch",
-                     "or pass --no-memory-check")
+                     "allocates at least ", "; lower --micro-batch", "or pass --no-memory-check")
     m = re.search(r"at least ([0-9.]+) GiB on each rank \(measured at 1 and 2 rows: ([0-9]+) bytes "
-                  r"a row\), more than the ([0-9.]+) GiB MemAvailable", err)
+                  r"a row\), more than the ([0-9.]+) GiB (MemAvailable of this host|left under "
+                  r"this cgroup's memory limit);", err)
     need, per_row, have = float(m[1]) * 2**30, int(m[2]), float(m[3]) * 2**30
-    assert abs(have - available) < 0.1 * available, (have, available)
+    assert have <= 1.25 * available, (have, available)
+    if m[4].startswith("MemAvailable"):
+        assert abs(have - available) < 0.25 * available, (have, available)
     assert need > have and abs(need - per_row * rows) < 0.01 * need, (need, per_row, rows)
     # At least the attention's scores and probabilities: 2 x 4 heads x 64 x 64 float32 a row.
     assert per_row >= 2 * 4 * 64 * 64 * 4, per_row

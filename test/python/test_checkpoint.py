@@ -488,6 +488,36 @@ def test_a_signal_stops_after_a_step_with_a_checkpoint(gpt2_run, ranks, sig, tmp
                      "parameters after a stop by a signal and a resume")
 
 
+def test_a_second_signal_exits_at_once(gpt2_run, tmp_path):
+    """SIGTERM, then SIGTERM again while the stop's checkpoint is written
+    (slowed by the test hook): the process exits at once, 143, saying so;
+    the unfinished save is no checkpoint, and the next run removes it."""
+    log, ck = tmp_path / "log.jsonl", tmp_path / "ck"
+    cmd = [binary("bmt-run"), gpt2_run["sharded"], "--batches", gpt2_run["common"][1],
+           "--steps", 1000, "--device", "cpu", "--checkpoint-dir", ck, "--log-file", log]
+    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, OMP_NUM_THREADS="1",
+                                                BMT_DEBUG_CHECKPOINT_SLOW_MS="300"))
+    try:
+        assert wait_for(lambda: len(steps_logged(log)) >= 3), steps_logged(log)
+        proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: ck.is_dir() and any(".tmp-" in p.name for p in ck.iterdir()))
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert "bmt-run: a second signal (SIGTERM): stopping at once; the step's checkpoint is not " \
+           "written" in err, err
+    assert "stopped by SIGTERM after" not in out
+    assert not any((p / "COMPLETE").exists() for p in ck.iterdir())
+    r = subprocess.run(list(map(str, cmd[:5] + ["4", *cmd[6:]])), capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr
+    assert "note: removed 1 incomplete save" in r.stdout, r.stdout
+
+
 def test_a_stopped_rank_times_out_naming_the_collective(gpt2_run, tmp_path):
     """SIGSTOP on rank 1 mid-run (BMT_COMM_TIMEOUT_S=3): rank 0 stops with
     one error naming the ZeRO collective it waited in, the communicator and

@@ -103,7 +103,8 @@ void checkMemory(const RunOptions &o, runtime::Model &model, int64_t rows, int64
   const double have = static_cast<double>(available.bytes) / static_cast<double>(sharing);
   if (need <= have)
     return;
-  throw ConfigFailure(
+  // (Failure, printed by each rank that refuses: the ranks' free memory may differ.)
+  throw Failure(
       shape + ": a forward of this micro-batch allocates at least " + runtime::formatMemory(need) +
       " on each rank (measured at 1 and 2 rows: " + runtime::formatMemory(perRow) +
       " a row), more than the " + runtime::formatMemory(have) + " " + available.source +

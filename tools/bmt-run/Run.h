@@ -64,7 +64,8 @@ void checkPositions(const std::string &archiveName,
 /// --no-memory-check, when a forward and loss of `rows` rows (the bytes
 /// measured at 1 and 2 rows, scaled) need more than the device's free
 /// memory or the host's available memory (shared by the host's CPU
-/// ranks), naming both numbers. `shape` names the options that set it.
+/// ranks), naming both numbers (Failure: the ranks' free memory may
+/// differ). `shape` names the options that set it.
 void checkMemory(const RunOptions &o, runtime::Model &model, int64_t rows, int64_t length,
                  int64_t target, const std::string &shape);
 
