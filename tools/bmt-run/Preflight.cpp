@@ -32,18 +32,18 @@ void checkPositions(const std::string &archiveName,
     nlohmann::json config = nlohmann::json::parse(content, nullptr, /*allow_exceptions=*/false);
     if (!config.is_object())
       return;
-    for (const char *key : {"max_position_embeddings", "n_positions"}) {
-      auto it = config.find(key);
-      if (it == config.end() || !it->is_number_integer())
-        continue;
-      const int64_t positions = it->get<int64_t>();
-      if (positions > 0 && length > positions)
-        throw ConfigFailure(what + ": sequences of " + std::to_string(length) + " tokens, but " +
-                            archiveName + "'s model has " + std::to_string(positions) +
-                            " positions (" + key + " in its config.json); lower --seq-len, or "
-                            "export the model with more positions");
+    // (Not n_positions: T5's configs carry one its relative positions
+    // ignore, and GPT-2's learned positions fail in the probe's forward.)
+    auto it = config.find("max_position_embeddings");
+    if (it == config.end() || !it->is_number_integer())
       return;
-    }
+    const int64_t positions = it->get<int64_t>();
+    if (positions > 0 && length > positions)
+      throw ConfigFailure(what + ": sequences of " + std::to_string(length) + " tokens, but " +
+                          archiveName + "'s model has " + std::to_string(positions) +
+                          " positions (max_position_embeddings in its config.json); lower "
+                          "--seq-len, or export the model with more positions");
+    return;
   }
 }
 

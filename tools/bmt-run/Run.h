@@ -54,7 +54,7 @@ void checkSaveParamsRoom(const std::string &path, int64_t bytes);
 /// ConfigFailure when `length` tokens (a sequence of the run: --seq-len,
 /// or the --batches file's; `what` names it) exceed the positions the
 /// model's config.json (carried by sharded.pt, `hfFiles`) gives as
-/// max_position_embeddings or n_positions; nothing without one.
+/// max_position_embeddings; nothing without one.
 void checkPositions(const std::string &archiveName,
                     const std::vector<std::pair<std::string, std::string>> &hfFiles,
                     int64_t length, const std::string &what);
