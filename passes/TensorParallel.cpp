@@ -29,6 +29,9 @@
 #include "bmt/Dialect/ShardingInterfaceImpl.h"
 #include "bmt/Passes.h"
 
+#include "TensorParallelGradients.h"
+#include "TensorParallelUpstream.h"
+
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Shard/IR/ShardDialect.h"
 #include "mlir/Dialect/Shard/IR/ShardOps.h"
@@ -754,6 +757,12 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         assign(op.getResult(0), s, work); // the whole tensor
         return;
       }
+      if (nd && *nd == s.dim && name == "aten::slice.Tensor" && s.chunks > 1) {
+        // One of the equal parts of a fused projection (Phi-3's q, k, v):
+        // its bounds become the rank's part of each chunk.
+        fusedSlice(op, s, work, chain);
+        return;
+      }
       if (!nd || *nd == s.dim)
         fail(op, "indexing along the split dim");
       Split out = s;
@@ -844,6 +853,31 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       return;
     }
     fail(op, "an op the pass does not know how to split");
+  }
+
+  /// A slice [start, end) of a fused projection's output along the split
+  /// dim that takes one of its `chunks` equal parts; each rank holds its
+  /// 1 / T of every part, in the parts' order, so the bounds become
+  /// [start / T, end / T) (an end past the width stays).
+  void fusedSlice(bmt::AtenOp op, const Split &s, llvm::SmallVector<Value> &work, Chain &chain) {
+    auto intArg = [&](StringRef arg) { return bmt::getAtenArg(op, arg)->getInt(); };
+    auto start = intArg("start"), end = intArg("end"), step = intArg("step");
+    int64_t part = s.global > 0 ? s.global / s.chunks : -1;
+    bool open = end && *end >= std::numeric_limits<int64_t>::max() / 2;
+    if (!start || !end || !step || *step != 1 || part <= 0 || *start % part != 0 ||
+        (open ? *start != s.global - part : *end != *start + part))
+      fail(op, "a slice along the split dim that does not take one part of a fused projection");
+    const bmt::AtenOpInfo *info = bmt::lookupAtenOp(op.getName());
+    if (*start != 0)
+      edit(chain, op, info->argIndex("start"), -1, *start, "the slice's start");
+    if (!open)
+      edit(chain, op, info->argIndex("end"), -1, *end, "the slice's end");
+    Split out = s;
+    out.chunks = 1;
+    out.global = part;
+    if (out.rankKnown())
+      out.sizes[out.pos()] = part;
+    assign(op.getResult(0), out, work);
   }
 
   /// view/reshape: which dim of the new shape holds the split, from the
@@ -1220,6 +1254,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       Operation *copy = bmt::cloneWithOperands(builder, op, operands);
       if (!copy || !isa<shard::ShardingInterface>(copy))
         fail(op, "internal error: no sharding rule at the ranks of the shadow of its chain", true);
+      bmt::tp::detachUnmappedOperands(*body, copy);
       // A name per copy, for upstream's diagnostics.
       copy->setLoc(NameLoc::get(builder.getStringAttr("shadow." + std::to_string(clones.size())), op->getLoc()));
       clones.push_back({op, copy});
@@ -1260,6 +1295,11 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     pm.addNestedPass<func::FuncOp>(shard::createShardingPropagation());
     std::string diagnostics;
     Operation *blamed = nullptr;
+    if (std::string why; failed(bmt::tp::verifyShadow(*scratch, why)))
+      fail(chain.columns.front().op, "internal error: the shadow of the chain is no valid input for upstream's "
+                                     "sharding-propagation (" + why + ")",
+           true);
+    bool crashed = false;
     {
       ScopedDiagnosticHandler capture(context, [&](Diagnostic &d) {
         if (d.getSeverity() != DiagnosticSeverity::Error)
@@ -1270,7 +1310,12 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
           diagnostics = d.str();
         return success();
       });
-      if (failed(pm.run(*scratch)))
+      LogicalResult ran = bmt::tp::runOnShadow(pm, scratch, crashed);
+      if (crashed)
+        fail(chain.columns.front().op, "internal error: upstream's sharding-propagation crashed on the shadow of "
+                                       "the chain",
+             true);
+      if (failed(ran))
         fail(blamed ? blamed : chain.columns.front().op.getOperation(),
              "upstream's sharding-propagation cannot shard the chain here (" + diagnostics + ")", true);
     }
@@ -1400,7 +1445,11 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
           blamed = op;
         return success();
       });
-      if (failed(partition.run(*scratch)))
+      LogicalResult ran = bmt::tp::runOnShadow(partition, scratch, crashed);
+      if (crashed)
+        fail(chain.columns.front().op, "internal error: upstream's shard-partition crashed on the shadow of the chain",
+             true);
+      if (failed(ran))
         fail(blamed ? blamed : chain.columns.front().op.getOperation(),
              "upstream's shard-partition cannot partition the chain here (" + diagnostics + ")", true);
     }
@@ -1509,7 +1558,8 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
           continue;
         }
         // A fused projection: q, k, v (3 chunks) split apart later.
-        int64_t chunks = fusedChunks(op, m);
+        int64_t sliceRank = 0;
+        int64_t chunks = fusedChunks(op, m, &sliceRank);
         if (m.out % (chunks * tensorParallel) != 0) {
           std::string what = "the output size " + std::to_string(m.out);
           if (chunks > 1)
@@ -1535,6 +1585,8 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         s.chunks = chunks;
         if (op.getName() == "aten::addmm")
           s.setSizes({-1, m.out});
+        else if (sliceRank > 0)
+          s.setSizes(llvm::SmallVector<int64_t>(sliceRank, -1));
         assign(op.getResult(0), s, work);
       }
       propagate(work, chain);
@@ -1617,7 +1669,13 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         d << " (" << describe(skipped.front().op) << ": " << skipped.front().message << ")";
       return signalPassFailure();
     }
+    // Every parameter left whole: how its gradient is completed
+    // (TensorParallelGradients.h), before anything is rewritten.
+    FailureOr<llvm::SmallVector<bmt::tp::ParameterGradient>> gradients = proveGradients(chains);
+    if (failed(gradients))
+      return signalPassFailure();
     rewrite(chains);
+    markSummed(*gradients);
     std::string vocab = vocabParallel();
     std::string sequence;
     if (sequenceParallel) {
@@ -1630,6 +1688,84 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       }
     }
     report(chains, skipped, vocab, sequence);
+    emitRemark(module.getLoc()) << gradientReport(*gradients);
+  }
+
+  //===--- Gradient completion (TensorParallelGradients.cpp) ---------------===//
+
+  FailureOr<llvm::SmallVector<bmt::tp::ParameterGradient>> proveGradients(llvm::ArrayRef<Chain> chains) {
+    llvm::SmallVector<bmt::tp::ChainRegion> regions;
+    llvm::DenseSet<Operation *> splitParams;
+    for (const Chain &chain : chains) {
+      bmt::tp::ChainRegion &region = regions.emplace_back();
+      for (auto &[v, s] : chain.values)
+        region.split[v] = {s.dim, s.rankKnown() ? s.rank() : -1};
+      region.completed.insert(chain.copyUses.begin(), chain.copyUses.end());
+      for (const MatmulSite &row : chain.rows) {
+        region.rows.insert(row.op);
+        // The row's bias is added after the all-reduce.
+        if (auto m = matmulShape(row.op); m && m->biasValue)
+          for (OpOperand &o : row.op->getOpOperands())
+            if (o.get() == m->biasValue)
+              region.completed.insert(&o);
+      }
+      for (const HeadNarrow &n : chain.narrows)
+        region.narrowing.insert(n.repeat);
+      for (auto &[param, split] : chain.paramSplits)
+        splitParams.insert(param);
+    }
+    return bmt::tp::proveGradientCompletion(module, regions, splitParams, tensorParallel);
+  }
+
+  /// reduce_grad on the parameters whose gradient is each rank's partial
+  /// sum (the replicated k/v projections already have it).
+  void markSummed(llvm::ArrayRef<bmt::tp::ParameterGradient> gradients) {
+    for (const bmt::tp::ParameterGradient &g : gradients)
+      if (g.completion == bmt::tp::Completion::Summed && !g.param->hasAttr("bmt.tensor_split"))
+        markReduceGrad(g.param);
+  }
+
+  /// The decision for each whole parameter, after sequence parallelism
+  /// (which sums the gradients of the parameters it reads between the
+  /// chains), for the remark.
+  std::string gradientReport(llvm::ArrayRef<bmt::tp::ParameterGradient> gradients) {
+    llvm::SmallVector<std::string> summed;
+    int64_t identical = 0, count = 0, sequence = 0;
+    for (const bmt::tp::ParameterGradient &g : gradients) {
+      bmt::ParameterOp param = g.param;
+      if (g.completion == bmt::tp::Completion::Identical) {
+        auto split = param->getAttrOfType<DictionaryAttr>("bmt.tensor_split");
+        ++(split && split.get("reduce_grad") ? sequence : identical);
+        continue;
+      }
+      ++count;
+      std::string name = shortName(param);
+      if (param.getSymName().ends_with(".weight") && !StringRef(name).ends_with(".weight"))
+        name += ".weight";
+      if (!llvm::is_contained(summed, name))
+        summed.push_back(name);
+    }
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << "bmt-tensor-parallel: gradient completion: " << count
+       << " whole parameters read beside split values, each rank's gradient a partial sum, reduce_grad";
+    if (count)
+      os << " (" << llvm::join(summed, ", ") << ")";
+    if (sequence)
+      os << "; " << sequence << " read between the chains, split along the sequence, reduce_grad";
+    os << "; " << identical << " whole parameters identical on every rank";
+    return text;
+  }
+
+  /// `bmt.tensor_split = {dim = -1, chunks = 1, reduce_grad = true}`: whole
+  /// on every TP rank, its gradient summed over the group before ZeRO's
+  /// reduce-scatter (Plan's TensorSplit{dim = -1, reduceGrad}).
+  static void markReduceGrad(bmt::ParameterOp p) {
+    Builder builder(p.getContext());
+    p->setAttr("bmt.tensor_split",
+               builder.getDictionaryAttr({builder.getNamedAttr("dim", builder.getI64IntegerAttr(-1)),
+                                          builder.getNamedAttr("chunks", builder.getI64IntegerAttr(1)),
+                                          builder.getNamedAttr("reduce_grad", builder.getBoolAttr(true))}));
   }
 
   //===--- Sequence parallelism (Korthikanti et al. 2022, section 4.2.2) ---===//
@@ -2205,11 +2341,18 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   }
 
   /// How many chunks the output of a column matmul has: the number of
-  /// results of the aten::split (or chunk) along the last dim that takes
-  /// it apart into equal parts, else 1.
-  int64_t fusedChunks(bmt::AtenOp op, const MatmulShape &m) {
+  /// results of the aten::split (or, read without a view, aten::chunk) along
+  /// the last dim that takes it apart into equal parts, or of the slices
+  /// that do (Phi-3's qkv_proj: [..., 0:q], [..., q:2q], [..., 2q:]), else 1.
+  /// With slices along a dim counted from the front, `rank` is set to the
+  /// output's rank (the sliced dim is its last).
+  int64_t fusedChunks(bmt::AtenOp op, const MatmulShape &m, int64_t *rank = nullptr) {
     Value v = op.getResult(0);
+    bool viewed = false;
     for (int hops = 0; hops < 8; ++hops) {
+      if (!viewed)
+        if (int64_t n = slicedChunks(v, m.out, rank))
+          return n;
       if (!v.hasOneUse())
         return 1;
       Operation *user = *v.getUsers().begin();
@@ -2225,6 +2368,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         return 1;
       if (aten.getName() == "aten::view" || aten.getName() == "aten::reshape") {
         v = aten.getResult(0);
+        viewed = true;
         continue;
       }
       if (aten.getName() == "aten::split.Tensor") {
@@ -2232,9 +2376,46 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         if (size && *size > 0 && m.out % *size == 0 && m.out / *size == aten->getNumResults())
           return aten->getNumResults();
       }
+      if (aten.getName() == "aten::chunk" && !viewed) {
+        auto n = bmt::getAtenArg(aten, "chunks")->getInt(), dim = bmt::getAtenArg(aten, "dim")->getInt();
+        if (n && dim && *dim == -1 && *n > 1 && *n == aten->getNumResults() && m.out % *n == 0)
+          return *n;
+      }
       return 1;
     }
     return 1;
+  }
+
+  /// The number of equal parts of [0, `width`) that the uses of `v`, all
+  /// aten::slice.Tensor along one dim with constant bounds and step 1,
+  /// take (each one part; the last may end at the end), else 0. A dim
+  /// counted from the front is taken as the last, and `rank` set.
+  int64_t slicedChunks(Value v, int64_t width, int64_t *rank) {
+    llvm::SmallVector<std::pair<int64_t, int64_t>> parts; // {start, end}
+    std::optional<int64_t> dim;
+    for (Operation *user : v.getUsers()) {
+      auto slice = dyn_cast<bmt::AtenOp>(user);
+      if (!slice || slice.getName() != "aten::slice.Tensor" || slice->getOperand(0) != v)
+        return 0;
+      auto d = bmt::getAtenArg(slice, "dim")->getInt(), start = bmt::getAtenArg(slice, "start")->getInt(),
+           end = bmt::getAtenArg(slice, "end")->getInt(), step = bmt::getAtenArg(slice, "step")->getInt();
+      if (!d || !start || !end || !step || *step != 1 || (dim && *dim != *d))
+        return 0;
+      dim = d;
+      parts.push_back({*start, std::min(*end, width)});
+    }
+    if (parts.size() < 2 || width % static_cast<int64_t>(parts.size()) != 0)
+      return 0;
+    llvm::sort(parts);
+    int64_t part = width / static_cast<int64_t>(parts.size());
+    for (auto [i, p] : llvm::enumerate(parts))
+      if (p.first != static_cast<int64_t>(i) * part || p.second != p.first + part)
+        return 0;
+    if (*dim >= 0 && rank)
+      *rank = *dim + 1;
+    else if (*dim != -1)
+      return 0;
+    return parts.size();
   }
 
   std::string describe(Operation *op) {

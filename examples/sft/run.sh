@@ -42,8 +42,10 @@ rm -rf pretrain-ckpt pretrained sft-ckpt finetuned
 run2 gpt2.sharded.pt --data fortunes.train.bin --steps "$PRETRAIN_STEPS" --micro-batch 8 \
   --seq-len 128 --lr 1e-3 --warmup 30 --schedule cosine --log-every 50 \
   --checkpoint-dir pretrain-ckpt --checkpoint-every 100000
-"$py" -m bmt.to_hf "pretrain-ckpt/step-$(printf %08d "$PRETRAIN_STEPS")" -o pretrained
-cp fortunes.tokenizer.json pretrained/tokenizer.json
+# The tokenizer and chat template go with the model (and on into the
+# fine-tuned directory: bmt-export-hf --checkpoint carries them).
+"$py" -m bmt.to_hf "pretrain-ckpt/step-$(printf %08d "$PRETRAIN_STEPS")" -o pretrained \
+  --tokenizer fortunes.tokenizer.json --chat-template "$here/chat_template.jinja"
 
 # 4. Conversations: the loss mask covers the assistant's replies and the
 # end-of-text token that closes each (the chat template's markup and the

@@ -265,22 +265,38 @@ LogicalResult bmt::compile(const CompileRequest &request, const MlirOptMainConfi
                        : writeProgram(*module, request.output, config);
 }
 
+/// The --help section of bmt-opt's own flags.
+static llvm::cl::OptionCategory &bmtCategory() {
+  static llvm::cl::OptionCategory category(
+      "Default pipeline (bmt-opt MODEL -o sharded.pt without pass flags)");
+  return category;
+}
+
 bmt::CompileFlags::CompileFlags()
     : flags(pipeline.commandLineFlags()),
       randomInit("random-init",
                  llvm::cl::desc("-o *.pt: write no weights for the trainable parameters; the "
                                 "runtime initializes them by rule (pretraining from scratch, "
                                 "benchmarks)"),
-                 llvm::cl::init(false)) {
+                 llvm::cl::init(false), llvm::cl::cat(bmtCategory())) {
   // The pipeline's options live in the options' own subcommand; register
   // them again so that they are top-level flags as well.
-  static llvm::cl::OptionCategory category(
-      "Default pipeline (bmt-opt MODEL -o sharded.pt without pass flags)");
   for (llvm::cl::Option *flag : flags) {
     flag->removeArgument();
     flag->addSubCommand(llvm::cl::SubCommand::getTopLevel());
-    flag->addCategory(category);
+    flag->addCategory(bmtCategory());
     flag->addArgument();
+  }
+}
+
+void bmt::hideLinkedLLVMOptions() {
+  for (auto &entry : llvm::cl::getRegisteredOptions()) {
+    llvm::cl::Option *option = entry.second;
+    if (llvm::is_contained(option->Categories, &bmtCategory()) ||
+        llvm::is_contained({"help", "help-list", "version"}, option->ArgStr))
+      continue;
+    if (option->getOptionHiddenFlag() == llvm::cl::NotHidden)
+      option->setHiddenFlag(llvm::cl::Hidden);
   }
 }
 

@@ -136,7 +136,12 @@ std::optional<Rule> reductionRule(bmt::AtenOp op, const bmt::AtenOpInfo &info, A
   if (!arg)
     return std::nullopt;
   SmallVector<int64_t> dims;
-  if (info.argNames[info.reducedDimsArg] == "normalized_shape") {
+  // mean.dim / sum.dim_IntList with dim=None or [] reduce every dim.
+  const bool keepdimOp = info.argIndex("keepdim") >= 0;
+  if (keepdimOp && (arg->isNone() || (arg->getInts() && arg->getInts()->empty()))) {
+    for (int64_t d = 0; d < n; ++d)
+      dims.push_back(d);
+  } else if (info.argNames[info.reducedDimsArg] == "normalized_shape") {
     // layer_norm: the trailing len(normalized_shape) dims.
     auto shape = arg->getInts();
     if (!shape || static_cast<int64_t>(shape->size()) > n)

@@ -53,8 +53,11 @@ without it: the loss ops are outside the blocks.
 
 The archive carries the model's Hugging Face config.json (and
 generation_config.json when the model generates), as save_pretrained writes
-them, as extra files (extra/config.json); bmt-opt keeps them in sharded.pt
-and bmt-to-hf writes them into the Hugging Face directory it exports.
+them, and with --checkpoint the folder's tokenizer files (tokenizer.json,
+tokenizer_config.json with its chat template, chat_template.jinja, ...,
+verbatim), as extra files (extra/config.json); bmt-opt keeps them in
+sharded.pt, bmt-run in every checkpoint, and bmt-to-hf writes them into the
+Hugging Face directory it exports.
 
 Exit status 0 on success; on bad input (unknown architecture, unreadable
 config, a model that cannot be traced; for --checkpoint: .bin weights, a
@@ -198,6 +201,36 @@ def hf_files(model):
             if os.path.exists(os.path.join(tmp, name)):
                 with open(os.path.join(tmp, name), encoding="utf-8") as f:
                     files[name] = f.read()
+    return files
+
+
+# The tokenizer files of a Hugging Face folder that the archive carries
+# beside config.json (plan::kHfFileNames, include/bmt/Plan/Archive.h).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "chat_template.jinja", "chat_template.json",
+                   "tokenizer.model", "spiece.model", "vocab.json", "merges.txt", "vocab.txt")
+
+
+def tokenizer_files(folder, text_only):
+    """The tokenizer's files in `folder` (verbatim), by name, for the
+    archive's extra files. A .pt2 stores text only (torch.export.save's
+    extra_files): a binary one (a SentencePiece .model) is left out there,
+    with a note saying how to add it."""
+    files = {}
+    for name in TOKENIZER_FILES:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
+            content = f.read()
+        if text_only:
+            try:
+                content = content.decode("utf-8")
+            except UnicodeDecodeError:
+                print(f"note: {name} is binary and a .pt2 carries text files only: give "
+                      f"bmt-to-hf --tokenizer {folder} to write it with the model")
+                continue
+        files[name] = content
     return files
 
 
@@ -362,6 +395,8 @@ def main(argv=None):
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             tmp_path = os.path.join(tmp, os.path.basename(args.output))
             extra = hf_files(model)
+            if args.checkpoint:
+                extra.update(tokenizer_files(args.checkpoint, text_only=use_export))
             if streamed:  # where the weights are (docs/hf-checkpoints.md)
                 extra[checkpoint.RECORD] = checkpoint.record(*weights[:2])
             if use_export:

@@ -1,6 +1,7 @@
 """bmt-to-hf: export a bmt-run checkpoint to a Hugging Face model directory.
 
     bmt-to-hf CHECKPOINT -o DIR [--max-shard-size 5GB] [--config FILE | --sharded sharded.pt]
+              [--tokenizer PATH] [--chat-template FILE]
 
 CHECKPOINT is a complete checkpoint folder of `bmt-run --checkpoint-dir D`
 (D/step-00000010; docs/checkpoint-format.md). DIR gets what
@@ -9,6 +10,8 @@ loads it:
 
   config.json                       the model's Hugging Face config
   generation_config.json            when the model has one
+  tokenizer.json, ...               the tokenizer's files, when the checkpoint
+                                    carries them or --tokenizer names them
   model.safetensors                 the trained parameters, or, beyond
   model-0000k-of-0000n.safetensors  --max-shard-size, shards and
   model.safetensors.index.json      their index (weight_map)
@@ -55,7 +58,13 @@ CHUNK = 16 << 20  # bytes per read and write
 CHECKPOINT_FORMAT = "bmt-checkpoint"
 CHECKPOINT_VERSION = 1
 TP_VERSION = 2  # a checkpoint of tensor parallelism: its spaces hold TP slices
-HF_FILES = ("config.json", "generation_config.json")
+# The Hugging Face files a checkpoint (hf/) and sharded.pt (bmt/hf/) carry:
+# the config, then the tokenizer's (plan::kHfFileNames, include/bmt/Plan/Archive.h).
+HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+            "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+            "chat_template.json", "tokenizer.model", "spiece.model", "vocab.json", "merges.txt",
+            "vocab.txt")
+TOKENIZER_FILES = HF_FILES[2:]
 
 # The checkpoint's dtype names (plan::dtypeName) -> safetensors dtype codes.
 SAFETENSORS_DTYPE = {
@@ -242,27 +251,54 @@ class RankFile:
 
 # --- the Hugging Face files ---------------------------------------------------
 
+def _read(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise Failure(f"{path}: cannot read ({e.strerror})") from None
+
+
+def tokenizer_files(path):
+    """{name: bytes} of --tokenizer PATH: a folder's tokenizer files (what
+    a tokenizer's save_pretrained writes), or one tokenizer.json file (what
+    bmt-prepare-data --tokenizer / --train-bpe use)."""
+    if os.path.isdir(path):
+        files = {n: _read(os.path.join(path, n)) for n in TOKENIZER_FILES
+                 if os.path.isfile(os.path.join(path, n))}
+        if not files:
+            raise Failure(f"{path}: no tokenizer files (tokenizer.json, tokenizer_config.json, "
+                          "...) in this folder")
+        return files
+    return {"tokenizer.json": _read(path)}
+
+
 def hf_files(folder, args):
-    """{name: text} of config.json (and generation_config.json) and where
-    they came from."""
+    """{name: bytes} of config.json (and generation_config.json, the
+    tokenizer's files) and where the config came from. --tokenizer's files
+    replace the carried tokenizer's."""
+    files, where = _carried_files(folder, args)
+    if args.tokenizer:
+        files = {n: v for n, v in files.items() if n not in TOKENIZER_FILES}
+        files.update(tokenizer_files(args.tokenizer))
+    if args.chat_template:
+        files["chat_template.jinja"] = _read(args.chat_template)
+    return files, where
+
+
+def _carried_files(folder, args):
     if args.config:
-        try:
-            with open(args.config, encoding="utf-8") as f:
-                files = {"config.json": f.read()}
-        except OSError as e:
-            raise Failure(f"{args.config}: cannot read ({e.strerror})") from None
+        files = {"config.json": _read(args.config)}
         generation = os.path.join(os.path.dirname(os.path.abspath(args.config)),
                                   "generation_config.json")
         if os.path.exists(generation):
-            with open(generation, encoding="utf-8") as f:
-                files["generation_config.json"] = f.read()
+            files["generation_config.json"] = _read(generation)
         return files, args.config
     files = {}
     for name in HF_FILES:
         path = os.path.join(folder, "hf", name)
         if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                files[name] = f.read()
+            files[name] = _read(path)
     if files:
         return files, os.path.join(folder, "hf")
     if args.sharded:
@@ -272,7 +308,7 @@ def hf_files(folder, args):
                 for record in z.namelist():
                     top, _, rest = record.partition("/")
                     if rest.startswith("bmt/hf/") and rest[len("bmt/hf/"):] in HF_FILES:
-                        files[rest[len("bmt/hf/"):]] = z.read(record).decode("utf-8")
+                        files[rest[len("bmt/hf/"):]] = z.read(record)
         except (OSError, zipfile.BadZipFile) as e:
             raise Failure(f"{args.sharded}: not a sharded.pt archive ({e})") from None
         if "config.json" in files:
@@ -287,7 +323,7 @@ def model_class(config_text, where, meta, transformers, tmp):
     """The config and the transformers class it names (config.architectures,
     else the class of the plan's model_type), built from `tmp`/config.json."""
     try:
-        fields = json.loads(config_text)
+        fields = json.loads(config_text)  # bytes: UTF-8 (json.loads decodes it)
         if not isinstance(fields, dict) or "model_type" not in fields:
             raise ValueError("no model_type")
     except ValueError as e:
@@ -488,9 +524,9 @@ def convert(args):
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # as os.makedirs would make it (mkdtemp: 0700)
-        for name, text in files.items():
-            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
-                f.write(text)
+        for name, content in files.items():
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(content)
         cls, config = model_class(files["config.json"], where, meta, transformers, tmp)
         names = hf_names(cls, config, torch)
         wanted = set(names)
@@ -613,6 +649,13 @@ def main(argv=None):
                                           "checkpoint without hf/config.json)")
     source.add_argument("--config", help="a config.json to use (a model traced without one); "
                                          "generation_config.json beside it is taken too")
+    parser.add_argument("--tokenizer", help="write this tokenizer with the model: a folder's "
+                                            "tokenizer files (tokenizer.json, "
+                                            "tokenizer_config.json, ...) or a tokenizer.json "
+                                            "file (bmt-prepare-data's --tokenizer); default: "
+                                            "the one the checkpoint carries, if any")
+    parser.add_argument("--chat-template", help="write this Jinja file as chat_template.jinja "
+                                                "(bmt-prepare-data's --chat-template)")
     args = parser.parse_args(argv)
     try:
         return convert(args)

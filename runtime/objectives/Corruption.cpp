@@ -189,7 +189,7 @@ Seq2SeqBatch spanCorruption(const at::Tensor &tokens, const SpanCorruptionConfig
     *in = config.eosId;
     *target = config.eosId;
   }
-  out.decoderInputIds = shiftRight(out.labels, config.decoderStartId);
+  out.decoderInputIds = shiftRight(out.labels, config.decoderStartId, config.decoderPadId);
   return out;
 }
 

@@ -208,7 +208,8 @@ Trainer::MicroBatchLoss Trainer::microBatchLoss(const MicroBatch &micro,
   if (!micro.window.defined()) { // ready encoder-decoder pairs
     inputIds = micro.inputIds;
     labels = micro.labels;
-    decoderInputIds = shiftRight(labels, config_.spanCorruption.decoderStartId);
+    decoderInputIds = shiftRight(labels, config_.spanCorruption.decoderStartId,
+                                 config_.spanCorruption.decoderPadId);
   } else {
     const int64_t seq = micro.window.size(1) - 1;
     switch (config_.objective) {
@@ -231,12 +232,17 @@ Trainer::MicroBatchLoss Trainer::microBatchLoss(const MicroBatch &micro,
     // Documents (DocumentBatches): position t predicts token t + 1 only
     // where that token is a target of t's document; padding is not attended
     // (padded rows: attention_mask) or is a sequence of its own (packed
-    // rows: position_ids restart at 0 at each document).
+    // rows: position_ids restart at 0 at each document). A plan compiled
+    // assuming attention_mask all ones gets all ones (Model's default):
+    // right padding comes after every token of its row, and a causal LM's
+    // output at a token depends on the tokens up to it only, so the loss on
+    // the row's targets is the same as with the padding term.
     if (micro.targets.defined()) {
       labels = labels.masked_fill(micro.targets.slice(1, 1, seq + 1).logical_not(), -100);
       if (micro.positionIds.defined())
         positionIds = micro.positionIds.slice(1, 0, seq);
-      else if (micro.attentionMask.defined())
+      else if (micro.attentionMask.defined() &&
+               !model_.plan().assumes(plan::kAssumeAttentionMaskAllOnes))
         attentionMask = micro.attentionMask.slice(1, 0, seq);
     }
   }

@@ -6,6 +6,21 @@
 // HELP-DAG: --pass-pipeline
 // HELP-DAG: --split-input-file
 // HELP-DAG: --verify-diagnostics
+// HELP-DAG: --world-size
+// HELP-DAG: --random-init
+// HELP-DAG: --mlir-print-ir-after-all
+// HELP-DAG: --mlir-timing
+
+// --help leaves out the ~550 lines of codegen and target options of the
+// LLVM libraries linked in (--help-hidden still lists them; they still work).
+// RUN: bmt-opt --help | FileCheck %s --check-prefix=NOLLVM
+// NOLLVM-NOT: --amdgpu-
+// NOLLVM-NOT: --aarch64-
+// NOLLVM-NOT: --x86-
+// RUN: bmt-opt --help | %python -c "import sys; n = len(sys.stdin.readlines()); print('lines ok' if n < 300 else f'{n} lines')" | FileCheck %s --check-prefix=LINES
+// LINES: lines ok
+// RUN: bmt-opt --help-hidden | FileCheck %s --check-prefix=HIDDEN
+// HIDDEN: --amdgpu-
 
 // RUN: bmt-opt %s --pass-pipeline='builtin.module(bmt-summary,canonicalize,symbol-dce)' 2>&1 | FileCheck %s --check-prefix=PIPELINE
 // PIPELINE: bmt summary

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from bmt_paths import binary
-from numerics import assert_loss_close
+from numerics import assert_close, assert_gradients_close, assert_loss_close
 from test_runtime_parity import build, compile_model
 
 
@@ -292,3 +292,52 @@ def test_limits_found_before_training(gpt2, tmp_path):
     assert "val loss" in r.stdout and (tmp_path / "p.safetensors").exists()
     assert_one_error(bmt_run(sharded, "--data", data, "--steps", 1, "--lr", "1e-4",
                              "--min-lr", "1"), "--min-lr")
+
+
+class _Plain(torch.nn.Module):
+    """A tiny LM of plain ops: full means (aten::mean, mean.dim over every
+    dim) inside, and either a dict with 'logits' or a plain tensor out."""
+
+    def __init__(self, plain):
+        super().__init__()
+        self.plain = plain
+        self.emb = torch.nn.Embedding(32, 8)
+        self.head = torch.nn.Linear(8, 32)
+
+    def forward(self, input_ids):
+        h = self.emb(input_ids)
+        h = (h - h.mean()) * torch.rsqrt(h.pow(2).mean(dim=(0, 1, 2), keepdim=True) + 1e-5)
+        logits = self.head(h + h.mean(dim=(0, 1, 2)))
+        return logits if self.plain else {"logits": logits}
+
+
+def test_full_mean_runs_and_a_plain_tensor_output_is_explained(tmp_path):
+    ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(4))
+    paths = {}
+    for plain in (False, True):
+        torch.manual_seed(0)
+        model = _Plain(plain)
+        pt = str(tmp_path / f"plain{plain}.pt")
+        torch.jit.trace(model, example_kwarg_inputs={"input_ids": ids}, strict=False).save(pt)
+        paths[plain] = str(tmp_path / f"plain{plain}.sharded.pt")
+        r = subprocess.run([binary("bmt-opt"), pt, "-o", paths[plain]], capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stderr
+    # The means against eager: logits, loss and gradients of --dump.
+    torch.manual_seed(0)
+    model = _Plain(False)
+    torch.save({"input_ids": ids}, tmp_path / "in.pt")
+    r = bmt_run(paths[False], "--dump", tmp_path / "in.pt", tmp_path / "out.pt")
+    assert r.returncode == 0, r.stderr
+    got = torch.load(tmp_path / "out.pt", weights_only=False)
+    logits = model(ids)["logits"]
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 32), ids[:, 1:].reshape(-1))
+    loss.backward()
+    assert_close(got["logits"], logits, what="logits")
+    assert_loss_close(got["loss"].item(), loss.item())
+    assert_gradients_close({k[5:]: v for k, v in got.items() if k.startswith("grad/")},
+                           {n: p.grad for n, p in model.named_parameters()})
+    # A forward returning a plain tensor: the error says what it must return.
+    data = write_tokens(tmp_path / "d", list(range(32)) * 10, 32)
+    assert_one_error(bmt_run(paths[True], "--data", data, "--steps", 1, "--seq-len", 4),
+                     "returns a plain tensor", "'logits'", "--objective model-loss")

@@ -12,6 +12,8 @@ corruption, against eager transformers on the same weights and batches.
 - Span corruption from a token file: the sizes bmt-run reports against the
   T5 paper's rule computed here, a learnable sequence's loss going down,
   sentinels from the data's metadata or the model's top ids, and the errors.
+- The decoder start and pad ids of the exported config (3 and 5, not T5's
+  0): training on pairs as transformers' own shift of the labels trains.
 """
 import json
 import math
@@ -21,7 +23,7 @@ import warnings
 import pytest
 import torch
 
-from bmt_paths import binary
+from bmt_paths import binary, tool
 from numerics import (assert_close, assert_gradients_close, assert_loss_close,
                       assert_trained_close)
 from test_bmt_run import assert_one_error, bmt_run, write_tokens
@@ -102,7 +104,7 @@ def test_t5_forward_and_gradients_match_eager(fmt, tmp_path):
     assert_gradients_close(grads, {n: p.grad for n, p in model.named_parameters()})
 
 
-def eager_pairs_training(model, ids, labels, steps, accum, lrs, clip):
+def eager_pairs_training(model, ids, labels, steps, accum, lrs, clip, loss_fn=seq2seq_loss):
     opt = torch.optim.AdamW(decay_groups(model.parameters(), 0.01), lr=1.0, betas=(0.9, 0.999),
                             eps=1e-8)
     losses, k = [], 0
@@ -110,7 +112,7 @@ def eager_pairs_training(model, ids, labels, steps, accum, lrs, clip):
         opt.zero_grad()
         total = 0.0
         for _ in range(accum):
-            _, loss = seq2seq_loss(model, ids[k % len(ids)], labels[k % len(ids)])
+            _, loss = loss_fn(model, ids[k % len(ids)], labels[k % len(ids)])
             k += 1
             (loss / accum).backward()
             total += loss.item()
@@ -250,3 +252,44 @@ def test_encoder_decoder_errors(t5, tmp_path):
                 "labels": torch.zeros(1, 2, 3, dtype=torch.long)}, tmp_path / "pairs.pt")
     assert_one_error(bmt_run(gpt2, "--batches", tmp_path / "pairs.pt", "--steps", 1),
                      "pairs.pt", "encoder-decoder")
+
+
+def transformers_loss(model, ids, labels):
+    """transformers' own teacher forcing: decoder_input_ids from labels by
+    its shift (config.decoder_start_token_id first, -100 -> pad_token_id)."""
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                             labels.reshape(-1), ignore_index=-100)
+    return logits, loss
+
+
+def test_decoder_start_id_comes_from_the_exported_config(tmp_path):
+    """A T5 whose config starts the decoder with 3 and pads with 5 (as BART
+    starts with 2, not T5's 0): exported by bmt-export-hf --checkpoint (which
+    carries the config), trained on pairs as transformers trains it."""
+    model = build("t5")
+    model.config.decoder_start_token_id, model.config.pad_token_id = 3, 5
+    model.save_pretrained(tmp_path / "hf")
+    pt, sharded = tmp_path / "t5.pt", tmp_path / "t5.sharded.pt"
+    r = subprocess.run([*tool("bmt-export-hf"), "--checkpoint", str(tmp_path / "hf"),
+                        "--seq-len", "8", "-o", str(pt)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([binary("bmt-opt"), str(pt), "-o", str(sharded)], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    steps = 3
+    g = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, VOCAB, (steps, 4, 9), generator=g)
+    labels = torch.randint(0, VOCAB, (steps, 4, 6), generator=g)
+    labels[:, 1, -2:] = -100  # padded targets: the decoder reads pad_token_id there
+    torch.save({"input_ids": ids, "labels": labels}, tmp_path / "pairs.pt")
+    log = tmp_path / "log.jsonl"
+    r = bmt_run(sharded, "--batches", tmp_path / "pairs.pt", "--steps", steps, "--lr", "2e-3",
+                "--clip-grad", "0.5", "--log-file", log)
+    assert r.returncode == 0, r.stderr
+    train = [json.loads(x) for x in open(log) if '"train"' in x]
+    lrs = {x["step"]: x["lr"] for x in train}
+    want = eager_pairs_training(model, ids, labels, steps, 1, lrs, 0.5, transformers_loss)
+    for x, w in zip(train, want):
+        assert_loss_close(x["loss"], w, what=f"loss of step {x['step']}")
+    assert "decoder start 3 (the model's config.json decoder_start_token_id)" in r.stdout, r.stdout

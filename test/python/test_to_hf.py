@@ -253,6 +253,84 @@ def test_a_pt2_carries_the_config(tmp_path):
     assert plan_of(sharded)[1] == extra
 
 
+CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"},
+        {"role": "assistant", "content": "the cat sat"}]
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}"
+            "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def save_tokenizer(folder):
+    """A word-level tokenizer (trained here, offline) with a chat template,
+    as its save_pretrained writes it; the tokenizer files it wrote."""
+    import tokenizers
+    from transformers import PreTrainedTokenizerFast
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["be brief hello there the cat sat on a mat"] * 3,
+                            tokenizers.trainers.WordLevelTrainer(
+                                special_tokens=["<unk>", "<eos>", "<|system|>", "<|user|>",
+                                                "<|assistant|>"]))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>",
+                                   chat_template=TEMPLATE)
+    fast.save_pretrained(folder)
+    from bmt import to_hf
+    return sorted(n for n in os.listdir(folder) if n in to_hf.TOKENIZER_FILES)
+
+
+def assert_same_tokenizer(out, original):
+    from transformers import AutoTokenizer
+    got, want = AutoTokenizer.from_pretrained(out), AutoTokenizer.from_pretrained(original)
+    text = got.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    assert text == want.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    assert "<|assistant|>the cat sat<eos>" in text, text
+    assert got(text)["input_ids"] == want(text)["input_ids"]
+
+
+def test_the_tokenizer_travels_with_the_model(tmp_path, capsys):
+    """bmt-export-hf --checkpoint DIR carries DIR's tokenizer files (chat
+    template included) through sharded.pt and the checkpoint into
+    bmt-to-hf's directory, byte for byte; bmt-to-hf --tokenizer DIR
+    --chat-template FILE adds them to a checkpoint that carries none."""
+    import transformers
+    cls, config = make_fixtures.MODELS["gpt2"](transformers)
+    torch.manual_seed(0)
+    cls(config).save_pretrained(tmp_path / "hf")
+    names = save_tokenizer(tmp_path / "hf")
+    assert "tokenizer.json" in names and "tokenizer_config.json" in names, names
+    pt, sharded = tmp_path / "m.pt", tmp_path / "m.sharded.pt"
+    r = subprocess.run([*tool("bmt-export-hf"), "--checkpoint", tmp_path / "hf", "--seq-len", "8",
+                        "-o", pt], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([binary("bmt-opt"), pt, "-o", sharded], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    torch.save(torch.randint(0, 16, (1, 2, 9), generator=torch.Generator().manual_seed(1)),
+               tmp_path / "b.pt")
+    r = subprocess.run([binary("bmt-run"), sharded, "--batches", tmp_path / "b.pt", "--steps", "1",
+                        "--checkpoint-dir", tmp_path / "ck", "--checkpoint-every", "1",
+                        "--device", "cpu"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    ck = tmp_path / "ck" / "step-00000001"
+    assert convert(capsys, ck, "-o", tmp_path / "out").returncode == 0
+    for name in names:
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "hf" / name).read_bytes(), name
+    assert_same_tokenizer(tmp_path / "out", tmp_path / "hf")
+    # A checkpoint without them (its hf/ holds the config only), and a
+    # tokenizer.json plus a Jinja template as bmt-prepare-data takes them.
+    for name in names:
+        os.remove(ck / "hf" / name)
+    (tmp_path / "chat.jinja").write_text(TEMPLATE)
+    r = convert(capsys, ck, "-o", tmp_path / "out2", "--tokenizer", tmp_path / "hf" / "tokenizer.json",
+                "--chat-template", tmp_path / "chat.jinja")
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path / "out2")) == ["chat_template.jinja", "config.json",
+                                                    "generation_config.json",
+                                                    "model.safetensors", "tokenizer.json"]
+    from transformers import PreTrainedTokenizerFast
+    tok = PreTrainedTokenizerFast.from_pretrained(tmp_path / "out2", eos_token="<eos>")
+    assert tok.apply_chat_template(CHAT, tokenize=False) == transformers.AutoTokenizer.from_pretrained(
+        tmp_path / "hf").apply_chat_template(CHAT, tokenize=False)
+
+
 def test_bad_input(trained, tmp_path, capsys):
     if trained["name"] != "gpt2":
         pytest.skip("one model is enough")

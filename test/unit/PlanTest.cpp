@@ -538,7 +538,7 @@ TEST_F(ArchiveFile, CarriesTheHuggingFaceFilesVerbatim) {
   EXPECT_TRUE(Archive(without).hfFiles().empty());
   // Only the files of kHfFileNames; nothing is written otherwise.
   std::string bad = (dir_ / "bad.pt").string();
-  EXPECT_THROW(writeArchive(bad, p, "module {}", weights, {{"tokenizer.json", "{}"}}), PlanError);
+  EXPECT_THROW(writeArchive(bad, p, "module {}", weights, {{"model.safetensors", "{}"}}), PlanError);
   EXPECT_FALSE(std::filesystem::exists(bad));
 }
 

@@ -38,6 +38,7 @@ int main(int argc, char **argv) {
   bmt::registerDefaultPipeline();
   registerTransformsPasses(); // canonicalize, cse, symbol-dce, inline, ...
   bmt::CompileFlags flags;    // --world-size, ..., --random-init
+  bmt::hideLinkedLLVMOptions();
 
   auto [input, output] = registerAndParseCLIOptions(
       argc, argv,

@@ -5,6 +5,7 @@
 #include "bmt/Support/ErrorText.h"
 
 #include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <iostream>
@@ -12,25 +13,71 @@
 
 namespace bmt::tools {
 
+DecoderConfig decoderConfig(plan::Archive &archive) {
+  DecoderConfig out;
+  for (const auto &[name, content] : archive.hfFiles()) {
+    if (name != "config.json")
+      continue;
+    const nlohmann::json config = nlohmann::json::parse(content, nullptr, false);
+    if (!config.is_object())
+      throw Failure(archive.path() + ": its config.json (bmt/hf/config.json) is not a JSON "
+                    "object");
+    auto id = [&](const char *key) -> std::optional<int64_t> {
+      auto it = config.find(key);
+      if (it == config.end() || it->is_null())
+        return std::nullopt;
+      if (!it->is_number_integer())
+        throw Failure(archive.path() + ": its config.json's " + key + " is " + it->dump() +
+                      ", not a token id");
+      return it->get<int64_t>();
+    };
+    out.startId = id("decoder_start_token_id");
+    out.padId = id("pad_token_id");
+  }
+  return out;
+}
+
+DecoderIds decoderIds(const RunOptions &o, const DecoderConfig &config,
+                      const runtime::TokenFile *data) {
+  DecoderIds ids;
+  ids.padId = config.padId.value_or(0);
+  if (o.decoderStartId >= 0) {
+    ids.startId = o.decoderStartId;
+    ids.source = "--decoder-start-id";
+  } else if (config.startId) {
+    ids.startId = *config.startId;
+    ids.source = "the model's config.json decoder_start_token_id";
+  } else if (data && data->padId()) {
+    ids.startId = *data->padId();
+    ids.source = "the data's pad_id; the model carries no decoder_start_token_id";
+  } else {
+    ids.startId = 0;
+    ids.source = "T5's 0; the model carries no decoder_start_token_id";
+  }
+  return ids;
+}
+
 /// Span corruption's token ids. The sentinels are the tokenizer's
 /// <extra_id_0>, <extra_id_1>, ... (the data's "sentinel_ids") or, for a
 /// tokenizer without them, the model's top ids vocab - 1, vocab - 2, ...
 /// (T5's order) when no token of the data uses them (ids below the data's
 /// vocab_size, or below `dataVocab` without a token file); EOS is the
-/// data's eos_id (1, T5's, without a file); the decoder starts with
-/// --decoder-start-id, else the data's pad_id, else 0. Prints them when
-/// `print`.
+/// data's eos_id (1, T5's, without a file); the decoder's ids are
+/// decoderIds'. Prints them when `print`.
 runtime::SpanCorruptionConfig spanCorruptionSettings(const tools::RunOptions &o,
+                                                     const DecoderConfig &decoder,
                                                      runtime::SpanCorruptionConfig span,
                                                      const runtime::SpanCorruptionLengths &lengths,
                                                      int64_t vocab, const runtime::TokenFile *data,
                                                      int64_t dataVocab, bool print) {
   span.eosId = data ? data->eosId() : 1;
-  span.decoderStartId = o.decoderStartId >= 0      ? o.decoderStartId
-                        : data && data->padId()     ? *data->padId()
-                                                    : 0;
-  if (span.decoderStartId >= vocab)
-    throw Failure("--decoder-start-id " + std::to_string(span.decoderStartId) +
+  const DecoderIds ids = decoderIds(o, decoder, data);
+  span.decoderStartId = ids.startId;
+  span.decoderPadId = ids.padId;
+  if (span.decoderStartId < 0 || span.decoderStartId >= vocab || span.decoderPadId < 0 ||
+      span.decoderPadId >= vocab)
+    throw Failure("the decoder start id " + std::to_string(span.decoderStartId) + " (" +
+                  ids.source + ") or pad id " + std::to_string(span.decoderPadId) +
                   " is outside the model's vocabulary of " + std::to_string(vocab));
   std::string source;
   if (data && !data->sentinelIds().empty()) {
@@ -70,7 +117,7 @@ runtime::SpanCorruptionConfig spanCorruptionSettings(const tools::RunOptions &o,
               << lengths.noiseTokens << " corrupted in " << lengths.spans
               << (lengths.spans == 1 ? " span" : " spans") << "); sentinels from " << source << " (" << span.sentinels.front()
               << ", ...), eos " << span.eosId << ", decoder start " << span.decoderStartId
-              << "\n";
+              << " (" << ids.source << ")\n";
   }
   return span;
 }

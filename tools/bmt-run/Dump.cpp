@@ -45,7 +45,8 @@ void checkUnpadded(const tools::RunOptions &o, const at::Tensor &ids, const at::
 } // namespace
 
 /// --dump INPUTS OUT: forward + loss + backward on one given batch.
-void runDump(runtime::Model &model, const tools::RunOptions &o, runtime::Objective objective) {
+void runDump(runtime::Model &model, const tools::RunOptions &o, runtime::Objective objective,
+             const DecoderConfig &decoder) {
   c10::IValue loaded;
   try {
     loaded = torch::jit::pickle_load(readFile(o.dumpInputs));
@@ -101,11 +102,11 @@ void runDump(runtime::Model &model, const tools::RunOptions &o, runtime::Objecti
     if (!dict.contains(std::string("labels")))
       throw Failure(o.dumpInputs + ": the model is an encoder-decoder; give its target as "
                     "'labels' (and optionally 'decoder_input_ids', else the labels shifted "
-                    "right behind --decoder-start-id)");
-    inputs.decoderInputIds =
-        dict.contains(std::string("decoder_input_ids"))
-            ? get("decoder_input_ids")
-            : runtime::shiftRight(labels, std::max<int64_t>(o.decoderStartId, 0));
+                    "right behind the decoder start id: --decoder-start-id, else the config's)");
+    const DecoderIds ids = decoderIds(o, decoder, nullptr);
+    inputs.decoderInputIds = dict.contains(std::string("decoder_input_ids"))
+                                 ? get("decoder_input_ids")
+                                 : runtime::shiftRight(labels, ids.startId, ids.padId);
   }
   // A forward taking labels computes its loss: it gets the batch's labels
   // as given (transformers' convention; default input_ids), and its loss

@@ -96,13 +96,13 @@ const std::vector<Option> &optionTable() {
       {"--sequences", "LAYOUT", "data",
        "how whole documents of a version-2 token file become rows\n"
        "(supervised fine-tuning; docs/runtime.md): padded (one document a\n"
-       "row, right-padded; needs a plan compiled with bmt-opt\n"
-       "--assume-unpadded=false) | packed (whole documents packed into\n"
-       "rows of --seq-len + 1 tokens, position_ids restarting at each;\n"
-       "needs a model exported with bmt-export-hf --position-ids) |\n"
-       "windows (random windows of the token stream, ignoring the\n"
-       "documents). Default: padded for supervised data (a loss mask),\n"
-       "else windows",
+       "row, right-padded; needs a forward taking attention_mask) |\n"
+       "packed (whole documents packed into rows of --seq-len + 1 tokens,\n"
+       "position_ids restarting at each; needs a model exported with\n"
+       "bmt-export-hf --position-ids) | windows (random windows of the\n"
+       "token stream, ignoring the documents). Default for supervised\n"
+       "data (a loss mask): packed for a model exported with\n"
+       "--position-ids, else padded; for other data: windows",
        [](RunOptions &o, auto &k, const Values &v) {
          if (v[0] == "padded")
            o.sequences = runtime::SequenceLayout::Padded;
@@ -293,8 +293,8 @@ const std::vector<Option> &optionTable() {
          o.train.spanCorruption.meanSpanLength = toDouble(k, v[0], 1);
        }},
       {"--decoder-start-id", "N", "objective",
-       "first decoder input token (default: the data's pad_id, else 0,\n"
-       "T5's decoder_start_token_id)",
+       "first decoder input token (default: the model's config.json\n"
+       "decoder_start_token_id, else the data's pad_id, else 0, T5's)",
        [](RunOptions &o, auto &k, const Values &v) { o.decoderStartId = toInt(k, v[0], 0); }},
       {"--seed", "N", "objective", "seed of sampling, masking and dropout (default 0)",
        [](RunOptions &o, auto &k, const Values &v) {

@@ -52,7 +52,7 @@ struct RunOptions {
   std::optional<at::ScalarType> reduceDtype;  ///< none: the model's dtype
   std::optional<runtime::Objective> objective; ///< none: auto (objectiveForModel)
   bool modelLoss = false; ///< --objective model-loss: the forward must take labels
-  int64_t decoderStartId = -1; ///< -1: the data's pad_id, else 0
+  int64_t decoderStartId = -1; ///< -1: the config.json's, else the data's pad_id, else 0
 
   bool evalOnly = false;
   // Checkpoints

@@ -16,12 +16,14 @@
 #include "bmt/Runtime/exec/Model.h"
 #include "bmt/Runtime/data/TokenData.h"
 #include "bmt/Runtime/train/Trainer.h"
+#include "bmt/Plan/Archive.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -89,6 +91,31 @@ struct FixedBatches {
   at::Tensor windows, inputIds, labels;
 };
 
+/// What the model's config.json (carried in sharded.pt by bmt-export-hf)
+/// says about an encoder-decoder's decoder inputs; unset where it says
+/// nothing (or the model carries no config.json).
+struct DecoderConfig {
+  std::optional<int64_t> startId; ///< decoder_start_token_id (T5: 0, BART: 2)
+  std::optional<int64_t> padId;   ///< pad_token_id: replaces -100 in the shifted labels
+};
+
+/// Reads `archive`'s config.json (Failure when it is not a JSON object or an
+/// id there is not an integer or null).
+DecoderConfig decoderConfig(plan::Archive &archive);
+
+/// The decoder's first input token: --decoder-start-id, else the config's
+/// decoder_start_token_id, else the data's pad_id (`data` may be null),
+/// else 0 (T5's); and the id that replaces -100 in the shifted labels (the
+/// config's pad_token_id, else 0), as transformers' shift_tokens_right
+/// does. `source` says where the start id came from, for bmt-run's notes.
+struct DecoderIds {
+  int64_t startId = 0;
+  int64_t padId = 0;
+  std::string source;
+};
+DecoderIds decoderIds(const RunOptions &o, const DecoderConfig &config,
+                      const runtime::TokenFile *data);
+
 /// Reads o.batchesFile. Checks the format and that the rows split evenly
 /// over `worldSize` ranks (Failure); the ids are checked by checkBatchIds.
 FixedBatches loadBatches(const RunOptions &o, bool encoderDecoder,
@@ -102,6 +129,7 @@ void checkBatchIds(const FixedBatches &fixed, int64_t vocab, const std::string &
 /// where each comes from); prints them when `print`. Failure when there are
 /// too few sentinels or an id lies outside the vocabulary.
 runtime::SpanCorruptionConfig spanCorruptionSettings(const RunOptions &o,
+                                                     const DecoderConfig &decoder,
                                                      runtime::SpanCorruptionConfig span,
                                                      const runtime::SpanCorruptionLengths &lengths,
                                                      int64_t vocab, const runtime::TokenFile *data,
@@ -133,7 +161,8 @@ std::unique_ptr<runtime::MicroBatchSource> makeBatchSource(const FixedBatches &f
 
 /// --dump INPUTS OUT: forward, loss and backward on the batch in
 /// o.dumpInputs; rank 0 saves the outputs, the loss and every gradient.
-void runDump(runtime::Model &model, const RunOptions &o, runtime::Objective objective);
+void runDump(runtime::Model &model, const RunOptions &o, runtime::Objective objective,
+             const DecoderConfig &decoder);
 
 } // namespace bmt::tools
 

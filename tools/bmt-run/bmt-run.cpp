@@ -461,6 +461,21 @@ void printResume(const runtime::ResumeReport &r, const std::string &folder,
   }
 }
 
+/// What the entry function returns, for a message: "a plain tensor", or its
+/// result names ("'last_hidden_state', 'pooler_output'").
+std::string describeResults(const runtime::Model &model) {
+  const plan::Function &entry = model.plan().functions[model.plan().entry];
+  std::string names;
+  for (const std::string &n : entry.resultNames)
+    if (!n.empty())
+      names += (names.empty() ? "'" : ", '") + n + "'";
+  if (!names.empty())
+    return names;
+  return entry.resultNames.size() == 1
+             ? "a plain tensor"
+             : std::to_string(entry.resultNames.size()) + " unnamed results (a tuple)";
+}
+
 /// Whole documents (--sequences, or supervised data by default): the layout,
 /// or none for random windows. Checks that the data, the objective and the
 /// plan fit the layout (Failure otherwise, saying what to change), and
@@ -476,9 +491,14 @@ documentLayout(const tools::RunOptions &o, runtime::Model &model,
                               "ready batches");
     return std::nullopt;
   }
+  // Supervised data: packed for a program exported for it (position_ids and
+  // no attention_mask: bmt-export-hf --position-ids), else padded.
+  const bool exportedForPacking =
+      model.takesInput("position_ids") && !model.takesInput("attention_mask");
   std::optional<runtime::SequenceLayout> layout = o.sequences;
   if (!layout && data->hasLossMask())
-    layout = runtime::SequenceLayout::Padded; // supervised data
+    layout = exportedForPacking ? runtime::SequenceLayout::Packed
+                                : runtime::SequenceLayout::Padded;
   if (!layout) {
     if (rank0 && eval && eval->hasLossMask())
       std::cout << "bmt-run: note: " << eval->binPath() << " is supervised, but the training "
@@ -494,20 +514,16 @@ documentLayout(const tools::RunOptions &o, runtime::Model &model,
   if (objective != runtime::Objective::CausalLM)
     throw Failure(std::string("--sequences ") + name + " trains causal LMs on whole documents; "
                   "the objective is " + runtime::objectiveName(objective));
-  const plan::Plan &p = model.plan();
   // The other layout is suggested only where this program can run it.
-  const bool paddedRuns = model.takesInput("attention_mask") &&
-                          !p.assumes(plan::kAssumeAttentionMaskAllOnes);
-  const bool packedRuns = model.takesInput("position_ids") && !model.takesInput("attention_mask");
-  const std::string orPacked = packedRuns ? ", or train with --sequences packed" : "";
+  const bool paddedRuns = model.takesInput("attention_mask");
+  const std::string orPacked = exportedForPacking ? ", or train with --sequences packed" : "";
   const std::string orPadded = paddedRuns ? ", or train with --sequences padded" : "";
   if (*layout == runtime::SequenceLayout::Padded) {
-    if (p.assumes(plan::kAssumeAttentionMaskAllOnes))
-      throw Failure(o.archive + " was compiled assuming attention_mask all ones (bmt-opt "
-                    "--assume-unpadded, the default: its attention has no padding term), and "
-                    "padded sequences (--sequences padded) have padding; recompile with "
-                    "bmt-opt --assume-unpadded=false" + orPacked);
-    if (!model.takesInput("attention_mask"))
+    // A plan compiled assuming attention_mask all ones (bmt-opt's default)
+    // is fed all ones (Trainer): right padding only follows a row's tokens,
+    // which a causal LM's earlier positions never see, so the loss on them
+    // is the same with or without the padding term.
+    if (!paddedRuns)
       throw Failure(o.archive + "'s forward takes no attention_mask, which padded sequences "
                     "(--sequences padded) need; export the model with attention_mask "
                     "(bmt-export-hf does by default)" + orPacked);
@@ -636,6 +652,7 @@ int run(const tools::RunOptions &o) {
   runtime::Model model(archive, device, world.get(), rank0 ? loadProgress : nullptr,
                        modelOptions);
   const plan::Plan &p = model.plan();
+  const tools::DecoderConfig decoder = tools::decoderConfig(archive);
   if (!o.saveParams.empty() && rank0)
     tools::checkSaveParamsRoom(o.saveParams, savedParameterBytes(model));
   // Tensor parallelism: a TP group of T ranks shares its rows of the batch;
@@ -678,8 +695,12 @@ int run(const tools::RunOptions &o) {
                       runtime::objectiveName(objectiveKind) + " labels)"
                 : std::string(runtime::objectiveName(objectiveKind));
   if (!model.hasLogits() && !modelLoss && o.dumpInputs.empty())
-    throw Failure(o.archive + ": the model has no language-model head (no 'logits' "
-                  "result: " + p.modelType + "); it can be run with --dump but not trained");
+    throw Failure(o.archive + ": the model's forward returns " + describeResults(model) +
+                  " and no 'logits' result (" + p.modelType + "); to train, its forward must "
+                  "return a dict or ModelOutput with 'logits' [batch, seq, vocab] (a "
+                  "*ForCausalLM/*ForMaskedLM/*ForConditionalGeneration model does), or take "
+                  "'labels' and return its loss as 'loss' (--objective model-loss); it can be "
+                  "run with --dump as it is");
   const bool maskedLM = objectiveKind == runtime::Objective::MaskedLM;
   const bool spanCorruption = objectiveKind == runtime::Objective::SpanCorruption;
   // Span corruption: --seq-len is the encoder input's length; the windows
@@ -699,7 +720,7 @@ int run(const tools::RunOptions &o) {
   printLoadSummary(o, archive, model, objective, device);
 
   if (!o.dumpInputs.empty()) {
-    tools::runDump(model, o, objectiveKind);
+    tools::runDump(model, o, objectiveKind, decoder);
     return 0;
   }
 
@@ -745,14 +766,19 @@ int run(const tools::RunOptions &o) {
     config.maskId = tools::maskTokenId(train ? train.get() : eval.get());
   if (spanCorruption && o.batchesFile.empty()) // (--batches: below, from the file's windows)
     config.spanCorruption = tools::spanCorruptionSettings(
-        o, span, spanLengths, vocab, train ? train.get() : eval.get(), 0, rank0);
+        o, decoder, span, spanLengths, vocab, train ? train.get() : eval.get(), 0, rank0);
 
-  if (fixed.inputIds.defined()) // ready encoder-decoder pairs
-    config.spanCorruption.decoderStartId = std::max<int64_t>(o.decoderStartId, 0);
+  if (fixed.inputIds.defined()) { // ready encoder-decoder pairs
+    const tools::DecoderIds ids = tools::decoderIds(o, decoder, nullptr);
+    config.spanCorruption.decoderStartId = ids.startId;
+    config.spanCorruption.decoderPadId = ids.padId;
+    if (rank0)
+      std::cout << "bmt-run: decoder start " << ids.startId << " (" << ids.source << ")\n";
+  }
   tools::checkBatchIds(fixed, vocab, o.batchesFile);
   if (fixed.windows.defined() && spanCorruption)
     config.spanCorruption = tools::spanCorruptionSettings(
-        o, span, runtime::spanCorruptionLengths(fixed.windows.size(2), span), vocab, nullptr,
+        o, decoder, span, runtime::spanCorruptionLengths(fixed.windows.size(2), span), vocab, nullptr,
         fixed.windows.max().item<int64_t>() + 1, rank0);
   std::unique_ptr<runtime::MicroBatchSource> batches;
   if (layout && train)

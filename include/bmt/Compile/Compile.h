@@ -95,6 +95,14 @@ private:
   llvm::cl::opt<bool> randomInit;
 };
 
+/// Hides from --help (--help-hidden still lists them; they still work) every
+/// option registered so far except bmt-opt's own flags and --help/--version:
+/// the codegen and target options of the LLVM libraries linked in with MLIR
+/// (~550 lines no bmt user needs). Call after constructing CompileFlags and
+/// before registerAndParseCLIOptions, which registers mlir-opt's own options
+/// (--pass-pipeline, --mlir-print-ir-*, ...) after it, so they stay shown.
+void hideLinkedLLVMOptions();
+
 /// True when the command line names a pass or a pipeline (--bmt-zero,
 /// --pass-pipeline=..., -p ...): then no default pipeline runs.
 bool passesNamedOnCommandLine();

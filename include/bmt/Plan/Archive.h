@@ -38,8 +38,16 @@ namespace bmt::plan {
 /// The Hugging Face files a sharded.pt may carry (record bmt/hf/<name>):
 /// bmt-export-hf stores them in the model archive as extra files
 /// (extra/<name>), bmt-opt copies them, bmt-run copies them into every
-/// checkpoint (hf/<name>) and bmt-to-hf into the exported directory.
-inline constexpr const char *kHfFileNames[] = {"config.json", "generation_config.json"};
+/// checkpoint (hf/<name>) and bmt-to-hf into the exported directory. The
+/// config, then the tokenizer's files (those of a --checkpoint folder that
+/// its tokenizer's save_pretrained writes, with the chat template).
+/// Keep in step with python/bmt/export_hf.py and to_hf.py (HF_FILES).
+inline constexpr const char *kHfFileNames[] = {
+    "config.json",          "generation_config.json", "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "chat_template.jinja",  "chat_template.json",     "tokenizer.model",
+    "spiece.model",         "vocab.json",             "merges.txt",
+    "vocab.txt"};
 
 /// A file by name and content (the Hugging Face files above).
 using NamedFile = std::pair<std::string, std::string>;

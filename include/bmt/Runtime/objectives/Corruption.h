@@ -47,6 +47,7 @@ struct SpanCorruptionConfig {
   std::vector<int64_t> sentinels;
   int64_t eosId = 1;          ///< appended to the encoder input and to the target
   int64_t decoderStartId = 0; ///< first decoder input token (T5: the pad id, 0)
+  int64_t decoderPadId = 0;   ///< replaces -100 in the shifted labels (pad_token_id)
 };
 
 /// The exact sizes span corruption gives a window of `windowLength` tokens:
