@@ -7,7 +7,12 @@ the training throughput in tokens/s.  Lines used:
   {"kind": "train", "step": 12, "loss": 5.31, "tokens_per_s": 15000.0, ...}
   {"kind": "eval", "step": 100, "val_loss": 4.2, ...}
 Other kinds and other keys are ignored; a null or non-finite value (e.g. the
-loss of a step skipped by loss scaling) leaves a gap.  A last line without
+loss of a step skipped by loss scaling) leaves a gap.  A log that a resumed
+run appended to (bmt-run --resume after a kill) holds the steps between the
+checkpoint and the kill twice: a train line whose step is not after the one
+before it starts a new run, and the earlier lines of that step and later
+ones (train and eval) are dropped, so each step is drawn once, as the last
+run trained it.  A last line without
 its newline that does not parse (a run still writing) is ignored with a note.
 
 Exit status 0 on success; on bad input (missing, empty or malformed log, no
@@ -70,6 +75,9 @@ def read_metrics(path):
         if isinstance(step, bool) or not isinstance(step, (int, float)):
             raise UserError(f"{path}:{number_}: {kind} line without a numeric step")
         if kind == "train":
+            if train and train[-1]["step"] >= step:  # a resumed run: its steps replace these
+                train = [r for r in train if r["step"] < step]
+                evals = [r for r in evals if r["step"] < step]
             train.append(record)
         else:
             evals.append(record)

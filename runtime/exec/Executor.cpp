@@ -23,6 +23,36 @@ namespace bmt::runtime {
 
 namespace {
 
+/// What instruction `inst` is, for a collective that failed inside it:
+/// ZeRO's all-gathers run in Gather, Global (a parameter whose group is not
+/// gathered yet) and block calls (re-gathers, reduce-scatters of the
+/// backward), tensor parallelism's in its own instructions.
+std::string collectiveInstruction(const plan::Plan &plan, const plan::Instruction &inst) {
+  using Kind = plan::Instruction::Kind;
+  switch (inst.kind) {
+  case Kind::Gather:
+    return "the ZeRO all-gather of storage group " + plan.groups.at(inst.target).name;
+  case Kind::Global:
+    return "the ZeRO all-gather of " + plan.tensors.at(inst.target).name + "'s storage group";
+  case Kind::Call:
+    return "the call of " + (inst.blockList.empty() ? std::string("a function")
+                                                    : "block " + inst.blockList + "." +
+                                                          std::to_string(inst.blockIndex)) +
+           " (its ZeRO collectives)";
+  case Kind::TpAllReduce:
+    return "the tensor-parallel all-reduce";
+  case Kind::TpAllGather:
+    return "the tensor-parallel all-gather";
+  case Kind::TpReduceScatter:
+    return "the tensor-parallel reduce-scatter";
+  case Kind::TpCopy:
+    return "the tensor-parallel copy";
+  default:
+    return (inst.op.empty() ? std::string("an instruction") : inst.op) + " (a collective in it)";
+  }
+}
+
+
 /// Operators TorchScript registers outside the dispatcher.
 using Native = std::function<IValue(std::vector<IValue> &)>;
 
@@ -652,7 +682,9 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
     } catch (const ExecutionError &) {
       throw;
     } catch (const CommError &e) {
-      throw ExecutionError("tensor-parallel instruction in " + f.name +
+      // The collective's own message names the rank, the communicator and
+      // the collective; this names the instruction that waited for it.
+      throw ExecutionError(collectiveInstruction(plan_, inst) + " in " + f.name +
                            (inst.location.empty() ? "" : " (" + inst.location + ")") +
                            " failed: " + e.what());
     } catch (const fusion::FusionError &e) {

@@ -99,7 +99,7 @@ std::string jsonString(const std::string &text) {
 } // namespace
 
 void MetricsWriter::checkpoint(int64_t step, bool ok, const std::string &where, int64_t bytes,
-                               double writeSeconds, double heldSeconds) {
+                               double writeSeconds, double heldSeconds, bool last) {
   std::string why = where;
   while (!why.empty() && why.back() == '\n')
     why.pop_back();
@@ -110,7 +110,9 @@ void MetricsWriter::checkpoint(int64_t step, bool ok, const std::string &where, 
          << std::defaultfloat << "\n";
   else
     out_ << "warning: checkpoint step " << step << " failed: " << why
-         << "; the previous checkpoints stay, training goes on\n";
+         << (last ? "; it is the last step's save"
+                  : "; the previous checkpoints stay, training goes on")
+         << "\n";
   out_.flush();
   if (json_) {
     *json_ << "{\"kind\": \"checkpoint\", \"step\": " << step << ", \"ok\": "

@@ -5,6 +5,7 @@
 #include "bmt/Runtime/optim/LossScaler.h"
 #include "bmt/Runtime/optim/Optimizer.h"
 #include "bmt/Runtime/train/Profile.h"
+#include "bmt/Runtime/train/StopSignal.h"
 #include "bmt/Support/ErrorText.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
@@ -25,6 +26,7 @@
 #include <chrono>
 #include <tuple>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -132,10 +134,12 @@ void Trainer::reportCheckpoint(const CheckpointResult &r) {
     if (!r.ok)
       bmt::writeErrorLine("warning: rank " + std::to_string(model_.world().rank()) +
                           ": checkpoint step " + std::to_string(r.step) + " failed: " + r.error);
+    lastSaveResult_ = r;
     return;
   }
+  lastSaveResult_ = r;
   metrics_.checkpoint(r.step, r.ok, r.ok ? r.path : r.error, r.bytes, r.writeSeconds,
-                      saveHeldSeconds_);
+                      saveHeldSeconds_, r.step == lastSaveStep_);
 }
 
 namespace {
@@ -391,7 +395,10 @@ struct Trainer::PendingStep {
   double lr = 0;
   int64_t tokens = 0;  ///< input tokens of all ranks (without padding)
   int64_t targets = 0; ///< predicted (target) tokens of all ranks
-  at::Tensor values; ///< float64 [gradAccum + 4]: losses, grad norm, found inf, scale, next scale
+  /// float64 [gradAccum + 7]: losses, grad norm, found inf, scale, next
+  /// scale, and the requests summed over the ranks (ranks that received
+  /// SIGTERM, SIGINT; rank 0's timed save)
+  at::Tensor values;
   std::optional<c10::Event> ready;
   std::chrono::steady_clock::time_point queued; ///< when the host had queued all its work
   double hostSeconds = 0; ///< how long the host took to queue it (queueStep)
@@ -500,18 +507,36 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
     scaler->update(*found);
 
   // The step's values: the micro-batch losses averaged over ranks (one
-  // all-reduce), the grad norm, the overflow flag and the loss scales.
-  at::Tensor lossValues = at::cat(losses).to(device);
+  // all-reduce, which also carries each rank's requests: a stop signal
+  // received, rank 0's timed save), the grad norm, the overflow flag and
+  // the loss scales.
+  const int signal = stopSignal();
+  double timedSave = 0;
+  if (saver_ && config_.saveEveryMinutes > 0 && world.rank() == 0 &&
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - lastSaveMark_).count() >=
+          config_.saveEveryMinutes * 60) {
+    timedSave = 1;
+    lastSaveMark_ = std::chrono::steady_clock::now();
+  }
+  at::Tensor requests =
+      at::tensor({signal == SIGTERM ? 1.0 : 0.0, signal == SIGINT ? 1.0 : 0.0, timedSave},
+                 at::TensorOptions().dtype(at::kDouble));
+  const int64_t m = config_.gradAccum;
+  at::Tensor reduced = at::cat({at::cat(losses).to(device), toDevice(requests, device)});
   if (world.size() > 1) {
-    at::Tensor t = lossValues;
+    at::Tensor t = reduced;
     if (t.device() != world.device() && world.backend() != "local")
       t = t.to(world.device());
     world.allReduce(t)->wait();
-    lossValues = t.to(device).div(static_cast<double>(world.size()));
+    reduced = t.to(device);
   }
+  at::Tensor lossValues = reduced.slice(0, 0, m);
+  if (world.size() > 1)
+    lossValues = lossValues.div(static_cast<double>(world.size()));
   at::Tensor values = at::cat({lossValues, gradNorm.reshape({1}),
                                found ? found->to(at::kDouble).reshape({1}) : at::zeros({1}, doubles),
-                               stepScale, scaler ? scaler->scale().reshape({1}) : at::zeros({1}, doubles)});
+                               stepScale, scaler ? scaler->scale().reshape({1}) : at::zeros({1}, doubles),
+                               reduced.slice(0, m)});
   if (hooks.syncDebug)
     c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
   if (device.is_cuda()) {
@@ -569,7 +594,7 @@ Trainer::KernelPrewarm Trainer::prewarmFusedKernels(MicroBatchSource &source,
   return result;
 }
 
-void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t seqLen,
+TrainOutcome Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t seqLen,
                     int64_t microBatch) {
   const bool rank0 = model_.world().rank() == 0;
   const at::Device device = model_.device();
@@ -593,6 +618,9 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
       const CheckpointOptions &c = checkpoints_->first;
       out_ << "bmt-run: checkpoints in " << c.dir << " after "
            << (c.every > 0 ? "every " + std::to_string(c.every) + " steps and " : std::string())
+           << (config_.saveEveryMinutes > 0
+                   ? "every " + formatNumber(config_.saveEveryMinutes) + " minutes and "
+                   : std::string())
            << "the last step" << (c.keep > 0 ? ", keeping " + std::to_string(c.keep) : "")
            << "; host buffers of " << saver_->hostBytes() << " bytes on rank 0 ("
            << std::fixed << std::setprecision(1)
@@ -641,6 +669,34 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
     if (!evalData)
       return;
     reportEvaluation(step, evaluate(*evalData, seqLen, microBatch, config_.evalBatches));
+  };
+
+  // Requests carried by the steps' values (a stop signal, a timed save).
+  const int64_t lag = device.is_cuda() ? 1 : 0;
+  std::optional<int64_t> stopAfter, timedSaveAfter;
+  int stopWith = 0;
+  int64_t lastSaved = -1; // the step of the newest save started
+  lastSaveMark_ = Clock::now();
+  lastSaveStep_ = config_.steps;
+  // The state after `step` (queued, the next step not yet), snapshotted
+  // before the next step changes it; first the save before it must be
+  // written (a wait that counts as this save's hold on training).
+  auto saveAfter = [&](int64_t step) {
+    const auto waitStart = Clock::now();
+    std::optional<CheckpointResult> previous = saver_->wait();
+    const double waited = std::chrono::duration<double>(Clock::now() - waitStart).count();
+    if (previous)
+      reportCheckpoint(*previous);
+    saveHeldSeconds_ = waited;
+    std::ostringstream generator;
+    generator << rng_;
+    TrainingProgress progress;
+    progress.step = step;
+    progress.data = source.position();
+    progress.objectiveGenerator = generator.str();
+    saveHeldSeconds_ += saver_->save(progress);
+    lastSaved = step;
+    lastSaveMark_ = Clock::now();
   };
 
   // Reads a step's values (waiting for them) and prints/logs it; throws
@@ -721,9 +777,21 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
       metrics_.step(metrics);
     }
     inspector_->report(p.step, rank0 ? &metrics_ : nullptr);
+    // The ranks' requests, the same on every rank: acted on after step
+    // p.step + lag, the first step whose state is still unchanged when
+    // every rank has read them (CUDA reads a step's values one step late).
+    const double *requests = v + m + 4;
+    if (requests[0] + requests[1] > 0 && !stopAfter) {
+      stopAfter = p.step + lag;
+      stopWith = requests[0] > 0 ? SIGTERM : SIGINT;
+    }
+    if (requests[2] > 0)
+      timedSaveAfter = p.step + lag;
   };
 
   std::optional<PendingStep> pending;
+  int64_t lastStep = std::max(startStep_, config_.steps);
+  deferStopSignals(true); // a signal from here on stops the run after a step (StopSignal.h)
   StepProfiler profiler;
   const bool profiling = rank0 && config_.profileFrom > 0;
   for (int64_t step = startStep_ + 1; step <= config_.steps; ++step) {
@@ -739,24 +807,8 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
     const auto queueStart = Clock::now();
     PendingStep current = queueStep(step, source, hooks);
     current.hostSeconds = std::chrono::duration<double>(Clock::now() - queueStart).count();
-    if (saver_ && (saver_->due(step) || step == config_.steps)) {
-      // The state after this step, snapshotted before the next one changes
-      // it; first the save before it must be written (a wait that counts as
-      // this save's hold on training).
-      const auto waitStart = Clock::now();
-      std::optional<CheckpointResult> previous = saver_->wait();
-      const double waited = std::chrono::duration<double>(Clock::now() - waitStart).count();
-      if (previous)
-        reportCheckpoint(*previous);
-      saveHeldSeconds_ = waited;
-      std::ostringstream generator;
-      generator << rng_;
-      TrainingProgress progress;
-      progress.step = step;
-      progress.data = source.position();
-      progress.objectiveGenerator = generator.str();
-      saveHeldSeconds_ += saver_->save(progress);
-    }
+    if (saver_ && (saver_->due(step) || step == config_.steps))
+      saveAfter(step);
     current.queued = Clock::now();
     if (pending)
       report(*pending);
@@ -769,6 +821,22 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
     }
     if (profileEnds)
       profiler.stop(out_, config_.profileTrace, config_.profileTo - config_.profileFrom + 1);
+    // A stop or a timed save the ranks agreed on, due after this step.
+    const bool stopping = stopAfter && step >= *stopAfter;
+    if (stopping)
+      lastSaveStep_ = step;
+    const bool timedSave = timedSaveAfter && step >= *timedSaveAfter;
+    if (timedSave)
+      timedSaveAfter.reset();
+    if (saver_ && lastSaved != step && (stopping || timedSave))
+      saveAfter(step);
+    if (stopping) {
+      if (pending)
+        report(*pending);
+      pending.reset();
+      lastStep = step;
+      break;
+    }
     if (saver_)
       if (std::optional<CheckpointResult> done = saver_->poll())
         reportCheckpoint(*done);
@@ -794,11 +862,69 @@ void Trainer::train(MicroBatchSource &source, const TokenFile *evalData, int64_t
   if (saver_)
     if (std::optional<CheckpointResult> done = saver_->wait())
       reportCheckpoint(*done);
-  runEval(config_.steps);
+  return finishTraining(lastStep, stopWith, evalData ? std::function<void()>([&] {
+    runEval(config_.steps);
+  }) : std::function<void()>(), fusedKernels);
+}
+
+TrainOutcome Trainer::finishTraining(int64_t lastStep, int stopWith,
+                                     const std::function<void()> &finalEvaluation,
+                                     bool fusedKernels) {
+  Comm &world = model_.world();
+  const bool rank0 = world.rank() == 0;
+  TrainOutcome outcome;
+  outcome.lastStep = lastStep;
+  // What every rank must agree on (one all-reduce): the save after the
+  // last step failed on some rank; a signal arrived after the last step's
+  // all-reduce (no step carried it).
+  std::string myError;
+  if (saver_) {
+    if (!lastSaveResult_ || lastSaveResult_->step != lastStep)
+      myError = "it was not written";
+    else if (!lastSaveResult_->ok)
+      myError = lastSaveResult_->error;
+  }
+  const int late = stopWith ? 0 : stopSignal();
+  at::Tensor agreed = at::tensor({myError.empty() ? 0.0 : 1.0, late == SIGTERM ? 1.0 : 0.0,
+                                  late == SIGINT ? 1.0 : 0.0},
+                                 at::TensorOptions().dtype(at::kDouble));
+  if (world.size() > 1) {
+    at::Tensor t = world.backend() == "local" ? agreed : agreed.to(world.device());
+    world.allReduce(t)->wait();
+    agreed = t.cpu();
+  }
+  const double *a = agreed.const_data_ptr<double>();
+  if (!stopWith && a[1] + a[2] > 0)
+    stopWith = a[1] > 0 ? SIGTERM : SIGINT;
+  deferStopSignals(false);
+  outcome.stopSignal = stopWith;
+  if (a[0] > 0)
+    outcome.lastSaveError = myError.empty() ? "another rank could not write its part" : myError;
+  else if (saver_ && lastSaveResult_)
+    outcome.lastSavePath = lastSaveResult_->path;
+  if (stopWith) {
+    if (rank0) {
+      out_ << "bmt-run: stopped by " << stopSignalName(stopWith) << " after step " << lastStep
+           << " of " << config_.steps << "; ";
+      if (!saver_)
+        out_ << "no --checkpoint-dir: the state after step " << lastStep << " is not saved";
+      else if (outcome.lastSaveError.empty())
+        out_ << "checkpoint step " << lastStep << " saved in " << outcome.lastSavePath
+             << " (continue with --resume auto)";
+      else
+        out_ << "its checkpoint failed";
+      out_ << "\n";
+      out_.flush();
+    }
+    return outcome;
+  }
+  if (finalEvaluation)
+    finalEvaluation();
   if (fusedKernels && rank0)
     out_ << "bmt-run: fused kernels compiled during training: "
          << fusion::FusedRegion::lazyKernels() - lazyKernelsAtStart_
          << (config_.prewarmKernels ? "" : " (--no-prewarm-kernels)") << "\n";
+  return outcome;
 }
 
 } // namespace bmt::runtime

@@ -6,8 +6,11 @@ import io
 import json
 import math
 import os
+import re
+import resource
 import struct
 import subprocess
+import time
 import zipfile
 
 import numpy as np
@@ -199,6 +202,44 @@ def test_profile_prints_ops_and_writes_a_trace(gpt2, tmp_path):
                      "expects A:B")
     assert_one_error(bmt_run(sharded, "--data", data, "--steps", 4, "--profile-trace", trace),
                      "--profile-trace needs --profile")
+
+
+def test_memory_check_refuses_a_micro_batch_that_cannot_fit(gpt2, tmp_path):
+    """A micro-batch whose forward (measured at 1 and 2 rows, scaled) needs
+    more than the host's MemAvailable is refused before step 1, at once and
+    without allocating it; sizes that overflow are one error too. (Every
+    other test's run passes the check.)"""
+    _, sharded, _ = gpt2
+    data = write_tokens(tmp_path / "d", list(range(100)) * 10, 128)
+    with open("/proc/meminfo") as f:
+        available = next(int(x.split()[1]) * 1024 for x in f if x.startswith("MemAvailable:"))
+    rows = 2 * available // (64 * 64 * 4 * 4)  # twice memory for 64 x 64 float32 scores, 4 heads
+    start = time.time()
+    proc = subprocess.Popen([binary("bmt-run"), sharded, "--data", data, "--steps", "1",
+                             "--seq-len", "64", "--micro-batch", str(rows), "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=60)
+    elapsed = time.time() - start
+    maxrss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    assert_one_error(r, f"--micro-batch {rows} --seq-len 64: a forward of this micro-batch "
+                     "allocates at least ", "; lower --micro-batch", "or pass --no-memory-check")
+    m = re.search(r"at least ([0-9.]+) GiB on each rank \(measured at 1 and 2 rows: ([0-9]+) bytes "
+                  r"a row\), more than the ([0-9.]+) GiB (MemAvailable of this host|left under "
+                  r"this cgroup's memory limit);", err)
+    need, per_row, have = float(m[1]) * 2**30, int(m[2]), float(m[3]) * 2**30
+    assert have <= 1.25 * available, (have, available)
+    if m[4].startswith("MemAvailable"):
+        assert abs(have - available) < 0.25 * available, (have, available)
+    assert need > have and abs(need - per_row * rows) < 0.01 * need, (need, per_row, rows)
+    # At least the attention's scores and probabilities: 2 x 4 heads x 64 x 64 float32 a row.
+    assert per_row >= 2 * 4 * 64 * 64 * 4, per_row
+    assert elapsed < 5 and maxrss < 4 * 2**30, (elapsed, maxrss)
+    assert "step 1/1" not in out
+    assert_one_error(bmt_run(sharded, "--data", data, "--steps", 1, "--seq-len", 8,
+                             "--micro-batch", 2**63 - 1),
+                     f"--micro-batch {2**63 - 1} --seq-len 8: {2**63 - 1} x 8 tokens a "
+                     "micro-batch is beyond any memory (its sizes overflow 64-bit byte counts)")
 
 
 def test_outputs_never_overwrite_inputs_and_are_checked_first(gpt2, tmp_path):

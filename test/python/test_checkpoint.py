@@ -320,8 +320,8 @@ def launch(n, *args, env=None, extra=()):
            f"--nproc_per_node={n}", *extra, "--no-python", binary("bmt-run"),
            *map(str, args), "--device", "cpu"]
     tag = str(os.getpid()) + str(time.time_ns())
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", BMT_COMM_TIMEOUT_S="120",
-                    BMT_TEST_JOB=tag, **(env or {}))
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "BMT_COMM_TIMEOUT_S": "120",
+                "BMT_TEST_JOB": tag, **(env or {})}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=full_env), tag
 
@@ -392,6 +392,13 @@ def test_restart_after_a_killed_rank(gpt2_run):
     assert "resumed from" in out, out
     steps = steps_logged(log)
     assert steps[-1] == 12 and len(steps) > 12, steps  # some steps ran twice
+    # bmt-plot draws each step once, as the resumed run trained it.
+    from bmt.plot import read_metrics
+    records = train_log(log)
+    restart = next(i for i in range(1, len(records)) if records[i]["step"] <= records[i - 1]["step"])
+    train, _ = read_metrics(str(log))
+    assert [x["step"] for x in train] == list(range(1, 13)), [x["step"] for x in train]
+    assert train == records[:records[restart]["step"] - 1] + records[restart:]
     assert_identical(load_file(tmp / "params.safetensors"), gpt2_run["params"],
                      "parameters after a restart")
 
@@ -424,6 +431,125 @@ def test_kill_during_a_save_keeps_the_previous_checkpoint(gpt2_run):
     assert not any(".tmp-" in p.name for p in ck.iterdir()), list(ck.iterdir())
     assert_identical(load_file(tmp / "params.safetensors"), gpt2_run["params"],
                      "parameters after resuming from the earlier checkpoint")
+
+
+SIGNAL_STEPS = {1: 100, 2: 80}  # --steps of the signal tests, by ranks: the signal lands well before
+
+
+@pytest.mark.parametrize("ranks,sig", [(1, signal.SIGINT), (1, signal.SIGTERM), (2, signal.SIGTERM)],
+                         ids=["1-rank-SIGINT", "1-rank-SIGTERM", "torchrun-2-ranks-SIGTERM"])
+def test_a_signal_stops_after_a_step_with_a_checkpoint(gpt2_run, ranks, sig, tmp_path):
+    """A real signal to a real run (bmt-run alone, or torchrun, which
+    forwards it to both ranks) once 25 steps are logged: every rank stops
+    after the same step s, saves it, rank 0 says so in one line, bmt-run
+    exits 128 + the signal; --resume auto from that checkpoint ends with the
+    parameters of a run never interrupted, bit for bit. (--schedule
+    constant: the straight run's --steps need not be the stopped one's.)
+    With 2 ranks, --checkpoint-every-minutes saves on time too, every rank
+    the same steps (each such checkpoint is complete)."""
+    from safetensors.torch import load_file
+    steps = SIGNAL_STEPS[ranks]
+    common = ["--batches", gpt2_run["common"][1], "--lr", "1e-3", "--schedule", "constant",
+              "--steps", steps]
+    log, ck = tmp_path / "log.jsonl", tmp_path / "ck"
+    timed = ["--checkpoint-every-minutes", 0.004] if ranks == 2 else []
+    if ranks == 1:
+        cmd = [binary("bmt-run"), gpt2_run["sharded"], *common, "--device", "cpu"]
+        run = lambda *more: subprocess.Popen([*map(str, cmd), *map(str, more)], text=True,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+    else:
+        run = lambda *more: launch(2, gpt2_run["sharded"], *common, *more)[0]
+    straight = run("--save-params", tmp_path / "straight.safetensors")
+    proc = run("--checkpoint-dir", ck, "--log-file", log, *timed)
+    try:
+        assert wait_for(lambda: len(steps_logged(log)) >= 25), steps_logged(log)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if ranks == 1:
+        assert proc.returncode == 128 + sig, (proc.returncode, err[-2000:])
+    else:
+        assert proc.returncode != 0  # torchrun's own, after its workers exited
+    assert not errors(subprocess.CompletedProcess([], 0, out, err)), err[-3000:]
+    s = steps_logged(log)[-1]
+    assert 25 <= s < steps, s
+    stop = [x for x in out.splitlines() if x.startswith("bmt-run: stopped by")]
+    assert stop == [f"bmt-run: stopped by {sig.name} after step {s} of {steps}; checkpoint step "
+                    f"{s} saved in {ck}/step-{s:08d} (continue with --resume auto)"], out[-2000:]
+    complete = sorted(p.name for p in ck.iterdir() if (p / "COMPLETE").is_file())
+    assert complete[-1] == f"step-{s:08d}", complete
+    assert not any(".tmp-" in p.name for p in ck.iterdir())
+    if timed:
+        assert len(complete) >= 2, complete  # time-based saves before the stop
+    out, err = straight.communicate(timeout=300)
+    assert straight.returncode == 0, err[-3000:]
+    resumed = run("--checkpoint-dir", ck, "--resume", "auto", "--log-file", log,
+                  "--save-params", tmp_path / "resumed.safetensors")
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-3000:]
+    assert f"resumed from {ck}/step-{s:08d} at step {s}" in out, out
+    assert_identical(load_file(tmp_path / "resumed.safetensors"),
+                     load_file(tmp_path / "straight.safetensors"),
+                     "parameters after a stop by a signal and a resume")
+
+
+def test_a_second_signal_exits_at_once(gpt2_run, tmp_path):
+    """SIGTERM, then SIGTERM again while the stop's checkpoint is written
+    (slowed by the test hook): the process exits at once, 143, saying so;
+    the unfinished save is no checkpoint, and the next run removes it."""
+    log, ck = tmp_path / "log.jsonl", tmp_path / "ck"
+    cmd = [binary("bmt-run"), gpt2_run["sharded"], "--batches", gpt2_run["common"][1],
+           "--steps", 1000, "--device", "cpu", "--checkpoint-dir", ck, "--log-file", log]
+    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, OMP_NUM_THREADS="1",
+                                                BMT_DEBUG_CHECKPOINT_SLOW_MS="300"))
+    try:
+        assert wait_for(lambda: len(steps_logged(log)) >= 3), steps_logged(log)
+        proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: ck.is_dir() and any(".tmp-" in p.name for p in ck.iterdir()))
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert "bmt-run: a second signal (SIGTERM): stopping at once; the step's checkpoint is not " \
+           "written" in err, err
+    assert "stopped by SIGTERM after" not in out
+    assert not any((p / "COMPLETE").exists() for p in ck.iterdir())
+    r = subprocess.run(list(map(str, cmd[:5] + ["4", *cmd[6:]])), capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr
+    assert "note: removed 1 incomplete save" in r.stdout, r.stdout
+
+
+def test_a_stopped_rank_times_out_naming_the_collective(gpt2_run, tmp_path):
+    """SIGSTOP on rank 1 mid-run (BMT_COMM_TIMEOUT_S=3): rank 0 stops with
+    one error naming the ZeRO collective it waited in, the communicator and
+    rank 1 (wherever the wait falls: a forward's all-gather, a backward's
+    reduce-scatter, the step's all-reduce), never a tensor-parallel
+    instruction of this plan without tensor parallelism."""
+    log = tmp_path / "log.jsonl"
+    proc, tag = launch(2, gpt2_run["sharded"], "--batches", gpt2_run["common"][1], "--steps", 5000,
+                       "--log-file", log, env={"BMT_COMM_TIMEOUT_S": "3"})
+    try:
+        assert wait_for(lambda: len(steps_logged(log)) >= 3), steps_logged(log)
+        rank1 = workers_of(tag)[1]
+        os.kill(rank1, signal.SIGSTOP)
+        assert wait_for(lambda: proc.poll() is not None or not workers_of(tag).get(0), 60)
+        os.kill(rank1, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    e = [x for x in err.splitlines() if x.startswith("error:")]
+    assert len(e) == 1, err[-3000:]
+    assert re.search(r"rank 0 of 2 \((shard|world)\): (all_gather|reduce_scatter|all_reduce) "
+                     r"#[0-9]+ .*timed out after 3 s waiting for rank 1", e[0]), e[0]
+    assert "tensor-parallel" not in e[0], e[0]
 
 
 @pytest.fixture(scope="module")
@@ -538,27 +664,69 @@ def test_folder_that_cannot_be_written_is_an_error(gpt2_run, tmp_path):
     assert any("cannot write checkpoints there" in e for e in errors(r)), r.stderr[-2000:]
 
 
+def mount_tmpfs(path, size):
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size)}", "tmpfs", str(path)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+
+
 def test_full_disk_keeps_the_previous_checkpoint(gpt2_run, saved, tmp_path):
     """A tmpfs that holds one checkpoint but not two: with --keep 1 the
     second save fails (the first is removed only after a newer one is
-    complete), the run says so, goes on and ends well."""
+    complete), the run says so and goes on; the last step's save fails too,
+    so the run ends with an error naming the state lost and the newest
+    complete checkpoint (exit 1 on every rank), after --save-params (on
+    another disk) has saved the parameters."""
     size = sum(p.stat().st_size for p in (saved / "step-00000004").iterdir())
     mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * 1.5)}", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
+    mount_tmpfs(mnt, size * 1.5)
     try:
         r = torchrun(2, gpt2_run["sharded"], *gpt2_run["common"], "--checkpoint-dir", mnt / "ck",
-                     "--checkpoint-every", 4, "--keep", 1, "--log-file", tmp_path / "log.jsonl")
-        assert r.returncode == 0, r.stderr[-3000:]
+                     "--checkpoint-every", 4, "--keep", 1, "--log-file", tmp_path / "log.jsonl",
+                     "--save-params", tmp_path / "params.safetensors")
+        assert r.returncode != 0, r.stderr[-3000:]
         assert "warning: checkpoint step 8 failed" in r.stdout, r.stdout
         assert "No space left on device" in r.stdout + r.stderr, r.stdout + r.stderr
+        assert errors(r) == [
+            "error: the checkpoint of step 12 (the last) could not be written: "
+            + errors(r)[0].split("could not be written: ")[1].split("; the trained")[0]
+            + f"; the trained state after step 12 is lost (the newest complete checkpoint is "
+            f"{mnt}/ck/step-00000004); --save-params {tmp_path}/params.safetensors holds the "
+            "parameters (not the optimizer state)"], r.stderr[-3000:]
+        assert "No space left on device" in errors(r)[0]
         records = [json.loads(x) for x in open(tmp_path / "log.jsonl") if '"checkpoint"' in x]
-        assert [(x["step"], x["ok"]) for x in records][:2] == [(4, True), (8, False)], records
+        assert [(x["step"], x["ok"]) for x in records] == [(4, True), (8, False), (12, False)], records
         assert steps_logged(tmp_path / "log.jsonl")[-1] == 12
         assert (mnt / "ck" / "step-00000004" / "COMPLETE").is_file()
         assert not any(".tmp-" in p.name for p in (mnt / "ck").iterdir())
+        assert (tmp_path / "params.safetensors").is_file()
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_save_params_without_room_is_refused_before_training(gpt2_run, tmp_path):
+    """--save-params onto a folder with less free space than the parameters
+    need (the plan's sizes against statvfs) is refused before step 1."""
+    mnt = tmp_path / "small"
+    mount_tmpfs(mnt, 64 * 1024)  # the fixture's parameters: 93 kB
+    try:
+        r = subprocess.run([binary("bmt-run"), gpt2_run["sharded"], *map(str, gpt2_run["common"]),
+                            "--device", "cpu", "--save-params", str(mnt / "p.safetensors"),
+                            "--log-file", str(tmp_path / "log.jsonl")],
+                           capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert r.returncode == 1
+        e = errors(r)
+        m = re.fullmatch(f"error: --save-params {mnt}/p.safetensors: the parameters need "
+                         f"([0-9]+) bytes and {mnt} has 65536 bytes free; free some space or "
+                         "save elsewhere \\(refused before training, so that the trained "
+                         "parameters are not lost at the end\\)", e[0] if len(e) == 1 else "")
+        assert m, r.stderr
+        # The estimate covers the file a run writes, with a margin for its header.
+        written = (gpt2_run["tmp"] / "straight.safetensors").stat().st_size
+        assert written <= int(m[1]) <= 1.3 * written, (written, m[1])
+        assert steps_logged(tmp_path / "log.jsonl") == []
+        assert list(mnt.iterdir()) == []
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
 

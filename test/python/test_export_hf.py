@@ -91,3 +91,33 @@ def test_t5_pt2_trains_at_the_exported_shapes(tmp_path):
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 160), labels.reshape(-1))
     assert_close(got["logits"], logits, what="logits")
     assert_loss_close(got["loss"].item(), loss.item())
+
+
+def test_seq_len_beyond_rope_positions_is_refused(tmp_path):
+    """A RoPE model (LLaMA) runs at any length, so the forward cannot find a
+    --seq-len beyond its positions: bmt-run reads max_position_embeddings
+    from the config.json that sharded.pt carries and refuses before step 1."""
+    pt, sharded = tmp_path / "llama.pt", tmp_path / "llama.sharded.pt"
+    r = subprocess.run([*tool("bmt-export-hf"), "--config", "llama", "--set", "num_hidden_layers=1",
+                        "--set", "hidden_size=32", "--set", "intermediate_size=64",
+                        "--set", "num_attention_heads=4", "--set", "num_key_value_heads=4",
+                        "--set", "vocab_size=100", "--set", "max_position_embeddings=16",
+                        "--batch", "2", "--seq-len", "8", "-o", str(pt)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([binary("bmt-opt"), str(pt), "-o", str(sharded)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    torch.save(torch.randint(0, 100, (1, 2, 33), generator=torch.Generator().manual_seed(0)),
+               tmp_path / "b.pt")
+    run = lambda *args: subprocess.run([binary("bmt-run"), str(sharded), "--batches",
+                                        str(tmp_path / "b.pt"), "--steps", "1", "--device", "cpu",
+                                        *args], capture_output=True, text=True)
+    r = run()
+    errors = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert r.returncode == 1 and errors == [
+        f"error: {tmp_path}/b.pt: sequences of 32 tokens, but {sharded}'s model has 16 positions "
+        "(max_position_embeddings in its config.json); lower --seq-len, or export the model with "
+        "more positions"], r.stderr
+    torch.save(torch.randint(0, 100, (1, 2, 17), generator=torch.Generator().manual_seed(0)),
+               tmp_path / "b.pt")
+    r = run()
+    assert r.returncode == 0, r.stderr

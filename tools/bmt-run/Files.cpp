@@ -11,6 +11,7 @@
 #include <fstream>
 #include <optional>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 namespace bmt::tools {
@@ -119,6 +120,31 @@ void checkOutputs(const tools::RunOptions &o) {
       throw Failure(option + " " + out + ": cannot write there");
     test.close();
     std::remove(probe.c_str());
+  }
+}
+
+void checkSaveParamsRoom(const std::string &path, int64_t bytes) {
+  namespace fs = std::filesystem;
+  fs::path folder = fs::path(path).parent_path();
+  if (folder.empty())
+    folder = ".";
+  struct statvfs st {};
+  if (::statvfs(folder.c_str(), &st) != 0)
+    return; // checkOutputs found it writable; nothing more to learn
+  const double freeBytes = static_cast<double>(st.f_bavail) * static_cast<double>(st.f_frsize);
+  if (freeBytes < static_cast<double>(bytes)) {
+    auto mib = [](double b) {
+      char text[48];
+      if (b < 10 * 1024 * 1024)
+        std::snprintf(text, sizeof text, "%.0f bytes", b);
+      else
+        std::snprintf(text, sizeof text, "%.1f MiB", b / (1024.0 * 1024.0));
+      return std::string(text);
+    };
+    throw Failure("--save-params " + path + ": the parameters need " +
+                  mib(static_cast<double>(bytes)) + " and " + folder.string() + " has " +
+                  mib(freeBytes) + " free; free some space or save elsewhere (refused before "
+                  "training, so that the trained parameters are not lost at the end)");
   }
 }
 

@@ -220,6 +220,10 @@ const std::vector<Option> &optionTable() {
        "compile the fused regions' CUDA kernels at their first call in\n"
        "a step instead of before step 1 (docs/runtime.md, Fused regions)",
        [](RunOptions &o, auto &, const Values &) { o.train.prewarmKernels = false; }},
+      {"--no-memory-check", "", "training",
+       "start even when a micro-batch's forward, measured at 1 and 2\n"
+       "rows, would need more memory than the device (or host) has free",
+       [](RunOptions &o, auto &, const Values &) { o.memoryCheck = false; }},
       {"--offload-optimizer", "", "training",
        "keep the float32 master weights and Adam/AdamW moments in\n"
        "(pinned) host memory and run the optimizer on the CPU; gradients\n"
@@ -326,6 +330,14 @@ const std::vector<Option> &optionTable() {
        [](RunOptions &o, auto &, const Values &v) { o.checkpoints.dir = v[0]; }},
       {"--checkpoint-every", "N", "checkpoints", "save after every N-th step (needs --checkpoint-dir)",
        [](RunOptions &o, auto &k, const Values &v) { o.checkpoints.every = toInt(k, v[0], 1); }},
+      {"--checkpoint-every-minutes", "M", "checkpoints",
+       "also save when M minutes have passed since the last save (rank\n"
+       "0's clock; every rank saves the same step; needs --checkpoint-dir)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         o.train.saveEveryMinutes = toDouble(k, v[0], 0);
+         if (!(o.train.saveEveryMinutes > 0))
+           throw UsageError(k + " must be positive, got " + v[0]);
+       }},
       {"--keep", "K", "checkpoints",
        "keep the newest K complete checkpoints, removing older ones\n"
        "once a newer one is complete (default 0: keep all)",
@@ -419,8 +431,10 @@ void checkCombination(const RunOptions &o) {
   if (!training && o.offloadOptimizer)
     throw UsageError("--offload-optimizer moves the optimizer to the host; it has no effect "
                      "with " + other);
-  if (o.checkpoints.dir.empty() && (o.checkpoints.every > 0 || o.checkpoints.keep > 0))
-    throw UsageError("--checkpoint-every and --keep need --checkpoint-dir");
+  if (o.checkpoints.dir.empty() &&
+      (o.checkpoints.every > 0 || o.checkpoints.keep > 0 || o.train.saveEveryMinutes > 0))
+    throw UsageError("--checkpoint-every, --checkpoint-every-minutes and --keep need "
+                     "--checkpoint-dir");
   if (o.resume == "auto" && o.checkpoints.dir.empty())
     throw UsageError("--resume auto looks in --checkpoint-dir; give it");
   if (!training && (!o.checkpoints.dir.empty() || !o.resume.empty()))

@@ -46,6 +46,7 @@ struct RunOptions {
   /// sentinels, the objective, the schedule's end). train.steps 0: not given.
   runtime::TrainConfig train;
   bool offloadOptimizer = false; ///< AdamW state in host memory (ZeRO plans only)
+  bool memoryCheck = true; ///< --no-memory-check: false (tools::checkMemory)
   /// Initial loss scale: < 0 auto (65536 for a float16 model, else off), 0 off.
   double lossScale = -1;
   std::optional<at::ScalarType> reduceDtype;  ///< none: the model's dtype

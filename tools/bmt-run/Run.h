@@ -42,6 +42,35 @@ struct ConfigFailure : Failure {
   using Failure::Failure;
 };
 
+/// A failure every rank of a launch knows alike, having agreed on it by a
+/// collective (a save that some rank could not write): printed by rank 0
+/// only; every rank exits 1.
+struct AgreedFailure : Failure {
+  using Failure::Failure;
+};
+
+/// Refuses --save-params PATH before training when its folder's free space
+/// (statvfs) is below `bytes`, the file's size (Failure naming both).
+void checkSaveParamsRoom(const std::string &path, int64_t bytes);
+
+/// ConfigFailure when `length` tokens (a sequence of the run: --seq-len,
+/// or the --batches file's; `what` names it) exceed the positions the
+/// model's config.json (carried by sharded.pt, `hfFiles`) gives as
+/// max_position_embeddings; nothing without one.
+void checkPositions(const std::string &archiveName,
+                    const std::vector<std::pair<std::string, std::string>> &hfFiles,
+                    int64_t length, const std::string &what);
+
+/// Before step 1 (collective under ZeRO): ConfigFailure when `rows` x
+/// `length` tokens overflow 64-bit byte counts, and, unless
+/// --no-memory-check, when a forward and loss of `rows` rows (the bytes
+/// measured at 1 and 2 rows, scaled) need more than the device's free
+/// memory or the host's available memory (shared by the host's CPU
+/// ranks), naming both numbers (Failure: the ranks' free memory may
+/// differ). `shape` names the options that set it.
+void checkMemory(const RunOptions &o, runtime::Model &model, int64_t rows, int64_t length,
+                 int64_t target, const std::string &shape);
+
 /// The bytes of `path`; Failure when it cannot be opened.
 std::vector<char> readFile(const std::string &path);
 

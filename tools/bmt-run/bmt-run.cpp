@@ -23,6 +23,7 @@
 #include "bmt/Runtime/optim/OffloadAdam.h"
 #include "bmt/Runtime/comm/Rendezvous.h"
 #include "bmt/Runtime/io/Safetensors.h"
+#include "bmt/Runtime/train/StopSignal.h"
 #include "bmt/Runtime/train/Trainer.h"
 
 #include <ATen/Context.h>
@@ -45,6 +46,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sched.h>
 #include <unistd.h>
 
 using namespace bmt;
@@ -131,11 +133,14 @@ void printLoadSummary(const tools::RunOptions &o, const plan::Archive &archive,
 /// The model's vocabulary: the logits' last dimension on one micro-batch of
 /// the run's shape (the fixed batches', else --micro-batch x --seq-len;
 /// `span`: span corruption's sizes), which also finds a shape the model
-/// cannot take (beyond its position embeddings, or not the shape a
-/// torch.export program was fixed to) before anything else is done.
+/// cannot take (beyond its position embeddings, or beyond the positions
+/// its config.json gives: checkPositions; or not the shape a torch.export
+/// program was fixed to) before anything else is done; and, before that,
+/// a micro-batch that memory cannot hold (checkMemory).
 int64_t probeVocabulary(const tools::RunOptions &o, runtime::Model &model,
                         const tools::FixedBatches &fixed,
-                        const runtime::SpanCorruptionConfig *span, int64_t targetLength) {
+                        const runtime::SpanCorruptionConfig *span, int64_t targetLength,
+                        const std::vector<plan::NamedFile> &hfFiles) {
   const bool encoderDecoder = model.isEncoderDecoder(), spanCorruption = span != nullptr;
   const int64_t worldSize = model.dataParallel().size(); // the ranks that split the rows
   const at::Device device = model.device();
@@ -177,6 +182,13 @@ int64_t probeVocabulary(const tools::RunOptions &o, runtime::Model &model,
              ? o.batchesFile + " holds sequences of " + std::to_string(length) + " tokens"
              : "--seq-len is " + std::to_string(length)));
   }
+  const std::string shape =
+      fixed.inputIds.defined() || fixed.windows.defined()
+          ? o.batchesFile
+          : "--micro-batch " + std::to_string(o.microBatch) + " --seq-len " + std::to_string(o.seqLen);
+  tools::checkPositions(o.archive, hfFiles, length, shape);
+  if (!o.evalOnly)
+    tools::checkMemory(o, model, rows, length, target, shape);
   at::TensorOptions ids = at::TensorOptions().dtype(at::kLong).device(device);
   runtime::ModelInputs probe;
   probe.inputIds = at::zeros({rows, length}, ids);
@@ -282,11 +294,13 @@ void printPrecision(const tools::RunOptions &o, runtime::Model &model, double lo
 /// can load the file. Gathers one storage group at a time, which rank 0
 /// streams into the file (SafetensorsWriter): no rank holds more than its
 /// shards and one group. Written to a temporary name and renamed.
-/// Collective; a failure to write is thrown on rank 0 after the last
-/// gather, so that the other ranks are not left waiting.
-void saveParameters(runtime::Model &model, const std::string &path) {
+/// Collective; a failure to write is found after the last gather, so that
+/// the other ranks are not left waiting, and thrown on every rank
+/// (AgreedFailure: rank 0 prints it).
+/// The entries of --save-params's file: every trained tensor under each of
+/// its names.
+std::vector<runtime::SafetensorsEntry> savedParameterEntries(runtime::Model &model) {
   const plan::Plan &p = model.plan();
-  const bool rank0 = model.world().rank() == 0;
   std::vector<runtime::SafetensorsEntry> entries;
   for (int64_t index : model.fullParameterOrder()) {
     const plan::TensorInfo &t = p.tensors.at(index);
@@ -294,6 +308,26 @@ void saveParameters(runtime::Model &model, const std::string &path) {
     for (const std::string &alias : t.aliases)
       entries.push_back({alias, t.dtype, t.shape});
   }
+  return entries;
+}
+
+/// The size of --save-params's file: the tensors' bytes and a header of
+/// at most 256 bytes an entry.
+int64_t savedParameterBytes(runtime::Model &model) {
+  int64_t bytes = 8;
+  for (const runtime::SafetensorsEntry &e : savedParameterEntries(model)) {
+    int64_t n = static_cast<int64_t>(c10::elementSize(e.dtype));
+    for (int64_t d : e.shape)
+      n *= d;
+    bytes += n + 256;
+  }
+  return bytes;
+}
+
+void saveParameters(runtime::Model &model, const std::string &path) {
+  const plan::Plan &p = model.plan();
+  const bool rank0 = model.world().rank() == 0;
+  std::vector<runtime::SafetensorsEntry> entries = savedParameterEntries(model);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   std::unique_ptr<runtime::SafetensorsWriter> writer;
   std::string failure;
@@ -321,8 +355,6 @@ void saveParameters(runtime::Model &model, const std::string &path) {
       fail(e);
     }
   });
-  if (!rank0)
-    return;
   if (writer) {
     try {
       writer->close();
@@ -332,9 +364,21 @@ void saveParameters(runtime::Model &model, const std::string &path) {
       fail(e);
     }
   }
+  // Every rank learns whether rank 0 wrote the file (so that every rank
+  // exits alike).
+  runtime::Comm &world = model.world();
+  if (world.size() > 1) {
+    at::Tensor failed = at::full({1}, failure.empty() ? 0.0 : 1.0,
+                                 at::TensorOptions().dtype(at::kDouble));
+    at::Tensor t = world.backend() == "local" ? failed : failed.to(world.device());
+    world.allReduce(t)->wait();
+    if (!rank0 && t.cpu().item<double>() > 0)
+      throw tools::AgreedFailure(path + ": rank 0 could not write the parameters");
+  }
   if (!failure.empty())
-    throw Failure(failure);
-  std::cout << "saved " << entries.size() << " parameters -> " << path << "\n";
+    throw tools::AgreedFailure(failure);
+  if (rank0)
+    std::cout << "saved " << entries.size() << " parameters -> " << path << "\n";
 }
 
 /// Prints (rank 0) where a resumed run continues and the bytes each rank
@@ -543,6 +587,52 @@ void checkTensorParallel(const tools::RunOptions &o, const plan::Plan &p, int64_
                                "would mix the ranks' slices)");
 }
 
+/// After the steps: a run stopped by a signal exits 128 + the signal (143
+/// SIGTERM, 130 SIGINT) without --save-params; a last checkpoint that
+/// could not be written is an error (exit 1) naming the state lost, after
+/// --save-params has been tried. Collective (--save-params).
+int finishRun(const tools::RunOptions &o, runtime::Model &model,
+              const runtime::TrainOutcome &outcome) {
+  std::string lost;
+  if (!outcome.lastSaveError.empty()) {
+    std::optional<std::string> newest = runtime::latestCheckpoint(o.checkpoints.dir);
+    lost = std::string(outcome.stopSignal
+                           ? std::string("stopped by ") + runtime::stopSignalName(outcome.stopSignal) +
+                                 " after step " + std::to_string(outcome.lastStep) + ", but the"
+                           : std::string("the")) +
+           " checkpoint of step " + std::to_string(outcome.lastStep) + " (the last) could not be "
+           "written: " + outcome.lastSaveError + "; the trained state after step " +
+           std::to_string(outcome.lastStep) + " is lost (" +
+           (newest ? "the newest complete checkpoint is " + *newest
+                   : "there is no complete checkpoint in " + o.checkpoints.dir) + ")";
+  }
+  if (outcome.stopSignal) {
+    if (!lost.empty())
+      throw tools::AgreedFailure(lost);
+    return 128 + outcome.stopSignal;
+  }
+  if (!o.saveParams.empty()) {
+    try {
+      saveParameters(model, o.saveParams);
+    } catch (const tools::AgreedFailure &e) {
+      if (lost.empty())
+        throw tools::AgreedFailure(std::string(e.what()) + "; the trained parameters of step " +
+                                   std::to_string(outcome.lastStep) + " are lost" +
+                                   (outcome.lastSavePath.empty()
+                                        ? std::string()
+                                        : " (the checkpoint " + outcome.lastSavePath +
+                                              " holds them: bmt-to-hf exports it)"));
+      lost += std::string("; --save-params failed too: ") + e.what();
+    }
+    if (lost.empty())
+      return 0;
+    lost += "; --save-params " + o.saveParams + " holds the parameters (not the optimizer state)";
+  }
+  if (!lost.empty())
+    throw tools::AgreedFailure(lost);
+  return 0;
+}
+
 int run(const tools::RunOptions &o) {
   tools::checkOutputs(o);
   runtime::RendezvousInfo rendezvous = runtime::rendezvousFromEnvironment();
@@ -563,6 +653,8 @@ int run(const tools::RunOptions &o) {
                        modelOptions);
   const plan::Plan &p = model.plan();
   const tools::DecoderConfig decoder = tools::decoderConfig(archive);
+  if (!o.saveParams.empty() && rank0)
+    tools::checkSaveParamsRoom(o.saveParams, savedParameterBytes(model));
   // Tensor parallelism: a TP group of T ranks shares its rows of the batch;
   // the data is split over the data-parallel ranks.
   const int64_t worldSize = model.dataParallel().size(), rank = model.dataParallel().rank();
@@ -639,7 +731,8 @@ int run(const tools::RunOptions &o) {
     fixed = tools::loadBatches(o, encoderDecoder, p.modelType, worldSize);
 
   const int64_t vocab =
-      probeVocabulary(o, model, fixed, spanCorruption ? &span : nullptr, spanLengths.targetLength);
+      probeVocabulary(o, model, fixed, spanCorruption ? &span : nullptr, spanLengths.targetLength,
+                      archive.hfFiles());
 
   if (vocab == std::numeric_limits<int64_t>::max() && objectiveKind != runtime::Objective::CausalLM)
     throw Failure(o.archive + ": the model returns its loss but no 'logits', so bmt-run does not "
@@ -747,11 +840,9 @@ int run(const tools::RunOptions &o) {
     return 0;
   }
 
-  trainer.train(*batches, eval.get(), windowLength - 1, o.microBatch);
-
-  if (!o.saveParams.empty())
-    saveParameters(model, o.saveParams);
-  return 0;
+  const runtime::TrainOutcome outcome =
+      trainer.train(*batches, eval.get(), windowLength - 1, o.microBatch);
+  return finishRun(o, model, outcome);
 }
 
 } // namespace
@@ -766,10 +857,51 @@ void printOnRank0(const std::string &line) {
     bmt::writeErrorLine(line);
 }
 
+/// The CPUs this process may use: its affinity mask, capped by a cgroup
+/// CPU quota (cpu.max "QUOTA PERIOD", rounded up).
+int64_t usableCpus() {
+  cpu_set_t set;
+  int64_t cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  std::ifstream in("/sys/fs/cgroup/cpu.max");
+  std::string quota;
+  int64_t period = 0;
+  if (in >> quota >> period && quota != "max" && period > 0) {
+    const int64_t q = std::atoll(quota.c_str());
+    if (q > 0)
+      cpus = std::min(cpus, (q + period - 1) / period);
+  }
+  return std::max<int64_t>(cpus, 1);
+}
+
+/// Without OMP_NUM_THREADS, restarts the process (the same pid, argv) with
+/// OMP_NUM_THREADS = the usable CPUs less the load average (at least 1)
+/// and, unless set, OMP_WAIT_POLICY =
+/// passive: OpenMP reads both when it loads, before main. LibTorch's own
+/// default counts the host's cores, ignoring a container's CPU quota and
+/// other jobs, and OpenMP's threads spin while they wait: on a busy 2-core
+/// machine a run was 9x slower (docs/runtime.md, "Threads"). Returns when
+/// nothing is to be done or exec fails.
+void chooseThreads(char **argv) {
+  if (std::getenv("OMP_NUM_THREADS") != nullptr)
+    return;
+  // The CPUs not already busy (the 1-minute load average), at least one.
+  double load = 0;
+  int64_t threads = usableCpus();
+  if (::getloadavg(&load, 1) == 1)
+    threads = std::max<int64_t>(1, threads - std::llround(load));
+  ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+  ::setenv("OMP_WAIT_POLICY", "passive", 0);
+  ::execv("/proc/self/exe", argv);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
+  chooseThreads(argv);
   try {
+    // SIGTERM / SIGINT: at once, or during the steps after the step in
+    // flight, with a checkpoint (StopSignal.h).
+    runtime::installStopHandlers();
     tools::RunOptions options = tools::parseRunOptions(argc, argv);
     if (options.help) {
       std::cout << tools::runUsage();
@@ -780,6 +912,8 @@ int main(int argc, char **argv) {
     // The same argv, and so the same error, on every rank.
     printOnRank0(std::string("error: ") + e.what());
   } catch (const tools::ConfigFailure &e) {
+    printOnRank0(std::string("error: ") + e.what());
+  } catch (const tools::AgreedFailure &e) {
     printOnRank0(std::string("error: ") + e.what());
   } catch (const c10::Error &e) {
     bmt::writeErrorLine("error: " + bmt::firstErrorLine(e.what_without_backtrace()));

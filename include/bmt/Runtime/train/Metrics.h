@@ -84,10 +84,12 @@ public:
   /// A finished checkpoint save: "checkpoint step N -> PATH | B bytes
   /// (rank 0) | written in W s, training held H s" (or "warning:
   /// checkpoint step N failed: WHY; the previous checkpoints stay, training
-  /// goes on") and {"kind": "checkpoint", "step", "ok", "path" | "error",
-  /// "bytes", "write_s", "held_s"}. `where`: the path, or the error.
+  /// goes on"; `last`, the save of the run's last step: "warning:
+  /// checkpoint step N failed: WHY; it is the last step's save") and
+  /// {"kind": "checkpoint", "step", "ok", "path" | "error", "bytes",
+  /// "write_s", "held_s"}. `where`: the path, or the error.
   void checkpoint(int64_t step, bool ok, const std::string &where, int64_t bytes,
-                  double writeSeconds, double heldSeconds);
+                  double writeSeconds, double heldSeconds, bool last = false);
 
   /// {"kind": "inspect", "step", "blocks": [{"name", "param_norm",
   /// "param_max_abs", "grad_norm", "grad_max_abs", "output_max_abs"}, ...]}

@@ -16,6 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -111,6 +112,25 @@ struct TrainConfig {
   /// (Trainer::prewarmFusedKernels; bmt-run --no-prewarm-kernels: false,
   /// they are compiled at their first call).
   bool prewarmKernels = true;
+  /// With checkpoints: also save when this many minutes have passed since
+  /// the last save (or the first step) on rank 0's clock; 0 = off
+  /// (bmt-run --checkpoint-every-minutes). Every rank saves the same step.
+  double saveEveryMinutes = 0;
+};
+
+/// How Trainer::train ended; the same on every rank (agreed by a
+/// collective).
+struct TrainOutcome {
+  int64_t lastStep = 0; ///< the last step trained
+  /// SIGTERM or SIGINT when a signal stopped the run after lastStep
+  /// (StopSignal.h), else 0.
+  int stopSignal = 0;
+  /// With checkpoints: why the save after lastStep is not complete on
+  /// every rank (rank 0: the reason; other ranks: their own, or that
+  /// another rank failed), "" when it is complete. The state after
+  /// lastStep then exists nowhere else.
+  std::string lastSaveError;
+  std::string lastSavePath; ///< rank 0: that checkpoint's folder, when complete
 };
 
 /// Runs the optimizer loop on `model` (on every rank of model.world(), each
@@ -151,6 +171,15 @@ struct TrainConfig {
 /// BMT_DEBUG_EXIT_AFTER_STEP=k every rank exits with status 75 right after
 /// step k is reported and its checkpoint (if due) written, as a killed job
 /// would (tests of resume).
+///
+/// Signals (StopSignal.h): during the steps, a SIGTERM or SIGINT received
+/// by any rank is carried in the next step's loss all-reduce, so that
+/// every rank stops after the same step (the step in flight on the CPU,
+/// the one after it on CUDA, whose values are read one step late); that
+/// step is saved as a checkpoint (with checkpoints) and train() returns
+/// with TrainOutcome::stopSignal set, after printing (rank 0) "bmt-run:
+/// stopped by SIGTERM after step N ...". Time-based saves
+/// (config.saveEveryMinutes) travel the same way.
 class Trainer {
 public:
   /// Makes the optimizer (Model::makeOptimizer) and the loss scaler.
@@ -169,8 +198,10 @@ public:
 
   /// Trains steps (the resumed step + 1) .. config.steps on micro-batches
   /// of `source` (none when resumed at or past config.steps: then no
-  /// checkpoint is saved either).
-  void train(MicroBatchSource &source, const TokenFile *evalData, int64_t seqLen,
+  /// checkpoint is saved either), or fewer when a signal stops it.
+  /// Collective; returns how it ended (the last save's failure is returned,
+  /// not thrown, so that the caller can still save what it can).
+  TrainOutcome train(MicroBatchSource &source, const TokenFile *evalData, int64_t seqLen,
              int64_t microBatch);
 
   /// What prewarmFusedKernels did.
@@ -217,6 +248,11 @@ public:
 private:
   struct PendingStep;
   PendingStep queueStep(int64_t step, MicroBatchSource &source, const DebugHooks &hooks);
+  /// After the steps: agrees over the ranks on a late signal and on the
+  /// last save's outcome, prints the stop line or runs the final
+  /// evaluation; see train().
+  TrainOutcome finishTraining(int64_t lastStep, int stopWith,
+                              const std::function<void()> &finalEvaluation, bool fusedKernels);
   /// Reports (rank 0) a save that finished: its line and JSON record.
   void reportCheckpoint(const CheckpointResult &result);
   /// Loss of one micro-batch window, forward only (grad mode decides
@@ -249,6 +285,10 @@ private:
   std::optional<std::pair<CheckpointOptions, RunIdentity>> checkpoints_;
   std::unique_ptr<CheckpointSaver> saver_;
   double saveHeldSeconds_ = 0; ///< host time the save in flight held training
+  std::optional<CheckpointResult> lastSaveResult_; ///< the newest save reported
+  int64_t lastSaveStep_ = -1; ///< the step of the run's last save (config.steps, or a stop's)
+  /// Rank 0's clock of config.saveEveryMinutes: the last save, or request.
+  std::chrono::steady_clock::time_point lastSaveMark_;
   std::vector<double> losses_;
   double lossScale_ = 0;
   std::unique_ptr<Inspector> inspector_; ///< during train()
