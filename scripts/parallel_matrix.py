@@ -26,6 +26,7 @@ test/python/test_architectures_parallel.py runs every architecture at
 ZeRO-3 on 2 ranks and at T = 2 through the functions here.
 """
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -62,6 +63,8 @@ MODES = {
     "tp2-n2": (2, ["--tensor-parallel", "2"]),
     "tp2-n2-no-recompute": (2, ["--tensor-parallel", "2", "--checkpoint", "none"]),
     "tp2-sp-n2": (2, ["--tensor-parallel", "2", "--sequence-parallel"]),
+    # T = 2 and ZeRO-3 over the 2 data-parallel ranks in one run
+    "tp2-n4": (4, ["--tensor-parallel", "2"]),
 }
 
 
@@ -140,15 +143,16 @@ def compile_cell(prep, mode, bindir):
     errors = error_lines(r.stderr)
     if r.returncode == 1 and len(errors) == 1 and not os.path.exists(sharded):
         return "refused", errors[0]
-    what = f"signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
+    if r.returncode < 0:
+        return "FAILURE", f"bmt-opt crashes (signal {-r.returncode})" + \
+            (f": {errors[0]}" if errors else "")
     line = errors[0] if errors else architectures.first_line(r.stderr)
-    return "FAILURE", f"bmt-opt {what}, {len(errors)} error lines: {line}"
+    return "FAILURE", f"bmt-opt exit {r.returncode} with {len(errors)} error lines: {line}"
 
 
 def run_cell(prep, mode, bindir):
     """Compiles, trains and compares one cell: (status, text), status one of
     "ok", "refused", "FAILURE"."""
-    import json
     from numerics import assert_loss_close, assert_trained_close
     from safetensors.torch import load_file
     from test_zero_multirank import torchrun
@@ -222,6 +226,22 @@ def write_docs(text, path=os.path.join(REPO, "docs", "architectures.md")):
     os.replace(tmp, path)
 
 
+def table_from(files, modes, write):
+    """The table of the cells recorded in `files`, architectures and modes
+    in ARCHS' and MODES' order."""
+    cells = {}
+    for path in files:
+        for line in open(path):
+            name, mode, status, text = json.loads(line)
+            cells.setdefault(name, {})[mode] = (status, text)
+    modes = modes or [m for m in MODES if any(m in c for c in cells.values())]
+    text = table([(n, cells[n]) for n in architectures.ARCHS if n in cells], modes)
+    print(text)
+    if write:
+        write_docs(text)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(REPO, "build", "bin"))
@@ -229,7 +249,12 @@ def main():
     ap.add_argument("--modes", nargs="*", choices=list(MODES))
     ap.add_argument("--write-docs", action="store_true",
                     help="put the table into docs/architectures.md")
+    ap.add_argument("--results", help="append each cell to this file (JSON lines)")
+    ap.add_argument("--table-from", nargs="*",
+                    help="make the table from these --results files (later cells win), run nothing")
     args = ap.parse_args()
+    if args.table_from:
+        return table_from(args.table_from, args.modes, args.write_docs)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ["BMT_BIN_DIR"] = os.path.abspath(args.bin)
@@ -247,6 +272,9 @@ def main():
             failures += cells[mode][0] == "FAILURE"
             print(f"{name} {mode}: {cells[mode][0]} {cells[mode][1]} ({time.time() - start:.0f} s)",
                   flush=True)
+            if args.results:
+                with open(args.results, "a") as f:
+                    f.write(json.dumps([name, mode, *cells[mode]]) + "\n")
         rows.append((name, cells))
     text = table(rows, modes)
     print(text)
