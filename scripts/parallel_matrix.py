@@ -170,7 +170,7 @@ def run_cell(prep, mode, bindir):
     except subprocess.TimeoutExpired:
         return "FAILURE", f"bmt-run hangs (past {TIMEOUT_S} s)"
     if r.returncode != 0:
-        errors = error_lines(r.stdout + r.stderr)
+        errors = error_lines((r.stdout + r.stderr).replace(prep["tmp"] + os.sep, ""))
         line = errors[0] if errors else architectures.first_line(r.stdout + r.stderr)
         return "FAILURE", f"bmt-run exit {r.returncode}: {line}"
     train = [x for x in map(json.loads, open(log)) if x["kind"] == "train"]
@@ -197,14 +197,14 @@ def table(rows, modes):
         shown = []
         for mode in modes:
             status, text = cells.get(mode, ("", "not run"))
-            if status == "ok":
-                shown.append(f"ok ({text})")
+            if status == "ok":  # "loss 5e-07, params 2e-06" -> "ok 5e-07 / 2e-06"
+                shown.append("ok " + re.sub(r"loss (\S+), params (\S+)", r"\1 / \2", text))
             elif status == "refused":
                 if text not in notes:
                     notes.append(text)
                 shown.append(f"refused ({notes.index(text) + 1})")
             elif status == "FAILURE":
-                shown.append(f"**FAILURE**: `{text[:160]}`")
+                shown.append(f"**FAILURE**: `{text[:400]}`")
             else:
                 shown.append(text)
         out.append(f"| {name} | " + " | ".join(shown) + " |")

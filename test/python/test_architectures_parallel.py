@@ -48,6 +48,13 @@ REFUSED = {
 
 # (architecture, mode): why the cell is wrong today.
 KNOWN_BROKEN = {
+    ("qwen3", CI_MODE): "T = 2 silently wrong on Qwen3: the q_norm and k_norm weights end about "
+                        "1e-3 off eager after 5 steps (every other parameter within 2e-5)",
+    ("qwen3 (tied)", CI_MODE): "T = 2 silently wrong on Qwen3 (the q_norm and k_norm weights)",
+    ("gemma3", CI_MODE): "bmt-opt --tensor-parallel 2 crashes (SIGSEGV) on Gemma 3",
+    ("t5", CI_MODE): "T5's T = 2 plan fails in bmt-run: the relative position bias keeps all 4 "
+                     "heads while the rank's attention scores have 2 (aten::add.Tensor: sizes 2 "
+                     "and 4 at dim 1)",
 }
 
 CELLS = [(name, mode) for name in architectures.ARCHS
