@@ -23,7 +23,8 @@ a failed run or a hang past the timeout). --write-docs puts the table into
 docs/architectures.md between its parallel-matrix markers.
 
 test/python/test_architectures_parallel.py runs every architecture at
-ZeRO-3 on 2 ranks and at T = 2 through the functions here.
+tp2-n4 (T = 2 with ZeRO-3 over 2 data-parallel ranks), and at zero3-n2 where
+T = 2 is refused or known wrong, through the functions here.
 """
 import argparse
 import json
