@@ -66,11 +66,52 @@ ARCHS = {
     "t5": ("T5ForConditionalGeneration", "t5", dict(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64,
                                                     num_layers=2, num_decoder_layers=2,
                                                     num_heads=4)),
+    # Special token ids inside the tiny vocabulary (the defaults are real
+    # tokenizers' ids, past 128).
+    "qwen3": ("Qwen3ForCausalLM", "qwen3", dict(LLAMA_LIKE, head_dim=8, tie_word_embeddings=False)),
+    "qwen3 (tied)": ("Qwen3ForCausalLM", "qwen3", dict(LLAMA_LIKE, head_dim=8,
+                                                       tie_word_embeddings=True)),
+    # One sliding-window layer (window 4 < the sequence: the band mask is
+    # exercised) and one global layer, as Gemma 3 alternates them.
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text", dict(
+        LLAMA_LIKE, head_dim=8, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], pad_token_id=0, bos_token_id=2,
+        eos_token_id=1)),
+    "phi3": ("Phi3ForCausalLM", "phi3", dict(LLAMA_LIKE, pad_token_id=0, bos_token_id=1,
+                                             eos_token_id=2)),
+    "cohere": ("CohereForCausalLM", "cohere", dict(LLAMA_LIKE, pad_token_id=0, bos_token_id=1,
+                                                   eos_token_id=2)),
+    # Local attention (window 4) on one layer, global on the other.
+    "modernbert (masked LM)": ("ModernBertForMaskedLM", "modernbert", dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=64, local_attention=4,
+        global_attn_every_n_layers=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        cls_token_id=1, sep_token_id=2)),
+    "bart": ("BartForConditionalGeneration", "bart", dict(
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2)),
+    "olmo2": ("Olmo2ForCausalLM", "olmo2", dict(LLAMA_LIKE, pad_token_id=0, bos_token_id=1,
+                                                eos_token_id=2)),
+    "granite": ("GraniteForCausalLM", "granite", dict(
+        LLAMA_LIKE, embedding_multiplier=12.0, logits_scaling=8.0, residual_multiplier=0.22,
+        attention_multiplier=0.125, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # NoPE every 4th layer as SmolLM3 does; with 2 layers: one of each.
+    "smollm3": ("SmolLM3ForCausalLM", "smollm3", dict(LLAMA_LIKE, no_rope_layers=[1, 0],
+                                                      pad_token_id=0, bos_token_id=1,
+                                                      eos_token_id=2)),
+    "starcoder2": ("Starcoder2ForCausalLM", "starcoder2", dict(LLAMA_LIKE, pad_token_id=0,
+                                                               bos_token_id=1, eos_token_id=2)),
 }
+
+# Encoder-decoders: run by teacher forcing on a target of their own.
+SEQ2SEQ = {"t5", "bart"}
 
 # Short names of ARCHS (file stems and command-line names of bench/make_parity_plans.py and
 # bench/gpu_parity.py); an architecture not listed here is its own short name.
-SHORT_NAMES = {"llama (tied)": "llama_tied", "bert (masked LM)": "bert"}
+SHORT_NAMES = {"llama (tied)": "llama_tied", "bert (masked LM)": "bert", "qwen3 (tied)": "qwen3_tied",
+               "modernbert (masked LM)": "modernbert"}
 
 
 def short_name(arch):
@@ -261,7 +302,7 @@ def main():
         g = torch.Generator().manual_seed(1)
         inputs = {"input_ids": torch.randint(0, VOCAB, (BATCH, SEQ), generator=g),
                   "attention_mask": torch.ones(BATCH, SEQ, dtype=torch.long)}
-        if ARCHS[name][1] == "t5":  # teacher forcing: a 5-token target shifted right
+        if ARCHS[name][1] in SEQ2SEQ:  # teacher forcing: a 5-token target shifted right
             inputs["decoder_input_ids"] = torch.randint(0, VOCAB, (BATCH, 5), generator=g)
             inputs["decoder_input_ids"][:, 0] = 0
         cells = {}
