@@ -874,21 +874,22 @@ int64_t usableCpus() {
 }
 
 /// Without OMP_NUM_THREADS, restarts the process (the same pid, argv) with
-/// OMP_NUM_THREADS = the usable CPUs less the load average (at least 1)
-/// and, unless set, OMP_WAIT_POLICY =
+/// OMP_NUM_THREADS = the usable CPUs divided by the processes of this host
+/// (LOCAL_WORLD_SIZE, at least 1 each) and, unless set, OMP_WAIT_POLICY =
 /// passive: OpenMP reads both when it loads, before main. LibTorch's own
 /// default counts the host's cores, ignoring a container's CPU quota and
 /// other jobs, and OpenMP's threads spin while they wait: on a busy 2-core
-/// machine a run was 9x slower (docs/runtime.md, "Threads"). Returns when
+/// machine a run was 9x slower (docs/runtime.md, "Threads"). The count does
+/// not follow the machine's load: CPU reductions may round differently with
+/// another thread count, and a run must repeat bit for bit. Returns when
 /// nothing is to be done or exec fails.
 void chooseThreads(char **argv) {
   if (std::getenv("OMP_NUM_THREADS") != nullptr)
     return;
-  // The CPUs not already busy (the 1-minute load average), at least one.
-  double load = 0;
-  int64_t threads = usableCpus();
-  if (::getloadavg(&load, 1) == 1)
-    threads = std::max<int64_t>(1, threads - std::llround(load));
+  int64_t local = 1;
+  if (const char *l = std::getenv("LOCAL_WORLD_SIZE"))
+    local = std::max<int64_t>(1, std::atoll(l));
+  const int64_t threads = std::max<int64_t>(1, usableCpus() / local);
   ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
   ::setenv("OMP_WAIT_POLICY", "passive", 0);
   ::execv("/proc/self/exe", argv);
