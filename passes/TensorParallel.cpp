@@ -27,6 +27,7 @@
 #include "bmt/Dialect/AtenRegistry.h"
 #include "bmt/Dialect/BmtDialect.h"
 #include "bmt/Dialect/ShardingInterfaceImpl.h"
+#include "bmt/Dialect/TensorSplit.h"
 #include "bmt/Passes.h"
 
 #include "TensorParallelGradients.h"
@@ -1721,7 +1722,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   /// sum (the replicated k/v projections already have it).
   void markSummed(llvm::ArrayRef<bmt::tp::ParameterGradient> gradients) {
     for (const bmt::tp::ParameterGradient &g : gradients)
-      if (g.completion == bmt::tp::Completion::Summed && !g.param->hasAttr("bmt.tensor_split"))
+      if (g.completion == bmt::tp::Completion::Summed && !bmt::hasParameterSplit(g.param))
         markReduceGrad(g.param);
   }
 
@@ -1734,8 +1735,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     for (const bmt::tp::ParameterGradient &g : gradients) {
       bmt::ParameterOp param = g.param;
       if (g.completion == bmt::tp::Completion::Identical) {
-        auto split = param->getAttrOfType<DictionaryAttr>("bmt.tensor_split");
-        ++(split && split.get("reduce_grad") ? sequence : identical);
+        ++(bmt::parameterSplitOf(param).reduceGrad ? sequence : identical);
         continue;
       }
       ++count;
@@ -1761,11 +1761,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   /// on every TP rank, its gradient summed over the group before ZeRO's
   /// reduce-scatter (Plan's TensorSplit{dim = -1, reduceGrad}).
   static void markReduceGrad(bmt::ParameterOp p) {
-    Builder builder(p.getContext());
-    p->setAttr("bmt.tensor_split",
-               builder.getDictionaryAttr({builder.getNamedAttr("dim", builder.getI64IntegerAttr(-1)),
-                                          builder.getNamedAttr("chunks", builder.getI64IntegerAttr(1)),
-                                          builder.getNamedAttr("reduce_grad", builder.getBoolAttr(true))}));
+    bmt::setParameterSplit(p, bmt::reduceGradSplit());
   }
 
   //===--- Sequence parallelism (Korthikanti et al. 2022, section 4.2.2) ---===//
@@ -2134,14 +2130,9 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     llvm::SmallVector<std::string> names;
     for (Operation *p : reduceGrad) {
       auto param = cast<bmt::ParameterOp>(p);
-      if (auto old = param->getAttrOfType<DictionaryAttr>("bmt.tensor_split"))
-        if (auto d = old.getAs<IntegerAttr>("dim"); d && d.getInt() >= 0)
-          fail(p, "the split parameter " + param.getSymName().str() + " is read between the chains");
-      param->setAttr("bmt.tensor_split",
-                     builder.getDictionaryAttr(
-                         {builder.getNamedAttr("dim", builder.getI64IntegerAttr(-1)),
-                          builder.getNamedAttr("chunks", builder.getI64IntegerAttr(1)),
-                          builder.getNamedAttr("reduce_grad", builder.getBoolAttr(true))}));
+      if (bmt::parameterSplitOf(param).dim >= 0)
+        fail(p, "the split parameter " + param.getSymName().str() + " is read between the chains");
+      bmt::setParameterSplit(param, bmt::reduceGradSplit());
       names.push_back(param.getSymName().str());
     }
     module->setAttr("bmt.sequence_parallel", builder.getUnitAttr());
@@ -2324,13 +2315,10 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   }
 
   void setSplit(bmt::ParameterOp p, int64_t dim, int64_t paddedSize) {
-    OpBuilder builder(p);
-    llvm::SmallVector<NamedAttribute> fields{
-        builder.getNamedAttr("dim", builder.getI64IntegerAttr(dim)),
-        builder.getNamedAttr("chunks", builder.getI64IntegerAttr(1))};
-    if (paddedSize)
-      fields.push_back(builder.getNamedAttr("padded_size", builder.getI64IntegerAttr(paddedSize)));
-    p->setAttr("bmt.tensor_split", builder.getDictionaryAttr(fields));
+    bmt::ParameterSplit split;
+    split.dim = dim;
+    split.paddedSize = paddedSize;
+    bmt::setParameterSplit(p, split);
   }
 
   static unsigned inputOperand(bmt::AtenOp op, const MatmulShape &m) {
@@ -2550,11 +2538,10 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         op->erase();
       }
       for (auto &[param, split] : chain.paramSplits) {
-        auto p = cast<bmt::ParameterOp>(param);
-        llvm::SmallVector<NamedAttribute> fields{
-            builder.getNamedAttr("dim", builder.getI64IntegerAttr(split.first)),
-            builder.getNamedAttr("chunks", builder.getI64IntegerAttr(split.second))};
-        p->setAttr("bmt.tensor_split", builder.getDictionaryAttr(fields));
+        bmt::ParameterSplit s;
+        s.dim = split.first;
+        s.chunks = split.second;
+        bmt::setParameterSplit(param, s);
       }
       // Replicated k/v. Why the gradients are exact: every rank computes
       // K and V from all kv heads, but only its own query heads read them
@@ -2572,11 +2559,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       for (const MatmulSite &c : chain.replicated)
         for (bmt::ParameterOp p : {c.weight, c.bias})
           if (p)
-            p->setAttr("bmt.tensor_split",
-                       builder.getDictionaryAttr(
-                           {builder.getNamedAttr("dim", builder.getI64IntegerAttr(-1)),
-                            builder.getNamedAttr("chunks", builder.getI64IntegerAttr(1)),
-                            builder.getNamedAttr("reduce_grad", builder.getBoolAttr(true))}));
+            bmt::setParameterSplit(p, bmt::reduceGradSplit());
       // Each rank's H / T of the repeated heads: narrow(r, pos, t * H/T, H/T).
       for (HeadNarrow n : chain.narrows) {
         Location loc = n.repeat.getLoc();

@@ -17,6 +17,7 @@
 
 #include "bmt/Dialect/BmtDialect.h"
 
+#include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
 
 #include <cstdint>
@@ -54,6 +55,25 @@ inline ParameterSplit parameterSplitOf(mlir::Operation *op) {
     s.reduceGrad = a.getValue();
   return s;
 }
+
+/// Records `split` on `op` as `bmt.tensor_split` (the only writer of the
+/// attribute; padded_size and reduce_grad only when set).
+inline void setParameterSplit(mlir::Operation *op, const ParameterSplit &split) {
+  mlir::Builder b(op->getContext());
+  llvm::SmallVector<mlir::NamedAttribute, 4> fields{b.getNamedAttr("dim", b.getI64IntegerAttr(split.dim)),
+                                                    b.getNamedAttr("chunks", b.getI64IntegerAttr(split.chunks))};
+  if (split.paddedSize)
+    fields.push_back(b.getNamedAttr("padded_size", b.getI64IntegerAttr(split.paddedSize)));
+  if (split.reduceGrad)
+    fields.push_back(b.getNamedAttr("reduce_grad", b.getBoolAttr(true)));
+  op->setAttr("bmt.tensor_split", b.getDictionaryAttr(fields));
+}
+
+/// Whether `op` carries a `bmt.tensor_split`.
+inline bool hasParameterSplit(mlir::Operation *op) { return op->hasAttr("bmt.tensor_split"); }
+
+/// The split of a whole parameter whose gradient is summed over the TP group.
+inline ParameterSplit reduceGradSplit() { return ParameterSplit{-1, 1, 0, true}; }
 
 /// Elements of one TP rank's slice of a tensor of global `shape` split by
 /// `split` over `tensorParallel` ranks (all of them when replicated).
