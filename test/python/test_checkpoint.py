@@ -664,6 +664,47 @@ def test_folder_that_cannot_be_written_is_an_error(gpt2_run, tmp_path):
     assert any("cannot write checkpoints there" in e for e in errors(r)), r.stderr[-2000:]
 
 
+def test_two_runs_into_one_folder(gpt2_run, tmp_path):
+    """A second run saving into the --checkpoint-dir of a live one (2 ranks,
+    stopped with SIGSTOP after step 1, before any save: the folder is empty)
+    is refused before training, on every rank (exit 1): its saves would
+    replace the first run's and remove its saves in progress as dead. The
+    first run then goes on untouched, and once it has ended the folder is
+    free (the lock dies with the process: --resume auto goes on)."""
+    ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
+    first, tag = launch(2, gpt2_run["sharded"], *gpt2_run["common"], "--checkpoint-dir", ck,
+                        "--log-file", log)
+    ranks = {}
+    try:
+        assert wait_for(lambda: len(steps_logged(log)) >= 1), steps_logged(log)
+        ranks = workers_of(tag)
+        for pid in ranks.values():
+            os.kill(pid, signal.SIGSTOP)
+        assert not any(ck.iterdir())
+        r = torchrun(2, gpt2_run["sharded"], *gpt2_run["common"], "--checkpoint-dir", ck)
+        assert r.returncode != 0
+        assert set(errors(r)) == {
+            f"error: {ck}: another run is saving checkpoints into this folder (it holds the "
+            "folder's lock); its saves and this run's would replace each other: wait for it "
+            "to end, or use another --checkpoint-dir"}, r.stderr[-2000:]
+        for pid in ranks.values():
+            os.kill(pid, signal.SIGCONT)
+        out, err = first.communicate(timeout=300)
+    finally:
+        for pid in ranks.values():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, err[-3000:]
+    assert [p.name for p in ck.iterdir()] == ["step-00000012"]
+    r = torchrun(2, gpt2_run["sharded"], *gpt2_run["common"][:-1], 14, "--checkpoint-dir", ck,
+                 "--resume", "auto")
+    assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr[-2000:]
+
+
 def mount_tmpfs(path, size):
     path.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size)}", "tmpfs", str(path)],
