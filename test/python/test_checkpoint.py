@@ -772,6 +772,32 @@ def test_save_params_without_room_is_refused_before_training(gpt2_run, tmp_path)
         subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
+def test_log_file_on_a_full_disk_is_an_error(gpt2_run, tmp_path):
+    """A --log-file whose disk fills up mid-run (a one-page tmpfs: about 8 of
+    the 12 steps' lines fit) is said at the step it fails, training goes on
+    to the end and --save-params (on another disk) is written, and the run
+    exits 1 with one error: the log is incomplete, not silently cut."""
+    mnt = tmp_path / "small"
+    mount_tmpfs(mnt, 4096)
+    try:
+        r = subprocess.run([binary("bmt-run"), gpt2_run["sharded"], *map(str, gpt2_run["common"]),
+                            "--device", "cpu", "--log-file", str(mnt / "log.jsonl"),
+                            "--save-params", str(tmp_path / "p.safetensors")],
+                           capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert errors(r) == [f"error: --log-file {mnt}/log.jsonl: a line could not be written "
+                             "(see the warning above); the log is incomplete"], r.stderr
+        m = re.search(r"warning: --log-file: the line of step ([0-9]+) could not be written "
+                      r"\(No space left on device\); the log is incomplete from there", r.stdout)
+        assert m and 1 < int(m[1]) < 12, r.stdout
+        assert "step 12/12" in r.stdout and (tmp_path / "p.safetensors").is_file()
+        lines = (mnt / "log.jsonl").read_text().split("\n")
+        whole = [json.loads(x)["step"] for x in lines[:-1]]  # the last: torn or empty
+        assert whole == list(range(1, int(m[1]))), whole
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
 def test_overflow_at_the_minimum_loss_scale_stops(models, tmp_path):
     sharded = compile(models["tmp"] / "gpt2-fp16.pt", tmp_path / "sharded.pt")
     r = torchrun(1, sharded, "--batches", models["tmp"] / "batches.pt", "--steps", 20,

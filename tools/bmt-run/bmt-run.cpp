@@ -633,6 +633,19 @@ int finishRun(const tools::RunOptions &o, runtime::Model &model,
   return 0;
 }
 
+/// A --log-file that could not be written in full (a full disk: the
+/// MetricsWriter warned at the step) is an error at the end of the run,
+/// after the checkpoints and --save-params: exit 1, not `status`, unless
+/// the run already failed or was stopped by a signal.
+int checkLog(const tools::RunOptions &o, std::ofstream *log, int status) {
+  if (log == nullptr || *log)
+    return status;
+  bmt::writeErrorLine("error: --log-file " + o.logFile +
+                      ": a line could not be written (see the warning above); the log is "
+                      "incomplete");
+  return status == 0 ? 1 : status;
+}
+
 int run(const tools::RunOptions &o) {
   tools::checkOutputs(o);
   runtime::RendezvousInfo rendezvous = runtime::rendezvousFromEnvironment();
@@ -837,12 +850,12 @@ int run(const tools::RunOptions &o) {
   if (o.evalOnly) {
     trainer.reportEvaluation(
         0, trainer.evaluate(*eval, windowLength - 1, o.microBatch, o.train.evalBatches));
-    return 0;
+    return checkLog(o, log.get(), 0);
   }
 
   const runtime::TrainOutcome outcome =
       trainer.train(*batches, eval.get(), windowLength - 1, o.microBatch);
-  return finishRun(o, model, outcome);
+  return checkLog(o, log.get(), finishRun(o, model, outcome));
 }
 
 } // namespace
