@@ -622,7 +622,8 @@ def test_dead_saves_are_removed_and_committed_checkpoints_kept(gpt2_run, saved, 
     --keep removal left without its COMPLETE. A run with --keep 2 removes
     them at start and says so; it keeps a committed checkpoint of a format it
     does not read (a COMPLETE of version 9) and files that are not saves,
-    and --keep rotates only the complete ones."""
+    and --keep rotates only the complete ones. The log's torn last line is
+    dropped before the resumed run appends to it."""
     ck = tmp_path / "ck"
     shutil.copytree(saved, ck)
     shutil.copytree(saved / "step-00000004", ck / "step-00000005")
@@ -635,6 +636,8 @@ def test_dead_saves_are_removed_and_committed_checkpoints_kept(gpt2_run, saved, 
     (ck / "step-00000001" / "COMPLETE").write_text("bmt-checkpoint 9 step 1\n")
     (ck / "notes.txt").write_text("mine\n")
     (ck / "step-later").mkdir()
+    # The log line a killed run was writing: dropped, not glued to the next.
+    (tmp_path / "log.jsonl").write_text('{"kind": "train", "step": 5, "lo')
     r = torchrun(2, gpt2_run["sharded"], "--batches", gpt2_run["common"][1], "--steps", 8,
                  "--checkpoint-dir", ck, "--checkpoint-every", 2, "--keep", 2,
                  "--resume", "auto", "--log-file", tmp_path / "log.jsonl")
@@ -647,6 +650,8 @@ def test_dead_saves_are_removed_and_committed_checkpoints_kept(gpt2_run, saved, 
     assert (ck / "step-00000001" / "COMPLETE").read_text() == "bmt-checkpoint 9 step 1\n"
     for step in (6, 8):
         assert (ck / f"step-{step:08d}" / "COMPLETE").read_text() == f"bmt-checkpoint 1 step {step}\n"
+    assert (f"bmt-run: note: --log-file {tmp_path}/log.jsonl: dropped its incomplete last "
+            "line (32 bytes) before appending") in r.stdout, r.stdout
     assert steps_logged(tmp_path / "log.jsonl") == [5, 6, 7, 8]
 
 
