@@ -54,7 +54,9 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <cerrno>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -411,9 +413,31 @@ struct CheckpointSaver::Impl {
   std::optional<c10::Event> pendingCopies; ///< CUDA copies not yet waited for by the compute stream
   std::optional<CheckpointResult> finished; ///< not yet reported
   std::vector<std::string> removedAtStart;  ///< removeDeadSaves' folder names
+  /// Rank 0: the checkpoint folder, open with an exclusive flock for the
+  /// run's life (the kernel drops it when the process dies, even by SIGKILL).
+  int lockFd = -1;
 
   Impl(Model &m, Optimizer &o, const LossScaler *s, CheckpointOptions opts, RunIdentity id)
       : model(m), optimizer(o), scaler(s), options(std::move(opts)), identity(std::move(id)) {}
+  ~Impl() {
+    if (lockFd >= 0)
+      ::close(lockFd);
+  }
+
+  /// Rank 0: takes the folder's lock; false when another live run holds it
+  /// (a folder that cannot be opened or locked otherwise is left to the
+  /// write probe's error).
+  bool lockFolder() {
+    lockFd = ::open(options.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (lockFd < 0)
+      return true;
+    if (::flock(lockFd, LOCK_EX | LOCK_NB) == 0)
+      return true;
+    const bool held = errno == EWOULDBLOCK;
+    ::close(lockFd);
+    lockFd = -1;
+    return !held;
+  }
 
   void join() {
     if (thread.joinable())
@@ -860,18 +884,27 @@ CheckpointSaver::CheckpointSaver(Model &model, Optimizer &optimizer, const LossS
   // The run's name for its save folders: rank 0's random number, so that
   // the folder of a save that died (in an earlier run) is never mistaken
   // for this run's.
-  at::Tensor nonce = at::full({1}, static_cast<int64_t>(std::random_device{}() >> 1),
-                              at::TensorOptions().dtype(at::kLong));
+  // With it, whether rank 0 got the folder's lock: two runs saving into one
+  // folder would replace each other's checkpoints (and remove each other's
+  // saves in progress as dead), each reporting its saves as done.
+  std::error_code ec;
+  fs::create_directories(s.options.dir, ec);
+  const bool locked = s.rank != 0 || s.lockFolder();
+  at::Tensor nonce = at::empty({2}, at::TensorOptions().dtype(at::kLong));
+  nonce.data_ptr<int64_t>()[0] = static_cast<int64_t>(std::random_device{}() >> 1);
+  nonce.data_ptr<int64_t>()[1] = locked ? 1 : 0;
   if (s.worldSize > 1) {
     at::Tensor t = world.backend() == "local" ? nonce : nonce.to(world.device());
     world.broadcast(t, 0)->wait();
     nonce = t.cpu();
   }
+  if (nonce[1].item<int64_t>() == 0)
+    throw CheckpointError(s.options.dir + ": another run is saving checkpoints into this folder "
+                          "(it holds the folder's lock); its saves and this run's would replace "
+                          "each other: wait for it to end, or use another --checkpoint-dir");
   char hex[17];
-  std::snprintf(hex, sizeof hex, "%08llx", static_cast<unsigned long long>(nonce.item<int64_t>()));
+  std::snprintf(hex, sizeof hex, "%08llx", static_cast<unsigned long long>(nonce[0].item<int64_t>()));
   s.nonce = hex;
-  std::error_code ec;
-  fs::create_directories(s.options.dir, ec);
   // Saves of this run into a folder that holds checkpoints of later steps
   // would replace them (or be dropped beside them): refuse before training.
   if (std::vector<std::string> later = checkpointsAfter(s.options.dir, s.options.startStep);

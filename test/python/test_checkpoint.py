@@ -622,7 +622,8 @@ def test_dead_saves_are_removed_and_committed_checkpoints_kept(gpt2_run, saved, 
     --keep removal left without its COMPLETE. A run with --keep 2 removes
     them at start and says so; it keeps a committed checkpoint of a format it
     does not read (a COMPLETE of version 9) and files that are not saves,
-    and --keep rotates only the complete ones."""
+    and --keep rotates only the complete ones. The log's torn last line is
+    dropped before the resumed run appends to it."""
     ck = tmp_path / "ck"
     shutil.copytree(saved, ck)
     shutil.copytree(saved / "step-00000004", ck / "step-00000005")
@@ -635,6 +636,8 @@ def test_dead_saves_are_removed_and_committed_checkpoints_kept(gpt2_run, saved, 
     (ck / "step-00000001" / "COMPLETE").write_text("bmt-checkpoint 9 step 1\n")
     (ck / "notes.txt").write_text("mine\n")
     (ck / "step-later").mkdir()
+    # The log line a killed run was writing: dropped, not glued to the next.
+    (tmp_path / "log.jsonl").write_text('{"kind": "train", "step": 5, "lo')
     r = torchrun(2, gpt2_run["sharded"], "--batches", gpt2_run["common"][1], "--steps", 8,
                  "--checkpoint-dir", ck, "--checkpoint-every", 2, "--keep", 2,
                  "--resume", "auto", "--log-file", tmp_path / "log.jsonl")
@@ -647,6 +650,8 @@ def test_dead_saves_are_removed_and_committed_checkpoints_kept(gpt2_run, saved, 
     assert (ck / "step-00000001" / "COMPLETE").read_text() == "bmt-checkpoint 9 step 1\n"
     for step in (6, 8):
         assert (ck / f"step-{step:08d}" / "COMPLETE").read_text() == f"bmt-checkpoint 1 step {step}\n"
+    assert (f"bmt-run: note: --log-file {tmp_path}/log.jsonl: dropped its incomplete last "
+            "line (32 bytes) before appending") in r.stdout, r.stdout
     assert steps_logged(tmp_path / "log.jsonl") == [5, 6, 7, 8]
 
 
@@ -662,6 +667,47 @@ def test_folder_that_cannot_be_written_is_an_error(gpt2_run, tmp_path):
                  tmp_path / "file" / "ck")
     assert r.returncode != 0
     assert any("cannot write checkpoints there" in e for e in errors(r)), r.stderr[-2000:]
+
+
+def test_two_runs_into_one_folder(gpt2_run, tmp_path):
+    """A second run saving into the --checkpoint-dir of a live one (2 ranks,
+    stopped with SIGSTOP after step 1, before any save: the folder is empty)
+    is refused before training, on every rank (exit 1): its saves would
+    replace the first run's and remove its saves in progress as dead. The
+    first run then goes on untouched, and once it has ended the folder is
+    free (the lock dies with the process: --resume auto goes on)."""
+    ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
+    first, tag = launch(2, gpt2_run["sharded"], *gpt2_run["common"], "--checkpoint-dir", ck,
+                        "--log-file", log)
+    ranks = {}
+    try:
+        assert wait_for(lambda: len(steps_logged(log)) >= 1), steps_logged(log)
+        ranks = workers_of(tag)
+        for pid in ranks.values():
+            os.kill(pid, signal.SIGSTOP)
+        assert not any(ck.iterdir())
+        r = torchrun(2, gpt2_run["sharded"], *gpt2_run["common"], "--checkpoint-dir", ck)
+        assert r.returncode != 0
+        assert set(errors(r)) == {
+            f"error: {ck}: another run is saving checkpoints into this folder (it holds the "
+            "folder's lock); its saves and this run's would replace each other: wait for it "
+            "to end, or use another --checkpoint-dir"}, r.stderr[-2000:]
+        for pid in ranks.values():
+            os.kill(pid, signal.SIGCONT)
+        out, err = first.communicate(timeout=300)
+    finally:
+        for pid in ranks.values():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, err[-3000:]
+    assert [p.name for p in ck.iterdir()] == ["step-00000012"]
+    r = torchrun(2, gpt2_run["sharded"], *gpt2_run["common"][:-1], 14, "--checkpoint-dir", ck,
+                 "--resume", "auto")
+    assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr[-2000:]
 
 
 def mount_tmpfs(path, size):
@@ -727,6 +773,32 @@ def test_save_params_without_room_is_refused_before_training(gpt2_run, tmp_path)
         assert written <= int(m[1]) <= 1.3 * written, (written, m[1])
         assert steps_logged(tmp_path / "log.jsonl") == []
         assert list(mnt.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_log_file_on_a_full_disk_is_an_error(gpt2_run, tmp_path):
+    """A --log-file whose disk fills up mid-run (a one-page tmpfs: about 8 of
+    the 12 steps' lines fit) is said at the step it fails, training goes on
+    to the end and --save-params (on another disk) is written, and the run
+    exits 1 with one error: the log is incomplete, not silently cut."""
+    mnt = tmp_path / "small"
+    mount_tmpfs(mnt, 4096)
+    try:
+        r = subprocess.run([binary("bmt-run"), gpt2_run["sharded"], *map(str, gpt2_run["common"]),
+                            "--device", "cpu", "--log-file", str(mnt / "log.jsonl"),
+                            "--save-params", str(tmp_path / "p.safetensors")],
+                           capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert errors(r) == [f"error: --log-file {mnt}/log.jsonl: a line could not be written "
+                             "(see the warning above); the log is incomplete"], r.stderr
+        m = re.search(r"warning: --log-file: the line of step ([0-9]+) could not be written "
+                      r"\(No space left on device\); the log is incomplete from there", r.stdout)
+        assert m and 1 < int(m[1]) < 12, r.stdout
+        assert "step 12/12" in r.stdout and (tmp_path / "p.safetensors").is_file()
+        lines = (mnt / "log.jsonl").read_text().split("\n")
+        whole = [json.loads(x)["step"] for x in lines[:-1]]  # the last: torn or empty
+        assert whole == list(range(1, int(m[1]))), whole
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
 
