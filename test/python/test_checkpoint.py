@@ -516,8 +516,8 @@ def test_a_second_signal_exits_at_once(gpt2_run, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 143, err
-    assert "bmt-run: a second signal (SIGTERM): stopping at once; the step's checkpoint is not " \
-           "written" in err, err
+    assert "bmt-run: a second signal (SIGTERM): stopping at once; a checkpoint in progress is " \
+           "left incomplete" in err, err
     assert "stopped by SIGTERM after" not in out
     assert not any((p / "COMPLETE").exists() for p in ck.iterdir())
     r = subprocess.run(list(map(str, cmd[:5] + ["4", *cmd[6:]])), capture_output=True, text=True,
