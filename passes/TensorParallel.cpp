@@ -30,6 +30,7 @@
 #include "bmt/Dialect/TensorSplit.h"
 #include "bmt/Passes.h"
 
+#include "TensorParallelChains.h"
 #include "TensorParallelGradients.h"
 #include "TensorParallelUpstream.h"
 
@@ -62,91 +63,7 @@ using namespace mlir;
 
 namespace {
 
-/// How a value is split over the TP group: along `dim` (counted from the
-/// end, -1 the last), whose global size is `global` (-1 unknown), made of
-/// `chunks` equal parts each split T ways (fused q/k/v: 3). `sizes` holds
-/// the global sizes of every dim when the rank is known (-1 per unknown
-/// size), and is empty when it is not.
-struct Split {
-  int64_t dim = -1;
-  int64_t global = -1;
-  int64_t chunks = 1;
-  llvm::SmallVector<int64_t> sizes;
-  /// True when the dim holds attention heads (found by a view that splits
-  /// the hidden dim into heads x head dim).
-  bool heads = false;
-
-  bool rankKnown() const { return !sizes.empty(); }
-  int64_t rank() const { return static_cast<int64_t>(sizes.size()); }
-  /// The split dim as a position (needs the rank).
-  int64_t pos() const { return rank() + dim; }
-  void setSizes(llvm::SmallVector<int64_t> s) {
-    sizes = std::move(s);
-    if (rankKnown() && pos() >= 0 && pos() < rank())
-      sizes[pos()] = global;
-  }
-};
-
-/// A constant argument (or list element) of a bmt.aten op to rewrite to its
-/// local size.
-struct IntEdit {
-  bmt::AtenOp op;
-  unsigned arg;
-  int elem; // -1: the argument itself
-  int64_t value;
-};
-
-struct MatmulSite {
-  bmt::AtenOp op;
-  bmt::ParameterOp weight;
-  bmt::ParameterOp bias; // may be null
-  int64_t weightDim;     // the weight dim that is split
-};
-
-/// A repeat of replicated kv heads to the H query heads (GQA's repeat_kv:
-/// expand + reshape) whose result each TP rank narrows to its own H / T
-/// heads, [t * H / T, (t + 1) * H / T).
-struct HeadNarrow {
-  bmt::AtenOp repeat; // the reshape that makes the H heads
-  int64_t pos;        // the heads dim in its result
-  int64_t heads;      // H
-};
-
-/// One column-parallel -> row-parallel chain, found but not yet rewritten.
-struct Chain {
-  llvm::SmallVector<MatmulSite> columns;
-  /// K/V projections replicated on every TP rank (T exceeds, or does not
-  /// divide, the kv heads): their weights and biases get reduce_grad.
-  llvm::SmallVector<MatmulSite> replicated;
-  llvm::SmallVector<HeadNarrow> narrows;
-  int64_t replicatedKvHeads = 0; // the kv heads of the replicated projections
-  llvm::SmallVector<MatmulSite> rows;
-  llvm::SmallVector<IntEdit> edits;
-  llvm::MapVector<Operation *, std::pair<int64_t, int64_t>> paramSplits; // {dim, chunks}
-  llvm::SmallVector<OpOperand *> copyUses; // uses of the replicated input to route through tp_copy
-  Value input;
-  int64_t headsGlobal = 0; // attention heads of the widest head split, 0 when none
-  int64_t kvHeads = 0;     // the narrowest (GQA/MQA kv heads), 0 when none
-  int64_t columnWidth = 0; // global width of the first column matmul
-  int64_t widestColumn = 0; // of the widest (narrower ones: GQA's k, v)
-  bool fused = false;      // a column weight holds several chunks (fused q/k/v)
-  int64_t ops = 0;
-  /// Every value the chain splits, and how: the `bmt.sharding` annotations.
-  llvm::SmallVector<std::pair<Value, Split>> values;
-  /// The split dim (from the end) that upstream's sharding-propagation
-  /// decided for each result of the chain's ops that have a sharding rule
-  /// (none: replicated); see TensorParallelPass::shadow.
-  llvm::DenseMap<Value, std::optional<int64_t>> upstream;
-};
-
-/// Thrown (as a value) when a chain cannot be split: `fatal` for sizes that
-/// T does not divide (the compile fails), else the chain stays replicated.
-struct Failure {
-  bool fatal = false;
-  Operation *op = nullptr;
-  std::string message;
-  Operation *seed = nullptr; // the first column matmul of the chain
-};
+using namespace bmt::tp;
 
 struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   using TensorParallelBase::TensorParallelBase;
@@ -239,7 +156,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   }
 
   [[noreturn]] static void fail(Operation *op, const llvm::Twine &message, bool fatal = false) {
-    throw Failure{fatal, op, message.str()};
+    throw ChainError{fatal, op, message.str()};
   }
 
   void checkDivides(Operation *op, StringRef what, int64_t size, int64_t by) {
@@ -1532,10 +1449,10 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
 
     llvm::DenseSet<Operation *> taken; // matmuls already in a chain (as rows)
     std::vector<Chain> chains;
-    llvm::SmallVector<Failure> skipped;
+    llvm::SmallVector<ChainError> skipped;
     // One chain from the matmuls `seeds` reading `input`; with `replicate`,
     // those narrower than the widest (GQA's k and v projections) are
-    // replicated instead of split. Throws a Failure.
+    // replicated instead of split. Throws a ChainError.
     auto build = [&](Value input, auto &seeds, bool replicate) {
       splits.clear();
       replicateKv = replicate;
@@ -1613,7 +1530,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       chain.values.assign(splits.begin(), splits.end());
       return chain;
     };
-    auto fatalError = [&](const Failure &f) {
+    auto fatalError = [&](const ChainError &f) {
       InFlightDiagnostic d = f.op->emitError("bmt-tensor-parallel: cannot split ");
       d << describe(f.op) << " by --tensor-parallel " << static_cast<int64_t>(tensorParallel)
         << ": " << f.message;
@@ -1626,7 +1543,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       std::optional<Chain> chain;
       try {
         chain = build(input, seeds, /*replicate=*/false);
-      } catch (Failure &f) {
+      } catch (ChainError &f) {
         // Grouped-query (or multi-query) attention whose kv heads T does
         // not divide: again with the k and v projections replicated, the
         // query heads split (docs/passes.md).
@@ -1636,11 +1553,11 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
           narrower |= m.out != matmulShape(seeds.front().first)->out;
           fused |= fusedChunks(seed.first, m) > 1;
         }
-        std::optional<Failure> retry;
+        std::optional<ChainError> retry;
         if (narrower && !fused) {
           try {
             chain = build(input, seeds, /*replicate=*/true);
-          } catch (Failure &g) {
+          } catch (ChainError &g) {
             retry = g;
           }
         }
@@ -1662,7 +1579,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       chains.push_back(std::move(*chain));
     }
     // Seeds that turned out to end another chain were no chain of their own.
-    llvm::erase_if(skipped, [&](const Failure &f) { return taken.count(f.seed); });
+    llvm::erase_if(skipped, [&](const ChainError &f) { return taken.count(f.seed); });
 
     if (chains.empty()) {
       InFlightDiagnostic d = module.emitError("bmt-tensor-parallel: found no chain to split");
@@ -1682,14 +1599,18 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     if (sequenceParallel) {
       try {
         sequence = sequenceParallelize();
-      } catch (Failure &f) {
+      } catch (ChainError &f) {
         InFlightDiagnostic d = f.op->emitError("bmt-tensor-parallel: cannot split the sequence (--sequence-parallel) at ");
         d << describe(f.op) << ": " << f.message;
         return signalPassFailure();
       }
     }
-    report(chains, skipped, vocab, sequence);
-    emitRemark(module.getLoc()) << gradientReport(*gradients);
+    std::string text = bmt::tp::chainReport(module, *symbols, tensorParallel, chains, skipped, vocab, sequence);
+    emitRemark(module.getLoc()) << "bmt-tensor-parallel: " << static_cast<int64_t>(tensorParallel)
+                                << " ranks, " << text;
+    // For the plan summary (bmt-summary): what was split.
+    module->setAttr("bmt.tensor_parallel_plan", StringAttr::get(&getContext(), text));
+    emitRemark(module.getLoc()) << bmt::tp::gradientReport(module, *symbols, *gradients);
   }
 
   //===--- Gradient completion (TensorParallelGradients.cpp) ---------------===//
@@ -1724,37 +1645,6 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     for (const bmt::tp::ParameterGradient &g : gradients)
       if (g.completion == bmt::tp::Completion::Summed && !bmt::hasParameterSplit(g.param))
         markReduceGrad(g.param);
-  }
-
-  /// The decision for each whole parameter, after sequence parallelism
-  /// (which sums the gradients of the parameters it reads between the
-  /// chains), for the remark.
-  std::string gradientReport(llvm::ArrayRef<bmt::tp::ParameterGradient> gradients) {
-    llvm::SmallVector<std::string> summed;
-    int64_t identical = 0, count = 0, sequence = 0;
-    for (const bmt::tp::ParameterGradient &g : gradients) {
-      bmt::ParameterOp param = g.param;
-      if (g.completion == bmt::tp::Completion::Identical) {
-        ++(bmt::parameterSplitOf(param).reduceGrad ? sequence : identical);
-        continue;
-      }
-      ++count;
-      std::string name = shortName(param);
-      if (param.getSymName().ends_with(".weight") && !StringRef(name).ends_with(".weight"))
-        name += ".weight";
-      if (!llvm::is_contained(summed, name))
-        summed.push_back(name);
-    }
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    os << "bmt-tensor-parallel: gradient completion: " << count
-       << " whole parameters read beside split values, each rank's gradient a partial sum, reduce_grad";
-    if (count)
-      os << " (" << llvm::join(summed, ", ") << ")";
-    if (sequence)
-      os << "; " << sequence << " read between the chains, split along the sequence, reduce_grad";
-    os << "; " << identical << " whole parameters identical on every rank";
-    return text;
   }
 
   /// `bmt.tensor_split = {dim = -1, chunks = 1, reduce_grad = true}`: whole
@@ -2406,18 +2296,6 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     return parts.size();
   }
 
-  std::string describe(Operation *op) {
-    std::string s;
-    llvm::raw_string_ostream os(s);
-    if (auto aten = dyn_cast<bmt::AtenOp>(op))
-      os << aten.getName();
-    else
-      os << op->getName();
-    if (auto f = op->getParentOfType<func::FuncOp>())
-      os << " in " << f.getSymName();
-    return s;
-  }
-
   /// Marks each op whose result a chain splits with the sharding of its
   /// results over the grid, in the upstream shard dialect's terms:
   /// `bmt.sharding = {grid = @tp, split_axes = [<per result>]}`, each
@@ -2588,90 +2466,6 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     }
   }
 
-  /// "model.layers.0.mlp.down_proj.weight" -> "mlp.down_proj" (the module
-  /// path of the matmul's weight relative to its block).
-  std::string shortName(bmt::ParameterOp p) {
-    StringRef name = p.getSymName();
-    name.consume_back(".weight");
-    for (auto list : module.getOps<bmt::BlockListOp>())
-      for (Attribute b : list.getBlocks()) {
-        auto f = symbols->lookup<func::FuncOp>(cast<FlatSymbolRefAttr>(b).getValue());
-        auto path = f ? f->getAttrOfType<StringAttr>("bmt.module_path") : nullptr;
-        if (path && name.starts_with((path.getValue() + ".").str()))
-          return name.drop_front(path.size() + 1).str();
-      }
-    return name.str();
-  }
-
-  void report(llvm::ArrayRef<Chain> chains, llvm::ArrayRef<Failure> skipped,
-              const std::string &vocab, const std::string &sequence) {
-    // The chains of the first block describe every block (find-blocks
-    // made them identical).
-    auto firstList = *module.getOps<bmt::BlockListOp>().begin();
-    auto first = symbols->lookup<func::FuncOp>(
-        cast<FlatSymbolRefAttr>(firstList.getBlocks()[0]).getValue());
-    llvm::DenseSet<Operation *> firstFuncs;
-    std::function<void(func::FuncOp)> visit = [&](func::FuncOp f) {
-      if (!f || !firstFuncs.insert(f).second)
-        return;
-      f.walk([&](func::CallOp call) { visit(symbols->lookup<func::FuncOp>(call.getCallee())); });
-    };
-    visit(first);
-    int64_t blocks = 0;
-    for (auto list : module.getOps<bmt::BlockListOp>())
-      blocks += list.getBlocks().size();
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    os << blocks
-       << " blocks, " << chains.size() << " chains: ";
-    bool firstChain = true;
-    int64_t ops = 0;
-    for (const Chain &chain : chains) {
-      ops += chain.ops;
-      if (!firstFuncs.count(chain.columns.front().op->getParentOfType<func::FuncOp>()))
-        continue;
-      if (!firstChain)
-        os << "; ";
-      firstChain = false;
-      llvm::SmallVector<std::string> cols;
-      for (const MatmulSite &c : chain.columns)
-        cols.push_back(shortName(c.weight));
-      os << llvm::join(cols, ", ") << " column-parallel";
-      int64_t T = tensorParallel;
-      if (chain.headsGlobal)
-        os << " by heads (" << chain.headsGlobal << " -> " << chain.headsGlobal / T
-           << " per rank" << (chain.fused ? ", fused q/k/v" : "");
-      if (chain.headsGlobal && chain.kvHeads < chain.headsGlobal)
-        os << ", kv heads " << chain.kvHeads << " -> " << chain.kvHeads / T;
-      if (chain.headsGlobal)
-        os << ")";
-      else
-        os << " (" << chain.columnWidth << " -> " << chain.columnWidth / T << " per rank)";
-      if (!chain.replicated.empty()) {
-        llvm::SmallVector<std::string> kv;
-        for (const MatmulSite &c : chain.replicated)
-          kv.push_back(shortName(c.weight));
-        int64_t heads = chain.replicatedKvHeads;
-        os << ", " << llvm::join(kv, ", ") << " k/v replicated on " << T << " ranks (" << heads
-           << (heads == 1 ? " kv head" : " kv heads")
-           << (heads < T ? " < T = " : " not divisible by T = ") << T << "), reduce_grad";
-      }
-      llvm::SmallVector<std::string> rows;
-      for (const MatmulSite &r : chain.rows)
-        rows.push_back(shortName(r.weight));
-      os << ", " << llvm::join(rows, ", ") << " row-parallel";
-    }
-    os << "; " << vocab;
-    if (!sequence.empty())
-      os << "; " << sequence;
-    os << "; " << ops << " ops split; " << skipped.size() << " chains replicated";
-    if (!skipped.empty())
-      os << " (first: " << describe(skipped.front().op) << ": " << skipped.front().message << ")";
-    emitRemark(module.getLoc()) << "bmt-tensor-parallel: " << static_cast<int64_t>(tensorParallel)
-                                << " ranks, " << text;
-    // For the plan summary (bmt-summary): what was split.
-    module->setAttr("bmt.tensor_parallel_plan", StringAttr::get(&getContext(), text));
-  }
 };
 
 } // namespace
