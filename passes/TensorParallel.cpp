@@ -78,21 +78,11 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   }
 
   ModuleOp module;
-  std::shared_ptr<SymbolTable> symbols;
-  llvm::DenseMap<Operation *, llvm::SmallVector<func::CallOp>> callSites; // func -> calls
-  llvm::DenseMap<Operation *, llvm::SmallVector<bmt::GetGlobalOp>> paramReads;
-  llvm::DenseSet<Operation *> blockFuncs;
-
-  bmt::ParameterOp paramOf(Value v) {
-    auto g = v.getDefiningOp<bmt::GetGlobalOp>();
-    return g ? symbols->lookup<bmt::ParameterOp>(g.getGlobal()) : nullptr;
-  }
-  static llvm::ArrayRef<int64_t> shapeOf(bmt::ParameterOp p) {
-    return cast<RankedTensorType>(p.getType()).getShape();
-  }
+  /// The calls, parameter reads and block functions of the module.
+  ProgramIndex program;
   /// Whether `p` is read only by `v`'s get_global, and `v` used once.
   bool usedOnlyHere(bmt::ParameterOp p, Value v) {
-    return p && paramReads[p].size() == 1 && v.hasOneUse() && !p.getAliases();
+    return p && program.paramReads[p].size() == 1 && v.hasOneUse() && !p.getAliases();
   }
 
   /// The weight (and bias) of a matmul with a parameter weight:
@@ -130,29 +120,17 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     } else {
       return std::nullopt;
     }
-    m.weight = paramOf(m.weightValue);
+    m.weight = program.paramOf(m.weightValue);
     if (!m.weight || !m.weight.getRequiresGrad() || shapeOf(m.weight).size() != 2)
       return std::nullopt;
     if (m.biasValue) {
-      m.bias = paramOf(m.biasValue);
+      m.bias = program.paramOf(m.biasValue);
       if (!m.bias || shapeOf(m.bias).size() != 1)
         return std::nullopt;
     }
     m.out = shapeOf(m.weight)[m.outDim];
     m.in = shapeOf(m.weight)[1 - m.outDim];
     return m;
-  }
-
-  /// The functions a block list's calls reach.
-  void collectBlockFuncs() {
-    std::function<void(func::FuncOp)> visit = [&](func::FuncOp f) {
-      if (!f || !blockFuncs.insert(f).second)
-        return;
-      f.walk([&](func::CallOp call) { visit(symbols->lookup<func::FuncOp>(call.getCallee())); });
-    };
-    for (auto list : module.getOps<bmt::BlockListOp>())
-      for (Attribute b : list.getBlocks())
-        visit(symbols->lookup<func::FuncOp>(cast<FlatSymbolRefAttr>(b).getValue()));
   }
 
   [[noreturn]] static void fail(Operation *op, const llvm::Twine &message, bool fatal = false) {
@@ -204,19 +182,19 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   void step(OpOperand &use, const Split &s, llvm::SmallVector<Value> &work, Chain &chain) {
     Operation *user = use.getOwner();
     if (auto call = dyn_cast<func::CallOp>(user)) {
-      auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
-      if (!callee || callSites[callee].size() != 1)
+      auto callee = program.symbols->lookup<func::FuncOp>(call.getCallee());
+      if (!callee || program.callSites[callee].size() != 1)
         fail(user, "a split value enters a function called more than once");
       assign(callee.getArgument(use.getOperandNumber()), s, work);
       return;
     }
     if (auto ret = dyn_cast<func::ReturnOp>(user)) {
       auto f = ret->getParentOfType<func::FuncOp>();
-      if (blockFuncs.count(f) && isBlockRoot(f))
+      if (program.blockFuncs.count(f) && program.isBlockRoot(f))
         fail(user, "a split value leaves the block");
-      if (!blockFuncs.count(f) || callSites[f].size() != 1)
+      if (!program.blockFuncs.count(f) || program.callSites[f].size() != 1)
         fail(user, "a split value leaves a function called more than once");
-      assign(callSites[f][0].getResult(use.getOperandNumber()), s, work);
+      assign(program.callSites[f][0].getResult(use.getOperandNumber()), s, work);
       return;
     }
     if (isa<bmt::FusedOp>(user)) {
@@ -283,14 +261,6 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     view(op, use, s, work, chain);
   }
 
-  bool isBlockRoot(func::FuncOp f) {
-    for (auto list : module.getOps<bmt::BlockListOp>())
-      for (Attribute b : list.getBlocks())
-        if (cast<FlatSymbolRefAttr>(b).getValue() == f.getSymName())
-          return true;
-    return false;
-  }
-
   /// What the ShardingInterface of `op` (lib/Dialect/ShardingInterfaceImpl.cpp)
   /// says of it when its operands are split as `splits` records, `s` the
   /// split just reached: upstream's getShardingOption from the operands'
@@ -326,7 +296,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       int64_t rank = base;
       if (it != splits.end())
         rank = it->second.rankKnown() ? it->second.rank() : std::max(base, -it->second.dim);
-      else if (auto param = paramOf(v))
+      else if (auto param = program.paramOf(v))
         rank = shapeOf(param).size();
       ranks.push_back(rank);
       if (it == splits.end()) {
@@ -595,17 +565,17 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         if (narrowed.count(user) || isMetadata(user))
           continue;
         if (auto call = dyn_cast<func::CallOp>(user)) {
-          auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
-          if (!callee || callSites[callee].size() != 1)
+          auto callee = program.symbols->lookup<func::FuncOp>(call.getCallee());
+          if (!callee || program.callSites[callee].size() != 1)
             fail(user, "a replicated k/v value enters a function called more than once");
           work.push_back(callee.getArgument(use.getOperandNumber()));
           continue;
         }
         if (auto ret = dyn_cast<func::ReturnOp>(user)) {
           auto f = ret->getParentOfType<func::FuncOp>();
-          if (!blockFuncs.count(f) || isBlockRoot(f) || callSites[f].size() != 1)
+          if (!program.blockFuncs.count(f) || program.isBlockRoot(f) || program.callSites[f].size() != 1)
             fail(user, "a replicated k/v value leaves the block");
-          work.push_back(callSites[f][0].getResult(use.getOperandNumber()));
+          work.push_back(program.callSites[f][0].getResult(use.getOperandNumber()));
           continue;
         }
         if (llvm::any_of(user->getResults(), [&](Value r) { return splits.count(r); }))
@@ -922,7 +892,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   Value traceInput(Value v, llvm::SmallVector<OpOperand *> &path) {
     while (auto arg = dyn_cast<BlockArgument>(v)) {
       auto f = dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp());
-      if (!f || isBlockRoot(f) || callSites[f].size() != 1)
+      if (!f || program.isBlockRoot(f) || program.callSites[f].size() != 1)
         break;
       // The argument must feed nothing else that takes a gradient, also
       // through the functions it is passed to (BERT's attention passes its
@@ -931,7 +901,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       // gradient over the group).
       if (!feedsOnlyMatmuls(arg))
         return v;
-      OpOperand &operand = callSites[f][0]->getOpOperand(arg.getArgNumber());
+      OpOperand &operand = program.callSites[f][0]->getOpOperand(arg.getArgNumber());
       path.push_back(&operand);
       v = operand.get();
     }
@@ -942,10 +912,6 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     auto aten = dyn_cast<bmt::AtenOp>(op);
     return aten && aten.getName() == "aten::type_as" && op->getOperand(0) != v;
   }
-  static bool isMetadata(Operation *op) {
-    auto aten = dyn_cast<bmt::AtenOp>(op);
-    return aten && bmt::lookupAtenOp(aten.getName())->kind == bmt::AtenOpKind::Metadata;
-  }
   /// Whether every use of `v` is a matmul's input, a metadata read, or a
   /// call (of a function called once) whose argument is such a value.
   bool feedsOnlyMatmuls(Value v) {
@@ -954,8 +920,8 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       if (isMetadata(user) || isMatmulInput(u))
         continue;
       auto call = dyn_cast<func::CallOp>(user);
-      auto callee = call ? symbols->lookup<func::FuncOp>(call.getCallee()) : nullptr;
-      if (!callee || callSites[callee].size() != 1 ||
+      auto callee = call ? program.symbols->lookup<func::FuncOp>(call.getCallee()) : nullptr;
+      if (!callee || program.callSites[callee].size() != 1 ||
           !feedsOnlyMatmuls(callee.getArgument(u.getOperandNumber())))
         return false;
     }
@@ -1001,13 +967,13 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     for (int hops = 0; hops < 64; ++hops) {
       if (auto arg = dyn_cast<BlockArgument>(v)) {
         auto f = dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp());
-        if (!f || callSites[f].size() != 1)
+        if (!f || program.callSites[f].size() != 1)
           return v;
-        v = callSites[f][0]->getOperand(arg.getArgNumber());
+        v = program.callSites[f][0]->getOperand(arg.getArgNumber());
         continue;
       }
       if (auto call = v.getDefiningOp<func::CallOp>()) {
-        auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
+        auto callee = program.symbols->lookup<func::FuncOp>(call.getCallee());
         if (!callee || callee.isExternal())
           return v;
         v = callee.getBody().back().getTerminator()->getOperand(cast<OpResult>(v).getResultNumber());
@@ -1152,7 +1118,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
           continue;
         }
         Value arg;
-        if (auto param = paramOf(v)) {
+        if (auto param = program.paramOf(v)) {
           arg = body->addArgument(RankedTensorType::get(shapeOf(param), f32), v.getLoc());
         } else {
           int64_t rank = widest >= 0 ? widest
@@ -1164,7 +1130,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         // The column weights (and their biases) as the pass splits them.
         std::optional<int64_t> seed;
         if (columns.count(op))
-          if (auto param = paramOf(v); param && param == matmulShape(aten)->weight)
+          if (auto param = program.paramOf(v); param && param == matmulShape(aten)->weight)
             seed = matmulShape(aten)->outDim - 2;
         copies[v] = seed ? annotate(arg, seed) : arg;
         operands[i] = copies[v];
@@ -1302,7 +1268,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
                  true);
         }
         Value original = resolve(op->getOperand(o.getOperandNumber()));
-        if (auto param = paramOf(original)) {
+        if (auto param = program.paramOf(original)) {
           auto split = chain.paramSplits.find(param);
           std::optional<int64_t> own;
           if (split != chain.paramSplits.end())
@@ -1421,23 +1387,14 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       module.emitError("bmt-tensor-parallel: needs the block lists of bmt-find-blocks");
       return signalPassFailure();
     }
-    symbols = std::make_shared<SymbolTable>(module);
-    module.walk([&](func::CallOp call) {
-      if (auto f = symbols->lookup<func::FuncOp>(call.getCallee()))
-        callSites[f].push_back(call);
-    });
-    module.walk([&](bmt::GetGlobalOp g) {
-      if (auto p = symbols->lookup<bmt::ParameterOp>(g.getGlobal()))
-        paramReads[p].push_back(g);
-    });
-    collectBlockFuncs();
+    program = ProgramIndex::build(module);
 
     // Column candidates: matmuls with a parameter weight in the blocks,
     // grouped by the replicated activation they read.
     llvm::MapVector<Value, llvm::SmallVector<std::pair<bmt::AtenOp, llvm::SmallVector<OpOperand *>>, 2>>
         byInput;
     module.walk([&](bmt::AtenOp op) {
-      if (!blockFuncs.count(op->getParentOfType<func::FuncOp>()))
+      if (!program.blockFuncs.count(op->getParentOfType<func::FuncOp>()))
         return;
       auto m = matmulShape(op);
       if (!m)
@@ -1597,20 +1554,17 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     std::string vocab = vocabParallel();
     std::string sequence;
     if (sequenceParallel) {
-      try {
-        sequence = sequenceParallelize();
-      } catch (ChainError &f) {
-        InFlightDiagnostic d = f.op->emitError("bmt-tensor-parallel: cannot split the sequence (--sequence-parallel) at ");
-        d << describe(f.op) << ": " << f.message;
+      FailureOr<std::string> text = bmt::tp::sequenceParallelize(program, tensorParallel);
+      if (failed(text))
         return signalPassFailure();
-      }
+      sequence = *text;
     }
-    std::string text = bmt::tp::chainReport(module, *symbols, tensorParallel, chains, skipped, vocab, sequence);
+    std::string text = bmt::tp::chainReport(module, *program.symbols, tensorParallel, chains, skipped, vocab, sequence);
     emitRemark(module.getLoc()) << "bmt-tensor-parallel: " << static_cast<int64_t>(tensorParallel)
                                 << " ranks, " << text;
     // For the plan summary (bmt-summary): what was split.
     module->setAttr("bmt.tensor_parallel_plan", StringAttr::get(&getContext(), text));
-    emitRemark(module.getLoc()) << bmt::tp::gradientReport(module, *symbols, *gradients);
+    emitRemark(module.getLoc()) << bmt::tp::gradientReport(module, *program.symbols, *gradients);
   }
 
   //===--- Gradient completion (TensorParallelGradients.cpp) ---------------===//
@@ -1654,420 +1608,13 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     bmt::setParameterSplit(p, bmt::reduceGradSplit());
   }
 
-  //===--- Sequence parallelism (Korthikanti et al. 2022, section 4.2.2) ---===//
-  //
-  // Between the chains the activations [batch, seq, hidden] are split
-  // along the sequence (dim 1) over the TP group: each tp_all_reduce (g)
-  // becomes a reduce-scatter along it and each tp_copy (f) an all-gather.
-  // The sequence-split region (what the reduce-scatters' results reach
-  // before an all-gather) is checked op by op: only per-position ops
-  // (pointwise, last-dim norms and reductions) may read it; their
-  // parameters get reduce_grad (each rank sees its positions' gradient).
-
-  static constexpr int64_t kSeqDim = 1;
-
-  static bool isSeqTransparent(Operation *op) {
-    auto aten = dyn_cast_or_null<bmt::AtenOp>(op);
-    if (!aten)
-      return false;
-    StringRef n = aten.getName();
-    return n == "aten::view" || n == "aten::reshape" || n == "aten::slice.Tensor" ||
-           n == "aten::contiguous" || n == "aten::alias";
-  }
-
-  /// Whether every use of `v` other than `keep` reads its metadata only.
-  static bool othersMetadata(Value v, OpOperand *keep) {
-    for (OpOperand &u : v.getUses())
-      if (&u != keep && !isMetadata(u.getOwner()))
-        return false;
-    return true;
-  }
-
-  Value createGather(OpBuilder &builder, Value v, FlatSymbolRefAttr grid) {
-    if (auto *def = v.getDefiningOp())
-      builder.setInsertionPointAfter(def);
-    else
-      builder.setInsertionPointToStart(cast<BlockArgument>(v).getOwner());
-    return bmt::TpAllGatherOp::create(builder, v.getLoc(), bmt::TensorType::get(&getContext()), v, grid,
-                                      builder.getI64IntegerAttr(kSeqDim))
-        .getResult();
-  }
-
-  /// The value a replicated operand of a pointwise op in the region is,
-  /// when it is a position embedding: aten::embedding of a parameter
-  /// (through casts and call results). Null otherwise.
-  bmt::AtenOp positionEmbedding(Value v) {
-    for (int hops = 0; hops < 8; ++hops) {
-      if (auto call = v.getDefiningOp<func::CallOp>()) {
-        auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
-        if (!callee || callSites[callee].size() != 1)
-          return nullptr;
-        v = callee.getBody().front().getTerminator()->getOperand(cast<OpResult>(v).getResultNumber());
-        continue;
-      }
-      auto op = v.getDefiningOp<bmt::AtenOp>();
-      if (!op)
-        return nullptr;
-      if (op.getName() == "aten::embedding") {
-        auto w = bmt::getAtenArg(op, "weight");
-        return w && w->isOperand() && traceParam(w->getOperand()) ? op : nullptr;
-      }
-      if (!op.getName().starts_with("aten::to.") && op.getName() != "aten::contiguous" &&
-          op.getName() != "aten::type_as")
-        return nullptr;
-      v = op->getOperand(0);
-    }
-    return nullptr;
-  }
-
-  std::string sequenceParallelize() {
-    MLIRContext *context = &getContext();
-    OpBuilder builder(context);
-    Type tensor = bmt::TensorType::get(context);
-    auto marker = bmt::OperandAttr::get(context);
-    FlatSymbolRefAttr grid = FlatSymbolRefAttr::get(context, "tp");
-    int64_t T = tensorParallel;
-    auto aten = [&](Location loc, StringRef name, ArrayRef<Attribute> args, ValueRange operands,
-                    Type result) {
-      return bmt::AtenOp::create(builder, loc, TypeRange{result}, builder.getStringAttr(name),
-                                 builder.getArrayAttr(args), operands)
-          .getResult(0);
-    };
-    llvm::SmallVector<bmt::TpAllReduceOp> sums;
-    llvm::SmallVector<bmt::TpCopyOp> copies;
-    module.walk([&](bmt::TpAllReduceOp op) { sums.push_back(op); });
-    module.walk([&](bmt::TpCopyOp op) { copies.push_back(op); });
-
-    // g -> reduce-scatter. A Conv1D's [batch * seq, out] result (GPT-2:
-    // mm, all-reduce, + bias, view to [batch, seq, out]) is viewed back
-    // first, so that the scatter splits the sequence, and its bias added
-    // after the scatter (view(mm + b) = view(mm) + b: the view keeps the
-    // last dim).
-    llvm::SmallVector<Value> seeds;
-    for (bmt::TpAllReduceOp sum : sums) {
-      Value partial = sum.getInput();
-      Value result = sum.getResult();
-      bmt::AtenOp add, view;
-      if (result.hasOneUse())
-        add = dyn_cast<bmt::AtenOp>(*result.getUsers().begin());
-      if (add && add.getName() == "aten::add.Tensor" && add->getOperand(0) == result &&
-          traceParam(add->getOperand(1)) && add.getResult(0).hasOneUse())
-        view = dyn_cast<bmt::AtenOp>(*add.getResult(0).getUsers().begin());
-      if (view && (view.getName() == "aten::view" || view.getName() == "aten::reshape") &&
-          view->getOperand(0) == add.getResult(0)) {
-        view->setOperand(0, partial);
-        builder.setInsertionPointAfter(view);
-        Value scattered = bmt::TpReduceScatterOp::create(builder, sum.getLoc(), tensor, view.getResult(0), grid,
-                                                         builder.getI64IntegerAttr(kSeqDim))
-                              .getResult();
-        Value biased = aten(add.getLoc(), "aten::add.Tensor", {marker, marker, builder.getI64IntegerAttr(1)},
-                            {scattered, add->getOperand(1)}, tensor);
-        view.getResult(0).replaceAllUsesExcept(biased, scattered.getDefiningOp());
-        add->erase();
-        sum->erase();
-        seeds.push_back(scattered);
-        continue;
-      }
-      builder.setInsertionPoint(sum);
-      Value scattered = bmt::TpReduceScatterOp::create(builder, sum.getLoc(), tensor, partial, grid,
-                                                       builder.getI64IntegerAttr(kSeqDim))
-                            .getResult();
-      result.replaceAllUsesWith(scattered);
-      sum->erase();
-      seeds.push_back(scattered);
-    }
-
-    // f -> all-gather, placed as far up as views, whole slices and calls
-    // carry the value to it (GPT-2's Conv1D views [batch, seq, hidden] to
-    // [batch * seq, hidden] first: the gather must see the sequence dim).
-    // Between the gather and the column matmuls the value is replicated
-    // and read by nothing else, so the gradient's sum (the gather's
-    // backward) may sit above those ops.
-    llvm::SmallVector<bmt::TpAllGatherOp> gathers;
-    for (bmt::TpCopyOp copy : copies) {
-      Value w = copy.getInput();
-      OpOperand *keep = &copy->getOpOperand(0);
-      while (true) {
-        OpOperand *next = nullptr;
-        if (auto arg = dyn_cast<BlockArgument>(w)) {
-          auto f = dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp());
-          if (!f || isBlockRoot(f) || f.getSymName() == "forward" || callSites[f].size() != 1)
-            break;
-          next = &callSites[f][0]->getOpOperand(arg.getArgNumber());
-        } else if (auto call = w.getDefiningOp<func::CallOp>()) {
-          auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
-          if (!callee || callSites[callee].size() != 1)
-            break;
-          Operation *ret = callee.getBody().front().getTerminator();
-          OpOperand &r = ret->getOpOperand(cast<OpResult>(w).getResultNumber());
-          if (!isSeqTransparent(r.get().getDefiningOp()))
-            break; // stays at the call (not inside a norm's function)
-          next = &r;
-        } else if (isSeqTransparent(w.getDefiningOp())) {
-          next = &w.getDefiningOp()->getOpOperand(0);
-        } else {
-          break;
-        }
-        if (!othersMetadata(next->get(), next) || !othersMetadata(w, keep))
-          break;
-        keep = next;
-        w = next->get();
-      }
-      Value gathered = createGather(builder, w, grid);
-      if (keep == &copy->getOpOperand(0)) {
-        copy.getResult().replaceAllUsesWith(gathered);
-      } else {
-        // The path and the metadata reads of w read the whole sequence.
-        keep->set(gathered);
-        w.replaceUsesWithIf(gathered, [&](OpOperand &u) {
-          return u.getOwner() != gathered.getDefiningOp() && isMetadata(u.getOwner());
-        });
-        copy.getResult().replaceAllUsesWith(copy.getInput());
-      }
-      copy->erase();
-      gathers.push_back(cast<bmt::TpAllGatherOp>(gathered.getDefiningOp()));
-    }
-
-    // The region: what the scattered values reach before a gather.
-    llvm::DenseSet<Value> region;
-    llvm::DenseSet<Operation *> regionOps;
-    llvm::SmallVector<bmt::AtenOp> seqSizes;
-    llvm::SetVector<Operation *> reduceGrad; // parameters read in the region
-    llvm::SmallVector<std::pair<OpOperand *, Value>> positions; // operand, a region value beside it
-    llvm::SmallVector<Value> work(seeds.begin(), seeds.end());
-    for (Value v : seeds)
-      region.insert(v);
-    auto add = [&](Value v) {
-      if (isa<bmt::TensorType>(v.getType()) && region.insert(v).second)
-        work.push_back(v);
-    };
-    // The other tensor operands of a per-position op in the region: region
-    // values, parameters of at most one dim (norm weights, biases:
-    // broadcast over the positions), 0-d constants, position embeddings.
-    auto check = [&](Operation *op, Value from, bool pointwise) {
-      for (OpOperand &o : op->getOpOperands()) {
-        Value x = o.get();
-        if (region.count(x) || x == from || !isa<bmt::TensorType>(x.getType()))
-          continue;
-        if (auto c = x.getDefiningOp<bmt::ConstantOp>()) {
-          auto typed = dyn_cast<TypedAttr>(c.getValue());
-          auto shaped = typed ? dyn_cast<ShapedType>(typed.getType()) : nullptr;
-          if (!shaped || shaped.getRank() == 0)
-            continue;
-        }
-        if (x.getDefiningOp<bmt::NumToTensorOp>())
-          continue;
-        if (bmt::ParameterOp p = traceParam(x)) {
-          if (shapeOf(p).size() > 1)
-            fail(op, "a sequence-split value meets the parameter " + p.getSymName().str() + " of " +
-                         std::to_string(shapeOf(p).size()) + " dims");
-          if (p.getRequiresGrad())
-            reduceGrad.insert(p);
-          continue;
-        }
-        if (pointwise && positionEmbedding(x)) {
-          positions.push_back({&o, from});
-          continue;
-        }
-        fail(op, "a sequence-split value meets a replicated tensor that is neither a parameter of one "
-                 "dim nor a position embedding (it may vary along the sequence)");
-      }
-    };
-    // Checked once the region is complete (an operand may join it later).
-    llvm::MapVector<Operation *, std::pair<Value, bool>> pending;
-    auto operands = [&](Operation *op, Value from, bool pointwise) {
-      pending.insert({op, {from, pointwise}});
-    };
-    while (!work.empty()) {
-      Value v = work.pop_back_val();
-      for (OpOperand &use : llvm::make_early_inc_range(v.getUses())) {
-        Operation *user = use.getOwner();
-        regionOps.insert(user);
-        if (isa<bmt::TpAllGatherOp>(user))
-          continue;
-        if (auto call = dyn_cast<func::CallOp>(user)) {
-          auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
-          if (!callee || callSites[callee].size() != 1)
-            fail(user, "a sequence-split value enters a function called more than once");
-          add(callee.getArgument(use.getOperandNumber()));
-          continue;
-        }
-        if (auto ret = dyn_cast<func::ReturnOp>(user)) {
-          auto f = ret->getParentOfType<func::FuncOp>();
-          if (f.getSymName() == "forward")
-            fail(user, "a sequence-split value is a result of the program");
-          if (callSites[f].size() != 1)
-            fail(user, "a sequence-split value leaves a function called more than once");
-          add(callSites[f][0].getResult(use.getOperandNumber()));
-          continue;
-        }
-        if (auto fused = dyn_cast<bmt::FusedOp>(user)) {
-          // Pointwise, or one last-dim reduction: per position.
-          operands(user, v, /*pointwise=*/false);
-          for (Value r : user->getResults())
-            add(r);
-          continue;
-        }
-        auto op = dyn_cast<bmt::AtenOp>(user);
-        if (!op)
-          fail(user, "an op the pass cannot split along the sequence");
-        StringRef name = op.getName();
-        const bmt::AtenOpInfo *info = bmt::lookupAtenOp(name);
-        if (!info)
-          fail(op, "an op the pass does not know");
-        if (info->kind == bmt::AtenOpKind::Metadata) {
-          if (name == "aten::dim")
-            continue;
-          auto d = name == "aten::size.int" ? bmt::getAtenArg(op, "dim")->getInt() : std::nullopt;
-          if (!d)
-            fail(op, "a read of a sequence-split value's data");
-          if (*d == kSeqDim || *d == kSeqDim - 3)
-            seqSizes.push_back(op);
-          else if (*d != 0 && *d != 2 && *d != -1 && *d != -3)
-            fail(op, "a size of a dim of a [batch, seq, hidden] activation that it does not have");
-          continue;
-        }
-        if (name == "aten::type_as" && use.getOperandNumber() != 0)
-          continue; // only the dtype is read
-        bool pointwise =
-            info->kind == bmt::AtenOpKind::Elementwise || info->kind == bmt::AtenOpKind::Random ||
-            name.starts_with("aten::to.") || name == "aten::detach" || name == "aten::alias" ||
-            name == "aten::contiguous" || name == "aten::clone" || name == "aten::type_as";
-        if (pointwise) {
-          operands(user, v, /*pointwise=*/true);
-          for (Value r : user->getResults())
-            add(r);
-          continue;
-        }
-        if (name == "aten::layer_norm") {
-          auto shape = bmt::getAtenArg(op, "normalized_shape")->getInts();
-          if (!shape || shape->size() != 1)
-            fail(op, "a normalization over more than the hidden dim");
-          operands(user, v, /*pointwise=*/false);
-          add(op.getResult(0));
-          continue;
-        }
-        if (name == "aten::mean.dim" || name == "aten::sum.dim_IntList" || name == "aten::amax") {
-          auto dims = bmt::getAtenArg(op, "dim")->getInts();
-          auto keep = bmt::getAtenArg(op, "keepdim")->getBool();
-          if (!dims || dims->size() != 1 || ((*dims)[0] != -1 && (*dims)[0] != 2) || !keep || !*keep)
-            fail(op, "a reduction over other than the hidden dim (it mixes positions)");
-          add(op.getResult(0));
-          continue;
-        }
-        if (name == "aten::linear" || name == "aten::addmm" || name == "aten::matmul" ||
-            name == "aten::mm")
-          fail(op, "a matmul outside the tensor-parallel chains (per position, but its "
-                   "replicated weight would see only this rank's part of the sequence in its "
-                   "gradient, and summing that over the TP group is not supported yet; a "
-                   "masked-LM head transform is one)");
-        fail(op, "an op that may mix positions (only per-position ops, last-dim norms and "
-                 "reductions may read the sequence-split activations)");
-      }
-    }
-    for (auto &[op, args] : pending)
-      check(op, args.first, args.second);
-    for (bmt::TpAllGatherOp g : gathers)
-      if (!region.count(g.getInput()))
-        fail(g, "an all-gather of a value that is not split along the sequence (the chain's input "
-                "is not reached from the embedding through per-position ops alone)");
-    // Parameters read in the region: read nowhere else (a replicated
-    // reader elsewhere would have its gradient summed T times).
-    for (Operation *p : reduceGrad) {
-      auto param = cast<bmt::ParameterOp>(p);
-      llvm::SmallVector<OpOperand *> readers;
-      readersOf(param, readers);
-      for (OpOperand *r : readers)
-        if (!regionOps.count(r->getOwner()))
-          fail(r->getOwner(), "the parameter " + param.getSymName().str() +
-                                  " is read both between the chains and elsewhere");
-    }
-    // Position embeddings: each rank adds its positions' rows, narrow(e,
-    // 1, t * L, L) with L the local sequence length; the table's gradient
-    // is then each rank's positions' part: reduce_grad.
-    for (auto [operand, beside] : positions) {
-      Value e = operand->get();
-      Operation *user = operand->getOwner();
-      bmt::AtenOp emb = positionEmbedding(e);
-      bmt::ParameterOp p = traceParam(bmt::getAtenArg(emb, "weight")->getOperand());
-      llvm::SmallVector<OpOperand *> readers;
-      readersOf(p, readers);
-      if (readers.size() != 1)
-        fail(user, "the position embedding " + p.getSymName().str() + " is read elsewhere too");
-      if (p.getRequiresGrad())
-        reduceGrad.insert(p);
-      Location loc = user->getLoc();
-      builder.setInsertionPoint(user);
-      Value local = aten(loc, "aten::size.int", {marker, builder.getI64IntegerAttr(kSeqDim)}, {beside},
-                         builder.getI64Type());
-      Value t = bmt::TpRankOp::create(builder, loc, builder.getI64Type(), grid).getResult();
-      Value tt = bmt::NumToTensorOp::create(builder, loc, tensor, t).getResult();
-      Value off = aten(loc, "aten::mul.Scalar", {marker, marker}, {tt, local}, tensor);
-      Value start = aten(loc, "aten::Int.Tensor", {marker}, {off}, builder.getI64Type());
-      Value mine = aten(loc, "aten::narrow", {marker, builder.getI64IntegerAttr(kSeqDim), marker, marker},
-                        {e, start, local}, tensor);
-      operand->set(mine);
-    }
-    // Sizes of the sequence dim read from a split value: the global one.
-    for (bmt::AtenOp size : seqSizes) {
-      Location loc = size.getLoc();
-      builder.setInsertionPointAfter(size);
-      Value n = bmt::NumToTensorOp::create(builder, loc, tensor, size.getResult(0)).getResult();
-      Value times = aten(loc, "aten::mul.Scalar", {marker, builder.getI64IntegerAttr(T)}, {n}, tensor);
-      Value global = aten(loc, "aten::Int.Tensor", {marker}, {times}, builder.getI64Type());
-      size.getResult(0).replaceAllUsesExcept(global, n.getDefiningOp());
-    }
-    llvm::SmallVector<std::string> names;
-    for (Operation *p : reduceGrad) {
-      auto param = cast<bmt::ParameterOp>(p);
-      if (bmt::parameterSplitOf(param).dim >= 0)
-        fail(p, "the split parameter " + param.getSymName().str() + " is read between the chains");
-      bmt::setParameterSplit(param, bmt::reduceGradSplit());
-      names.push_back(param.getSymName().str());
-    }
-    module->setAttr("bmt.sequence_parallel", builder.getUnitAttr());
-    return "sequence-parallel (dim 1): " + std::to_string(gathers.size()) + " all-gathers, " +
-           std::to_string(seeds.size()) + " reduce-scatters, " + std::to_string(names.size()) +
-           " parameters reduce_grad";
-  }
-
-  /// The parameter a value is, through call arguments (a tied head gets
-  /// its weight as an argument); null otherwise.
-  bmt::ParameterOp traceParam(Value v) {
-    while (auto arg = dyn_cast<BlockArgument>(v)) {
-      auto f = dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp());
-      if (!f || callSites[f].size() != 1)
-        return nullptr;
-      v = callSites[f][0].getOperand(arg.getArgNumber());
-    }
-    return paramOf(v);
-  }
-
-  /// Every op that reads the value of `p`, through calls: {op, operand}.
-  void readersOf(bmt::ParameterOp p, llvm::SmallVector<OpOperand *> &out) {
-    std::function<void(Value)> visit = [&](Value v) {
-      for (OpOperand &use : v.getUses()) {
-        if (auto call = dyn_cast<func::CallOp>(use.getOwner())) {
-          auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
-          if (callee && callSites[callee].size() == 1) {
-            visit(callee.getArgument(use.getOperandNumber()));
-            continue;
-          }
-        }
-        out.push_back(&use);
-      }
-    };
-    for (bmt::GetGlobalOp g : paramReads[p])
-      visit(g.getResult());
-  }
-
   /// The vocab-parallel LM head and token embedding (Megatron-LM's
   /// VocabParallelEmbedding and parallel logits): the matmul that makes the
   /// entry's logits and the embeddings that read its (tied) weight get
   /// the vocab rows of their TP rank. Returns what it did for the remark,
   /// or why the head stays replicated.
   std::string vocabParallel() {
-    auto entry = symbols->lookup<func::FuncOp>("forward");
+    auto entry = program.symbols->lookup<func::FuncOp>("forward");
     if (!entry || entry.getNumResults() == 0)
       return "LM head replicated (no entry result)";
     unsigned index = 0;
@@ -2077,8 +1624,8 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     Value v = entry.getBody().front().getTerminator()->getOperand(index);
     // Back through call results to the op that makes the logits.
     while (auto call = v.getDefiningOp<func::CallOp>()) {
-      auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
-      if (!callee || callSites[callee].size() != 1)
+      auto callee = program.symbols->lookup<func::FuncOp>(call.getCallee());
+      if (!callee || program.callSites[callee].size() != 1)
         return "LM head replicated (the logits come from a shared function)";
       v = callee.getBody().front().getTerminator()->getOperand(cast<OpResult>(v).getResultNumber());
     }
@@ -2087,10 +1634,10 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       return "LM head replicated (the logits are not made by an aten::linear)";
     auto input = bmt::getAtenArg(head, "input"), weight = bmt::getAtenArg(head, "weight"),
          bias = bmt::getAtenArg(head, "bias");
-    bmt::ParameterOp w = weight->isOperand() ? traceParam(weight->getOperand()) : nullptr;
+    bmt::ParameterOp w = weight->isOperand() ? program.traceParam(weight->getOperand()) : nullptr;
     if (!w || !w.getRequiresGrad() || shapeOf(w).size() != 2)
       return "LM head replicated (its weight is no trainable 2-d parameter)";
-    bmt::ParameterOp b = bias->isOperand() ? traceParam(bias->getOperand()) : nullptr;
+    bmt::ParameterOp b = bias->isOperand() ? program.traceParam(bias->getOperand()) : nullptr;
     if (bias->isOperand() && !b)
       return "LM head replicated (its bias is no parameter)";
     if (!v.hasOneUse())
@@ -2099,7 +1646,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     int64_t padded = (vocab + T - 1) / T * T, local = padded / T;
     // The weight's readers: the head, and embeddings of the tied weight.
     llvm::SmallVector<OpOperand *> readers;
-    readersOf(w, readers);
+    program.readersOf(w, readers);
     llvm::SmallVector<bmt::AtenOp> embeddings;
     for (OpOperand *use : readers) {
       auto op = dyn_cast<bmt::AtenOp>(use->getOwner());
@@ -2113,7 +1660,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     }
     if (b) {
       llvm::SmallVector<OpOperand *> biasReaders;
-      readersOf(b, biasReaders);
+      program.readersOf(b, biasReaders);
       if (biasReaders.size() != 1 || shapeOf(b).size() != 1)
         return "LM head replicated (its bias is read elsewhere too)";
     }
@@ -2123,7 +1670,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         if (p == w || !p.getRequiresGrad() || shapeOf(p).size() != 2 || shapeOf(p)[0] != vocab)
           continue;
         llvm::SmallVector<OpOperand *> uses;
-        readersOf(p, uses);
+        program.readersOf(p, uses);
         bool onlyEmbedding = !uses.empty();
         for (OpOperand *use : uses) {
           auto op = dyn_cast<bmt::AtenOp>(use->getOwner());
@@ -2236,9 +1783,9 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       Operation *user = *v.getUsers().begin();
       if (auto ret = dyn_cast<func::ReturnOp>(user)) {
         auto f = ret->getParentOfType<func::FuncOp>();
-        if (callSites[f].size() != 1)
+        if (program.callSites[f].size() != 1)
           return 1;
-        v = callSites[f][0].getResult(v.getUses().begin()->getOperandNumber());
+        v = program.callSites[f][0].getResult(v.getUses().begin()->getOperandNumber());
         continue;
       }
       auto aten = dyn_cast<bmt::AtenOp>(user);

@@ -14,17 +14,46 @@
 
 #include "TensorParallelGradients.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/SmallVector.h"
 
+#include <memory>
 #include <optional>
 #include <string>
 
 namespace bmt::tp {
+
+/// What every stage asks of the program: who calls a function, who reads a
+/// parameter, which functions the block lists reach (TensorParallelProgram.cpp).
+struct ProgramIndex {
+  mlir::ModuleOp module;
+  std::shared_ptr<mlir::SymbolTable> symbols;
+  llvm::DenseMap<mlir::Operation *, llvm::SmallVector<mlir::func::CallOp>> callSites; // func -> calls
+  llvm::DenseMap<mlir::Operation *, llvm::SmallVector<bmt::GetGlobalOp>> paramReads;
+  llvm::DenseSet<mlir::Operation *> blockFuncs; // the functions a block list's calls reach
+
+  static ProgramIndex build(mlir::ModuleOp module);
+  /// The parameter `v` reads (a get_global of one), else null.
+  bmt::ParameterOp paramOf(mlir::Value v);
+  /// The parameter a value is, through call arguments (a tied head gets its
+  /// weight as an argument); null otherwise.
+  bmt::ParameterOp traceParam(mlir::Value v);
+  /// Every op that reads the value of `p`, through calls: {op, operand}.
+  void readersOf(bmt::ParameterOp p, llvm::SmallVector<mlir::OpOperand *> &out);
+  /// Whether `f` is a block of a block list (not a function it calls).
+  bool isBlockRoot(mlir::func::FuncOp f);
+};
+
+/// The shape of a parameter (ranked).
+llvm::ArrayRef<int64_t> shapeOf(bmt::ParameterOp p);
+/// Whether `op` reads only its operands' metadata (sizes, dtype).
+bool isMetadata(mlir::Operation *op);
 
 /// How a value is split over the TP group: along `dim` (counted from the
 /// end, -1 the last), whose global size is `global` (-1 unknown), made of
@@ -111,6 +140,15 @@ struct ChainError {
   std::string message;
   mlir::Operation *seed = nullptr; // the first column matmul of the chain
 };
+
+//===--- Sequence parallelism (TensorParallelSequence.cpp) ----------------===//
+
+/// After the chains are rewritten: splits the activations between the chains
+/// along the sequence (dim 1), each tp_all_reduce a reduce-scatter and each
+/// tp_copy an all-gather, and marks the parameters read there reduce_grad.
+/// Returns the remark's text, or failure after one error on the op that
+/// cannot be split along the sequence.
+mlir::FailureOr<std::string> sequenceParallelize(ProgramIndex &program, int64_t tensorParallel);
 
 //===--- The report (TensorParallelReport.cpp) ----------------------------===//
 
