@@ -50,6 +50,16 @@ struct ProgramIndex {
   bool isBlockRoot(mlir::func::FuncOp f);
 };
 
+/// The weight (and bias) of a matmul with a parameter weight:
+/// aten::linear(x, W[out, in], b) or aten::addmm(b, x, W[in, out]).
+/// `outDim` is the weight's output dim.
+struct MatmulShape {
+  bmt::ParameterOp weight, bias;
+  mlir::Value input, weightValue, biasValue;
+  int64_t outDim, in, out;
+};
+std::optional<MatmulShape> matmulShape(ProgramIndex &program, bmt::AtenOp op);
+
 /// The shape of a parameter (ranked).
 llvm::ArrayRef<int64_t> shapeOf(bmt::ParameterOp p);
 /// Whether `op` reads only its operands' metadata (sizes, dtype).
@@ -140,6 +150,22 @@ struct ChainError {
   std::string message;
   mlir::Operation *seed = nullptr; // the first column matmul of the chain
 };
+
+//===--- The rewrite (TensorParallelRewrite.cpp) --------------------------===//
+
+/// Rewrites the chains found (none failed): the `bmt.sharding` annotations,
+/// the split parameters (bmt::setParameterSplit), the local sizes, a
+/// tp_copy before each chain and a tp_all_reduce after each row matmul, the
+/// narrowed kv-head repeats, and the module's @tp grid.
+void rewriteChains(ProgramIndex &program, int64_t tensorParallel, llvm::ArrayRef<Chain> chains);
+
+//===--- Vocab parallelism (TensorParallelVocab.cpp) ----------------------===//
+
+/// After the chains are rewritten: splits the LM head that makes the entry's
+/// logits and the embeddings that read its (tied) weight along the vocab
+/// (each rank its rows, padded when T does not divide the vocab). Returns
+/// the remark's text: what was split, or why the head stays replicated.
+std::string vocabParallel(ProgramIndex &program, int64_t tensorParallel);
 
 //===--- Sequence parallelism (TensorParallelSequence.cpp) ----------------===//
 

@@ -7,6 +7,7 @@
 
 #include "TensorParallelChains.h"
 
+#include "bmt/Dialect/AtenArgs.h"
 #include "bmt/Dialect/AtenRegistry.h"
 
 #include <functional>
@@ -83,6 +84,46 @@ llvm::ArrayRef<int64_t> shapeOf(bmt::ParameterOp p) { return cast<RankedTensorTy
 bool isMetadata(Operation *op) {
   auto aten = dyn_cast<bmt::AtenOp>(op);
   return aten && bmt::lookupAtenOp(aten.getName())->kind == bmt::AtenOpKind::Metadata;
+}
+
+std::optional<MatmulShape> matmulShape(ProgramIndex &program, bmt::AtenOp op) {
+  StringRef name = op.getName();
+  MatmulShape m;
+  if (name == "aten::linear") {
+    auto input = bmt::getAtenArg(op, "input"), weight = bmt::getAtenArg(op, "weight"),
+         bias = bmt::getAtenArg(op, "bias");
+    if (!input || !input->isOperand() || !weight || !weight->isOperand())
+      return std::nullopt;
+    m.input = input->getOperand();
+    m.weightValue = weight->getOperand();
+    m.outDim = 0;
+    if (bias && bias->isOperand())
+      m.biasValue = bias->getOperand();
+  } else if (name == "aten::addmm") {
+    auto self = bmt::getAtenArg(op, "self"), mat1 = bmt::getAtenArg(op, "mat1"),
+         mat2 = bmt::getAtenArg(op, "mat2");
+    auto beta = bmt::getAtenArg(op, "beta"), alpha = bmt::getAtenArg(op, "alpha");
+    if (!self || !self->isOperand() || !mat1 || !mat1->isOperand() || !mat2 ||
+        !mat2->isOperand() || beta->getNumber() != 1.0 || alpha->getNumber() != 1.0)
+      return std::nullopt;
+    m.input = mat1->getOperand();
+    m.weightValue = mat2->getOperand();
+    m.biasValue = self->getOperand();
+    m.outDim = 1;
+  } else {
+    return std::nullopt;
+  }
+  m.weight = program.paramOf(m.weightValue);
+  if (!m.weight || !m.weight.getRequiresGrad() || shapeOf(m.weight).size() != 2)
+    return std::nullopt;
+  if (m.biasValue) {
+    m.bias = program.paramOf(m.biasValue);
+    if (!m.bias || shapeOf(m.bias).size() != 1)
+      return std::nullopt;
+  }
+  m.out = shapeOf(m.weight)[m.outDim];
+  m.in = shapeOf(m.weight)[1 - m.outDim];
+  return m;
 }
 
 } // namespace bmt::tp
