@@ -134,9 +134,18 @@ std::string rankName(int64_t rank, const char *suffix) {
   return text;
 }
 
-std::string completeLine(int64_t step, int version) {
-  return std::string(kFormat) + " " + std::to_string(version) + " step " + std::to_string(step) +
-         "\n";
+/// COMPLETE's line: "bmt-checkpoint <version> step <step> checkpoint.json
+/// <CRC-32 of checkpoint.json's bytes, 8 hex digits>\n" (checkpoints
+/// written before that checksum end after the step: `withCrc` false).
+std::string completeLine(int64_t step, int version, bool withCrc = false, uint32_t crc = 0) {
+  std::string line = std::string(kFormat) + " " + std::to_string(version) + " step " +
+                     std::to_string(step);
+  if (withCrc) {
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", crc);
+    line += std::string(" checkpoint.json ") + hex;
+  }
+  return line + "\n";
 }
 
 std::string systemError() { return std::strerror(errno); }
@@ -191,6 +200,8 @@ struct CompleteFile {
   bool present = false;
   int version = -1;
   int64_t step = -1;
+  bool hasCrc = false; ///< the line carries checkpoint.json's CRC-32
+  uint32_t crc = 0;
   std::string text;
 };
 
@@ -202,13 +213,23 @@ CompleteFile readComplete(const fs::path &folder) {
   c.present = true;
   c.text = readText((folder / "COMPLETE").string());
   std::istringstream in(c.text);
-  std::string format, word;
+  std::string format, word, json, hex;
   int version = -1;
   long long step = -1;
   if (in >> format >> version >> word >> step && format == kFormat && word == "step" &&
-      step >= 0 && c.text == completeLine(step, version)) {
-    c.version = version;
-    c.step = step;
+      step >= 0) {
+    uint32_t crc = 0;
+    bool withCrc = static_cast<bool>(in >> json >> hex) && json == "checkpoint.json" &&
+                   hex.size() == 8 &&
+                   hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (withCrc)
+      crc = static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
+    if (c.text == completeLine(step, version, withCrc, crc)) {
+      c.version = version;
+      c.step = step;
+      c.hasCrc = withCrc;
+      c.crc = crc;
+    }
   }
   return c;
 }
@@ -798,7 +819,8 @@ struct CheckpointSaver::Impl {
         writeSynced((tmp / "hf" / name).string(), content);
       syncDirectory((tmp / "hf").string());
     }
-    writeSynced((tmp / "checkpoint.json").string(), meta.dump(1) + "\n");
+    const std::string metaText = meta.dump(1) + "\n";
+    writeSynced((tmp / "checkpoint.json").string(), metaText);
     for (int64_t r = 0; r < worldSize; ++r)
       fs::remove(tmp / rankName(r, ".done"));
     syncDirectory(tmp.string());
@@ -811,7 +833,9 @@ struct CheckpointSaver::Impl {
       fs::remove_all(final, ec); // an incomplete one
       fs::rename(tmp, final);
       syncDirectory(options.dir);
-      writeSynced((final / "COMPLETE").string(), completeLine(snap.step, version));
+      writeSynced((final / "COMPLETE").string(),
+                  completeLine(snap.step, version, true,
+                               plan::crc32(metaText.data(), metaText.size())));
       syncDirectory(final.string());
     }
     result.path = final.string();
@@ -1549,8 +1573,16 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     if (complete.version < 0)
       throw CheckpointError(folder + ": not a complete checkpoint (its COMPLETE file does not "
                             "read \"bmt-checkpoint <version> step <step>\")");
+    const std::string metaText = readText((dir / "checkpoint.json").string());
+    if (complete.hasCrc && plan::crc32(metaText.data(), metaText.size()) != complete.crc) {
+      char text[80];
+      std::snprintf(text, sizeof text, "CRC-32 %08x, its COMPLETE file says %08x",
+                    plan::crc32(metaText.data(), metaText.size()), complete.crc);
+      throw CheckpointError(folder + "/checkpoint.json: checksum mismatch (" + text +
+                            "): damaged or changed after the save; resume another checkpoint");
+    }
     try {
-      meta = json::parse(readText((dir / "checkpoint.json").string()));
+      meta = json::parse(metaText);
     } catch (const json::exception &e) {
       throw CheckpointError(folder + "/checkpoint.json: not JSON (" + e.what() + ")");
     }

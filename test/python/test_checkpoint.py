@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 
 import pytest
 import torch
@@ -649,7 +650,9 @@ def test_dead_saves_are_removed_and_committed_checkpoints_kept(gpt2_run, saved, 
         "notes.txt", "step-00000001", "step-00000006", "step-00000008", "step-later"]
     assert (ck / "step-00000001" / "COMPLETE").read_text() == "bmt-checkpoint 9 step 1\n"
     for step in (6, 8):
-        assert (ck / f"step-{step:08d}" / "COMPLETE").read_text() == f"bmt-checkpoint 1 step {step}\n"
+        folder = ck / f"step-{step:08d}"
+        assert (folder / "COMPLETE").read_text() == f"bmt-checkpoint 1 step {step} checkpoint.json " \
+            f"{zlib.crc32((folder / 'checkpoint.json').read_bytes()):08x}\n"
     assert (f"bmt-run: note: --log-file {tmp_path}/log.jsonl: dropped its incomplete last "
             "line (32 bytes) before appending") in r.stdout, r.stdout
     assert steps_logged(tmp_path / "log.jsonl") == [5, 6, 7, 8]
@@ -857,7 +860,8 @@ def flip_parameter_byte(folder, rank):
 def without_chunk_checksums(folder):
     """Rewrites the rank files of `folder` as bmt-run wrote them before
     per-chunk checksums (their headers without crc32_chunk_bytes and
-    crc32_chunks; the data as it is) and checkpoint.json's rank_bytes."""
+    crc32_chunks; the data as it is), checkpoint.json's rank_bytes, and
+    COMPLETE without checkpoint.json's checksum (which came later)."""
     meta = json.load(open(folder / "checkpoint.json"))
     for rank in range(meta["world_size"]):
         path = folder / f"rank-{rank:05d}.safetensors"
@@ -869,6 +873,7 @@ def without_chunk_checksums(folder):
         path.write_bytes(len(text).to_bytes(8, "little") + text + bytes(data[8 + n:]))
         meta["rank_bytes"][rank] = path.stat().st_size
     (folder / "checkpoint.json").write_text(json.dumps(meta, indent=1) + "\n")
+    (folder / "COMPLETE").write_text(f"bmt-checkpoint {meta['version']} step {meta['step']}\n")
 
 
 @pytest.fixture(scope="module")
@@ -1018,3 +1023,84 @@ def test_a_flipped_byte_in_a_plan_record_is_an_error(gpt2_run, tmp_path, record)
     e = errors(r)
     assert len(e) == 1 and f"{broken}: corrupt record {record}" in e[0] and "CRC-32" in e[0], \
         r.stderr[-3000:]
+
+
+def archive_plan(sharded):
+    """sharded.pt's plan (a dict) and its zip's top folder."""
+    import io
+    import zipfile
+    with zipfile.ZipFile(sharded) as z:
+        top = z.namelist()[0].split("/")[0]
+        return torch.load(io.BytesIO(z.read(f"{top}/bmt/plan.pkl")), weights_only=False), top
+
+
+def record_start(sharded, record):
+    """Byte offset in the file of the data of zip record `record`."""
+    import zipfile
+    data = sharded.read_bytes()
+    with zipfile.ZipFile(sharded) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("/" + record))
+    local = info.header_offset
+    return local + 30 + int.from_bytes(data[local + 26:local + 28], "little") + \
+        int.from_bytes(data[local + 28:local + 30], "little")
+
+
+def test_a_flipped_weight_byte_is_found_by_the_rank_that_reads_it(gpt2_run, tmp_path):
+    """Per-chunk checksums of sharded.pt's weights (docs/sharded-format.md):
+    a byte flipped in a member that rank 1's and rank 2's ranges of a 3-rank
+    run both cut, inside rank 2's range and past the chunks covering rank
+    1's: one error, from rank 2 only (the others do not read it), naming the
+    file, the record, the byte range and the member; no step trained. Before
+    chunk checksums neither rank checked a member it cut: it trained."""
+    sharded = gpt2_run["sharded"]
+    plan, _ = archive_plan(sharded)
+    # The largest group in one record; the member that rank 2's range starts in.
+    g = max((k for k, x in enumerate(plan["groups"]) if x["record"]),
+            key=lambda k: plan["groups"][k]["size"])
+    group = plan["groups"][g]
+    assert group["dtype"] == "float32" and group["chunk_bytes"] >= 64, group
+    chunk = group["chunk_bytes"]
+    assert len(group["chunk_crc32s"]) == -(-group["size"] * 4 // chunk)
+    shard = -(-group["size"] // 3)
+    begin2 = 2 * shard  # rank 2's first element
+    m = next(i for i, off in enumerate(group["offsets"])
+             if off < begin2 < off + torch.Size(plan["tensors"][group["members"][i]]["shape"]).numel())
+    member = plan["tensors"][group["members"][m]]
+    end = group["offsets"][m] + torch.Size(member["shape"]).numel()
+    # Past the chunk that holds rank 1's last byte (rank 1 reads up to its end).
+    byte = (begin2 * 4 // chunk + 1) * chunk + 5
+    assert byte < end * 4 and byte < group["size"] * 4, (byte, end, group)
+    broken = tmp_path / "sharded.pt"
+    data = bytearray(sharded.read_bytes())
+    data[record_start(sharded, group["record"]) + byte] ^= 0x08
+    broken.write_bytes(bytes(data))
+    r = torchrun(3, broken, *gpt2_run["common"], "--log-file", tmp_path / "log.jsonl",
+                 extra=["--tee", "3"])
+    assert r.returncode != 0 and not steps_logged(tmp_path / "log.jsonl"), r.stderr[-3000:]
+    lines = [x for x in (r.stdout + r.stderr).splitlines() if "error:" in x]
+    found = [x for x in lines if "checksum mismatch" in x]
+    assert len(found) == 1 and found[0].startswith("[default2]:error: "), lines
+    first = byte // chunk * chunk
+    assert (f"{broken}: corrupt record {group['record']} of storage group {group['name']} "
+            f"(chunk {byte // chunk} of {len(group['chunk_crc32s'])}, bytes [{first}, "
+            f"{first + chunk}) of its buffer, holding ") in found[0] and member["name"] in found[0], \
+        found[0]
+
+
+def test_a_changed_checkpoint_json_is_an_error(gpt2_run, saved, tmp_path):
+    """checkpoint.json's CRC-32 is in COMPLETE: one digit of the data
+    position changed (still valid JSON, a value nothing else checks) is one
+    error on resume, naming the file; nothing is trained."""
+    def change(folder):
+        path = folder / "checkpoint.json"
+        text = path.read_text()
+        m = re.search(r'"micro_batches": (\d+)', text)
+        assert m, text
+        path.write_text(text[:m.start(1)] + str(int(m.group(1)) + 1) + text[m.end(1):])
+    folder = damaged(saved, tmp_path, change)
+    r = torchrun(2, gpt2_run["sharded"], *gpt2_run["common"], "--resume", folder,
+                 "--log-file", tmp_path / "log.jsonl")
+    assert r.returncode != 0 and not steps_logged(tmp_path / "log.jsonl"), r.stderr[-3000:]
+    e = errors(r)
+    assert len(e) == 1 and f"{folder}/checkpoint.json: checksum mismatch (CRC-32 " in e[0] \
+        and "its COMPLETE file says" in e[0], r.stderr[-3000:]
