@@ -39,6 +39,7 @@
 #include <cmath>
 #include <cstring>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -633,6 +634,53 @@ int finishRun(const tools::RunOptions &o, runtime::Model &model,
   return 0;
 }
 
+/// The log a resumed run appends to, without the incomplete last line a
+/// killed run or a full disk may have left (the resumed run's first line
+/// would otherwise be glued to it, and the log no longer JSON lines); says
+/// so in one note. Nothing when the file is missing or ends with a newline.
+void dropTornLogLine(const std::string &path) {
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec || size == 0)
+    return;
+  std::ifstream in(path, std::ios::binary);
+  // Backwards from the end, 64 KiB at a time, to the last newline.
+  uint64_t keep = 0;
+  std::string block;
+  for (uint64_t end = size; end > 0 && in;) {
+    const uint64_t begin = end > 65536 ? end - 65536 : 0;
+    block.resize(end - begin);
+    in.seekg(static_cast<std::streamoff>(begin));
+    in.read(block.data(), static_cast<std::streamsize>(block.size()));
+    if (end == size && block.back() == '\n')
+      return;
+    if (const size_t nl = block.rfind('\n'); nl != std::string::npos) {
+      keep = begin + nl + 1;
+      break;
+    }
+    end = begin;
+  }
+  if (!in)
+    return;
+  std::filesystem::resize_file(path, keep, ec);
+  if (!ec)
+    std::cout << "bmt-run: note: --log-file " << path << ": dropped its incomplete last line ("
+              << size - keep << " bytes) before appending\n";
+}
+
+/// A --log-file that could not be written in full (a full disk: the
+/// MetricsWriter warned at the step) is an error at the end of the run,
+/// after the checkpoints and --save-params: exit 1, not `status`, unless
+/// the run already failed or was stopped by a signal.
+int checkLog(const tools::RunOptions &o, std::ofstream *log, int status) {
+  if (log == nullptr || *log)
+    return status;
+  bmt::writeErrorLine("error: --log-file " + o.logFile +
+                      ": a line could not be written (see the warning above); the log is "
+                      "incomplete");
+  return status == 0 ? 1 : status;
+}
+
 int run(const tools::RunOptions &o) {
   tools::checkOutputs(o);
   runtime::RendezvousInfo rendezvous = runtime::rendezvousFromEnvironment();
@@ -799,6 +847,8 @@ int run(const tools::RunOptions &o) {
   }
   std::unique_ptr<std::ofstream> log;
   if (!o.logFile.empty()) {
+    if (!resumeFrom.empty() && rank0)
+      dropTornLogLine(o.logFile);
     // A resumed run adds its steps to the log of the run it continues.
     log = std::make_unique<std::ofstream>(o.logFile, resumeFrom.empty() ? std::ios::trunc
                                                                         : std::ios::app);
@@ -837,12 +887,12 @@ int run(const tools::RunOptions &o) {
   if (o.evalOnly) {
     trainer.reportEvaluation(
         0, trainer.evaluate(*eval, windowLength - 1, o.microBatch, o.train.evalBatches));
-    return 0;
+    return checkLog(o, log.get(), 0);
   }
 
   const runtime::TrainOutcome outcome =
       trainer.train(*batches, eval.get(), windowLength - 1, o.microBatch);
-  return finishRun(o, model, outcome);
+  return checkLog(o, log.get(), finishRun(o, model, outcome));
 }
 
 } // namespace
