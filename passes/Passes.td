@@ -344,11 +344,11 @@ def TensorParallel : Pass<"bmt-tensor-parallel", "::mlir::ModuleOp"> {
     the row-parallel matmul, before its bias (Megatron-LM's f and g).
     View, reshape and split sizes that name a global width or head count
     are rewritten to the local ones, so one program serves every TP rank.
-    The split parameters carry `bmt.tensor_split = {dim, chunks}`; the
+    The split parameters carry `bmt.tensor_split = #bmt.tensor_split<dim = D, chunks = C>`; the
     module gets the TP group as `shard.grid @tp(shape = T)` and
     `bmt.tensor_parallel = T`. Grouped-query (or multi-query) attention
     whose kv heads T does not divide keeps its k/v projections replicated
-    (`bmt.tensor_split = {dim = -1, reduce_grad = true}`: their gradients
+    (`#bmt.tensor_split<dim = -1, chunks = 1, reduce_grad = true>`: their gradients
     are summed over the group) and splits q and o by the query heads, each
     rank narrowing the repeated kv heads to its own (`bmt.tp_rank`). A
     size that T does not divide (query heads, ffn width) fails the compile

@@ -1,10 +1,13 @@
 //===- BmtDialect.cpp - bmt dialect registration and types ----------------===//
 
 #include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Plan/SplitRule.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
 #include "llvm/ADT/TypeSwitch.h"
+
+#include <limits>
 
 using namespace mlir;
 using namespace bmt;
@@ -43,4 +46,53 @@ void BmtDialect::registerAttributes() {
 Operation *BmtDialect::materializeConstant(OpBuilder &builder, Attribute value,
                                            Type type, Location loc) {
   return ConstantOp::create(builder, loc, type, value);
+}
+
+static bmt::TensorSplit splitOf(int64_t dim, int64_t chunks, int64_t paddedSize, bool reduceGrad) {
+  bmt::TensorSplit s;
+  s.dim = dim;
+  s.chunks = chunks;
+  s.paddedSize = paddedSize;
+  s.reduceGrad = reduceGrad;
+  return s;
+}
+
+LogicalResult TensorSplitAttr::verify(function_ref<InFlightDiagnostic()> emitError, int64_t dim,
+                                      int64_t chunks, int64_t paddedSize, bool reduceGrad) {
+  // The shape and T are not known here: the dim's upper bound and the
+  // divisibility are checked on the parameter (verifyOperationAttribute).
+  std::string why = bmt::split::check(splitOf(dim, chunks, paddedSize, reduceGrad),
+                                      std::numeric_limits<int64_t>::max(), -1, 0);
+  if (!why.empty())
+    return emitError() << "#bmt.tensor_split: " << why;
+  return success();
+}
+
+/// `bmt.tensor_split` on a bmt.parameter or bmt.buffer: a #bmt.tensor_split
+/// that fits the tensor's shape and the module's `bmt.tensor_parallel`.
+LogicalResult BmtDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
+  if (attr.getName() != "bmt.tensor_split")
+    return success();
+  auto split = dyn_cast<TensorSplitAttr>(attr.getValue());
+  if (!split)
+    return op->emitOpError("bmt.tensor_split must be a #bmt.tensor_split");
+  RankedTensorType type;
+  if (auto p = dyn_cast<ParameterOp>(op))
+    type = dyn_cast<RankedTensorType>(p.getType());
+  else if (auto b = dyn_cast<BufferOp>(op))
+    type = dyn_cast<RankedTensorType>(b.getType());
+  if (!type)
+    return op->emitOpError("bmt.tensor_split is for a bmt.parameter or bmt.buffer");
+  int64_t tp = 0; // not known
+  if (auto module = op->getParentOfType<ModuleOp>())
+    if (auto t = module->getAttrOfType<IntegerAttr>("bmt.tensor_parallel"))
+      tp = t.getInt();
+  bmt::TensorSplit s = splitOf(split.getDim(), split.getChunks(), split.getPaddedSize(),
+                               split.getReduceGrad());
+  int64_t rank = type.getRank();
+  int64_t size = s.dim >= 0 && s.dim < rank ? type.getDimSize(s.dim) : -1;
+  std::string why = bmt::split::check(s, rank, size, tp);
+  if (!why.empty())
+    return op->emitOpError("bmt.tensor_split: ") << why;
+  return success();
 }

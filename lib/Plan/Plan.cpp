@@ -8,7 +8,7 @@
 //   tensor     dict  {name, aliases, is_parameter, requires_grad, dtype, shape, record,
 //                     offset, crc32, group, init,
 //                     split (version 6, only when not the default)}
-//   split      dict  {dim, chunks, padded_size, reduce_grad}
+//   split      dict  {dim, chunks, padded_size, reduce_grad} (rule: bmt/Plan/SplitRule.h)
 //   group      dict  {name, dtype, members, offsets, size, block_list, block_index, record,
 //                     parts, part_size (version 4 on), tp_rank, crc32s (version 6 on),
 //                     chunk_bytes, chunk_crc32s (any version; absent in older archives)}
@@ -25,6 +25,7 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/irange.h>
 
@@ -216,19 +217,11 @@ int64_t TensorInfo::nbytes() const {
 }
 
 std::vector<int64_t> TensorInfo::localShape(int64_t tensorParallel) const {
-  std::vector<int64_t> local = shape;
-  if (split.dim >= 0 && split.dim < static_cast<int64_t>(shape.size()) && tensorParallel > 0) {
-    int64_t padded = split.paddedSize ? split.paddedSize : shape[split.dim];
-    local[split.dim] = padded / tensorParallel;
-  }
-  return local;
+  return split::localShape(shape, split, tensorParallel);
 }
 
 int64_t TensorInfo::localNumel(int64_t tensorParallel) const {
-  int64_t n = 1;
-  for (int64_t d : localShape(tensorParallel))
-    n *= d;
-  return n;
+  return split::localNumel(shape, split, tensorParallel);
 }
 
 at::Tensor tpSlice(const at::Tensor &global, const TensorSplit &split, int64_t tensorParallel,
@@ -239,24 +232,16 @@ at::Tensor tpSlice(const at::Tensor &global, const TensorSplit &split, int64_t t
     throw PlanError("tpSlice: split dim " + std::to_string(split.dim) + " of a " +
                     std::to_string(global.dim()) + "-d tensor, TP rank " + std::to_string(tpRank) +
                     " of " + std::to_string(tensorParallel));
-  int64_t size = global.size(split.dim);
-  int64_t padded = split.paddedSize ? split.paddedSize : size;
-  if (padded < size || padded % (split.chunks * tensorParallel) != 0)
-    throw PlanError("tpSlice: dim " + std::to_string(split.dim) + " of size " + std::to_string(size) +
-                    " does not fit the split (padded " + std::to_string(padded) + ", " +
-                    std::to_string(split.chunks) + " chunks, " + std::to_string(tensorParallel) +
-                    " ranks)");
-  at::Tensor full = global;
-  if (padded > size) {
-    std::vector<int64_t> shape = global.sizes().vec();
-    shape[split.dim] = padded - size;
-    full = at::cat({global, at::zeros(shape, global.options())}, split.dim);
-  }
-  int64_t chunk = padded / split.chunks, part = chunk / tensorParallel;
-  std::vector<at::Tensor> pieces;
-  for (int64_t c = 0; c < split.chunks; ++c)
-    pieces.push_back(full.narrow(split.dim, c * chunk + tpRank * part, part));
-  return at::cat(pieces, split.dim).contiguous();
+  const int64_t size = global.size(split.dim);
+  std::string why = split::check(split, global.dim(), size, tensorParallel);
+  if (!why.empty())
+    throw PlanError("tpSlice: the split does not fit a tensor of dim " + std::to_string(split.dim) +
+                    " of size " + std::to_string(size) + ": " + why);
+  std::vector<int64_t> shape = split::localShape(global.sizes().vec(), split, tensorParallel);
+  at::Tensor local = at::zeros(shape, global.options()); // the padding stays zero
+  for (const split::Range &r : split::tpRanges(split, size, tensorParallel, tpRank))
+    local.narrow(split.dim, r.local, r.length).copy_(global.narrow(split.dim, r.global, r.length));
+  return local;
 }
 
 at::Tensor tpUnslice(const std::vector<at::Tensor> &slices, const TensorSplit &split,
@@ -264,17 +249,18 @@ at::Tensor tpUnslice(const std::vector<at::Tensor> &slices, const TensorSplit &s
   if (split.dim < 0)
     return slices.at(0).contiguous();
   const int64_t tp = static_cast<int64_t>(slices.size());
-  if (tp == 0 || split.dim >= static_cast<int64_t>(shape.size()) ||
-      slices[0].dim() != static_cast<int64_t>(shape.size()) ||
-      slices[0].size(split.dim) % split.chunks != 0)
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  if (tp == 0 || split.dim >= rank || !split::check(split, rank, shape[split.dim], tp).empty())
     throw PlanError("tpUnslice: " + std::to_string(tp) + " slices do not fit the split");
-  int64_t part = slices[0].size(split.dim) / split.chunks;
-  std::vector<at::Tensor> pieces;
-  for (int64_t c = 0; c < split.chunks; ++c)
-    for (const at::Tensor &s : slices)
-      pieces.push_back(s.narrow(split.dim, c * part, part));
-  at::Tensor padded = at::cat(pieces, split.dim);
-  return padded.narrow(split.dim, 0, shape[split.dim]).contiguous();
+  const std::vector<int64_t> local = split::localShape(shape, split, tp);
+  for (const at::Tensor &s : slices)
+    if (s.sizes().vec() != local)
+      throw PlanError("tpUnslice: " + std::to_string(tp) + " slices do not fit the split");
+  at::Tensor global = at::empty(shape, slices[0].options());
+  for (int64_t t = 0; t < tp; ++t)
+    for (const split::Range &r : split::tpRanges(split, shape[split.dim], tp, t))
+      global.narrow(split.dim, r.global, r.length).copy_(slices[t].narrow(split.dim, r.local, r.length));
+  return global;
 }
 
 Arg Arg::ofRegister(int64_t r) {
@@ -467,34 +453,12 @@ static void checkTensorParallel(const Plan &plan) {
   if (tp < 1)
     throw PlanError("plan: tensor_parallel must be at least 1, not " + std::to_string(tp));
   for (const TensorInfo &t : plan.tensors) {
-    const TensorSplit &s = t.split;
     int64_t rank = static_cast<int64_t>(t.shape.size());
-    if (s.dim < -1 || s.dim >= rank)
-      throw PlanError("plan: tensor " + t.name + ": split dim " + std::to_string(s.dim) +
-                      " is out of range for its " + std::to_string(rank) + "-d shape");
-    if (s.dim < 0) {
-      if (s.chunks != 1 || s.paddedSize != 0)
-        throw PlanError("plan: tensor " + t.name +
-                        ": split chunks and padded_size need a split dim (it is -1)");
-      continue;
-    }
-    if (s.reduceGrad)
-      throw PlanError("plan: tensor " + t.name +
-                      ": split reduce_grad is for replicated tensors (split dim is " +
-                      std::to_string(s.dim) + ")");
-    if (s.chunks < 1)
-      throw PlanError("plan: tensor " + t.name + ": split chunks must be at least 1");
-    if (s.paddedSize != 0 && s.paddedSize < t.shape[s.dim])
-      throw PlanError("plan: tensor " + t.name + ": split padded_size " +
-                      std::to_string(s.paddedSize) + " is smaller than dim " +
-                      std::to_string(s.dim) + " (" + std::to_string(t.shape[s.dim]) + ")");
-    int64_t padded = s.paddedSize ? s.paddedSize : t.shape[s.dim];
-    if (padded % (s.chunks * tp) != 0)
-      throw PlanError("plan: tensor " + t.name + ": split dim " + std::to_string(s.dim) + " of size " +
-                      std::to_string(padded) + " is not a multiple of chunks (" +
-                      std::to_string(s.chunks) + ") times tensor_parallel (" + std::to_string(tp) + ")");
-    if (s.paddedSize != 0 && s.chunks != 1)
-      throw PlanError("plan: tensor " + t.name + ": split padded_size with chunks > 1");
+    int64_t dim = t.split.dim;
+    std::string why =
+        split::check(t.split, rank, dim >= 0 && dim < rank ? t.shape[dim] : -1, tp);
+    if (!why.empty())
+      throw PlanError("plan: tensor " + t.name + ": split " + why);
   }
   // Storage group copies: tp_rank -1 when T == 1; else each name has the
   // copies 0..T-1, alike but for their records.

@@ -157,7 +157,14 @@ def read_checkpoint(folder):
             for m in space["members"]:
                 m["tensor"], m["shape"], m["offset"], m["aliases"]  # noqa: B018
                 if "split" in m:
-                    m["split"]["dim"], m["split"]["chunks"], m["split"]["padded_size"]  # noqa: B018
+                    if "ranges" not in m["split"]:
+                        raise Failure(f"{path}: {m['tensor']} is split without its slice ranges "
+                                      f"(a checkpoint format version {meta['version']} written "
+                                      "before bmt-run recorded them): resume it with bmt-run "
+                                      "and save again to export it")
+                    m["split"]["dim"], m["split"]["local_shape"]  # noqa: B018
+                    for local, start, length in m["split"]["ranges"]:
+                        int(local), int(start), int(length)
             if meta["version"] == TP_VERSION:
                 int(space["tp_rank"])
         int(meta["world_size"])
@@ -403,8 +410,8 @@ class Tensor:
     def __init__(self, name, dtype, shape, space, offset, slices=None):
         self.name, self.dtype, self.shape = name, dtype, shape
         self.space, self.offset = space, offset
-        # Tensor parallelism: the member's split and [(space, offset)] of
-        # its slice in each TP rank's space, or None (one piece).
+        # Tensor parallelism: [(space, offset, split)] of its slice in each
+        # TP rank's space, or None (one piece).
         self.slices = slices
         self.numel = 1
         for d in shape:
@@ -440,31 +447,32 @@ TORCH_DTYPE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "f
                "BOOL": "bool"}
 
 
-def padded_size(t):
-    """The size of a split tensor's split dim after its zero padding."""
-    return t.split["padded_size"] or t.shape[t.split["dim"]]
-
-
-def local_numel(t):
-    """The elements of each TP rank's slice of split tensor t."""
-    tp = len(t.slices)
-    return t.numel // t.shape[t.split["dim"]] * (padded_size(t) // tp)
+def local_numel(split):
+    """The elements of a TP rank's slice, from its split's local_shape."""
+    n = 1
+    for d in split["local_shape"]:
+        n *= d
+    return n
 
 
 def global_tensor(t, data, torch):
     """The bytes of tensor t (row-major, its global shape) from the bytes
-    of its T slices `data` (TP rank order), by the plan's slicing rule
-    (docs/sharded-format.md, plan::tpUnslice): dim `dim`, zero-padded to
-    `padded_size`, is `chunks` equal chunks, each cut into T pieces; TP rank
-    r holds piece r of every chunk, in chunk order. The padding is dropped."""
-    dim, chunks, tp = t.split["dim"], t.split["chunks"], len(t.slices)
-    piece = padded_size(t) // (chunks * tp)
-    local_shape = list(t.shape)
-    local_shape[dim] = padded_size(t) // tp
+    of its T slices `data` (TP rank order). Each slice's split records, as
+    bmt-run wrote it from the runtime's split rule, its local shape and the
+    ranges [local, global, length] of the split dim it holds (the rest is
+    padding, dropped)."""
+    dim = t.split["dim"]
     dtype = getattr(torch, TORCH_DTYPE[t.dtype])
-    slices = [torch.frombuffer(bytearray(d), dtype=dtype).view(local_shape) for d in data]
-    parts = [s.narrow(dim, c * piece, piece) for c in range(chunks) for s in slices]
-    whole = torch.cat(parts, dim).narrow(dim, 0, t.shape[dim]).contiguous()
+    whole = torch.empty(t.shape, dtype=dtype)
+    covered = 0
+    for d, (_, _, split) in zip(data, t.slices):
+        s = torch.frombuffer(bytearray(d), dtype=dtype).view(split["local_shape"])
+        for local, start, length in split["ranges"]:
+            whole.narrow(dim, start, length).copy_(s.narrow(dim, local, length))
+            covered += length
+    if covered != t.shape[dim]:
+        raise Failure(f"{t.name}: its slices' ranges cover {covered} of {t.shape[dim]} "
+                      f"along dim {dim} (a bad checkpoint.json)")
     return whole.view(-1).view(torch.uint8).numpy().tobytes()
 
 
@@ -552,7 +560,8 @@ def convert(args):
     copies = {}
     for k, s in enumerate(spaces):
         for m in s["members"]:
-            copies.setdefault(m["tensor"], {})[s.get("tp_rank", 0)] = (k, m["offset"])
+            copies.setdefault(m["tensor"], {})[s.get("tp_rank", 0)] = (k, m["offset"],
+                                                                     m.get("split"))
 
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -625,8 +634,8 @@ def convert(args):
                 yield from pieces(t.space, t.offset, t.numel, t.dtype)
                 return
             # A TP-split tensor: its T slices read whole, put back together.
-            whole = global_tensor(t, [b"".join(pieces(k, offset, local_numel(t), t.dtype))
-                                      for k, offset in t.slices], torch)
+            whole = global_tensor(t, [b"".join(pieces(k, offset, local_numel(split), t.dtype))
+                                      for k, offset, split in t.slices], torch)
             for at in range(0, len(whole), CHUNK):
                 yield whole[at:at + CHUNK]
 

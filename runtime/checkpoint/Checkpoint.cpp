@@ -512,9 +512,16 @@ struct CheckpointSaver::Impl {
           const plan::TensorInfo &info = p.tensors.at((*members)[m]);
           json member = {{"tensor", info.name}, {"shape", info.shape},
                          {"offset", (*offsets)[m]}, {"aliases", info.aliases}};
-          if (tp > 1 && info.split.isSplit())
+          if (tp > 1 && info.split.isSplit()) {
+            // The slice's place in the global tensor, as bmt/Plan/SplitRule.h
+            // gives it: bmt-to-hf puts tensors back together from these.
+            json ranges = json::array();
+            for (const split::Range &r : split::tpRanges(info.split, info.shape[info.split.dim], tp, t))
+              ranges.push_back({r.local, r.global, r.length});
             member["split"] = {{"dim", info.split.dim}, {"chunks", info.split.chunks},
-                               {"padded_size", info.split.paddedSize}};
+                               {"padded_size", info.split.paddedSize},
+                               {"local_shape", info.localShape(tp)}, {"ranges", ranges}};
+          }
           list.push_back(member);
         }
         json space = {{"name", s.name}, {"dtype", plan::dtypeName(s.dtype)},
@@ -1080,29 +1087,25 @@ std::optional<std::string> latestCheckpoint(const std::string &dir) {
 namespace {
 
 /// How one run holds a trainable tensor: the global shape, its TP split
-/// (TensorSplit's dim, chunks and padded size) over `tp` ranks, and which
-/// TP rank's slice (`tpRank`). The slicing rule is plan::tpSlice's
-/// (docs/sharded-format.md): dim `dim`, padded with zeros to `padded`
-/// elements, is `chunks` equal chunks, each cut `tp` ways; TP rank t holds
-/// piece t of every chunk, in chunk order.
+/// over `tp` ranks, and which TP rank's slice (`tpRank`). The slicing rule
+/// is bmt/Plan/SplitRule.h's (docs/sharded-format.md).
 struct SliceLayout {
   std::vector<int64_t> shape;
-  int64_t dim = -1, chunks = 1, padded = 0, tp = 1, tpRank = 0;
+  TensorSplit split; ///< dim, chunks, paddedSize; replicated when not split
+  int64_t tp = 1, tpRank = 0;
 
-  bool isSplit() const { return dim >= 0; }
+  bool isSplit() const { return split.isSplit(); }
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape)
       n *= d;
     return n;
   }
-  int64_t localNumel() const {
-    return isSplit() ? numel() / shape[dim] * (padded / tp) : numel();
-  }
-  /// Elements after `dim` (a row of the split dim).
+  int64_t localNumel() const { return isSplit() ? split::localNumel(shape, split, tp) : numel(); }
+  /// Elements after the split dim (a row of it).
   int64_t inner() const {
     int64_t n = 1;
-    for (size_t d = static_cast<size_t>(dim) + 1; d < shape.size(); ++d)
+    for (size_t d = static_cast<size_t>(split.dim) + 1; d < shape.size(); ++d)
       n *= shape[d];
     return n;
   }
@@ -1110,8 +1113,10 @@ struct SliceLayout {
   bool sameSlicing(const SliceLayout &o) const {
     if (!isSplit() && !o.isSplit())
       return true;
-    return dim == o.dim && chunks == o.chunks && padded == o.padded && tp == o.tp &&
-           tpRank == o.tpRank;
+    return split.dim == o.split.dim && split.chunks == o.split.chunks &&
+           split::paddedSize(split, shape[split.dim]) ==
+               split::paddedSize(o.split, o.shape[o.split.dim]) &&
+           tp == o.tp && tpRank == o.tpRank;
   }
 
   /// Calls emit(local, global, n) for the elements [a, b) of this slice
@@ -1124,17 +1129,14 @@ struct SliceLayout {
         emit(a, a, b - a);
       return;
     }
-    const int64_t in = inner(), size = shape[dim];
-    const int64_t piece = padded / (chunks * tp); // of dim, per chunk and TP rank
-    const int64_t row = padded / tp * in;          // local elements per outer index
+    const int64_t in = inner(), size = shape[split.dim];
+    const int64_t row = split::paddedSize(split, size) / tp * in; // local elements per outer index
     for (int64_t at = a; at < b;) {
-      const int64_t o = at / row, j = at % row / in, c = j / piece;
-      const int64_t end = std::min(b, o * row + (c + 1) * piece * in); // the piece's end
-      const int64_t g = c * (padded / chunks) + tpRank * piece + j % piece; // global index of dim
-      // The real rows of the piece end at global index `size` of dim.
-      const int64_t realEnd = g >= size ? at : std::min(end, o * row + (j + size - g) * in);
-      if (realEnd > at)
-        emit(at, (o * size + g) * in + at % in, realEnd - at);
+      const int64_t o = at / row, j = at % row / in;
+      const split::Range r = split::localToGlobal(split, size, tp, tpRank, j);
+      const int64_t end = std::min(b, o * row + (j + r.length) * in);
+      if (r.global < size)
+        emit(at, (o * size + r.global) * in + at % in, end - at);
       at = end;
     }
   }
@@ -1149,14 +1151,13 @@ struct SliceLayout {
         emit(tpRank, g, g, n);
       return;
     }
-    const int64_t in = inner(), size = shape[dim];
-    const int64_t chunk = padded / chunks, piece = chunk / tp, localSize = padded / tp;
+    const int64_t in = inner(), size = shape[split.dim];
+    const int64_t localSize = split::paddedSize(split, size) / tp;
     for (int64_t at = g, end = g + n; at < end;) {
       const int64_t o = at / (size * in), j = at / in % size;
-      const int64_t c = j / chunk, w = j % chunk, t = w / piece;
-      const int64_t jEnd = std::min(size, c * chunk + (t + 1) * piece);
-      const int64_t upTo = std::min(end, (o * size + jEnd) * in);
-      emit(t, (o * localSize + c * piece + w % piece) * in + at % in, at, upTo - at);
+      const split::Location l = split::globalToLocal(split, size, tp, j);
+      const int64_t upTo = std::min(end, (o * size + j + l.range.length) * in);
+      emit(l.tpRank, (o * localSize + l.range.local) * in + at % in, at, upTo - at);
       at = upTo;
     }
   }
@@ -1215,22 +1216,17 @@ public:
             member.layout.shape = shape;
             member.layout.tp = tp_;
             if (m.contains("split")) {
-              const json &split = m.at("split");
-              member.layout.dim = split.at("dim").get<int64_t>();
-              member.layout.chunks = split.at("chunks").get<int64_t>();
-              member.layout.padded = split.at("padded_size").get<int64_t>();
-              const int64_t dim = member.layout.dim, chunks = member.layout.chunks;
-              if (dim < 0 || dim >= static_cast<int64_t>(shape.size()) || chunks < 1)
-                throw CheckpointError(folder_ + "/checkpoint.json: bad split of " + name);
-              if (member.layout.padded == 0)
-                member.layout.padded = shape[dim];
-              if (member.layout.padded < shape[dim] ||
-                  member.layout.padded % (chunks * tp_) != 0)
-                throw CheckpointError(folder_ + "/checkpoint.json: bad split of " + name +
-                                      " (padded size " + std::to_string(member.layout.padded) +
-                                      " of " + std::to_string(shape[dim]) + " in " +
-                                      std::to_string(chunks) + " chunks over " +
-                                      std::to_string(tp_) + " TP ranks)");
+              const json &js = m.at("split");
+              TensorSplit &rule = member.layout.split;
+              rule.dim = js.at("dim").get<int64_t>();
+              rule.chunks = js.at("chunks").get<int64_t>();
+              rule.paddedSize = js.at("padded_size").get<int64_t>();
+              const int64_t rank = static_cast<int64_t>(shape.size());
+              std::string why = rule.dim < 0 ? "dim " + std::to_string(rule.dim) + " is not a split dim"
+                                : split::check(rule, rank, rule.dim < rank ? shape[rule.dim] : -1, tp_);
+              if (!why.empty())
+                throw CheckpointError(folder_ + "/checkpoint.json: bad split of " + name + " (" +
+                                      why + ")");
             }
             member.copies.assign(static_cast<size_t>(tp_), {SIZE_MAX, 0});
           } else if (shape != member.shape || space.dtype != member.dtype) {
@@ -1641,9 +1637,9 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     l.tp = tp;
     l.tpRank = tpRank;
     if (tp > 1 && t.split.isSplit()) {
-      l.dim = t.split.dim;
-      l.chunks = t.split.chunks;
-      l.padded = t.split.paddedSize > 0 ? t.split.paddedSize : t.shape[t.split.dim];
+      l.split.dim = t.split.dim;
+      l.split.chunks = t.split.chunks;
+      l.split.paddedSize = t.split.paddedSize;
     }
     return l;
   };

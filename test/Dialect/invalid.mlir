@@ -108,3 +108,38 @@ bmt.storage_group @g : f32 {alignment = 64 : i64, offsets = array<i64: 0>, param
 bmt.parameter @w : tensor<4xbf16>
 // expected-error @+1 {{member @w has element type 'bf16'}}
 bmt.storage_group @g : f32 {alignment = 64 : i64, offsets = array<i64: 0>, params = [@w], size = 16 : i64}
+
+// -----
+
+// #bmt.tensor_split: the attribute's own checks.
+// expected-error @+1 {{#bmt.tensor_split: chunks must be at least 1 (it is 0)}}
+bmt.parameter @w : tensor<8x4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 0>}
+
+// -----
+
+// expected-error @+1 {{#bmt.tensor_split: reduce_grad is for replicated tensors (split dim is 0)}}
+bmt.parameter @w : tensor<8x4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1, reduce_grad = true>}
+
+// -----
+
+// On a parameter: the dim against its shape, the padding against its size.
+// expected-error @+1 {{bmt.tensor_split: dim 2 is out of range for a 2-d tensor}}
+bmt.parameter @w : tensor<8x4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 2, chunks = 1>}
+
+// -----
+
+// expected-error @+1 {{bmt.tensor_split: padded_size 6 is smaller than dim 0 (8)}}
+bmt.parameter @w : tensor<8x4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1, padded_size = 6>}
+
+// -----
+
+// With T known (bmt.tensor_parallel), the padded size divides by chunks * T.
+module attributes {bmt.tensor_parallel = 4 : i64} {
+  // expected-error @+1 {{bmt.tensor_split: dim 1 of size 6 is not a multiple of chunks (3) times tensor_parallel (4)}}
+  bmt.parameter @qkv : tensor<2x6xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 1, chunks = 3>}
+}
+
+// -----
+
+// expected-error @+1 {{bmt.tensor_split must be a #bmt.tensor_split}}
+bmt.parameter @w : tensor<8x4xf32> {bmt.tensor_split = {dim = 0 : i64, chunks = 1 : i64}}

@@ -53,3 +53,12 @@ func.func @forward(%ids: !bmt.tensor {bmt.name = "input_ids"}, %n: i64) -> (!bmt
   %three = bmt.constant 3 : i64
   return %r, %three, %none : !bmt.tensor, i64, !bmt.none
 }
+
+// #bmt.tensor_split prints its defaults (padded_size 0, reduce_grad false)
+// away and parses back.
+// CHECK: bmt.parameter @split.qkv : tensor<4x12xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 1, chunks = 3>}
+// CHECK: bmt.parameter @split.vocab : tensor<10x4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1, padded_size = 12>}
+// CHECK: bmt.parameter @split.norm : tensor<4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = -1, chunks = 1, reduce_grad = true>}
+bmt.parameter @split.qkv : tensor<4x12xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 1, chunks = 3>}
+bmt.parameter @split.vocab : tensor<10x4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1, padded_size = 12>}
+bmt.parameter @split.norm : tensor<4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = -1, chunks = 1, reduce_grad = true>}

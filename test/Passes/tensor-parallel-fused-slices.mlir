@@ -7,7 +7,7 @@
 // the rank's part of its chunk: [0, 16) -> [0, 8), [16, 32) -> [8, 16),
 // [32, end) -> [16, end).
 // CHECK: remark: bmt-tensor-parallel: 2 ranks, 2 blocks, 2 chains: qkv column-parallel by heads (2 -> 1 per rank, fused q/k/v), o row-parallel
-// CHECK: bmt.parameter @h.0.qkv : tensor<48x16xf32> {bmt.tensor_split = {chunks = 3 : i64, dim = 0 : i64}, requires_grad}
+// CHECK: bmt.parameter @h.0.qkv : tensor<48x16xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 3>, requires_grad}
 // CHECK-LABEL: func.func private @h.0.forward
 // CHECK: "aten::slice.Tensor"(%{{.*}}, 2, 0, 8, 1)
 // CHECK: "aten::slice.Tensor"(%{{.*}}, 2, 8, 16, 1)

@@ -8,7 +8,7 @@
 // weight ln, read on the whole input before the chain, gets the same
 // gradient on every rank and stays as it is.
 // CHECK: remark: bmt-tensor-parallel: gradient completion: 2 whole parameters read beside split values, each rank's gradient a partial sum, reduce_grad (q_norm.weight); 2 whole parameters identical on every rank
-// CHECK: bmt.parameter @h.0.q_norm.weight : tensor<8xf32> {bmt.tensor_split = {chunks = 1 : i64, dim = -1 : i64, reduce_grad = true}, requires_grad}
+// CHECK: bmt.parameter @h.0.q_norm.weight : tensor<8xf32> {bmt.tensor_split = #bmt.tensor_split<dim = -1, chunks = 1, reduce_grad = true>, requires_grad}
 // CHECK-NEXT: bmt.parameter @h.0.ln : tensor<8xf32> {requires_grad}
 bmt.parameter @h.0.wq : tensor<16x8xf32> {requires_grad}
 bmt.parameter @h.0.wo : tensor<8x16xf32> {requires_grad}

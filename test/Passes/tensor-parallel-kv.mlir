@@ -8,11 +8,11 @@
 // rank narrows them to its query heads [2t, 2t + 2) (rank 1's straddle the
 // two kv heads), the offset 2t computed from bmt.tp_rank.
 // REMARK: bmt-tensor-parallel: 3 ranks, 2 blocks, 2 chains: q column-parallel by heads (6 -> 2 per rank), k, v k/v replicated on 3 ranks (2 kv heads < T = 3), reduce_grad, o row-parallel;
-// CHECK:      bmt.parameter @h.0.q : tensor<24x24xf32> {bmt.tensor_split = {chunks = 1 : i64, dim = 0 : i64}, requires_grad}
-// CHECK-NEXT: bmt.parameter @h.0.k : tensor<8x24xf32> {bmt.tensor_split = {chunks = 1 : i64, dim = -1 : i64, reduce_grad = true}, requires_grad}
-// CHECK-NEXT: bmt.parameter @h.0.kb : tensor<8xf32> {bmt.tensor_split = {chunks = 1 : i64, dim = -1 : i64, reduce_grad = true}, requires_grad}
-// CHECK-NEXT: bmt.parameter @h.0.v : tensor<8x24xf32> {bmt.tensor_split = {chunks = 1 : i64, dim = -1 : i64, reduce_grad = true}, requires_grad}
-// CHECK-NEXT: bmt.parameter @h.0.o : tensor<24x24xf32> {bmt.tensor_split = {chunks = 1 : i64, dim = 1 : i64}, requires_grad}
+// CHECK:      bmt.parameter @h.0.q : tensor<24x24xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1>, requires_grad}
+// CHECK-NEXT: bmt.parameter @h.0.k : tensor<8x24xf32> {bmt.tensor_split = #bmt.tensor_split<dim = -1, chunks = 1, reduce_grad = true>, requires_grad}
+// CHECK-NEXT: bmt.parameter @h.0.kb : tensor<8xf32> {bmt.tensor_split = #bmt.tensor_split<dim = -1, chunks = 1, reduce_grad = true>, requires_grad}
+// CHECK-NEXT: bmt.parameter @h.0.v : tensor<8x24xf32> {bmt.tensor_split = #bmt.tensor_split<dim = -1, chunks = 1, reduce_grad = true>, requires_grad}
+// CHECK-NEXT: bmt.parameter @h.0.o : tensor<24x24xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 1, chunks = 1>, requires_grad}
 // CHECK-LABEL: func.func private @h.0.forward(
 // CHECK-NEXT:  %[[X:.*]] = bmt.tp_copy %arg0 over @tp
 // CHECK:       bmt.aten "aten::linear"(%[[X]], %{{.*}}, #bmt.none)

@@ -10,10 +10,10 @@
 // so their weights get reduce_grad; the LM head's input is gathered.
 // REMARK: bmt-tensor-parallel: 2 ranks, 2 blocks, 2 chains: w1 column-parallel (16 -> 8 per rank), w2 row-parallel; vocab-parallel embedding and LM head (10 -> 5 per rank); sequence-parallel (dim 1): 3 all-gathers, 3 reduce-scatters, 4 parameters reduce_grad;
 // CHECK-LABEL: module attributes {bmt.sequence_parallel, bmt.tensor_parallel = 2 : i64
-// CHECK:       bmt.parameter @h.0.ln.w : tensor<8xf32> {bmt.tensor_split = {chunks = 1 : i64, dim = -1 : i64, reduce_grad = true}, requires_grad}
-// CHECK-NEXT:  bmt.parameter @h.0.ln.b : tensor<8xf32> {bmt.tensor_split = {chunks = 1 : i64, dim = -1 : i64, reduce_grad = true}, requires_grad}
-// CHECK-NEXT:  bmt.parameter @h.0.w1 : tensor<16x8xf32> {bmt.tensor_split = {chunks = 1 : i64, dim = 0 : i64}, requires_grad}
-// CHECK-NEXT:  bmt.parameter @h.0.w2 : tensor<8x16xf32> {bmt.tensor_split = {chunks = 1 : i64, dim = 1 : i64}, requires_grad}
+// CHECK:       bmt.parameter @h.0.ln.w : tensor<8xf32> {bmt.tensor_split = #bmt.tensor_split<dim = -1, chunks = 1, reduce_grad = true>, requires_grad}
+// CHECK-NEXT:  bmt.parameter @h.0.ln.b : tensor<8xf32> {bmt.tensor_split = #bmt.tensor_split<dim = -1, chunks = 1, reduce_grad = true>, requires_grad}
+// CHECK-NEXT:  bmt.parameter @h.0.w1 : tensor<16x8xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1>, requires_grad}
+// CHECK-NEXT:  bmt.parameter @h.0.w2 : tensor<8x16xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 1, chunks = 1>, requires_grad}
 // CHECK-LABEL: func.func @forward(
 // CHECK:       aten::embedding
 // CHECK:       %[[E:.*]] = bmt.tp_reduce_scatter %{{.*}} over @tp dim 1

@@ -11,9 +11,9 @@
 // REMARK: bmt-tensor-parallel: 4 ranks, 2 blocks, 2 chains: w1 column-parallel (16 -> 4 per rank), w2 row-parallel; vocab-parallel embedding and LM head (10 -> 3 per rank, padded to 12); 4 ops split; 0 chains replicated
 // CHECK-LABEL: module attributes {bmt.tensor_parallel = 4 : i64, bmt.tensor_parallel_plan = {{.*}}, bmt.vocab_size = 10 : i64}
 // CHECK-NEXT:  shard.grid @tp(shape = 4)
-// CHECK-NEXT:  bmt.parameter @emb.w : tensor<10x8xf32> {aliases = ["head.w"], bmt.tensor_split = {chunks = 1 : i64, dim = 0 : i64, padded_size = 12 : i64}, requires_grad}
-// CHECK-NEXT:  bmt.parameter @h.0.w1 : tensor<16x8xf32> {bmt.tensor_split = {chunks = 1 : i64, dim = 0 : i64}, requires_grad}
-// CHECK-NEXT:  bmt.parameter @h.0.w2 : tensor<8x16xf32> {bmt.tensor_split = {chunks = 1 : i64, dim = 1 : i64}, requires_grad}
+// CHECK-NEXT:  bmt.parameter @emb.w : tensor<10x8xf32> {aliases = ["head.w"], bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1, padded_size = 12>, requires_grad}
+// CHECK-NEXT:  bmt.parameter @h.0.w1 : tensor<16x8xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1>, requires_grad}
+// CHECK-NEXT:  bmt.parameter @h.0.w2 : tensor<8x16xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 1, chunks = 1>, requires_grad}
 // CHECK-LABEL: func.func @forward(
 // CHECK:       %[[E:.*]] = bmt.get_global @emb.w
 // CHECK-NEXT:  %[[T:.*]] = bmt.tp_rank over @tp

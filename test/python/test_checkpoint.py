@@ -839,10 +839,7 @@ def flip_parameter_byte(folder, rank):
         begin = rank // tp * space["shard_size"]
         end = begin + space["shard_size"]
         for m in space["members"]:
-            shape = list(m["shape"])
-            if "split" in m:
-                split = m["split"]
-                shape[split["dim"]] = (split["padded_size"] or shape[split["dim"]]) // tp
+            shape = list(m["split"]["local_shape"] if "split" in m else m["shape"])
             numel = 1
             for d in shape:
                 numel *= d

@@ -263,6 +263,16 @@ def test_resume_on_another_layout(work, case):
         wte = [m for s in saved["spaces"] for m in s["members"]
                if m["tensor"] == "transformer.wte.weight"]
         assert wte[0]["shape"] == [127, 32] and wte[0]["split"]["padded_size"] == 128, wte
+        # Each slice's place in the global tensor (what bmt-to-hf reads):
+        # TP rank 1 holds rows 64..126 and one row of padding; of the fused
+        # c_attn, the second half of each of q, k and v.
+        split = {(s["tp_rank"], m["tensor"]): m["split"] for s in saved["spaces"]
+                 for m in s["members"] if "split" in m}
+        assert split[1, "transformer.wte.weight"]["local_shape"] == [64, 32]
+        assert split[1, "transformer.wte.weight"]["ranges"] == [[0, 64, 63]]
+        assert split[0, "transformer.wte.weight"]["ranges"] == [[0, 0, 64]]
+        assert split[1, "transformer.h.0.attn.c_attn.weight"]["ranges"] == [
+            [0, 16, 16], [16, 48, 16], [32, 80, 16]]
     r, resumed, got, meta = resume(work, name, new_tp, new_ranks, folder,
                                    work["tmp"] / f"layout-{case}")
     assert "resharded to this run's layout" in r.stdout, r.stdout
@@ -285,6 +295,36 @@ def test_resume_on_another_layout(work, case):
         assert got_bytes <= holds, (per_rank, meta["rank_bytes"])
     print(f"{case}: parameters against eager max {stats[0]:.1e} mean {stats[1]:.1e}; bytes read "
           f"per rank {per_rank} of {sum(saved['rank_bytes'])} saved")
+
+
+def test_checkpoint_without_slice_ranges(work, tmp_path):
+    """A version 2 checkpoint saved before the members' split recorded
+    local_shape and ranges: bmt-run still resumes it (onto T = 1, the
+    padded vocab dropped) to the uninterrupted run's parameters; bmt-to-hf,
+    which reassembles tensors from the ranges alone, refuses it in one line."""
+    records, params, ck = work["straight"]("gpt2-127", 2, 2)
+    old = tmp_path / f"step-{HALF:08d}"
+    shutil.copytree(ck / f"step-{HALF:08d}", old)
+    meta = json.load(open(old / "checkpoint.json"))
+    for space in meta["spaces"]:
+        for m in space["members"]:
+            if "split" in m:
+                del m["split"]["local_shape"], m["split"]["ranges"]
+    (old / "checkpoint.json").write_text(json.dumps(meta))
+    # Such a checkpoint's COMPLETE carries no checksum of checkpoint.json.
+    (old / "COMPLETE").write_text(" ".join((old / "COMPLETE").read_text().split()[:4]) + "\n")
+    r = subprocess.run([sys.executable, "-m", "bmt.to_hf", str(old), "-o", str(tmp_path / "hf")],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and not (tmp_path / "hf").exists()
+    e = errors(r)
+    assert len(e) == 1 and re.fullmatch(
+        re.escape(f"error: {old}/checkpoint.json: ") + r"transformer\.\S+\.weight" + re.escape(
+            " is split without its slice ranges (a checkpoint format version 2 written before "
+            "bmt-run recorded them): resume it with bmt-run and save again to export it"),
+        e[0]), r.stderr
+    _, resumed, got, _ = resume(work, "gpt2-127", 1, 1, old, tmp_path / "resumed")
+    lrs = {x["step"]: x["lr"] for x in records}
+    assert_trained_close(got, params, sum(lrs.values()))
 
 
 def test_adafactor_checkpoint_resumes_on_the_same_split(work):

@@ -30,4 +30,34 @@ def Bmt_DeviceAttr : Bmt_Attr<"Device", "device"> {
   let assemblyFormat = "`<` $name `>`";
 }
 
+def Bmt_TensorSplitAttr : Bmt_Attr<"TensorSplit", "tensor_split"> {
+  let summary = "a parameter's split over the tensor-parallel group";
+  let description = [{
+    `--bmt-tensor-parallel` puts it on each parameter it splits, as the
+    discardable attribute `bmt.tensor_split`; the parameter's type stays the
+    global shape. Along `dim`, the tensor padded with zeros to `padded_size`
+    (default: its size) forms `chunks` equal chunks, each split T ways
+    (`bmt.tensor_parallel` of the module); TP rank t holds piece t of every
+    chunk (bmt/Plan/SplitRule.h). `dim = -1` is a replicated parameter;
+    with `reduce_grad = true` its gradient is summed over the TP group.
+
+    ```mlir
+    #bmt.tensor_split<dim = 1, chunks = 3>
+    #bmt.tensor_split<dim = 0, chunks = 1, padded_size = 50304>
+    #bmt.tensor_split<dim = -1, chunks = 1, reduce_grad = true>
+    ```
+
+    The attribute checks chunks >= 1, padded_size >= 0, and that chunks
+    and padded_size need a split dim; on a parameter the dialect checks the
+    dim against its shape, padded_size >= the dim's size and, where the
+    module has `bmt.tensor_parallel = T`, that the padded size divides by
+    chunks * T.
+  }];
+  let parameters = (ins "int64_t":$dim, "int64_t":$chunks,
+                        DefaultValuedParameter<"int64_t", "0">:$padded_size,
+                        DefaultValuedParameter<"bool", "false">:$reduce_grad);
+  let assemblyFormat = "`<` struct(params) `>`";
+  let genVerifyDecl = 1;
+}
+
 #endif // BMT_ATTRS_TD

@@ -18,6 +18,8 @@
 #ifndef BMT_PLAN_PLAN_H
 #define BMT_PLAN_PLAN_H
 
+#include "bmt/Plan/SplitRule.h"
+
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
@@ -50,24 +52,10 @@ public:
 };
 
 /// Version 6: how a tensor is split over the tensor-parallel (TP) group of
-/// T ranks. The tensor's `shape` stays the global, unpadded one. Along
-/// `dim`, P = paddedSize ? paddedSize : shape[dim] elements (the tensor
-/// padded with zeros at the end of `dim`) form `chunks` equal chunks, each
-/// split T ways: TP rank t holds, for c in 0..chunks-1, elements
-/// [c*P/chunks + t*P/(chunks*T), c*P/chunks + (t+1)*P/(chunks*T)),
-/// concatenated in c order (local size P / T; P % (chunks * T) == 0).
-/// See localShape() and docs/sharded-format.md.
-struct TensorSplit {
-  int64_t dim = -1;        ///< -1: replicated over the TP group; else the split dim of `shape`
-  int64_t chunks = 1;      ///< equal chunks of `dim`, each split T ways (a fused QKV: 3)
-  int64_t paddedSize = 0;  ///< 0, or the size of `dim` after zero padding (>= shape[dim]; chunks 1)
-  /// A replicated tensor whose gradient differs per TP rank: the gradient is
-  /// summed over the TP group before the optimizer.
-  bool reduceGrad = false;
-
-  bool isSplit() const { return dim >= 0; }
-  bool isDefault() const { return dim < 0 && chunks == 1 && paddedSize == 0 && !reduceGrad; }
-};
+/// T ranks (bmt/Plan/SplitRule.h states the rule). The tensor's `shape`
+/// stays the global, unpadded one. See localShape() and
+/// docs/sharded-format.md.
+using TensorSplit = bmt::TensorSplit;
 
 /// A parameter or buffer of the model.
 struct TensorInfo {
