@@ -1,6 +1,7 @@
 //===- Trainer.cpp - the training and evaluation loops --------------------===//
 
 #include "bmt/Runtime/train/Trainer.h"
+#include "bmt/Runtime/Env.h"
 #include "bmt/Runtime/train/Inspect.h"
 #include "bmt/Runtime/optim/LossScaler.h"
 #include "bmt/Runtime/optim/Optimizer.h"
@@ -188,11 +189,6 @@ std::string formatNumber(double v) {
   std::ostringstream s;
   s << v;
   return s.str();
-}
-
-int64_t envInt(const char *name, int64_t fallback) {
-  const char *v = std::getenv(name);
-  return v && *v ? std::atoll(v) : fallback;
 }
 
 } // namespace
@@ -418,13 +414,12 @@ namespace {
 
 Trainer::DebugHooks debugHooksFromEnvironment(at::Device device) {
   Trainer::DebugHooks hooks;
-  hooks.injectInfStep = envInt("BMT_DEBUG_INJECT_INF_STEP", 0);
-  hooks.injectInfLast = hooks.injectInfStep;
-  if (const char *v = std::getenv("BMT_DEBUG_INJECT_INF_STEP"); v && std::strchr(v, '-'))
-    hooks.injectInfLast = std::atoll(std::strchr(v, '-') + 1);
-  hooks.injectInfRank = envInt("BMT_DEBUG_INJECT_INF_RANK", 0);
-  hooks.exitAfterStep = envInt("BMT_DEBUG_EXIT_AFTER_STEP", 0);
-  hooks.syncDebug = envInt("BMT_DEBUG_SYNC", 0) != 0 && device.is_cuda();
+  const env::InjectInf inf = env::debugInjectInf();
+  hooks.injectInfStep = inf.first;
+  hooks.injectInfLast = inf.last;
+  hooks.injectInfRank = inf.rank;
+  hooks.exitAfterStep = env::debugExitAfterStep();
+  hooks.syncDebug = env::debugSync() && device.is_cuda();
   return hooks;
 }
 

@@ -25,6 +25,7 @@
 #include "bmt/Runtime/io/Safetensors.h"
 #include "bmt/Runtime/train/StopSignal.h"
 #include "bmt/Runtime/train/Trainer.h"
+#include "bmt/Runtime/Env.h"
 
 #include <ATen/Context.h>
 #include <ATen/ops/empty.h>
@@ -908,6 +909,7 @@ int main(int argc, char **argv) {
       std::cout << tools::runUsage();
       return 0;
     }
+    runtime::env::checkEnvironment(); // a bad BMT_* value: one error before anything loads
     return run(options);
   } catch (const tools::UsageError &e) {
     // The same argv, and so the same error, on every rank.
