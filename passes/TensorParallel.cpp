@@ -30,6 +30,7 @@
 #include "bmt/Dialect/TensorSplit.h"
 #include "bmt/Passes.h"
 
+#include "TensorParallelChains.h"
 #include "TensorParallelGradients.h"
 #include "TensorParallelUpstream.h"
 
@@ -62,91 +63,7 @@ using namespace mlir;
 
 namespace {
 
-/// How a value is split over the TP group: along `dim` (counted from the
-/// end, -1 the last), whose global size is `global` (-1 unknown), made of
-/// `chunks` equal parts each split T ways (fused q/k/v: 3). `sizes` holds
-/// the global sizes of every dim when the rank is known (-1 per unknown
-/// size), and is empty when it is not.
-struct Split {
-  int64_t dim = -1;
-  int64_t global = -1;
-  int64_t chunks = 1;
-  llvm::SmallVector<int64_t> sizes;
-  /// True when the dim holds attention heads (found by a view that splits
-  /// the hidden dim into heads x head dim).
-  bool heads = false;
-
-  bool rankKnown() const { return !sizes.empty(); }
-  int64_t rank() const { return static_cast<int64_t>(sizes.size()); }
-  /// The split dim as a position (needs the rank).
-  int64_t pos() const { return rank() + dim; }
-  void setSizes(llvm::SmallVector<int64_t> s) {
-    sizes = std::move(s);
-    if (rankKnown() && pos() >= 0 && pos() < rank())
-      sizes[pos()] = global;
-  }
-};
-
-/// A constant argument (or list element) of a bmt.aten op to rewrite to its
-/// local size.
-struct IntEdit {
-  bmt::AtenOp op;
-  unsigned arg;
-  int elem; // -1: the argument itself
-  int64_t value;
-};
-
-struct MatmulSite {
-  bmt::AtenOp op;
-  bmt::ParameterOp weight;
-  bmt::ParameterOp bias; // may be null
-  int64_t weightDim;     // the weight dim that is split
-};
-
-/// A repeat of replicated kv heads to the H query heads (GQA's repeat_kv:
-/// expand + reshape) whose result each TP rank narrows to its own H / T
-/// heads, [t * H / T, (t + 1) * H / T).
-struct HeadNarrow {
-  bmt::AtenOp repeat; // the reshape that makes the H heads
-  int64_t pos;        // the heads dim in its result
-  int64_t heads;      // H
-};
-
-/// One column-parallel -> row-parallel chain, found but not yet rewritten.
-struct Chain {
-  llvm::SmallVector<MatmulSite> columns;
-  /// K/V projections replicated on every TP rank (T exceeds, or does not
-  /// divide, the kv heads): their weights and biases get reduce_grad.
-  llvm::SmallVector<MatmulSite> replicated;
-  llvm::SmallVector<HeadNarrow> narrows;
-  int64_t replicatedKvHeads = 0; // the kv heads of the replicated projections
-  llvm::SmallVector<MatmulSite> rows;
-  llvm::SmallVector<IntEdit> edits;
-  llvm::MapVector<Operation *, std::pair<int64_t, int64_t>> paramSplits; // {dim, chunks}
-  llvm::SmallVector<OpOperand *> copyUses; // uses of the replicated input to route through tp_copy
-  Value input;
-  int64_t headsGlobal = 0; // attention heads of the widest head split, 0 when none
-  int64_t kvHeads = 0;     // the narrowest (GQA/MQA kv heads), 0 when none
-  int64_t columnWidth = 0; // global width of the first column matmul
-  int64_t widestColumn = 0; // of the widest (narrower ones: GQA's k, v)
-  bool fused = false;      // a column weight holds several chunks (fused q/k/v)
-  int64_t ops = 0;
-  /// Every value the chain splits, and how: the `bmt.sharding` annotations.
-  llvm::SmallVector<std::pair<Value, Split>> values;
-  /// The split dim (from the end) that upstream's sharding-propagation
-  /// decided for each result of the chain's ops that have a sharding rule
-  /// (none: replicated); see TensorParallelPass::shadow.
-  llvm::DenseMap<Value, std::optional<int64_t>> upstream;
-};
-
-/// Thrown (as a value) when a chain cannot be split: `fatal` for sizes that
-/// T does not divide (the compile fails), else the chain stays replicated.
-struct Failure {
-  bool fatal = false;
-  Operation *op = nullptr;
-  std::string message;
-  Operation *seed = nullptr; // the first column matmul of the chain
-};
+using namespace bmt::tp;
 
 struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   using TensorParallelBase::TensorParallelBase;
@@ -161,85 +78,17 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   }
 
   ModuleOp module;
-  std::shared_ptr<SymbolTable> symbols;
-  llvm::DenseMap<Operation *, llvm::SmallVector<func::CallOp>> callSites; // func -> calls
-  llvm::DenseMap<Operation *, llvm::SmallVector<bmt::GetGlobalOp>> paramReads;
-  llvm::DenseSet<Operation *> blockFuncs;
-
-  bmt::ParameterOp paramOf(Value v) {
-    auto g = v.getDefiningOp<bmt::GetGlobalOp>();
-    return g ? symbols->lookup<bmt::ParameterOp>(g.getGlobal()) : nullptr;
-  }
-  static llvm::ArrayRef<int64_t> shapeOf(bmt::ParameterOp p) {
-    return cast<RankedTensorType>(p.getType()).getShape();
-  }
+  /// The calls, parameter reads and block functions of the module.
+  ProgramIndex program;
   /// Whether `p` is read only by `v`'s get_global, and `v` used once.
   bool usedOnlyHere(bmt::ParameterOp p, Value v) {
-    return p && paramReads[p].size() == 1 && v.hasOneUse() && !p.getAliases();
+    return p && program.paramReads[p].size() == 1 && v.hasOneUse() && !p.getAliases();
   }
 
-  /// The weight (and bias) of a matmul with a parameter weight:
-  /// aten::linear(x, W[out, in], b) or aten::addmm(b, x, W[in, out]).
-  /// `outDim` is the weight's output dim.
-  struct MatmulShape {
-    bmt::ParameterOp weight, bias;
-    Value input, weightValue, biasValue;
-    int64_t outDim, in, out;
-  };
-  std::optional<MatmulShape> matmulShape(bmt::AtenOp op) {
-    StringRef name = op.getName();
-    MatmulShape m;
-    if (name == "aten::linear") {
-      auto input = bmt::getAtenArg(op, "input"), weight = bmt::getAtenArg(op, "weight"),
-           bias = bmt::getAtenArg(op, "bias");
-      if (!input || !input->isOperand() || !weight || !weight->isOperand())
-        return std::nullopt;
-      m.input = input->getOperand();
-      m.weightValue = weight->getOperand();
-      m.outDim = 0;
-      if (bias && bias->isOperand())
-        m.biasValue = bias->getOperand();
-    } else if (name == "aten::addmm") {
-      auto self = bmt::getAtenArg(op, "self"), mat1 = bmt::getAtenArg(op, "mat1"),
-           mat2 = bmt::getAtenArg(op, "mat2");
-      auto beta = bmt::getAtenArg(op, "beta"), alpha = bmt::getAtenArg(op, "alpha");
-      if (!self || !self->isOperand() || !mat1 || !mat1->isOperand() || !mat2 ||
-          !mat2->isOperand() || beta->getNumber() != 1.0 || alpha->getNumber() != 1.0)
-        return std::nullopt;
-      m.input = mat1->getOperand();
-      m.weightValue = mat2->getOperand();
-      m.biasValue = self->getOperand();
-      m.outDim = 1;
-    } else {
-      return std::nullopt;
-    }
-    m.weight = paramOf(m.weightValue);
-    if (!m.weight || !m.weight.getRequiresGrad() || shapeOf(m.weight).size() != 2)
-      return std::nullopt;
-    if (m.biasValue) {
-      m.bias = paramOf(m.biasValue);
-      if (!m.bias || shapeOf(m.bias).size() != 1)
-        return std::nullopt;
-    }
-    m.out = shapeOf(m.weight)[m.outDim];
-    m.in = shapeOf(m.weight)[1 - m.outDim];
-    return m;
-  }
-
-  /// The functions a block list's calls reach.
-  void collectBlockFuncs() {
-    std::function<void(func::FuncOp)> visit = [&](func::FuncOp f) {
-      if (!f || !blockFuncs.insert(f).second)
-        return;
-      f.walk([&](func::CallOp call) { visit(symbols->lookup<func::FuncOp>(call.getCallee())); });
-    };
-    for (auto list : module.getOps<bmt::BlockListOp>())
-      for (Attribute b : list.getBlocks())
-        visit(symbols->lookup<func::FuncOp>(cast<FlatSymbolRefAttr>(b).getValue()));
-  }
+  std::optional<MatmulShape> matmulShape(bmt::AtenOp op) { return bmt::tp::matmulShape(program, op); }
 
   [[noreturn]] static void fail(Operation *op, const llvm::Twine &message, bool fatal = false) {
-    throw Failure{fatal, op, message.str()};
+    throw ChainError{fatal, op, message.str()};
   }
 
   void checkDivides(Operation *op, StringRef what, int64_t size, int64_t by) {
@@ -287,19 +136,19 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   void step(OpOperand &use, const Split &s, llvm::SmallVector<Value> &work, Chain &chain) {
     Operation *user = use.getOwner();
     if (auto call = dyn_cast<func::CallOp>(user)) {
-      auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
-      if (!callee || callSites[callee].size() != 1)
+      auto callee = program.symbols->lookup<func::FuncOp>(call.getCallee());
+      if (!callee || program.callSites[callee].size() != 1)
         fail(user, "a split value enters a function called more than once");
       assign(callee.getArgument(use.getOperandNumber()), s, work);
       return;
     }
     if (auto ret = dyn_cast<func::ReturnOp>(user)) {
       auto f = ret->getParentOfType<func::FuncOp>();
-      if (blockFuncs.count(f) && isBlockRoot(f))
+      if (program.blockFuncs.count(f) && program.isBlockRoot(f))
         fail(user, "a split value leaves the block");
-      if (!blockFuncs.count(f) || callSites[f].size() != 1)
+      if (!program.blockFuncs.count(f) || program.callSites[f].size() != 1)
         fail(user, "a split value leaves a function called more than once");
-      assign(callSites[f][0].getResult(use.getOperandNumber()), s, work);
+      assign(program.callSites[f][0].getResult(use.getOperandNumber()), s, work);
       return;
     }
     if (isa<bmt::FusedOp>(user)) {
@@ -366,14 +215,6 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     view(op, use, s, work, chain);
   }
 
-  bool isBlockRoot(func::FuncOp f) {
-    for (auto list : module.getOps<bmt::BlockListOp>())
-      for (Attribute b : list.getBlocks())
-        if (cast<FlatSymbolRefAttr>(b).getValue() == f.getSymName())
-          return true;
-    return false;
-  }
-
   /// What the ShardingInterface of `op` (lib/Dialect/ShardingInterfaceImpl.cpp)
   /// says of it when its operands are split as `splits` records, `s` the
   /// split just reached: upstream's getShardingOption from the operands'
@@ -409,7 +250,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       int64_t rank = base;
       if (it != splits.end())
         rank = it->second.rankKnown() ? it->second.rank() : std::max(base, -it->second.dim);
-      else if (auto param = paramOf(v))
+      else if (auto param = program.paramOf(v))
         rank = shapeOf(param).size();
       ranks.push_back(rank);
       if (it == splits.end()) {
@@ -678,17 +519,17 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         if (narrowed.count(user) || isMetadata(user))
           continue;
         if (auto call = dyn_cast<func::CallOp>(user)) {
-          auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
-          if (!callee || callSites[callee].size() != 1)
+          auto callee = program.symbols->lookup<func::FuncOp>(call.getCallee());
+          if (!callee || program.callSites[callee].size() != 1)
             fail(user, "a replicated k/v value enters a function called more than once");
           work.push_back(callee.getArgument(use.getOperandNumber()));
           continue;
         }
         if (auto ret = dyn_cast<func::ReturnOp>(user)) {
           auto f = ret->getParentOfType<func::FuncOp>();
-          if (!blockFuncs.count(f) || isBlockRoot(f) || callSites[f].size() != 1)
+          if (!program.blockFuncs.count(f) || program.isBlockRoot(f) || program.callSites[f].size() != 1)
             fail(user, "a replicated k/v value leaves the block");
-          work.push_back(callSites[f][0].getResult(use.getOperandNumber()));
+          work.push_back(program.callSites[f][0].getResult(use.getOperandNumber()));
           continue;
         }
         if (llvm::any_of(user->getResults(), [&](Value r) { return splits.count(r); }))
@@ -1005,7 +846,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
   Value traceInput(Value v, llvm::SmallVector<OpOperand *> &path) {
     while (auto arg = dyn_cast<BlockArgument>(v)) {
       auto f = dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp());
-      if (!f || isBlockRoot(f) || callSites[f].size() != 1)
+      if (!f || program.isBlockRoot(f) || program.callSites[f].size() != 1)
         break;
       // The argument must feed nothing else that takes a gradient, also
       // through the functions it is passed to (BERT's attention passes its
@@ -1014,7 +855,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       // gradient over the group).
       if (!feedsOnlyMatmuls(arg))
         return v;
-      OpOperand &operand = callSites[f][0]->getOpOperand(arg.getArgNumber());
+      OpOperand &operand = program.callSites[f][0]->getOpOperand(arg.getArgNumber());
       path.push_back(&operand);
       v = operand.get();
     }
@@ -1025,10 +866,6 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     auto aten = dyn_cast<bmt::AtenOp>(op);
     return aten && aten.getName() == "aten::type_as" && op->getOperand(0) != v;
   }
-  static bool isMetadata(Operation *op) {
-    auto aten = dyn_cast<bmt::AtenOp>(op);
-    return aten && bmt::lookupAtenOp(aten.getName())->kind == bmt::AtenOpKind::Metadata;
-  }
   /// Whether every use of `v` is a matmul's input, a metadata read, or a
   /// call (of a function called once) whose argument is such a value.
   bool feedsOnlyMatmuls(Value v) {
@@ -1037,8 +874,8 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       if (isMetadata(user) || isMatmulInput(u))
         continue;
       auto call = dyn_cast<func::CallOp>(user);
-      auto callee = call ? symbols->lookup<func::FuncOp>(call.getCallee()) : nullptr;
-      if (!callee || callSites[callee].size() != 1 ||
+      auto callee = call ? program.symbols->lookup<func::FuncOp>(call.getCallee()) : nullptr;
+      if (!callee || program.callSites[callee].size() != 1 ||
           !feedsOnlyMatmuls(callee.getArgument(u.getOperandNumber())))
         return false;
     }
@@ -1084,13 +921,13 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     for (int hops = 0; hops < 64; ++hops) {
       if (auto arg = dyn_cast<BlockArgument>(v)) {
         auto f = dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp());
-        if (!f || callSites[f].size() != 1)
+        if (!f || program.callSites[f].size() != 1)
           return v;
-        v = callSites[f][0]->getOperand(arg.getArgNumber());
+        v = program.callSites[f][0]->getOperand(arg.getArgNumber());
         continue;
       }
       if (auto call = v.getDefiningOp<func::CallOp>()) {
-        auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
+        auto callee = program.symbols->lookup<func::FuncOp>(call.getCallee());
         if (!callee || callee.isExternal())
           return v;
         v = callee.getBody().back().getTerminator()->getOperand(cast<OpResult>(v).getResultNumber());
@@ -1235,7 +1072,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
           continue;
         }
         Value arg;
-        if (auto param = paramOf(v)) {
+        if (auto param = program.paramOf(v)) {
           arg = body->addArgument(RankedTensorType::get(shapeOf(param), f32), v.getLoc());
         } else {
           int64_t rank = widest >= 0 ? widest
@@ -1247,7 +1084,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         // The column weights (and their biases) as the pass splits them.
         std::optional<int64_t> seed;
         if (columns.count(op))
-          if (auto param = paramOf(v); param && param == matmulShape(aten)->weight)
+          if (auto param = program.paramOf(v); param && param == matmulShape(aten)->weight)
             seed = matmulShape(aten)->outDim - 2;
         copies[v] = seed ? annotate(arg, seed) : arg;
         operands[i] = copies[v];
@@ -1385,7 +1222,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
                  true);
         }
         Value original = resolve(op->getOperand(o.getOperandNumber()));
-        if (auto param = paramOf(original)) {
+        if (auto param = program.paramOf(original)) {
           auto split = chain.paramSplits.find(param);
           std::optional<int64_t> own;
           if (split != chain.paramSplits.end())
@@ -1504,23 +1341,14 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       module.emitError("bmt-tensor-parallel: needs the block lists of bmt-find-blocks");
       return signalPassFailure();
     }
-    symbols = std::make_shared<SymbolTable>(module);
-    module.walk([&](func::CallOp call) {
-      if (auto f = symbols->lookup<func::FuncOp>(call.getCallee()))
-        callSites[f].push_back(call);
-    });
-    module.walk([&](bmt::GetGlobalOp g) {
-      if (auto p = symbols->lookup<bmt::ParameterOp>(g.getGlobal()))
-        paramReads[p].push_back(g);
-    });
-    collectBlockFuncs();
+    program = ProgramIndex::build(module);
 
     // Column candidates: matmuls with a parameter weight in the blocks,
     // grouped by the replicated activation they read.
     llvm::MapVector<Value, llvm::SmallVector<std::pair<bmt::AtenOp, llvm::SmallVector<OpOperand *>>, 2>>
         byInput;
     module.walk([&](bmt::AtenOp op) {
-      if (!blockFuncs.count(op->getParentOfType<func::FuncOp>()))
+      if (!program.blockFuncs.count(op->getParentOfType<func::FuncOp>()))
         return;
       auto m = matmulShape(op);
       if (!m)
@@ -1532,10 +1360,10 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
 
     llvm::DenseSet<Operation *> taken; // matmuls already in a chain (as rows)
     std::vector<Chain> chains;
-    llvm::SmallVector<Failure> skipped;
+    llvm::SmallVector<ChainError> skipped;
     // One chain from the matmuls `seeds` reading `input`; with `replicate`,
     // those narrower than the widest (GQA's k and v projections) are
-    // replicated instead of split. Throws a Failure.
+    // replicated instead of split. Throws a ChainError.
     auto build = [&](Value input, auto &seeds, bool replicate) {
       splits.clear();
       replicateKv = replicate;
@@ -1613,7 +1441,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       chain.values.assign(splits.begin(), splits.end());
       return chain;
     };
-    auto fatalError = [&](const Failure &f) {
+    auto fatalError = [&](const ChainError &f) {
       InFlightDiagnostic d = f.op->emitError("bmt-tensor-parallel: cannot split ");
       d << describe(f.op) << " by --tensor-parallel " << static_cast<int64_t>(tensorParallel)
         << ": " << f.message;
@@ -1626,7 +1454,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       std::optional<Chain> chain;
       try {
         chain = build(input, seeds, /*replicate=*/false);
-      } catch (Failure &f) {
+      } catch (ChainError &f) {
         // Grouped-query (or multi-query) attention whose kv heads T does
         // not divide: again with the k and v projections replicated, the
         // query heads split (docs/passes.md).
@@ -1636,11 +1464,11 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
           narrower |= m.out != matmulShape(seeds.front().first)->out;
           fused |= fusedChunks(seed.first, m) > 1;
         }
-        std::optional<Failure> retry;
+        std::optional<ChainError> retry;
         if (narrower && !fused) {
           try {
             chain = build(input, seeds, /*replicate=*/true);
-          } catch (Failure &g) {
+          } catch (ChainError &g) {
             retry = g;
           }
         }
@@ -1662,7 +1490,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       chains.push_back(std::move(*chain));
     }
     // Seeds that turned out to end another chain were no chain of their own.
-    llvm::erase_if(skipped, [&](const Failure &f) { return taken.count(f.seed); });
+    llvm::erase_if(skipped, [&](const ChainError &f) { return taken.count(f.seed); });
 
     if (chains.empty()) {
       InFlightDiagnostic d = module.emitError("bmt-tensor-parallel: found no chain to split");
@@ -1675,21 +1503,22 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     FailureOr<llvm::SmallVector<bmt::tp::ParameterGradient>> gradients = proveGradients(chains);
     if (failed(gradients))
       return signalPassFailure();
-    rewrite(chains);
+    bmt::tp::rewriteChains(program, tensorParallel, chains);
     markSummed(*gradients);
-    std::string vocab = vocabParallel();
+    std::string vocab = bmt::tp::vocabParallel(program, tensorParallel);
     std::string sequence;
     if (sequenceParallel) {
-      try {
-        sequence = sequenceParallelize();
-      } catch (Failure &f) {
-        InFlightDiagnostic d = f.op->emitError("bmt-tensor-parallel: cannot split the sequence (--sequence-parallel) at ");
-        d << describe(f.op) << ": " << f.message;
+      FailureOr<std::string> text = bmt::tp::sequenceParallelize(program, tensorParallel);
+      if (failed(text))
         return signalPassFailure();
-      }
+      sequence = *text;
     }
-    report(chains, skipped, vocab, sequence);
-    emitRemark(module.getLoc()) << gradientReport(*gradients);
+    std::string text = bmt::tp::chainReport(module, *program.symbols, tensorParallel, chains, skipped, vocab, sequence);
+    emitRemark(module.getLoc()) << "bmt-tensor-parallel: " << static_cast<int64_t>(tensorParallel)
+                                << " ranks, " << text;
+    // For the plan summary (bmt-summary): what was split.
+    module->setAttr("bmt.tensor_parallel_plan", StringAttr::get(&getContext(), text));
+    emitRemark(module.getLoc()) << bmt::tp::gradientReport(module, *program.symbols, *gradients);
   }
 
   //===--- Gradient completion (TensorParallelGradients.cpp) ---------------===//
@@ -1726,599 +1555,11 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         markReduceGrad(g.param);
   }
 
-  /// The decision for each whole parameter, after sequence parallelism
-  /// (which sums the gradients of the parameters it reads between the
-  /// chains), for the remark.
-  std::string gradientReport(llvm::ArrayRef<bmt::tp::ParameterGradient> gradients) {
-    llvm::SmallVector<std::string> summed;
-    int64_t identical = 0, count = 0, sequence = 0;
-    for (const bmt::tp::ParameterGradient &g : gradients) {
-      bmt::ParameterOp param = g.param;
-      if (g.completion == bmt::tp::Completion::Identical) {
-        ++(bmt::parameterSplitOf(param).reduceGrad ? sequence : identical);
-        continue;
-      }
-      ++count;
-      std::string name = shortName(param);
-      if (param.getSymName().ends_with(".weight") && !StringRef(name).ends_with(".weight"))
-        name += ".weight";
-      if (!llvm::is_contained(summed, name))
-        summed.push_back(name);
-    }
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    os << "bmt-tensor-parallel: gradient completion: " << count
-       << " whole parameters read beside split values, each rank's gradient a partial sum, reduce_grad";
-    if (count)
-      os << " (" << llvm::join(summed, ", ") << ")";
-    if (sequence)
-      os << "; " << sequence << " read between the chains, split along the sequence, reduce_grad";
-    os << "; " << identical << " whole parameters identical on every rank";
-    return text;
-  }
-
   /// `bmt.tensor_split = {dim = -1, chunks = 1, reduce_grad = true}`: whole
   /// on every TP rank, its gradient summed over the group before ZeRO's
   /// reduce-scatter (Plan's TensorSplit{dim = -1, reduceGrad}).
   static void markReduceGrad(bmt::ParameterOp p) {
     bmt::setParameterSplit(p, bmt::reduceGradSplit());
-  }
-
-  //===--- Sequence parallelism (Korthikanti et al. 2022, section 4.2.2) ---===//
-  //
-  // Between the chains the activations [batch, seq, hidden] are split
-  // along the sequence (dim 1) over the TP group: each tp_all_reduce (g)
-  // becomes a reduce-scatter along it and each tp_copy (f) an all-gather.
-  // The sequence-split region (what the reduce-scatters' results reach
-  // before an all-gather) is checked op by op: only per-position ops
-  // (pointwise, last-dim norms and reductions) may read it; their
-  // parameters get reduce_grad (each rank sees its positions' gradient).
-
-  static constexpr int64_t kSeqDim = 1;
-
-  static bool isSeqTransparent(Operation *op) {
-    auto aten = dyn_cast_or_null<bmt::AtenOp>(op);
-    if (!aten)
-      return false;
-    StringRef n = aten.getName();
-    return n == "aten::view" || n == "aten::reshape" || n == "aten::slice.Tensor" ||
-           n == "aten::contiguous" || n == "aten::alias";
-  }
-
-  /// Whether every use of `v` other than `keep` reads its metadata only.
-  static bool othersMetadata(Value v, OpOperand *keep) {
-    for (OpOperand &u : v.getUses())
-      if (&u != keep && !isMetadata(u.getOwner()))
-        return false;
-    return true;
-  }
-
-  Value createGather(OpBuilder &builder, Value v, FlatSymbolRefAttr grid) {
-    if (auto *def = v.getDefiningOp())
-      builder.setInsertionPointAfter(def);
-    else
-      builder.setInsertionPointToStart(cast<BlockArgument>(v).getOwner());
-    return bmt::TpAllGatherOp::create(builder, v.getLoc(), bmt::TensorType::get(&getContext()), v, grid,
-                                      builder.getI64IntegerAttr(kSeqDim))
-        .getResult();
-  }
-
-  /// The value a replicated operand of a pointwise op in the region is,
-  /// when it is a position embedding: aten::embedding of a parameter
-  /// (through casts and call results). Null otherwise.
-  bmt::AtenOp positionEmbedding(Value v) {
-    for (int hops = 0; hops < 8; ++hops) {
-      if (auto call = v.getDefiningOp<func::CallOp>()) {
-        auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
-        if (!callee || callSites[callee].size() != 1)
-          return nullptr;
-        v = callee.getBody().front().getTerminator()->getOperand(cast<OpResult>(v).getResultNumber());
-        continue;
-      }
-      auto op = v.getDefiningOp<bmt::AtenOp>();
-      if (!op)
-        return nullptr;
-      if (op.getName() == "aten::embedding") {
-        auto w = bmt::getAtenArg(op, "weight");
-        return w && w->isOperand() && traceParam(w->getOperand()) ? op : nullptr;
-      }
-      if (!op.getName().starts_with("aten::to.") && op.getName() != "aten::contiguous" &&
-          op.getName() != "aten::type_as")
-        return nullptr;
-      v = op->getOperand(0);
-    }
-    return nullptr;
-  }
-
-  std::string sequenceParallelize() {
-    MLIRContext *context = &getContext();
-    OpBuilder builder(context);
-    Type tensor = bmt::TensorType::get(context);
-    auto marker = bmt::OperandAttr::get(context);
-    FlatSymbolRefAttr grid = FlatSymbolRefAttr::get(context, "tp");
-    int64_t T = tensorParallel;
-    auto aten = [&](Location loc, StringRef name, ArrayRef<Attribute> args, ValueRange operands,
-                    Type result) {
-      return bmt::AtenOp::create(builder, loc, TypeRange{result}, builder.getStringAttr(name),
-                                 builder.getArrayAttr(args), operands)
-          .getResult(0);
-    };
-    llvm::SmallVector<bmt::TpAllReduceOp> sums;
-    llvm::SmallVector<bmt::TpCopyOp> copies;
-    module.walk([&](bmt::TpAllReduceOp op) { sums.push_back(op); });
-    module.walk([&](bmt::TpCopyOp op) { copies.push_back(op); });
-
-    // g -> reduce-scatter. A Conv1D's [batch * seq, out] result (GPT-2:
-    // mm, all-reduce, + bias, view to [batch, seq, out]) is viewed back
-    // first, so that the scatter splits the sequence, and its bias added
-    // after the scatter (view(mm + b) = view(mm) + b: the view keeps the
-    // last dim).
-    llvm::SmallVector<Value> seeds;
-    for (bmt::TpAllReduceOp sum : sums) {
-      Value partial = sum.getInput();
-      Value result = sum.getResult();
-      bmt::AtenOp add, view;
-      if (result.hasOneUse())
-        add = dyn_cast<bmt::AtenOp>(*result.getUsers().begin());
-      if (add && add.getName() == "aten::add.Tensor" && add->getOperand(0) == result &&
-          traceParam(add->getOperand(1)) && add.getResult(0).hasOneUse())
-        view = dyn_cast<bmt::AtenOp>(*add.getResult(0).getUsers().begin());
-      if (view && (view.getName() == "aten::view" || view.getName() == "aten::reshape") &&
-          view->getOperand(0) == add.getResult(0)) {
-        view->setOperand(0, partial);
-        builder.setInsertionPointAfter(view);
-        Value scattered = bmt::TpReduceScatterOp::create(builder, sum.getLoc(), tensor, view.getResult(0), grid,
-                                                         builder.getI64IntegerAttr(kSeqDim))
-                              .getResult();
-        Value biased = aten(add.getLoc(), "aten::add.Tensor", {marker, marker, builder.getI64IntegerAttr(1)},
-                            {scattered, add->getOperand(1)}, tensor);
-        view.getResult(0).replaceAllUsesExcept(biased, scattered.getDefiningOp());
-        add->erase();
-        sum->erase();
-        seeds.push_back(scattered);
-        continue;
-      }
-      builder.setInsertionPoint(sum);
-      Value scattered = bmt::TpReduceScatterOp::create(builder, sum.getLoc(), tensor, partial, grid,
-                                                       builder.getI64IntegerAttr(kSeqDim))
-                            .getResult();
-      result.replaceAllUsesWith(scattered);
-      sum->erase();
-      seeds.push_back(scattered);
-    }
-
-    // f -> all-gather, placed as far up as views, whole slices and calls
-    // carry the value to it (GPT-2's Conv1D views [batch, seq, hidden] to
-    // [batch * seq, hidden] first: the gather must see the sequence dim).
-    // Between the gather and the column matmuls the value is replicated
-    // and read by nothing else, so the gradient's sum (the gather's
-    // backward) may sit above those ops.
-    llvm::SmallVector<bmt::TpAllGatherOp> gathers;
-    for (bmt::TpCopyOp copy : copies) {
-      Value w = copy.getInput();
-      OpOperand *keep = &copy->getOpOperand(0);
-      while (true) {
-        OpOperand *next = nullptr;
-        if (auto arg = dyn_cast<BlockArgument>(w)) {
-          auto f = dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp());
-          if (!f || isBlockRoot(f) || f.getSymName() == "forward" || callSites[f].size() != 1)
-            break;
-          next = &callSites[f][0]->getOpOperand(arg.getArgNumber());
-        } else if (auto call = w.getDefiningOp<func::CallOp>()) {
-          auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
-          if (!callee || callSites[callee].size() != 1)
-            break;
-          Operation *ret = callee.getBody().front().getTerminator();
-          OpOperand &r = ret->getOpOperand(cast<OpResult>(w).getResultNumber());
-          if (!isSeqTransparent(r.get().getDefiningOp()))
-            break; // stays at the call (not inside a norm's function)
-          next = &r;
-        } else if (isSeqTransparent(w.getDefiningOp())) {
-          next = &w.getDefiningOp()->getOpOperand(0);
-        } else {
-          break;
-        }
-        if (!othersMetadata(next->get(), next) || !othersMetadata(w, keep))
-          break;
-        keep = next;
-        w = next->get();
-      }
-      Value gathered = createGather(builder, w, grid);
-      if (keep == &copy->getOpOperand(0)) {
-        copy.getResult().replaceAllUsesWith(gathered);
-      } else {
-        // The path and the metadata reads of w read the whole sequence.
-        keep->set(gathered);
-        w.replaceUsesWithIf(gathered, [&](OpOperand &u) {
-          return u.getOwner() != gathered.getDefiningOp() && isMetadata(u.getOwner());
-        });
-        copy.getResult().replaceAllUsesWith(copy.getInput());
-      }
-      copy->erase();
-      gathers.push_back(cast<bmt::TpAllGatherOp>(gathered.getDefiningOp()));
-    }
-
-    // The region: what the scattered values reach before a gather.
-    llvm::DenseSet<Value> region;
-    llvm::DenseSet<Operation *> regionOps;
-    llvm::SmallVector<bmt::AtenOp> seqSizes;
-    llvm::SetVector<Operation *> reduceGrad; // parameters read in the region
-    llvm::SmallVector<std::pair<OpOperand *, Value>> positions; // operand, a region value beside it
-    llvm::SmallVector<Value> work(seeds.begin(), seeds.end());
-    for (Value v : seeds)
-      region.insert(v);
-    auto add = [&](Value v) {
-      if (isa<bmt::TensorType>(v.getType()) && region.insert(v).second)
-        work.push_back(v);
-    };
-    // The other tensor operands of a per-position op in the region: region
-    // values, parameters of at most one dim (norm weights, biases:
-    // broadcast over the positions), 0-d constants, position embeddings.
-    auto check = [&](Operation *op, Value from, bool pointwise) {
-      for (OpOperand &o : op->getOpOperands()) {
-        Value x = o.get();
-        if (region.count(x) || x == from || !isa<bmt::TensorType>(x.getType()))
-          continue;
-        if (auto c = x.getDefiningOp<bmt::ConstantOp>()) {
-          auto typed = dyn_cast<TypedAttr>(c.getValue());
-          auto shaped = typed ? dyn_cast<ShapedType>(typed.getType()) : nullptr;
-          if (!shaped || shaped.getRank() == 0)
-            continue;
-        }
-        if (x.getDefiningOp<bmt::NumToTensorOp>())
-          continue;
-        if (bmt::ParameterOp p = traceParam(x)) {
-          if (shapeOf(p).size() > 1)
-            fail(op, "a sequence-split value meets the parameter " + p.getSymName().str() + " of " +
-                         std::to_string(shapeOf(p).size()) + " dims");
-          if (p.getRequiresGrad())
-            reduceGrad.insert(p);
-          continue;
-        }
-        if (pointwise && positionEmbedding(x)) {
-          positions.push_back({&o, from});
-          continue;
-        }
-        fail(op, "a sequence-split value meets a replicated tensor that is neither a parameter of one "
-                 "dim nor a position embedding (it may vary along the sequence)");
-      }
-    };
-    // Checked once the region is complete (an operand may join it later).
-    llvm::MapVector<Operation *, std::pair<Value, bool>> pending;
-    auto operands = [&](Operation *op, Value from, bool pointwise) {
-      pending.insert({op, {from, pointwise}});
-    };
-    while (!work.empty()) {
-      Value v = work.pop_back_val();
-      for (OpOperand &use : llvm::make_early_inc_range(v.getUses())) {
-        Operation *user = use.getOwner();
-        regionOps.insert(user);
-        if (isa<bmt::TpAllGatherOp>(user))
-          continue;
-        if (auto call = dyn_cast<func::CallOp>(user)) {
-          auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
-          if (!callee || callSites[callee].size() != 1)
-            fail(user, "a sequence-split value enters a function called more than once");
-          add(callee.getArgument(use.getOperandNumber()));
-          continue;
-        }
-        if (auto ret = dyn_cast<func::ReturnOp>(user)) {
-          auto f = ret->getParentOfType<func::FuncOp>();
-          if (f.getSymName() == "forward")
-            fail(user, "a sequence-split value is a result of the program");
-          if (callSites[f].size() != 1)
-            fail(user, "a sequence-split value leaves a function called more than once");
-          add(callSites[f][0].getResult(use.getOperandNumber()));
-          continue;
-        }
-        if (auto fused = dyn_cast<bmt::FusedOp>(user)) {
-          // Pointwise, or one last-dim reduction: per position.
-          operands(user, v, /*pointwise=*/false);
-          for (Value r : user->getResults())
-            add(r);
-          continue;
-        }
-        auto op = dyn_cast<bmt::AtenOp>(user);
-        if (!op)
-          fail(user, "an op the pass cannot split along the sequence");
-        StringRef name = op.getName();
-        const bmt::AtenOpInfo *info = bmt::lookupAtenOp(name);
-        if (!info)
-          fail(op, "an op the pass does not know");
-        if (info->kind == bmt::AtenOpKind::Metadata) {
-          if (name == "aten::dim")
-            continue;
-          auto d = name == "aten::size.int" ? bmt::getAtenArg(op, "dim")->getInt() : std::nullopt;
-          if (!d)
-            fail(op, "a read of a sequence-split value's data");
-          if (*d == kSeqDim || *d == kSeqDim - 3)
-            seqSizes.push_back(op);
-          else if (*d != 0 && *d != 2 && *d != -1 && *d != -3)
-            fail(op, "a size of a dim of a [batch, seq, hidden] activation that it does not have");
-          continue;
-        }
-        if (name == "aten::type_as" && use.getOperandNumber() != 0)
-          continue; // only the dtype is read
-        bool pointwise =
-            info->kind == bmt::AtenOpKind::Elementwise || info->kind == bmt::AtenOpKind::Random ||
-            name.starts_with("aten::to.") || name == "aten::detach" || name == "aten::alias" ||
-            name == "aten::contiguous" || name == "aten::clone" || name == "aten::type_as";
-        if (pointwise) {
-          operands(user, v, /*pointwise=*/true);
-          for (Value r : user->getResults())
-            add(r);
-          continue;
-        }
-        if (name == "aten::layer_norm") {
-          auto shape = bmt::getAtenArg(op, "normalized_shape")->getInts();
-          if (!shape || shape->size() != 1)
-            fail(op, "a normalization over more than the hidden dim");
-          operands(user, v, /*pointwise=*/false);
-          add(op.getResult(0));
-          continue;
-        }
-        if (name == "aten::mean.dim" || name == "aten::sum.dim_IntList" || name == "aten::amax") {
-          auto dims = bmt::getAtenArg(op, "dim")->getInts();
-          auto keep = bmt::getAtenArg(op, "keepdim")->getBool();
-          if (!dims || dims->size() != 1 || ((*dims)[0] != -1 && (*dims)[0] != 2) || !keep || !*keep)
-            fail(op, "a reduction over other than the hidden dim (it mixes positions)");
-          add(op.getResult(0));
-          continue;
-        }
-        if (name == "aten::linear" || name == "aten::addmm" || name == "aten::matmul" ||
-            name == "aten::mm")
-          fail(op, "a matmul outside the tensor-parallel chains (per position, but its "
-                   "replicated weight would see only this rank's part of the sequence in its "
-                   "gradient, and summing that over the TP group is not supported yet; a "
-                   "masked-LM head transform is one)");
-        fail(op, "an op that may mix positions (only per-position ops, last-dim norms and "
-                 "reductions may read the sequence-split activations)");
-      }
-    }
-    for (auto &[op, args] : pending)
-      check(op, args.first, args.second);
-    for (bmt::TpAllGatherOp g : gathers)
-      if (!region.count(g.getInput()))
-        fail(g, "an all-gather of a value that is not split along the sequence (the chain's input "
-                "is not reached from the embedding through per-position ops alone)");
-    // Parameters read in the region: read nowhere else (a replicated
-    // reader elsewhere would have its gradient summed T times).
-    for (Operation *p : reduceGrad) {
-      auto param = cast<bmt::ParameterOp>(p);
-      llvm::SmallVector<OpOperand *> readers;
-      readersOf(param, readers);
-      for (OpOperand *r : readers)
-        if (!regionOps.count(r->getOwner()))
-          fail(r->getOwner(), "the parameter " + param.getSymName().str() +
-                                  " is read both between the chains and elsewhere");
-    }
-    // Position embeddings: each rank adds its positions' rows, narrow(e,
-    // 1, t * L, L) with L the local sequence length; the table's gradient
-    // is then each rank's positions' part: reduce_grad.
-    for (auto [operand, beside] : positions) {
-      Value e = operand->get();
-      Operation *user = operand->getOwner();
-      bmt::AtenOp emb = positionEmbedding(e);
-      bmt::ParameterOp p = traceParam(bmt::getAtenArg(emb, "weight")->getOperand());
-      llvm::SmallVector<OpOperand *> readers;
-      readersOf(p, readers);
-      if (readers.size() != 1)
-        fail(user, "the position embedding " + p.getSymName().str() + " is read elsewhere too");
-      if (p.getRequiresGrad())
-        reduceGrad.insert(p);
-      Location loc = user->getLoc();
-      builder.setInsertionPoint(user);
-      Value local = aten(loc, "aten::size.int", {marker, builder.getI64IntegerAttr(kSeqDim)}, {beside},
-                         builder.getI64Type());
-      Value t = bmt::TpRankOp::create(builder, loc, builder.getI64Type(), grid).getResult();
-      Value tt = bmt::NumToTensorOp::create(builder, loc, tensor, t).getResult();
-      Value off = aten(loc, "aten::mul.Scalar", {marker, marker}, {tt, local}, tensor);
-      Value start = aten(loc, "aten::Int.Tensor", {marker}, {off}, builder.getI64Type());
-      Value mine = aten(loc, "aten::narrow", {marker, builder.getI64IntegerAttr(kSeqDim), marker, marker},
-                        {e, start, local}, tensor);
-      operand->set(mine);
-    }
-    // Sizes of the sequence dim read from a split value: the global one.
-    for (bmt::AtenOp size : seqSizes) {
-      Location loc = size.getLoc();
-      builder.setInsertionPointAfter(size);
-      Value n = bmt::NumToTensorOp::create(builder, loc, tensor, size.getResult(0)).getResult();
-      Value times = aten(loc, "aten::mul.Scalar", {marker, builder.getI64IntegerAttr(T)}, {n}, tensor);
-      Value global = aten(loc, "aten::Int.Tensor", {marker}, {times}, builder.getI64Type());
-      size.getResult(0).replaceAllUsesExcept(global, n.getDefiningOp());
-    }
-    llvm::SmallVector<std::string> names;
-    for (Operation *p : reduceGrad) {
-      auto param = cast<bmt::ParameterOp>(p);
-      if (bmt::parameterSplitOf(param).dim >= 0)
-        fail(p, "the split parameter " + param.getSymName().str() + " is read between the chains");
-      bmt::setParameterSplit(param, bmt::reduceGradSplit());
-      names.push_back(param.getSymName().str());
-    }
-    module->setAttr("bmt.sequence_parallel", builder.getUnitAttr());
-    return "sequence-parallel (dim 1): " + std::to_string(gathers.size()) + " all-gathers, " +
-           std::to_string(seeds.size()) + " reduce-scatters, " + std::to_string(names.size()) +
-           " parameters reduce_grad";
-  }
-
-  /// The parameter a value is, through call arguments (a tied head gets
-  /// its weight as an argument); null otherwise.
-  bmt::ParameterOp traceParam(Value v) {
-    while (auto arg = dyn_cast<BlockArgument>(v)) {
-      auto f = dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp());
-      if (!f || callSites[f].size() != 1)
-        return nullptr;
-      v = callSites[f][0].getOperand(arg.getArgNumber());
-    }
-    return paramOf(v);
-  }
-
-  /// Every op that reads the value of `p`, through calls: {op, operand}.
-  void readersOf(bmt::ParameterOp p, llvm::SmallVector<OpOperand *> &out) {
-    std::function<void(Value)> visit = [&](Value v) {
-      for (OpOperand &use : v.getUses()) {
-        if (auto call = dyn_cast<func::CallOp>(use.getOwner())) {
-          auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
-          if (callee && callSites[callee].size() == 1) {
-            visit(callee.getArgument(use.getOperandNumber()));
-            continue;
-          }
-        }
-        out.push_back(&use);
-      }
-    };
-    for (bmt::GetGlobalOp g : paramReads[p])
-      visit(g.getResult());
-  }
-
-  /// The vocab-parallel LM head and token embedding (Megatron-LM's
-  /// VocabParallelEmbedding and parallel logits): the matmul that makes the
-  /// entry's logits and the embeddings that read its (tied) weight get
-  /// the vocab rows of their TP rank. Returns what it did for the remark,
-  /// or why the head stays replicated.
-  std::string vocabParallel() {
-    auto entry = symbols->lookup<func::FuncOp>("forward");
-    if (!entry || entry.getNumResults() == 0)
-      return "LM head replicated (no entry result)";
-    unsigned index = 0;
-    for (unsigned i = 0; i < entry.getNumResults(); ++i)
-      if (auto n = entry.getResultAttrOfType<StringAttr>(i, "bmt.name"); n && n.getValue() == "logits")
-        index = i;
-    Value v = entry.getBody().front().getTerminator()->getOperand(index);
-    // Back through call results to the op that makes the logits.
-    while (auto call = v.getDefiningOp<func::CallOp>()) {
-      auto callee = symbols->lookup<func::FuncOp>(call.getCallee());
-      if (!callee || callSites[callee].size() != 1)
-        return "LM head replicated (the logits come from a shared function)";
-      v = callee.getBody().front().getTerminator()->getOperand(cast<OpResult>(v).getResultNumber());
-    }
-    auto head = v.getDefiningOp<bmt::AtenOp>();
-    if (!head || head.getName() != "aten::linear")
-      return "LM head replicated (the logits are not made by an aten::linear)";
-    auto input = bmt::getAtenArg(head, "input"), weight = bmt::getAtenArg(head, "weight"),
-         bias = bmt::getAtenArg(head, "bias");
-    bmt::ParameterOp w = weight->isOperand() ? traceParam(weight->getOperand()) : nullptr;
-    if (!w || !w.getRequiresGrad() || shapeOf(w).size() != 2)
-      return "LM head replicated (its weight is no trainable 2-d parameter)";
-    bmt::ParameterOp b = bias->isOperand() ? traceParam(bias->getOperand()) : nullptr;
-    if (bias->isOperand() && !b)
-      return "LM head replicated (its bias is no parameter)";
-    if (!v.hasOneUse())
-      return "LM head replicated (the logits are read inside the program)";
-    int64_t vocab = shapeOf(w)[0], T = tensorParallel;
-    int64_t padded = (vocab + T - 1) / T * T, local = padded / T;
-    // The weight's readers: the head, and embeddings of the tied weight.
-    llvm::SmallVector<OpOperand *> readers;
-    readersOf(w, readers);
-    llvm::SmallVector<bmt::AtenOp> embeddings;
-    for (OpOperand *use : readers) {
-      auto op = dyn_cast<bmt::AtenOp>(use->getOwner());
-      if (op == head && use->get() == weight->getOperand())
-        continue;
-      if (op && op.getName() == "aten::embedding" && use->getOperandNumber() == 0 &&
-          bmt::getAtenArg(op, "padding_idx")->getInt().has_value())
-        embeddings.push_back(op);
-      else
-        return "LM head replicated (its weight is also read by " + describe(use->getOwner()) + ")";
-    }
-    if (b) {
-      llvm::SmallVector<OpOperand *> biasReaders;
-      readersOf(b, biasReaders);
-      if (biasReaders.size() != 1 || shapeOf(b).size() != 1)
-        return "LM head replicated (its bias is read elsewhere too)";
-    }
-    // The embedding of a model whose head has its own weight.
-    if (embeddings.empty())
-      for (auto p : module.getOps<bmt::ParameterOp>()) {
-        if (p == w || !p.getRequiresGrad() || shapeOf(p).size() != 2 || shapeOf(p)[0] != vocab)
-          continue;
-        llvm::SmallVector<OpOperand *> uses;
-        readersOf(p, uses);
-        bool onlyEmbedding = !uses.empty();
-        for (OpOperand *use : uses) {
-          auto op = dyn_cast<bmt::AtenOp>(use->getOwner());
-          onlyEmbedding &= op && op.getName() == "aten::embedding" &&
-                           use->getOperandNumber() == 0 &&
-                           bmt::getAtenArg(op, "padding_idx")->getInt().has_value();
-        }
-        if (!onlyEmbedding)
-          continue;
-        for (OpOperand *use : uses)
-          embeddings.push_back(cast<bmt::AtenOp>(use->getOwner()));
-        setSplit(p, 0, padded != vocab ? padded : 0);
-      }
-
-    MLIRContext *context = &getContext();
-    OpBuilder builder(context);
-    Type tensor = bmt::TensorType::get(context);
-    FlatSymbolRefAttr grid = FlatSymbolRefAttr::get(context, "tp");
-    // The head: f on its input; the logits stay split (Plan::vocabParallel).
-    builder.setInsertionPoint(head);
-    Value x = input->getOperand();
-    auto copy = bmt::TpCopyOp::create(builder, head.getLoc(), tensor, x, grid);
-    head->setOperand(input->getOperandNumber(), copy.getResult());
-    setSplit(w, 0, padded != vocab ? padded : 0);
-    if (b)
-      setSplit(b, 0, padded != vocab ? padded : 0);
-    // Each embedding: look up the ids in this rank's rows (the others
-    // masked to zero), then the sum over the group.
-    auto marker = bmt::OperandAttr::get(context);
-    auto aten = [&](Location loc, StringRef name, ArrayRef<Attribute> args, ValueRange operands,
-                    Type result) {
-      return bmt::AtenOp::create(builder, loc, TypeRange{result}, builder.getStringAttr(name),
-                                 builder.getArrayAttr(args), operands)
-          .getResult(0);
-    };
-    for (bmt::AtenOp emb : embeddings) {
-      Location loc = emb.getLoc();
-      builder.setInsertionPoint(emb);
-      Value ids = bmt::getAtenArg(emb, "indices")->getOperand();
-      Value table = bmt::getAtenArg(emb, "weight")->getOperand();
-      Value rank = bmt::TpRankOp::create(builder, loc, builder.getI64Type(), grid).getResult();
-      Value shifted = aten(loc, "aten::sub.Scalar", {marker, marker, builder.getI64IntegerAttr(local)},
-                           {ids, rank}, tensor);
-      Value below = aten(loc, "aten::lt.Scalar", {marker, builder.getI64IntegerAttr(0)}, {shifted}, tensor);
-      Value above = aten(loc, "aten::ge.Scalar", {marker, builder.getI64IntegerAttr(local)}, {shifted}, tensor);
-      Value outside = aten(loc, "aten::__or__.Tensor", {marker, marker}, {below, above}, tensor);
-      Value clamped = aten(loc, "aten::masked_fill.Scalar", {marker, marker, builder.getI64IntegerAttr(0)},
-                           {shifted, outside}, tensor);
-      Value rows = aten(loc, "aten::embedding",
-                        {marker, marker, builder.getI64IntegerAttr(-1), builder.getBoolAttr(false),
-                         builder.getBoolAttr(false)},
-                        {table, clamped}, tensor);
-      // padding_idx p (a global row): its row gets no gradient, as
-      // aten::embedding's own padding_idx does, by a detached copy.
-      int64_t paddingIdx = *bmt::getAtenArg(emb, "padding_idx")->getInt();
-      if (paddingIdx >= 0) {
-        Value isPad = aten(loc, "aten::eq.Scalar", {marker, builder.getI64IntegerAttr(paddingIdx)},
-                           {ids}, tensor);
-        Value padMask = aten(loc, "aten::unsqueeze", {marker, builder.getI64IntegerAttr(-1)},
-                             {isPad}, tensor);
-        Value frozen = aten(loc, "aten::detach", {marker}, {rows}, tensor);
-        rows = aten(loc, "aten::where.self", {marker, marker, marker}, {padMask, frozen, rows}, tensor);
-      }
-      Value mask = aten(loc, "aten::unsqueeze", {marker, builder.getI64IntegerAttr(-1)}, {outside}, tensor);
-      Value zeroed = aten(loc, "aten::masked_fill.Scalar", {marker, marker, builder.getF64FloatAttr(0.0)},
-                          {rows, mask}, tensor);
-      Value sum = bmt::TpAllReduceOp::create(builder, loc, tensor, zeroed, grid);
-      emb.getResult(0).replaceAllUsesWith(sum);
-      emb->erase();
-    }
-    module->setAttr("bmt.vocab_size", builder.getI64IntegerAttr(vocab));
-    std::string out = "vocab-parallel ";
-    out += embeddings.empty() ? "LM head" : "embedding and LM head";
-    out += " (" + std::to_string(vocab) + " -> " + std::to_string(local) + " per rank";
-    if (padded != vocab)
-      out += ", padded to " + std::to_string(padded);
-    out += ")";
-    return out;
-  }
-
-  void setSplit(bmt::ParameterOp p, int64_t dim, int64_t paddedSize) {
-    bmt::ParameterSplit split;
-    split.dim = dim;
-    split.paddedSize = paddedSize;
-    bmt::setParameterSplit(p, split);
   }
 
   static unsigned inputOperand(bmt::AtenOp op, const MatmulShape &m) {
@@ -2346,9 +1587,9 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
       Operation *user = *v.getUsers().begin();
       if (auto ret = dyn_cast<func::ReturnOp>(user)) {
         auto f = ret->getParentOfType<func::FuncOp>();
-        if (callSites[f].size() != 1)
+        if (program.callSites[f].size() != 1)
           return 1;
-        v = callSites[f][0].getResult(v.getUses().begin()->getOperandNumber());
+        v = program.callSites[f][0].getResult(v.getUses().begin()->getOperandNumber());
         continue;
       }
       auto aten = dyn_cast<bmt::AtenOp>(user);
@@ -2406,272 +1647,6 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
     return parts.size();
   }
 
-  std::string describe(Operation *op) {
-    std::string s;
-    llvm::raw_string_ostream os(s);
-    if (auto aten = dyn_cast<bmt::AtenOp>(op))
-      os << aten.getName();
-    else
-      os << op->getName();
-    if (auto f = op->getParentOfType<func::FuncOp>())
-      os << " in " << f.getSymName();
-    return s;
-  }
-
-  /// Marks each op whose result a chain splits with the sharding of its
-  /// results over the grid, in the upstream shard dialect's terms:
-  /// `bmt.sharding = {grid = @tp, split_axes = [<per result>]}`, each
-  /// result's split axes a `#shard.axisarray` with grid axis 0 at the split
-  /// dim. Where the pass does not know a value's rank, the axes list its
-  /// trailing dims only (down to the split one), as broadcasting aligns them.
-  /// The values are the `!bmt.tensor`s themselves (unranked), so the
-  /// annotation is an attribute, not a `shard.shard` op.
-  void annotate(llvm::ArrayRef<Chain> chains, FlatSymbolRefAttr grid) {
-    MLIRContext *context = &getContext();
-    llvm::MapVector<Operation *, llvm::SmallVector<Attribute>> byOp;
-    for (const Chain &chain : chains)
-      for (auto &[v, s] : chain.values) {
-        auto r = dyn_cast<OpResult>(v);
-        if (!r || !isa<bmt::AtenOp, bmt::FusedOp>(r.getOwner()))
-          continue;
-        auto &results = byOp[r.getOwner()];
-        if (results.empty())
-          results.assign(r.getOwner()->getNumResults(), shard::GridAxesArrayAttr::get(context, {}));
-        // Upstream's decision where it made one (shadow() checked that it
-        // is the split the pass follows), else the pass's own rule's.
-        int64_t dim = s.dim;
-        if (auto it = chain.upstream.find(v); it != chain.upstream.end() && it->second)
-          dim = *it->second;
-        int64_t rank = s.rankKnown() ? s.rank() : -dim;
-        llvm::SmallVector<shard::GridAxesAttr> axes(rank, shard::GridAxesAttr::get(context, {}));
-        axes[rank + dim] = shard::GridAxesAttr::get(context, {0});
-        results[r.getResultNumber()] = shard::GridAxesArrayAttr::get(context, axes);
-      }
-    for (auto &[op, results] : byOp)
-      op->setAttr("bmt.sharding",
-                  DictionaryAttr::get(context, {NamedAttribute(StringAttr::get(context, "grid"), grid),
-                                                NamedAttribute(StringAttr::get(context, "split_axes"),
-                                                               ArrayAttr::get(context, results))}));
-  }
-
-  void rewrite(llvm::ArrayRef<Chain> chains) {
-    MLIRContext *context = &getContext();
-    OpBuilder builder(context);
-    Type tensor = bmt::TensorType::get(context);
-    // The TP group as a grid of the upstream shard dialect.
-    builder.setInsertionPointToStart(module.getBody());
-    auto grid = shard::GridOp::create(builder, module.getLoc(), "tp",
-                                      ArrayRef<int64_t>{static_cast<int64_t>(tensorParallel)});
-    FlatSymbolRefAttr gridRef = FlatSymbolRefAttr::get(grid.getSymNameAttr());
-    module->setAttr("bmt.tensor_parallel", builder.getI64IntegerAttr(tensorParallel));
-    annotate(chains, gridRef);
-
-    for (const Chain &chain : chains) {
-      for (IntEdit e : chain.edits) {
-        llvm::SmallVector<Attribute> args(e.op.getArgs().begin(), e.op.getArgs().end());
-        auto replaceConstant = [&](Attribute old) -> Attribute {
-          if (isa<IntegerAttr>(old))
-            return builder.getI64IntegerAttr(e.value);
-          return old;
-        };
-        if (e.elem < 0) {
-          args[e.arg] = replaceConstant(args[e.arg]);
-        } else {
-          llvm::SmallVector<Attribute> list(cast<ArrayAttr>(args[e.arg]).begin(),
-                                            cast<ArrayAttr>(args[e.arg]).end());
-          list[e.elem] = replaceConstant(list[e.elem]);
-          args[e.arg] = builder.getArrayAttr(list);
-        }
-        e.op.setArgsAttr(builder.getArrayAttr(args));
-      }
-      // Constants held in bmt.constant operands (.pt2) are rewritten in place.
-      for (IntEdit e : chain.edits) {
-        auto arg = bmt::getAtenArg(e.op, e.arg);
-        const bmt::AtenArg &a = e.elem < 0 ? *arg : arg->getElements()[e.elem];
-        if (a.isOperand()) {
-          builder.setInsertionPoint(e.op);
-          auto c = bmt::ConstantOp::create(builder, e.op.getLoc(), builder.getI64IntegerAttr(e.value));
-          e.op->setOperand(a.getOperandNumber(), c.getResult());
-        }
-      }
-      // f: one tp_copy of the input, for every column matmul's path.
-      Value in = chain.copyUses.front()->get();
-      if (auto *def = in.getDefiningOp())
-        builder.setInsertionPointAfter(def);
-      else
-        builder.setInsertionPointToStart(cast<BlockArgument>(in).getOwner());
-      auto copy = bmt::TpCopyOp::create(builder, in.getLoc(), tensor, in, gridRef);
-      for (OpOperand *use : chain.copyUses)
-        use->set(copy.getResult());
-      // g: the row matmul without its bias, the all-reduce, then the bias.
-      for (const MatmulSite &row : chain.rows) {
-        bmt::AtenOp op = row.op;
-        builder.setInsertionPoint(op);
-        auto m = *matmulShape(op);
-        Value partial;
-        if (op.getName() == "aten::linear") {
-          auto none = bmt::NoneAttr::get(context);
-          auto marker = bmt::OperandAttr::get(context);
-          partial = bmt::AtenOp::create(builder, op.getLoc(), TypeRange{tensor},
-                                        builder.getStringAttr("aten::linear"),
-                                        builder.getArrayAttr({marker, marker, none}),
-                                        ValueRange{m.input, m.weightValue})
-                        .getResult(0);
-        } else {
-          auto marker = bmt::OperandAttr::get(context);
-          partial = bmt::AtenOp::create(builder, op.getLoc(), TypeRange{tensor},
-                                        builder.getStringAttr("aten::mm"),
-                                        builder.getArrayAttr({marker, marker}),
-                                        ValueRange{m.input, m.weightValue})
-                        .getResult(0);
-        }
-        Value sum = bmt::TpAllReduceOp::create(builder, op.getLoc(), tensor, partial, gridRef);
-        if (m.biasValue) {
-          auto marker = bmt::OperandAttr::get(context);
-          sum = bmt::AtenOp::create(builder, op.getLoc(), TypeRange{tensor},
-                                    builder.getStringAttr("aten::add.Tensor"),
-                                    builder.getArrayAttr({marker, marker, builder.getI64IntegerAttr(1)}),
-                                    ValueRange{sum, m.biasValue})
-                    .getResult(0);
-        }
-        op.getResult(0).replaceAllUsesWith(sum);
-        op->erase();
-      }
-      for (auto &[param, split] : chain.paramSplits) {
-        bmt::ParameterSplit s;
-        s.dim = split.first;
-        s.chunks = split.second;
-        bmt::setParameterSplit(param, s);
-      }
-      // Replicated k/v. Why the gradients are exact: every rank computes
-      // K and V from all kv heads, but only its own query heads read them
-      // (the narrow below), so rank t's gradient of K (V) is the part that
-      // its H / T heads contribute, zero on the others' heads (the narrow's
-      // backward), summed over the repeats of each kv head (expand's).
-      // The unsplit model's gradient is the sum of those parts over all H
-      // heads, i.e. over the TP ranks; everything between x and K is
-      // linear in that gradient (the matmul, RoPE's products with
-      // replicated cos / sin, views), so the sum over the ranks of each
-      // rank's dW_k = dK_t^T x is dW_k, which reduce_grad takes (the same
-      // for biases), and the sum of its dx = dK_t W_k is the k path's part
-      // of dx, which the tp_copy that q, k and v read takes along with the
-      // q path's partial sums.
-      for (const MatmulSite &c : chain.replicated)
-        for (bmt::ParameterOp p : {c.weight, c.bias})
-          if (p)
-            bmt::setParameterSplit(p, bmt::reduceGradSplit());
-      // Each rank's H / T of the repeated heads: narrow(r, pos, t * H/T, H/T).
-      for (HeadNarrow n : chain.narrows) {
-        Location loc = n.repeat.getLoc();
-        builder.setInsertionPointAfter(n.repeat);
-        auto marker = bmt::OperandAttr::get(context);
-        int64_t local = n.heads / static_cast<int64_t>(tensorParallel);
-        Value rank = bmt::TpRankOp::create(builder, loc, builder.getI64Type(), gridRef).getResult();
-        Value t = bmt::NumToTensorOp::create(builder, loc, tensor, rank).getResult();
-        Value offset = bmt::AtenOp::create(builder, loc, TypeRange{tensor},
-                                           builder.getStringAttr("aten::mul.Scalar"),
-                                           builder.getArrayAttr({marker, builder.getI64IntegerAttr(local)}),
-                                           ValueRange{t})
-                           .getResult(0);
-        Value start = bmt::AtenOp::create(builder, loc, TypeRange{builder.getI64Type()},
-                                          builder.getStringAttr("aten::Int.Tensor"),
-                                          builder.getArrayAttr({marker}), ValueRange{offset})
-                          .getResult(0);
-        Value repeated = n.repeat.getResult(0);
-        auto narrow = bmt::AtenOp::create(
-            builder, loc, TypeRange{tensor}, builder.getStringAttr("aten::narrow"),
-            builder.getArrayAttr({marker, builder.getI64IntegerAttr(n.pos), marker,
-                                  builder.getI64IntegerAttr(local)}),
-            ValueRange{repeated, start});
-        repeated.replaceAllUsesExcept(narrow.getResult(0), narrow);
-      }
-    }
-  }
-
-  /// "model.layers.0.mlp.down_proj.weight" -> "mlp.down_proj" (the module
-  /// path of the matmul's weight relative to its block).
-  std::string shortName(bmt::ParameterOp p) {
-    StringRef name = p.getSymName();
-    name.consume_back(".weight");
-    for (auto list : module.getOps<bmt::BlockListOp>())
-      for (Attribute b : list.getBlocks()) {
-        auto f = symbols->lookup<func::FuncOp>(cast<FlatSymbolRefAttr>(b).getValue());
-        auto path = f ? f->getAttrOfType<StringAttr>("bmt.module_path") : nullptr;
-        if (path && name.starts_with((path.getValue() + ".").str()))
-          return name.drop_front(path.size() + 1).str();
-      }
-    return name.str();
-  }
-
-  void report(llvm::ArrayRef<Chain> chains, llvm::ArrayRef<Failure> skipped,
-              const std::string &vocab, const std::string &sequence) {
-    // The chains of the first block describe every block (find-blocks
-    // made them identical).
-    auto firstList = *module.getOps<bmt::BlockListOp>().begin();
-    auto first = symbols->lookup<func::FuncOp>(
-        cast<FlatSymbolRefAttr>(firstList.getBlocks()[0]).getValue());
-    llvm::DenseSet<Operation *> firstFuncs;
-    std::function<void(func::FuncOp)> visit = [&](func::FuncOp f) {
-      if (!f || !firstFuncs.insert(f).second)
-        return;
-      f.walk([&](func::CallOp call) { visit(symbols->lookup<func::FuncOp>(call.getCallee())); });
-    };
-    visit(first);
-    int64_t blocks = 0;
-    for (auto list : module.getOps<bmt::BlockListOp>())
-      blocks += list.getBlocks().size();
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    os << blocks
-       << " blocks, " << chains.size() << " chains: ";
-    bool firstChain = true;
-    int64_t ops = 0;
-    for (const Chain &chain : chains) {
-      ops += chain.ops;
-      if (!firstFuncs.count(chain.columns.front().op->getParentOfType<func::FuncOp>()))
-        continue;
-      if (!firstChain)
-        os << "; ";
-      firstChain = false;
-      llvm::SmallVector<std::string> cols;
-      for (const MatmulSite &c : chain.columns)
-        cols.push_back(shortName(c.weight));
-      os << llvm::join(cols, ", ") << " column-parallel";
-      int64_t T = tensorParallel;
-      if (chain.headsGlobal)
-        os << " by heads (" << chain.headsGlobal << " -> " << chain.headsGlobal / T
-           << " per rank" << (chain.fused ? ", fused q/k/v" : "");
-      if (chain.headsGlobal && chain.kvHeads < chain.headsGlobal)
-        os << ", kv heads " << chain.kvHeads << " -> " << chain.kvHeads / T;
-      if (chain.headsGlobal)
-        os << ")";
-      else
-        os << " (" << chain.columnWidth << " -> " << chain.columnWidth / T << " per rank)";
-      if (!chain.replicated.empty()) {
-        llvm::SmallVector<std::string> kv;
-        for (const MatmulSite &c : chain.replicated)
-          kv.push_back(shortName(c.weight));
-        int64_t heads = chain.replicatedKvHeads;
-        os << ", " << llvm::join(kv, ", ") << " k/v replicated on " << T << " ranks (" << heads
-           << (heads == 1 ? " kv head" : " kv heads")
-           << (heads < T ? " < T = " : " not divisible by T = ") << T << "), reduce_grad";
-      }
-      llvm::SmallVector<std::string> rows;
-      for (const MatmulSite &r : chain.rows)
-        rows.push_back(shortName(r.weight));
-      os << ", " << llvm::join(rows, ", ") << " row-parallel";
-    }
-    os << "; " << vocab;
-    if (!sequence.empty())
-      os << "; " << sequence;
-    os << "; " << ops << " ops split; " << skipped.size() << " chains replicated";
-    if (!skipped.empty())
-      os << " (first: " << describe(skipped.front().op) << ": " << skipped.front().message << ")";
-    emitRemark(module.getLoc()) << "bmt-tensor-parallel: " << static_cast<int64_t>(tensorParallel)
-                                << " ranks, " << text;
-    // For the plan summary (bmt-summary): what was split.
-    module->setAttr("bmt.tensor_parallel_plan", StringAttr::get(&getContext(), text));
-  }
 };
 
 } // namespace

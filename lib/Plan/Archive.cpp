@@ -43,6 +43,7 @@ const char *kVersionRecord = "bmt/version";
 const char *kProgramRecord = "bmt/program.mlir";
 const char *kPlanRecord = "bmt/plan.pkl";
 const std::string kHfRecordPrefix = "bmt/hf/";
+constexpr int64_t kMaxChunkBytes = int64_t(64) << 10;
 
 std::string versionLine(const Plan &plan) {
   return "bmt-sharded " + std::to_string(formatVersionOf(plan)) + "\n";
@@ -217,6 +218,17 @@ bool weightsFree(const Plan &plan, const StorageGroup &group) {
   return true;
 }
 
+/// The checksummed chunk of a group's buffer of `nbytes` bytes: 64 KiB
+/// (as checkpoints), smaller for a small group (about 1/1024 of it, a power
+/// of two, at least 64 bytes), so that a rank's range of a small group does
+/// not read much more than the range.
+int64_t chunkBytesFor(int64_t nbytes) {
+  int64_t chunk = 64;
+  while (chunk < kMaxChunkBytes && chunk * 1024 < nbytes)
+    chunk *= 2;
+  return chunk;
+}
+
 } // namespace
 
 WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &programText,
@@ -278,6 +290,8 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       std::sort(order[g].begin(), order[g].end(),
                 [&](size_t a, size_t b) { return group.offsets[a] < group.offsets[b]; });
       crc[g].assign(group.members.size(), 0);
+      group.chunkBytes = free ? 0 : chunkBytesFor(group.nbytes());
+      group.chunkCrc32s.clear();
       if (free)
         continue;
       int64_t partSize = group.parts.empty() ? group.size : group.partSize;
@@ -342,6 +356,22 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       }
       if (p.last > cursor)
         part.narrow(0, cursor - p.first, p.last - cursor).zero_();
+      // The buffer's chunk checksums (a chunk may span two parts).
+      StorageGroup &writing = plan.groups[p.group];
+      const int64_t elementBytes = static_cast<int64_t>(c10::elementSize(writing.dtype));
+      const char *bytes = static_cast<const char *>(part.data_ptr());
+      const int64_t at = p.first * elementBytes, n = (p.last - p.first) * elementBytes;
+      for (int64_t done = 0; done < n;) {
+        int64_t inChunk = (at + done) % writing.chunkBytes;
+        int64_t take = std::min(n - done, writing.chunkBytes - inChunk);
+        uint32_t previous = inChunk == 0 ? 0 : static_cast<uint32_t>(writing.chunkCrc32s.back());
+        uint32_t sum = crc32_fast(bytes + done, static_cast<size_t>(take), previous);
+        if (inChunk == 0)
+          writing.chunkCrc32s.push_back(sum);
+        else
+          writing.chunkCrc32s.back() = sum;
+        done += take;
+      }
     };
     std::mutex mutex;
     std::condition_variable changed;
@@ -676,34 +706,91 @@ at::Tensor Archive::readGroupRange(size_t group, int64_t begin, int64_t end) {
     }
     return out;
   }
-  at::Tensor out = at::empty({end - begin}, at::TensorOptions().dtype(g.dtype));
-  if (g.parts.empty()) {
-    readRecordRange(g.record, begin * elementBytes, out.nbytes(), out.data_ptr(),
-                    "storage group " + g.name);
+  // The bytes read: the range widened to whole checked units, the chunks
+  // that cover it (or, in an archive without chunk checksums, the members
+  // it touches, read whole), so that every byte read is checked.
+  int64_t from = begin * elementBytes, to = end * elementBytes;
+  if (g.chunkBytes > 0) {
+    from = from / g.chunkBytes * g.chunkBytes;
+    to = std::min(g.nbytes(), (to + g.chunkBytes - 1) / g.chunkBytes * g.chunkBytes);
   } else {
-    // The range across the parts it covers (part k: [k * partSize, ...)).
-    char *dst = static_cast<char *>(out.data_ptr());
-    for (int64_t k = begin / g.partSize; k * g.partSize < end; ++k) {
-      int64_t first = std::max(begin, k * g.partSize);
-      int64_t last = std::min(end, (k + 1) * g.partSize);
-      readRecordRange(g.parts.at(k), (first - k * g.partSize) * elementBytes,
-                      (last - first) * elementBytes, dst + (first - begin) * elementBytes,
-                      "storage group " + g.name);
+    for (size_t m = 0; m < g.members.size(); ++m) {
+      int64_t first = g.offsets[m];
+      int64_t last = first + plan_.tensors[g.members[m]].localNumel(plan_.tensorParallel);
+      if (first < end && last > begin) {
+        from = std::min(from, first * elementBytes);
+        to = std::max(to, last * elementBytes);
+      }
     }
   }
-  for (size_t m = 0; m < g.members.size(); ++m) {
-    const TensorInfo &info = plan_.tensors[g.members[m]];
-    int64_t numel = info.localNumel(plan_.tensorParallel);
-    int64_t first = g.offsets[m], last = first + numel;
-    if (first < begin || last > end)
-      continue;
-    const char *bytes = static_cast<const char *>(out.data_ptr()) + (first - begin) * elementBytes;
-    int64_t expected = g.crc32s.empty() ? info.crc32 : g.crc32s[m];
-    if (static_cast<int64_t>(crc32_fast(bytes, static_cast<size_t>(numel * elementBytes))) != expected)
-      throw PlanError(path_ + ": corrupt record " + g.record + " of " + info.name +
-                      " (checksum mismatch)");
+  if (begin == end)
+    return at::empty({0}, at::TensorOptions().dtype(g.dtype));
+  at::Tensor read = at::empty({(to - from) / elementBytes}, at::TensorOptions().dtype(g.dtype));
+  readBufferBytes(g, from, to, static_cast<char *>(read.data_ptr()));
+  const char *bytes = static_cast<const char *>(read.data_ptr());
+  if (g.chunkBytes > 0) {
+    const int64_t chunks = static_cast<int64_t>(g.chunkCrc32s.size());
+    for (int64_t at = from; at < to; at += g.chunkBytes) {
+      int64_t k = at / g.chunkBytes, last = std::min(to, at + g.chunkBytes);
+      if (static_cast<int64_t>(crc32_fast(bytes + (at - from), static_cast<size_t>(last - at))) ==
+          g.chunkCrc32s[k])
+        continue;
+      std::string holding;
+      for (size_t m = 0; m < g.members.size(); ++m) {
+        int64_t first = g.offsets[m] * elementBytes;
+        int64_t past = first + plan_.tensors[g.members[m]].localNumel(plan_.tensorParallel) *
+                                   elementBytes;
+        if (first < last && past > at)
+          holding += (holding.empty() ? "" : ", ") + plan_.tensors[g.members[m]].name;
+      }
+      throw PlanError(path_ + ": corrupt record " + recordOfByte(g, at) + " of storage group " +
+                      g.name + " (chunk " + std::to_string(k) + " of " + std::to_string(chunks) +
+                      ", bytes [" + std::to_string(at) + ", " + std::to_string(last) +
+                      ") of its buffer, holding " + (holding.empty() ? "padding" : holding) +
+                      "): checksum mismatch; recompile it with bmt-opt");
+    }
+  } else {
+    for (size_t m = 0; m < g.members.size(); ++m) {
+      const TensorInfo &info = plan_.tensors[g.members[m]];
+      int64_t numel = info.localNumel(plan_.tensorParallel);
+      int64_t first = g.offsets[m] * elementBytes, past = first + numel * elementBytes;
+      if (first < from || past > to)
+        continue;
+      int64_t expected = g.crc32s.empty() ? info.crc32 : g.crc32s[m];
+      if (static_cast<int64_t>(crc32_fast(bytes + (first - from),
+                                          static_cast<size_t>(past - first))) != expected)
+        throw PlanError(path_ + ": corrupt record " + recordOfByte(g, first) + " of " + info.name +
+                        " (bytes [" + std::to_string(first) + ", " + std::to_string(past) +
+                        ") of storage group " + g.name +
+                        "'s buffer, read whole: an archive without chunk checksums): checksum "
+                        "mismatch; recompile it with bmt-opt");
+    }
   }
-  return out;
+  if (from == begin * elementBytes && to == end * elementBytes)
+    return read;
+  return read.narrow(0, begin - from / elementBytes, end - begin).clone();
+}
+
+std::string Archive::recordOfByte(const StorageGroup &g, int64_t at) const {
+  if (g.parts.empty())
+    return g.record;
+  int64_t partBytes = g.partSize * static_cast<int64_t>(c10::elementSize(g.dtype));
+  return g.parts.at(static_cast<size_t>(std::min<int64_t>(
+      at / partBytes, static_cast<int64_t>(g.parts.size()) - 1)));
+}
+
+void Archive::readBufferBytes(const StorageGroup &g, int64_t from, int64_t to, char *dst) {
+  if (g.parts.empty()) {
+    readRecordRange(g.record, from, to - from, dst, "storage group " + g.name);
+    return;
+  }
+  // The range across the parts it covers (part k: bytes [k * partBytes, ...)).
+  const int64_t partBytes = g.partSize * static_cast<int64_t>(c10::elementSize(g.dtype));
+  for (int64_t k = from / partBytes; k * partBytes < to; ++k) {
+    int64_t first = std::max(from, k * partBytes), last = std::min(to, (k + 1) * partBytes);
+    readRecordRange(g.parts.at(static_cast<size_t>(k)), first - k * partBytes, last - first,
+                    dst + (first - from), "storage group " + g.name);
+  }
 }
 
 } // namespace bmt::plan

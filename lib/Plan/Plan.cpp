@@ -10,7 +10,8 @@
 //                     split (version 6, only when not the default)}
 //   split      dict  {dim, chunks, padded_size, reduce_grad}
 //   group      dict  {name, dtype, members, offsets, size, block_list, block_index, record,
-//                     parts, part_size (version 4 on), tp_rank, crc32s (version 6 on)}
+//                     parts, part_size (version 4 on), tp_rank, crc32s (version 6 on),
+//                     chunk_bytes, chunk_crc32s (any version; absent in older archives)}
 //   function   dict  {name, module_path, num_registers, params, returns,
 //                     param_names, result_names, body}
 //   instruction tuple (kind, op, args, target, results, location, block_list,
@@ -418,6 +419,10 @@ IValue toIValue(const Plan &plan) {
       d.insert("tp_rank", g.tpRank);
       d.insert("crc32s", listOf(g.crc32s));
     }
+    if (g.chunkBytes > 0) { // any version: readers before them ignore them
+      d.insert("chunk_bytes", g.chunkBytes);
+      d.insert("chunk_crc32s", listOf(g.chunkCrc32s));
+    }
     groups.push_back(d);
   }
   root.insert("groups", groups);
@@ -606,6 +611,19 @@ Plan fromIValue(const IValue &value) {
     if (plan.version >= 6) {
       g.tpRank = asInt(field(d, "tp_rank"), "group tp_rank");
       g.crc32s = asInts(field(d, "crc32s"), "group crc32s");
+    }
+    if (d.contains("chunk_bytes")) {
+      g.chunkBytes = asInt(field(d, "chunk_bytes"), "group chunk_bytes");
+      g.chunkCrc32s = asInts(field(d, "chunk_crc32s"), "group chunk_crc32s");
+      int64_t elementBytes = static_cast<int64_t>(c10::elementSize(g.dtype));
+      if (g.chunkBytes <= 0 || g.chunkBytes % elementBytes != 0 ||
+          static_cast<int64_t>(g.chunkCrc32s.size()) !=
+              (g.nbytes() + g.chunkBytes - 1) / g.chunkBytes)
+        throw PlanError("plan: storage group " + g.name + ": chunk_bytes " +
+                        std::to_string(g.chunkBytes) + " and " +
+                        std::to_string(g.chunkCrc32s.size()) +
+                        " chunk_crc32s do not fit its buffer of " + std::to_string(g.nbytes()) +
+                        " bytes");
     }
     plan.groups.push_back(std::move(g));
   }

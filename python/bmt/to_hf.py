@@ -118,8 +118,13 @@ def read_checkpoint(folder):
     except OSError:
         complete = ""
     words = complete.split()
-    if (len(words) != 4 or words[0] != CHECKPOINT_FORMAT or words[2] != "step"
-            or not words[3].isdigit()):
+    # "bmt-checkpoint <version> step <step> checkpoint.json <CRC-32, hex>"
+    # (checkpoints written before that checksum end after the step).
+    crc = words[5] if len(words) == 6 and words[4] == "checkpoint.json" else None
+    if (len(words) not in (4, 6) or (len(words) == 6 and crc is None)
+            or words[0] != CHECKPOINT_FORMAT or words[2] != "step"
+            or not words[3].isdigit()
+            or (crc is not None and not re.fullmatch(r"[0-9a-f]{8}", crc))):
         latest = latest_checkpoint(folder)
         raise Failure(f"{folder}: not a complete checkpoint (no valid COMPLETE file: the save "
                       "did not finish, or this is not a checkpoint folder)"
@@ -129,9 +134,13 @@ def read_checkpoint(folder):
                       f"{CHECKPOINT_VERSION} and {TP_VERSION}")
     path = os.path.join(folder, "checkpoint.json")
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+        with open(path, "rb") as f:
+            text = f.read()
+        if crc is not None and zlib.crc32(text) != int(crc, 16):
+            raise Failure(f"{path}: checksum mismatch (CRC-32 {zlib.crc32(text):08x}, its "
+                          f"COMPLETE file says {crc}): damaged or changed after the save")
+        meta = json.loads(text.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise Failure(f"{path}: cannot read it ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
         raise Failure(f"{path}: not a bmt checkpoint")
@@ -198,6 +207,7 @@ class RankFile:
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise Failure(f"{self.path}: not a bmt checkpoint shard ({e})") from None
         self.running = {}  # tensor -> [bytes checked so far, crc so far]
+        self.pieces = {}  # (tensor, offset, nbytes) -> CRC-32 of the bytes first read there
 
     def entry(self, name, dtype, numel):
         """The byte range of tensor `name`, checked to be `numel` elements of `dtype`."""
@@ -216,18 +226,48 @@ class RankFile:
         """Bytes [offset, offset + nbytes) of tensor `name`. Read front to back
         (a range again for a second name of the same bytes), so that the
         bytes before it (padding between members) and these go into the
-        tensor's CRC-32 as they are read; finish() checks it."""
+        tensor's CRC-32 as they are read; finish() checks it. A range read
+        again (a second name of the same bytes) must give the bytes it gave
+        the first time, whose CRC-32 is kept: every byte read is checked."""
         begin, _ = self.entry(name, dtype, numel)
         done, crc = self.running.setdefault(name, (0, 0))
         if offset < done:  # the same bytes again
-            return self._pread(begin + offset, nbytes)
+            data = self._pread(begin + offset, nbytes)
+            first = self.pieces.get((name, offset, nbytes))
+            if first is None:  # not a range read before: check the tensor so far again
+                first = self._recheck(name, begin, done, crc, offset, nbytes)
+            if zlib.crc32(data) != first:
+                raise Failure(f"{self.path}: corrupt tensor {name} (bytes [{offset}, "
+                              f"{offset + nbytes}) of its data, read again for a tied name, "
+                              "differ from their first read): checksum mismatch")
+            return data
         while done < offset:
             n = min(CHUNK, offset - done)
             crc = zlib.crc32(self._pread(begin + done, n), crc)
             done += n
         data = self._pread(begin + offset, nbytes)
         self.running[name] = (offset + nbytes, zlib.crc32(data, crc))
+        self.pieces[(name, offset, nbytes)] = zlib.crc32(data)
         return data
+
+    def _recheck(self, name, begin, done, crc, offset, nbytes):
+        """Reads bytes [0, done) of tensor `name` again, checks them against
+        the CRC-32 of their first read and returns the CRC-32 of bytes
+        [offset, offset + nbytes) (which end before `done`) among them."""
+        if offset + nbytes > done:
+            raise Failure(f"{self.path}: tensor {name}: bytes [{offset}, {offset + nbytes}) "
+                          "read out of order")
+        again, piece = 0, 0
+        for at in range(0, done, CHUNK):
+            data = self._pread(begin + at, min(CHUNK, done - at))
+            again = zlib.crc32(data, again)
+            lo, hi = max(offset, at), min(offset + nbytes, at + len(data))
+            if lo < hi:
+                piece = zlib.crc32(data[lo - at:hi - at], piece)
+        if again != crc:
+            raise Failure(f"{self.path}: corrupt tensor {name} (bytes [0, {done}) of its data "
+                          "differ from their first read): checksum mismatch")
+        return piece
 
     def finish(self, name, dtype, numel):
         """Reads the rest of tensor `name` (the padding after its last member)

@@ -21,6 +21,8 @@
 
 #include "bmt/Runtime/checkpoint/Checkpoint.h"
 
+#include "bmt/Runtime/Env.h"
+
 #include "bmt/Plan/Plan.h"
 #include "bmt/Runtime/comm/Comm.h"
 #include "bmt/Runtime/exec/Model.h"
@@ -54,7 +56,9 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <cerrno>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -132,9 +136,18 @@ std::string rankName(int64_t rank, const char *suffix) {
   return text;
 }
 
-std::string completeLine(int64_t step, int version) {
-  return std::string(kFormat) + " " + std::to_string(version) + " step " + std::to_string(step) +
-         "\n";
+/// COMPLETE's line: "bmt-checkpoint <version> step <step> checkpoint.json
+/// <CRC-32 of checkpoint.json's bytes, 8 hex digits>\n" (checkpoints
+/// written before that checksum end after the step: `withCrc` false).
+std::string completeLine(int64_t step, int version, bool withCrc = false, uint32_t crc = 0) {
+  std::string line = std::string(kFormat) + " " + std::to_string(version) + " step " +
+                     std::to_string(step);
+  if (withCrc) {
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", crc);
+    line += std::string(" checkpoint.json ") + hex;
+  }
+  return line + "\n";
 }
 
 std::string systemError() { return std::strerror(errno); }
@@ -189,6 +202,8 @@ struct CompleteFile {
   bool present = false;
   int version = -1;
   int64_t step = -1;
+  bool hasCrc = false; ///< the line carries checkpoint.json's CRC-32
+  uint32_t crc = 0;
   std::string text;
 };
 
@@ -200,13 +215,23 @@ CompleteFile readComplete(const fs::path &folder) {
   c.present = true;
   c.text = readText((folder / "COMPLETE").string());
   std::istringstream in(c.text);
-  std::string format, word;
+  std::string format, word, json, hex;
   int version = -1;
   long long step = -1;
   if (in >> format >> version >> word >> step && format == kFormat && word == "step" &&
-      step >= 0 && c.text == completeLine(step, version)) {
-    c.version = version;
-    c.step = step;
+      step >= 0) {
+    uint32_t crc = 0;
+    bool withCrc = static_cast<bool>(in >> json >> hex) && json == "checkpoint.json" &&
+                   hex.size() == 8 &&
+                   hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (withCrc)
+      crc = static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
+    if (c.text == completeLine(step, version, withCrc, crc)) {
+      c.version = version;
+      c.step = step;
+      c.hasCrc = withCrc;
+      c.crc = crc;
+    }
   }
   return c;
 }
@@ -411,9 +436,31 @@ struct CheckpointSaver::Impl {
   std::optional<c10::Event> pendingCopies; ///< CUDA copies not yet waited for by the compute stream
   std::optional<CheckpointResult> finished; ///< not yet reported
   std::vector<std::string> removedAtStart;  ///< removeDeadSaves' folder names
+  /// Rank 0: the checkpoint folder, open with an exclusive flock for the
+  /// run's life (the kernel drops it when the process dies, even by SIGKILL).
+  int lockFd = -1;
 
   Impl(Model &m, Optimizer &o, const LossScaler *s, CheckpointOptions opts, RunIdentity id)
       : model(m), optimizer(o), scaler(s), options(std::move(opts)), identity(std::move(id)) {}
+  ~Impl() {
+    if (lockFd >= 0)
+      ::close(lockFd);
+  }
+
+  /// Rank 0: takes the folder's lock; false when another live run holds it
+  /// (a folder that cannot be opened or locked otherwise is left to the
+  /// write probe's error).
+  bool lockFolder() {
+    lockFd = ::open(options.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (lockFd < 0)
+      return true;
+    if (::flock(lockFd, LOCK_EX | LOCK_NB) == 0)
+      return true;
+    const bool held = errno == EWOULDBLOCK;
+    ::close(lockFd);
+    lockFd = -1;
+    return !held;
+  }
 
   void join() {
     if (thread.joinable())
@@ -596,16 +643,10 @@ struct CheckpointSaver::Impl {
   /// The bytes of each checksummed chunk of a tensor (kChunkBytes;
   /// BMT_DEBUG_CHECKPOINT_CHUNK_BYTES sets another, for tests of tiny
   /// models whose tensors are smaller than a chunk).
-  int64_t chunkBytes = [] {
-    const char *v = std::getenv("BMT_DEBUG_CHECKPOINT_CHUNK_BYTES");
-    return v && *v && std::atoll(v) > 0 ? std::atoll(v) : kChunkBytes;
-  }();
+  int64_t chunkBytes = env::debugCheckpointChunkBytes().value_or(kChunkBytes);
   /// BMT_DEBUG_CHECKPOINT_SLOW_MS: sleep after writing each tensor (tests
   /// that kill a rank during a save).
-  int64_t slowWriteMs = [] {
-    const char *v = std::getenv("BMT_DEBUG_CHECKPOINT_SLOW_MS");
-    return v && *v ? std::atoll(v) : 0;
-  }();
+  int64_t slowWriteMs = env::debugCheckpointSlowMs();
 
   /// The saving thread: copies, writes, commits.
   void write(std::shared_ptr<Snapshot> snap) {
@@ -774,7 +815,8 @@ struct CheckpointSaver::Impl {
         writeSynced((tmp / "hf" / name).string(), content);
       syncDirectory((tmp / "hf").string());
     }
-    writeSynced((tmp / "checkpoint.json").string(), meta.dump(1) + "\n");
+    const std::string metaText = meta.dump(1) + "\n";
+    writeSynced((tmp / "checkpoint.json").string(), metaText);
     for (int64_t r = 0; r < worldSize; ++r)
       fs::remove(tmp / rankName(r, ".done"));
     syncDirectory(tmp.string());
@@ -787,7 +829,9 @@ struct CheckpointSaver::Impl {
       fs::remove_all(final, ec); // an incomplete one
       fs::rename(tmp, final);
       syncDirectory(options.dir);
-      writeSynced((final / "COMPLETE").string(), completeLine(snap.step, version));
+      writeSynced((final / "COMPLETE").string(),
+                  completeLine(snap.step, version, true,
+                               plan::crc32(metaText.data(), metaText.size())));
       syncDirectory(final.string());
     }
     result.path = final.string();
@@ -860,18 +904,27 @@ CheckpointSaver::CheckpointSaver(Model &model, Optimizer &optimizer, const LossS
   // The run's name for its save folders: rank 0's random number, so that
   // the folder of a save that died (in an earlier run) is never mistaken
   // for this run's.
-  at::Tensor nonce = at::full({1}, static_cast<int64_t>(std::random_device{}() >> 1),
-                              at::TensorOptions().dtype(at::kLong));
+  // With it, whether rank 0 got the folder's lock: two runs saving into one
+  // folder would replace each other's checkpoints (and remove each other's
+  // saves in progress as dead), each reporting its saves as done.
+  std::error_code ec;
+  fs::create_directories(s.options.dir, ec);
+  const bool locked = s.rank != 0 || s.lockFolder();
+  at::Tensor nonce = at::empty({2}, at::TensorOptions().dtype(at::kLong));
+  nonce.data_ptr<int64_t>()[0] = static_cast<int64_t>(std::random_device{}() >> 1);
+  nonce.data_ptr<int64_t>()[1] = locked ? 1 : 0;
   if (s.worldSize > 1) {
     at::Tensor t = world.backend() == "local" ? nonce : nonce.to(world.device());
     world.broadcast(t, 0)->wait();
     nonce = t.cpu();
   }
+  if (nonce[1].item<int64_t>() == 0)
+    throw CheckpointError(s.options.dir + ": another run is saving checkpoints into this folder "
+                          "(it holds the folder's lock); its saves and this run's would replace "
+                          "each other: wait for it to end, or use another --checkpoint-dir");
   char hex[17];
-  std::snprintf(hex, sizeof hex, "%08llx", static_cast<unsigned long long>(nonce.item<int64_t>()));
+  std::snprintf(hex, sizeof hex, "%08llx", static_cast<unsigned long long>(nonce[0].item<int64_t>()));
   s.nonce = hex;
-  std::error_code ec;
-  fs::create_directories(s.options.dir, ec);
   // Saves of this run into a folder that holds checkpoints of later steps
   // would replace them (or be dropped beside them): refuse before training.
   if (std::vector<std::string> later = checkpointsAfter(s.options.dir, s.options.startStep);
@@ -1516,8 +1569,16 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     if (complete.version < 0)
       throw CheckpointError(folder + ": not a complete checkpoint (its COMPLETE file does not "
                             "read \"bmt-checkpoint <version> step <step>\")");
+    const std::string metaText = readText((dir / "checkpoint.json").string());
+    if (complete.hasCrc && plan::crc32(metaText.data(), metaText.size()) != complete.crc) {
+      char text[80];
+      std::snprintf(text, sizeof text, "CRC-32 %08x, its COMPLETE file says %08x",
+                    plan::crc32(metaText.data(), metaText.size()), complete.crc);
+      throw CheckpointError(folder + "/checkpoint.json: checksum mismatch (" + text +
+                            "): damaged or changed after the save; resume another checkpoint");
+    }
     try {
-      meta = json::parse(readText((dir / "checkpoint.json").string()));
+      meta = json::parse(metaText);
     } catch (const json::exception &e) {
       throw CheckpointError(folder + "/checkpoint.json: not JSON (" + e.what() + ")");
     }

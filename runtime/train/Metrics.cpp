@@ -4,7 +4,9 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <iomanip>
 #include <sstream>
 #include <string>
@@ -26,6 +28,19 @@ std::string jsonNumber(double v) {
 
 MetricsWriter::MetricsWriter(std::ostream &out, std::ostream *json, int64_t logEvery)
     : out_(out), json_(json), logEvery_(logEvery) {}
+
+void MetricsWriter::flushJson(int64_t step) {
+  errno = 0;
+  json_->flush();
+  if (*json_)
+    return;
+  const int error = errno;
+  out_ << "warning: --log-file: the line of step " << step << " could not be written ("
+       << (error != 0 ? std::strerror(error) : "write failed")
+       << "); the log is incomplete from there (bmt-run will exit 1)\n";
+  out_.flush();
+  json_ = nullptr;
+}
 
 void MetricsWriter::step(const StepMetrics &m) {
   if (m.skipped && m.skipReason) {
@@ -61,7 +76,7 @@ void MetricsWriter::step(const StepMetrics &m) {
            << ", \"fused_lazy_kernels\": " << m.fusedLazyKernels
            << ", \"gradients_in_place\": " << m.gradientsInPlace
            << ", \"recompute_skipped\": " << m.recomputeSkipped << "}\n";
-    json_->flush();
+    flushJson(m.step);
   }
 }
 
@@ -74,7 +89,7 @@ void MetricsWriter::evaluation(int64_t step, const EvalResult &r) {
     *json_ << "{\"kind\": \"eval\", \"step\": " << step << ", \"val_loss\": " << jsonNumber(r.loss)
            << ", \"val_ppl\": " << jsonNumber(r.perplexity) << ", \"tokens\": " << r.tokens
            << "}\n";
-    json_->flush();
+    flushJson(step);
   }
 }
 
@@ -120,7 +135,7 @@ void MetricsWriter::checkpoint(int64_t step, bool ok, const std::string &where, 
            << jsonString(why) << ", \"bytes\": " << bytes
            << ", \"write_s\": " << jsonNumber(writeSeconds)
            << ", \"held_s\": " << jsonNumber(heldSeconds) << "}\n";
-    json_->flush();
+    flushJson(step);
   }
 }
 
@@ -138,7 +153,7 @@ void MetricsWriter::inspection(int64_t step, const std::vector<BlockInspection> 
            << ", \"output_max_abs\": " << jsonNumber(b.outputMaxAbs) << "}";
   }
   *json_ << "]}\n";
-  json_->flush();
+  flushJson(step);
 }
 
 double peakMemoryGiB(c10::Device device) {

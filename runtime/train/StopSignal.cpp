@@ -31,10 +31,10 @@ void onSignal(int sig) {
     return;
   }
   if (deferMode.load())
-    say(term ? "bmt-run: a second signal (SIGTERM): stopping at once; the step's checkpoint "
-               "is not written\n"
-             : "bmt-run: a second signal (SIGINT): stopping at once; the step's checkpoint "
-               "is not written\n");
+    say(term ? "bmt-run: a second signal (SIGTERM): stopping at once; a checkpoint in "
+               "progress is left incomplete (--resume auto takes the newest complete one)\n"
+             : "bmt-run: a second signal (SIGINT): stopping at once; a checkpoint in "
+               "progress is left incomplete (--resume auto takes the newest complete one)\n");
   else
     say(term ? "bmt-run: stopped by SIGTERM outside the training steps: exiting at once\n"
              : "bmt-run: stopped by SIGINT outside the training steps: exiting at once\n");

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 
 import pytest
 import torch
@@ -516,8 +517,8 @@ def test_a_second_signal_exits_at_once(gpt2_run, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 143, err
-    assert "bmt-run: a second signal (SIGTERM): stopping at once; the step's checkpoint is not " \
-           "written" in err, err
+    assert "bmt-run: a second signal (SIGTERM): stopping at once; a checkpoint in progress is " \
+           "left incomplete" in err, err
     assert "stopped by SIGTERM after" not in out
     assert not any((p / "COMPLETE").exists() for p in ck.iterdir())
     r = subprocess.run(list(map(str, cmd[:5] + ["4", *cmd[6:]])), capture_output=True, text=True,
@@ -622,7 +623,8 @@ def test_dead_saves_are_removed_and_committed_checkpoints_kept(gpt2_run, saved, 
     --keep removal left without its COMPLETE. A run with --keep 2 removes
     them at start and says so; it keeps a committed checkpoint of a format it
     does not read (a COMPLETE of version 9) and files that are not saves,
-    and --keep rotates only the complete ones."""
+    and --keep rotates only the complete ones. The log's torn last line is
+    dropped before the resumed run appends to it."""
     ck = tmp_path / "ck"
     shutil.copytree(saved, ck)
     shutil.copytree(saved / "step-00000004", ck / "step-00000005")
@@ -635,6 +637,8 @@ def test_dead_saves_are_removed_and_committed_checkpoints_kept(gpt2_run, saved, 
     (ck / "step-00000001" / "COMPLETE").write_text("bmt-checkpoint 9 step 1\n")
     (ck / "notes.txt").write_text("mine\n")
     (ck / "step-later").mkdir()
+    # The log line a killed run was writing: dropped, not glued to the next.
+    (tmp_path / "log.jsonl").write_text('{"kind": "train", "step": 5, "lo')
     r = torchrun(2, gpt2_run["sharded"], "--batches", gpt2_run["common"][1], "--steps", 8,
                  "--checkpoint-dir", ck, "--checkpoint-every", 2, "--keep", 2,
                  "--resume", "auto", "--log-file", tmp_path / "log.jsonl")
@@ -646,7 +650,11 @@ def test_dead_saves_are_removed_and_committed_checkpoints_kept(gpt2_run, saved, 
         "notes.txt", "step-00000001", "step-00000006", "step-00000008", "step-later"]
     assert (ck / "step-00000001" / "COMPLETE").read_text() == "bmt-checkpoint 9 step 1\n"
     for step in (6, 8):
-        assert (ck / f"step-{step:08d}" / "COMPLETE").read_text() == f"bmt-checkpoint 1 step {step}\n"
+        folder = ck / f"step-{step:08d}"
+        assert (folder / "COMPLETE").read_text() == f"bmt-checkpoint 1 step {step} checkpoint.json " \
+            f"{zlib.crc32((folder / 'checkpoint.json').read_bytes()):08x}\n"
+    assert (f"bmt-run: note: --log-file {tmp_path}/log.jsonl: dropped its incomplete last "
+            "line (32 bytes) before appending") in r.stdout, r.stdout
     assert steps_logged(tmp_path / "log.jsonl") == [5, 6, 7, 8]
 
 
@@ -662,6 +670,47 @@ def test_folder_that_cannot_be_written_is_an_error(gpt2_run, tmp_path):
                  tmp_path / "file" / "ck")
     assert r.returncode != 0
     assert any("cannot write checkpoints there" in e for e in errors(r)), r.stderr[-2000:]
+
+
+def test_two_runs_into_one_folder(gpt2_run, tmp_path):
+    """A second run saving into the --checkpoint-dir of a live one (2 ranks,
+    stopped with SIGSTOP after step 1, before any save: the folder is empty)
+    is refused before training, on every rank (exit 1): its saves would
+    replace the first run's and remove its saves in progress as dead. The
+    first run then goes on untouched, and once it has ended the folder is
+    free (the lock dies with the process: --resume auto goes on)."""
+    ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
+    first, tag = launch(2, gpt2_run["sharded"], *gpt2_run["common"], "--checkpoint-dir", ck,
+                        "--log-file", log)
+    ranks = {}
+    try:
+        assert wait_for(lambda: len(steps_logged(log)) >= 1), steps_logged(log)
+        ranks = workers_of(tag)
+        for pid in ranks.values():
+            os.kill(pid, signal.SIGSTOP)
+        assert not any(ck.iterdir())
+        r = torchrun(2, gpt2_run["sharded"], *gpt2_run["common"], "--checkpoint-dir", ck)
+        assert r.returncode != 0
+        assert set(errors(r)) == {
+            f"error: {ck}: another run is saving checkpoints into this folder (it holds the "
+            "folder's lock); its saves and this run's would replace each other: wait for it "
+            "to end, or use another --checkpoint-dir"}, r.stderr[-2000:]
+        for pid in ranks.values():
+            os.kill(pid, signal.SIGCONT)
+        out, err = first.communicate(timeout=300)
+    finally:
+        for pid in ranks.values():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, err[-3000:]
+    assert [p.name for p in ck.iterdir()] == ["step-00000012"]
+    r = torchrun(2, gpt2_run["sharded"], *gpt2_run["common"][:-1], 14, "--checkpoint-dir", ck,
+                 "--resume", "auto")
+    assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr[-2000:]
 
 
 def mount_tmpfs(path, size):
@@ -731,6 +780,32 @@ def test_save_params_without_room_is_refused_before_training(gpt2_run, tmp_path)
         subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
+def test_log_file_on_a_full_disk_is_an_error(gpt2_run, tmp_path):
+    """A --log-file whose disk fills up mid-run (a one-page tmpfs: about 8 of
+    the 12 steps' lines fit) is said at the step it fails, training goes on
+    to the end and --save-params (on another disk) is written, and the run
+    exits 1 with one error: the log is incomplete, not silently cut."""
+    mnt = tmp_path / "small"
+    mount_tmpfs(mnt, 4096)
+    try:
+        r = subprocess.run([binary("bmt-run"), gpt2_run["sharded"], *map(str, gpt2_run["common"]),
+                            "--device", "cpu", "--log-file", str(mnt / "log.jsonl"),
+                            "--save-params", str(tmp_path / "p.safetensors")],
+                           capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert errors(r) == [f"error: --log-file {mnt}/log.jsonl: a line could not be written "
+                             "(see the warning above); the log is incomplete"], r.stderr
+        m = re.search(r"warning: --log-file: the line of step ([0-9]+) could not be written "
+                      r"\(No space left on device\); the log is incomplete from there", r.stdout)
+        assert m and 1 < int(m[1]) < 12, r.stdout
+        assert "step 12/12" in r.stdout and (tmp_path / "p.safetensors").is_file()
+        lines = (mnt / "log.jsonl").read_text().split("\n")
+        whole = [json.loads(x)["step"] for x in lines[:-1]]  # the last: torn or empty
+        assert whole == list(range(1, int(m[1]))), whole
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
 def test_overflow_at_the_minimum_loss_scale_stops(models, tmp_path):
     sharded = compile(models["tmp"] / "gpt2-fp16.pt", tmp_path / "sharded.pt")
     r = torchrun(1, sharded, "--batches", models["tmp"] / "batches.pt", "--steps", 20,
@@ -785,7 +860,8 @@ def flip_parameter_byte(folder, rank):
 def without_chunk_checksums(folder):
     """Rewrites the rank files of `folder` as bmt-run wrote them before
     per-chunk checksums (their headers without crc32_chunk_bytes and
-    crc32_chunks; the data as it is) and checkpoint.json's rank_bytes."""
+    crc32_chunks; the data as it is), checkpoint.json's rank_bytes, and
+    COMPLETE without checkpoint.json's checksum (which came later)."""
     meta = json.load(open(folder / "checkpoint.json"))
     for rank in range(meta["world_size"]):
         path = folder / f"rank-{rank:05d}.safetensors"
@@ -797,6 +873,7 @@ def without_chunk_checksums(folder):
         path.write_bytes(len(text).to_bytes(8, "little") + text + bytes(data[8 + n:]))
         meta["rank_bytes"][rank] = path.stat().st_size
     (folder / "checkpoint.json").write_text(json.dumps(meta, indent=1) + "\n")
+    (folder / "COMPLETE").write_text(f"bmt-checkpoint {meta['version']} step {meta['step']}\n")
 
 
 @pytest.fixture(scope="module")
@@ -946,3 +1023,84 @@ def test_a_flipped_byte_in_a_plan_record_is_an_error(gpt2_run, tmp_path, record)
     e = errors(r)
     assert len(e) == 1 and f"{broken}: corrupt record {record}" in e[0] and "CRC-32" in e[0], \
         r.stderr[-3000:]
+
+
+def archive_plan(sharded):
+    """sharded.pt's plan (a dict) and its zip's top folder."""
+    import io
+    import zipfile
+    with zipfile.ZipFile(sharded) as z:
+        top = z.namelist()[0].split("/")[0]
+        return torch.load(io.BytesIO(z.read(f"{top}/bmt/plan.pkl")), weights_only=False), top
+
+
+def record_start(sharded, record):
+    """Byte offset in the file of the data of zip record `record`."""
+    import zipfile
+    data = sharded.read_bytes()
+    with zipfile.ZipFile(sharded) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("/" + record))
+    local = info.header_offset
+    return local + 30 + int.from_bytes(data[local + 26:local + 28], "little") + \
+        int.from_bytes(data[local + 28:local + 30], "little")
+
+
+def test_a_flipped_weight_byte_is_found_by_the_rank_that_reads_it(gpt2_run, tmp_path):
+    """Per-chunk checksums of sharded.pt's weights (docs/sharded-format.md):
+    a byte flipped in a member that rank 1's and rank 2's ranges of a 3-rank
+    run both cut, inside rank 2's range and past the chunks covering rank
+    1's: one error, from rank 2 only (the others do not read it), naming the
+    file, the record, the byte range and the member; no step trained. Before
+    chunk checksums neither rank checked a member it cut: it trained."""
+    sharded = gpt2_run["sharded"]
+    plan, _ = archive_plan(sharded)
+    # The largest group in one record; the member that rank 2's range starts in.
+    g = max((k for k, x in enumerate(plan["groups"]) if x["record"]),
+            key=lambda k: plan["groups"][k]["size"])
+    group = plan["groups"][g]
+    assert group["dtype"] == "float32" and group["chunk_bytes"] >= 64, group
+    chunk = group["chunk_bytes"]
+    assert len(group["chunk_crc32s"]) == -(-group["size"] * 4 // chunk)
+    shard = -(-group["size"] // 3)
+    begin2 = 2 * shard  # rank 2's first element
+    m = next(i for i, off in enumerate(group["offsets"])
+             if off < begin2 < off + torch.Size(plan["tensors"][group["members"][i]]["shape"]).numel())
+    member = plan["tensors"][group["members"][m]]
+    end = group["offsets"][m] + torch.Size(member["shape"]).numel()
+    # Past the chunk that holds rank 1's last byte (rank 1 reads up to its end).
+    byte = (begin2 * 4 // chunk + 1) * chunk + 5
+    assert byte < end * 4 and byte < group["size"] * 4, (byte, end, group)
+    broken = tmp_path / "sharded.pt"
+    data = bytearray(sharded.read_bytes())
+    data[record_start(sharded, group["record"]) + byte] ^= 0x08
+    broken.write_bytes(bytes(data))
+    r = torchrun(3, broken, *gpt2_run["common"], "--log-file", tmp_path / "log.jsonl",
+                 extra=["--tee", "3"])
+    assert r.returncode != 0 and not steps_logged(tmp_path / "log.jsonl"), r.stderr[-3000:]
+    lines = [x for x in (r.stdout + r.stderr).splitlines() if "error:" in x]
+    found = [x for x in lines if "checksum mismatch" in x]
+    assert len(found) == 1 and found[0].startswith("[default2]:error: "), lines
+    first = byte // chunk * chunk
+    assert (f"{broken}: corrupt record {group['record']} of storage group {group['name']} "
+            f"(chunk {byte // chunk} of {len(group['chunk_crc32s'])}, bytes [{first}, "
+            f"{first + chunk}) of its buffer, holding ") in found[0] and member["name"] in found[0], \
+        found[0]
+
+
+def test_a_changed_checkpoint_json_is_an_error(gpt2_run, saved, tmp_path):
+    """checkpoint.json's CRC-32 is in COMPLETE: one digit of the data
+    position changed (still valid JSON, a value nothing else checks) is one
+    error on resume, naming the file; nothing is trained."""
+    def change(folder):
+        path = folder / "checkpoint.json"
+        text = path.read_text()
+        m = re.search(r'"micro_batches": (\d+)', text)
+        assert m, text
+        path.write_text(text[:m.start(1)] + str(int(m.group(1)) + 1) + text[m.end(1):])
+    folder = damaged(saved, tmp_path, change)
+    r = torchrun(2, gpt2_run["sharded"], *gpt2_run["common"], "--resume", folder,
+                 "--log-file", tmp_path / "log.jsonl")
+    assert r.returncode != 0 and not steps_logged(tmp_path / "log.jsonl"), r.stderr[-3000:]
+    e = sorted(set(errors(r)))  # every rank reads checkpoint.json: the same line from each
+    assert len(e) == 1 and f"{folder}/checkpoint.json: checksum mismatch (CRC-32 " in e[0] \
+        and "its COMPLETE file says" in e[0], r.stderr[-3000:]

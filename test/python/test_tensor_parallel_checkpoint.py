@@ -26,6 +26,8 @@ import shutil
 import subprocess
 import sys
 
+import zlib
+
 import pytest
 import torch
 
@@ -149,7 +151,9 @@ def test_resume_on_the_same_layout_is_bit_identical(work, name):
     meta = json.load(open(ck / f"step-{HALF:08d}" / "checkpoint.json"))
     assert meta["version"] == 2 and meta["tensor_parallel"] == 2
     assert sorted({s["tp_rank"] for s in meta["spaces"]}) == [0, 1]
-    assert (ck / f"step-{HALF:08d}" / "COMPLETE").read_text() == f"bmt-checkpoint 2 step {HALF}\n"
+    assert (ck / f"step-{HALF:08d}" / "COMPLETE").read_text() == \
+        f"bmt-checkpoint 2 step {HALF} checkpoint.json " \
+        f"{zlib.crc32((ck / f'step-{HALF:08d}' / 'checkpoint.json').read_bytes()):08x}\n"
     # The uninterrupted run against eager PyTorch.
     lrs = {x["step"]: x["lr"] for x in records}
     assert sorted(lrs) == list(range(1, STEPS + 1))
@@ -250,7 +254,8 @@ def test_resume_on_another_layout(work, case):
         assert saved["version"] == 1 and "tensor_parallel" not in saved
         assert not any("tp_rank" in s or any("split" in m for m in s["members"])
                        for s in saved["spaces"])
-        assert (folder / "COMPLETE").read_text() == f"bmt-checkpoint 1 step {HALF}\n"
+        assert (folder / "COMPLETE").read_text() == f"bmt-checkpoint 1 step {HALF} checkpoint.json " \
+            f"{zlib.crc32((folder / 'checkpoint.json').read_bytes()):08x}\n"
     if group:  # only the first replica of each shard (ranks 0 and 1) saves tensors
         assert saved["shard_group_size"] == group[0]
         assert max(saved["rank_bytes"][2:]) * 10 < min(saved["rank_bytes"][:2]), saved["rank_bytes"]

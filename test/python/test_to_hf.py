@@ -364,6 +364,32 @@ def test_bad_input(trained, tmp_path, capsys):
     assert_one_error(convert(capsys, broken, "-o", out),
                      "rank-00001.safetensors: corrupt tensor s0.param", "checksum")
     assert no_output_left(out)
+    # checkpoint.json changed (one digit, still valid JSON): its CRC-32 in COMPLETE.
+    shutil.copy(ck / "rank-00001.safetensors", broken / "rank-00001.safetensors")
+    text = (ck / "checkpoint.json").read_text()
+    at = text.index('"seq_len": ') + len('"seq_len": ')  # what bmt-to-hf reads nothing of
+    (broken / "checkpoint.json").write_text(text[:at] + "1" + text[at:])
+    assert_one_error(convert(capsys, broken, "-o", out), f"{broken}/checkpoint.json: checksum "
+                     "mismatch (CRC-32 ", "its COMPLETE file says")
+    assert no_output_left(out)
+    shutil.copy(ck / "checkpoint.json", broken / "checkpoint.json")
+    # A range read again for a second (tied) name must give the bytes of its
+    # first read, checked then (a disk that returns other bytes the second
+    # time: the file's bytes changed under the export).
+    from bmt import to_hf
+    meta = json.loads(data[8:8 + header])
+    rank = to_hf.RankFile(str(ck), 1, len(data), 2)
+    numel = (meta["s0.param"]["data_offsets"][1] - meta["s0.param"]["data_offsets"][0]) // 4
+    first = rank.read("s0.param", 0, 64, "F32", numel)
+    assert rank.read("s0.param", 0, 64, "F32", numel) == first  # the same bytes again: fine
+    clean = rank._pread
+    rank._pread = lambda at, n: bytes([clean(at, n)[0] ^ 0x01]) + clean(at, n)[1:]
+    with pytest.raises(to_hf.Failure, match=r"corrupt tensor s0.param \(bytes \[0, 64\) of its "
+                       r"data, read again for a tied name, differ from their first read\)"):
+        rank.read("s0.param", 0, 64, "F32", numel)
+    with pytest.raises(to_hf.Failure, match="differ from their first read"):  # a range not read so
+        rank.read("s0.param", 8, 16, "F32", numel)
+    rank.close()
     # Another model's config: its class has other parameters.
     llama = tmp_path / "llama.json"
     import transformers

@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -388,12 +389,13 @@ TEST_F(ArchiveFile, RanksReadOnlyTheirRangeOfAGroup) {
       Archive archive(path);
       ShardRange s = shardRange(11, r, n);
       at::Tensor part = archive.readGroupRange(0, s.begin, s.end);
-      EXPECT_EQ(archive.bytesRead(), (s.end - s.begin) * 4) << "rank " << r << " of " << n;
+      // 44 bytes: one checksummed chunk (64 bytes at least), read whole.
+      EXPECT_EQ(archive.bytesRead(), s.end > s.begin ? 11 * 4 : 0) << "rank " << r << " of " << n;
       total += archive.bytesRead();
       gathered = gathered.defined() ? at::cat({gathered, part}) : part;
     }
     EXPECT_TRUE(at::equal(gathered, flat)) << n << " ranks";
-    EXPECT_EQ(total, 11 * 4);
+    EXPECT_EQ(total, 11 * 4 * n);
   }
   // Whole tensors read from their group record at their offsets.
   Archive archive(path);
@@ -430,17 +432,20 @@ TEST_F(ArchiveFile, AGroupSplitIntoPartsReadsAsOne) {
     EXPECT_EQ(reader.getRecordSize("bmt/weights/group0.3"), 2u * 4);
   }
   // Every range, read from the parts, equals the range of the whole record,
-  // reading exactly its bytes; the checksums are those of the whole tensors.
+  // reading the one checksummed chunk (the whole buffer, chunks span the
+  // parts); the checksums are those of the whole tensors.
   Archive a(wholePath), b(splitPath);
   EXPECT_EQ(b.plan().groups[0].parts.size(), 4u);
   for (size_t i = 0; i < 3; ++i)
     EXPECT_EQ(b.plan().tensors[i].crc32, a.plan().tensors[i].crc32) << i;
+  EXPECT_EQ(b.plan().groups[0].chunkBytes, 64);
+  EXPECT_EQ(b.plan().groups[0].chunkCrc32s, a.plan().groups[0].chunkCrc32s);
   for (int64_t begin = 0; begin <= 11; ++begin)
     for (int64_t end = begin; end <= 11; ++end) {
       int64_t before = b.bytesRead();
       EXPECT_TRUE(at::equal(b.readGroupRange(0, begin, end), a.readGroupRange(0, begin, end)))
           << "[" << begin << ", " << end << ")";
-      EXPECT_EQ(b.bytesRead() - before, (end - begin) * 4);
+      EXPECT_EQ(b.bytesRead() - before, end > begin ? 11 * 4 : 0);
     }
   EXPECT_TRUE(at::equal(b.readTensor(0), weight));
   EXPECT_TRUE(at::equal(b.readTensor(1), bias));
@@ -522,6 +527,118 @@ TEST_F(ArchiveFile, CorruptGroupBytesAreFound) {
     FAIL() << "no checksum error";
   } catch (const PlanError &e) {
     EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+  }
+}
+
+/// twoParameterPlan with a weight of 50 x 40 and a bias of 40 at element
+/// 2000: a group of 8160 bytes, 128 chunks of 64 bytes.
+Plan largerPlan() {
+  Plan p = twoParameterPlan();
+  p.tensors[0].shape = {50, 40};
+  p.tensors[1].shape = {40};
+  p.groups[0].offsets = {0, 2000};
+  p.groups[0].size = 2040;
+  return p;
+}
+
+/// Writes largerPlan's archive to `path` and flips byte `at` of its
+/// group's buffer in the file.
+void writeWithFlippedByte(const std::string &path, Plan &p, int64_t at) {
+  writeArchive(path, p, "module {}", [](size_t i) {
+    return std::vector<at::Tensor>{at::arange(1, 2001, at::kFloat).view({50, 40}),
+                                   at::arange(40, at::kFloat), at::ones({4})}[i];
+  });
+  int64_t start = 0;
+  {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    start = static_cast<int64_t>(reader.getRecordOffset("bmt/weights/group0"));
+  }
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(start + at);
+  char byte = static_cast<char>(f.get());
+  f.seekp(start + at);
+  f.put(static_cast<char>(byte ^ 0x10));
+}
+
+TEST_F(ArchiveFile, EveryByteARankReadsIsCheckedByItsChunk) {
+  // Byte 4100 of the buffer (the weight, chunk 64 of 128) flipped: of 3
+  // ranks (2720 bytes each), rank 1 reads it and finds it; ranks 0 and 2
+  // read only their ranges' chunks, which do not hold it.
+  Plan p = largerPlan();
+  std::string path = (dir_ / "chunks.pt").string();
+  writeWithFlippedByte(path, p, 4100);
+  EXPECT_EQ(p.groups[0].chunkBytes, 64);
+  EXPECT_EQ(p.groups[0].chunkCrc32s.size(), 128u);
+  for (int64_t r = 0; r < 3; ++r) {
+    Archive archive(path);
+    ShardRange s = shardRange(2040, r, 3);
+    if (r != 1) {
+      archive.readGroupRange(0, s.begin, s.end);
+      // Its range, widened to whole chunks: at most a chunk more at each end.
+      EXPECT_LE(archive.bytesRead(), (s.end - s.begin) * 4 + 2 * 64) << "rank " << r;
+      continue;
+    }
+    try {
+      archive.readGroupRange(0, s.begin, s.end);
+      FAIL() << "no checksum error";
+    } catch (const PlanError &e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find(path + ": corrupt record bmt/weights/group0 of storage group "
+                                 "block.0.float32 (chunk 64 of 128, bytes [4096, 4160) of its "
+                                 "buffer, holding block.0.weight): checksum mismatch"),
+                std::string::npos)
+          << what;
+    }
+  }
+  // A range that ends just before the flipped byte's chunk reads clean.
+  Archive archive(path);
+  EXPECT_NO_THROW(archive.readGroupRange(0, 1000, 1024));
+  EXPECT_THROW(archive.readGroupRange(0, 1000, 1025), PlanError);
+}
+
+TEST_F(ArchiveFile, AnArchiveWithoutChunkChecksumsReadsTheMembersItTouchesWhole) {
+  // The same archive as written before chunk checksums (its plan without
+  // them): a range reads every member it touches whole and checks it.
+  Plan p = largerPlan();
+  std::string path = (dir_ / "new.pt").string(), old = (dir_ / "old.pt").string();
+  writeWithFlippedByte(path, p, 4100);
+  {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    caffe2::serialize::PyTorchStreamWriter writer(old);
+    for (const std::string &name : reader.getAllRecords()) {
+      if (name.rfind("bmt/", 0) != 0)
+        continue;
+      auto [data, size] = reader.getRecord(name);
+      if (name != "bmt/plan.pkl") {
+        writer.writeRecord(name, data.get(), size);
+        continue;
+      }
+      Plan plan = fromIValue(torch::jit::pickle_load(
+          std::vector<char>(static_cast<char *>(data.get()), static_cast<char *>(data.get()) + size)));
+      plan.groups[0].chunkBytes = 0;
+      plan.groups[0].chunkCrc32s.clear();
+      std::vector<char> bytes = torch::jit::pickle_save(toIValue(plan));
+      writer.writeRecord(name, bytes.data(), bytes.size());
+    }
+    writer.writeEndOfFile();
+  }
+  Archive archive(old);
+  EXPECT_EQ(archive.plan().groups[0].chunkBytes, 0);
+  // The bias alone: read whole (160 bytes), clean.
+  EXPECT_TRUE(at::equal(archive.readGroupRange(0, 2010, 2020), at::arange(10, 20, at::kFloat)));
+  EXPECT_EQ(archive.bytesRead(), 40 * 4);
+  // Any range touching the weight reads it whole and finds the flipped byte.
+  for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 10}, {1990, 2010}}) {
+    try {
+      archive.readGroupRange(0, begin, end);
+      FAIL() << "no checksum error for [" << begin << ", " << end << ")";
+    } catch (const PlanError &e) {
+      EXPECT_NE(std::string(e.what()).find("corrupt record bmt/weights/group0 of block.0.weight "
+                                           "(bytes [0, 8000) of storage group block.0.float32's "
+                                           "buffer, read whole"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

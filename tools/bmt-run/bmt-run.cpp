@@ -24,6 +24,7 @@
 #include "bmt/Runtime/train/DocumentLayout.h"
 #include "bmt/Runtime/train/Finish.h"
 #include "bmt/Runtime/train/RunChecks.h"
+#include "bmt/Runtime/train/RunLog.h"
 #include "bmt/Runtime/train/RunReport.h"
 #include "bmt/Runtime/train/StopSignal.h"
 #include "bmt/Runtime/train/Threads.h"
@@ -171,14 +172,10 @@ int run(const tools::RunOptions &o) {
       std::cout << "bmt-run: --resume auto: no complete checkpoint in " << o.checkpoints.dir
                 << "; starting at step 1\n";
   }
+  // A resumed run adds its steps to the log of the run it continues.
   std::unique_ptr<std::ofstream> log;
-  if (!o.logFile.empty()) {
-    // A resumed run adds its steps to the log of the run it continues.
-    log = std::make_unique<std::ofstream>(o.logFile, resumeFrom.empty() ? std::ios::trunc
-                                                                        : std::ios::app);
-    if (!*log)
-      throw Failure(o.logFile + ": cannot write the log");
-  }
+  if (!o.logFile.empty())
+    log = runtime::openRunLog(o.logFile, !resumeFrom.empty(), rank0);
   runtime::Trainer trainer(model, config, std::cout, log.get());
   if (rank0 && model.optimizerWritesShards())
     std::cout << "bmt-run: the optimizer writes the " << c10::toString(model.parameterDtype())
@@ -201,12 +198,14 @@ int run(const tools::RunOptions &o) {
   if (o.evalOnly) {
     trainer.reportEvaluation(
         0, trainer.evaluate(*eval, windowLength - 1, o.microBatch, o.train.evalBatches));
-    return 0;
+    return runtime::checkRunLog(o.logFile, log.get(), 0);
   }
 
   const runtime::TrainOutcome outcome =
       trainer.train(*batches, eval.get(), windowLength - 1, o.microBatch);
-  return runtime::finishRun(model, outcome, o.checkpoints.dir, o.saveParams);
+  return runtime::checkRunLog(
+      o.logFile, log.get(),
+      runtime::finishRun(model, outcome, o.checkpoints.dir, o.saveParams));
 }
 
 /// Writes `line` unless this process is a rank other than 0 of a launch

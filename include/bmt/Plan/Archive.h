@@ -129,10 +129,14 @@ public:
   /// checked against the copy's crc32s; init rules give the copy's slices)
   /// into a new 1-D CPU tensor of the group's dtype, reading only those
   /// bytes from the file (rank-local loading; from each part the range
-  /// covers, for a group split into parts). Checks the CRC-32 of every
-  /// member that lies wholly inside the range (members cut by the range's
-  /// ends are not checked on this read). Throws PlanError for a missing or
-  /// short record, a range outside the buffer, or a checksum mismatch.
+  /// covers, for a group split into parts). Every byte read is checked:
+  /// the read is widened to the checksummed chunks covering the range
+  /// (StorageGroup::chunkBytes) and each chunk checked against its CRC-32;
+  /// in an archive without chunk checksums, to the members the range
+  /// touches, each read whole and checked against its crc32 (crc32s).
+  /// Throws PlanError for a missing or short record, a range outside the
+  /// buffer, or a checksum mismatch (naming the record, the group, the
+  /// bytes and the members they hold).
   /// Members with an init rule are generated, not read.
   at::Tensor readGroupRange(size_t group, int64_t begin, int64_t end);
   /// Seed of the init rules of a weights-free plan (default 0). The values
@@ -157,6 +161,11 @@ private:
   /// Copies `nbytes` bytes at byte `at` of the file to `dst` (PlanError
   /// naming `record` at the end of the file).
   void readFileBytes(int64_t at, int64_t nbytes, void *dst, const std::string &record);
+  /// Copies bytes [from, to) of storage group `g`'s flat buffer to `dst`
+  /// (from each part the range covers, for a group split into parts).
+  void readBufferBytes(const StorageGroup &g, int64_t from, int64_t to, char *dst);
+  /// The record holding byte `at` of `g`'s buffer (its part, if split).
+  std::string recordOfByte(const StorageGroup &g, int64_t at) const;
   /// Copies `nbytes` bytes at `offset` of record `record` to `dst`.
   void readRecordRange(const std::string &record, int64_t offset, int64_t nbytes,
                        void *dst, const std::string &what);

@@ -209,6 +209,14 @@ struct StorageGroup {
   /// (which writeArchive sets to the tp_rank 0 copy's). Empty when the group
   /// has no record (weights-free) or T == 1.
   std::vector<int64_t> crc32s;
+  /// Per-chunk checksums of this copy's flat buffer, so that a rank that
+  /// reads a range of it checks every byte it reads: chunk k is bytes
+  /// [k * chunkBytes, min((k + 1) * chunkBytes, nbytes())) of the buffer,
+  /// chunkCrc32s[k] its CRC-32. chunkBytes 0 (chunkCrc32s empty): none, in
+  /// a weights-free group or an archive written before them (readers then
+  /// read every member a range touches whole and check its crc32).
+  int64_t chunkBytes = 0;
+  std::vector<int64_t> chunkCrc32s;
 
   int64_t nbytes() const { return size * static_cast<int64_t>(c10::elementSize(dtype)); }
 };

@@ -2,7 +2,7 @@
 //
 // bmt-run's check before step 1 (docs/runtime.md, "Memory check"): the
 // bytes a forward allocates, measured at 1 and 2 rows through LibTorch's
-// memory reporting (the profiler's hook), scaled to the run's micro-batch,
+// memory reporting (the profiler's hook; on CUDA the caching allocator's statistics), scaled to the run's micro-batch,
 // against the device's free memory or the host's available memory.
 //
 //===----------------------------------------------------------------------===//
@@ -19,9 +19,11 @@
 namespace bmt::runtime {
 
 /// The most bytes allocated on `device` at once, above what was allocated
-/// before, while `run` runs on this thread (LibTorch's CPU allocator and
-/// CUDA caching allocator report each allocation to the memory profiling
-/// hook installed meanwhile). Exceptions of `run` pass through.
+/// before, while `run` runs on this thread: on the CPU through the memory
+/// profiling hook installed meanwhile (LibTorch's allocator reports each
+/// allocation to it), on CUDA from the caching allocator's statistics (its
+/// peak is reset first: Metrics' peak GiB counts from here). Exceptions of
+/// `run` pass through.
 int64_t peakBytesDuring(c10::Device device, const std::function<void()> &run);
 
 /// Memory that allocations on `device` can still get, and where the number

@@ -97,6 +97,12 @@ public:
   void inspection(int64_t step, const std::vector<BlockInspection> &blocks);
 
 private:
+  /// Flushes the JSON log; at its first failed write (a full disk) says so
+  /// once ("warning: --log-file: the line of step N could not be written
+  /// (WHY); the log is incomplete from there") and writes no more JSON, so
+  /// that no torn line follows. bmt-run then exits 1 at the end of the run.
+  void flushJson(int64_t step);
+
   std::ostream &out_;
   std::ostream *json_;
   int64_t logEvery_;
