@@ -21,6 +21,8 @@
 
 #include "bmt/Runtime/checkpoint/Checkpoint.h"
 
+#include "bmt/Runtime/Env.h"
+
 #include "bmt/Plan/Plan.h"
 #include "bmt/Runtime/comm/Comm.h"
 #include "bmt/Runtime/exec/Model.h"
@@ -648,16 +650,10 @@ struct CheckpointSaver::Impl {
   /// The bytes of each checksummed chunk of a tensor (kChunkBytes;
   /// BMT_DEBUG_CHECKPOINT_CHUNK_BYTES sets another, for tests of tiny
   /// models whose tensors are smaller than a chunk).
-  int64_t chunkBytes = [] {
-    const char *v = std::getenv("BMT_DEBUG_CHECKPOINT_CHUNK_BYTES");
-    return v && *v && std::atoll(v) > 0 ? std::atoll(v) : kChunkBytes;
-  }();
+  int64_t chunkBytes = env::debugCheckpointChunkBytes().value_or(kChunkBytes);
   /// BMT_DEBUG_CHECKPOINT_SLOW_MS: sleep after writing each tensor (tests
   /// that kill a rank during a save).
-  int64_t slowWriteMs = [] {
-    const char *v = std::getenv("BMT_DEBUG_CHECKPOINT_SLOW_MS");
-    return v && *v ? std::atoll(v) : 0;
-  }();
+  int64_t slowWriteMs = env::debugCheckpointSlowMs();
 
   /// The saving thread: copies, writes, commits.
   void write(std::shared_ptr<Snapshot> snap) {

@@ -8,6 +8,8 @@
 
 #include "CommInternal.h"
 
+#include "bmt/Runtime/Env.h"
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -29,10 +31,11 @@ const char *reduceOpName(ReduceOp op) {
 }
 
 std::chrono::milliseconds defaultCommTimeout() {
-  const char *env = std::getenv("BMT_COMM_TIMEOUT_S");
-  if (!env || !*env)
-    return std::chrono::milliseconds(300 * 1000);
-  return detail::parseTimeoutSeconds(env);
+  try {
+    return env::commTimeout();
+  } catch (const EnvError &e) {
+    throw CommError(e.what());
+  }
 }
 
 namespace detail {
@@ -60,14 +63,11 @@ std::string firstLine(const std::string &text) {
 }
 
 std::chrono::milliseconds parseTimeoutSeconds(const std::string &value) {
-  errno = 0;
-  char *end = nullptr;
-  double s = std::strtod(value.c_str(), &end);
-  if (errno != 0 || end == value.c_str() || *end != '\0' || !std::isfinite(s) || s <= 0 ||
-      s > 1e9)
-    throw CommError("BMT_COMM_TIMEOUT_S: expected a positive number of seconds, got '" + value +
-                    "'");
-  return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(s * 1000)));
+  try {
+    return env::parseCommTimeout(value);
+  } catch (const EnvError &e) {
+    throw CommError(e.what());
+  }
 }
 
 std::chrono::milliseconds resolveTimeout(std::chrono::milliseconds t) {

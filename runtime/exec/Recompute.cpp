@@ -2,6 +2,8 @@
 
 #include "exec/Recompute.h"
 
+#include "bmt/Runtime/Env.h"
+
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/result_type.h>
@@ -138,10 +140,7 @@ const RecomputePlan &RecomputePlans::forResults(size_t function,
 }
 
 at::Tensor placeholder(at::IntArrayRef shape, const at::TensorOptions &options) {
-  static const bool nan = [] {
-    const char *v = std::getenv("BMT_DEBUG_RECOMPUTE_NAN");
-    return v && std::string(v) == "1";
-  }();
+  static const bool nan = env::debugRecomputeNan();
   at::Tensor t = at::empty(shape, options);
   return nan ? t.fill_(std::numeric_limits<double>::quiet_NaN()) : t;
 }

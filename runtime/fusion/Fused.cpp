@@ -1,6 +1,7 @@
 //===- Fused.cpp - a fused region as an autograd node, kernels via NVRTC --===//
 
 #include "bmt/Runtime/fusion/Fused.h"
+#include "bmt/Runtime/Env.h"
 
 #include "bmt/Runtime/fusion/Nvrtc.h"
 #include "bmt/Runtime/fusion/Prewarm.h"
@@ -342,11 +343,11 @@ int multiProcessors(const at::Device &) { return 1; }
 /// FusionError (a measurement must not run another mode than it says).
 bool rowPrefetch(bool backward) {
   static const std::string mode = [] {
-    const char *v = std::getenv("BMT_ROW_PREFETCH");
-    std::string m = v ? v : "0";
-    if (m != "0" && m != "backward" && m != "1")
-      throw FusionError("BMT_ROW_PREFETCH is '" + m + "'; it takes 0, backward or 1");
-    return m;
+    try {
+      return runtime::env::rowPrefetch();
+    } catch (const runtime::EnvError &e) {
+      throw FusionError(e.what());
+    }
   }();
   return mode == "1" || (backward && mode == "backward");
 }
@@ -362,16 +363,11 @@ unsigned rowVectorBlocks(const Args &a, const at::Device &device, bool columnSum
   // BMT_ROW_BLOCKS_PER_SM: the forward's blocks an SM (default 16), for
   // measuring; an integer from 1 to 64, else a FusionError.
   static const int64_t forwardPerSm = [] {
-    const char *v = std::getenv("BMT_ROW_BLOCKS_PER_SM");
-    if (!v)
-      return int64_t{16};
-    char *end = nullptr;
-    errno = 0;
-    const long long n = std::strtoll(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || n < 1 || n > 64)
-      throw FusionError(std::string("BMT_ROW_BLOCKS_PER_SM is '") + v +
-                        "'; it takes an integer from 1 to 64");
-    return static_cast<int64_t>(n);
+    try {
+      return runtime::env::rowBlocksPerSm();
+    } catch (const runtime::EnvError &e) {
+      throw FusionError(e.what());
+    }
   }();
   int64_t perSm = columnSums ? 4 : forwardPerSm;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(a.n, int64_t{sms} * perSm)));
@@ -434,7 +430,7 @@ std::vector<at::Tensor> FusedRegion::run(const std::vector<at::Tensor> &inputs) 
 
 bool FusedRegion::usesKernels(const at::Device &device) {
 #ifdef BMT_WITH_CUDA_KERNELS
-  static const bool disabled = std::getenv("BMT_FUSED_ATEN") != nullptr;
+  static const bool disabled = runtime::env::fusedRegionsOnAten();
   return device.is_cuda() && !disabled && driver().handle && nvrtcAvailable();
 #else
   (void)device;

@@ -1,6 +1,7 @@
 //===- Nvrtc.cpp - NVRTC through dlopen, with an on-disk cache ------------===//
 
 #include "bmt/Runtime/fusion/Nvrtc.h"
+#include "bmt/Runtime/Env.h"
 
 #include "bmt/Runtime/fusion/Region.h"
 
@@ -44,8 +45,8 @@ const Api &api() {
   static std::once_flag once;
   std::call_once(once, [] {
     std::vector<std::string> names;
-    if (const char *e = std::getenv("BMT_NVRTC_LIBRARY"))
-      names.push_back(e);
+    if (std::optional<std::string> e = runtime::env::nvrtcLibrary())
+      names.push_back(*e);
     for (const char *n : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so",
                           "/usr/local/cuda/lib64/libnvrtc.so"})
       names.push_back(n);
@@ -93,8 +94,8 @@ uint64_t fnv1a(const std::string &s) {
 }
 
 std::filesystem::path cacheDir() {
-  if (const char *e = std::getenv("BMT_KERNEL_CACHE"))
-    return e;
+  if (std::optional<std::string> e = runtime::env::kernelCache())
+    return *e;
   if (const char *x = std::getenv("XDG_CACHE_HOME"))
     return std::filesystem::path(x) / "bmt" / "kernels";
   if (const char *h = std::getenv("HOME"))

@@ -1,6 +1,7 @@
 //===- CrossEntropy.cpp - the language-model loss -------------------------===//
 
 #include "bmt/Runtime/objectives/CrossEntropy.h"
+#include "bmt/Runtime/Env.h"
 #include "bmt/Runtime/comm/Comm.h"
 
 #include <ATen/TensorOperators.h>
@@ -155,8 +156,7 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
 };
 
 bool fusedDisabled() {
-  const char *v = std::getenv("BMT_FUSED_CROSS_ENTROPY");
-  return v && std::string(v) == "0";
+  return !env::fusedCrossEntropy();
 }
 
 } // namespace

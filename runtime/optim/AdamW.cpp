@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Runtime/optim/AdamW.h"
+#include "bmt/Runtime/Env.h"
 
 #include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/_foreach_mul.h>
@@ -82,15 +83,13 @@ void fusedAdam(Group &group, double lr, const AdamWConfig &config, double weight
 /// and serves them with ATen ops (AdamW.h), so that the storage's side
 /// runs where the kernel cannot (the CPU tests).
 bool emulationRequested() {
-  const char *v = std::getenv("BMT_DEBUG_ADAM_COPIES");
-  return v && std::string(v) == "aten";
+  return env::debugAdamCopiesAten();
 }
 
 /// Whether the runtime's Adam kernel can update params on `device`.
 bool fusedKernelAvailable(const c10::Device &device) {
 #ifdef BMT_WITH_CUDA_KERNELS
-  const char *v = std::getenv("BMT_FUSED_ADAM");
-  return device.is_cuda() && !(v && std::string(v) == "0");
+  return device.is_cuda() && env::fusedAdam();
 #else
   (void)device;
   return false;

@@ -220,4 +220,39 @@ int64_t maskTokenId(const runtime::TokenFile *data) {
   return *data->maskId();
 }
 
+runtime::ProbeShape probeShape(const RunOptions &o, const FixedBatches &fixed,
+                               const runtime::SpanCorruptionConfig *span, int64_t targetLength,
+                               int64_t worldSize,
+                               const std::vector<std::pair<std::string, std::string>> &hfFiles) {
+  runtime::ProbeShape s;
+  s.archive = o.archive;
+  s.rows = o.microBatch;
+  s.length = o.seqLen;
+  s.target = targetLength;
+  if (fixed.inputIds.defined()) {
+    s.rows = fixed.inputIds.size(1) / worldSize; // (data-parallel ranks)
+    s.length = fixed.inputIds.size(2);
+    s.target = fixed.labels.size(2);
+  } else if (fixed.windows.defined()) {
+    s.rows = fixed.windows.size(1) / worldSize;
+    s.length = fixed.windows.size(2) - 1;
+    if (span) {
+      runtime::SpanCorruptionLengths l = runtime::spanCorruptionLengths(fixed.windows.size(2), *span);
+      s.length = l.inputLength;
+      s.target = l.targetLength;
+    }
+  }
+  const std::string options =
+      "--micro-batch " + std::to_string(o.microBatch) + " --seq-len " + std::to_string(o.seqLen);
+  s.fixedShape = fixed.inputIds.defined() || fixed.windows.defined();
+  s.shape = s.fixedShape ? o.batchesFile : options;
+  s.runName = o.batchesFile.empty() ? options : o.batchesFile;
+  if (s.fixedShape && !o.evalData.empty())
+    s.evalShape = std::make_pair(o.microBatch, o.seqLen);
+  s.checkMemory = !o.evalOnly;
+  s.measureMemory = o.memoryCheck;
+  s.hfFiles = hfFiles;
+  return s;
+}
+
 } // namespace bmt::tools

@@ -15,6 +15,7 @@
 #include "bmt/Runtime/objectives/Corruption.h"
 #include "bmt/Runtime/exec/Model.h"
 #include "bmt/Runtime/data/TokenData.h"
+#include "bmt/Runtime/train/Preflight.h"
 #include "bmt/Runtime/train/Trainer.h"
 #include "bmt/Plan/Archive.h"
 
@@ -35,41 +36,12 @@ struct Failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// A refusal that follows from the options and the plan alone, so that
-/// every rank of a launch makes it alike: bmt-run prints it on rank 0 only
-/// (RANK unset or 0); every rank exits 1.
-struct ConfigFailure : Failure {
-  using Failure::Failure;
-};
-
-/// A failure every rank of a launch knows alike, having agreed on it by a
-/// collective (a save that some rank could not write): printed by rank 0
-/// only; every rank exits 1.
-struct AgreedFailure : Failure {
-  using Failure::Failure;
-};
+// Refusals every rank makes alike, printed by rank 0 only, are the
+// runtime's ConfigError (train/Preflight.h) and AgreedError (train/Finish.h).
 
 /// Refuses --save-params PATH before training when its folder's free space
 /// (statvfs) is below `bytes`, the file's size (Failure naming both).
 void checkSaveParamsRoom(const std::string &path, int64_t bytes);
-
-/// ConfigFailure when `length` tokens (a sequence of the run: --seq-len,
-/// or the --batches file's; `what` names it) exceed the positions the
-/// model's config.json (carried by sharded.pt, `hfFiles`) gives as
-/// max_position_embeddings; nothing without one.
-void checkPositions(const std::string &archiveName,
-                    const std::vector<std::pair<std::string, std::string>> &hfFiles,
-                    int64_t length, const std::string &what);
-
-/// Before step 1 (collective under ZeRO): ConfigFailure when `rows` x
-/// `length` tokens overflow 64-bit byte counts, and, unless
-/// --no-memory-check, when a forward and loss of `rows` rows (the bytes
-/// measured at 1 and 2 rows, scaled) need more than the device's free
-/// memory or the host's available memory (shared by the host's CPU
-/// ranks), naming both numbers (Failure: the ranks' free memory may
-/// differ). `shape` names the options that set it.
-void checkMemory(const RunOptions &o, runtime::Model &model, int64_t rows, int64_t length,
-                 int64_t target, const std::string &shape);
 
 /// The bytes of `path`; Failure when it cannot be opened.
 std::vector<char> readFile(const std::string &path);
@@ -124,6 +96,15 @@ FixedBatches loadBatches(const RunOptions &o, bool encoderDecoder,
 /// Failure when a token id of `fixed` lies outside [0, vocab) (labels may
 /// also be -100).
 void checkBatchIds(const FixedBatches &fixed, int64_t vocab, const std::string &path);
+
+/// The shape of one micro-batch of this rank for runtime::probeVocabulary:
+/// `fixed`'s when --batches gave them (`span`: span corruption's sizes,
+/// else null), else --micro-batch x --seq-len (`targetLength`: the
+/// decoder's); `worldSize`: the data-parallel ranks that split the rows.
+runtime::ProbeShape probeShape(const RunOptions &o, const FixedBatches &fixed,
+                               const runtime::SpanCorruptionConfig *span, int64_t targetLength,
+                               int64_t worldSize,
+                               const std::vector<std::pair<std::string, std::string>> &hfFiles);
 
 /// Span corruption's token ids for windows of `lengths` (Batches.cpp says
 /// where each comes from); prints them when `print`. Failure when there are
