@@ -123,17 +123,17 @@ Trainer::MicroBatchLoss Trainer::microBatchLoss(const MicroBatch &micro,
     // Documents (DocumentBatches): position t predicts token t + 1 only
     // where that token is a target of t's document; padding is not attended
     // (padded rows: attention_mask) or is a sequence of its own (packed
-    // rows: position_ids restart at 0 at each document). A plan compiled
-    // assuming attention_mask all ones gets all ones (Model's default):
-    // right padding comes after every token of its row, and a causal LM's
-    // output at a token depends on the tokens up to it only, so the loss on
-    // the row's targets is the same as with the padding term.
+    // rows: position_ids restart at 0 at each document). The rows' mask is
+    // given even to a plan compiled assuming attention_mask all ones: the
+    // attentions made causal no longer read it (right padding comes after
+    // every token of its row, which a causal attention's earlier positions
+    // never see), and whatever still reads it (an attention the pass left
+    // alone, a pooling over the sequence) needs the real one.
     if (micro.targets.defined()) {
       labels = labels.masked_fill(micro.targets.slice(1, 1, seq + 1).logical_not(), -100);
       if (micro.positionIds.defined())
         positionIds = micro.positionIds.slice(1, 0, seq);
-      else if (micro.attentionMask.defined() &&
-               !model_.plan().assumes(plan::kAssumeAttentionMaskAllOnes))
+      else if (micro.attentionMask.defined())
         attentionMask = micro.attentionMask.slice(1, 0, seq);
     }
   }

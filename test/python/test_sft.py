@@ -360,6 +360,69 @@ def test_eval_only_matches_eager(model, data, layout):
     assert abs(got["val_loss"] - want) <= 1e-5, (got, want)
 
 
+class PooledLlama(torch.nn.Module):
+    """The tiny LLaMA with a term that reads attention_mask over the whole
+    row (a masked mean of the hidden states added before the head): a
+    reader of the mask the causal-attention pass does not rewrite."""
+
+    def __init__(self):
+        super().__init__()
+        self.lm = build_model("llama")
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.lm.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        m = attention_mask[..., None].to(hidden.dtype)
+        pooled = (hidden * m).sum(1, keepdim=True) / m.sum(1, keepdim=True)
+        return {"logits": self.lm.lm_head(hidden + pooled)}
+
+
+def test_padded_rows_give_the_mask_to_what_still_reads_it(tmp_path):
+    """bmt-opt's default plan makes the attentions causal assuming
+    attention_mask all ones; bmt-run still feeds padded rows their real
+    mask, which the pooled term reads: --eval-only on padded rows gives the
+    loss of eager PyTorch on the same rows and masks (all ones there would
+    pool the padding in)."""
+    model = PooledLlama().eval()
+    ids = torch.randint(2, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    pt = tmp_path / "pooled.pt"
+    with torch.no_grad():
+        torch.jit.trace(model, example_kwarg_inputs={"input_ids": ids,
+                                                     "attention_mask": torch.ones_like(ids)},
+                        strict=False).save(str(pt))
+    plan, remarks = compile_plan(pt, tmp_path / "pooled.sharded.pt")
+    assert "assuming attention_mask all ones" in remarks, remarks
+    docs, masks = chat_documents(7, seed=11)
+    val = write_v2(str(tmp_path / "val"), docs, masks)
+    rows = 3
+    r = bmt_run(plan, "--eval-only", "--eval-data", val, "--sequences", "padded",
+                "--micro-batch", rows, "--seq-len", SEQ, "--log-file", tmp_path / "log.jsonl")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(open(tmp_path / "log.jsonl").read().splitlines()[-1])
+    # The rows as docs/runtime.md lays them out: documents in file order,
+    # `rows` a micro-batch, each cut to WINDOW and right-padded to the
+    # micro-batch's longest; the input is all but the last column.
+    total, count = 0.0, 0
+    for first in range(0, len(docs), rows):
+        group = list(range(first, min(first + rows, len(docs))))
+        width = max(min(len(docs[d]), WINDOW) for d in group)
+        ids = torch.full((len(group), width), PAD, dtype=torch.long)
+        amask = torch.zeros((len(group), width), dtype=torch.long)
+        labels = torch.full((len(group), width - 1), -100, dtype=torch.long)
+        for i, d in enumerate(group):
+            kept = min(len(docs[d]), WINDOW)
+            ids[i, :kept] = torch.as_tensor(docs[d][:kept])
+            amask[i, :kept] = 1
+            target = torch.as_tensor(masks[d][1:kept]) == 1
+            labels[i, :kept - 1] = torch.where(target, ids[i, 1:kept], -100)
+        with torch.no_grad():
+            logits = model(ids[:, :-1], amask[:, :-1])["logits"]
+        total += torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1),
+                                                   ignore_index=-100, reduction="sum").item()
+        count += int((labels != -100).sum())
+    assert got["tokens"] == count
+    assert abs(got["val_loss"] - total / count) <= 1e-5, (got, total / count)
+
+
 def test_batch_without_targets_is_skipped(model, tmp_path):
     """Documents whose response lies beyond the row (cut off): a global batch
     of only those has no target; its update is skipped, with a warning that
