@@ -30,6 +30,9 @@
 
 #include "bmt/Runtime/parallel/Zero.h"
 
+#include "bmt/Runtime/comm/Collectives.h"
+#include "exec/SavedPointer.h"
+
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Generator.h>
@@ -71,7 +74,7 @@ struct ZeroStorage::Group {
   bool live = false;            ///< `storage` holds the gathered values
   std::shared_ptr<Work> pending; ///< gather in flight
   int64_t linkedGeneration = -1; ///< forward pass that `linked` belongs to
-  variable_list linked;         ///< members linked to `shard` by a GatherFunction
+  variable_list linked;         ///< members linked to `shard` by gatherZeroGroup
   /// The flat gradient of the backward under way, made by the first
   /// gradientSlot() of the pass (the group's backward takes it), and the
   /// members whose slot was given in pass `slotsGeneration`, and the
@@ -88,12 +91,6 @@ struct ZeroStorage::Group {
 };
 
 namespace {
-
-/// Holds a pointer in saved_data.
-IValue pointerValue(void *p) { return IValue(static_cast<int64_t>(reinterpret_cast<intptr_t>(p))); }
-template <typename T> T *pointerOf(const IValue &v) {
-  return reinterpret_cast<T *>(static_cast<intptr_t>(v.toInt()));
-}
 
 /// The ranges [begin, end) of a buffer of `size` elements that no defined
 /// gradient of `grads` (one per member, at `offsets`) covers.
@@ -117,92 +114,6 @@ std::vector<std::pair<int64_t, int64_t>> uncoveredRanges(const std::vector<int64
 
 } // namespace
 
-/// shard -> the group's members, gathered. Backward: the members' gradients
-/// laid out flat, reduce-scattered into the shard's gradient; then the
-/// gathered buffer is freed (nothing of this pass needs it any more).
-struct GatherFunction : torch::autograd::Function<GatherFunction> {
-  static variable_list forward(AutogradContext *ctx, const at::Tensor &shard,
-                               ZeroStorage *zero, int64_t group) {
-    ctx->saved_data["zero"] = pointerValue(zero);
-    ctx->saved_data["group"] = group;
-    ZeroStorage::Group &g = *zero->groups_[group];
-    zero->ensureGathered(g);
-    return zero->memberViews(g);
-  }
-
-  static variable_list backward(AutogradContext *ctx, variable_list grads) {
-    auto *zero = pointerOf<ZeroStorage>(ctx->saved_data["zero"]);
-    ZeroStorage::Group &g = *zero->groups_[ctx->saved_data["group"].toInt()];
-    // The members' gradients are copied in; only what they leave (the
-    // padding, alignment gaps, members without a gradient) is zeroed, in
-    // place of a zero-fill of the whole buffer that writes it twice, unless
-    // that would take more than a few small fills.
-    std::vector<std::pair<int64_t, int64_t>> gaps = uncoveredRanges(g.info->offsets, g.padded, grads);
-    // The flat gradient the members' slots are in (gradientSlot), or a new one.
-    at::Tensor flat = std::move(g.gradFlat);
-    g.gradFlat = at::Tensor();
-    const bool slots = flat.defined(); // then a whole fill would erase them
-    if (!slots)
-      flat = at::empty({g.padded}, g.shard.options().dtype(zero->reduceDtype(g)));
-    if (gaps.size() > 4 && !slots)
-      flat.zero_();
-    else
-      for (const auto &[begin, end] : gaps)
-        flat.narrow(0, begin, end - begin).zero_();
-    // One multi-tensor copy (and cast) of every member's gradient: on CUDA
-    // one launch where a copy_ per member is a launch and its host work each.
-    std::vector<at::Tensor> into, from;
-    for (size_t m = 0; m < grads.size(); ++m)
-      if (grads[m].defined()) {
-        at::Tensor slice = flat.narrow(0, g.info->offsets[m], grads[m].numel());
-        if (grads[m].is_contiguous() && grads[m].scalar_type() == flat.scalar_type() &&
-            grads[m].data_ptr() == slice.data_ptr()) {
-          ++zero->gradientsInPlace_; // written in its slot by the op that made it
-          continue;
-        }
-        into.push_back(slice);
-        from.push_back(grads[m].reshape({-1}));
-      }
-    if (!into.empty())
-      at::_foreach_copy_(into, from);
-    // Tensor parallelism: replicated members whose gradient differs per TP
-    // rank get the sum over the TP group (every TP rank runs this backward
-    // in the same order).
-    for (const auto &[begin, end] : g.reduceGradRanges)
-      zero->tensor_->allReduce(flat.narrow(0, begin, end - begin))->wait();
-    zero->startReduceGradient(g, flat);
-    zero->freeBuffer(g);
-    // The shard's gradient arrives in finishGradients(), so that this
-    // reduce-scatter overlaps the backward of the blocks before this one.
-    return {at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-/// Identity on a block's outputs whose backward first gathers the block
-/// again (ZeRO-3 released it after the forward) and prefetches the blocks
-/// before it.
-struct RegatherFunction : torch::autograd::Function<RegatherFunction> {
-  // (Tensor lists are passed as at::TensorList: autograd counts only those,
-  // not a std::vector, as tensor inputs.)
-  static variable_list forward(AutogradContext *ctx, at::TensorList outputs, ZeroStorage *zero,
-                               std::string list, int64_t index) {
-    ctx->saved_data["zero"] = pointerValue(zero);
-    ctx->saved_data["list"] = list;
-    ctx->saved_data["index"] = index;
-    return outputs.vec();
-  }
-
-  static variable_list backward(AutogradContext *ctx, variable_list grads) {
-    auto *zero = pointerOf<ZeroStorage>(ctx->saved_data["zero"]);
-    zero->prepareBackward(ctx->saved_data["list"].toStringRef(),
-                          ctx->saved_data["index"].toInt());
-    grads.push_back(at::Tensor());
-    grads.push_back(at::Tensor());
-    grads.push_back(at::Tensor());
-    return grads;
-  }
-};
-
 /// What a checkpointed block call needs again in backward.
 struct CheckpointState : torch::CustomClassHolder {
   const plan::Instruction *inst = nullptr;
@@ -222,11 +133,11 @@ struct CheckpointState : torch::CustomClassHolder {
 /// with autograd (the `recompute` run: what only the results' values need,
 /// such as the last matmul, is not computed, exec/Recompute.h) and
 /// back-propagates through it, which reduce-scatters its parameters'
-/// gradients on the way (GatherFunction).
+/// gradients on the way (gatherZeroGroup).
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   static variable_list forward(AutogradContext *ctx, at::TensorList inputs, ZeroStorage *zero,
                                c10::intrusive_ptr<CheckpointState> state) {
-    ctx->saved_data["zero"] = pointerValue(zero);
+    savePointer(ctx, "zero", zero);
     ctx->saved_data["state"] = IValue::make_capsule(state);
     ctx->save_for_backward(inputs.vec());
     state->rngState = at::globalContext().defaultGenerator(state->device).get_state();
@@ -246,7 +157,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   }
 
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
-    auto *zero = pointerOf<ZeroStorage>(ctx->saved_data["zero"]);
+    auto *zero = savedPointer<ZeroStorage>(ctx, "zero");
     auto state = c10::static_intrusive_pointer_cast<CheckpointState>(
         ctx->saved_data["state"].toCapsule());
     variable_list saved = ctx->get_saved_variables();
@@ -373,7 +284,7 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
       replicaComm_->allGather(gathered, mine)->wait();
       shard.copy_(gathered.narrow(0, 0, g->range.shardSize));
     }
-    shard.set_requires_grad(true); // GatherFunction's input (its gradient stays undefined)
+    shard.set_requires_grad(true); // gatherZeroGroup's input (its gradient stays undefined)
     g->shard = shard;
     at::Tensor trainable = shard;
     if ((info.dtype == at::kBFloat16 || info.dtype == at::kHalf) && !offload_) {
@@ -492,6 +403,57 @@ std::vector<at::Tensor> ZeroStorage::memberViews(Group &g) {
     out.push_back(at::empty({0}, v.options()).set_(v.storage(), v.storage_offset(), v.sizes(),
                                                     v.strides()));
   return out;
+}
+
+std::vector<at::Tensor> ZeroStorage::gatheredMembers(int64_t group) {
+  Group &g = *groups_[group];
+  ensureGathered(g);
+  return memberViews(g);
+}
+
+void ZeroStorage::reduceMemberGradients(int64_t group, const std::vector<at::Tensor> &grads) {
+  Group &g = *groups_[group];
+  // The members' gradients are copied in; only what they leave (the
+  // padding, alignment gaps, members without a gradient) is zeroed, in
+  // place of a zero-fill of the whole buffer that writes it twice, unless
+  // that would take more than a few small fills.
+  std::vector<std::pair<int64_t, int64_t>> gaps = uncoveredRanges(g.info->offsets, g.padded, grads);
+  // The flat gradient the members' slots are in (gradientSlot), or a new one.
+  at::Tensor flat = std::move(g.gradFlat);
+  g.gradFlat = at::Tensor();
+  const bool slots = flat.defined(); // then a whole fill would erase them
+  if (!slots)
+    flat = at::empty({g.padded}, g.shard.options().dtype(reduceDtype(g)));
+  if (gaps.size() > 4 && !slots)
+    flat.zero_();
+  else
+    for (const auto &[begin, end] : gaps)
+      flat.narrow(0, begin, end - begin).zero_();
+  // One multi-tensor copy (and cast) of every member's gradient: on CUDA
+  // one launch where a copy_ per member is a launch and its host work each.
+  std::vector<at::Tensor> into, from;
+  for (size_t m = 0; m < grads.size(); ++m)
+    if (grads[m].defined()) {
+      at::Tensor slice = flat.narrow(0, g.info->offsets[m], grads[m].numel());
+      if (grads[m].is_contiguous() && grads[m].scalar_type() == flat.scalar_type() &&
+          grads[m].data_ptr() == slice.data_ptr()) {
+        ++gradientsInPlace_; // written in its slot by the op that made it
+        continue;
+      }
+      into.push_back(slice);
+      from.push_back(grads[m].reshape({-1}));
+    }
+  if (!into.empty())
+    at::_foreach_copy_(into, from);
+  // Tensor parallelism: replicated members whose gradient differs per TP
+  // rank get the sum over the TP group (every TP rank runs this backward
+  // in the same order).
+  for (const auto &[begin, end] : g.reduceGradRanges)
+    tensor_->allReduce(flat.narrow(0, begin, end - begin))->wait();
+  startReduceGradient(g, flat);
+  freeBuffer(g);
+  // The shard's gradient arrives in finishGradients(), so that this
+  // reduce-scatter overlaps the backward of the blocks before this one.
 }
 
 void ZeroStorage::startReduceGradient(Group &g, const at::Tensor &flat) {
@@ -669,7 +631,7 @@ at::Tensor ZeroStorage::global(int64_t index) {
     ++member;
   if (c10::GradMode::is_enabled()) {
     if (g.linkedGeneration != generation_) {
-      g.linked = GatherFunction::apply(g.shard, this, g.index);
+      g.linked = gatherZeroGroup(g.shard, *this, g.index);
       g.linkedGeneration = generation_;
     }
     return g.linked[member];
@@ -722,7 +684,7 @@ void ZeroStorage::gather(int64_t group) { startGather(groupOf(group)); }
 void ZeroStorage::release(int64_t group) {
   Group &g = groupOf(group);
   // Under ZeRO-2 the plan has no release; a buffer still needed for a
-  // backward is gathered again by RegatherFunction/CheckpointFunction.
+  // backward is gathered again by regatherInBackward/CheckpointFunction.
   freeBuffer(g);
 }
 
@@ -763,7 +725,7 @@ std::vector<IValue> ZeroStorage::callBlock(const plan::Instruction &inst, const 
   if (outputs.empty())
     return results;
   variable_list gated =
-      RegatherFunction::apply(at::TensorList(outputs), this, inst.blockList, inst.blockIndex);
+      regatherInBackward(at::TensorList(outputs), *this, inst.blockList, inst.blockIndex);
   for (size_t k = 0; k < positions.size(); ++k)
     results[positions[k]] = gated[k];
   return results;

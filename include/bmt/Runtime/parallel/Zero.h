@@ -226,6 +226,8 @@ public:
 
 private:
   struct Group;
+  // The autograd functions of comm/Collectives.cpp (gatherZeroGroup,
+  // regatherInBackward) and the recompute of a checkpointed block.
   friend struct GatherFunction;
   friend struct RegatherFunction;
   friend struct CheckpointFunction;
@@ -242,6 +244,13 @@ private:
   void prepareBackward(const std::string &list, int64_t blockIndex);
   /// Member tensors aliasing group g's gathered buffer (no autograd).
   std::vector<at::Tensor> memberViews(Group &g);
+  /// gatherZeroGroup's forward: group `group` (an index of groups_)
+  /// gathered (waiting), its members' views.
+  std::vector<at::Tensor> gatheredMembers(int64_t group);
+  /// gatherZeroGroup's backward: the members' gradients `grads` laid out
+  /// flat, the reduce_grad ranges all-reduced over the TP group, the
+  /// reduce-scatter started (startReduceGradient), the buffer freed.
+  void reduceMemberGradients(int64_t group, const std::vector<at::Tensor> &grads);
   /// Starts reduce-scattering the full gradient `flat` of group g
   /// (finishGradients adds the result to the shard's gradient).
   void startReduceGradient(Group &g, const at::Tensor &flat);
