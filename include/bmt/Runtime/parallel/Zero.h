@@ -227,7 +227,8 @@ public:
 private:
   struct Group;
   // The autograd functions of comm/Collectives.cpp (gatherZeroGroup,
-  // regatherInBackward) and the recompute of a checkpointed block.
+  // regatherInBackward) and the recompute of a checkpointed block
+  // (parallel/BlockRecompute.cpp).
   friend struct GatherFunction;
   friend struct RegatherFunction;
   friend struct CheckpointFunction;
@@ -242,6 +243,9 @@ private:
   /// starts the gathers of the `prefetchDepth` blocks before it: the
   /// backward order.
   void prepareBackward(const std::string &list, int64_t blockIndex);
+  /// prepareBackward, and the block's groups linked to their shards anew
+  /// (global()) by the recompute of a checkpointed block.
+  void prepareRecompute(const std::string &list, int64_t blockIndex);
   /// Member tensors aliasing group g's gathered buffer (no autograd).
   std::vector<at::Tensor> memberViews(Group &g);
   /// gatherZeroGroup's forward: group `group` (an index of groups_)
