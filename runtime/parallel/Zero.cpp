@@ -205,26 +205,7 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
     auto g = std::make_unique<Group>(
         groupLayout(plan_, static_cast<int64_t>(i), info, ranges[i], shardComm_->size(), tp));
     at::TensorOptions options = at::TensorOptions().dtype(info.dtype).device(device_);
-    at::Tensor shard = at::zeros({g->layout.range.shardSize}, options);
-    if (replicaComm_->size() == 1) {
-      at::Tensor local =
-          archive.readGroupRange(copies[i], g->layout.range.begin, g->layout.range.end);
-      shard.narrow(0, 0, local.numel()).copy_(local);
-    } else {
-      // Hybrid sharding: the R replicas of a shard each read 1/R of it and
-      // all-gather the rest, so that every rank reads 1/N of the weights.
-      int64_t replicas = replicaComm_->size();
-      plan::ShardRange piece =
-          plan::shardRange(g->layout.range.shardSize, replicaComm_->rank(), replicas);
-      int64_t begin = std::min(g->layout.range.end, g->layout.range.begin + piece.begin);
-      int64_t end = std::min(g->layout.range.end, g->layout.range.begin + piece.end);
-      at::Tensor mine = at::zeros({piece.shardSize}, options);
-      at::Tensor local = archive.readGroupRange(copies[i], begin, end);
-      mine.narrow(0, 0, local.numel()).copy_(local);
-      at::Tensor gathered = at::empty({piece.shardSize * replicas}, options);
-      replicaComm_->allGather(gathered, mine)->wait();
-      shard.copy_(gathered.narrow(0, 0, g->layout.range.shardSize));
-    }
+    at::Tensor shard = readShard(archive, copies[i], g->layout.range, options);
     shard.set_requires_grad(true); // gatherZeroGroup's input (its gradient stays undefined)
     g->shard = shard;
     at::Tensor trainable = shard;
@@ -271,6 +252,31 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
   if (offload_ && device_.is_cuda())
     copyStream_ = c10::impl::VirtualGuardImpl(device_.type())
                       .getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
+}
+
+at::Tensor ZeroStorage::readShard(plan::Archive &archive, int64_t planGroup,
+                                  const plan::ShardRange &range,
+                                  const at::TensorOptions &options) {
+  at::Tensor shard = at::zeros({range.shardSize}, options);
+  if (replicaComm_->size() == 1) {
+    at::Tensor local = archive.readGroupRange(planGroup, range.begin, range.end);
+    shard.narrow(0, 0, local.numel()).copy_(local);
+  } else {
+    // Hybrid sharding: the R replicas of a shard each read 1/R of it and
+    // all-gather the rest, so that every rank reads 1/N of the weights.
+    int64_t replicas = replicaComm_->size();
+    plan::ShardRange piece =
+        plan::shardRange(range.shardSize, replicaComm_->rank(), replicas);
+    int64_t begin = std::min(range.end, range.begin + piece.begin);
+    int64_t end = std::min(range.end, range.begin + piece.end);
+    at::Tensor mine = at::zeros({piece.shardSize}, options);
+    at::Tensor local = archive.readGroupRange(planGroup, begin, end);
+    mine.narrow(0, 0, local.numel()).copy_(local);
+    at::Tensor gathered = at::empty({piece.shardSize * replicas}, options);
+    replicaComm_->allGather(gathered, mine)->wait();
+    shard.copy_(gathered.narrow(0, 0, range.shardSize));
+  }
+  return shard;
 }
 
 ZeroStorage::~ZeroStorage() {

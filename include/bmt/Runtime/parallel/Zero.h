@@ -233,6 +233,12 @@ private:
   friend struct RegatherFunction;
   friend struct CheckpointFunction;
 
+  /// This rank's shard `range` of plan group `planGroup` ([shardSize],
+  /// padding zero) read from `archive`; under hybrid sharding each replica
+  /// reads 1/R of it and all-gathers the rest over the replica group.
+  /// Throws plan::PlanError, CommError.
+  at::Tensor readShard(plan::Archive &archive, int64_t planGroup, const plan::ShardRange &range,
+                       const at::TensorOptions &options);
   void startGather(Group &g);
   void ensureGathered(Group &g);
   void freeBuffer(Group &g);
