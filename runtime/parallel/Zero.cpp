@@ -63,6 +63,7 @@ namespace {
 /// once the storage is built.
 struct GroupLayout {
   int64_t index = 0;                        ///< in groups_ and shards_
+  int64_t planGroup = 0;                    ///< in plan.groups
   const plan::StorageGroup *info = nullptr; ///< this TP rank's copy
   /// Tensor parallelism: this rank's shard as element ranges [begin, end)
   /// of TP-split members and of replicated ones (for the gradient norm),
@@ -115,12 +116,14 @@ struct ZeroStorage::Group {
 
 namespace {
 
-/// The layout of `info`, groups_[index], whose elements `range` this rank
+/// The layout of plan group `planGroup`, groups_[index], whose elements `range` this rank
 /// holds of `shardRanks` shards, with T = `tp`.
-GroupLayout groupLayout(const plan::Plan &plan, int64_t index, const plan::StorageGroup &info,
+GroupLayout groupLayout(const plan::Plan &plan, int64_t index, int64_t planGroup,
                         const plan::ShardRange &range, int64_t shardRanks, int64_t tp) {
+  const plan::StorageGroup &info = plan.groups[planGroup];
   GroupLayout l;
   l.index = index;
+  l.planGroup = planGroup;
   l.info = &info;
   l.range = range;
   if (tp > 1)
@@ -160,13 +163,53 @@ std::vector<std::pair<int64_t, int64_t>> uncoveredRanges(const std::vector<int64
 
 } // namespace
 
-ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
-                         const std::function<void(int64_t, int64_t)> &progress,
-                         bool offloadOptimizer, Comm *tensorComm, Comm *dataComm)
-    : plan_(archive.plan()), device_(device), world_(world),
-      data_(dataComm ? *dataComm : world), tensor_(tensorComm), offload_(offloadOptimizer) {
-  if (plan_.zeroStage != 2 && plan_.zeroStage != 3)
+std::unique_ptr<ZeroStorage>
+ZeroStorage::load(plan::Archive &archive, at::Device device, Comm &world,
+                  const std::function<void(int64_t, int64_t)> &progress, bool offloadOptimizer,
+                  Comm *tensorComm, Comm *dataComm) {
+  if (archive.plan().zeroStage != 2 && archive.plan().zeroStage != 3)
     throw plan::PlanError(archive.path() + ": the plan has no ZeRO storage groups");
+  std::unique_ptr<ZeroStorage> zero(new ZeroStorage(archive.plan(), device, world,
+                                                    offloadOptimizer, tensorComm, dataComm));
+  int64_t total = 0, done = 0;
+  auto bytes = [&](const Group &g) {
+    return (g.layout.range.end - g.layout.range.begin) *
+           static_cast<int64_t>(c10::elementSize(g.layout.info->dtype)) /
+           zero->replicaComm_->size();
+  };
+  for (const auto &g : zero->groups_)
+    total += bytes(*g);
+  for (auto &g : zero->groups_) {
+    at::Tensor shard = zero->readShard(archive, g->layout.planGroup, g->layout.range,
+                                       g->shard.options());
+    zero->setShard(*g, shard);
+    done += bytes(*g);
+    if (progress)
+      progress(done, total);
+  }
+  return zero;
+}
+
+void ZeroStorage::setShard(Group &g, at::Tensor shard) {
+  shard.set_requires_grad(true); // gatherZeroGroup's input (its gradient stays undefined)
+  g.shard = shard;
+  at::Tensor trainable = shard;
+  const c10::ScalarType dtype = g.layout.info->dtype;
+  if ((dtype == at::kBFloat16 || dtype == at::kHalf) && !offload_) {
+    // Mixed precision: the optimizer updates a float32 master of the
+    // shard; the shard (what is gathered) is refreshed from it.
+    // (Offloading, the master lives in host memory, in the optimizer.)
+    g.master = shard.detach().to(at::kFloat);
+    g.master.set_requires_grad(true);
+    trainable = g.master;
+  }
+  shards_[g.layout.index] = trainable;
+}
+
+ZeroStorage::ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world,
+                         bool offloadOptimizer, Comm *tensorComm, Comm *dataComm)
+    : plan_(plan), device_(device), world_(world),
+      data_(dataComm ? *dataComm : world), tensor_(tensorComm), offload_(offloadOptimizer) {
   const int64_t tp = plan_.tensorParallel, tpRank = tensor_ ? tensor_->rank() : 0;
   if ((tp > 1) != (tensor_ != nullptr) || (tensor_ && (!dataComm || tensor_->size() != tp)))
     throw std::logic_error("ZeroStorage: the TP and data-parallel communicators do not match "
@@ -192,31 +235,15 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
       slots_[i] = static_cast<int64_t>(copies.size());
       copies.push_back(plan_.tpGroup(static_cast<int64_t>(i), tpRank));
     }
-  int64_t total = 0, done = 0;
-  std::vector<plan::ShardRange> ranges;
-  for (int64_t copy : copies) {
-    const plan::StorageGroup &info = plan_.groups[copy];
-    ranges.push_back(plan::shardRange(info.size, shardComm_->rank(), shardComm_->size()));
-    total += (ranges.back().end - ranges.back().begin) *
-             static_cast<int64_t>(c10::elementSize(info.dtype)) / replicaComm_->size();
-  }
   for (size_t i = 0; i < copies.size(); ++i) {
     const plan::StorageGroup &info = plan_.groups[copies[i]];
+    const plan::ShardRange range =
+        plan::shardRange(info.size, shardComm_->rank(), shardComm_->size());
     auto g = std::make_unique<Group>(
-        groupLayout(plan_, static_cast<int64_t>(i), info, ranges[i], shardComm_->size(), tp));
+        groupLayout(plan_, static_cast<int64_t>(i), copies[i], range, shardComm_->size(), tp));
     at::TensorOptions options = at::TensorOptions().dtype(info.dtype).device(device_);
-    at::Tensor shard = readShard(archive, copies[i], g->layout.range, options);
-    shard.set_requires_grad(true); // gatherZeroGroup's input (its gradient stays undefined)
-    g->shard = shard;
-    at::Tensor trainable = shard;
-    if ((info.dtype == at::kBFloat16 || info.dtype == at::kHalf) && !offload_) {
-      // Mixed precision: the optimizer updates a float32 master of the
-      // shard; the shard (what is gathered) is refreshed from it.
-      // (Offloading, the master lives in host memory, in the optimizer.)
-      g->master = shard.detach().to(at::kFloat);
-      g->master.set_requires_grad(true);
-      trainable = g->master;
-    }
+    // Zeros until load() reads the archive (setShard).
+    g->shard = at::zeros({g->layout.range.shardSize}, options);
     if (offload_) {
       g->offload.hostGrad =
           emptyHostTensor(g->layout.range.shardSize, gradientDtype(*g), device_.is_cuda());
@@ -241,13 +268,9 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
     groupOfStorage_[g->storage.get()] = g->layout.index;
     if (!info.blockList.empty())
       blocks_[{info.blockList, info.blockIndex}].push_back(g->layout.index);
-    shards_.push_back(trainable);
+    shards_.push_back(g->shard);
     shardNames_.push_back(info.name);
     groups_.push_back(std::move(g));
-    done += (ranges[i].end - ranges[i].begin) *
-            static_cast<int64_t>(c10::elementSize(info.dtype)) / replicaComm_->size();
-    if (progress)
-      progress(done, total);
   }
   if (offload_ && device_.is_cuda())
     copyStream_ = c10::impl::VirtualGuardImpl(device_.type())

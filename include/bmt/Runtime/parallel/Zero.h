@@ -90,10 +90,10 @@ public:
   /// Throws plan::PlanError for a bad archive, CommError when the world
   /// (data-parallel) size is not a multiple of the plan's shard group size
   /// (naming both) or a collective fails.
-  ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
-              const std::function<void(int64_t, int64_t)> &progress = nullptr,
-              bool offloadOptimizer = false, Comm *tensorComm = nullptr,
-              Comm *dataComm = nullptr);
+  static std::unique_ptr<ZeroStorage>
+  load(plan::Archive &archive, at::Device device, Comm &world,
+       const std::function<void(int64_t, int64_t)> &progress = nullptr,
+       bool offloadOptimizer = false, Comm *tensorComm = nullptr, Comm *dataComm = nullptr);
   ~ZeroStorage() override;
 
   // ExecutorHooks.
@@ -226,6 +226,13 @@ public:
 
 private:
   struct Group;
+  /// The storage of `plan` (load's arguments) with every shard zero: the
+  /// communicators split, the groups laid out, their buffers freed.
+  ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world, bool offloadOptimizer,
+              Comm *tensorComm, Comm *dataComm);
+  /// Makes `shard` group g's shard (an autograd leaf) and, for a bf16/fp16
+  /// group not offloaded, its float32 master; shards() gets the trainable one.
+  void setShard(Group &g, at::Tensor shard);
   // The autograd functions of comm/Collectives.cpp (gatherZeroGroup,
   // regatherInBackward) and the recompute of a checkpointed block
   // (parallel/BlockRecompute.cpp).
