@@ -1,6 +1,7 @@
 //===- Embedding.cpp - embeddings whose weight gradient goes to its slot --===//
 
 #include "exec/Embedding.h"
+#include "exec/SavedPointer.h"
 
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/embedding_dense_backward.h>
@@ -17,13 +18,13 @@ using torch::autograd::variable_list;
 
 struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
   static at::Tensor forward(AutogradContext *ctx, const at::Tensor &weight,
-                            const at::Tensor &indices, int64_t paddingIdx, int64_t hooks,
+                            const at::Tensor &indices, int64_t paddingIdx, ExecutorHooks *hooks,
                             bool tied) {
     ctx->saved_data["tied"] = tied;
     ctx->save_for_backward({indices});
     ctx->saved_data["rows"] = weight.size(0);
     ctx->saved_data["padding_idx"] = paddingIdx;
-    ctx->saved_data["hooks"] = hooks;
+    savePointer(ctx, "hooks", hooks);
     ctx->saved_data["weight"] = weight.detach(); // to find its slot (a view of the gathered buffer)
     return at::embedding(weight, indices, paddingIdx, false, false);
   }
@@ -36,8 +37,7 @@ struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
     const at::Tensor indices = ctx->get_saved_variables()[0];
     const at::Tensor weight = ctx->saved_data["weight"].toTensor();
     const int64_t paddingIdx = ctx->saved_data["padding_idx"].toInt();
-    auto *hooks = reinterpret_cast<ExecutorHooks *>(
-        static_cast<intptr_t>(ctx->saved_data["hooks"].toInt()));
+    auto *hooks = savedPointer<ExecutorHooks>(ctx, "hooks");
     const int64_t hidden = g.size(-1);
     auto addRows = [&](at::Tensor &into) {
       at::Tensor rows = g.reshape({-1, hidden}), index = indices.reshape({-1});
@@ -76,8 +76,8 @@ std::optional<at::Tensor> embeddingWithGradientSlot(ExecutorHooks &hooks,
   if (!weight.requires_grad() || weight.dim() != 2 || !weight.is_contiguous() ||
       indices.requires_grad())
     return std::nullopt;
-  return EmbeddingFunction::apply(weight, indices, stack[2].toInt(),
-                                  static_cast<int64_t>(reinterpret_cast<intptr_t>(&hooks)), tied);
+  return EmbeddingFunction::apply(weight, indices, stack[2].toInt(), &hooks,
+                                  tied);
 }
 
 } // namespace bmt::runtime

@@ -2,6 +2,7 @@
 
 #include "bmt/Runtime/exec/Executor.h"
 
+#include "bmt/Runtime/comm/Collectives.h"
 #include "bmt/Runtime/fusion/Fused.h"
 #include "exec/Embedding.h"
 #include "exec/Linear.h"
@@ -11,9 +12,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/ops/cat.h>
-#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <functional>
 
@@ -122,114 +121,20 @@ IValue typedList(const std::vector<IValue> &elements, const c10::TypePtr &elemen
   }
 }
 
-// --- tensor parallelism: the collectives as autograd functions ------------
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-/// The sum of `x` over the TP group (a new contiguous tensor).
-at::Tensor sumOver(Comm &comm, const at::Tensor &x) {
-  at::Tensor out = x.detach().contiguous().clone();
-  comm.allReduce(out)->wait();
-  return out;
-}
-
-/// `x` of every TP rank concatenated along `dim` (rank order).
-at::Tensor gatherAlong(Comm &comm, const at::Tensor &x, int64_t dim) {
-  at::Tensor moved = x.detach().movedim(dim, 0).contiguous();
-  std::vector<int64_t> shape = moved.sizes().vec();
-  shape[0] *= comm.size();
-  at::Tensor out = at::empty(shape, moved.options());
-  comm.allGather(out, moved)->wait();
-  return out.movedim(0, dim).contiguous();
-}
-
-/// The sum of `x` over the TP group, this rank's 1/T of it along `dim`.
-at::Tensor reduceScatterAlong(Comm &comm, const at::Tensor &x, int64_t dim) {
-  if (x.size(dim) % comm.size() != 0)
-    throw ExecutionError(
-        "tp_reduce_scatter (sequence parallelism): dim " + std::to_string(dim) + " of size " +
-        std::to_string(x.size(dim)) + " is not a multiple of the " + std::to_string(comm.size()) +
-        " TP ranks; the plan was compiled with --sequence-parallel, so the sequence length "
-        "(--seq-len) must be a multiple of --tensor-parallel " + std::to_string(comm.size()));
-  at::Tensor moved = x.detach().movedim(dim, 0).contiguous();
-  std::vector<int64_t> shape = moved.sizes().vec();
-  shape[0] /= comm.size();
-  at::Tensor out = at::empty(shape, moved.options());
-  comm.reduceScatter(out, moved)->wait();
-  return out.movedim(0, dim).contiguous();
-}
-
-/// What a TP instruction does to a tensor in its forward or its backward.
-enum class TpOp : int64_t { Identity, Sum, AllGather, ReduceScatter };
-
-at::Tensor applyTp(TpOp op, Comm &comm, const at::Tensor &x, int64_t dim) {
-  switch (op) {
-  case TpOp::Identity:
-    return x;
-  case TpOp::Sum:
-    return sumOver(comm, x);
-  case TpOp::AllGather:
-    return gatherAlong(comm, x, dim);
-  case TpOp::ReduceScatter:
-    return reduceScatterAlong(comm, x, dim);
-  }
-  return x;
-}
-
-/// One TP instruction as an autograd function: `forwardOp` on the input,
-/// `backwardOp` on its gradient. Megatron's g is (Sum, Identity), f is
-/// (Identity, Sum); sequence parallelism's all-gather and reduce-scatter are
-/// each other's backward.
-struct TpCollectiveFunction : torch::autograd::Function<TpCollectiveFunction> {
-  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, Comm *comm,
-                            int64_t forwardOp, int64_t backwardOp, int64_t dim,
-                            bool computeValue) {
-    ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(comm));
-    ctx->saved_data["backward"] = backwardOp;
-    ctx->saved_data["dim"] = dim;
-    const auto op = static_cast<TpOp>(forwardOp);
-    if (op == TpOp::Identity)
-      return x.view_as(x); // a function's output must not be its input
-    if (!computeValue) {
-      // A recomputed block's value nobody reads (exec/Recompute.h): the
-      // result's shape, nothing communicated.
-      std::vector<int64_t> shape = x.sizes().vec();
-      if (op == TpOp::AllGather)
-        shape[dim] *= comm->size();
-      else if (op == TpOp::ReduceScatter)
-        shape[dim] /= comm->size(); // divisible: the same call computed it before
-      return placeholder(shape, x.options());
-    }
-    return applyTp(op, *comm, x, dim);
-  }
-  static variable_list backward(AutogradContext *ctx, variable_list grads) {
-    auto *comm = reinterpret_cast<Comm *>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
-    const auto op = static_cast<TpOp>(ctx->saved_data["backward"].toInt());
-    at::Tensor grad = grads[0].defined()
-                          ? applyTp(op, *comm, grads[0], ctx->saved_data["dim"].toInt())
-                          : at::Tensor();
-    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-/// `computeValue` false: the collective is not run (its result uninitialised,
-/// its backward recorded), as Skip::Collective asks.
-at::Tensor applyTpInstruction(plan::Instruction::Kind kind, const at::Tensor &x, Comm *comm,
+/// A TP instruction's collective (bmt/Runtime/comm/Collectives.h);
+/// `computeValue` false: the collective is not run (its result
+/// uninitialised, its backward recorded), as Skip::Collective asks.
+at::Tensor applyTpInstruction(plan::Instruction::Kind kind, const at::Tensor &x, Comm &tp,
                               int64_t dim, bool computeValue) {
-  auto apply = [&](TpOp forward, TpOp backward) {
-    return TpCollectiveFunction::apply(x, comm, static_cast<int64_t>(forward),
-                                       static_cast<int64_t>(backward), dim, computeValue);
-  };
   switch (kind) {
   case plan::Instruction::Kind::TpAllReduce:
-    return apply(TpOp::Sum, TpOp::Identity);
+    return reduceFromTensorParallel(x, tp, computeValue);
   case plan::Instruction::Kind::TpCopy:
-    return apply(TpOp::Identity, TpOp::Sum);
+    return copyToTensorParallel(x, tp, computeValue);
   case plan::Instruction::Kind::TpAllGather:
-    return apply(TpOp::AllGather, TpOp::ReduceScatter);
+    return gatherFromSequenceParallel(x, tp, dim, computeValue);
   default: // TpReduceScatter
-    return apply(TpOp::ReduceScatter, TpOp::AllGather);
+    return reduceScatterToSequenceParallel(x, tp, dim, computeValue);
   }
 }
 
@@ -545,7 +450,7 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
         }
         const int64_t dim = inst.op.empty() ? 0 : std::stoll(inst.op);
         const bool computeValue = !graphOnly || graphOnly->skip[n] != Skip::Collective;
-        regs[inst.results[0]] = applyTpInstruction(inst.kind, x, tensorComm_, dim, computeValue);
+        regs[inst.results[0]] = applyTpInstruction(inst.kind, x, *tensorComm_, dim, computeValue);
         recomputeSkips_ += computeValue ? 0 : 1;
         break;
       }

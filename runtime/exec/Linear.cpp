@@ -2,6 +2,7 @@
 
 #include "exec/Linear.h"
 #include "exec/Recompute.h"
+#include "exec/SavedPointer.h"
 
 #include "bmt/Runtime/exec/ColumnSum.h"
 
@@ -24,7 +25,7 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
   // The tensors as a TensorList (x, W and, where there is one, b): autograd
   // tracks each, and no undefined tensor is an input.
   static at::Tensor forward(AutogradContext *ctx, at::TensorList tensors, int64_t layout,
-                            int64_t hooks, bool computeValue) {
+                            ExecutorHooks *hooks, bool computeValue) {
     const at::Tensor &x = tensors[0], &weight = tensors[1];
     const at::Tensor bias = tensors.size() > 2 ? tensors[2] : at::Tensor();
     const bool inOut = layout == static_cast<int64_t>(LinearLayout::InOut);
@@ -40,7 +41,7 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     }
     ctx->save_for_backward({x, weight});
     ctx->saved_data["layout"] = layout;
-    ctx->saved_data["hooks"] = hooks;
+    savePointer(ctx, "hooks", hooks);
     if (bias.defined())
       ctx->saved_data["bias_sizes"] = bias.sizes().vec();
     return y;
@@ -50,8 +51,7 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     std::vector<at::Tensor> saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1];
     const bool inOut = ctx->saved_data["layout"].toInt() == static_cast<int64_t>(LinearLayout::InOut);
-    auto *hooks = reinterpret_cast<ExecutorHooks *>(
-        static_cast<intptr_t>(ctx->saved_data["hooks"].toInt()));
+    auto *hooks = savedPointer<ExecutorHooks>(ctx, "hooks");
     const bool hasBias = ctx->saved_data.count("bias_sizes") > 0;
     variable_list out(hasBias ? 6 : 5); // x, W, (b,) layout, hooks, computeValue
     const at::Tensor &g = grads[0];
@@ -120,8 +120,7 @@ std::optional<at::Tensor> linearWithGradientSlot(ExecutorHooks &hooks, LinearLay
   std::vector<at::Tensor> tensors{x, weight};
   if (bias.defined())
     tensors.push_back(bias);
-  return LinearFunction::apply(at::TensorList(tensors), static_cast<int64_t>(layout),
-                               static_cast<int64_t>(reinterpret_cast<intptr_t>(&hooks)),
+  return LinearFunction::apply(at::TensorList(tensors), static_cast<int64_t>(layout), &hooks,
                                computeValue);
 }
 

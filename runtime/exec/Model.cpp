@@ -79,14 +79,14 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
       total += t.nbytes();
   if (plan_.zeroStage != 0) {
     int64_t groupBytes = 0;
-    auto zero = std::make_unique<ZeroStorage>(archive, device_, *world_,
-                                              [&](int64_t d, int64_t t) {
-                                                groupBytes = t;
-                                                if (progress)
-                                                  progress(d, t + total);
-                                              },
-                                              options.offloadOptimizer, tensorComm_.get(),
-                                              dataComm_.get());
+    std::unique_ptr<ZeroStorage> zero = ZeroStorage::load(
+        archive, device_, *world_,
+        [&](int64_t d, int64_t t) {
+          groupBytes = t;
+          if (progress)
+            progress(d, t + total);
+        },
+        options.offloadOptimizer, tensorComm_.get(), dataComm_.get());
     zero_ = zero.get();
     storage_ = std::move(zero);
     done = groupBytes;

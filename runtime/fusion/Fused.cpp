@@ -6,6 +6,7 @@
 #include "bmt/Runtime/fusion/Nvrtc.h"
 #include "bmt/Runtime/fusion/Prewarm.h"
 #include "bmt/Runtime/exec/ColumnSum.h"
+#include "exec/SavedPointer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
@@ -50,7 +51,7 @@ struct FusedFunction : torch::autograd::Function<FusedFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx,
                                                 FusedRegion *self, at::TensorList list) {
     std::vector<at::Tensor> inputs(list.begin(), list.end());
-    ctx->saved_data["region"] = reinterpret_cast<int64_t>(self);
+    runtime::savePointer(ctx, "region", self);
     ctx->save_for_backward(inputs);
     return self->forward(inputs);
   }
@@ -58,7 +59,7 @@ struct FusedFunction : torch::autograd::Function<FusedFunction> {
   // term of the sum is then zero.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
                                                  torch::autograd::variable_list grads) {
-    auto *self = reinterpret_cast<FusedRegion *>(ctx->saved_data["region"].toInt());
+    auto *self = runtime::savedPointer<FusedRegion>(ctx, "region");
     std::vector<at::Tensor> inputs = ctx->get_saved_variables();
     torch::autograd::variable_list out{at::Tensor()}; // the region pointer
     if (std::none_of(grads.begin(), grads.end(), [](const at::Tensor &g) { return g.defined(); })) {

@@ -30,6 +30,10 @@
 
 #include "bmt/Runtime/parallel/Zero.h"
 
+#include "bmt/Runtime/comm/Collectives.h"
+#include "parallel/BlockRecompute.h"
+#include "exec/SavedPointer.h"
+
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Generator.h>
@@ -53,8 +57,13 @@ using torch::autograd::variable_list;
 
 namespace bmt::runtime {
 
-struct ZeroStorage::Group {
+namespace {
+
+/// Where a group lies: the plan's group and this rank's place in it, fixed
+/// once the storage is built.
+struct GroupLayout {
   int64_t index = 0;                        ///< in groups_ and shards_
+  int64_t planGroup = 0;                    ///< in plan.groups
   const plan::StorageGroup *info = nullptr; ///< this TP rank's copy
   /// Tensor parallelism: this rank's shard as element ranges [begin, end)
   /// of TP-split members and of replicated ones (for the gradient norm),
@@ -62,16 +71,38 @@ struct ZeroStorage::Group {
   std::vector<std::pair<int64_t, int64_t>> splitRanges, replicatedRanges, reduceGradRanges;
   plan::ShardRange range;       ///< this rank's elements of the buffer
   int64_t padded = 0;           ///< shardSize * shard ranks
+};
+
+/// The gathered buffer: freed (only the shard is held), its all-gather in
+/// flight, or holding the gathered values.
+enum class BufferState { Sharded, Gathering, Gathered };
+
+/// Offloading: this step's gradient on its way to host memory.
+struct OffloadState {
+  int64_t contributions = 0;    ///< reduce-scatters added to the gradient this step
+  bool onHost = false;          ///< its copy to hostGrad was started this step
+  at::Tensor hostGrad;          ///< [shardSize] of gradientDtype, pinned on CUDA
+  std::optional<c10::Event> hostGradReady; ///< CUDA: after the latest copy to hostGrad
+};
+
+} // namespace
+
+struct ZeroStorage::Group {
+  explicit Group(GroupLayout l) : layout(std::move(l)) {}
+  const GroupLayout layout;
   at::Tensor shard;             ///< [shardSize] of the group's dtype: gathered from
   at::Tensor master;            ///< [shardSize] float32 master of a bf16/fp16 shard
                                 ///< (what the optimizer updates), else undefined
+  // The gathered buffer.
   c10::intrusive_ptr<c10::StorageImpl> storage; ///< the gathered buffer's bytes
   at::Tensor full;              ///< [padded] over `storage`
   std::vector<at::Tensor> views; ///< members over `storage`, no autograd
-  bool live = false;            ///< `storage` holds the gathered values
-  std::shared_ptr<Work> pending; ///< gather in flight
+  BufferState state = BufferState::Sharded;
+  std::shared_ptr<Work> pending; ///< the all-gather in flight (state Gathering)
+  // Autograd links.
   int64_t linkedGeneration = -1; ///< forward pass that `linked` belongs to
-  variable_list linked;         ///< members linked to `shard` by a GatherFunction
+  variable_list linked;         ///< members linked to `shard` by gatherZeroGroup
+  // Gradient slots.
   /// The flat gradient of the backward under way, made by the first
   /// gradientSlot() of the pass (the group's backward takes it), and the
   /// members whose slot was given in pass `slotsGeneration`, and the
@@ -80,19 +111,34 @@ struct ZeroStorage::Group {
   int64_t slotsGeneration = -1, flats = 0;
   std::vector<bool> slotsGiven;
   std::vector<int64_t> slotFlat;
-  // Offloading:
-  int64_t contributions = 0;    ///< reduce-scatters added to the gradient this step
-  bool onHost = false;          ///< its copy to hostGrad was started this step
-  at::Tensor hostGrad;          ///< [shardSize] of gradientDtype, pinned on CUDA
-  std::optional<c10::Event> hostGradReady; ///< CUDA: after the latest copy to hostGrad
+  OffloadState offload;
 };
 
 namespace {
 
-/// Holds a pointer in saved_data.
-IValue pointerValue(void *p) { return IValue(static_cast<int64_t>(reinterpret_cast<intptr_t>(p))); }
-template <typename T> T *pointerOf(const IValue &v) {
-  return reinterpret_cast<T *>(static_cast<intptr_t>(v.toInt()));
+/// The layout of plan group `planGroup`, groups_[index], whose elements `range` this rank
+/// holds of `shardRanks` shards, with T = `tp`.
+GroupLayout groupLayout(const plan::Plan &plan, int64_t index, int64_t planGroup,
+                        const plan::ShardRange &range, int64_t shardRanks, int64_t tp) {
+  const plan::StorageGroup &info = plan.groups[planGroup];
+  GroupLayout l;
+  l.index = index;
+  l.planGroup = planGroup;
+  l.info = &info;
+  l.range = range;
+  if (tp > 1)
+    for (size_t m = 0; m < info.members.size(); ++m) {
+      const plan::TensorInfo &t = plan.tensors[info.members[m]];
+      int64_t first = info.offsets[m], last = first + t.localNumel(tp);
+      if (t.split.reduceGrad)
+        l.reduceGradRanges.emplace_back(first, last);
+      first = std::max(first, range.begin) - range.begin;
+      last = std::min(last, range.end) - range.begin;
+      if (first < last)
+        (t.split.isSplit() ? l.splitRanges : l.replicatedRanges).emplace_back(first, last);
+    }
+  l.padded = range.shardSize * shardRanks;
+  return l;
 }
 
 /// The ranges [begin, end) of a buffer of `size` elements that no defined
@@ -117,191 +163,53 @@ std::vector<std::pair<int64_t, int64_t>> uncoveredRanges(const std::vector<int64
 
 } // namespace
 
-/// shard -> the group's members, gathered. Backward: the members' gradients
-/// laid out flat, reduce-scattered into the shard's gradient; then the
-/// gathered buffer is freed (nothing of this pass needs it any more).
-struct GatherFunction : torch::autograd::Function<GatherFunction> {
-  static variable_list forward(AutogradContext *ctx, const at::Tensor &shard,
-                               ZeroStorage *zero, int64_t group) {
-    ctx->saved_data["zero"] = pointerValue(zero);
-    ctx->saved_data["group"] = group;
-    ZeroStorage::Group &g = *zero->groups_[group];
-    zero->ensureGathered(g);
-    return zero->memberViews(g);
-  }
-
-  static variable_list backward(AutogradContext *ctx, variable_list grads) {
-    auto *zero = pointerOf<ZeroStorage>(ctx->saved_data["zero"]);
-    ZeroStorage::Group &g = *zero->groups_[ctx->saved_data["group"].toInt()];
-    // The members' gradients are copied in; only what they leave (the
-    // padding, alignment gaps, members without a gradient) is zeroed, in
-    // place of a zero-fill of the whole buffer that writes it twice, unless
-    // that would take more than a few small fills.
-    std::vector<std::pair<int64_t, int64_t>> gaps = uncoveredRanges(g.info->offsets, g.padded, grads);
-    // The flat gradient the members' slots are in (gradientSlot), or a new one.
-    at::Tensor flat = std::move(g.gradFlat);
-    g.gradFlat = at::Tensor();
-    const bool slots = flat.defined(); // then a whole fill would erase them
-    if (!slots)
-      flat = at::empty({g.padded}, g.shard.options().dtype(zero->reduceDtype(g)));
-    if (gaps.size() > 4 && !slots)
-      flat.zero_();
-    else
-      for (const auto &[begin, end] : gaps)
-        flat.narrow(0, begin, end - begin).zero_();
-    // One multi-tensor copy (and cast) of every member's gradient: on CUDA
-    // one launch where a copy_ per member is a launch and its host work each.
-    std::vector<at::Tensor> into, from;
-    for (size_t m = 0; m < grads.size(); ++m)
-      if (grads[m].defined()) {
-        at::Tensor slice = flat.narrow(0, g.info->offsets[m], grads[m].numel());
-        if (grads[m].is_contiguous() && grads[m].scalar_type() == flat.scalar_type() &&
-            grads[m].data_ptr() == slice.data_ptr()) {
-          ++zero->gradientsInPlace_; // written in its slot by the op that made it
-          continue;
-        }
-        into.push_back(slice);
-        from.push_back(grads[m].reshape({-1}));
-      }
-    if (!into.empty())
-      at::_foreach_copy_(into, from);
-    // Tensor parallelism: replicated members whose gradient differs per TP
-    // rank get the sum over the TP group (every TP rank runs this backward
-    // in the same order).
-    for (const auto &[begin, end] : g.reduceGradRanges)
-      zero->tensor_->allReduce(flat.narrow(0, begin, end - begin))->wait();
-    zero->startReduceGradient(g, flat);
-    zero->freeBuffer(g);
-    // The shard's gradient arrives in finishGradients(), so that this
-    // reduce-scatter overlaps the backward of the blocks before this one.
-    return {at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-/// Identity on a block's outputs whose backward first gathers the block
-/// again (ZeRO-3 released it after the forward) and prefetches the blocks
-/// before it.
-struct RegatherFunction : torch::autograd::Function<RegatherFunction> {
-  // (Tensor lists are passed as at::TensorList: autograd counts only those,
-  // not a std::vector, as tensor inputs.)
-  static variable_list forward(AutogradContext *ctx, at::TensorList outputs, ZeroStorage *zero,
-                               std::string list, int64_t index) {
-    ctx->saved_data["zero"] = pointerValue(zero);
-    ctx->saved_data["list"] = list;
-    ctx->saved_data["index"] = index;
-    return outputs.vec();
-  }
-
-  static variable_list backward(AutogradContext *ctx, variable_list grads) {
-    auto *zero = pointerOf<ZeroStorage>(ctx->saved_data["zero"]);
-    zero->prepareBackward(ctx->saved_data["list"].toStringRef(),
-                          ctx->saved_data["index"].toInt());
-    grads.push_back(at::Tensor());
-    grads.push_back(at::Tensor());
-    grads.push_back(at::Tensor());
-    return grads;
-  }
-};
-
-/// What a checkpointed block call needs again in backward.
-struct CheckpointState : torch::CustomClassHolder {
-  const plan::Instruction *inst = nullptr;
-  ExecutorHooks::Run run;
-  ExecutorHooks::Run recompute; ///< run for the graph only (backward)
-  std::vector<IValue> args;           ///< non-tensor arguments in place, tensors undefined
-  std::vector<size_t> tensorArgs;     ///< positions of the tensor arguments
-  std::vector<IValue> results;        ///< non-tensor results in place
-  std::vector<size_t> tensorResults;  ///< positions of the tensor results
-  at::Tensor rngState;
-  at::Device device{at::kCPU};
-};
-
-/// A block run without autograd in forward and recomputed in backward
-/// (torch.utils.checkpoint, reentrant variant): forward keeps only the
-/// inputs; backward gathers the block, restores the RNG state, runs it again
-/// with autograd (the `recompute` run: what only the results' values need,
-/// such as the last matmul, is not computed, exec/Recompute.h) and
-/// back-propagates through it, which reduce-scatters its parameters'
-/// gradients on the way (GatherFunction).
-struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
-  static variable_list forward(AutogradContext *ctx, at::TensorList inputs, ZeroStorage *zero,
-                               c10::intrusive_ptr<CheckpointState> state) {
-    ctx->saved_data["zero"] = pointerValue(zero);
-    ctx->saved_data["state"] = IValue::make_capsule(state);
-    ctx->save_for_backward(inputs.vec());
-    state->rngState = at::globalContext().defaultGenerator(state->device).get_state();
-    std::vector<IValue> args = state->args;
-    for (size_t i = 0; i < inputs.size(); ++i)
-      args[state->tensorArgs[i]] = inputs[i];
-    state->results = state->run(std::move(args));
-    variable_list outputs;
-    state->tensorResults.clear();
-    for (size_t i = 0; i < state->results.size(); ++i)
-      if (state->results[i].isTensor()) {
-        state->tensorResults.push_back(i);
-        outputs.push_back(state->results[i].toTensor());
-        state->results[i] = IValue();
-      }
-    return outputs;
-  }
-
-  static variable_list backward(AutogradContext *ctx, variable_list grads) {
-    auto *zero = pointerOf<ZeroStorage>(ctx->saved_data["zero"]);
-    auto state = c10::static_intrusive_pointer_cast<CheckpointState>(
-        ctx->saved_data["state"].toCapsule());
-    variable_list saved = ctx->get_saved_variables();
-    zero->prepareBackward(state->inst->blockList, state->inst->blockIndex);
-    for (int64_t g : zero->blockGroups(state->inst->blockList, state->inst->blockIndex))
-      zero->groups_[g]->linkedGeneration = -1; // link anew in the recompute
-
-    variable_list detached;
-    std::vector<IValue> args = state->args;
-    for (size_t i = 0; i < saved.size(); ++i) {
-      at::Tensor d = saved[i].detach();
-      if (saved[i].requires_grad())
-        d.requires_grad_(true);
-      detached.push_back(d);
-      args[state->tensorArgs[i]] = d;
-    }
-    at::Generator generator = at::globalContext().defaultGenerator(state->device);
-    at::Tensor current = generator.get_state();
-    generator.set_state(state->rngState);
-    std::vector<IValue> results;
-    {
-      c10::AutoGradMode enable(true);
-      results = state->recompute(std::move(args));
-    }
-    generator.set_state(current);
-
-    variable_list outputs, outputGrads;
-    for (size_t k = 0; k < state->tensorResults.size(); ++k) {
-      const IValue &r = results.at(state->tensorResults[k]);
-      if (!r.isTensor() || !grads[k].defined())
-        continue;
-      at::Tensor t = r.toTensor();
-      if (t.requires_grad()) {
-        outputs.push_back(t);
-        outputGrads.push_back(grads[k]);
-      }
-    }
-    if (!outputs.empty())
-      torch::autograd::backward(outputs, outputGrads);
-    variable_list inputGrads;
-    for (const at::Tensor &d : detached)
-      inputGrads.push_back(d.requires_grad() ? d.grad() : at::Tensor());
-    inputGrads.push_back(at::Tensor());
-    inputGrads.push_back(at::Tensor());
-    return inputGrads;
-  }
-};
-
-ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
-                         const std::function<void(int64_t, int64_t)> &progress,
-                         bool offloadOptimizer, Comm *tensorComm, Comm *dataComm)
-    : plan_(archive.plan()), device_(device), world_(world),
-      data_(dataComm ? *dataComm : world), tensor_(tensorComm), offload_(offloadOptimizer) {
-  if (plan_.zeroStage != 2 && plan_.zeroStage != 3)
+std::unique_ptr<ZeroStorage>
+ZeroStorage::load(plan::Archive &archive, at::Device device, Comm &world,
+                  const std::function<void(int64_t, int64_t)> &progress, bool offloadOptimizer,
+                  Comm *tensorComm, Comm *dataComm) {
+  if (archive.plan().zeroStage != 2 && archive.plan().zeroStage != 3)
     throw plan::PlanError(archive.path() + ": the plan has no ZeRO storage groups");
+  std::unique_ptr<ZeroStorage> zero(new ZeroStorage(archive.plan(), device, world,
+                                                    offloadOptimizer, tensorComm, dataComm));
+  int64_t total = 0, done = 0;
+  auto bytes = [&](const Group &g) {
+    return (g.layout.range.end - g.layout.range.begin) *
+           static_cast<int64_t>(c10::elementSize(g.layout.info->dtype)) /
+           zero->replicaComm_->size();
+  };
+  for (const auto &g : zero->groups_)
+    total += bytes(*g);
+  for (auto &g : zero->groups_) {
+    at::Tensor shard = zero->readShard(archive, g->layout.planGroup, g->layout.range,
+                                       g->shard.options());
+    zero->setShard(*g, shard);
+    done += bytes(*g);
+    if (progress)
+      progress(done, total);
+  }
+  return zero;
+}
+
+void ZeroStorage::setShard(Group &g, at::Tensor shard) {
+  shard.set_requires_grad(true); // gatherZeroGroup's input (its gradient stays undefined)
+  g.shard = shard;
+  at::Tensor trainable = shard;
+  const c10::ScalarType dtype = g.layout.info->dtype;
+  if ((dtype == at::kBFloat16 || dtype == at::kHalf) && !offload_) {
+    // Mixed precision: the optimizer updates a float32 master of the
+    // shard; the shard (what is gathered) is refreshed from it.
+    // (Offloading, the master lives in host memory, in the optimizer.)
+    g.master = shard.detach().to(at::kFloat);
+    g.master.set_requires_grad(true);
+    trainable = g.master;
+  }
+  shards_[g.layout.index] = trainable;
+}
+
+ZeroStorage::ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world,
+                         bool offloadOptimizer, Comm *tensorComm, Comm *dataComm)
+    : plan_(plan), device_(device), world_(world),
+      data_(dataComm ? *dataComm : world), tensor_(tensorComm), offload_(offloadOptimizer) {
   const int64_t tp = plan_.tensorParallel, tpRank = tensor_ ? tensor_->rank() : 0;
   if ((tp > 1) != (tensor_ != nullptr) || (tensor_ && (!dataComm || tensor_->size() != tp)))
     throw std::logic_error("ZeroStorage: the TP and data-parallel communicators do not match "
@@ -327,73 +235,26 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
       slots_[i] = static_cast<int64_t>(copies.size());
       copies.push_back(plan_.tpGroup(static_cast<int64_t>(i), tpRank));
     }
-  int64_t total = 0, done = 0;
-  std::vector<plan::ShardRange> ranges;
-  for (int64_t copy : copies) {
-    const plan::StorageGroup &info = plan_.groups[copy];
-    ranges.push_back(plan::shardRange(info.size, shardComm_->rank(), shardComm_->size()));
-    total += (ranges.back().end - ranges.back().begin) *
-             static_cast<int64_t>(c10::elementSize(info.dtype)) / replicaComm_->size();
-  }
   for (size_t i = 0; i < copies.size(); ++i) {
     const plan::StorageGroup &info = plan_.groups[copies[i]];
-    auto g = std::make_unique<Group>();
-    g->index = static_cast<int64_t>(i);
-    g->info = &info;
-    g->range = ranges[i];
-    if (tp > 1)
-      for (size_t m = 0; m < info.members.size(); ++m) {
-        const plan::TensorInfo &t = plan_.tensors[info.members[m]];
-        int64_t first = info.offsets[m], last = first + t.localNumel(tp);
-        if (t.split.reduceGrad)
-          g->reduceGradRanges.emplace_back(first, last);
-        first = std::max(first, g->range.begin) - g->range.begin;
-        last = std::min(last, g->range.end) - g->range.begin;
-        if (first < last)
-          (t.split.isSplit() ? g->splitRanges : g->replicatedRanges).emplace_back(first, last);
-      }
-    g->padded = g->range.shardSize * shardComm_->size();
+    const plan::ShardRange range =
+        plan::shardRange(info.size, shardComm_->rank(), shardComm_->size());
+    auto g = std::make_unique<Group>(
+        groupLayout(plan_, static_cast<int64_t>(i), copies[i], range, shardComm_->size(), tp));
     at::TensorOptions options = at::TensorOptions().dtype(info.dtype).device(device_);
-    at::Tensor shard = at::zeros({g->range.shardSize}, options);
-    if (replicaComm_->size() == 1) {
-      at::Tensor local = archive.readGroupRange(copies[i], g->range.begin, g->range.end);
-      shard.narrow(0, 0, local.numel()).copy_(local);
-    } else {
-      // Hybrid sharding: the R replicas of a shard each read 1/R of it and
-      // all-gather the rest, so that every rank reads 1/N of the weights.
-      int64_t replicas = replicaComm_->size();
-      plan::ShardRange piece =
-          plan::shardRange(g->range.shardSize, replicaComm_->rank(), replicas);
-      int64_t begin = std::min(g->range.end, g->range.begin + piece.begin);
-      int64_t end = std::min(g->range.end, g->range.begin + piece.end);
-      at::Tensor mine = at::zeros({piece.shardSize}, options);
-      at::Tensor local = archive.readGroupRange(copies[i], begin, end);
-      mine.narrow(0, 0, local.numel()).copy_(local);
-      at::Tensor gathered = at::empty({piece.shardSize * replicas}, options);
-      replicaComm_->allGather(gathered, mine)->wait();
-      shard.copy_(gathered.narrow(0, 0, g->range.shardSize));
-    }
-    shard.set_requires_grad(true); // GatherFunction's input (its gradient stays undefined)
-    g->shard = shard;
-    at::Tensor trainable = shard;
-    if ((info.dtype == at::kBFloat16 || info.dtype == at::kHalf) && !offload_) {
-      // Mixed precision: the optimizer updates a float32 master of the
-      // shard; the shard (what is gathered) is refreshed from it.
-      // (Offloading, the master lives in host memory, in the optimizer.)
-      g->master = shard.detach().to(at::kFloat);
-      g->master.set_requires_grad(true);
-      trainable = g->master;
-    }
+    // Zeros until load() reads the archive (setShard).
+    g->shard = at::zeros({g->layout.range.shardSize}, options);
     if (offload_) {
-      g->hostGrad = emptyHostTensor(g->range.shardSize, gradientDtype(*g), device_.is_cuda());
+      g->offload.hostGrad =
+          emptyHostTensor(g->layout.range.shardSize, gradientDtype(*g), device_.is_cuda());
       if (device_.is_cuda())
-        g->hostGradReady.emplace(device_.type());
+        g->offload.hostGradReady.emplace(device_.type());
     }
 
-    at::Tensor holder = at::empty({g->padded}, options);
+    at::Tensor holder = at::empty({g->layout.padded}, options);
     g->storage = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
         holder.storage().unsafeGetStorageImpl());
-    g->full = at::empty({0}, options).set_(holder.storage(), 0, {g->padded}, {1});
+    g->full = at::empty({0}, options).set_(holder.storage(), 0, {g->layout.padded}, {1});
     for (size_t m = 0; m < info.members.size(); ++m) {
       const plan::TensorInfo &t = plan_.tensors[info.members[m]];
       const std::vector<int64_t> shape = t.localShape(tp);
@@ -404,20 +265,41 @@ ZeroStorage::ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
           at::empty({0}, options).set_(holder.storage(), info.offsets[m], shape, strides));
     }
     freeBuffer(*g);
-    groupOfStorage_[g->storage.get()] = g->index;
+    groupOfStorage_[g->storage.get()] = g->layout.index;
     if (!info.blockList.empty())
-      blocks_[{info.blockList, info.blockIndex}].push_back(g->index);
-    shards_.push_back(trainable);
+      blocks_[{info.blockList, info.blockIndex}].push_back(g->layout.index);
+    shards_.push_back(g->shard);
     shardNames_.push_back(info.name);
     groups_.push_back(std::move(g));
-    done += (ranges[i].end - ranges[i].begin) *
-            static_cast<int64_t>(c10::elementSize(info.dtype)) / replicaComm_->size();
-    if (progress)
-      progress(done, total);
   }
   if (offload_ && device_.is_cuda())
     copyStream_ = c10::impl::VirtualGuardImpl(device_.type())
                       .getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
+}
+
+at::Tensor ZeroStorage::readShard(plan::Archive &archive, int64_t planGroup,
+                                  const plan::ShardRange &range,
+                                  const at::TensorOptions &options) {
+  at::Tensor shard = at::zeros({range.shardSize}, options);
+  if (replicaComm_->size() == 1) {
+    at::Tensor local = archive.readGroupRange(planGroup, range.begin, range.end);
+    shard.narrow(0, 0, local.numel()).copy_(local);
+  } else {
+    // Hybrid sharding: the R replicas of a shard each read 1/R of it and
+    // all-gather the rest, so that every rank reads 1/N of the weights.
+    int64_t replicas = replicaComm_->size();
+    plan::ShardRange piece =
+        plan::shardRange(range.shardSize, replicaComm_->rank(), replicas);
+    int64_t begin = std::min(range.end, range.begin + piece.begin);
+    int64_t end = std::min(range.end, range.begin + piece.end);
+    at::Tensor mine = at::zeros({piece.shardSize}, options);
+    at::Tensor local = archive.readGroupRange(planGroup, begin, end);
+    mine.narrow(0, 0, local.numel()).copy_(local);
+    at::Tensor gathered = at::empty({piece.shardSize * replicas}, options);
+    replicaComm_->allGather(gathered, mine)->wait();
+    shard.copy_(gathered.narrow(0, 0, range.shardSize));
+  }
+  return shard;
 }
 
 ZeroStorage::~ZeroStorage() {
@@ -443,15 +325,15 @@ ZeroStorage::~ZeroStorage() {
 }
 
 void ZeroStorage::startGather(Group &g) {
-  if (g.live || g.pending)
+  if (g.state != BufferState::Sharded)
     return;
-  size_t nbytes = static_cast<size_t>(g.padded) * c10::elementSize(g.info->dtype);
-  if (shardComm_->size() == 1 && g.range.shardSize == g.padded) {
+  size_t nbytes = static_cast<size_t>(g.layout.padded) * c10::elementSize(g.layout.info->dtype);
+  if (shardComm_->size() == 1 && g.layout.range.shardSize == g.layout.padded) {
     // One rank holds the whole group: the "gathered" buffer is the shard
     // itself (a non-owning pointer; freeBuffer drops it), no copy.
     g.storage->set_data_ptr_noswap(at::DataPtr(g.shard.data_ptr(), device_));
     g.storage->set_nbytes(nbytes);
-    g.live = true;
+    g.state = BufferState::Gathered;
     return;
   }
   if (g.storage->nbytes() != nbytes) {
@@ -459,18 +341,19 @@ void ZeroStorage::startGather(Group &g) {
     g.storage->set_nbytes(nbytes);
   }
   g.pending = shardComm_->allGather(g.full, g.shard.detach());
+  g.state = BufferState::Gathering;
 }
 
 void ZeroStorage::ensureGathered(Group &g) {
-  if (g.live)
+  if (g.state == BufferState::Gathered)
     return;
   startGather(g);
-  if (g.live) // one rank: the shard itself, nothing to wait for
+  if (g.state == BufferState::Gathered) // one rank: the shard itself, nothing to wait for
     return;
   std::shared_ptr<Work> work = std::move(g.pending);
   g.pending.reset();
   work->wait();
-  g.live = true;
+  g.state = BufferState::Gathered;
 }
 
 void ZeroStorage::freeBuffer(Group &g) {
@@ -481,7 +364,7 @@ void ZeroStorage::freeBuffer(Group &g) {
   }
   g.storage->set_data_ptr_noswap(at::DataPtr(nullptr, device_));
   g.storage->set_nbytes(0);
-  g.live = false;
+  g.state = BufferState::Sharded;
 }
 
 std::vector<at::Tensor> ZeroStorage::memberViews(Group &g) {
@@ -494,24 +377,76 @@ std::vector<at::Tensor> ZeroStorage::memberViews(Group &g) {
   return out;
 }
 
+std::vector<at::Tensor> ZeroStorage::gatheredMembers(int64_t group) {
+  Group &g = *groups_[group];
+  ensureGathered(g);
+  return memberViews(g);
+}
+
+void ZeroStorage::reduceMemberGradients(int64_t group, const std::vector<at::Tensor> &grads) {
+  Group &g = *groups_[group];
+  // The members' gradients are copied in; only what they leave (the
+  // padding, alignment gaps, members without a gradient) is zeroed, in
+  // place of a zero-fill of the whole buffer that writes it twice, unless
+  // that would take more than a few small fills.
+  std::vector<std::pair<int64_t, int64_t>> gaps =
+      uncoveredRanges(g.layout.info->offsets, g.layout.padded, grads);
+  // The flat gradient the members' slots are in (gradientSlot), or a new one.
+  at::Tensor flat = std::move(g.gradFlat);
+  g.gradFlat = at::Tensor();
+  const bool slots = flat.defined(); // then a whole fill would erase them
+  if (!slots)
+    flat = at::empty({g.layout.padded}, g.shard.options().dtype(reduceDtype(g)));
+  if (gaps.size() > 4 && !slots)
+    flat.zero_();
+  else
+    for (const auto &[begin, end] : gaps)
+      flat.narrow(0, begin, end - begin).zero_();
+  // One multi-tensor copy (and cast) of every member's gradient: on CUDA
+  // one launch where a copy_ per member is a launch and its host work each.
+  std::vector<at::Tensor> into, from;
+  for (size_t m = 0; m < grads.size(); ++m)
+    if (grads[m].defined()) {
+      at::Tensor slice = flat.narrow(0, g.layout.info->offsets[m], grads[m].numel());
+      if (grads[m].is_contiguous() && grads[m].scalar_type() == flat.scalar_type() &&
+          grads[m].data_ptr() == slice.data_ptr()) {
+        ++gradientsInPlace_; // written in its slot by the op that made it
+        continue;
+      }
+      into.push_back(slice);
+      from.push_back(grads[m].reshape({-1}));
+    }
+  if (!into.empty())
+    at::_foreach_copy_(into, from);
+  // Tensor parallelism: replicated members whose gradient differs per TP
+  // rank get the sum over the TP group (every TP rank runs this backward
+  // in the same order).
+  for (const auto &[begin, end] : g.layout.reduceGradRanges)
+    tensor_->allReduce(flat.narrow(0, begin, end - begin))->wait();
+  startReduceGradient(g, flat);
+  freeBuffer(g);
+  // The shard's gradient arrives in finishGradients(), so that this
+  // reduce-scatter overlaps the backward of the blocks before this one.
+}
+
 void ZeroStorage::startReduceGradient(Group &g, const at::Tensor &flat) {
   if (offload_ && !stepOpen_) {
     // The first reduce-scatter of a step.
     stepOpen_ = true;
     hostOrder_.clear();
     for (auto &group : groups_) {
-      group->contributions = 0;
-      group->onHost = false;
+      group->offload.contributions = 0;
+      group->offload.onHost = false;
     }
   }
   PendingGradient pending;
-  pending.group = g.index;
+  pending.group = g.layout.index;
   pending.flat = flat;
   // One rank: the flat gradient is the shard's (the local reduce-scatter
   // sees the same memory and copies nothing).
-  pending.out = shardComm_->size() == 1 && g.range.shardSize == flat.numel()
+  pending.out = shardComm_->size() == 1 && g.layout.range.shardSize == flat.numel()
                     ? flat
-                    : at::empty({g.range.shardSize}, flat.options());
+                    : at::empty({g.layout.range.shardSize}, flat.options());
   pending.work = shardComm_->reduceScatter(pending.out, flat);
   if (copyStream_) {
     pending.issued.emplace(device_.type());
@@ -531,13 +466,13 @@ void ZeroStorage::startReduceGradient(Group &g, const at::Tensor &flat) {
 }
 
 c10::ScalarType ZeroStorage::gradientDtype(const Group &g) const {
-  c10::ScalarType t = g.info->dtype;
+  c10::ScalarType t = g.layout.info->dtype;
   return t == at::kBFloat16 || t == at::kHalf ? at::kFloat : t;
 }
 
 void ZeroStorage::addGradient(PendingGradient &p) {
   Group &g = *groups_[p.group];
-  at::Tensor &param = shards_[g.index];
+  at::Tensor &param = shards_[g.layout.index];
   std::optional<c10::Stream> compute;
   std::optional<c10::StreamGuard> onCopyStream;
   if (copyStream_) {
@@ -579,31 +514,31 @@ void ZeroStorage::addGradient(PendingGradient &p) {
     param.grad().record_stream(*copyStream_);
     param.grad().record_stream(*compute);
   }
-  ++g.contributions;
-  if (g.contributions >= microBatchesPerStep_)
+  ++g.offload.contributions;
+  if (g.offload.contributions >= microBatchesPerStep_)
     copyGradientToHost(g); // complete (a later contribution copies again)
 }
 
 void ZeroStorage::copyGradientToHost(Group &g) {
-  const at::Tensor &grad = shards_[g.index].grad();
+  const at::Tensor &grad = shards_[g.layout.index].grad();
   // Pinned host memory: asynchronous on the (current) copy stream.
-  g.hostGrad.copy_(grad.reshape({-1}), /*non_blocking=*/copyStream_.has_value());
+  g.offload.hostGrad.copy_(grad.reshape({-1}), /*non_blocking=*/copyStream_.has_value());
   if (copyStream_)
-    g.hostGradReady->record(*copyStream_);
-  if (!g.onHost) {
-    g.onHost = true;
-    hostOrder_.push_back(static_cast<size_t>(g.index));
+    g.offload.hostGradReady->record(*copyStream_);
+  if (!g.offload.onHost) {
+    g.offload.onHost = true;
+    hostOrder_.push_back(static_cast<size_t>(g.layout.index));
   }
 }
 
 at::Tensor ZeroStorage::waitHostGradient(size_t i) {
   Group &g = *groups_.at(i);
-  if (!g.onHost)
-    throw std::logic_error("ZeroStorage: group " + g.info->name +
+  if (!g.offload.onHost)
+    throw std::logic_error("ZeroStorage: group " + g.layout.info->name +
                            " has no gradient in host memory this step");
-  if (g.hostGradReady)
-    g.hostGradReady->synchronize();
-  return g.hostGrad;
+  if (g.offload.hostGradReady)
+    g.offload.hostGradReady->synchronize();
+  return g.offload.hostGrad;
 }
 
 void ZeroStorage::finishGradients() {
@@ -618,7 +553,7 @@ void ZeroStorage::finishGradients() {
     if (copyStream_)
       onCopyStream.emplace(*copyStream_);
     for (auto &g : groups_)
-      if (g->contributions > 0 && !g->onHost)
+      if (g->offload.contributions > 0 && !g->offload.onHost)
         copyGradientToHost(*g); // fewer micro-batches than announced
   }
   for (auto &g : groups_)
@@ -626,7 +561,7 @@ void ZeroStorage::finishGradients() {
       std::shared_ptr<Work> work = std::move(g->pending);
       g->pending.reset();
       work->wait();
-      g->live = true;
+      g->state = BufferState::Gathered;
     }
   if (copyStream_) {
     // The device gradients are complete, and no longer read by the copies
@@ -653,6 +588,12 @@ void ZeroStorage::prepareBackward(const std::string &list, int64_t blockIndex) {
     ensureGathered(*groups_[g]);
 }
 
+void ZeroStorage::prepareRecompute(const std::string &list, int64_t blockIndex) {
+  prepareBackward(list, blockIndex);
+  for (int64_t g : blockGroups(list, blockIndex))
+    groups_[g]->linkedGeneration = -1; // link anew in the recompute
+}
+
 ZeroStorage::Group &ZeroStorage::groupOf(int64_t group) {
   int64_t slot = slots_.at(group);
   if (slot < 0)
@@ -665,11 +606,11 @@ at::Tensor ZeroStorage::global(int64_t index) {
   const plan::TensorInfo &info = plan_.tensors.at(index);
   Group &g = groupOf(info.group);
   size_t member = 0;
-  while (g.info->members[member] != index)
+  while (g.layout.info->members[member] != index)
     ++member;
   if (c10::GradMode::is_enabled()) {
     if (g.linkedGeneration != generation_) {
-      g.linked = GatherFunction::apply(g.shard, this, g.index);
+      g.linked = gatherZeroGroup(g.shard, *this, g.layout.index);
       g.linkedGeneration = generation_;
     }
     return g.linked[member];
@@ -706,15 +647,15 @@ at::Tensor ZeroStorage::slotOf(const at::Tensor &param, bool given) {
     return {};
   if (given) // still the flat gradient it was given in (not yet reduced)
     return g.gradFlat.defined() && g.slotFlat[m] == g.flats
-               ? g.gradFlat.narrow(0, g.info->offsets[m], param.numel()).view(param.sizes())
+               ? g.gradFlat.narrow(0, g.layout.info->offsets[m], param.numel()).view(param.sizes())
                : at::Tensor();
   if (!g.gradFlat.defined()) {
-    g.gradFlat = at::empty({g.padded}, g.shard.options().dtype(reduceDtype(g)));
+    g.gradFlat = at::empty({g.layout.padded}, g.shard.options().dtype(reduceDtype(g)));
     ++g.flats;
   }
   g.slotsGiven[m] = true;
   g.slotFlat[m] = g.flats;
-  return g.gradFlat.narrow(0, g.info->offsets[m], param.numel()).view(param.sizes());
+  return g.gradFlat.narrow(0, g.layout.info->offsets[m], param.numel()).view(param.sizes());
 }
 
 void ZeroStorage::gather(int64_t group) { startGather(groupOf(group)); }
@@ -722,7 +663,7 @@ void ZeroStorage::gather(int64_t group) { startGather(groupOf(group)); }
 void ZeroStorage::release(int64_t group) {
   Group &g = groupOf(group);
   // Under ZeRO-2 the plan has no release; a buffer still needed for a
-  // backward is gathered again by RegatherFunction/CheckpointFunction.
+  // backward is gathered again by regatherInBackward/callRecomputed.
   freeBuffer(g);
 }
 
@@ -730,26 +671,8 @@ std::vector<IValue> ZeroStorage::callBlock(const plan::Instruction &inst, const 
                                            const Run &recompute, std::vector<IValue> args) {
   if (!c10::GradMode::is_enabled())
     return run(std::move(args));
-  if (inst.checkpoint) {
-    auto state = c10::make_intrusive<CheckpointState>();
-    state->inst = &inst;
-    state->run = run;
-    state->recompute = recompute;
-    state->device = device_;
-    variable_list inputs;
-    for (size_t i = 0; i < args.size(); ++i)
-      if (args[i].isTensor()) {
-        state->tensorArgs.push_back(i);
-        inputs.push_back(args[i].toTensor());
-        args[i] = IValue();
-      }
-    state->args = std::move(args);
-    variable_list outputs = CheckpointFunction::apply(at::TensorList(inputs), this, state);
-    std::vector<IValue> results = state->results;
-    for (size_t k = 0; k < state->tensorResults.size(); ++k)
-      results[state->tensorResults[k]] = outputs[k];
-    return results;
-  }
+  if (inst.checkpoint)
+    return callRecomputed(inst, run, recompute, std::move(args), *this, device_);
   std::vector<IValue> results = run(std::move(args));
   if (plan_.zeroStage != 3)
     return results;
@@ -763,7 +686,7 @@ std::vector<IValue> ZeroStorage::callBlock(const plan::Instruction &inst, const 
   if (outputs.empty())
     return results;
   variable_list gated =
-      RegatherFunction::apply(at::TensorList(outputs), this, inst.blockList, inst.blockIndex);
+      regatherInBackward(at::TensorList(outputs), *this, inst.blockList, inst.blockIndex);
   for (size_t k = 0; k < positions.size(); ++k)
     results[positions[k]] = gated[k];
   return results;
@@ -791,7 +714,7 @@ std::vector<LowPrecisionCopy> ZeroStorage::lowPrecisionCopies() const {
   std::vector<LowPrecisionCopy> copies;
   for (const auto &g : groups_)
     if (g->master.defined())
-      copies.push_back({static_cast<size_t>(g->index), g->shard.detach(), data_.size()});
+      copies.push_back({static_cast<size_t>(g->layout.index), g->shard.detach(), data_.size()});
   return copies;
 }
 
@@ -803,7 +726,7 @@ void ZeroStorage::letOptimizerWriteShards() {
 }
 
 c10::ScalarType ZeroStorage::reduceDtype(const Group &g) const {
-  return reduceDtype_ ? *reduceDtype_ : g.info->dtype;
+  return reduceDtype_ ? *reduceDtype_ : g.layout.info->dtype;
 }
 
 void ZeroStorage::refreshFromMasters() {
@@ -854,7 +777,7 @@ at::Tensor ZeroStorage::gradNorm() {
   // ones once (1/T of them on each of the T ranks, which hold the same).
   NormTerms averaged, summed, averagedReplicated, summedReplicated;
   for (const auto &g : groups_) {
-    const at::Tensor &grad = shards_[g->index].grad();
+    const at::Tensor &grad = shards_[g->layout.index].grad();
     if (!grad.defined())
       continue;
     const bool sum = optimizerWritesShards_ && g->master.defined();
@@ -862,9 +785,9 @@ at::Tensor ZeroStorage::gradNorm() {
       (sum ? summed : averaged).add(grad);
       continue;
     }
-    for (const auto &[begin, end] : g->splitRanges)
+    for (const auto &[begin, end] : g->layout.splitRanges)
       (sum ? summed : averaged).add(grad.narrow(0, begin, end - begin));
-    for (const auto &[begin, end] : g->replicatedRanges)
+    for (const auto &[begin, end] : g->layout.replicatedRanges)
       (sum ? summedReplicated : averagedReplicated).add(grad.narrow(0, begin, end - begin));
   }
   const double ranks = static_cast<double>(data_.size());
@@ -885,10 +808,10 @@ at::Tensor ZeroStorage::gradNorm() {
 
 at::Tensor ZeroStorage::gatherGroup(int64_t group, bool gradient) {
   Group &g = *groups_.at(group);
-  const at::Tensor &param = shards_[g.index];
+  const at::Tensor &param = shards_[g.layout.index];
   at::Tensor local = gradient ? param.grad() : g.shard.detach();
   if (!local.defined())
-    local = at::zeros({g.range.shardSize}, g.shard.options().dtype(gradientDtype(g)));
+    local = at::zeros({g.layout.range.shardSize}, g.shard.options().dtype(gradientDtype(g)));
   else if (gradient && optimizerWritesShards_ && g.master.defined()) {
     // A sum in the reduce dtype (letOptimizerWriteShards): the average,
     // in float32, as addGradient makes it otherwise.
@@ -896,7 +819,7 @@ at::Tensor ZeroStorage::gatherGroup(int64_t group, bool gradient) {
     if (data_.size() > 1)
       local.div_(static_cast<double>(data_.size()));
   }
-  at::Tensor full = at::empty({g.padded}, local.options());
+  at::Tensor full = at::empty({g.layout.padded}, local.options());
   shardComm_->allGather(full, local.contiguous())->wait();
   return full;
 }
@@ -909,7 +832,7 @@ ZeroStorage::ShardPlace ZeroStorage::shardPlace(int64_t group) const {
 int64_t ZeroStorage::numParameters() const {
   int64_t n = 0;
   for (const auto &g : groups_)
-    for (int64_t m : g->info->members)
+    for (int64_t m : g->layout.info->members)
       n += plan_.tensors[m].numel();
   return n;
 }

@@ -90,10 +90,10 @@ public:
   /// Throws plan::PlanError for a bad archive, CommError when the world
   /// (data-parallel) size is not a multiple of the plan's shard group size
   /// (naming both) or a collective fails.
-  ZeroStorage(plan::Archive &archive, at::Device device, Comm &world,
-              const std::function<void(int64_t, int64_t)> &progress = nullptr,
-              bool offloadOptimizer = false, Comm *tensorComm = nullptr,
-              Comm *dataComm = nullptr);
+  static std::unique_ptr<ZeroStorage>
+  load(plan::Archive &archive, at::Device device, Comm &world,
+       const std::function<void(int64_t, int64_t)> &progress = nullptr,
+       bool offloadOptimizer = false, Comm *tensorComm = nullptr, Comm *dataComm = nullptr);
   ~ZeroStorage() override;
 
   // ExecutorHooks.
@@ -226,10 +226,26 @@ public:
 
 private:
   struct Group;
+  /// The storage of `plan` (load's arguments) with every shard zero: the
+  /// communicators split, the groups laid out, their buffers freed.
+  ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world, bool offloadOptimizer,
+              Comm *tensorComm, Comm *dataComm);
+  /// Makes `shard` group g's shard (an autograd leaf) and, for a bf16/fp16
+  /// group not offloaded, its float32 master; shards() gets the trainable one.
+  void setShard(Group &g, at::Tensor shard);
+  // The autograd functions of comm/Collectives.cpp (gatherZeroGroup,
+  // regatherInBackward) and the recompute of a checkpointed block
+  // (parallel/BlockRecompute.cpp).
   friend struct GatherFunction;
   friend struct RegatherFunction;
   friend struct CheckpointFunction;
 
+  /// This rank's shard `range` of plan group `planGroup` ([shardSize],
+  /// padding zero) read from `archive`; under hybrid sharding each replica
+  /// reads 1/R of it and all-gathers the rest over the replica group.
+  /// Throws plan::PlanError, CommError.
+  at::Tensor readShard(plan::Archive &archive, int64_t planGroup, const plan::ShardRange &range,
+                       const at::TensorOptions &options);
   void startGather(Group &g);
   void ensureGathered(Group &g);
   void freeBuffer(Group &g);
@@ -240,8 +256,18 @@ private:
   /// starts the gathers of the `prefetchDepth` blocks before it: the
   /// backward order.
   void prepareBackward(const std::string &list, int64_t blockIndex);
+  /// prepareBackward, and the block's groups linked to their shards anew
+  /// (global()) by the recompute of a checkpointed block.
+  void prepareRecompute(const std::string &list, int64_t blockIndex);
   /// Member tensors aliasing group g's gathered buffer (no autograd).
   std::vector<at::Tensor> memberViews(Group &g);
+  /// gatherZeroGroup's forward: group `group` (an index of groups_)
+  /// gathered (waiting), its members' views.
+  std::vector<at::Tensor> gatheredMembers(int64_t group);
+  /// gatherZeroGroup's backward: the members' gradients `grads` laid out
+  /// flat, the reduce_grad ranges all-reduced over the TP group, the
+  /// reduce-scatter started (startReduceGradient), the buffer freed.
+  void reduceMemberGradients(int64_t group, const std::vector<at::Tensor> &grads);
   /// Starts reduce-scattering the full gradient `flat` of group g
   /// (finishGradients adds the result to the shard's gradient).
   void startReduceGradient(Group &g, const at::Tensor &flat);
