@@ -127,31 +127,11 @@ struct CheckpointSaver::Impl {
   std::optional<c10::Event> pendingCopies; ///< CUDA copies not yet waited for by the compute stream
   std::optional<CheckpointResult> finished; ///< not yet reported
   std::vector<std::string> removedAtStart;  ///< removeDeadSaves' folder names
-  /// Rank 0: the checkpoint folder, open with an exclusive flock for the
-  /// run's life (the kernel drops it when the process dies, even by SIGKILL).
-  int lockFd = -1;
+  /// Rank 0: the checkpoint folder's lock, held for the run's life.
+  FolderLock folderLock;
 
   Impl(Model &m, Optimizer &o, const LossScaler *s, CheckpointOptions opts, RunIdentity id)
       : model(m), optimizer(o), scaler(s), options(std::move(opts)), identity(std::move(id)) {}
-  ~Impl() {
-    if (lockFd >= 0)
-      ::close(lockFd);
-  }
-
-  /// Rank 0: takes the folder's lock; false when another live run holds it
-  /// (a folder that cannot be opened or locked otherwise is left to the
-  /// write probe's error).
-  bool lockFolder() {
-    lockFd = ::open(options.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (lockFd < 0)
-      return true;
-    if (::flock(lockFd, LOCK_EX | LOCK_NB) == 0)
-      return true;
-    const bool held = errno == EWOULDBLOCK;
-    ::close(lockFd);
-    lockFd = -1;
-    return !held;
-  }
 
   void join() {
     if (thread.joinable())
@@ -257,29 +237,7 @@ struct CheckpointSaver::Impl {
     result.step = snap->step;
     const std::string myFile = (fs::path(snap->folder) / rankName(rank, ".safetensors")).string();
     const std::string failedFile = (fs::path(snap->folder) / rankName(rank, ".failed")).string();
-    // The rank's marker (rank-R.done, or rank-R.failed with the reason),
-    // its room taken before the big write, so that it can be written on a
-    // disk that fills up: written in place, then renamed to its name.
-    const std::string markerFile = (fs::path(snap->folder) / rankName(rank, ".marker")).string();
-    int markerFd = ::open(markerFile.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (markerFd >= 0 && ::posix_fallocate(markerFd, 0, 4096) != 0) {
-      ::close(markerFd);
-      markerFd = -1;
-    }
-    auto writeMarker = [&](const std::string &text, const std::string &target) {
-      if (markerFd < 0) {
-        writeSynced(target, text);
-        return;
-      }
-      const int fd = markerFd;
-      markerFd = -1;
-      const bool ok = ::pwrite(fd, text.data(), text.size(), 0) ==
-                          static_cast<ssize_t>(text.size()) &&
-                      ::ftruncate(fd, static_cast<off_t>(text.size())) == 0 && ::fsync(fd) == 0;
-      ::close(fd);
-      if (!ok || std::rename(markerFile.c_str(), target.c_str()) != 0)
-        throw std::runtime_error(target + ": cannot write (" + systemError() + ")");
-    };
+    RankMarker marker(snap->folder, rank);
     try {
       {
         c10::NoGradGuard noGrad;
@@ -298,38 +256,12 @@ struct CheckpointSaver::Impl {
         if (it->deriveFrom.defined())
           it->host.copy_(it->deriveFrom.view({-1}));
       // This rank's file.
-      std::vector<SafetensorsEntry> entries;
-      json crcs = json::object(), chunkCrcs = json::object();
-      std::vector<Item *> saved;
-      for (Item *it : snap->items) {
-        if (masterOnlyForDerive.count(it->name))
-          continue;
-        saved.push_back(it);
-        entries.push_back({it->name, it->host.scalar_type(), it->host.sizes().vec()});
-        const char *bytes = static_cast<const char *>(it->host.data_ptr());
-        const int64_t nbytes = static_cast<int64_t>(it->host.nbytes());
-        crcs[it->name] = crcHex(plan::crc32(bytes, static_cast<size_t>(nbytes)));
-        std::string chunks;
-        for (int64_t at = 0; at < nbytes; at += chunkBytes)
-          chunks += crcHex(plan::crc32(bytes + at, static_cast<size_t>(
-                                                       std::min(chunkBytes, nbytes - at))));
-        chunkCrcs[it->name] = chunks;
-      }
-      SafetensorsWriter writer(myFile, entries,
-                               {{"format", kFormat},
-                                {"version", std::to_string(version)},
-                                {"rank", std::to_string(rank)},
-                                {"crc32", crcs.dump()},
-                                {"crc32_chunk_bytes", std::to_string(chunkBytes)},
-                                {"crc32_chunks", chunkCrcs.dump()}});
-      for (Item *it : saved) {
-        writer.write(it->host.data_ptr(), static_cast<int64_t>(it->host.nbytes()));
-        if (slowWriteMs > 0) // test hook: a save that lasts long enough to be killed
-          std::this_thread::sleep_for(std::chrono::milliseconds(slowWriteMs));
-      }
-      writer.close();
-      result.bytes = writer.bytesWritten();
-      writeMarker(std::to_string(result.bytes) + "\n",
+      std::vector<std::pair<std::string, at::Tensor>> saved;
+      for (Item *it : snap->items)
+        if (!masterOnlyForDerive.count(it->name))
+          saved.emplace_back(it->name, it->host);
+      result.bytes = writeRankFile(myFile, saved, version, rank, chunkBytes, slowWriteMs);
+      marker.write(std::to_string(result.bytes) + "\n",
                   (fs::path(snap->folder) / rankName(rank, ".done")).string());
       result.ok = true;
       if (rank == 0)
@@ -340,14 +272,14 @@ struct CheckpointSaver::Impl {
       std::error_code ec;
       fs::remove(myFile, ec); // give the space back
       try {
-        writeMarker(result.error.substr(0, 4000) + "\n", failedFile);
+        marker.write(result.error.substr(0, 4000) + "\n", failedFile);
       } catch (const std::exception &) {
       }
       if (rank == 0) {
         // Remove the folder once no rank writes into it any more.
         if (!committing) {
           try {
-            waitForRanks(snap->folder);
+            waitForRanks(snap->folder, worldSize);
           } catch (const std::exception &) {
           }
         }
@@ -356,136 +288,24 @@ struct CheckpointSaver::Impl {
       std::lock_guard<std::mutex> lock(mutex);
       hostCopiesDone = true;
     }
-    if (markerFd >= 0)
-      ::close(markerFd);
     changed.notify_all();
     result.writeSeconds = secondsSince(snap->started);
     std::lock_guard<std::mutex> lock(mutex);
     finished = result;
   }
 
-  /// Rank 0: waits until every rank has its marker in `tmp` (done or
-  /// failed, at most 30 minutes); returns the bytes of each rank's file, or
-  /// throws std::runtime_error with the first failed rank's reason.
-  json waitForRanks(const fs::path &tmp) {
-    json rankBytes = json::array();
-    std::string failure;
-    const auto deadline = Clock::now() + std::chrono::minutes(30);
-    for (int64_t r = 0; r < worldSize; ++r) {
-      std::error_code ec;
-      for (;;) {
-        if (fs::exists(tmp / rankName(r, ".done"), ec) ||
-            fs::exists(tmp / rankName(r, ".failed"), ec))
-          break;
-        if (Clock::now() > deadline)
-          throw std::runtime_error("rank " + std::to_string(r) + " did not write its file "
-                                   "within 30 minutes");
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      if (fs::exists(tmp / rankName(r, ".done"), ec)) {
-        rankBytes.push_back(std::stoll(readText((tmp / rankName(r, ".done")).string())));
-        continue;
-      }
-      std::string why = readText((tmp / rankName(r, ".failed")).string());
-      while (!why.empty() && why.back() == '\n')
-        why.pop_back();
-      if (failure.empty())
-        failure = "rank " + std::to_string(r) + ": " +
-                  (why.empty() ? "could not write its file (no reason recorded: the disk may be "
-                                 "full; the rank's own warning says why)"
-                               : why);
-    }
-    if (!failure.empty())
-      throw std::runtime_error(failure);
-    return rankBytes;
-  }
-
   /// Rank 0: waits for every rank's file, then makes the checkpoint
   /// complete (docs/checkpoint-format.md). Throws std::runtime_error.
   void commit(Snapshot &snap, CheckpointResult &result) {
-    const fs::path tmp = snap.folder;
     committing = true; // from here on every rank has its marker
-    json rankBytes = waitForRanks(tmp);
     json meta = snap.metadata;
-    meta["rank_bytes"] = rankBytes;
+    meta["rank_bytes"] = waitForRanks(snap.folder, worldSize);
     if (snap.lossScale.defined())
       meta["loss_scale"] = {{"scale", snap.lossScale.item<double>()},
                             {"clean_steps", static_cast<int64_t>(snap.cleanSteps.item<double>())}};
-    if (!identity.hfFiles.empty()) {
-      fs::create_directories(tmp / "hf");
-      for (const auto &[name, content] : identity.hfFiles)
-        writeSynced((tmp / "hf" / name).string(), content);
-      syncDirectory((tmp / "hf").string());
-    }
-    const std::string metaText = meta.dump(1) + "\n";
-    writeSynced((tmp / "checkpoint.json").string(), metaText);
-    for (int64_t r = 0; r < worldSize; ++r)
-      fs::remove(tmp / rankName(r, ".done"));
-    syncDirectory(tmp.string());
-    const fs::path final = fs::path(options.dir) / stepName(snap.step);
-    std::error_code ec;
-    if (completeStep(final) == snap.step) {
-      // A resumed run saved the same step again: keep the one there.
-      fs::remove_all(tmp, ec);
-    } else {
-      fs::remove_all(final, ec); // an incomplete one
-      fs::rename(tmp, final);
-      syncDirectory(options.dir);
-      writeSynced((final / "COMPLETE").string(),
-                  completeLine(snap.step, version, true,
-                               plan::crc32(metaText.data(), metaText.size())));
-      syncDirectory(final.string());
-    }
-    result.path = final.string();
-    removeOld();
-  }
-
-  /// Rank 0, before the run's first save: removes what saves of earlier
-  /// runs that died left in options.dir, i.e. their `step-N.tmp-<run>`
-  /// folders and the `step-N` folders without a COMPLETE file (renamed but
-  /// never completed, or a removal by --keep that died half-way). A folder
-  /// with a COMPLETE file is never removed here, whatever its content.
-  void removeDeadSaves() {
-    std::error_code ec;
-    std::vector<fs::path> dead;
-    for (const auto &entry : fs::directory_iterator(options.dir, ec)) {
-      const std::string name = entry.path().filename().string();
-      if (name.size() < 13 || name.rfind("step-", 0) != 0 ||
-          !std::all_of(name.begin() + 5, name.begin() + 13, ::isdigit) ||
-          !entry.is_directory(ec) || entry.is_symlink(ec))
-        continue;
-      const std::string rest = name.substr(13);
-      const bool deadTmp = rest.rfind(".tmp-", 0) == 0 && rest != ".tmp-" + nonce;
-      const bool uncommitted = rest.empty() && !fs::exists(entry.path() / "COMPLETE", ec) && !ec;
-      if (deadTmp || uncommitted)
-        dead.push_back(entry.path());
-    }
-    std::sort(dead.begin(), dead.end());
-    for (const fs::path &folder : dead) {
-      fs::remove_all(folder, ec);
-      if (!ec)
-        removedAtStart.push_back(folder.filename().string());
-    }
-  }
-
-  /// Removes the oldest complete checkpoints beyond options.keep.
-  void removeOld() {
-    if (options.keep <= 0)
-      return;
-    std::vector<std::pair<int64_t, fs::path>> complete;
-    std::error_code ec;
-    for (const auto &entry : fs::directory_iterator(options.dir, ec)) {
-      int64_t step = completeStep(entry.path());
-      if (step >= 0)
-        complete.emplace_back(step, entry.path());
-    }
-    std::sort(complete.begin(), complete.end());
-    for (size_t i = 0; i + static_cast<size_t>(options.keep) < complete.size(); ++i) {
-      // COMPLETE first: a removal that dies half-way leaves no checkpoint
-      // that looks complete.
-      fs::remove(complete[i].second / "COMPLETE", ec);
-      fs::remove_all(complete[i].second, ec);
-    }
+    result.path = commitFolder(options.dir, snap.folder, snap.step, version, worldSize,
+                               meta.dump(1) + "\n", identity.hfFiles);
+    removeOldCheckpoints(options.dir, options.keep);
   }
 };
 
@@ -511,7 +331,7 @@ CheckpointSaver::CheckpointSaver(Model &model, Optimizer &optimizer, const LossS
   // saves in progress as dead), each reporting its saves as done.
   std::error_code ec;
   fs::create_directories(s.options.dir, ec);
-  const bool locked = s.rank != 0 || s.lockFolder();
+  const bool locked = s.rank != 0 || s.folderLock.acquire(s.options.dir);
   at::Tensor nonce = at::empty({2}, at::TensorOptions().dtype(at::kLong));
   nonce.data_ptr<int64_t>()[0] = static_cast<int64_t>(std::random_device{}() >> 1);
   nonce.data_ptr<int64_t>()[1] = locked ? 1 : 0;
@@ -549,7 +369,7 @@ CheckpointSaver::CheckpointSaver(Model &model, Optimizer &optimizer, const LossS
                           (ec ? ec.message() : std::string(e.what())) + ")");
   }
   if (s.rank == 0)
-    s.removeDeadSaves();
+    s.removedAtStart = removeDeadSaves(s.options.dir, s.nonce);
   if (s.worldSize > 1)
     world.barrier(); // rank 0 removed the dead saves before anyone writes
   if (s.device.is_cuda())
@@ -656,22 +476,6 @@ std::optional<CheckpointResult> CheckpointSaver::poll() {
 std::optional<CheckpointResult> CheckpointSaver::wait() {
   impl_->join();
   return poll();
-}
-
-std::optional<std::string> latestCheckpoint(const std::string &dir) {
-  std::error_code ec;
-  int64_t best = -1;
-  fs::path bestPath;
-  for (const auto &entry : fs::directory_iterator(dir, ec)) {
-    int64_t step = completeStep(entry.path());
-    if (step > best) {
-      best = step;
-      bestPath = entry.path();
-    }
-  }
-  if (best < 0)
-    return std::nullopt;
-  return bestPath.string();
 }
 
 // --- loading ----------------------------------------------------------------
