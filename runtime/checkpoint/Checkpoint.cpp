@@ -8,6 +8,7 @@
 
 #include "bmt/Runtime/checkpoint/Checkpoint.h"
 #include "FileStorage.h"
+#include "LoadPlan.h"
 #include "Metadata.h"
 
 #include "bmt/Runtime/Env.h"
@@ -61,188 +62,13 @@ using namespace checkpoint;
 
 namespace {
 
-/// How one run holds a trainable tensor: the global shape, its TP split
-/// over `tp` ranks, and which TP rank's slice (`tpRank`). The slicing rule
-/// is bmt/Plan/SplitRule.h's (docs/sharded-format.md).
-struct SliceLayout {
-  std::vector<int64_t> shape;
-  TensorSplit split; ///< dim, chunks, paddedSize; replicated when not split
-  int64_t tp = 1, tpRank = 0;
-
-  bool isSplit() const { return split.isSplit(); }
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t d : shape)
-      n *= d;
-    return n;
-  }
-  int64_t localNumel() const { return isSplit() ? split::localNumel(shape, split, tp) : numel(); }
-  /// Elements after the split dim (a row of it).
-  int64_t inner() const {
-    int64_t n = 1;
-    for (size_t d = static_cast<size_t>(split.dim) + 1; d < shape.size(); ++d)
-      n *= shape[d];
-    return n;
-  }
-  /// Whether the two hold the same slices (the same TP rank's).
-  bool sameSlicing(const SliceLayout &o) const {
-    if (!isSplit() && !o.isSplit())
-      return true;
-    return split.dim == o.split.dim && split.chunks == o.split.chunks &&
-           split::paddedSize(split, shape[split.dim]) ==
-               split::paddedSize(o.split, o.shape[o.split.dim]) &&
-           tp == o.tp && tpRank == o.tpRank;
-  }
-
-  /// Calls emit(local, global, n) for the elements [a, b) of this slice
-  /// (row-major over the local shape) in runs that are contiguous in the
-  /// global tensor (row-major, unpadded): local elements [local, local + n)
-  /// are global ones [global, global + n). Padding is skipped.
-  template <typename F> void toGlobal(int64_t a, int64_t b, F &&emit) const {
-    if (!isSplit()) {
-      if (a < b)
-        emit(a, a, b - a);
-      return;
-    }
-    const int64_t in = inner(), size = shape[split.dim];
-    const int64_t row = split::paddedSize(split, size) / tp * in; // local elements per outer index
-    for (int64_t at = a; at < b;) {
-      const int64_t o = at / row, j = at % row / in;
-      const split::Range r = split::localToGlobal(split, size, tp, tpRank, j);
-      const int64_t end = std::min(b, o * row + (j + r.length) * in);
-      if (r.global < size)
-        emit(at, (o * size + r.global) * in + at % in, end - at);
-      at = end;
-    }
-  }
-
-  /// Calls emit(tpRank, local, global, n) for the global elements [g, g +
-  /// n) (unpadded, row-major) in runs that are contiguous in one TP rank's
-  /// slice: global [global, global + n) are that slice's [local, local + n).
-  /// An unsplit tensor is read from this layout's own tpRank's copy.
-  template <typename F> void fromGlobal(int64_t g, int64_t n, F &&emit) const {
-    if (!isSplit()) {
-      if (n > 0)
-        emit(tpRank, g, g, n);
-      return;
-    }
-    const int64_t in = inner(), size = shape[split.dim];
-    const int64_t localSize = split::paddedSize(split, size) / tp;
-    for (int64_t at = g, end = g + n; at < end;) {
-      const int64_t o = at / (size * in), j = at / in % size;
-      const split::Location l = split::globalToLocal(split, size, tp, j);
-      const int64_t upTo = std::min(end, (o * size + j + l.range.length) * in);
-      emit(l.tpRank, (o * localSize + l.range.local) * in + at % in, at, upTo - at);
-      at = upTo;
-    }
-  }
-};
-
-/// A trainable tensor of the checkpoint: its global shape, dtype, split,
-/// and where each saved TP rank's slice is (space, element offset; one
-/// entry without tensor parallelism).
-struct SavedMember {
-  std::vector<int64_t> shape;
-  std::string dtype;
-  SliceLayout layout; ///< tpRank unset
-  std::vector<std::pair<size_t, int64_t>> copies; ///< by saved TP rank
-};
-
-struct SavedSpace {
-  std::string name, dtype;
-  bool master = false;
-  int64_t size = 0, shards = 1, shardSize = 0;
-  int64_t tpRank = 0; ///< the TP rank whose slices it holds (0 without TP)
-  std::vector<std::pair<int64_t, int64_t>> members; ///< (offset, elements)
-  std::vector<std::string> names;                   ///< of the members
-};
-
 /// Reads this rank's pieces from the checkpoint's rank files.
 class CheckpointReader {
 public:
-  CheckpointReader(std::string folder, const json &meta) : folder_(std::move(folder)) {
-    try {
-      worldSize_ = meta.at("world_size").get<int64_t>();
-      tp_ = meta.value("tensor_parallel", int64_t(1));
-      if (tp_ < 1 || worldSize_ % tp_ != 0)
-        throw CheckpointError(folder_ + "/checkpoint.json: bad layout (tensor_parallel " +
-                              std::to_string(tp_) + " with world_size " +
-                              std::to_string(worldSize_) + ")");
-      for (const json &s : meta.at("spaces")) {
-        SavedSpace space;
-        space.name = s.at("name").get<std::string>();
-        space.dtype = s.at("dtype").get<std::string>();
-        space.master = s.at("master").get<bool>();
-        space.size = s.at("size").get<int64_t>();
-        space.shards = s.at("shards").get<int64_t>();
-        space.shardSize = s.at("shard_size").get<int64_t>();
-        space.tpRank = tp_ > 1 ? s.at("tp_rank").get<int64_t>() : 0;
-        if (space.tpRank < 0 || space.tpRank >= tp_ || space.shards < 1 ||
-            space.shardSize * space.shards < space.size)
-          throw CheckpointError(folder_ + "/checkpoint.json: bad layout (space " + space.name +
-                                ": tp_rank, shards or shard_size out of range)");
-        for (const json &m : s.at("members")) {
-          const std::string name = m.at("tensor").get<std::string>();
-          SavedMember &member = members_[name];
-          const std::vector<int64_t> shape = m.at("shape").get<std::vector<int64_t>>();
-          if (member.copies.empty()) {
-            member.shape = shape;
-            member.dtype = space.dtype;
-            member.layout.shape = shape;
-            member.layout.tp = tp_;
-            if (m.contains("split")) {
-              const json &js = m.at("split");
-              TensorSplit &rule = member.layout.split;
-              rule.dim = js.at("dim").get<int64_t>();
-              rule.chunks = js.at("chunks").get<int64_t>();
-              rule.paddedSize = js.at("padded_size").get<int64_t>();
-              const int64_t rank = static_cast<int64_t>(shape.size());
-              std::string why = rule.dim < 0 ? "dim " + std::to_string(rule.dim) + " is not a split dim"
-                                : split::check(rule, rank, rule.dim < rank ? shape[rule.dim] : -1, tp_);
-              if (!why.empty())
-                throw CheckpointError(folder_ + "/checkpoint.json: bad split of " + name + " (" +
-                                      why + ")");
-            }
-            member.copies.assign(static_cast<size_t>(tp_), {SIZE_MAX, 0});
-          } else if (shape != member.shape || space.dtype != member.dtype) {
-            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
-                                  " differs between its TP ranks' spaces)");
-          }
-          auto &copy = member.copies.at(static_cast<size_t>(space.tpRank));
-          if (copy.first != SIZE_MAX)
-            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
-                                  " twice in the spaces of TP rank " +
-                                  std::to_string(space.tpRank) + ")");
-          copy = {spaces_.size(), m.at("offset").get<int64_t>()};
-          const int64_t numel = member.layout.localNumel();
-          if (copy.second < 0 || copy.second + numel > space.size)
-            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
-                                  " does not fit in space " + space.name + ")");
-          space.members.emplace_back(copy.second, numel);
-          space.names.push_back(name);
-        }
-        spaces_.push_back(space);
-      }
-      for (const auto &[name, member] : members_)
-        for (const auto &copy : member.copies)
-          if (copy.first == SIZE_MAX)
-            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
-                                  " is missing from a TP rank's spaces)");
-    } catch (const json::exception &e) {
-      throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + e.what() + ")");
-    }
-  }
+  CheckpointReader(std::string folder, const SavedLayout &layout)
+      : folder_(std::move(folder)), layout_(layout) {}
 
-  const std::map<std::string, SavedMember> &members() const { return members_; }
-  const std::vector<SavedSpace> &spaces() const { return spaces_; }
-  int64_t worldSize() const { return worldSize_; }
-  int64_t tensorParallel() const { return tp_; }
-  /// The rank whose file holds shard `shard` of saved space `space`: shard
-  /// q of TP rank t's space is written by data-parallel rank q of TP rank
-  /// t, world rank q * T + t (q without tensor parallelism).
-  int64_t rankOf(size_t space, int64_t shard) const {
-    return shard * tp_ + spaces_[space].tpRank;
-  }
+  const SavedLayout &layout() const { return layout_; }
 
   SafetensorsFile &file(int64_t rank) {
     auto it = files_.find(rank);
@@ -251,7 +77,7 @@ public:
     const std::string path = (fs::path(folder_) / rankName(rank, ".safetensors")).string();
     std::error_code ec;
     if (!fs::exists(path, ec))
-      throw CheckpointError(path + ": missing (the checkpoint of " + std::to_string(worldSize_) +
+      throw CheckpointError(path + ": missing (the checkpoint of " + std::to_string(layout_.worldSize()) +
                             " ranks has no file of rank " + std::to_string(rank) + ")");
     std::unique_ptr<SafetensorsFile> f;
     try {
@@ -309,22 +135,17 @@ public:
   /// `space`, from element `begin` of its flat buffer, to `dst`.
   void request(size_t space, const std::string &field, int64_t begin, int64_t numel,
                char *dst, c10::ScalarType dtype) {
-    const size_t elementSize = c10::elementSize(dtype);
-    const SavedSpace &s = spaces_[space];
-    int64_t at = begin, end = begin + numel;
-    while (at < end) {
-      const int64_t shard = at / s.shardSize;
-      const int64_t upTo = std::min(end, (shard + 1) * s.shardSize);
+    const int64_t elementSize = static_cast<int64_t>(c10::elementSize(dtype));
+    for (const SavedLayout::ShardRead &r : layout_.shardReads(space, begin, numel, elementSize)) {
       Piece p;
-      p.offset = (at - shard * s.shardSize) * static_cast<int64_t>(elementSize);
-      p.nbytes = (upTo - at) * static_cast<int64_t>(elementSize);
-      p.dst = dst + (at - begin) * static_cast<int64_t>(elementSize);
+      p.offset = r.offset;
+      p.nbytes = r.nbytes;
+      p.dst = dst + r.dst;
       p.dtype = dtype;
-      Pending &pending = pending_[{rankOf(space, shard), fieldName(static_cast<int64_t>(space), field)}];
+      Pending &pending = pending_[{r.rank, fieldName(static_cast<int64_t>(space), field)}];
       pending.space = space;
-      pending.shard = shard;
+      pending.shard = r.shard;
       pending.pieces.push_back(p);
-      at = upTo;
     }
   }
 
@@ -459,7 +280,7 @@ private:
                          bool legacy) const {
     const int64_t begin = index * chunk, end = std::min(e.nbytes(), begin + chunk);
     const int64_t elementSize = static_cast<int64_t>(c10::elementSize(e.dtype));
-    const SavedSpace &s = spaces_.at(pending.space);
+    const SavedSpace &s = layout_.spaces().at(pending.space);
     const int64_t first = pending.shard * s.shardSize + begin / elementSize;
     const int64_t last = pending.shard * s.shardSize + (end + elementSize - 1) / elementSize;
     std::string inside;
@@ -478,9 +299,7 @@ private:
   }
 
   std::string folder_;
-  int64_t worldSize_ = 0, tp_ = 1;
-  std::vector<SavedSpace> spaces_;
-  std::map<std::string, SavedMember> members_;
+  const SavedLayout &layout_;
   std::map<int64_t, std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::pair<int64_t, std::string>, uint32_t> crcs_; ///< whole tensors'
   std::map<std::pair<int64_t, std::string>, std::vector<uint32_t>> chunkCrcs_;
@@ -497,15 +316,15 @@ std::string shapeText(const std::vector<int64_t> &shape) {
 
 /// Throws CheckpointError naming the first trainable tensor that differs
 /// between the checkpoint and `plan`.
-void checkSameModel(const CheckpointReader &reader, const plan::Plan &p,
+void checkSameModel(const SavedLayout &layout, const plan::Plan &p,
                     const std::string &folder) {
   std::set<std::string> seen;
   for (const plan::TensorInfo &t : p.tensors) {
     if (!(t.isParameter && t.requiresGrad))
       continue;
     seen.insert(t.name);
-    auto it = reader.members().find(t.name);
-    if (it == reader.members().end())
+    auto it = layout.members().find(t.name);
+    if (it == layout.members().end())
       throw CheckpointError(folder + " is a checkpoint of another model: it has no parameter " +
                             t.name);
     if (it->second.shape != t.shape)
@@ -517,7 +336,7 @@ void checkSameModel(const CheckpointReader &reader, const plan::Plan &p,
                             " in the checkpoint, " + plan::dtypeName(t.dtype) +
                             " in this plan (compile with the checkpoint's --dtype)");
   }
-  for (const auto &[name, member] : reader.members())
+  for (const auto &[name, member] : layout.members())
     if (!seen.count(name))
       throw CheckpointError(folder + " is a checkpoint of another model: it has a parameter " +
                             name + " that this model has not");
@@ -536,13 +355,14 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
   const json meta = readCheckpointJson(folder, dir.string());
   if (expected)
     checkSameOptimizer(meta.value("optimizer", json::object()), *expected, folder);
-  CheckpointReader reader(folder, meta);
+  const SavedLayout layout(folder, meta);
+  CheckpointReader reader(folder, layout);
   const plan::Plan &p = model.plan();
-  checkSameModel(reader, p, folder);
+  checkSameModel(layout, p, folder);
 
   ResumeReport report;
-  report.savedWorldSize = reader.worldSize();
-  report.savedTensorParallel = reader.tensorParallel();
+  report.savedWorldSize = layout.worldSize();
+  report.savedTensorParallel = layout.tensorParallel();
   report.savedSchedule = savedSchedule(meta, folder);
   const json batch = meta.value("batch", json::object());
   report.savedSequencesPerStep = batch.value("sequences_per_step", int64_t{0});
@@ -550,7 +370,7 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
   // Tensor parallelism: this run's T and TP rank, and the checkpoint's T.
   const int64_t tp = p.tensorParallel;
   const int64_t tpRank = model.tensorParallel() ? model.tensorParallel()->rank() : 0;
-  const int64_t savedTp = reader.tensorParallel();
+  const int64_t savedTp = layout.tensorParallel();
   auto layoutOf = [&](const plan::TensorInfo &t) {
     SliceLayout l;
     l.shape = t.shape;
@@ -595,7 +415,7 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     if (slot != "step" && !state.replicatedSlots.count(slot))
       needed[spaceOfParameter.at(i)][slot] = tensor.scalar_type();
   }
-  bool resharded = reader.worldSize() != model.world().size() || savedTp != tp;
+  bool resharded = layout.worldSize() != model.world().size() || savedTp != tp;
   for (size_t k = 0; k < spaces.size(); ++k) {
     const ParameterSpace &s = spaces[k];
     const int64_t begin = s.shardIndex * s.shardSize;
@@ -610,14 +430,14 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
         const int64_t to = std::min(end, s.offsets[m] + t.localNumel(tp));
         if (from >= to)
           continue;
-        const SavedMember &saved = reader.members().at(t.name);
+        const SavedMember &saved = layout.members().at(t.name);
         const SliceLayout mine = layoutOf(t), theirs = savedLayoutOf(saved);
         char *const dst = static_cast<char *>(buffer.data_ptr()) + (from - begin) * elementSize;
         // Elements [local, local + n) of TP rank savedRank's saved slice to
         // dst + at.
         auto copy = [&](int64_t savedRank, int64_t local, int64_t at, int64_t n) {
           const auto &[space, offset] = saved.copies.at(static_cast<size_t>(savedRank));
-          const SavedSpace &savedSpace = reader.spaces()[space];
+          const SavedSpace &savedSpace = layout.spaces()[space];
           resharded = resharded || savedSpace.name != s.name || offset != s.offsets[m] ||
                       savedSpace.shards != s.numShards;
           // A float32 space's master is its parameter.
@@ -627,20 +447,10 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
           reader.request(space, savedField, offset + local, n,
                          dst + at * static_cast<int64_t>(elementSize), dtype);
         };
-        const int64_t a = from - s.offsets[m], b = to - s.offsets[m];
-        if (mine.sameSlicing(theirs)) {
-          copy(theirs.tpRank, a, 0, b - a);
-          continue;
-        }
         // Another TP split: the elements of this slice through the global
         // tensor to the saved slices that hold them (padding stays zero).
-        resharded = true;
-        mine.toGlobal(a, b, [&](int64_t local, int64_t global, int64_t n) {
-          theirs.fromGlobal(global, n, [&](int64_t savedRank, int64_t savedLocal, int64_t g,
-                                           int64_t k) {
-            copy(savedRank, savedLocal, local - a + (g - global), k);
-          });
-        });
+        if (planSlice(mine, theirs, from - s.offsets[m], to - s.offsets[m], copy))
+          resharded = true;
       }
     }
   }
@@ -649,11 +459,11 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
   // shard 0's file, rank 0's).
   for (size_t k = 0; k < spaces.size(); ++k) {
     const plan::TensorInfo &t = p.tensors.at(spaces[k].members.at(0));
-    const SavedMember &first = reader.members().at(t.name);
+    const SavedMember &first = layout.members().at(t.name);
     const size_t savedSpace = first.copies.at(static_cast<size_t>(tpRank % savedTp)).first;
     if (state.tensors.count("step." + std::to_string(spaces[k].parameter)))
       loaded[k].byName["step"] = reader.readChecked(
-          reader.rankOf(savedSpace, 0), fieldName(static_cast<int64_t>(savedSpace), "step"));
+          layout.rankOf(savedSpace, 0), fieldName(static_cast<int64_t>(savedSpace), "step"));
     // Replicated slots (Adafactor's factors, concatenated over the space's
     // members): whole, from shard 0, when the saved space has the same
     // members (any number of shards) and the same TP split (this TP
@@ -661,10 +471,10 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     for (const std::string &slot : state.replicatedSlots) {
       if (!state.tensors.count(slot + "." + std::to_string(spaces[k].parameter)))
         continue;
-      const SavedSpace &saved = reader.spaces()[savedSpace];
+      const SavedSpace &saved = layout.spaces()[savedSpace];
       bool sameMembers = saved.name == spaces[k].name && savedTp == tp;
       for (size_t m = 0; m < spaces[k].members.size() && sameMembers; ++m) {
-        const SavedMember &member = reader.members().at(p.tensors.at(spaces[k].members[m]).name);
+        const SavedMember &member = layout.members().at(p.tensors.at(spaces[k].members[m]).name);
         const auto &copy = member.copies.at(static_cast<size_t>(tpRank % savedTp));
         sameMembers = copy.first == savedSpace && copy.second == spaces[k].offsets[m];
       }
@@ -678,7 +488,7 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
                                              : std::string()) +
                               "): resume with the plan it was saved with");
       loaded[k].byName[slot] = reader.readChecked(
-          reader.rankOf(savedSpace, 0), fieldName(static_cast<int64_t>(savedSpace), slot));
+          layout.rankOf(savedSpace, 0), fieldName(static_cast<int64_t>(savedSpace), slot));
     }
   }
 
@@ -712,7 +522,7 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
   if (scaler && report.progress.lossScale)
     scaler->setState(*report.progress.lossScale, report.progress.cleanSteps);
   // Each rank's generators, when the ranks are the same.
-  if (reader.worldSize() == model.world().size() && savedTp == tp) {
+  if (layout.worldSize() == model.world().size() && savedTp == tp) {
     const int64_t rank = model.world().rank();
     SafetensorsFile &mine = reader.file(rank);
     auto restore = [&](at::Generator g, const char *name) {
