@@ -1,25 +1,15 @@
-//===- Checkpoint.cpp - sharded training checkpoints ----------------------===//
+//===- Checkpoint.cpp - loading sharded training checkpoints ---------------===//
 //
-// Saving (docs/checkpoint-format.md has the protocol):
-//
-//   main thread:  save(): snapshot the device tensors into pinned host
-//                 buffers on a side stream (CUDA), queue the host ones;
-//                 hand the snapshot to the saving thread; return.
-//                 beforeStateChange() (before the next optimizer step): the
-//                 compute stream waits for the copies; the host waits for
-//                 the saving thread's host copies.
-//   saving thread: host copies; wait for the device copies; CRC-32s; write
-//                 and fsync rank-R.safetensors; rank-R.done. Rank 0 then
-//                 waits for every rank's marker and commits: the model's
-//                 Hugging Face files (hf/), checkpoint.json, rename the
-//                 folder, COMPLETE, remove old checkpoints.
-//
-// The saving thread runs no collective: the ranks meet through the files,
-// so a save never stalls the training's communication.
+// loadCheckpoint: each rank reads only the slices of its own layout from
+// the rank files (docs/checkpoint-format.md). Saving is Staging.cpp's,
+// checkpoint.json Metadata.cpp's, the folder protocol FileStorage.cpp's.
 //
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Runtime/checkpoint/Checkpoint.h"
+#include "FileStorage.h"
+#include "LoadPlan.h"
+#include "Metadata.h"
 
 #include "bmt/Runtime/Env.h"
 
@@ -66,1204 +56,19 @@ using json = nlohmann::json;
 
 namespace bmt::runtime {
 
-namespace {
-
-/// Version 1: no tensor parallelism (every checkpoint of a plan with
-/// tensor_parallel 1 is still written as version 1); version 2: the spaces
-/// are TP slices (docs/checkpoint-format.md). This bmt-run reads both.
-constexpr int kFormatVersion = 1;
-constexpr int kTensorParallelVersion = 2;
-const char *kFormat = "bmt-checkpoint";
-/// Every tensor of a rank file has a CRC-32 per chunk of this many bytes
-/// (the last chunk the rest), so that a reader of a slice checks what it
-/// reads by reading at most one chunk more at each end of a piece.
-constexpr int64_t kChunkBytes = 64 << 10;
-
-/// A CRC-32 as the rank files' metadata writes it: 8 hex digits.
-std::string crcHex(uint32_t crc) {
-  char hex[9];
-  std::snprintf(hex, sizeof hex, "%08x", crc);
-  return hex;
-}
-
-using Clock = std::chrono::steady_clock;
-double secondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// --- identities -------------------------------------------------------------
-
-struct Fnv {
-  uint64_t h = 1469598103934665603ull;
-  void add(const void *data, size_t n) {
-    const auto *p = static_cast<const unsigned char *>(data);
-    for (size_t i = 0; i < n; ++i)
-      h = (h ^ p[i]) * 1099511628211ull;
-  }
-  void add(const std::string &s) {
-    add(s.data(), s.size());
-    add("\0", 1);
-  }
-  void add(int64_t v) { add(&v, sizeof v); }
-  std::string hex() const {
-    char text[17];
-    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
-    return text;
-  }
-};
-
-void addTrainables(Fnv &f, const plan::Plan &p) {
-  for (const plan::TensorInfo &t : p.tensors)
-    if (t.isParameter && t.requiresGrad) {
-      f.add(t.name);
-      f.add(plan::dtypeName(t.dtype));
-      for (int64_t d : t.shape)
-        f.add(d);
-    }
-}
-
-// --- file names -------------------------------------------------------------
-
-std::string stepName(int64_t step) {
-  char text[32];
-  std::snprintf(text, sizeof text, "step-%08lld", static_cast<long long>(step));
-  return text;
-}
-
-std::string rankName(int64_t rank, const char *suffix) {
-  char text[48];
-  std::snprintf(text, sizeof text, "rank-%05lld%s", static_cast<long long>(rank), suffix);
-  return text;
-}
-
-/// COMPLETE's line: "bmt-checkpoint <version> step <step> checkpoint.json
-/// <CRC-32 of checkpoint.json's bytes, 8 hex digits>\n" (checkpoints
-/// written before that checksum end after the step: `withCrc` false).
-std::string completeLine(int64_t step, int version, bool withCrc = false, uint32_t crc = 0) {
-  std::string line = std::string(kFormat) + " " + std::to_string(version) + " step " +
-                     std::to_string(step);
-  if (withCrc) {
-    char hex[16];
-    std::snprintf(hex, sizeof hex, "%08x", crc);
-    line += std::string(" checkpoint.json ") + hex;
-  }
-  return line + "\n";
-}
-
-std::string systemError() { return std::strerror(errno); }
-
-/// Writes `text` to `path` and fsyncs it. Throws std::runtime_error.
-void writeSynced(const std::string &path, const std::string &text) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw std::runtime_error(path + ": cannot write (" + systemError() + ")");
-  const char *p = text.data();
-  size_t left = text.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0) {
-      std::string reason = systemError();
-      ::close(fd);
-      throw std::runtime_error(path + ": write failed (" + reason + ")");
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    std::string reason = systemError();
-    ::close(fd);
-    throw std::runtime_error(path + ": fsync failed (" + reason + ")");
-  }
-  ::close(fd);
-}
-
-void syncDirectory(const std::string &dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-std::string readText(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-/// What a folder's COMPLETE file says: the format version and the step
-/// ("bmt-checkpoint <version> step <step>\n"), whatever the folder's name.
-/// `present` is false without a COMPLETE file; version is -1 for one that
-/// does not read so.
-struct CompleteFile {
-  bool present = false;
-  int version = -1;
-  int64_t step = -1;
-  bool hasCrc = false; ///< the line carries checkpoint.json's CRC-32
-  uint32_t crc = 0;
-  std::string text;
-};
-
-CompleteFile readComplete(const fs::path &folder) {
-  CompleteFile c;
-  std::error_code ec;
-  if (!fs::is_regular_file(folder / "COMPLETE", ec))
-    return c;
-  c.present = true;
-  c.text = readText((folder / "COMPLETE").string());
-  std::istringstream in(c.text);
-  std::string format, word, json, hex;
-  int version = -1;
-  long long step = -1;
-  if (in >> format >> version >> word >> step && format == kFormat && word == "step" &&
-      step >= 0) {
-    uint32_t crc = 0;
-    bool withCrc = static_cast<bool>(in >> json >> hex) && json == "checkpoint.json" &&
-                   hex.size() == 8 &&
-                   hex.find_first_not_of("0123456789abcdef") == std::string::npos;
-    if (withCrc)
-      crc = static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
-    if (c.text == completeLine(step, version, withCrc, crc)) {
-      c.version = version;
-      c.step = step;
-      c.hasCrc = withCrc;
-      c.crc = crc;
-    }
-  }
-  return c;
-}
-
-/// The step of a checkpoint folder that this bmt-run reads, by its COMPLETE
-/// file, or -1.
-int64_t completeStepOf(const fs::path &folder) {
-  const CompleteFile c = readComplete(folder);
-  return c.version == kFormatVersion || c.version == kTensorParallelVersion ? c.step : -1;
-}
-
-/// The step of a checkpoint that a save of this run manages in its
-/// --checkpoint-dir (`--resume auto`, --keep): a folder named
-/// step-<8 digits> whose COMPLETE file this bmt-run reads and says the same
-/// step; else -1. (A checkpoint resumed by name may be called anything.)
-int64_t completeStep(const fs::path &folder) {
-  const std::string name = folder.filename().string();
-  if (name.size() != 13 || name.rfind("step-", 0) != 0 ||
-      !std::all_of(name.begin() + 5, name.end(), ::isdigit))
-    return -1;
-  const int64_t step = completeStepOf(folder);
-  return step == std::stoll(name.substr(5)) ? step : -1;
-}
-
-/// The checkpoints in `dir` that saves of a run starting at `step` would
-/// replace or mix with: the folders step-<8 digits> of a later step with a
-/// COMPLETE file (of any format version), by step.
-std::vector<std::string> checkpointsAfter(const std::string &dir, int64_t step) {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto &entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() == 13 && name.rfind("step-", 0) == 0 &&
-        std::all_of(name.begin() + 5, name.end(), ::isdigit) &&
-        std::stoll(name.substr(5)) > step && readComplete(entry.path()).present)
-      names.push_back(name);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-
-/// The checkpoint's field of an optimizer state slot ("exp_avg" ->
-/// "exp_avg"); "master" is saved only for low-precision spaces.
-std::string fieldName(int64_t space, const std::string &field) {
-  return "s" + std::to_string(space) + "." + field;
-}
-
-bool lowPrecision(c10::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
-
-/// checkpoint.json's "optimizer": the kind, the peak learning rate and the
-/// kind's hyperparameters (a version-1 AdamW checkpoint has kind, lr,
-/// beta1, beta2, eps and weight_decay; no weight_decay_params: "all").
-json optimizerJson(const std::string &kind, double lr, const OptimizerConfig &c) {
-  json j = {{"kind", kind}, {"lr", lr}, {"weight_decay", c.weightDecayValue()},
-            {"weight_decay_params",
-             c.decayParams == WeightDecayParams::All ? "all" : "matrices"}};
-  switch (c.kind) {
-  case OptimizerKind::Adam:
-  case OptimizerKind::AdamW:
-    j["eps"] = c.eps;
-    [[fallthrough]];
-  case OptimizerKind::Lion:
-    j["beta1"] = c.beta1Value();
-    j["beta2"] = c.beta2Value();
-    break;
-  case OptimizerKind::SGD:
-    j["momentum"] = c.momentum;
-    j["dampening"] = c.dampening;
-    j["nesterov"] = c.nesterov;
-    break;
-  case OptimizerKind::Adafactor:
-    j["beta2_decay"] = c.beta2Decay;
-    j["eps1"] = c.eps1 ? json(*c.eps1) : json(nullptr);
-    j["eps2"] = c.eps2;
-    j["d"] = c.clipThreshold;
-    break;
-  }
-  return j;
-}
-
-/// The optimizer kind without "offload-".
-std::string baseKind(const std::string &kind) {
-  return kind.rfind("offload-", 0) == 0 ? kind.substr(8) : kind;
-}
-
-/// Throws CheckpointError unless `saved` (checkpoint.json's "optimizer")
-/// has the kind and hyperparameters of `expected`.
-void checkSameOptimizer(const json &saved, const OptimizerConfig &expected,
-                        const std::string &folder) {
-  json want = optimizerJson(optimizerKindName(expected.kind), 0, expected);
-  json have = saved;
-  if (!have.contains("weight_decay_params"))
-    have["weight_decay_params"] = "all"; // version-1 checkpoints decayed every parameter
-  const std::string savedKind = baseKind(have.value("kind", std::string("?")));
-  auto describe = [](const json &j) {
-    std::string s = j.value("kind", std::string("?"));
-    for (const auto &[key, value] : j.items())
-      if (key != "kind" && key != "lr")
-        s += " " + key + "=" + value.dump();
-    return s;
-  };
-  if (savedKind != want["kind"].get<std::string>())
-    throw CheckpointError(folder + " was saved by --optimizer " + savedKind +
-                          "; this run uses --optimizer " + want["kind"].get<std::string>() +
-                          " (its state cannot be loaded into another optimizer: resume with "
-                          "the same --optimizer)");
-  for (const auto &[key, value] : want.items()) {
-    if (key == "kind" || key == "lr")
-      continue;
-    auto it = have.find(key);
-    const bool same = it != have.end() && (value.is_number() && it->is_number()
-                                               ? value.get<double>() == it->get<double>()
-                                               : value == *it);
-    if (!same)
-      throw CheckpointError(folder + " was saved with optimizer settings " + describe(have) +
-                            "; this run has " + describe(want) + " (" + key +
-                            " differs): resume with the settings it was saved with");
-  }
-}
-
-/// Splits an optimizer state key "exp_avg.3" into ("exp_avg", 3).
-std::pair<std::string, size_t> splitStateKey(const std::string &key) {
-  size_t dot = key.rfind('.');
-  if (dot == std::string::npos)
-    throw std::logic_error("optimizer state key without an index: " + key);
-  return {key.substr(0, dot), static_cast<size_t>(std::stoull(key.substr(dot + 1)))};
-}
-
-} // namespace
-
-std::string planIdentity(const plan::Plan &p, const std::string &programText, int64_t worldSize) {
-  Fnv f;
-  f.add(programText);
-  addTrainables(f, p);
-  for (const plan::StorageGroup &g : p.groups) {
-    f.add(g.name);
-    f.add(plan::dtypeName(g.dtype));
-    f.add(g.size);
-    for (size_t m = 0; m < g.members.size(); ++m) {
-      f.add(g.members[m]);
-      f.add(g.offsets[m]);
-    }
-  }
-  f.add(worldSize);
-  f.add(p.zeroStage);
-  f.add(p.shardGroupSize);
-  return f.hex();
-}
-
-std::string modelIdentity(const plan::Plan &p) {
-  Fnv f;
-  addTrainables(f, p);
-  return f.hex();
-}
-
-// --- saving -----------------------------------------------------------------
-
-namespace {
-
-/// One tensor of this rank's file: the live tensor and its host copy.
-struct Item {
-  std::string name;
-  at::Tensor live;      ///< the state (device or host); undefined for derived items
-  at::Tensor host;      ///< persistent host buffer (pinned on CUDA)
-  at::Tensor deriveFrom; ///< host buffer of another item this one is a dtype conversion of
-  bool hostCopy = false; ///< live is on the host: the saving thread copies it
-};
-
-struct Snapshot {
-  int64_t step = 0;
-  std::vector<Item *> items;
-  std::optional<c10::Event> copied; ///< CUDA: the device copies are done
-  std::string folder;               ///< the .tmp folder
-  json metadata;                    ///< checkpoint.json without the loss scale
-  at::Tensor lossScale, cleanSteps; ///< host copies
-  Clock::time_point started;
-};
-
-} // namespace
-
-struct CheckpointSaver::Impl {
-  Model &model;
-  Optimizer &optimizer;
-  const LossScaler *scaler;
-  CheckpointOptions options;
-  RunIdentity identity;
-  int64_t rank = 0, worldSize = 1;
-  /// Tensor parallelism: T of the plan and this rank's TP rank (rank % T).
-  int64_t tp = 1, tpRank = 0;
-  int version = kFormatVersion; ///< kTensorParallelVersion when tp > 1
-  std::string nonce;
-  at::Device device = at::kCPU;
-  std::optional<c10::Stream> copyStream;
-  std::map<std::string, Item> items; ///< persistent buffers, by name
-  at::Tensor lossScaleHost, cleanStepsHost;
-
-  std::thread thread;
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool hostCopiesDone = true;        ///< the saving thread finished reading live host tensors
-  std::optional<c10::Event> pendingCopies; ///< CUDA copies not yet waited for by the compute stream
-  std::optional<CheckpointResult> finished; ///< not yet reported
-  std::vector<std::string> removedAtStart;  ///< removeDeadSaves' folder names
-  /// Rank 0: the checkpoint folder, open with an exclusive flock for the
-  /// run's life (the kernel drops it when the process dies, even by SIGKILL).
-  int lockFd = -1;
-
-  Impl(Model &m, Optimizer &o, const LossScaler *s, CheckpointOptions opts, RunIdentity id)
-      : model(m), optimizer(o), scaler(s), options(std::move(opts)), identity(std::move(id)) {}
-  ~Impl() {
-    if (lockFd >= 0)
-      ::close(lockFd);
-  }
-
-  /// Rank 0: takes the folder's lock; false when another live run holds it
-  /// (a folder that cannot be opened or locked otherwise is left to the
-  /// write probe's error).
-  bool lockFolder() {
-    lockFd = ::open(options.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (lockFd < 0)
-      return true;
-    if (::flock(lockFd, LOCK_EX | LOCK_NB) == 0)
-      return true;
-    const bool held = errno == EWOULDBLOCK;
-    ::close(lockFd);
-    lockFd = -1;
-    return !held;
-  }
-
-  void join() {
-    if (thread.joinable())
-      thread.join();
-  }
-
-  std::string tmpFolder(int64_t step) const {
-    return (fs::path(options.dir) / (stepName(step) + ".tmp-" + nonce)).string();
-  }
-
-  Item &item(const std::string &name, const at::Tensor &live) {
-    Item &it = items[name];
-    it.name = name;
-    it.live = live.detach();
-    if (!it.host.defined() || it.host.sizes() != live.sizes() ||
-        it.host.scalar_type() != live.scalar_type())
-      it.host = at::empty(live.sizes(), at::TensorOptions().dtype(live.scalar_type())
-                                            .pinned_memory(live.is_cuda()));
-    it.hostCopy = !live.is_cuda();
-    return it;
-  }
-
-  /// The index of this rank's space `k` in checkpoint.json's spaces (and
-  /// its tensors' "s<index>." names): with T > 1 each space is listed once
-  /// per TP rank, TP rank t of space k at k * T + t.
-  int64_t savedIndex(size_t k) const { return static_cast<int64_t>(k) * tp + tpRank; }
-
-  json spacesJson(const std::vector<ParameterSpace> &spaces) const {
-    const plan::Plan &p = model.plan();
-    json out = json::array();
-    // With T > 1 the spaces (ZeRO storage groups: every trainable tensor is
-    // in one) are the plan's group copies, T per group, in plan order.
-    std::vector<int64_t> groupOf;
-    if (tp > 1)
-      for (size_t g = 0; g < p.groups.size(); ++g)
-        if (p.groups[g].tpRank <= 0)
-          groupOf.push_back(static_cast<int64_t>(g));
-    for (size_t k = 0; k < spaces.size(); ++k) {
-      const ParameterSpace &s = spaces[k];
-      for (int64_t t = 0; t < tp; ++t) {
-        const std::vector<int64_t> *members = &s.members, *offsets = &s.offsets;
-        int64_t size = s.size;
-        if (tp > 1) {
-          const plan::StorageGroup &copy = p.groups.at(p.tpGroup(groupOf.at(k), t));
-          members = &copy.members;
-          offsets = &copy.offsets;
-          size = copy.size;
-        }
-        json list = json::array();
-        for (size_t m = 0; m < members->size(); ++m) {
-          const plan::TensorInfo &info = p.tensors.at((*members)[m]);
-          json member = {{"tensor", info.name}, {"shape", info.shape},
-                         {"offset", (*offsets)[m]}, {"aliases", info.aliases}};
-          if (tp > 1 && info.split.isSplit()) {
-            // The slice's place in the global tensor, as bmt/Plan/SplitRule.h
-            // gives it: bmt-to-hf puts tensors back together from these.
-            json ranges = json::array();
-            for (const split::Range &r : split::tpRanges(info.split, info.shape[info.split.dim], tp, t))
-              ranges.push_back({r.local, r.global, r.length});
-            member["split"] = {{"dim", info.split.dim}, {"chunks", info.split.chunks},
-                               {"padded_size", info.split.paddedSize},
-                               {"local_shape", info.localShape(tp)}, {"ranges", ranges}};
-          }
-          list.push_back(member);
-        }
-        json space = {{"name", s.name}, {"dtype", plan::dtypeName(s.dtype)},
-                      {"master", lowPrecision(s.dtype)}, {"size", size},
-                      {"shards", s.numShards}, {"shard_size", s.shardSize}};
-        if (tp > 1)
-          space["tp_rank"] = t;
-        space["members"] = list;
-        out.push_back(space);
-      }
-    }
-    return out;
-  }
-
-  json metadataJson(const TrainingProgress &progress,
-                    const std::vector<ParameterSpace> &spaces) const {
-    const LRScheduleConfig &sc = identity.schedule;
-    json data = {{"kind", progress.data.kind}};
-    if (progress.data.kind == "random-windows") {
-      data["sampler"] = progress.data.generator;
-      data["windows"] = progress.data.windows;
-    } else if (progress.data.kind == "documents") {
-      data["documents"] = progress.data.documents;
-    } else {
-      data["micro_batches"] = progress.data.microBatches;
-    }
-    if (!progress.data.data.empty())
-      data["data"] = progress.data.data;
-    json meta = {{"format", kFormat},
-            {"version", version},
-            {"step", progress.step},
-            {"world_size", worldSize},
-            {"zero_stage", identity.zeroStage},
-            {"shard_group_size", identity.shardGroupSize},
-            {"plan",
-             {{"identity", identity.planIdentity},
-              {"model", identity.modelIdentity},
-              {"source", identity.source},
-              {"model_type", identity.modelType}}},
-            {"optimizer", optimizerJson(identity.optimizer, identity.lr,
-                                        identity.optimizerConfig)},
-            {"schedule",
-             {{"kind", scheduleKindName(sc.kind)},
-              {"peak_lr", sc.peakLR},
-              {"warmup_steps", sc.warmupSteps},
-              {"total_steps", sc.totalSteps},
-              {"min_lr", sc.minLR},
-              {"gamma", sc.gamma}}},
-            {"batch",
-             {{"sequences_per_step", identity.sequencesPerStep},
-              {"seq_len", identity.seqLen}}},
-            {"loss_scale", nullptr},
-            {"data", data},
-            {"objective_rng", progress.objectiveGenerator},
-            {"spaces", spacesJson(spaces)}};
-    if (tp > 1)
-      meta["tensor_parallel"] = tp;
-    return meta;
-  }
-
-  /// The items of this rank's file, their live tensors as of now.
-  std::vector<Item *> collectItems() {
-    std::vector<ParameterSpace> spaces = model.parameterSpaces();
-    OptimizerState state = optimizer.state();
-    const bool derivedParams = [&] {
-      for (const auto &[key, t] : state.tensors)
-        if (splitStateKey(key).first == "master")
-          return true;
-      return false;
-    }();
-    std::vector<Item *> out;
-    std::map<size_t, size_t> spaceOfParameter;
-    for (size_t k = 0; k < spaces.size(); ++k)
-      spaceOfParameter[spaces[k].parameter] = k;
-    for (size_t k = 0; k < spaces.size(); ++k) {
-      const ParameterSpace &s = spaces[k];
-      if (!s.writer)
-        continue;
-      const at::Tensor &trainable = model.parameters().at(s.parameter);
-      if (!derivedParams)
-        out.push_back(&item(fieldName(savedIndex(k), "param"), s.value));
-      if (lowPrecision(s.dtype) && trainable.scalar_type() != s.dtype)
-        out.push_back(&item(fieldName(savedIndex(k), "master"), trainable.view({-1})));
-    }
-    for (const auto &[key, tensor] : state.tensors) {
-      auto [slot, i] = splitStateKey(key);
-      const size_t k = spaceOfParameter.at(i);
-      const ParameterSpace &s = spaces[k];
-      if (!s.writer)
-        continue;
-      // Replicated over the shard group (Adafactor's factors): shard 0 saves it.
-      if (state.replicatedSlots.count(slot) && s.shardIndex != 0)
-        continue;
-      at::Tensor flat = tensor.dim() == 0 ? tensor : tensor.view({-1});
-      if (slot == "master") {
-        // An offloaded optimizer's master (host memory): the device
-        // parameters are its copy, in flight on a side stream at this
-        // point, so the saved parameters are converted from the master.
-        Item &master = item(fieldName(savedIndex(k), "master"), flat);
-        out.push_back(&master);
-        if (!lowPrecision(s.dtype))
-          masterOnlyForDerive.insert(master.name); // (float32: it is the parameter)
-        Item &param = items[fieldName(savedIndex(k), "param")];
-        param.name = fieldName(savedIndex(k), "param");
-        param.live = at::Tensor();
-        param.hostCopy = false;
-        if (!param.host.defined() || param.host.numel() != flat.numel())
-          param.host = at::empty({flat.numel()}, at::TensorOptions().dtype(s.dtype));
-        param.deriveFrom = master.host;
-        out.push_back(&param);
-        continue;
-      }
-      out.push_back(&item(fieldName(savedIndex(k), slot), flat));
-    }
-    // The RNG states.
-    out.push_back(&item("rng.cpu", at::detail::getDefaultCPUGenerator().get_state()));
-    if (device.is_cuda())
-      out.push_back(&item("rng.cuda", at::globalContext().defaultGenerator(device).get_state()));
-    return out;
-  }
-
-  std::set<std::string> masterOnlyForDerive; ///< host copies used to derive params, not saved
-  bool committing = false; ///< rank 0's saving thread: waitForRanks of commit() has run
-  /// The bytes of each checksummed chunk of a tensor (kChunkBytes;
-  /// BMT_DEBUG_CHECKPOINT_CHUNK_BYTES sets another, for tests of tiny
-  /// models whose tensors are smaller than a chunk).
-  int64_t chunkBytes = env::debugCheckpointChunkBytes().value_or(kChunkBytes);
-  /// BMT_DEBUG_CHECKPOINT_SLOW_MS: sleep after writing each tensor (tests
-  /// that kill a rank during a save).
-  int64_t slowWriteMs = env::debugCheckpointSlowMs();
-
-  /// The saving thread: copies, writes, commits.
-  void write(std::shared_ptr<Snapshot> snap) {
-    committing = false;
-    CheckpointResult result;
-    result.step = snap->step;
-    const std::string myFile = (fs::path(snap->folder) / rankName(rank, ".safetensors")).string();
-    const std::string failedFile = (fs::path(snap->folder) / rankName(rank, ".failed")).string();
-    // The rank's marker (rank-R.done, or rank-R.failed with the reason),
-    // its room taken before the big write, so that it can be written on a
-    // disk that fills up: written in place, then renamed to its name.
-    const std::string markerFile = (fs::path(snap->folder) / rankName(rank, ".marker")).string();
-    int markerFd = ::open(markerFile.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (markerFd >= 0 && ::posix_fallocate(markerFd, 0, 4096) != 0) {
-      ::close(markerFd);
-      markerFd = -1;
-    }
-    auto writeMarker = [&](const std::string &text, const std::string &target) {
-      if (markerFd < 0) {
-        writeSynced(target, text);
-        return;
-      }
-      const int fd = markerFd;
-      markerFd = -1;
-      const bool ok = ::pwrite(fd, text.data(), text.size(), 0) ==
-                          static_cast<ssize_t>(text.size()) &&
-                      ::ftruncate(fd, static_cast<off_t>(text.size())) == 0 && ::fsync(fd) == 0;
-      ::close(fd);
-      if (!ok || std::rename(markerFile.c_str(), target.c_str()) != 0)
-        throw std::runtime_error(target + ": cannot write (" + systemError() + ")");
-    };
-    try {
-      {
-        c10::NoGradGuard noGrad;
-        for (Item *it : snap->items)
-          if (it->hostCopy)
-            it->host.copy_(it->live);
-      }
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        hostCopiesDone = true;
-      }
-      changed.notify_all();
-      if (snap->copied)
-        snap->copied->synchronize();
-      for (Item *it : snap->items)
-        if (it->deriveFrom.defined())
-          it->host.copy_(it->deriveFrom.view({-1}));
-      // This rank's file.
-      std::vector<SafetensorsEntry> entries;
-      json crcs = json::object(), chunkCrcs = json::object();
-      std::vector<Item *> saved;
-      for (Item *it : snap->items) {
-        if (masterOnlyForDerive.count(it->name))
-          continue;
-        saved.push_back(it);
-        entries.push_back({it->name, it->host.scalar_type(), it->host.sizes().vec()});
-        const char *bytes = static_cast<const char *>(it->host.data_ptr());
-        const int64_t nbytes = static_cast<int64_t>(it->host.nbytes());
-        crcs[it->name] = crcHex(plan::crc32(bytes, static_cast<size_t>(nbytes)));
-        std::string chunks;
-        for (int64_t at = 0; at < nbytes; at += chunkBytes)
-          chunks += crcHex(plan::crc32(bytes + at, static_cast<size_t>(
-                                                       std::min(chunkBytes, nbytes - at))));
-        chunkCrcs[it->name] = chunks;
-      }
-      SafetensorsWriter writer(myFile, entries,
-                               {{"format", kFormat},
-                                {"version", std::to_string(version)},
-                                {"rank", std::to_string(rank)},
-                                {"crc32", crcs.dump()},
-                                {"crc32_chunk_bytes", std::to_string(chunkBytes)},
-                                {"crc32_chunks", chunkCrcs.dump()}});
-      for (Item *it : saved) {
-        writer.write(it->host.data_ptr(), static_cast<int64_t>(it->host.nbytes()));
-        if (slowWriteMs > 0) // test hook: a save that lasts long enough to be killed
-          std::this_thread::sleep_for(std::chrono::milliseconds(slowWriteMs));
-      }
-      writer.close();
-      result.bytes = writer.bytesWritten();
-      writeMarker(std::to_string(result.bytes) + "\n",
-                  (fs::path(snap->folder) / rankName(rank, ".done")).string());
-      result.ok = true;
-      if (rank == 0)
-        commit(*snap, result);
-    } catch (const std::exception &e) {
-      result.ok = false;
-      result.error = e.what();
-      std::error_code ec;
-      fs::remove(myFile, ec); // give the space back
-      try {
-        writeMarker(result.error.substr(0, 4000) + "\n", failedFile);
-      } catch (const std::exception &) {
-      }
-      if (rank == 0) {
-        // Remove the folder once no rank writes into it any more.
-        if (!committing) {
-          try {
-            waitForRanks(snap->folder);
-          } catch (const std::exception &) {
-          }
-        }
-        fs::remove_all(snap->folder, ec);
-      }
-      std::lock_guard<std::mutex> lock(mutex);
-      hostCopiesDone = true;
-    }
-    if (markerFd >= 0)
-      ::close(markerFd);
-    changed.notify_all();
-    result.writeSeconds = secondsSince(snap->started);
-    std::lock_guard<std::mutex> lock(mutex);
-    finished = result;
-  }
-
-  /// Rank 0: waits until every rank has its marker in `tmp` (done or
-  /// failed, at most 30 minutes); returns the bytes of each rank's file, or
-  /// throws std::runtime_error with the first failed rank's reason.
-  json waitForRanks(const fs::path &tmp) {
-    json rankBytes = json::array();
-    std::string failure;
-    const auto deadline = Clock::now() + std::chrono::minutes(30);
-    for (int64_t r = 0; r < worldSize; ++r) {
-      std::error_code ec;
-      for (;;) {
-        if (fs::exists(tmp / rankName(r, ".done"), ec) ||
-            fs::exists(tmp / rankName(r, ".failed"), ec))
-          break;
-        if (Clock::now() > deadline)
-          throw std::runtime_error("rank " + std::to_string(r) + " did not write its file "
-                                   "within 30 minutes");
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      if (fs::exists(tmp / rankName(r, ".done"), ec)) {
-        rankBytes.push_back(std::stoll(readText((tmp / rankName(r, ".done")).string())));
-        continue;
-      }
-      std::string why = readText((tmp / rankName(r, ".failed")).string());
-      while (!why.empty() && why.back() == '\n')
-        why.pop_back();
-      if (failure.empty())
-        failure = "rank " + std::to_string(r) + ": " +
-                  (why.empty() ? "could not write its file (no reason recorded: the disk may be "
-                                 "full; the rank's own warning says why)"
-                               : why);
-    }
-    if (!failure.empty())
-      throw std::runtime_error(failure);
-    return rankBytes;
-  }
-
-  /// Rank 0: waits for every rank's file, then makes the checkpoint
-  /// complete (docs/checkpoint-format.md). Throws std::runtime_error.
-  void commit(Snapshot &snap, CheckpointResult &result) {
-    const fs::path tmp = snap.folder;
-    committing = true; // from here on every rank has its marker
-    json rankBytes = waitForRanks(tmp);
-    json meta = snap.metadata;
-    meta["rank_bytes"] = rankBytes;
-    if (snap.lossScale.defined())
-      meta["loss_scale"] = {{"scale", snap.lossScale.item<double>()},
-                            {"clean_steps", static_cast<int64_t>(snap.cleanSteps.item<double>())}};
-    if (!identity.hfFiles.empty()) {
-      fs::create_directories(tmp / "hf");
-      for (const auto &[name, content] : identity.hfFiles)
-        writeSynced((tmp / "hf" / name).string(), content);
-      syncDirectory((tmp / "hf").string());
-    }
-    const std::string metaText = meta.dump(1) + "\n";
-    writeSynced((tmp / "checkpoint.json").string(), metaText);
-    for (int64_t r = 0; r < worldSize; ++r)
-      fs::remove(tmp / rankName(r, ".done"));
-    syncDirectory(tmp.string());
-    const fs::path final = fs::path(options.dir) / stepName(snap.step);
-    std::error_code ec;
-    if (completeStep(final) == snap.step) {
-      // A resumed run saved the same step again: keep the one there.
-      fs::remove_all(tmp, ec);
-    } else {
-      fs::remove_all(final, ec); // an incomplete one
-      fs::rename(tmp, final);
-      syncDirectory(options.dir);
-      writeSynced((final / "COMPLETE").string(),
-                  completeLine(snap.step, version, true,
-                               plan::crc32(metaText.data(), metaText.size())));
-      syncDirectory(final.string());
-    }
-    result.path = final.string();
-    removeOld();
-  }
-
-  /// Rank 0, before the run's first save: removes what saves of earlier
-  /// runs that died left in options.dir, i.e. their `step-N.tmp-<run>`
-  /// folders and the `step-N` folders without a COMPLETE file (renamed but
-  /// never completed, or a removal by --keep that died half-way). A folder
-  /// with a COMPLETE file is never removed here, whatever its content.
-  void removeDeadSaves() {
-    std::error_code ec;
-    std::vector<fs::path> dead;
-    for (const auto &entry : fs::directory_iterator(options.dir, ec)) {
-      const std::string name = entry.path().filename().string();
-      if (name.size() < 13 || name.rfind("step-", 0) != 0 ||
-          !std::all_of(name.begin() + 5, name.begin() + 13, ::isdigit) ||
-          !entry.is_directory(ec) || entry.is_symlink(ec))
-        continue;
-      const std::string rest = name.substr(13);
-      const bool deadTmp = rest.rfind(".tmp-", 0) == 0 && rest != ".tmp-" + nonce;
-      const bool uncommitted = rest.empty() && !fs::exists(entry.path() / "COMPLETE", ec) && !ec;
-      if (deadTmp || uncommitted)
-        dead.push_back(entry.path());
-    }
-    std::sort(dead.begin(), dead.end());
-    for (const fs::path &folder : dead) {
-      fs::remove_all(folder, ec);
-      if (!ec)
-        removedAtStart.push_back(folder.filename().string());
-    }
-  }
-
-  /// Removes the oldest complete checkpoints beyond options.keep.
-  void removeOld() {
-    if (options.keep <= 0)
-      return;
-    std::vector<std::pair<int64_t, fs::path>> complete;
-    std::error_code ec;
-    for (const auto &entry : fs::directory_iterator(options.dir, ec)) {
-      int64_t step = completeStep(entry.path());
-      if (step >= 0)
-        complete.emplace_back(step, entry.path());
-    }
-    std::sort(complete.begin(), complete.end());
-    for (size_t i = 0; i + static_cast<size_t>(options.keep) < complete.size(); ++i) {
-      // COMPLETE first: a removal that dies half-way leaves no checkpoint
-      // that looks complete.
-      fs::remove(complete[i].second / "COMPLETE", ec);
-      fs::remove_all(complete[i].second, ec);
-    }
-  }
-};
-
-CheckpointSaver::CheckpointSaver(Model &model, Optimizer &optimizer, const LossScaler *scaler,
-                                 CheckpointOptions options, RunIdentity identity)
-    : impl_(std::make_unique<Impl>(model, optimizer, scaler, std::move(options),
-                                   std::move(identity))) {
-  Impl &s = *impl_;
-  Comm &world = model.world();
-  s.rank = world.rank();
-  s.worldSize = world.size();
-  s.tp = model.plan().tensorParallel;
-  if (s.tp > 1) {
-    s.tpRank = model.tensorParallel()->rank();
-    s.version = kTensorParallelVersion;
-  }
-  s.device = model.device();
-  // The run's name for its save folders: rank 0's random number, so that
-  // the folder of a save that died (in an earlier run) is never mistaken
-  // for this run's.
-  // With it, whether rank 0 got the folder's lock: two runs saving into one
-  // folder would replace each other's checkpoints (and remove each other's
-  // saves in progress as dead), each reporting its saves as done.
-  std::error_code ec;
-  fs::create_directories(s.options.dir, ec);
-  const bool locked = s.rank != 0 || s.lockFolder();
-  at::Tensor nonce = at::empty({2}, at::TensorOptions().dtype(at::kLong));
-  nonce.data_ptr<int64_t>()[0] = static_cast<int64_t>(std::random_device{}() >> 1);
-  nonce.data_ptr<int64_t>()[1] = locked ? 1 : 0;
-  if (s.worldSize > 1) {
-    at::Tensor t = world.backend() == "local" ? nonce : nonce.to(world.device());
-    world.broadcast(t, 0)->wait();
-    nonce = t.cpu();
-  }
-  if (nonce[1].item<int64_t>() == 0)
-    throw CheckpointError(s.options.dir + ": another run is saving checkpoints into this folder "
-                          "(it holds the folder's lock); its saves and this run's would replace "
-                          "each other: wait for it to end, or use another --checkpoint-dir");
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%08llx", static_cast<unsigned long long>(nonce[0].item<int64_t>()));
-  s.nonce = hex;
-  // Saves of this run into a folder that holds checkpoints of later steps
-  // would replace them (or be dropped beside them): refuse before training.
-  if (std::vector<std::string> later = checkpointsAfter(s.options.dir, s.options.startStep);
-      !later.empty()) {
-    std::string names;
-    for (const std::string &name : later)
-      names += " " + name;
-    throw CheckpointError(
-        s.options.dir + " holds checkpoints of steps after step " +
-        std::to_string(s.options.startStep) + ", where this run starts:" + names +
-        "; its saves would replace or mix with them: resume the latest (--resume auto), move "
-        "them out of " + s.options.dir + ", or save into another --checkpoint-dir");
-  }
-  const fs::path probe = fs::path(s.options.dir) / (".probe-" + s.nonce + "-" + std::to_string(s.rank));
-  try {
-    writeSynced(probe.string(), "");
-    fs::remove(probe, ec);
-  } catch (const std::runtime_error &e) {
-    throw CheckpointError(s.options.dir + ": cannot write checkpoints there (" +
-                          (ec ? ec.message() : std::string(e.what())) + ")");
-  }
-  if (s.rank == 0)
-    s.removeDeadSaves();
-  if (s.worldSize > 1)
-    world.barrier(); // rank 0 removed the dead saves before anyone writes
-  if (s.device.is_cuda())
-    s.copyStream = c10::impl::VirtualGuardImpl(s.device.type())
-                       .getStreamFromGlobalPool(s.device, /*isHighPriority=*/false);
-  // The host buffers now, not in the first save: pinning the rank's share
-  // of the state takes seconds (cudaHostAlloc of 18 GB: 13 s on an H200
-  // host) that would otherwise hold the training loop.
-  s.collectItems();
-}
-
-CheckpointSaver::~CheckpointSaver() { impl_->join(); }
-
-int64_t CheckpointSaver::hostBytes() const {
-  int64_t n = 0;
-  for (const auto &[name, item] : impl_->items)
-    n += static_cast<int64_t>(item.host.nbytes());
-  return n;
-}
-
-const std::vector<std::string> &CheckpointSaver::removedDeadSaves() const {
-  return impl_->removedAtStart;
-}
-
-bool CheckpointSaver::due(int64_t step) const {
-  return impl_->options.every > 0 && step % impl_->options.every == 0;
-}
-
-double CheckpointSaver::save(const TrainingProgress &progress) {
-  Impl &s = *impl_;
-  const auto start = Clock::now();
-  s.join(); // the previous save
-  auto snap = std::make_shared<Snapshot>();
-  snap->step = progress.step;
-  snap->started = start;
-  snap->folder = s.tmpFolder(progress.step);
-  std::error_code ec;
-  fs::create_directories(snap->folder, ec);
-  snap->items = s.collectItems();
-  if (s.rank == 0)
-    snap->metadata = s.metadataJson(progress, s.model.parameterSpaces());
-  // Device tensors: copied on the side stream once the compute stream has
-  // produced them.
-  if (s.copyStream) {
-    c10::impl::VirtualGuardImpl guard(s.device.type());
-    c10::Stream compute = guard.getStream(s.device);
-    c10::Event produced(s.device.type());
-    produced.record(compute);
-    produced.block(*s.copyStream);
-    {
-      c10::StreamGuard onCopy(*s.copyStream);
-      c10::NoGradGuard noGrad;
-      for (Item *it : snap->items)
-        if (it->live.defined() && it->live.is_cuda())
-          it->host.copy_(it->live, /*non_blocking=*/true);
-      if (s.scaler) {
-        s.lossScaleHost = at::empty({1}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
-        s.cleanStepsHost = at::empty({1}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
-        s.lossScaleHost.copy_(s.scaler->scale(), true);
-        s.cleanStepsHost.copy_(s.scaler->cleanSteps(), true);
-      }
-    }
-    snap->copied.emplace(s.device.type());
-    snap->copied->record(*s.copyStream);
-    s.pendingCopies.emplace(s.device.type());
-    s.pendingCopies->record(*s.copyStream);
-  } else if (s.scaler) {
-    s.lossScaleHost = s.scaler->scale().cpu().clone();
-    s.cleanStepsHost = s.scaler->cleanSteps().cpu().clone();
-  }
-  if (s.scaler) {
-    snap->lossScale = s.lossScaleHost;
-    snap->cleanSteps = s.cleanStepsHost;
-  }
-  {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    s.hostCopiesDone = false;
-  }
-  s.thread = std::thread([&s, snap] { s.write(snap); });
-  return secondsSince(start);
-}
-
-double CheckpointSaver::beforeStateChange() {
-  Impl &s = *impl_;
-  const auto start = Clock::now();
-  if (s.pendingCopies) {
-    c10::impl::VirtualGuardImpl guard(s.device.type());
-    s.pendingCopies->block(guard.getStream(s.device));
-    s.pendingCopies.reset();
-  }
-  std::unique_lock<std::mutex> lock(s.mutex);
-  s.changed.wait(lock, [&] { return s.hostCopiesDone; });
-  return secondsSince(start);
-}
-
-std::optional<CheckpointResult> CheckpointSaver::poll() {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  std::optional<CheckpointResult> r = std::move(impl_->finished);
-  impl_->finished.reset();
-  return r;
-}
-
-std::optional<CheckpointResult> CheckpointSaver::wait() {
-  impl_->join();
-  return poll();
-}
-
-std::optional<std::string> latestCheckpoint(const std::string &dir) {
-  std::error_code ec;
-  int64_t best = -1;
-  fs::path bestPath;
-  for (const auto &entry : fs::directory_iterator(dir, ec)) {
-    int64_t step = completeStep(entry.path());
-    if (step > best) {
-      best = step;
-      bestPath = entry.path();
-    }
-  }
-  if (best < 0)
-    return std::nullopt;
-  return bestPath.string();
-}
+using namespace checkpoint;
 
 // --- loading ----------------------------------------------------------------
 
 namespace {
 
-/// How one run holds a trainable tensor: the global shape, its TP split
-/// over `tp` ranks, and which TP rank's slice (`tpRank`). The slicing rule
-/// is bmt/Plan/SplitRule.h's (docs/sharded-format.md).
-struct SliceLayout {
-  std::vector<int64_t> shape;
-  TensorSplit split; ///< dim, chunks, paddedSize; replicated when not split
-  int64_t tp = 1, tpRank = 0;
-
-  bool isSplit() const { return split.isSplit(); }
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t d : shape)
-      n *= d;
-    return n;
-  }
-  int64_t localNumel() const { return isSplit() ? split::localNumel(shape, split, tp) : numel(); }
-  /// Elements after the split dim (a row of it).
-  int64_t inner() const {
-    int64_t n = 1;
-    for (size_t d = static_cast<size_t>(split.dim) + 1; d < shape.size(); ++d)
-      n *= shape[d];
-    return n;
-  }
-  /// Whether the two hold the same slices (the same TP rank's).
-  bool sameSlicing(const SliceLayout &o) const {
-    if (!isSplit() && !o.isSplit())
-      return true;
-    return split.dim == o.split.dim && split.chunks == o.split.chunks &&
-           split::paddedSize(split, shape[split.dim]) ==
-               split::paddedSize(o.split, o.shape[o.split.dim]) &&
-           tp == o.tp && tpRank == o.tpRank;
-  }
-
-  /// Calls emit(local, global, n) for the elements [a, b) of this slice
-  /// (row-major over the local shape) in runs that are contiguous in the
-  /// global tensor (row-major, unpadded): local elements [local, local + n)
-  /// are global ones [global, global + n). Padding is skipped.
-  template <typename F> void toGlobal(int64_t a, int64_t b, F &&emit) const {
-    if (!isSplit()) {
-      if (a < b)
-        emit(a, a, b - a);
-      return;
-    }
-    const int64_t in = inner(), size = shape[split.dim];
-    const int64_t row = split::paddedSize(split, size) / tp * in; // local elements per outer index
-    for (int64_t at = a; at < b;) {
-      const int64_t o = at / row, j = at % row / in;
-      const split::Range r = split::localToGlobal(split, size, tp, tpRank, j);
-      const int64_t end = std::min(b, o * row + (j + r.length) * in);
-      if (r.global < size)
-        emit(at, (o * size + r.global) * in + at % in, end - at);
-      at = end;
-    }
-  }
-
-  /// Calls emit(tpRank, local, global, n) for the global elements [g, g +
-  /// n) (unpadded, row-major) in runs that are contiguous in one TP rank's
-  /// slice: global [global, global + n) are that slice's [local, local + n).
-  /// An unsplit tensor is read from this layout's own tpRank's copy.
-  template <typename F> void fromGlobal(int64_t g, int64_t n, F &&emit) const {
-    if (!isSplit()) {
-      if (n > 0)
-        emit(tpRank, g, g, n);
-      return;
-    }
-    const int64_t in = inner(), size = shape[split.dim];
-    const int64_t localSize = split::paddedSize(split, size) / tp;
-    for (int64_t at = g, end = g + n; at < end;) {
-      const int64_t o = at / (size * in), j = at / in % size;
-      const split::Location l = split::globalToLocal(split, size, tp, j);
-      const int64_t upTo = std::min(end, (o * size + j + l.range.length) * in);
-      emit(l.tpRank, (o * localSize + l.range.local) * in + at % in, at, upTo - at);
-      at = upTo;
-    }
-  }
-};
-
-/// A trainable tensor of the checkpoint: its global shape, dtype, split,
-/// and where each saved TP rank's slice is (space, element offset; one
-/// entry without tensor parallelism).
-struct SavedMember {
-  std::vector<int64_t> shape;
-  std::string dtype;
-  SliceLayout layout; ///< tpRank unset
-  std::vector<std::pair<size_t, int64_t>> copies; ///< by saved TP rank
-};
-
-struct SavedSpace {
-  std::string name, dtype;
-  bool master = false;
-  int64_t size = 0, shards = 1, shardSize = 0;
-  int64_t tpRank = 0; ///< the TP rank whose slices it holds (0 without TP)
-  std::vector<std::pair<int64_t, int64_t>> members; ///< (offset, elements)
-  std::vector<std::string> names;                   ///< of the members
-};
-
 /// Reads this rank's pieces from the checkpoint's rank files.
 class CheckpointReader {
 public:
-  CheckpointReader(std::string folder, const json &meta) : folder_(std::move(folder)) {
-    try {
-      worldSize_ = meta.at("world_size").get<int64_t>();
-      tp_ = meta.value("tensor_parallel", int64_t(1));
-      if (tp_ < 1 || worldSize_ % tp_ != 0)
-        throw CheckpointError(folder_ + "/checkpoint.json: bad layout (tensor_parallel " +
-                              std::to_string(tp_) + " with world_size " +
-                              std::to_string(worldSize_) + ")");
-      for (const json &s : meta.at("spaces")) {
-        SavedSpace space;
-        space.name = s.at("name").get<std::string>();
-        space.dtype = s.at("dtype").get<std::string>();
-        space.master = s.at("master").get<bool>();
-        space.size = s.at("size").get<int64_t>();
-        space.shards = s.at("shards").get<int64_t>();
-        space.shardSize = s.at("shard_size").get<int64_t>();
-        space.tpRank = tp_ > 1 ? s.at("tp_rank").get<int64_t>() : 0;
-        if (space.tpRank < 0 || space.tpRank >= tp_ || space.shards < 1 ||
-            space.shardSize * space.shards < space.size)
-          throw CheckpointError(folder_ + "/checkpoint.json: bad layout (space " + space.name +
-                                ": tp_rank, shards or shard_size out of range)");
-        for (const json &m : s.at("members")) {
-          const std::string name = m.at("tensor").get<std::string>();
-          SavedMember &member = members_[name];
-          const std::vector<int64_t> shape = m.at("shape").get<std::vector<int64_t>>();
-          if (member.copies.empty()) {
-            member.shape = shape;
-            member.dtype = space.dtype;
-            member.layout.shape = shape;
-            member.layout.tp = tp_;
-            if (m.contains("split")) {
-              const json &js = m.at("split");
-              TensorSplit &rule = member.layout.split;
-              rule.dim = js.at("dim").get<int64_t>();
-              rule.chunks = js.at("chunks").get<int64_t>();
-              rule.paddedSize = js.at("padded_size").get<int64_t>();
-              const int64_t rank = static_cast<int64_t>(shape.size());
-              std::string why = rule.dim < 0 ? "dim " + std::to_string(rule.dim) + " is not a split dim"
-                                : split::check(rule, rank, rule.dim < rank ? shape[rule.dim] : -1, tp_);
-              if (!why.empty())
-                throw CheckpointError(folder_ + "/checkpoint.json: bad split of " + name + " (" +
-                                      why + ")");
-            }
-            member.copies.assign(static_cast<size_t>(tp_), {SIZE_MAX, 0});
-          } else if (shape != member.shape || space.dtype != member.dtype) {
-            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
-                                  " differs between its TP ranks' spaces)");
-          }
-          auto &copy = member.copies.at(static_cast<size_t>(space.tpRank));
-          if (copy.first != SIZE_MAX)
-            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
-                                  " twice in the spaces of TP rank " +
-                                  std::to_string(space.tpRank) + ")");
-          copy = {spaces_.size(), m.at("offset").get<int64_t>()};
-          const int64_t numel = member.layout.localNumel();
-          if (copy.second < 0 || copy.second + numel > space.size)
-            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
-                                  " does not fit in space " + space.name + ")");
-          space.members.emplace_back(copy.second, numel);
-          space.names.push_back(name);
-        }
-        spaces_.push_back(space);
-      }
-      for (const auto &[name, member] : members_)
-        for (const auto &copy : member.copies)
-          if (copy.first == SIZE_MAX)
-            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
-                                  " is missing from a TP rank's spaces)");
-    } catch (const json::exception &e) {
-      throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + e.what() + ")");
-    }
-  }
+  CheckpointReader(std::string folder, const SavedLayout &layout)
+      : folder_(std::move(folder)), layout_(layout) {}
 
-  const std::map<std::string, SavedMember> &members() const { return members_; }
-  const std::vector<SavedSpace> &spaces() const { return spaces_; }
-  int64_t worldSize() const { return worldSize_; }
-  int64_t tensorParallel() const { return tp_; }
-  /// The rank whose file holds shard `shard` of saved space `space`: shard
-  /// q of TP rank t's space is written by data-parallel rank q of TP rank
-  /// t, world rank q * T + t (q without tensor parallelism).
-  int64_t rankOf(size_t space, int64_t shard) const {
-    return shard * tp_ + spaces_[space].tpRank;
-  }
+  const SavedLayout &layout() const { return layout_; }
 
   SafetensorsFile &file(int64_t rank) {
     auto it = files_.find(rank);
@@ -1272,7 +77,7 @@ public:
     const std::string path = (fs::path(folder_) / rankName(rank, ".safetensors")).string();
     std::error_code ec;
     if (!fs::exists(path, ec))
-      throw CheckpointError(path + ": missing (the checkpoint of " + std::to_string(worldSize_) +
+      throw CheckpointError(path + ": missing (the checkpoint of " + std::to_string(layout_.worldSize()) +
                             " ranks has no file of rank " + std::to_string(rank) + ")");
     std::unique_ptr<SafetensorsFile> f;
     try {
@@ -1330,22 +135,17 @@ public:
   /// `space`, from element `begin` of its flat buffer, to `dst`.
   void request(size_t space, const std::string &field, int64_t begin, int64_t numel,
                char *dst, c10::ScalarType dtype) {
-    const size_t elementSize = c10::elementSize(dtype);
-    const SavedSpace &s = spaces_[space];
-    int64_t at = begin, end = begin + numel;
-    while (at < end) {
-      const int64_t shard = at / s.shardSize;
-      const int64_t upTo = std::min(end, (shard + 1) * s.shardSize);
+    const int64_t elementSize = static_cast<int64_t>(c10::elementSize(dtype));
+    for (const SavedLayout::ShardRead &r : layout_.shardReads(space, begin, numel, elementSize)) {
       Piece p;
-      p.offset = (at - shard * s.shardSize) * static_cast<int64_t>(elementSize);
-      p.nbytes = (upTo - at) * static_cast<int64_t>(elementSize);
-      p.dst = dst + (at - begin) * static_cast<int64_t>(elementSize);
+      p.offset = r.offset;
+      p.nbytes = r.nbytes;
+      p.dst = dst + r.dst;
       p.dtype = dtype;
-      Pending &pending = pending_[{rankOf(space, shard), fieldName(static_cast<int64_t>(space), field)}];
+      Pending &pending = pending_[{r.rank, fieldName(static_cast<int64_t>(space), field)}];
       pending.space = space;
-      pending.shard = shard;
+      pending.shard = r.shard;
       pending.pieces.push_back(p);
-      at = upTo;
     }
   }
 
@@ -1480,7 +280,7 @@ private:
                          bool legacy) const {
     const int64_t begin = index * chunk, end = std::min(e.nbytes(), begin + chunk);
     const int64_t elementSize = static_cast<int64_t>(c10::elementSize(e.dtype));
-    const SavedSpace &s = spaces_.at(pending.space);
+    const SavedSpace &s = layout_.spaces().at(pending.space);
     const int64_t first = pending.shard * s.shardSize + begin / elementSize;
     const int64_t last = pending.shard * s.shardSize + (end + elementSize - 1) / elementSize;
     std::string inside;
@@ -1499,9 +299,7 @@ private:
   }
 
   std::string folder_;
-  int64_t worldSize_ = 0, tp_ = 1;
-  std::vector<SavedSpace> spaces_;
-  std::map<std::string, SavedMember> members_;
+  const SavedLayout &layout_;
   std::map<int64_t, std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::pair<int64_t, std::string>, uint32_t> crcs_; ///< whole tensors'
   std::map<std::pair<int64_t, std::string>, std::vector<uint32_t>> chunkCrcs_;
@@ -1518,15 +316,15 @@ std::string shapeText(const std::vector<int64_t> &shape) {
 
 /// Throws CheckpointError naming the first trainable tensor that differs
 /// between the checkpoint and `plan`.
-void checkSameModel(const CheckpointReader &reader, const plan::Plan &p,
+void checkSameModel(const SavedLayout &layout, const plan::Plan &p,
                     const std::string &folder) {
   std::set<std::string> seen;
   for (const plan::TensorInfo &t : p.tensors) {
     if (!(t.isParameter && t.requiresGrad))
       continue;
     seen.insert(t.name);
-    auto it = reader.members().find(t.name);
-    if (it == reader.members().end())
+    auto it = layout.members().find(t.name);
+    if (it == layout.members().end())
       throw CheckpointError(folder + " is a checkpoint of another model: it has no parameter " +
                             t.name);
     if (it->second.shape != t.shape)
@@ -1538,7 +336,7 @@ void checkSameModel(const CheckpointReader &reader, const plan::Plan &p,
                             " in the checkpoint, " + plan::dtypeName(t.dtype) +
                             " in this plan (compile with the checkpoint's --dtype)");
   }
-  for (const auto &[name, member] : reader.members())
+  for (const auto &[name, member] : layout.members())
     if (!seen.count(name))
       throw CheckpointError(folder + " is a checkpoint of another model: it has a parameter " +
                             name + " that this model has not");
@@ -1554,79 +352,25 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw CheckpointError(folder + ": no such checkpoint folder");
-  json meta;
-  {
-    // The folder's identity is its COMPLETE file and checkpoint.json, not
-    // its name: a checkpoint copied or renamed resumes as saved.
-    const CompleteFile complete = readComplete(dir);
-    if (!complete.present)
-      throw CheckpointError(folder + ": not a complete checkpoint (no COMPLETE file: the save "
-                            "did not finish, or this is not a checkpoint folder)");
-    if (complete.version < 0)
-      throw CheckpointError(folder + ": not a complete checkpoint (its COMPLETE file does not "
-                            "read \"bmt-checkpoint <version> step <step>\")");
-    const std::string metaText = readText((dir / "checkpoint.json").string());
-    if (complete.hasCrc && plan::crc32(metaText.data(), metaText.size()) != complete.crc) {
-      char text[80];
-      std::snprintf(text, sizeof text, "CRC-32 %08x, its COMPLETE file says %08x",
-                    plan::crc32(metaText.data(), metaText.size()), complete.crc);
-      throw CheckpointError(folder + "/checkpoint.json: checksum mismatch (" + text +
-                            "): damaged or changed after the save; resume another checkpoint");
-    }
-    try {
-      meta = json::parse(metaText);
-    } catch (const json::exception &e) {
-      throw CheckpointError(folder + "/checkpoint.json: not JSON (" + e.what() + ")");
-    }
-    if (meta.value("format", "") != kFormat)
-      throw CheckpointError(folder + "/checkpoint.json: not a bmt checkpoint");
-    const int version = meta.value("version", 0);
-    if (version != complete.version || meta.value("step", int64_t{-1}) != complete.step)
-      throw CheckpointError(folder + "/checkpoint.json: version " + std::to_string(version) +
-                            ", step " + meta.value("step", json(nullptr)).dump() +
-                            " do not match the COMPLETE file's (" +
-                            std::to_string(complete.version) + ", step " +
-                            std::to_string(complete.step) + ")");
-    if (version != kFormatVersion && version != kTensorParallelVersion)
-      throw CheckpointError(folder + ": checkpoint format version " + std::to_string(version) +
-                            "; this bmt-run reads " + std::to_string(kFormatVersion) + " and " +
-                            std::to_string(kTensorParallelVersion));
-    if ((version == kTensorParallelVersion) != (meta.value("tensor_parallel", 1) > 1))
-      throw CheckpointError(folder + "/checkpoint.json: version " + std::to_string(version) +
-                            " with tensor_parallel " +
-                            std::to_string(meta.value("tensor_parallel", 1)) +
-                            " (version 2 is the format of tensor parallelism)");
-  }
+  const json meta = readCheckpointJson(folder, dir.string());
   if (expected)
     checkSameOptimizer(meta.value("optimizer", json::object()), *expected, folder);
-  CheckpointReader reader(folder, meta);
+  const SavedLayout layout(folder, meta);
+  CheckpointReader reader(folder, layout);
   const plan::Plan &p = model.plan();
-  checkSameModel(reader, p, folder);
+  checkSameModel(layout, p, folder);
 
   ResumeReport report;
-  report.savedWorldSize = reader.worldSize();
-  report.savedTensorParallel = reader.tensorParallel();
-  if (const json &s = meta.value("schedule", json::object()); !s.empty()) {
-    LRScheduleConfig &c = report.savedSchedule;
-    try {
-      c.kind = parseLRScheduleKind(s.value("kind", std::string("constant")));
-    } catch (const std::invalid_argument &) {
-      throw CheckpointError(folder + "/checkpoint.json: schedule kind " + s.value("kind", "") +
-                            " is not one bmt-run knows");
-    }
-    c.peakLR = s.value("peak_lr", c.peakLR);
-    c.warmupSteps = s.value("warmup_steps", c.warmupSteps);
-    c.totalSteps = s.value("total_steps", c.totalSteps);
-    c.minLR = s.value("min_lr", c.minLR);
-    c.gamma = s.value("gamma", c.gamma);
-  }
+  report.savedWorldSize = layout.worldSize();
+  report.savedTensorParallel = layout.tensorParallel();
+  report.savedSchedule = savedSchedule(meta, folder);
   const json batch = meta.value("batch", json::object());
   report.savedSequencesPerStep = batch.value("sequences_per_step", int64_t{0});
   report.savedSeqLen = batch.value("seq_len", int64_t{0});
   // Tensor parallelism: this run's T and TP rank, and the checkpoint's T.
   const int64_t tp = p.tensorParallel;
   const int64_t tpRank = model.tensorParallel() ? model.tensorParallel()->rank() : 0;
-  const int64_t savedTp = reader.tensorParallel();
+  const int64_t savedTp = layout.tensorParallel();
   auto layoutOf = [&](const plan::TensorInfo &t) {
     SliceLayout l;
     l.shape = t.shape;
@@ -1671,7 +415,7 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     if (slot != "step" && !state.replicatedSlots.count(slot))
       needed[spaceOfParameter.at(i)][slot] = tensor.scalar_type();
   }
-  bool resharded = reader.worldSize() != model.world().size() || savedTp != tp;
+  bool resharded = layout.worldSize() != model.world().size() || savedTp != tp;
   for (size_t k = 0; k < spaces.size(); ++k) {
     const ParameterSpace &s = spaces[k];
     const int64_t begin = s.shardIndex * s.shardSize;
@@ -1686,14 +430,14 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
         const int64_t to = std::min(end, s.offsets[m] + t.localNumel(tp));
         if (from >= to)
           continue;
-        const SavedMember &saved = reader.members().at(t.name);
+        const SavedMember &saved = layout.members().at(t.name);
         const SliceLayout mine = layoutOf(t), theirs = savedLayoutOf(saved);
         char *const dst = static_cast<char *>(buffer.data_ptr()) + (from - begin) * elementSize;
         // Elements [local, local + n) of TP rank savedRank's saved slice to
         // dst + at.
         auto copy = [&](int64_t savedRank, int64_t local, int64_t at, int64_t n) {
           const auto &[space, offset] = saved.copies.at(static_cast<size_t>(savedRank));
-          const SavedSpace &savedSpace = reader.spaces()[space];
+          const SavedSpace &savedSpace = layout.spaces()[space];
           resharded = resharded || savedSpace.name != s.name || offset != s.offsets[m] ||
                       savedSpace.shards != s.numShards;
           // A float32 space's master is its parameter.
@@ -1703,20 +447,10 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
           reader.request(space, savedField, offset + local, n,
                          dst + at * static_cast<int64_t>(elementSize), dtype);
         };
-        const int64_t a = from - s.offsets[m], b = to - s.offsets[m];
-        if (mine.sameSlicing(theirs)) {
-          copy(theirs.tpRank, a, 0, b - a);
-          continue;
-        }
         // Another TP split: the elements of this slice through the global
         // tensor to the saved slices that hold them (padding stays zero).
-        resharded = true;
-        mine.toGlobal(a, b, [&](int64_t local, int64_t global, int64_t n) {
-          theirs.fromGlobal(global, n, [&](int64_t savedRank, int64_t savedLocal, int64_t g,
-                                           int64_t k) {
-            copy(savedRank, savedLocal, local - a + (g - global), k);
-          });
-        });
+        if (planSlice(mine, theirs, from - s.offsets[m], to - s.offsets[m], copy))
+          resharded = true;
       }
     }
   }
@@ -1725,11 +459,11 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
   // shard 0's file, rank 0's).
   for (size_t k = 0; k < spaces.size(); ++k) {
     const plan::TensorInfo &t = p.tensors.at(spaces[k].members.at(0));
-    const SavedMember &first = reader.members().at(t.name);
+    const SavedMember &first = layout.members().at(t.name);
     const size_t savedSpace = first.copies.at(static_cast<size_t>(tpRank % savedTp)).first;
     if (state.tensors.count("step." + std::to_string(spaces[k].parameter)))
       loaded[k].byName["step"] = reader.readChecked(
-          reader.rankOf(savedSpace, 0), fieldName(static_cast<int64_t>(savedSpace), "step"));
+          layout.rankOf(savedSpace, 0), fieldName(static_cast<int64_t>(savedSpace), "step"));
     // Replicated slots (Adafactor's factors, concatenated over the space's
     // members): whole, from shard 0, when the saved space has the same
     // members (any number of shards) and the same TP split (this TP
@@ -1737,10 +471,10 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
     for (const std::string &slot : state.replicatedSlots) {
       if (!state.tensors.count(slot + "." + std::to_string(spaces[k].parameter)))
         continue;
-      const SavedSpace &saved = reader.spaces()[savedSpace];
+      const SavedSpace &saved = layout.spaces()[savedSpace];
       bool sameMembers = saved.name == spaces[k].name && savedTp == tp;
       for (size_t m = 0; m < spaces[k].members.size() && sameMembers; ++m) {
-        const SavedMember &member = reader.members().at(p.tensors.at(spaces[k].members[m]).name);
+        const SavedMember &member = layout.members().at(p.tensors.at(spaces[k].members[m]).name);
         const auto &copy = member.copies.at(static_cast<size_t>(tpRank % savedTp));
         sameMembers = copy.first == savedSpace && copy.second == spaces[k].offsets[m];
       }
@@ -1754,7 +488,7 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
                                              : std::string()) +
                               "): resume with the plan it was saved with");
       loaded[k].byName[slot] = reader.readChecked(
-          reader.rankOf(savedSpace, 0), fieldName(static_cast<int64_t>(savedSpace), slot));
+          layout.rankOf(savedSpace, 0), fieldName(static_cast<int64_t>(savedSpace), slot));
     }
   }
 
@@ -1784,33 +518,11 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
   model.parametersChanged();
 
   // The rest of the state.
-  try {
-    report.progress.step = meta.at("step").get<int64_t>();
-    const json &data = meta.at("data");
-    report.progress.data.kind = data.at("kind").get<std::string>();
-    if (report.progress.data.kind == "random-windows") {
-      report.progress.data.generator = data.at("sampler").get<std::string>();
-      report.progress.data.windows = data.at("windows").get<int64_t>();
-    } else if (report.progress.data.kind == "documents") {
-      report.progress.data.documents = data.at("documents").get<int64_t>();
-    } else {
-      report.progress.data.microBatches = data.at("micro_batches").get<int64_t>();
-    }
-    if (data.contains("data"))
-      report.progress.data.data = data.at("data").get<std::string>();
-    report.progress.objectiveGenerator = meta.at("objective_rng").get<std::string>();
-    const json &ls = meta.at("loss_scale");
-    if (!ls.is_null()) {
-      report.progress.lossScale = ls.at("scale").get<double>();
-      report.progress.cleanSteps = ls.at("clean_steps").get<int64_t>();
-    }
-  } catch (const json::exception &e) {
-    throw CheckpointError(folder + "/checkpoint.json: " + e.what());
-  }
+  report.progress = savedProgress(meta, folder);
   if (scaler && report.progress.lossScale)
     scaler->setState(*report.progress.lossScale, report.progress.cleanSteps);
   // Each rank's generators, when the ranks are the same.
-  if (reader.worldSize() == model.world().size() && savedTp == tp) {
+  if (layout.worldSize() == model.world().size() && savedTp == tp) {
     const int64_t rank = model.world().rank();
     SafetensorsFile &mine = reader.file(rank);
     auto restore = [&](at::Generator g, const char *name) {

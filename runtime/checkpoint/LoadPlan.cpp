@@ -1,0 +1,108 @@
+//===- LoadPlan.cpp - which bytes of a checkpoint a rank reads ------------===//
+//
+// The checkpoint's layout parsed from checkpoint.json, and the split of a
+// saved space's elements over its shards' rank files.
+//
+//===----------------------------------------------------------------------===//
+
+#include "LoadPlan.h"
+
+#include <cstdint>
+
+namespace bmt::runtime::checkpoint {
+
+SavedLayout::SavedLayout(const std::string &folder, const json &meta) : folder_(folder) {
+    try {
+      worldSize_ = meta.at("world_size").get<int64_t>();
+      tp_ = meta.value("tensor_parallel", int64_t(1));
+      if (tp_ < 1 || worldSize_ % tp_ != 0)
+        throw CheckpointError(folder_ + "/checkpoint.json: bad layout (tensor_parallel " +
+                              std::to_string(tp_) + " with world_size " +
+                              std::to_string(worldSize_) + ")");
+      for (const json &s : meta.at("spaces")) {
+        SavedSpace space;
+        space.name = s.at("name").get<std::string>();
+        space.dtype = s.at("dtype").get<std::string>();
+        space.master = s.at("master").get<bool>();
+        space.size = s.at("size").get<int64_t>();
+        space.shards = s.at("shards").get<int64_t>();
+        space.shardSize = s.at("shard_size").get<int64_t>();
+        space.tpRank = tp_ > 1 ? s.at("tp_rank").get<int64_t>() : 0;
+        if (space.tpRank < 0 || space.tpRank >= tp_ || space.shards < 1 ||
+            space.shardSize * space.shards < space.size)
+          throw CheckpointError(folder_ + "/checkpoint.json: bad layout (space " + space.name +
+                                ": tp_rank, shards or shard_size out of range)");
+        for (const json &m : s.at("members")) {
+          const std::string name = m.at("tensor").get<std::string>();
+          SavedMember &member = members_[name];
+          const std::vector<int64_t> shape = m.at("shape").get<std::vector<int64_t>>();
+          if (member.copies.empty()) {
+            member.shape = shape;
+            member.dtype = space.dtype;
+            member.layout.shape = shape;
+            member.layout.tp = tp_;
+            if (m.contains("split")) {
+              const json &js = m.at("split");
+              TensorSplit &rule = member.layout.split;
+              rule.dim = js.at("dim").get<int64_t>();
+              rule.chunks = js.at("chunks").get<int64_t>();
+              rule.paddedSize = js.at("padded_size").get<int64_t>();
+              const int64_t rank = static_cast<int64_t>(shape.size());
+              std::string why = rule.dim < 0 ? "dim " + std::to_string(rule.dim) + " is not a split dim"
+                                : split::check(rule, rank, rule.dim < rank ? shape[rule.dim] : -1, tp_);
+              if (!why.empty())
+                throw CheckpointError(folder_ + "/checkpoint.json: bad split of " + name + " (" +
+                                      why + ")");
+            }
+            member.copies.assign(static_cast<size_t>(tp_), {SIZE_MAX, 0});
+          } else if (shape != member.shape || space.dtype != member.dtype) {
+            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
+                                  " differs between its TP ranks' spaces)");
+          }
+          auto &copy = member.copies.at(static_cast<size_t>(space.tpRank));
+          if (copy.first != SIZE_MAX)
+            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
+                                  " twice in the spaces of TP rank " +
+                                  std::to_string(space.tpRank) + ")");
+          copy = {spaces_.size(), m.at("offset").get<int64_t>()};
+          const int64_t numel = member.layout.localNumel();
+          if (copy.second < 0 || copy.second + numel > space.size)
+            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
+                                  " does not fit in space " + space.name + ")");
+          space.members.emplace_back(copy.second, numel);
+          space.names.push_back(name);
+        }
+        spaces_.push_back(space);
+      }
+      for (const auto &[name, member] : members_)
+        for (const auto &copy : member.copies)
+          if (copy.first == SIZE_MAX)
+            throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + name +
+                                  " is missing from a TP rank's spaces)");
+    } catch (const json::exception &e) {
+      throw CheckpointError(folder_ + "/checkpoint.json: bad layout (" + e.what() + ")");
+    }
+}
+
+std::vector<SavedLayout::ShardRead> SavedLayout::shardReads(size_t space, int64_t begin,
+                                                            int64_t numel,
+                                                            int64_t elementSize) const {
+  std::vector<ShardRead> reads;
+  const SavedSpace &s = spaces_[space];
+  int64_t at = begin, end = begin + numel;
+  while (at < end) {
+    const int64_t shard = at / s.shardSize;
+    const int64_t upTo = std::min(end, (shard + 1) * s.shardSize);
+    ShardRead r;
+    r.rank = rankOf(space, shard);
+    r.shard = shard;
+    r.offset = (at - shard * s.shardSize) * elementSize;
+    r.nbytes = (upTo - at) * elementSize;
+    r.dst = (at - begin) * elementSize;
+    reads.push_back(r);
+    at = upTo;
+  }
+  return reads;
+}
+
+} // namespace bmt::runtime::checkpoint

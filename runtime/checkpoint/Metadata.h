@@ -1,0 +1,108 @@
+//===- Metadata.h - checkpoint.json, COMPLETE and names ---------*- C++ -*-===//
+//
+// Private to runtime/checkpoint: what a checkpoint says about itself
+// (docs/checkpoint-format.md). checkpoint.json built from a run and parsed
+// back, the COMPLETE line with checkpoint.json's CRC-32, the folder and
+// file names, the optimizer's identity.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BMT_RUNTIME_CHECKPOINT_METADATA_H
+#define BMT_RUNTIME_CHECKPOINT_METADATA_H
+
+#include "bmt/Runtime/checkpoint/Checkpoint.h"
+
+#include <c10/core/ScalarType.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace bmt::runtime {
+
+struct ParameterSpace;
+
+namespace checkpoint {
+
+using json = nlohmann::json;
+
+/// Version 1: no tensor parallelism (every checkpoint of a plan with
+/// tensor_parallel 1 is still written as version 1); version 2: the spaces
+/// are TP slices (docs/checkpoint-format.md). This bmt-run reads both.
+inline constexpr int kFormatVersion = 1;
+inline constexpr int kTensorParallelVersion = 2;
+inline constexpr const char *kFormat = "bmt-checkpoint";
+/// Every tensor of a rank file has a CRC-32 per chunk of this many bytes
+/// (the last chunk the rest), so that a reader of a slice checks what it
+/// reads by reading at most one chunk more at each end of a piece.
+inline constexpr int64_t kChunkBytes = 64 << 10;
+
+/// A CRC-32 as the rank files' metadata writes it: 8 hex digits.
+std::string crcHex(uint32_t crc);
+
+/// "step-<8 digits>".
+std::string stepName(int64_t step);
+/// "rank-<5 digits><suffix>".
+std::string rankName(int64_t rank, const char *suffix);
+
+/// COMPLETE's line: "bmt-checkpoint <version> step <step> checkpoint.json
+/// <CRC-32 of checkpoint.json's bytes, 8 hex digits>\n" (checkpoints
+/// written before that checksum end after the step: `withCrc` false).
+std::string completeLine(int64_t step, int version, bool withCrc = false, uint32_t crc = 0);
+
+/// What a folder's COMPLETE file says: the format version and the step,
+/// whatever the folder's name. `present` is false without a COMPLETE file;
+/// version is -1 for one that does not read so.
+struct CompleteFile {
+  bool present = false;
+  int version = -1;
+  int64_t step = -1;
+  bool hasCrc = false; ///< the line carries checkpoint.json's CRC-32
+  uint32_t crc = 0;
+  std::string text;
+};
+/// Parses the text of a COMPLETE file (present: true).
+CompleteFile parseComplete(std::string text);
+
+/// The checkpoint's field of an optimizer state slot of saved space
+/// `space` ("s<space>.<field>"); "master" is saved only for low-precision
+/// spaces.
+std::string fieldName(int64_t space, const std::string &field);
+bool lowPrecision(c10::ScalarType t);
+/// Splits an optimizer state key "exp_avg.3" into ("exp_avg", 3).
+std::pair<std::string, size_t> splitStateKey(const std::string &key);
+
+/// checkpoint.json's "optimizer": the kind, the peak learning rate and the
+/// kind's hyperparameters.
+json optimizerJson(const std::string &kind, double lr, const OptimizerConfig &c);
+/// Throws CheckpointError unless `saved` (checkpoint.json's "optimizer")
+/// has the kind and hyperparameters of `expected`.
+void checkSameOptimizer(const json &saved, const OptimizerConfig &expected,
+                        const std::string &folder);
+
+/// checkpoint.json's "spaces" of this rank's `spaces` of `plan`: with
+/// tp > 1 each space is listed once per TP rank (TP rank t of space k at
+/// k * tp + t), with each split member's place in the global tensor.
+json spacesJson(const plan::Plan &plan, const std::vector<ParameterSpace> &spaces, int64_t tp);
+/// checkpoint.json as rank 0 snapshots it (without "rank_bytes"; its
+/// "loss_scale" null): the run, its progress and `spaces` (spacesJson).
+json checkpointJson(const RunIdentity &identity, int version, int64_t worldSize, int64_t tp,
+                    const TrainingProgress &progress, json spaces);
+
+/// checkpoint.json of the checkpoint in `dir` (`folder` as the user named
+/// it, for messages), checked against its COMPLETE file (present, its
+/// CRC-32 of checkpoint.json, version and step) and for a format version
+/// this bmt-run reads. Throws CheckpointError.
+json readCheckpointJson(const std::string &folder, const std::string &dir);
+/// checkpoint.json's "schedule" (a default LRScheduleConfig where absent).
+LRScheduleConfig savedSchedule(const json &meta, const std::string &folder);
+/// The run's state besides the tensors: step, data position, objective
+/// generator, loss scale. Throws CheckpointError.
+TrainingProgress savedProgress(const json &meta, const std::string &folder);
+
+} // namespace checkpoint
+} // namespace bmt::runtime
+
+#endif // BMT_RUNTIME_CHECKPOINT_METADATA_H
