@@ -1,8 +1,8 @@
 //===- TensorParallelChains.h - what bmt-tensor-parallel found --*- C++ -*-===//
 //
 // The state bmt-tensor-parallel's stages pass to one another: a chain found
-// by the chain analysis (TensorParallel.cpp), checked against upstream
-// (TensorParallelUpstream.h), proved (TensorParallelGradients.h), rewritten,
+// by the chain analysis (TensorParallelChainBuilder.cpp), checked against upstream
+// (TensorParallelShadow.cpp), proved (TensorParallelGradients.h), rewritten,
 // and described by the report (TensorParallelReport.cpp).
 //
 //===----------------------------------------------------------------------===//
@@ -142,7 +142,7 @@ struct Chain {
   llvm::DenseMap<mlir::Value, std::optional<int64_t>> upstream;
 };
 
-/// Thrown (as a value) when a chain cannot be split: `fatal` for sizes that
+/// Why a chain cannot be split (ChainBuilder::error()): `fatal` for sizes that
 /// T does not divide (the compile fails), else the chain stays replicated.
 struct ChainError {
   bool fatal = false;
