@@ -103,6 +103,19 @@ ARCHS = {
                                                       eos_token_id=2)),
     "starcoder2": ("Starcoder2ForCausalLM", "starcoder2", dict(LLAMA_LIKE, pad_token_id=0,
                                                                bos_token_id=1, eos_token_id=2)),
+    # Mixtures of experts (transformers' grouped_mm experts: top-k router,
+    # tokens sorted by expert, one _grouped_mm over the experts' 3-D weights).
+    "mixtral": ("MixtralForCausalLM", "mixtral", dict(LLAMA_LIKE, num_local_experts=4,
+                                                      num_experts_per_tok=2)),
+    # A shared expert beside the routed ones, gated by a sigmoid.
+    "qwen2_moe": ("Qwen2MoeForCausalLM", "qwen2_moe", dict(
+        LLAMA_LIKE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+        shared_expert_intermediate_size=40)),
+    # Attention sinks, a sliding window on every other layer, biased experts
+    # with a clamped SwiGLU.
+    "gpt_oss": ("GptOssForCausalLM", "gpt_oss", dict(LLAMA_LIKE, num_local_experts=4,
+                                                     num_experts_per_tok=2, head_dim=8,
+                                                     sliding_window=4)),
 }
 
 # Encoder-decoders: run by teacher forcing on a target of their own.

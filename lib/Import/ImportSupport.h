@@ -39,6 +39,24 @@ struct ImportError {
   std::string message;
 };
 
+/// The message for operator `name` (as "aten::one_hot") missing from the
+/// registry, in function `function`. transformers' eager experts (a Python
+/// loop over the experts a batch hits: one_hot, nonzero, index_add_) trace
+/// into a program of the experts hit while tracing; the message says so and
+/// names the implementation that traces whole.
+inline std::string unsupportedOperatorMessage(const std::string &name,
+                                              const std::string &function) {
+  std::string message = "unsupported operator '" + name + "' (not in bmt's operator registry)";
+  const bool expertLoop = name == "aten::one_hot" || name == "aten::nonzero" ||
+                          name == "aten::index_add_" || name == "aten::where.single_argument";
+  if (expertLoop && function.find("experts") != std::string::npos)
+    message += "; this looks like a mixture-of-experts layer traced with transformers' eager "
+               "experts (a Python loop over the experts the traced batch hit), whose trace "
+               "leaves out every other expert: export the model with "
+               "config._experts_implementation = \"grouped_mm\" (transformers' default)";
+  return message;
+}
+
 } // namespace bmt::import
 
 #endif // BMT_LIB_IMPORT_IMPORTSUPPORT_H

@@ -234,11 +234,38 @@ Attribute TorchExportImporter::convertArg(const json &arg, SmallVectorImpl<Value
   fail(loc, "arguments of kind '" + kind + "' are not supported");
 }
 
+namespace {
+
+/// transformers' grouped matmul, what torch.export records of its
+/// mixture-of-experts layers (transformers/integrations/moe.py: a custom op
+/// in place of torch._grouped_mm): input [S, in] sorted by expert, weight
+/// [E, in, out], offs [E] the cumulative row counts.
+constexpr const char *kTransformersGroupedMm = "torch.ops.transformers.grouped_mm_fallback.default";
+
+/// `node`, a call of kTransformersGroupedMm, as the aten::_grouped_mm call
+/// computing the same product (its arguments renamed: self, mat2, offs).
+json groupedMmAsAten(const json &node) {
+  json aten = node;
+  aten["target"] = "torch.ops.aten._grouped_mm.default";
+  for (json &input : aten["inputs"]) {
+    if (input["name"] == "input")
+      input["name"] = "self";
+    else if (input["name"] == "weight")
+      input["name"] = "mat2";
+  }
+  return aten;
+}
+
+} // namespace
+
 void TorchExportImporter::emitNode(const FlatNode &flat,
                                    std::map<std::string, Value> &values,
                                    std::map<std::string, Value> &globals,
                                    const std::string &fn) {
-  const json &node = *flat.node;
+  json asAten;
+  const json &node = flat.node->value("target", "") == kTransformersGroupedMm
+                         ? (asAten = groupedMmAsAten(*flat.node))
+                         : *flat.node;
   Location loc = locationOf(node);
   std::string target = node.at("target");
   if (emitSymOp(node, values, globals, fn))
@@ -308,7 +335,7 @@ void TorchExportImporter::emitNode(const FlatNode &flat,
   }
   const bmt::AtenOpInfo *info = bmt::lookupAtenOp(name);
   if (!info)
-    failAt(node, fn, "unsupported operator '" + name + "' (not in bmt's operator registry)");
+    failAt(node, fn, unsupportedOperatorMessage(name, fn));
   const c10::FunctionSchema &schema = handle->schema();
   if (schema.arguments().size() != info->numArgs)
     failAt(node, fn, "operator '" + name + "' has " +

@@ -206,7 +206,7 @@ void TorchScriptImporter::importAtenNode(jit::Node *node,
   const bmt::AtenOpInfo *info = bmt::lookupAtenOp(name);
   if (!info)
     failAt(node, functionName,
-           "unsupported operator '" + name + "' (not in bmt's operator registry)");
+           unsupportedOperatorMessage(name, functionName));
   if (node->inputs().size() != info->numArgs)
     failAt(node, functionName,
            "operator '" + name + "' has " + std::to_string(node->inputs().size()) +
