@@ -107,6 +107,10 @@ ARCHS = {
     # tokens sorted by expert, one _grouped_mm over the experts' 3-D weights).
     "mixtral": ("MixtralForCausalLM", "mixtral", dict(LLAMA_LIKE, num_local_experts=4,
                                                       num_experts_per_tok=2)),
+    # Qwen3's per-head q/k norms, routed experts only.
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3_moe", dict(
+        LLAMA_LIKE, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+        tie_word_embeddings=False)),
     # A shared expert beside the routed ones, gated by a sigmoid.
     "qwen2_moe": ("Qwen2MoeForCausalLM", "qwen2_moe", dict(
         LLAMA_LIKE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,

@@ -93,6 +93,27 @@ TASK_CLASS = {
 }
 
 
+def task_class(config, transformers):
+    """The model class to export: TASK_CLASS's, else the one the config
+    names (`architectures`, as a checkpoint's config.json does) if it is a
+    causal or masked LM or seq2seq class of transformers, else the causal LM
+    class transformers maps the model_type to."""
+    name = TASK_CLASS.get(config.model_type)
+    if name is None:
+        for arch in getattr(config, "architectures", None) or []:
+            if arch.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM",
+                              "ForConditionalGeneration")) and hasattr(transformers, arch):
+                name = arch
+                break
+    if name is None:
+        cls = transformers.AutoModelForCausalLM._model_mapping.get(type(config))
+        if cls is None:
+            error(f"no causal, masked or seq2seq LM class known for architecture "
+                  f"'{config.model_type}'")
+        return cls
+    return getattr(transformers, name)
+
+
 def error(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(1)
@@ -318,10 +339,8 @@ def main(argv=None):
         cls = transformers.AutoModel._model_mapping[type(config)]
         class_name = cls.__name__
     else:
-        class_name = TASK_CLASS.get(config.model_type)
-        if class_name is None:
-            error(f"no model class known for architecture '{config.model_type}'")
-        cls = getattr(transformers, class_name)
+        cls = task_class(config, transformers)
+        class_name = cls.__name__
     torch.manual_seed(args.seed)
     start = time.time()
     streamed = args.checkpoint and not args.load_weights

@@ -45,6 +45,17 @@ REFUSED = {
               "model.layers.0.self_attn.forward: a split value used as a shape or index (nor can "
               "the k/v projections be replicated: func.return in model.layers.0.forward: a "
               "replicated k/v value leaves the block))",
+    # The shared expert's gate (hidden -> 1) cannot be column-split.
+    "qwen2_moe": "error: bmt-tensor-parallel: cannot split aten::linear in "
+                 "model.layers.0.mlp.shared_expert_gate.forward by --tensor-parallel 2: the output "
+                 "size 1 is not divisible by --tensor-parallel 2 (nor can the k/v projections be "
+                 "replicated: func.return in model.layers.0.forward: a replicated k/v value leaves "
+                 "the block)",
+    # The attention sinks join the split heads' scores.
+    "gpt_oss": "error: bmt-tensor-parallel: found no chain to split (aten::linear in "
+               "model.layers.0.self_attn.q_proj.forward: no row-parallel matmul ends the chain "
+               "(nor can the k/v projections be replicated: aten::linear in "
+               "model.layers.0.self_attn.q_proj.forward: no row-parallel matmul ends the chain))",
 }
 
 # (architecture, mode): why the cell is wrong today (none: Qwen3's q/k norms,

@@ -1,0 +1,112 @@
+"""Mixtures of experts: transformers' MoE layers import and run as eager does.
+
+transformers (5.x) computes a layer's experts by default with grouped_mm: a
+top-k router, the tokens sorted by expert (aten::sort, aten::histc for the
+counts), one aten::_grouped_mm over the experts' 3-D weights, the results
+scattered back by index_put_. Traced at 2 x 8, the program must run at other
+shapes (other tokens reach other experts, in other numbers): OLMoE (routed
+experts, q/k norms over the whole projection) and Qwen2-MoE (a gated shared
+expert beside the routed ones), run by bmt-run --dump at 3 x 12 against the
+eager model: logits, loss and every parameter gradient within numerics.py's
+bounds. test_architectures_parallel.py trains Mixtral, Qwen2-MoE, Qwen3-MoE
+and gpt-oss in parallel; test_pt2_dynamic.py runs Mixtral and gpt-oss from a
+dynamic torch.export.
+
+transformers' other implementation, a Python loop over the experts the batch
+hits, traces into a program of the experts hit while tracing: bmt-opt
+refuses it with one error line that says so and what to export instead.
+
+A Mixtral checkpoint stores each expert's matrices apart, which
+transformers fuses into 3-D weights as it loads them: bmt-export-hf
+--checkpoint refuses to stream them (one line naming --load-weights), and
+with --load-weights exports what from_pretrained loads.
+"""
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from bmt_paths import REPO, binary, tool
+from test_runtime_parity import check_dump_against_eager
+
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import architectures  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+MODELS = {
+    "olmoe": ("OlmoeForCausalLM", "olmoe", dict(architectures.LLAMA_LIKE, num_experts=4,
+                                                num_experts_per_tok=2)),
+    "qwen2_moe": architectures.ARCHS["qwen2_moe"],
+}
+
+
+def build(cls_name, model_type, fields, **overrides):
+    import transformers
+    config = transformers.AutoConfig.for_model(model_type, **fields)
+    config.use_cache = False
+    config._attn_implementation = "eager"
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    return getattr(transformers, cls_name)(config).eval()
+
+
+def trace(model, path):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, architectures.VOCAB, (2, 8), generator=g)
+    with torch.no_grad():
+        torch.jit.trace(model, example_kwarg_inputs={"input_ids": ids,
+                                                     "attention_mask": torch.ones_like(ids)},
+                        strict=False).save(str(path))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_traced_experts_run_at_other_shapes(name, tmp_path):
+    model = build(*MODELS[name])
+    trace(model, tmp_path / "m.pt")
+    sharded = tmp_path / "m.sharded.pt"
+    subprocess.run([binary("bmt-opt"), str(tmp_path / "m.pt"), "-o", str(sharded)], check=True,
+                   capture_output=True)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, architectures.VOCAB, (3, 12), generator=g)
+    check_dump_against_eager(model, str(sharded), tmp_path, ids, g)
+
+
+def test_eager_expert_loop_is_refused_with_the_fix(tmp_path):
+    model = build(*architectures.ARCHS["mixtral"], _experts_implementation="eager")
+    trace(model, tmp_path / "m.pt")
+    r = subprocess.run([binary("bmt-opt"), str(tmp_path / "m.pt"), "-o",
+                        str(tmp_path / "m.sharded.pt")], capture_output=True, text=True)
+    assert r.returncode != 0
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, r.stderr
+    assert "unsupported operator 'aten::" in errors[0]
+    assert "traced with transformers' eager experts" in errors[0]
+    assert 'config._experts_implementation = "grouped_mm"' in errors[0]
+    assert not (tmp_path / "m.sharded.pt").exists()
+
+
+def test_mixtral_checkpoint_exports_with_load_weights(tmp_path):
+    build(*architectures.ARCHS["mixtral"]).save_pretrained(tmp_path / "ckpt")
+    export = [*tool("bmt-export-hf"), "--checkpoint", str(tmp_path / "ckpt"), "-o",
+              str(tmp_path / "m.pt")]
+    r = subprocess.run(export, capture_output=True, text=True)
+    assert r.returncode == 1 and not (tmp_path / "m.pt").exists()
+    assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == [
+        "error: checkpoint tensor model.layers.0.block_sparse_moe.experts.0.w1.weight becomes "
+        "model.layers.0.mlp.experts.gate_up_proj through a transformers weight conversion "
+        "(.experts.*.w1.weight), which bmt does not stream; pass --load-weights"], r.stderr
+    subprocess.run(export + ["--load-weights"], check=True, capture_output=True)
+    sharded = tmp_path / "m.sharded.pt"
+    subprocess.run([binary("bmt-opt"), str(tmp_path / "m.pt"), "-o", str(sharded)], check=True,
+                   capture_output=True)
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
+    model.config._attn_implementation = "sdpa"  # bmt-export-hf's default, as exported
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, architectures.VOCAB, (3, 12), generator=g)
+    check_dump_against_eager(model.eval(), str(sharded), tmp_path, ids, g)
