@@ -1,5 +1,4 @@
-"""bmt-opt's per-rank activation estimate (docs/passes.md, "Memory
-estimate") against bmt-run's measured peak on CPU ranks under tensor
+"""bmt-opt's per-rank activation estimate (docs/passes/memory-estimate.md) against bmt-run's measured peak on CPU ranks under tensor
 parallelism.
 
 On the CPU bmt-run's peak_mem_gib is the process's peak resident set

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# The fused kernels compiled before step 1 (docs/runtime.md, "When the
-# kernels are compiled"), on one GPU: build bmt-run (runtime only), then run
+# The fused kernels compiled before step 1 (docs/runtime/prewarm.md), on one GPU: build bmt-run (runtime only), then run
 # the Llama-3.2-1B-shaped plan (bench/make_llama_1b.py, fused, --random-init)
 # with an empty kernel cache, with the warm cache, with the warm cache and
 # --no-prewarm-kernels, and recompute on; then the tiny fused fixtures

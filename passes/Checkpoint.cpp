@@ -2,7 +2,8 @@
 //
 // Flags every block call with bmt.checkpoint (recompute in backward or
 // not): all, none, or, under a memory budget, as few as fit. See
-// passes/Passes.td for the contract and docs/passes.md for the estimate.
+// passes/Passes.td for the contract and docs/passes/memory-estimate.md for the
+// estimate.
 //
 //===----------------------------------------------------------------------===//
 

@@ -5,7 +5,7 @@
 // fuse-elementwise (unless fuse-elementwise=false), find-blocks,
 // tensor-parallel (with tensor-parallel > 1), zero, checkpoint, overlap, summary. Its options are checked
 // here, for the top-level flags and the named pipeline alike. See
-// docs/passes.md.
+// docs/passes/default-pipeline.md.
 //
 //===----------------------------------------------------------------------===//
 

@@ -3,7 +3,7 @@
 // Parameter state from the storage groups; activations from a walk of the
 // program from @forward that gives every tensor value a width (elements per
 // token) derived from the parameter shapes, since !bmt.tensor carries no
-// shape. The rules are in docs/passes.md ("Memory estimate").
+// shape. The rules are in docs/passes/memory-estimate.md.
 //
 //===----------------------------------------------------------------------===//
 

@@ -2,7 +2,7 @@
 //
 // The memory model shared by --bmt-checkpoint (which chooses the blocks to
 // recompute under a budget) and --bmt-summary (which prints the estimate).
-// The formula is documented in docs/passes.md ("Memory estimate"); keep the
+// The formula is documented in docs/passes/memory-estimate.md; keep the
 // two in step.
 //
 //===----------------------------------------------------------------------===//

@@ -28,7 +28,8 @@ def Summary : Pass<"bmt-summary", "::mlir::ModuleOp"> {
     `--bmt-find-blocks` and `--bmt-zero` it also prints the block lists
     (with the parameters per block and outside the blocks) and the storage
     groups; after `--bmt-checkpoint` and `--bmt-overlap` their decisions;
-    and with `world-size=N` the per-rank memory estimate of docs/passes.md
+    and with `world-size=N` the per-rank memory estimate of
+    docs/passes/memory-estimate.md
     (parameter, gradient and AdamW shards, gathered buffers, activations for
     `micro-batch` x `seq-len` tokens):
 
@@ -142,7 +143,7 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
     residual add), where each such value is element-valued (not derived
     from the reduction alone) and the region reads no rotate_half; else the
     region is grown without them. Off by default: on one H200 such row
-    regions were slower than the separate add (docs/passes.md).
+    regions were slower than the separate add (docs/passes/fuse-elementwise.md).
     The region becomes one `bmt.fused` op whose body
     holds the ops (and clones of the scalar constants they read); its kind
     is "row" when it holds the reduction, else "pointwise". Regions of one
@@ -368,7 +369,7 @@ def TensorParallel : Pass<"bmt-tensor-parallel", "::mlir::ModuleOp"> {
     and `shard-partition`; its shardings must be the pass's and its
     collectives one all-reduce after each row-parallel matmul, else the
     compile fails naming the op (`print-shadow` prints the shadows).
-    docs/passes.md has the rules.
+    docs/passes/tensor-parallel.md has the rules.
   }];
   let options = [
     Option<"tensorParallel", "tensor-parallel", "int64_t", "1",
@@ -422,7 +423,8 @@ def Checkpoint : Pass<"bmt-checkpoint", "::mlir::ModuleOp"> {
 
     - `mode=all` (the default): every block is recomputed.
     - `mode=none`: no block is recomputed.
-    - `mode=auto`: the per-rank memory estimate of docs/passes.md
+    - `mode=auto`: the per-rank memory estimate of
+      docs/passes/memory-estimate.md
       (sharded parameter, gradient and AdamW state, gathered buffers of the
       live blocks, activations of `micro-batch` x `seq-len` tokens) must fit
       `budget-gib`. The pass keeps the activations of as many blocks as fit,

@@ -172,7 +172,7 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
       os << "    activations: " << bmt::formatBytes(activations) << " (" << activations
          << " bytes; outside the blocks " << model.outsideActivationBytes;
       if (!model.blocks.empty()) {
-        // The walk's terms (docs/passes.md, "Memory estimate"): A_i, I_i.
+        // The walk's terms (docs/passes/memory-estimate.md): A_i, I_i.
         auto range = [&](auto field) {
           int64_t least = -1, most = 0;
           for (const bmt::BlockCost &b : model.blocks) {

@@ -11,7 +11,7 @@
 // sequence (Korthikanti et al. 2022, section 4.2.2) and f and g become an
 // all-gather and a reduce-scatter along it. The
 // chains are found by following the split dimension through the program
-// (docs/passes.md, "Tensor parallelism"); names are not consulted. How the
+// (docs/passes/tensor-parallel.md); names are not consulted. How the
 // split dimension moves through pointwise ops, reductions, transposes,
 // per-head matmuls and attention is the upstream shard dialect's
 // ShardingInterface (lib/Dialect/ShardingInterfaceImpl.cpp), asked on
@@ -144,7 +144,7 @@ struct TensorParallelPass : bmt::impl::TensorParallelBase<TensorParallelPass> {
         ChainError f = builder.error();
         // Grouped-query (or multi-query) attention whose kv heads T does
         // not divide: again with the k and v projections replicated, the
-        // query heads split (docs/passes.md).
+        // query heads split (docs/passes/tensor-parallel.md).
         bool narrower = false, fused = false;
         for (const ChainSeed &seed : seeds) {
           auto m = *matmulShape(seed.op);

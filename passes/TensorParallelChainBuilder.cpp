@@ -741,7 +741,7 @@ struct ChainBuilder::Impl {
   }
 
   /// view/reshape: which dim of the new shape holds the split, from the
-  /// entries after it (docs/passes.md lists the cases).
+  /// entries after it (docs/passes/tensor-parallel.md lists the cases).
   LogicalResult reshape(bmt::AtenOp op, const Split &s, llvm::SmallVector<Value> &work, Chain &chain) {
     unsigned argIdx = 1;
     auto list = bmt::getAtenArg(op, argIdx);

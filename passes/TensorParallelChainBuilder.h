@@ -1,7 +1,7 @@
 //===- TensorParallelChainBuilder.h - finding one chain ---------*- C++ -*-===//
 //
-// The chain analysis of bmt-tensor-parallel (docs/passes.md, "Tensor
-// parallelism"): from the column matmuls that read one replicated
+// The chain analysis of bmt-tensor-parallel (docs/passes/tensor-parallel.md,
+// "Chains"): from the column matmuls that read one replicated
 // activation, follow the split dim through the program to the row matmuls
 // that contract it (TensorParallelChainBuilder.cpp), then check the chain
 // against upstream's sharding-propagation and shard-partition on a ranked

@@ -1,7 +1,7 @@
 //===- TensorParallelGradients.h - how whole parameters' gradients complete -===//
 //
-// A stage of bmt-tensor-parallel (TensorParallel.cpp; docs/passes.md,
-// "Gradient completion"): for every trainable parameter that the chains
+// A stage of bmt-tensor-parallel (TensorParallel.cpp;
+// docs/passes/tensor-parallel.md, "Gradient completion"): for every trainable parameter that the chains
 // leave whole (replicated over the TP group), proves from the chains'
 // shardings how its gradient is completed on every TP rank, or refuses:
 //

@@ -2,7 +2,8 @@
 //
 // bmt-tensor-parallel runs upstream's `sharding-propagation` and
 // `shard-partition` on a ranked shadow of each chain (TensorParallel.cpp,
-// docs/passes.md "Upstream's passes on a ranked shadow"). These helpers make
+// docs/passes/tensor-parallel-upstream.md, "Upstream's passes on a
+// ranked shadow"). These helpers make
 // sure upstream gets IR it can take, and that a failure or a crash inside
 // upstream's code reaches the user as one error line, not a stack dump.
 //

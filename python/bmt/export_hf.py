@@ -48,7 +48,7 @@ trains them with T5's span corruption (--seq-len is the encoder input's).
 --labels exports forward(..., labels=...) as well: the program computes the
 model's own loss (transformers' loss function, returned first as "loss"),
 and bmt-run trains on it, feeding the labels transformers expects
-(docs/runtime.md, "Objectives"). find-blocks, ZeRO and recompute work as
+(docs/runtime/objectives.md). find-blocks, ZeRO and recompute work as
 without it: the loss ops are outside the blocks.
 
 The archive carries the model's Hugging Face config.json (and
@@ -379,7 +379,7 @@ def main(argv=None):
     elif args.decoder_seq_len is not None:
         error(f"--decoder-seq-len is for encoder-decoders; {class_name} has no decoder input")
     if args.labels:
-        # The labels transformers' loss takes (docs/runtime.md): the decoder's
+        # The labels transformers' loss takes (docs/runtime/objectives.md): the decoder's
         # target, the masked-LM targets (-100 elsewhere), or input_ids (the
         # causal-LM loss shifts them). A tensor of its own: one passed twice
         # would be one input of the program.
@@ -434,7 +434,7 @@ def main(argv=None):
           f"to {args.output} in {time.time() - start:.1f} s")
     if args.labels:
         print(f"with labels {list(inputs['labels'].shape)}: the program returns the model's own "
-              f"loss first; bmt-run trains on it (docs/runtime.md, The model's own loss)")
+              f"loss first; bmt-run trains on it (docs/runtime/objectives.md, The model's own loss)")
     if decoder_len is not None:
         print(f"encoder-decoder: example encoder input {args.batch} x {args.seq_len}, decoder "
               f"input {args.batch} x {decoder_len}"

@@ -11,7 +11,7 @@
 //     backward (ExecutorHooks::givenGradientSlot), and W gets no separate
 //     gradient: no [vocab, hidden] tensor, sum or copy;
 //   - else into a new slot (ExecutorHooks::gradientSlot), zeroed first.
-// Without a slot it is ATen's embedding_dense_backward. See docs/runtime.md.
+// Without a slot it is ATen's embedding_dense_backward. See docs/runtime/parallel.md.
 //
 //===----------------------------------------------------------------------===//
 

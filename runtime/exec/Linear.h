@@ -9,7 +9,7 @@
 // bmt/Runtime/exec/ColumnSum.h's kernel, in
 // another order), but the weight's gradient is written by its matmul straight into
 // ExecutorHooks::gradientSlot(W) (ZeRO: the group's flat gradient), so the
-// group's backward does not copy it there. See docs/runtime.md.
+// group's backward does not copy it there. See docs/runtime/parallel.md.
 //
 //===----------------------------------------------------------------------===//
 

@@ -14,7 +14,7 @@
 // same random numbers) but its backward reads only its mask. Under tensor
 // parallelism the all-reduce after a row-parallel matmul is skipped the same
 // way (its backward reads only the gradient), and with it the matmul before
-// it. See docs/runtime.md, "ZeRO".
+// it. See docs/runtime/parallel.md, "ZeRO".
 //
 //===----------------------------------------------------------------------===//
 

@@ -266,7 +266,7 @@ void SGD::step(const StepInputs &in) {
       inf = in.foundInf->to(device, at::kFloat).reshape({});
     // is_first_step: the kernel sets buf = g (torch.optim.SGD's first
     // step); the zero buffers give the same when a first step is skipped
-    // and dampening is 0 (docs/runtime.md).
+    // and dampening is 0 (docs/runtime/optimizers.md).
     at::_fused_sgd_(views.params, views.grads,
                     config_.momentum > 0 ? views.states[0] : std::vector<at::Tensor>{},
                     decay ? config_.weightDecay : 0.0, config_.momentum, in.lr,

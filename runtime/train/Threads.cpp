@@ -33,7 +33,7 @@ int64_t usableCpus() {
 /// passive: OpenMP reads both when it loads, before main. LibTorch's own
 /// default counts the host's cores, ignoring a container's CPU quota and
 /// other jobs, and OpenMP's threads spin while they wait: on a busy 2-core
-/// machine a run was 9x slower (docs/runtime.md, "Threads"). The count does
+/// machine a run was 9x slower (docs/runtime/failures.md, "Threads"). The count does
 /// not follow the machine's load: CPU reductions may round differently with
 /// another thread count, and a run must repeat bit for bit. Returns when
 /// nothing is to be done or exec fails.

@@ -1,7 +1,7 @@
 // RUN: bmt-opt %s --bmt-find-blocks --bmt-tensor-parallel='tensor-parallel=3' --bmt-zero --bmt-checkpoint='mode=none' --bmt-summary='world-size=3' -o /dev/null 2>&1 | FileCheck %s
 // RUN: bmt-opt %s --bmt-find-blocks --bmt-zero --bmt-checkpoint='mode=none' --bmt-summary='world-size=1' -o /dev/null 2>&1 | FileCheck %s --check-prefix=ONE
 
-// The memory estimate (docs/passes.md, "Memory estimate") of grouped-query
+// The memory estimate (docs/passes/memory-estimate.md) of grouped-query
 // attention whose kv heads T does not divide (tensor-parallel-kv.mlir: 6
 // query heads of 4 on 2 kv heads, T = 3): the k/v projections replicated,
 // so their activations are whole on every rank, and each rank narrows the

@@ -4,8 +4,7 @@
 // RUN: bmt-opt %s --bmt-find-blocks --bmt-tensor-parallel='tensor-parallel=2 sequence-parallel=true' --bmt-zero --bmt-checkpoint='mode=auto budget-gib=0.125 micro-batch=256 world-size=2' -o /dev/null 2>&1 | FileCheck %s --check-prefix=SP-AUTO
 // RUN: bmt-opt %s --bmt-find-blocks --bmt-tensor-parallel='tensor-parallel=2' --bmt-zero --bmt-checkpoint='mode=auto budget-gib=0.125 micro-batch=256 world-size=2' -o /dev/null 2>&1 | FileCheck %s --check-prefix=TP-AUTO
 
-// The memory estimate of a sequence-parallel plan (docs/passes.md, "Memory
-// estimate"): the pre-norm MLP blocks of tensor-parallel-sp.mlir at T = 2,
+// The memory estimate of a sequence-parallel plan (docs/passes/memory-estimate.md): the pre-norm MLP blocks of tensor-parallel-sp.mlir at T = 2,
 // f32, micro-batch 1, seq-len 1024: 1024 tokens x 4 bytes = 4 KiB per
 // element per token; a value split along the sequence (after a
 // tp_reduce_scatter, up to the next tp_all_gather) holds 512 tokens: 2 KiB.

@@ -74,7 +74,7 @@ func.func @forward(%x: !bmt.tensor) -> !bmt.tensor {
 }
 
 // The summary after both passes: blocks, groups, and the per-rank memory
-// estimate of docs/passes.md at world size 2: shards of 120 f32 elements x
+// estimate of docs/passes/memory-estimate.md at world size 2: shards of 120 f32 elements x
 // 16 bytes (parameter, gradient, AdamW state) and 32 bf16 x 16 (with fp32
 // master weights) = 2432 B; gathered: the outside group and its gradient
 // (2 x 192 B) plus, at prefetch depth 1, two gathered blocks and one block

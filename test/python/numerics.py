@@ -1,5 +1,5 @@
 """How bmt's tests compare numbers: the one policy, written down once.
-docs/runtime.md ("Numerics and determinism") says the same for users.
+docs/runtime/numerics.md says the same for users.
 
 Two kinds of comparison, and nothing else:
 

@@ -1,5 +1,5 @@
-"""Training on the loss the model computes itself (docs/runtime.md,
-"Objectives"): a forward taking labels returns a scalar, and bmt-run trains
+"""Training on the loss the model computes itself (docs/runtime/objectives.md,
+"The model's own loss"): a forward taking labels returns a scalar, and bmt-run trains
 on it, feeding the labels transformers' models expect.
 
 (a) Hugging Face causal LMs exported by bmt-export-hf --labels (GPT-2 as

@@ -1,5 +1,5 @@
 """The optimizer writing the bf16 ZeRO shards in its update (AdamW/Adam on
-CUDA, runtime/optim/kernels/Adam.cu; docs/runtime.md, Mixed precision).
+CUDA, runtime/optim/kernels/Adam.cu; docs/runtime/mixed-precision.md).
 
 The kernel needs a GPU (test/unit/AdamCudaTest.cpp compares it with ATen's
 fused step there). On these CPU ranks the test hook

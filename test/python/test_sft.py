@@ -1,5 +1,5 @@
 """Supervised fine-tuning in bmt-run: whole documents of a version-2 token
-file with a loss mask (docs/runtime.md "Supervised fine-tuning").
+file with a loss mask (docs/runtime/data.md).
 
 - Parity: a tiny random-init LLaMA (and GPT-2) exported by bmt-export-hf,
   trained 5 AdamW steps by bmt-run on a supervised v2 file written here
@@ -9,7 +9,7 @@ file with a loss mask (docs/runtime.md "Supervised fine-tuning").
   packing: what the layouts must not change), the masked loss summed over
   the global batch's documents and divided by its target tokens, with
   torch.optim.AdamW. The batches are rebuilt here from the file and the
-  order rule docs/runtime.md states (SplitMix64 keys), not read from bmt-run.
+  order rule docs/runtime/data.md states (SplitMix64 keys), not read from bmt-run.
 - Evaluation (--eval-only on supervised data) against the same reference.
 - A global batch without a target token: its update is skipped with a
   warning naming the step, no NaN; the rest trains as the reference.
@@ -56,7 +56,7 @@ MODELS = {
 
 
 def write_v2(prefix, docs, masks, supervised=True, **overrides):
-    """A version-2 token file as docs/runtime.md describes it (written here,
+    """A version-2 token file as docs/runtime/data.md describes it (written here,
     independent of bmt-prepare-data)."""
     tokens = np.concatenate(docs).astype(np.uint16)
     offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype("<i8")
@@ -92,7 +92,7 @@ def chat_documents(n, seed, min_len=3, max_len=24):
     return docs, masks
 
 
-# --- the order rule and the layouts, rebuilt from docs/runtime.md --------------
+# --- the order rule and the layouts, rebuilt from docs/runtime/data.md ---------
 
 
 def splitmix64(x):
@@ -233,7 +233,7 @@ def plan_for(model, layout, ranks):
         if layout == "padded":
             flags.append("--assume-unpadded=false")
         _, remarks = compile_plan(model[layout], out, *flags)
-        # The attention keeps its explicit mask (docs/runtime.md: what it costs).
+        # The attention keeps its explicit mask (docs/runtime/data.md: what it costs).
         why = ("the mask reads attention_mask (padding) and assume-unpadded is off"
                if layout == "padded" else "the mask reads the program input 'position_ids'")
         assert why in remarks, remarks
@@ -398,7 +398,7 @@ def test_padded_rows_give_the_mask_to_what_still_reads_it(tmp_path):
                 "--micro-batch", rows, "--seq-len", SEQ, "--log-file", tmp_path / "log.jsonl")
     assert r.returncode == 0, r.stderr
     got = json.loads(open(tmp_path / "log.jsonl").read().splitlines()[-1])
-    # The rows as docs/runtime.md lays them out: documents in file order,
+    # The rows as docs/runtime/data.md lays them out: documents in file order,
     # `rows` a micro-batch, each cut to WINDOW and right-padded to the
     # micro-batch's longest; the input is all but the last column.
     total, count = 0.0, 0
@@ -493,7 +493,7 @@ def test_resume_continues_with_the_next_documents(model, data):
 
 
 def fingerprint(json_path):
-    """A token file's identity as docs/runtime.md gives it: counts, type and
+    """A token file's identity as docs/runtime/checkpoint.md gives it: counts, type and
     zlib's CRC-32 of the first and last MiB of the tokens."""
     import zlib
     meta = json.load(open(json_path))

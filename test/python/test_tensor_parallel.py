@@ -419,7 +419,7 @@ def test_mt19937_64_replica():
 
 def mask_tokens(tokens, mask_id, vocab, rng, probability=0.15):
     """BERT's masked-LM corruption (Devlin et al. 2019, section 3.1) in the
-    order of bmt-run's draws (docs/runtime.md, Objectives): each token of the
+    order of bmt-run's draws (docs/runtime/objectives.md): each token of the
     [rows, seq] batch in row-major order is picked with `probability`, a
     picked one becomes [MASK] (80 %), a uniform random id (10 %) or stays;
     if none is picked, one uniform position is. (inputs, labels: -100 where

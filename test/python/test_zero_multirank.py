@@ -160,7 +160,7 @@ def test_world_size_not_divisible_by_shard_group(traced):
 
 
 def test_same_run_twice_is_bit_identical(traced):
-    """bmt's determinism promise (docs/runtime.md): the same plan, data,
+    """bmt's determinism promise (docs/runtime/numerics.md): the same plan, data,
     options, world size and thread count on the same machine give the same
     losses and parameters to the bit; a run on another world size only
     agrees within numerics.py's bounds (test_training_matches_eager)."""

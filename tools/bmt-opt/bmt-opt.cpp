@@ -3,7 +3,7 @@
 // mlir-opt with bmt's dialect and passes. A PyTorch archive input
 // (TorchScript .pt, torch.export .pt2) or a sharded.pt output (-o *.pt)
 // goes to the compile path (include/bmt/Compile/Compile.h): import, the
-// default pipeline (fed by --world-size, ...; docs/passes.md) or the passes
+// default pipeline (fed by --world-size, ...; docs/passes/default-pipeline.md) or the passes
 // named, then the archive or MLIR text. Either way the output is written
 // only on success, so a failed run leaves an existing file as it was.
 //

@@ -95,7 +95,7 @@ const std::vector<Option> &optionTable() {
        [](RunOptions &o, auto &, const Values &v) { o.batchesFile = v[0]; }},
       {"--sequences", "LAYOUT", "data",
        "how whole documents of a version-2 token file become rows\n"
-       "(supervised fine-tuning; docs/runtime.md): padded (one document a\n"
+       "(supervised fine-tuning; docs/runtime/data.md): padded (one document a\n"
        "row, right-padded; needs a forward taking attention_mask) |\n"
        "packed (whole documents packed into rows of --seq-len + 1 tokens,\n"
        "position_ids restarting at each; needs a model exported with\n"
@@ -156,7 +156,7 @@ const std::vector<Option> &optionTable() {
        [](RunOptions &o, auto &k, const Values &v) { o.train.schedule.gamma = toDouble(k, v[0], 0); }},
       {"--optimizer", "NAME", "training",
        "sgd | adam | adamw | lion | adafactor (default adamw), each\n"
-       "with torch.optim's update and defaults (docs/runtime.md)",
+       "with torch.optim's update and defaults (docs/runtime/optimizers.md)",
        [](RunOptions &o, auto &k, const Values &v) {
          std::optional<runtime::OptimizerKind> kind = runtime::parseOptimizerKind(v[0]);
          if (!kind)
@@ -218,7 +218,7 @@ const std::vector<Option> &optionTable() {
        [](RunOptions &o, auto &k, const Values &v) { o.train.clipGrad = toDouble(k, v[0], 0); }},
       {"--no-prewarm-kernels", "", "training",
        "compile the fused regions' CUDA kernels at their first call in\n"
-       "a step instead of before step 1 (docs/runtime.md, Fused regions)",
+       "a step instead of before step 1 (docs/runtime/prewarm.md)",
        [](RunOptions &o, auto &, const Values &) { o.train.prewarmKernels = false; }},
       {"--no-memory-check", "", "training",
        "start even when a micro-batch's forward, measured at 1 and 2\n"
@@ -228,7 +228,7 @@ const std::vector<Option> &optionTable() {
        "keep the float32 master weights and Adam/AdamW moments in\n"
        "(pinned) host memory and run the optimizer on the CPU; gradients\n"
        "are copied to the host during the backward (adam and adamw,\n"
-       "ZeRO plans only; docs/runtime.md)",
+       "ZeRO plans only; docs/runtime/offload.md)",
        [](RunOptions &o, auto &, const Values &) { o.offloadOptimizer = true; }},
       // mixed precision
       {"--loss-scale", "F", "mixed precision",
@@ -267,7 +267,8 @@ const std::vector<Option> &optionTable() {
        "masked-lm for *ForMaskedLM, else causal-lm). A model whose forward\n"
        "takes labels (exported with them: bmt-export-hf --labels) trains on\n"
        "the loss it returns, fed the labels transformers expect for that\n"
-       "objective (causal-lm: input_ids, the model shifts; docs/runtime.md);\n"
+       "objective (causal-lm: input_ids, the model shifts;\n"
+       "docs/runtime/objectives.md);\n"
        "model-loss: the same, and an error for a forward without labels",
        [](RunOptions &o, auto &k, const Values &v) {
          o.modelLoss = v[0] == "model-loss";

@@ -3,7 +3,7 @@
 // bmt-run SHARDED.pt --data train.bin --steps N [options]   (see --help)
 //
 // One process, or one per rank under `torchrun --no-python bmt-run ...`
-// (rendezvous from torchrun's environment; docs/runtime.md). Every failure
+// (rendezvous from torchrun's environment; docs/runtime/running.md). Every failure
 // is one "error: ..." line on stderr and exit status 1 on every rank; a
 // usage or configuration error, which every rank finds alike, is printed
 // by rank 0 alone.

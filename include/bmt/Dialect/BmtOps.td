@@ -315,7 +315,7 @@ def Bmt_FusedOp : Bmt_Op<"fused", [IsolatedFromAbove,
     SingleBlockImplicitTerminator<"::bmt::YieldOp">]> {
   let summary = "a region of pointwise ops (and one last-dimension reduction) run as one kernel";
   let description = [{
-    Made by `--bmt-fuse-elementwise` (docs/passes.md). The body holds the
+    Made by `--bmt-fuse-elementwise` (docs/passes/fuse-elementwise.md). The body holds the
     original `bmt.aten` ops (and the scalar `bmt.constant`s they read) over
     the block arguments, which stand for the operands in order; `bmt.yield`
     gives the results: the region's last value, and values of the body that
@@ -329,7 +329,7 @@ def Bmt_FusedOp : Bmt_Op<"fused", [IsolatedFromAbove,
     its size: `aten::size.int`, `bmt.num_to_tensor`, `aten::floor_divide`,
     `aten::Int.Tensor`). The runtime runs
     the body as one generated kernel forward and one backward
-    (docs/runtime.md), or op by op where it cannot.
+    (docs/runtime/fusion.md), or op by op where it cannot.
 
     ```mlir
     %y = bmt.fused "row"(%x, %w) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor {

@@ -9,7 +9,7 @@
 // the op's constant arguments. Upstream's default getShardingOption /
 // getShardingAnnotations then say how a split of one operand moves to the
 // other operands and the results; --bmt-tensor-parallel asks them
-// (docs/passes.md, "Tensor parallelism").
+// (docs/passes/tensor-parallel-upstream.md).
 //
 // The interface reads ranks from ranked tensor types, and `!bmt.tensor`
 // has none. cloneWithRankedTypes makes the copy of an op that the
@@ -52,7 +52,7 @@ mlir::Operation *cloneWithRankedTypes(mlir::Block &scratch, mlir::Operation *op,
 /// types (f32, dynamic sizes) the op's rule gives them at the operands'
 /// ranks. Null, and nothing created, when there is no rule for `op` at
 /// those ranks. --bmt-tensor-parallel builds its ranked shadow of a chain
-/// with it (docs/passes.md, "Tensor parallelism").
+/// with it (docs/passes/tensor-parallel-upstream.md).
 mlir::Operation *cloneWithOperands(mlir::OpBuilder &builder, mlir::Operation *op,
                                    mlir::ValueRange operands);
 

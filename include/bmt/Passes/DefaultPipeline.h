@@ -3,7 +3,7 @@
 // The one declaration of the default pipeline's options: the named pipeline
 // `--bmt-default-pipeline='world-size=8 ...'`, bmt-opt's top-level flags
 // (--world-size 8 ...; bmt::CompileFlags) and the compile path all use
-// DefaultPipelineOptions. See docs/passes.md.
+// DefaultPipelineOptions. See docs/passes/default-pipeline.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -141,7 +141,7 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
       llvm::cl::desc("with fuse-elementwise: let regions return values read after them too, "
                      "and with fuse-inline-calls inline norm submodules, so a residual add and "
                      "the norm after it share one region (bmt-fuse-elementwise second-results; "
-                     "off by default: not faster on an H200, docs/passes.md)"),
+                     "off by default: not faster on an H200, docs/passes/fuse-elementwise.md)"),
       llvm::cl::init(false)};
   Option<bool> groupedQueryAttention{
       *this, "grouped-query-attention",

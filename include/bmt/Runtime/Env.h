@@ -1,7 +1,7 @@
 //===- Env.h - the runtime's BMT_* environment settings ---------*- C++ -*-===//
 //
 // The one place that reads the BMT_* environment variables the runtime
-// knows (docs/runtime.md, "Environment"). Each accessor reads its variable
+// knows (docs/runtime/environment.md). Each accessor reads its variable
 // when called (tests set them in-process) and checks it: a value it does
 // not take is an EnvError whose what() is one line,
 // "NAME: expected ..., got 'VALUE'". Unset or empty is the default.

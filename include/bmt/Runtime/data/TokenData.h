@@ -6,7 +6,7 @@
 // "vocab_size", "eos_id", "mask_id", "pad_id", "sentinel_ids", ...}). The
 // .bin is mmap-ed read-only; batches are copied out of it.
 //
-// Version 2 (docs/runtime.md "Token files") adds document boundaries,
+// Version 2 (docs/runtime/data.md) adds document boundaries,
 // PREFIX.docs.bin (int64 [num_documents + 1] token offsets), and for
 // supervised data a loss mask, PREFIX.mask.bin (uint8 [num_tokens]: 1 where
 // the token is a training target); the json names both files ("documents",

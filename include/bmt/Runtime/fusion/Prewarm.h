@@ -6,7 +6,7 @@
 // KernelRecorder set on every region (train/Trainer.h prewarmFusedKernels).
 // prewarm() then compiles the distinct sources on a few threads (NVRTC is
 // thread-safe per program; the disk cache of Nvrtc.h serves warm ones) and
-// installs them in their regions. docs/runtime.md, "Fused regions", says
+// installs them in their regions. docs/runtime/prewarm.md says
 // why this is exact and where it is not.
 //
 //===----------------------------------------------------------------------===//

@@ -217,7 +217,7 @@ constexpr int kRowChunks = 2;
 /// element values it needs instead of keeping them; with `rowVector`, the
 /// 8-wide kernel above keeps the row's inputs in registers). The kernel's
 /// parameters are one `bmt_fused::Args` (its layout is in the source's
-/// preamble, see docs/runtime.md). A graph that usesHalves() reads the
+/// preamble, see docs/runtime/fusion.md). A graph that usesHalves() reads the
 /// half-swapped inputs at their column's partner (pointwise kernels only;
 /// the host keeps the last dim apart and takes the 8-wide paths only where
 /// D / 2 is a multiple of 8). Compiles with NVRTC (no headers needed).

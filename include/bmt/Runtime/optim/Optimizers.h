@@ -1,7 +1,7 @@
 //===- Optimizers.h - SGD, Lion, Adafactor and the optimizer choice -*- C++ -*-===//
 //
 // The optimizers bmt-run trains with (--optimizer), each with the update of
-// its torch.optim namesake (docs/runtime.md, "Optimizers"):
+// its torch.optim namesake (docs/runtime/optimizers.md):
 //   - sgd:       torch.optim.SGD (momentum, dampening, Nesterov, coupled L2
 //                decay), ATen's fused kernel at::_fused_sgd_ as
 //                SGD(fused=True);

@@ -1,7 +1,6 @@
 //===- DocumentLayout.h - whole documents or random windows -----*- C++ -*-===//
 //
-// How a run lays out its token data (docs/runtime.md, "Supervised
-// fine-tuning"): random windows, or whole documents padded or packed into
+// How a run lays out its token data (docs/runtime/data.md): random windows, or whole documents padded or packed into
 // rows, checked against the data, the objective and the model's inputs.
 //
 //===----------------------------------------------------------------------===//

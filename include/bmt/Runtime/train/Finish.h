@@ -1,6 +1,6 @@
 //===- Finish.h - the end of a training run ---------------------*- C++ -*-===//
 //
-// What a run does after its steps (docs/runtime.md, "Stopping a run"):
+// What a run does after its steps (docs/runtime/failures.md):
 // the exit status of a run stopped by a signal, --save-params, and the
 // error that names the trained state a failed last save lost.
 //

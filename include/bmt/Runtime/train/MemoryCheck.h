@@ -1,6 +1,6 @@
 //===- MemoryCheck.h - will a micro-batch fit? ------------------*- C++ -*-===//
 //
-// bmt-run's check before step 1 (docs/runtime.md, "Memory check"): the
+// bmt-run's check before step 1 (docs/runtime/failures.md, "Memory check"): the
 // bytes a forward allocates, measured at 1 and 2 rows through LibTorch's
 // memory reporting (the profiler's hook; on CUDA the caching allocator's statistics), scaled to the run's micro-batch,
 // against the device's free memory or the host's available memory.

@@ -2,8 +2,9 @@
 //
 // One writer for both outputs of a run: a human line per step (every
 // logEvery steps, the last step and every skipped one) and per evaluation,
-// and one JSON line per step and per evaluation (docs/runtime.md lists the
-// fields). Non-finite numbers are written as JSON null. Rank 0 writes.
+// and one JSON line per step and per evaluation (the files of docs/runtime/
+// describe the fields with their topics: step.md, data.md, checkpoint.md,
+// inspection.md). Non-finite numbers are written as JSON null. Rank 0 writes.
 //
 //===----------------------------------------------------------------------===//
 

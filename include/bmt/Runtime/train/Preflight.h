@@ -1,7 +1,7 @@
 //===- Preflight.h - a run's checks before step 1 ---------------*- C++ -*-===//
 //
 // What bmt-run checks once the model is loaded and before it trains
-// (docs/runtime.md, "Memory check"): the sequence length against the
+// (docs/runtime/failures.md, "Memory check"): the sequence length against the
 // model's positions, a micro-batch against the memory it needs, and one
 // forward at the run's shape, which also gives the vocabulary.
 //

@@ -1,7 +1,7 @@
 //===- RunLog.h - the run's --log-file --------------------------*- C++ -*-===//
 //
-// The JSON-lines log a run writes with --log-file (docs/runtime.md,
-// "Metrics"): opened fresh, or appended to by a resumed run; and the error
+// The JSON-lines log a run writes with --log-file (docs/runtime/failures.md,
+// "A log that cannot be written", "A resumed run's log"): opened fresh, or appended to by a resumed run; and the error
 // a log that could not be written in full is at the end of the run.
 //
 //===----------------------------------------------------------------------===//

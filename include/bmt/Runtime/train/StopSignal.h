@@ -1,7 +1,7 @@
 //===- StopSignal.h - SIGTERM and SIGINT during a run -----------*- C++ -*-===//
 //
 // What a training run does when SLURM, Kubernetes, torchrun or a user sends
-// SIGTERM or SIGINT (docs/runtime.md, "Stopping a run"). Outside the
+// SIGTERM or SIGINT (docs/runtime/failures.md). Outside the
 // training steps a signal ends the process at once; during them the first
 // one is recorded for the training loop, which stops every rank after the
 // same step, saves a checkpoint and exits 128 + the signal; a second one

@@ -1,7 +1,7 @@
 //===- Threads.h - the CPU threads of a rank --------------------*- C++ -*-===//
 //
 // The OpenMP thread count a run uses when OMP_NUM_THREADS is not set
-// (docs/runtime.md, "Threads"). OpenMP reads its settings when it loads,
+// (docs/runtime/failures.md, "Threads"). OpenMP reads its settings when it loads,
 // before main, so the choice restarts the process.
 //
 //===----------------------------------------------------------------------===//

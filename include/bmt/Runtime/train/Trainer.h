@@ -77,7 +77,7 @@ struct TrainConfig {
   /// Train on the loss the model computes itself (a forward taking labels;
   /// Model::forwardLoss): `objective` then only says which labels it gets
   /// (modelLabels). Each rank's micro-batch loss counts equally in the
-  /// average over ranks (docs/runtime.md, "Objectives").
+  /// average over ranks (docs/runtime/objectives.md).
   bool modelLoss = false;
   int64_t maskId = -1;     ///< masked-LM: the [MASK] token id
   int64_t vocabSize = 0;   ///< masked-LM: random replacements are drawn from [0, vocabSize)
