@@ -8,6 +8,7 @@ import math
 import os
 import re
 import resource
+import signal
 import struct
 import subprocess
 import time
@@ -264,6 +265,59 @@ def test_outputs_never_overwrite_inputs_and_are_checked_first(gpt2, tmp_path):
     r = bmt_run(sharded, *common, "--save-params", tmp_path / "no" / "p.safetensors")
     assert_one_error(r, "--save-params", "cannot write there")
     assert "step 1/1" not in r.stdout
+
+
+def usable_cpus():
+    """The CPUs a process started now may use: its affinity mask, capped by
+    the cgroup's CPU quota (cpu.max, rounded up)."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+        if quota != "max" and int(period) > 0:
+            cpus = min(cpus, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(cpus, 1)
+
+
+@pytest.mark.parametrize("cpus,env,want", [
+    (1, {}, ("1", "passive")),
+    (None, {}, (str(usable_cpus()), "passive")),
+    (None, {"LOCAL_WORLD_SIZE": "2"}, (str(max(1, usable_cpus() // 2)), "passive")),
+    (1, {"OMP_NUM_THREADS": "3", "OMP_WAIT_POLICY": "active"}, ("3", "active")),
+], ids=["one-cpu", "all-cpus", "two-local-ranks", "set-by-the-user"])
+def test_a_single_process_chooses_its_threads(gpt2, tmp_path, cpus, env, want):
+    """A bmt-run started without OMP_NUM_THREADS (a single process: torchrun
+    sets it for several) runs, under its own pid, with OMP_NUM_THREADS = the
+    CPUs it may use (affinity, cgroup quota) / LOCAL_WORLD_SIZE and
+    OMP_WAIT_POLICY=passive, which OpenMP reads when it loads (LibTorch's
+    default counts the host's cores and spins: 18x slower on a busy 2-core
+    machine); values the user set are kept. Read from the running
+    process's environment once it has trained a step."""
+    _, sharded, _ = gpt2
+    data = write_tokens(tmp_path / "d", list(range(100)) * 10, 128)
+    log = tmp_path / "log.jsonl"
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "LOCAL_WORLD_SIZE")}
+    first = sorted(os.sched_getaffinity(0))[0]
+    proc = subprocess.Popen([binary("bmt-run"), sharded, "--data", data, "--steps", "100000",
+                             "--seq-len", "8", "--micro-batch", "2", "--device", "cpu",
+                             "--log-file", log], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**base, **env},
+                            preexec_fn=(lambda: os.sched_setaffinity(0, {first})) if cpus else None)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None and not (
+                log.exists() and log.read_text().count("\n") >= 1):
+            time.sleep(0.02)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        environ = dict(x.split("=", 1) for x in
+                       open(f"/proc/{proc.pid}/environ").read().split("\0") if "=" in x)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert (environ.get("OMP_NUM_THREADS"), environ.get("OMP_WAIT_POLICY")) == want, environ
+    assert proc.returncode == 143, err[-2000:]
 
 
 def test_limits_found_before_training(gpt2, tmp_path):

@@ -780,6 +780,44 @@ def test_save_params_without_room_is_refused_before_training(gpt2_run, tmp_path)
         subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
+def test_save_params_onto_a_disk_filled_during_training_is_an_error(gpt2_run, tmp_path):
+    """--save-params onto a tmpfs with room at start-up (the check before
+    step 1 passes), filled by another file while the 2 ranks train: the
+    write at the end fails, and the run exits non-zero with one error naming
+    the file, the reason, the state lost and the last checkpoint that holds
+    the parameters; no partial file is left."""
+    mnt, ck, log = tmp_path / "small", tmp_path / "ck", tmp_path / "log.jsonl"
+    mount_tmpfs(mnt, 256 * 1024)  # the fixture's parameters: 93 kB
+    try:
+        proc, _ = launch(2, gpt2_run["sharded"], "--batches", gpt2_run["common"][1], "--steps", 40,
+                         "--checkpoint-dir", ck, "--checkpoint-every", 20, "--log-file", log,
+                         "--save-params", mnt / "p.safetensors")
+        try:
+            assert wait_for(lambda: len(steps_logged(log)) >= 1), steps_logged(log)
+            with open(mnt / "filler", "wb", buffering=0) as f:  # until ENOSPC
+                try:
+                    while f.write(b"\0" * 4096):
+                        pass
+                except OSError:
+                    pass
+            filled_at = steps_logged(log)[-1]
+            out, err = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert filled_at < 40, "the disk was filled after the training"
+        assert proc.returncode != 0, out[-2000:] + err[-2000:]
+        e = errors(subprocess.CompletedProcess([], 0, out, err))
+        assert len(e) == 1 and e[0].startswith(f"error: {mnt}/p.safetensors: cannot write: ") and \
+            "No space left on device" in e[0] and e[0].endswith(
+                f"; the trained parameters of step 40 are lost (the checkpoint {ck}/step-00000040 "
+                "holds them: bmt-to-hf exports it)"), err[-3000:]
+        assert steps_logged(log)[-1] == 40 and (ck / "step-00000040" / "COMPLETE").is_file()
+        assert sorted(p.name for p in mnt.iterdir()) == ["filler"]
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
 def test_log_file_on_a_full_disk_is_an_error(gpt2_run, tmp_path):
     """A --log-file whose disk fills up mid-run (a one-page tmpfs: about 8 of
     the 12 steps' lines fit) is said at the step it fails, training goes on
