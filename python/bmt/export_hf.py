@@ -106,7 +106,7 @@ def task_class(config, transformers):
                 name = arch
                 break
     if name is None:
-        cls = transformers.AutoModelForCausalLM._model_mapping.get(type(config))
+        cls = transformers.AutoModelForCausalLM._model_mapping.get(type(config), None)
         if cls is None:
             error(f"no causal, masked or seq2seq LM class known for architecture "
                   f"'{config.model_type}'")
@@ -178,7 +178,8 @@ def build_config(args, transformers):
         try:
             defaults = transformers.AutoConfig.for_model(model_type)
         except ValueError:
-            error(f"unknown architecture '{model_type}'; known: {', '.join(sorted(TASK_CLASS))}")
+            error(f"unknown architecture '{model_type}': transformers has no config of that "
+                  f"model_type (e.g. {', '.join(sorted(TASK_CLASS)[:6])}, mixtral, qwen3)")
         for key in overrides:
             if not hasattr(defaults, key):
                 error(f"config of {model_type} has no field '{key}'")
