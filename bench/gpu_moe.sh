@@ -29,3 +29,13 @@ PY
     > "$logs/$name.train.log" 2>&1 && echo "$name: 20 steps on cuda: $(grep -o 'step 20/20.*' "$logs/$name.train.log" | head -1)" \
     || { echo "$name: training on cuda failed:"; tail -5 "$logs/$name.train.log"; }
 done
+# A Mixtral shape in bfloat16 (86 M parameters: hidden 512, 4 layers, 8
+# experts of 1024, top 2; $DEVCARRY/moe-bf16.sharded.pt, bmt-opt --random-init
+# of bmt-export-hf --config mixtral --dtype bfloat16 with those --set values):
+# 30 steps of 8 x 1024 tokens on cuda, _grouped_mm in bf16.
+if [ -f "$carry/moe-bf16.sharded.pt" ]; then
+  python3 -c "import torch; torch.save(torch.randint(0, 32000, (30, 8, 1025), generator=torch.Generator().manual_seed(0)), '$logs/batches-bf16.pt')"
+  "$B" "$carry/moe-bf16.sharded.pt" --random-init --batches "$logs/batches-bf16.pt" --steps 30 --micro-batch 8 \
+    --device cuda > "$logs/bf16.train.log" 2>&1 && grep -E "step (1|10|20|30)/30" "$logs/bf16.train.log" \
+    || { echo "bf16 Mixtral: training on cuda failed:"; tail -8 "$logs/bf16.train.log"; }
+fi
