@@ -35,7 +35,7 @@ done
 # 30 steps of 8 x 1024 tokens on cuda, _grouped_mm in bf16.
 if [ -f "$carry/moe-bf16.sharded.pt" ]; then
   python3 -c "import torch; torch.save(torch.randint(0, 32000, (30, 8, 1025), generator=torch.Generator().manual_seed(0)), '$logs/batches-bf16.pt')"
-  "$B" "$carry/moe-bf16.sharded.pt" --random-init --batches "$logs/batches-bf16.pt" --steps 30 --micro-batch 8 \
+  "$B" "$carry/moe-bf16.sharded.pt" --batches "$logs/batches-bf16.pt" --steps 30 --micro-batch 8 \
     --device cuda > "$logs/bf16.train.log" 2>&1 && grep -E "step (1|10|20|30)/30" "$logs/bf16.train.log" \
     || { echo "bf16 Mixtral: training on cuda failed:"; tail -8 "$logs/bf16.train.log"; }
 fi
