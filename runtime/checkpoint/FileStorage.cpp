@@ -1,7 +1,8 @@
 //===- FileStorage.cpp - checkpoint folders on a file system --------------===//
 //
-// Synced writes, the folder protocol of a save and the complete
-// checkpoints of a folder (docs/checkpoint-format.md).
+// Synced writes, the folder protocol of a save, the complete checkpoints
+// of a folder (docs/checkpoint-format.md), and CheckpointReader: a resume's
+// reads of the rank files, checked against their CRC-32s.
 //
 //===----------------------------------------------------------------------===//
 
@@ -17,6 +18,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 #include <fcntl.h>
@@ -298,6 +300,232 @@ void removeOldCheckpoints(const std::string &dir, int64_t keep) {
     fs::remove(complete[i].second / "COMPLETE", ec);
     fs::remove_all(complete[i].second, ec);
   }
+}
+
+// --- reading a resume's pieces -----------------------------------------------
+
+SafetensorsFile &CheckpointReader::file(int64_t rank) {
+  auto it = files_.find(rank);
+  if (it != files_.end())
+    return *it->second;
+  const std::string path = (fs::path(folder_) / rankName(rank, ".safetensors")).string();
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    throw CheckpointError(path + ": missing (the checkpoint of " + std::to_string(layout_.worldSize()) +
+                          " ranks has no file of rank " + std::to_string(rank) + ")");
+  std::unique_ptr<SafetensorsFile> f;
+  try {
+    f = std::make_unique<SafetensorsFile>(path);
+  } catch (const std::runtime_error &e) {
+    throw CheckpointError(e.what());
+  }
+  if (f->metadata().count("format") == 0 || f->metadata().at("format") != kFormat ||
+      f->metadata().count("crc32") == 0)
+    throw CheckpointError(path + ": not a bmt checkpoint shard");
+  try {
+    readChecksums(rank, *f);
+  } catch (const std::exception &e) {
+    throw CheckpointError(path + ": bad checksums in its header (" + e.what() + ")");
+  }
+  return *files_.emplace(rank, std::move(f)).first->second;
+}
+
+void CheckpointReader::readChecksums(int64_t rank, const SafetensorsFile &f) {
+  const json table = json::parse(f.metadata().at("crc32"));
+  for (const auto &[name, value] : table.items())
+    crcs_[{rank, name}] = parseCrc(value.get<std::string>());
+  // Per-chunk CRC-32s (checkpoints written before them have none: a
+  // tensor is then one chunk, checked by its whole CRC-32).
+  auto chunkBytes = f.metadata().find("crc32_chunk_bytes");
+  auto chunks = f.metadata().find("crc32_chunks");
+  if ((chunkBytes == f.metadata().end()) != (chunks == f.metadata().end()))
+    throw std::invalid_argument("half a chunk table");
+  if (chunks != f.metadata().end()) {
+    chunkBytes_[rank] = std::stoll(chunkBytes->second);
+    if (chunkBytes_[rank] <= 0)
+      throw std::invalid_argument("chunk size");
+    const json chunkTable = json::parse(chunks->second);
+    for (const auto &[name, value] : chunkTable.items()) {
+      const std::string hex = value.get<std::string>();
+      const SafetensorsEntry *e = f.find(name);
+      const int64_t n = e ? (e->nbytes() + chunkBytes_[rank] - 1) / chunkBytes_[rank] : 0;
+      if (!e || static_cast<int64_t>(hex.size()) != 8 * n)
+        throw std::invalid_argument("chunk count of " + name);
+      std::vector<uint32_t> &list = chunkCrcs_[{rank, name}];
+      for (int64_t i = 0; i < n; ++i)
+        list.push_back(parseCrc(hex.substr(static_cast<size_t>(8 * i), 8)));
+    }
+  }
+  for (const SafetensorsEntry &e : f.entries())
+    if (!crcs_.count({rank, e.name}) ||
+        (chunks != f.metadata().end() && !chunkCrcs_.count({rank, e.name})))
+      throw std::invalid_argument("no checksum of " + e.name);
+}
+
+uint32_t CheckpointReader::parseCrc(const std::string &hex) {
+  if (hex.size() != 8 || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+    throw std::invalid_argument("not a CRC-32: " + hex);
+  return static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
+}
+
+void CheckpointReader::request(size_t space, const std::string &field, int64_t begin,
+                               int64_t numel, char *dst, c10::ScalarType dtype) {
+  const int64_t elementSize = static_cast<int64_t>(c10::elementSize(dtype));
+  for (const SavedLayout::ShardRead &r : layout_.shardReads(space, begin, numel, elementSize)) {
+    Piece p;
+    p.offset = r.offset;
+    p.nbytes = r.nbytes;
+    p.dst = dst + r.dst;
+    p.dtype = dtype;
+    Pending &pending = pending_[{r.rank, fieldName(static_cast<int64_t>(space), field)}];
+    pending.space = space;
+    pending.shard = r.shard;
+    pending.pieces.push_back(p);
+  }
+}
+
+void CheckpointReader::flush() {
+  std::vector<char> span;
+  for (auto &[key, pending] : pending_)
+    flushTensor(key, pending, span);
+  pending_.clear();
+}
+
+namespace {
+
+/// The runs [first, last] of adjacent chunks (of `chunk` bytes) that
+/// `pieces` (sorted by offset) touch.
+template <typename Piece>
+std::vector<std::pair<int64_t, int64_t>> chunkRuns(const std::vector<Piece> &pieces,
+                                                   int64_t chunk) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (const Piece &p : pieces) {
+    if (p.nbytes <= 0)
+      continue;
+    const int64_t first = p.offset / chunk, last = (p.offset + p.nbytes - 1) / chunk;
+    if (!runs.empty() && first <= runs.back().second + 1)
+      runs.back().second = std::max(runs.back().second, last);
+    else
+      runs.emplace_back(first, last);
+  }
+  return runs;
+}
+
+/// Copies the bytes of `pieces` (sorted by offset; those before
+/// `firstPiece` are done) that lie in the tensor's bytes [at, at + n),
+/// held by `span`.
+template <typename Piece>
+void copyPieces(const std::vector<Piece> &pieces, size_t &firstPiece, int64_t at, int64_t n,
+                const char *span) {
+  while (firstPiece < pieces.size() &&
+         pieces[firstPiece].offset + pieces[firstPiece].nbytes <= at)
+    ++firstPiece;
+  for (size_t i = firstPiece; i < pieces.size() && pieces[i].offset < at + n; ++i) {
+    const Piece &p = pieces[i];
+    const int64_t from = std::max(at, p.offset);
+    const int64_t to = std::min(at + n, p.offset + p.nbytes);
+    if (from < to)
+      std::memcpy(p.dst + (from - p.offset), span + (from - at), static_cast<size_t>(to - from));
+  }
+}
+
+} // namespace
+
+void CheckpointReader::flushTensor(const Key &key, Pending &pending, std::vector<char> &span) {
+  constexpr int64_t kSpan = 16 << 20;
+  const auto &[rank, name] = key;
+  std::vector<Piece> &pieces = pending.pieces;
+  SafetensorsFile &f = file(rank);
+  const SafetensorsEntry *e = f.find(name);
+  if (!e)
+    throw CheckpointError(f.path() + ": has no tensor " + name);
+  if (e->dtype != pieces.front().dtype)
+    throw CheckpointError(f.path() + ": tensor " + name + " is " + c10::toString(e->dtype) +
+                          ", this run keeps it in " + c10::toString(pieces.front().dtype));
+  std::sort(pieces.begin(), pieces.end(),
+            [](const Piece &a, const Piece &b) { return a.offset < b.offset; });
+  const auto chunked = chunkCrcs_.find(key);
+  const bool legacy = chunked == chunkCrcs_.end();
+  const int64_t size = e->nbytes();
+  const int64_t chunk = legacy ? std::max<int64_t>(size, 1) : chunkBytes_.at(rank);
+  size_t firstPiece = 0;
+  try {
+    for (const auto &[firstChunk, lastChunk] : chunkRuns(pieces, chunk)) {
+      const int64_t runEnd = std::min(size, (lastChunk + 1) * chunk);
+      // Whole chunks per read where a chunk fits in a span.
+      const int64_t step = chunk <= kSpan ? kSpan / chunk * chunk : kSpan;
+      uint32_t crc = 0; // of the current chunk's bytes so far
+      for (int64_t at = firstChunk * chunk; at < runEnd;) {
+        const int64_t n = std::min(step, runEnd - at);
+        span.resize(static_cast<size_t>(n));
+        f.read(name, at, n, span.data());
+        // Check each chunk that ends in this span.
+        for (int64_t c = at; c < at + n;) {
+          const int64_t index = c / chunk;
+          const int64_t chunkEnd = std::min(size, (index + 1) * chunk);
+          const int64_t upTo = std::min(chunkEnd, at + n);
+          crc = plan::crc32(span.data() + (c - at), static_cast<size_t>(upTo - c), crc);
+          if (upTo == chunkEnd) {
+            const uint32_t want = legacy ? crcs_.at(key) : chunked->second.at(index);
+            if (crc != want)
+              throw CheckpointError(corruption(f, pending, *e, index, chunk, legacy));
+            crc = 0;
+          }
+          c = upTo;
+        }
+        copyPieces(pieces, firstPiece, at, n, span.data());
+        at += n;
+      }
+    }
+  } catch (const CheckpointError &) {
+    throw;
+  } catch (const std::exception &ex) {
+    throw CheckpointError(ex.what());
+  }
+}
+
+at::Tensor CheckpointReader::readChecked(int64_t rank, const std::string &name) {
+  SafetensorsFile &f = file(rank);
+  at::Tensor t;
+  try {
+    t = f.readTensor(name);
+  } catch (const std::runtime_error &e) {
+    throw CheckpointError(e.what());
+  }
+  auto crc = crcs_.find({rank, name});
+  if (crc == crcs_.end() || plan::crc32(t.data_ptr(), t.nbytes()) != crc->second)
+    throw CheckpointError(f.path() + ": corrupt tensor " + name + " (checksum mismatch)");
+  return t;
+}
+
+int64_t CheckpointReader::bytesRead() const {
+  int64_t n = 0;
+  for (const auto &[rank, f] : files_)
+    n += f->bytesRead();
+  return n;
+}
+
+std::string CheckpointReader::corruption(const SafetensorsFile &f, const Pending &pending,
+                                         const SafetensorsEntry &e, int64_t index,
+                                         int64_t chunk, bool legacy) const {
+  const int64_t begin = index * chunk, end = std::min(e.nbytes(), begin + chunk);
+  const int64_t elementSize = static_cast<int64_t>(c10::elementSize(e.dtype));
+  const SavedSpace &s = layout_.spaces().at(pending.space);
+  const int64_t first = pending.shard * s.shardSize + begin / elementSize;
+  const int64_t last = pending.shard * s.shardSize + (end + elementSize - 1) / elementSize;
+  std::string inside;
+  for (size_t m = 0; m < s.members.size(); ++m)
+    if (s.members[m].first < last && s.members[m].first + s.members[m].second > first)
+      inside += (inside.empty() ? "" : ", ") + s.names[m];
+  const int64_t chunks = (e.nbytes() + chunk - 1) / chunk;
+  return f.path() + ": corrupt tensor " + e.name + " (" +
+         (legacy ? std::string("checked whole: a checkpoint without per-chunk checksums")
+                 : "chunk " + std::to_string(index) + " of " + std::to_string(chunks)) +
+         ", bytes [" + std::to_string(begin) + ", " + std::to_string(end) +
+         ") of its data, file bytes [" + std::to_string(e.begin + begin) + ", " +
+         std::to_string(e.begin + end) + "), holding " +
+         (inside.empty() ? std::string("padding only") : inside) +
+         "): checksum mismatch; resume another checkpoint";
 }
 
 } // namespace bmt::runtime::checkpoint

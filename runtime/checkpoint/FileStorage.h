@@ -1,20 +1,26 @@
 //===- FileStorage.h - checkpoint folders on a file system ------*- C++ -*-===//
 //
 // Private to runtime/checkpoint: synced writes, the folder protocol of a
-// save (markers, commit, cleanup; docs/checkpoint-format.md) and finding
-// the complete checkpoints of a folder.
+// save (markers, commit, cleanup; docs/checkpoint-format.md), finding
+// the complete checkpoints of a folder, and reading a resume's pieces from
+// the rank files, every byte checked against its CRC-32 (CheckpointReader).
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef BMT_RUNTIME_CHECKPOINT_FILESTORAGE_H
 #define BMT_RUNTIME_CHECKPOINT_FILESTORAGE_H
 
+#include "LoadPlan.h"
 #include "Metadata.h"
+
+#include "bmt/Runtime/io/Safetensors.h"
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -118,6 +124,78 @@ std::vector<std::string> removeDeadSaves(const std::string &dir, const std::stri
 /// Removes the oldest complete checkpoints of `dir` beyond the newest
 /// `keep` (none when keep <= 0), each COMPLETE file first.
 void removeOldCheckpoints(const std::string &dir, int64_t keep);
+
+/// Reads a resume's pieces from the rank files of the checkpoint in
+/// `folder` (laid out as `layout`, which must outlive the reader): pieces
+/// are queued by request() and read by flush(), whole tensors by
+/// readChecked(). Each rank file is opened once, on first use, and its
+/// header's checksum tables parsed then.
+class CheckpointReader {
+public:
+  CheckpointReader(std::string folder, const SavedLayout &layout)
+      : folder_(std::move(folder)), layout_(layout) {}
+
+  const SavedLayout &layout() const { return layout_; }
+
+  /// Rank `rank`'s file, opened. Throws CheckpointError for a missing
+  /// file, one that is not a bmt checkpoint shard, or bad checksum tables.
+  SafetensorsFile &file(int64_t rank);
+
+  /// Queues a copy of `numel` elements of field `field` of saved space
+  /// `space`, from element `begin` of its flat buffer, to `dst`.
+  void request(size_t space, const std::string &field, int64_t begin, int64_t numel,
+               char *dst, c10::ScalarType dtype);
+
+  /// Reads every queued piece and checks every byte it reads: the chunks
+  /// of the saved tensor that the pieces touch are read (one pread per run
+  /// of adjacent chunks, at most 16 MiB at a time) and each is checked
+  /// against its CRC-32. A tensor without per-chunk CRC-32s (a checkpoint
+  /// written before them) is one chunk: read whole and checked against its
+  /// CRC-32. Throws CheckpointError naming the file, the tensor, the
+  /// chunk's bytes and the model tensors in them (the destinations then
+  /// hold unchecked bytes: the caller discards them with the error).
+  void flush();
+
+  /// Tensor `name` of rank `rank`'s file, whole, checked against its CRC-32.
+  at::Tensor readChecked(int64_t rank, const std::string &name);
+
+  /// The bytes read from the rank files so far.
+  int64_t bytesRead() const;
+
+private:
+  struct Piece {
+    int64_t offset = 0, nbytes = 0; ///< in the saved tensor
+    char *dst = nullptr;
+    c10::ScalarType dtype = c10::ScalarType::Float; ///< the reader's
+  };
+  /// The pieces of one saved tensor (shard `shard` of saved space `space`).
+  struct Pending {
+    size_t space = 0;
+    int64_t shard = 0;
+    std::vector<Piece> pieces;
+  };
+  using Key = std::pair<int64_t, std::string>; ///< (rank file, tensor)
+
+  static uint32_t parseCrc(const std::string &hex);
+  /// Parses rank `rank`'s checksum tables from `f`'s header.
+  void readChecksums(int64_t rank, const SafetensorsFile &f);
+  /// Reads and checks the queued pieces of one saved tensor.
+  void flushTensor(const Key &key, Pending &pending, std::vector<char> &span);
+  /// The error of chunk `index` of `e` (in `pending`'s file) that failed
+  /// its check: the file, the tensor, the chunk's bytes (in the tensor's
+  /// data and in the file) and the model tensors whose elements are in it.
+  std::string corruption(const SafetensorsFile &f, const Pending &pending,
+                         const SafetensorsEntry &e, int64_t index, int64_t chunk,
+                         bool legacy) const;
+
+  std::string folder_;
+  const SavedLayout &layout_;
+  std::map<int64_t, std::unique_ptr<SafetensorsFile>> files_;
+  std::map<Key, uint32_t> crcs_; ///< whole tensors'
+  std::map<Key, std::vector<uint32_t>> chunkCrcs_;
+  std::map<int64_t, int64_t> chunkBytes_; ///< by rank file
+  std::map<Key, Pending> pending_;
+};
 
 } // namespace bmt::runtime::checkpoint
 

@@ -32,6 +32,7 @@
 
 #include "bmt/Runtime/comm/Collectives.h"
 #include "parallel/BlockRecompute.h"
+#include "parallel/ShardLayout.h"
 #include "exec/SavedPointer.h"
 
 #include <ATen/Context.h>
@@ -59,18 +60,21 @@ namespace bmt::runtime {
 
 namespace {
 
-/// Where a group lies: the plan's group and this rank's place in it, fixed
-/// once the storage is built.
-struct GroupLayout {
+/// Where a group lies: the plan's group and this rank's shard of it
+/// (ShardLayout.h), fixed once the storage is built.
+struct GroupLayout : ShardLayout {
   int64_t index = 0;                        ///< in groups_ and shards_
   int64_t planGroup = 0;                    ///< in plan.groups
   const plan::StorageGroup *info = nullptr; ///< this TP rank's copy
-  /// Tensor parallelism: this rank's shard as element ranges [begin, end)
-  /// of TP-split members and of replicated ones (for the gradient norm),
-  /// and the buffer ranges of reduce_grad members.
-  std::vector<std::pair<int64_t, int64_t>> splitRanges, replicatedRanges, reduceGradRanges;
-  plan::ShardRange range;       ///< this rank's elements of the buffer
-  int64_t padded = 0;           ///< shardSize * shard ranks
+
+  /// This rank's elements of the buffer, as plan::shardRange gives them.
+  plan::ShardRange range() const {
+    plan::ShardRange r;
+    r.begin = begin;
+    r.end = end;
+    r.shardSize = shardSize;
+    return r;
+  }
 };
 
 /// The gathered buffer: freed (only the shard is held), its all-gather in
@@ -116,28 +120,21 @@ struct ZeroStorage::Group {
 
 namespace {
 
-/// The layout of plan group `planGroup`, groups_[index], whose elements `range` this rank
-/// holds of `shardRanks` shards, with T = `tp`.
+/// The layout of plan group `planGroup`, groups_[index], of which this
+/// rank holds shard `shardRank` of `shardRanks`, with T = `tp`.
 GroupLayout groupLayout(const plan::Plan &plan, int64_t index, int64_t planGroup,
-                        const plan::ShardRange &range, int64_t shardRanks, int64_t tp) {
+                        int64_t shardRank, int64_t shardRanks, int64_t tp) {
   const plan::StorageGroup &info = plan.groups[planGroup];
+  std::vector<ShardMember> members;
+  for (size_t m = 0; m < info.members.size(); ++m) {
+    const plan::TensorInfo &t = plan.tensors[info.members[m]];
+    members.push_back({info.offsets[m], t.localNumel(tp), t.split.isSplit(), t.split.reduceGrad});
+  }
   GroupLayout l;
+  static_cast<ShardLayout &>(l) = shardLayout(info.size, members, shardRank, shardRanks, tp > 1);
   l.index = index;
   l.planGroup = planGroup;
   l.info = &info;
-  l.range = range;
-  if (tp > 1)
-    for (size_t m = 0; m < info.members.size(); ++m) {
-      const plan::TensorInfo &t = plan.tensors[info.members[m]];
-      int64_t first = info.offsets[m], last = first + t.localNumel(tp);
-      if (t.split.reduceGrad)
-        l.reduceGradRanges.emplace_back(first, last);
-      first = std::max(first, range.begin) - range.begin;
-      last = std::min(last, range.end) - range.begin;
-      if (first < last)
-        (t.split.isSplit() ? l.splitRanges : l.replicatedRanges).emplace_back(first, last);
-    }
-  l.padded = range.shardSize * shardRanks;
   return l;
 }
 
@@ -173,14 +170,14 @@ ZeroStorage::load(plan::Archive &archive, at::Device device, Comm &world,
                                                     offloadOptimizer, tensorComm, dataComm));
   int64_t total = 0, done = 0;
   auto bytes = [&](const Group &g) {
-    return (g.layout.range.end - g.layout.range.begin) *
+    return (g.layout.end - g.layout.begin) *
            static_cast<int64_t>(c10::elementSize(g.layout.info->dtype)) /
            zero->replicaComm_->size();
   };
   for (const auto &g : zero->groups_)
     total += bytes(*g);
   for (auto &g : zero->groups_) {
-    at::Tensor shard = zero->readShard(archive, g->layout.planGroup, g->layout.range,
+    at::Tensor shard = zero->readShard(archive, g->layout.planGroup, g->layout.range(),
                                        g->shard.options());
     zero->setShard(*g, shard);
     done += bytes(*g);
@@ -237,16 +234,14 @@ ZeroStorage::ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world,
     }
   for (size_t i = 0; i < copies.size(); ++i) {
     const plan::StorageGroup &info = plan_.groups[copies[i]];
-    const plan::ShardRange range =
-        plan::shardRange(info.size, shardComm_->rank(), shardComm_->size());
-    auto g = std::make_unique<Group>(
-        groupLayout(plan_, static_cast<int64_t>(i), copies[i], range, shardComm_->size(), tp));
+    auto g = std::make_unique<Group>(groupLayout(plan_, static_cast<int64_t>(i), copies[i],
+                                                 shardComm_->rank(), shardComm_->size(), tp));
     at::TensorOptions options = at::TensorOptions().dtype(info.dtype).device(device_);
     // Zeros until load() reads the archive (setShard).
-    g->shard = at::zeros({g->layout.range.shardSize}, options);
+    g->shard = at::zeros({g->layout.shardSize}, options);
     if (offload_) {
       g->offload.hostGrad =
-          emptyHostTensor(g->layout.range.shardSize, gradientDtype(*g), device_.is_cuda());
+          emptyHostTensor(g->layout.shardSize, gradientDtype(*g), device_.is_cuda());
       if (device_.is_cuda())
         g->offload.hostGradReady.emplace(device_.type());
     }
@@ -328,7 +323,7 @@ void ZeroStorage::startGather(Group &g) {
   if (g.state != BufferState::Sharded)
     return;
   size_t nbytes = static_cast<size_t>(g.layout.padded) * c10::elementSize(g.layout.info->dtype);
-  if (shardComm_->size() == 1 && g.layout.range.shardSize == g.layout.padded) {
+  if (shardComm_->size() == 1 && g.layout.shardSize == g.layout.padded) {
     // One rank holds the whole group: the "gathered" buffer is the shard
     // itself (a non-owning pointer; freeBuffer drops it), no copy.
     g.storage->set_data_ptr_noswap(at::DataPtr(g.shard.data_ptr(), device_));
@@ -444,9 +439,9 @@ void ZeroStorage::startReduceGradient(Group &g, const at::Tensor &flat) {
   pending.flat = flat;
   // One rank: the flat gradient is the shard's (the local reduce-scatter
   // sees the same memory and copies nothing).
-  pending.out = shardComm_->size() == 1 && g.layout.range.shardSize == flat.numel()
+  pending.out = shardComm_->size() == 1 && g.layout.shardSize == flat.numel()
                     ? flat
-                    : at::empty({g.layout.range.shardSize}, flat.options());
+                    : at::empty({g.layout.shardSize}, flat.options());
   pending.work = shardComm_->reduceScatter(pending.out, flat);
   if (copyStream_) {
     pending.issued.emplace(device_.type());
@@ -811,7 +806,7 @@ at::Tensor ZeroStorage::gatherGroup(int64_t group, bool gradient) {
   const at::Tensor &param = shards_[g.layout.index];
   at::Tensor local = gradient ? param.grad() : g.shard.detach();
   if (!local.defined())
-    local = at::zeros({g.layout.range.shardSize}, g.shard.options().dtype(gradientDtype(g)));
+    local = at::zeros({g.layout.shardSize}, g.shard.options().dtype(gradientDtype(g)));
   else if (gradient && optimizerWritesShards_ && g.master.defined()) {
     // A sum in the reduce dtype (letOptimizerWriteShards): the average,
     // in float32, as addGradient makes it otherwise.
