@@ -12,6 +12,8 @@
 #include "bmt/Dialect/AtenRegistry.h"
 #include "bmt/Dialect/FusibleOps.h"
 
+#include "llvm/ADT/Twine.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/jit/runtime/operator.h>
 #include <gtest/gtest.h>
@@ -177,7 +179,7 @@ std::string expectedId(llvm::StringRef name) {
   auto [base, overload] = name.drop_front(strlen("aten::")).split('.');
   if (base.size() > 4 && base.starts_with("__") && base.ends_with("__"))
     base = base.drop_front(2).drop_back(2);
-  return (base + (overload.empty() ? "" : "_") + overload).str();
+  return overload.empty() ? base.str() : (llvm::Twine(base) + "_" + overload).str();
 }
 
 // Every enumerator round-trips through its name (and is the registry entry
