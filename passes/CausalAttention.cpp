@@ -47,6 +47,7 @@ namespace bmt {
 } // namespace bmt
 
 using namespace mlir;
+using bmt::AtenOpId;
 using namespace bmt::causal_mask;
 
 namespace {
@@ -116,7 +117,7 @@ struct CausalAttentionPass : bmt::impl::CausalAttentionBase<CausalAttentionPass>
     llvm::SetVector<Value> maskValues;
     int64_t masked = 0;
     module.walk([&](bmt::AtenOp op) {
-      if (op.getName() != "aten::scaled_dot_product_attention")
+      if (bmt::atenOpId(op) != AtenOpId::scaled_dot_product_attention)
         return;
       std::optional<AtenArg> mask = argument(op, "attn_mask");
       if (!mask || isNone(mask))
@@ -227,7 +228,7 @@ struct CausalAttentionPass : bmt::impl::CausalAttentionBase<CausalAttentionPass>
       std::optional<int64_t> c;
       std::unique_ptr<Prover> prover;
       module.walk([&](bmt::AtenOp candidate) {
-        if (candidate.getName() != "aten::index.Tensor" || rejected.contains(candidate))
+        if (bmt::atenOpId(candidate) != AtenOpId::index_Tensor || rejected.contains(candidate))
           return WalkResult::advance();
         auto p = std::make_unique<Prover>(module, callers, /*assumeUnpadded=*/false);
         c = p->constantLookup(candidate);
@@ -245,22 +246,22 @@ struct CausalAttentionPass : bmt::impl::CausalAttentionBase<CausalAttentionPass>
       MLIRContext *ctx = builder.getContext();
       Attribute operand = bmt::OperandAttr::get(ctx);
       Type tensor = op->getResult(0).getType();
-      auto aten = [&](StringRef name, ArrayRef<Attribute> args, ValueRange operands) -> Value {
+      auto aten = [&](AtenOpId id, ArrayRef<Attribute> args, ValueRange operands) -> Value {
         return bmt::AtenOp::create(builder, op.getLoc(), TypeRange{tensor},
-                                   builder.getStringAttr(name), builder.getArrayAttr(args),
+                                   builder.getStringAttr(bmt::atenOpName(id)), builder.getArrayAttr(args),
                                    operands)
             ->getResult(0);
       };
       Value sum;
       SmallVector<AtenArg> indices = listArgument(op, 1).value_or(SmallVector<AtenArg>{});
       for (const AtenArg &i : indices) {
-        Value zero = aten("aten::mul.Scalar", {operand, builder.getI64IntegerAttr(0)}, {i.getOperand()});
-        sum = sum ? aten("aten::add.Tensor", {operand, operand, builder.getI64IntegerAttr(1)},
+        Value zero = aten(AtenOpId::mul_Scalar, {operand, builder.getI64IntegerAttr(0)}, {i.getOperand()});
+        sum = sum ? aten(AtenOpId::add_Tensor, {operand, operand, builder.getI64IntegerAttr(1)},
                          {sum, zero})
                   : zero;
       }
       if (*c != 0)
-        sum = aten("aten::add.Scalar",
+        sum = aten(AtenOpId::add_Scalar,
                    {operand, builder.getI64IntegerAttr(*c), builder.getI64IntegerAttr(1)}, {sum});
       Value source = argument(op, 0)->getOperand();
       StringRef f = op->getParentOfType<func::FuncOp>().getSymName();

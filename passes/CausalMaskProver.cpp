@@ -11,11 +11,11 @@
 
 #include "mlir/IR/BuiltinAttributes.h"
 #include "llvm/ADT/DenseSet.h"
-#include "llvm/ADT/StringSwitch.h"
 
 #include <algorithm>
 
 using namespace mlir;
+using bmt::AtenOpId;
 
 namespace bmt::causal_mask {
 
@@ -208,7 +208,7 @@ std::optional<int64_t> Prover::rankOf(Value t, const CallStack &stack, unsigned 
     return std::nullopt;
   if (Value other = shapeOperand(op, stack, depth))
     return rankOf(other, stack, depth + 1);
-  StringRef name = op.getName();
+  std::optional<AtenOpId> id = bmt::atenOpId(op);
   std::optional<AtenArg> x = argument(op, 0);
   auto listLength = [&](unsigned index) -> std::optional<int64_t> {
     if (auto list = listArgument(op, index))
@@ -218,17 +218,17 @@ std::optional<int64_t> Prover::rankOf(Value t, const CallStack &stack, unsigned 
   auto plus1 = [](std::optional<int64_t> r) {
     return r ? std::optional<int64_t>(*r + 1) : std::nullopt;
   };
-  if (name == "aten::view" || name == "aten::reshape" || name == "aten::expand" ||
-      name == "aten::new_ones" || name == "aten::new_zeros" || name == "aten::new_full")
+  if (id == AtenOpId::view || id == AtenOpId::reshape || id == AtenOpId::expand ||
+      id == AtenOpId::new_ones || id == AtenOpId::new_zeros || id == AtenOpId::new_full)
     return listLength(1);
-  if (name == "aten::ones" || name == "aten::zeros" || name == "aten::full")
+  if (id == AtenOpId::ones || id == AtenOpId::zeros || id == AtenOpId::full)
     return listLength(0);
-  if (name == "aten::arange" || name == "aten::arange.start" ||
-      name == "aten::arange.start_step")
+  if (id == AtenOpId::arange || id == AtenOpId::arange_start ||
+      id == AtenOpId::arange_start_step)
     return 1;
-  if (name == "aten::unsqueeze" && x && x->getOperand())
+  if (id == AtenOpId::unsqueeze && x && x->getOperand())
     return plus1(rankOf(x->getOperand(), stack, depth + 1));
-  if (name == "aten::embedding") {
+  if (id == AtenOpId::embedding) {
     std::optional<AtenArg> indices = argument(op, 1);
     if (indices && indices->getOperand())
       return plus1(rankOf(indices->getOperand(), stack, depth + 1));
@@ -240,13 +240,11 @@ std::optional<int64_t> Prover::rankOf(Value t, const CallStack &stack, unsigned 
 }
 
 bool Prover::preservesShape(bmt::AtenOp op) {
-  if (llvm::StringSwitch<bool>(op.getName())
-          .Cases({"aten::to.dtype", "aten::to.device", "aten::to.dtype_layout", "aten::to.other",
-                  "aten::type_as", "aten::contiguous", "aten::clone", "aten::detach",
-                  "aten::alias", "aten::lift_fresh_copy", "aten::dropout", "aten::zeros_like",
-                  "aten::ones_like", "aten::full_like"},
-                 true)
-          .Default(false))
+  if (bmt::isAten(op, {AtenOpId::to_dtype, AtenOpId::to_device, AtenOpId::to_dtype_layout,
+                       AtenOpId::to_other, AtenOpId::type_as, AtenOpId::contiguous,
+                       AtenOpId::clone, AtenOpId::detach, AtenOpId::alias,
+                       AtenOpId::lift_fresh_copy, AtenOpId::dropout, AtenOpId::zeros_like,
+                       AtenOpId::ones_like, AtenOpId::full_like}))
     return true;
   // Unary elementwise ops (neg, exp, ...).
   const bmt::AtenOpInfo *info = bmt::lookupAtenOp(op.getName());
@@ -291,7 +289,7 @@ Sym Prover::dimOf(Value t, int64_t d, const CallStack &stack, unsigned depth) {
   if (Value other = shapeOperand(op, stack, depth))
     return dimOf(other, d, stack, depth + 1);
   std::optional<AtenArg> x = argument(op, 0);
-  StringRef name = op.getName();
+  std::optional<AtenOpId> id = bmt::atenOpId(op);
 
   // A size given by element d of list argument `index`.
   auto fromList = [&](unsigned index, bool minusOneKeeps) -> Sym {
@@ -330,15 +328,15 @@ Sym Prover::dimOf(Value t, int64_t d, const CallStack &stack, unsigned depth) {
     return dimOf(x->getOperand(), d, stack, depth + 1);
   };
 
-  if (name == "aten::view" || name == "aten::reshape")
+  if (id == AtenOpId::view || id == AtenOpId::reshape)
     return fromList(1, /*minusOneKeeps=*/false);
-  if (name == "aten::expand")
+  if (id == AtenOpId::expand)
     return fromList(1, /*minusOneKeeps=*/true);
-  if (name == "aten::new_ones" || name == "aten::new_zeros" || name == "aten::new_full")
+  if (id == AtenOpId::new_ones || id == AtenOpId::new_zeros || id == AtenOpId::new_full)
     return fromList(1, false);
-  if (name == "aten::ones" || name == "aten::zeros" || name == "aten::full")
+  if (id == AtenOpId::ones || id == AtenOpId::zeros || id == AtenOpId::full)
     return fromList(0, false);
-  if (name == "aten::unsqueeze") {
+  if (id == AtenOpId::unsqueeze) {
     std::optional<int64_t> k = argument(op, 1) ? argument(op, 1)->getInt() : std::nullopt;
     if (!k || !x || !x->getOperand())
       return opaque;
@@ -352,7 +350,7 @@ Sym Prover::dimOf(Value t, int64_t d, const CallStack &stack, unsigned depth) {
       return Sym::of(1);
     return dimOf(x->getOperand(), d < *k ? d : d - 1, stack, depth + 1);
   }
-  if (name == "aten::embedding") {
+  if (id == AtenOpId::embedding) {
     std::optional<AtenArg> indices = argument(op, 1);
     if (!indices || !indices->getOperand())
       return opaque;
@@ -361,7 +359,7 @@ Sym Prover::dimOf(Value t, int64_t d, const CallStack &stack, unsigned depth) {
       return opaque;
     return dimOf(indices->getOperand(), d, stack, depth + 1);
   }
-  if (name == "aten::arange" && d == 0) {
+  if (id == AtenOpId::arange && d == 0) {
     std::optional<AtenArg> end = argument(op, 0);
     if (end && end->getOperand())
       return intOf(end->getOperand(), stack, depth + 1);
@@ -391,14 +389,14 @@ Sym Prover::intOf(Value v, const CallStack &stack, unsigned depth) {
   if (!op)
     return opaque;
   ops.insert(op);
-  if (op.getName() == "aten::size.int") {
+  if (bmt::atenOpId(op) == AtenOpId::size_int) {
     std::optional<AtenArg> t = argument(op, 0), d = argument(op, 1);
     std::optional<int64_t> dim = d ? d->getInt() : std::nullopt;
     if (t && t->getOperand() && dim)
       return dimOf(t->getOperand(), *dim, stack, depth + 1);
     return opaque;
   }
-  if (op.getName() == "aten::Int.Tensor" || op.getName() == "aten::ScalarImplicit")
+  if (bmt::atenOpId(op) == AtenOpId::Int_Tensor || bmt::atenOpId(op) == AtenOpId::ScalarImplicit)
     if (std::optional<AtenArg> t = argument(op, 0); t && t->getOperand())
       return scalarOf(t->getOperand(), stack, depth + 1).value_or(opaque);
   return opaque;
@@ -418,9 +416,9 @@ std::optional<Sym> Prover::scalarOf(Value t, const CallStack &stack, unsigned de
   auto op = t.getDefiningOp<bmt::AtenOp>();
   if (!op)
     return std::nullopt;
-  StringRef name = op.getName();
-  if (name == "aten::add.Tensor" || name == "aten::sub.Tensor" || name == "aten::add.Scalar" ||
-      name == "aten::sub.Scalar") {
+  std::optional<AtenOpId> id = bmt::atenOpId(op);
+  if (id == AtenOpId::add_Tensor || id == AtenOpId::sub_Tensor || id == AtenOpId::add_Scalar ||
+      id == AtenOpId::sub_Scalar) {
     std::optional<AtenArg> a = argument(op, 0), b = argument(op, 1);
     if (!a || !b || !a->getOperand() || b->getInt() != 0)
       return std::nullopt;

@@ -16,6 +16,7 @@
 #include <algorithm>
 
 using namespace mlir;
+using bmt::AtenOpId;
 
 namespace bmt::causal_mask {
 
@@ -87,7 +88,8 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
   if (!op || op->getNumResults() != 1)
     return fail("the mask is computed by an op the pass does not reason about");
   ops.insert(op);
-  StringRef name = op.getName();
+  StringRef name = op.getName(); // for messages
+  std::optional<AtenOpId> id = bmt::atenOpId(op);
   auto operandTerm = [&](unsigned index) -> FailureOr<Term> {
     std::optional<AtenArg> a = argument(op, index);
     if (!a || !a->getOperand())
@@ -122,12 +124,12 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
   };
 
   // arange(n), arange(0, n), arange(0, n, 1): the coordinate along dim 0.
-  if (name == "aten::arange" || name == "aten::arange.start" ||
-      name == "aten::arange.start_step") {
-    unsigned endIndex = name == "aten::arange" ? 0 : 1;
+  if (id == AtenOpId::arange || id == AtenOpId::arange_start ||
+      id == AtenOpId::arange_start_step) {
+    unsigned endIndex = id == AtenOpId::arange ? 0 : 1;
     if (endIndex == 1 && constantArg(0) != 0)
       return fail("an arange that does not start at 0");
-    if (name == "aten::arange.start_step" && constantArg(2) != 1)
+    if (id == AtenOpId::arange_start_step && constantArg(2) != 1)
       return fail("an arange with a step other than 1");
     std::optional<int64_t> dtype = dtypeArgument(op);
     if (!dtype || (*dtype != -1 && *dtype != kLong))
@@ -147,7 +149,7 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
 
   // The sum of two integer constants (broadcast). Anything else with no
   // constant operand is an offset that is not a constant, as below.
-  if (name == "aten::add.Tensor" && !constantArg(0) && !constantArg(1)) {
+  if (id == AtenOpId::add_Tensor && !constantArg(0) && !constantArg(1)) {
     std::string before = why;
     FailureOr<Term> a = operandTerm(0);
     FailureOr<Term> b = succeeded(a) ? operandTerm(1) : FailureOr<Term>(failure());
@@ -164,16 +166,16 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
   }
 
   // index + c, index - c, c + index: the offset moves.
-  if (name == "aten::add.Tensor" || name == "aten::add.Scalar" || name == "aten::sub.Tensor" ||
-      name == "aten::sub.Scalar") {
-    bool sub = name.starts_with("aten::sub");
+  if (id == AtenOpId::add_Tensor || id == AtenOpId::add_Scalar || id == AtenOpId::sub_Tensor ||
+      id == AtenOpId::sub_Scalar) {
+    bool sub = id == AtenOpId::sub_Tensor || id == AtenOpId::sub_Scalar;
     std::optional<int64_t> alpha = constantArg(2);
     std::optional<AtenArg> a = argument(op, 0), b = argument(op, 1);
     if (!alpha || !a || !b)
       return fail("an offset that is not a constant");
     Value indexValue = a->getOperand();
     std::optional<int64_t> c = constantArg(1);
-    if (!c && name == "aten::add.Tensor" && b->getOperand() && *alpha == 1) {
+    if (!c && id == AtenOpId::add_Tensor && b->getOperand() && *alpha == 1) {
       c = constantArg(0); // c + index
       indexValue = b->getOperand();
     }
@@ -196,7 +198,7 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
   }
 
   // x * 0 of a position or an integer constant: zeros.
-  if (name == "aten::mul.Scalar") {
+  if (id == AtenOpId::mul_Scalar) {
     FailureOr<Term> t = operandTerm(0);
     if (failed(t))
       return failure();
@@ -207,10 +209,10 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
   }
 
   // Views and copies that keep every element.
-  if (name == "aten::contiguous" || name == "aten::clone" || name == "aten::alias" ||
-      name == "aten::detach" || name == "aten::lift_fresh_copy")
+  if (id == AtenOpId::contiguous || id == AtenOpId::clone || id == AtenOpId::alias ||
+      id == AtenOpId::detach || id == AtenOpId::lift_fresh_copy)
     return operandTerm(0);
-  if (name == "aten::unsqueeze") {
+  if (id == AtenOpId::unsqueeze) {
     FailureOr<Term> t = operandTerm(0);
     std::optional<int64_t> d = constantArg(1);
     if (failed(t))
@@ -221,7 +223,7 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
     t->insertDim(*at);
     return t;
   }
-  if (name == "aten::slice.Tensor") { // only x[:] along a dimension
+  if (id == AtenOpId::slice_Tensor) { // only x[:] along a dimension
     FailureOr<Term> t = operandTerm(0);
     if (failed(t))
       return failure();
@@ -253,7 +255,7 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
   // diff(p, dim=d, prepend=p[:, :1] - 1) of a position p along d: all
   // ones (transformers' packed-sequence detection on position_ids that
   // are an arange, where no sequence starts after the first token).
-  if (name == "aten::diff") {
+  if (id == AtenOpId::diff) {
     FailureOr<Term> x = operandTerm(0);
     if (failed(x))
       return failure();
@@ -276,7 +278,7 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
   }
 
   // cumsum of zeros (or of false): zeros, in int64.
-  if (name == "aten::cumsum") {
+  if (id == AtenOpId::cumsum) {
     FailureOr<Term> x = operandTerm(0);
     if (failed(x))
       return failure();
@@ -289,7 +291,7 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
   }
 
   // An integer constant compared with a number, or with another one.
-  if (name == "aten::eq.Scalar" || name == "aten::ne.Scalar") {
+  if (id == AtenOpId::eq_Scalar || id == AtenOpId::ne_Scalar) {
     FailureOr<Term> a = operandTerm(0);
     if (failed(a))
       return failure();
@@ -297,9 +299,9 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
     if (a->kind != Term::Kind::Constant || a->isBool || !c)
       return fail("an equality of something else than a constant with a number");
     bool equal = a->value == *c;
-    return Term::constant(a->dims, equal == (name == "aten::eq.Scalar"), /*isBool=*/true);
+    return Term::constant(a->dims, equal == (id == AtenOpId::eq_Scalar), /*isBool=*/true);
   }
-  if (name == "aten::eq.Tensor" || name == "aten::ne.Tensor") {
+  if (id == AtenOpId::eq_Tensor || id == AtenOpId::ne_Tensor) {
     FailureOr<std::pair<Term, Term>> ab = operandTerms();
     if (failed(ab))
       return failure();
@@ -311,9 +313,9 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
     if (failed(broadcast(*a, *b, dims)))
       return failure();
     bool equal = a->value == b->value;
-    return Term::constant(dims, equal == (name == "aten::eq.Tensor"), /*isBool=*/true);
+    return Term::constant(dims, equal == (id == AtenOpId::eq_Tensor), /*isBool=*/true);
   }
-  if (name == "aten::expand") {
+  if (id == AtenOpId::expand) {
     FailureOr<Term> t = operandTerm(0);
     if (failed(t))
       return failure();
@@ -342,7 +344,7 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
   }
 
   // Conversions: an index stays an index in int64; a mask becomes boolean.
-  if (name == "aten::to.dtype" || name == "aten::to.dtype_layout" || name == "aten::to.device") {
+  if (id == AtenOpId::to_dtype || id == AtenOpId::to_dtype_layout || id == AtenOpId::to_device) {
     FailureOr<Term> t = operandTerm(0);
     if (failed(t))
       return failure();
@@ -373,8 +375,8 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
   }
 
   // Comparisons of two positions: one bound.
-  if (name == "aten::le.Tensor" || name == "aten::lt.Tensor" || name == "aten::ge.Tensor" ||
-      name == "aten::gt.Tensor") {
+  if (id == AtenOpId::le_Tensor || id == AtenOpId::lt_Tensor || id == AtenOpId::ge_Tensor ||
+      id == AtenOpId::gt_Tensor) {
     FailureOr<std::pair<Term, Term>> ab = operandTerms();
     if (failed(ab))
       return failure();
@@ -389,10 +391,10 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
     unsigned i = a->axis, j = b->axis;
     int64_t oa = a->offset, ob = b->offset;
     Bound bound;
-    if (name == "aten::le.Tensor" || name == "aten::lt.Tensor")
-      bound = {i, j, ob - oa - (name == "aten::lt.Tensor")}; // x_i - x_j <= ob - oa
+    if (id == AtenOpId::le_Tensor || id == AtenOpId::lt_Tensor)
+      bound = {i, j, ob - oa - (id == AtenOpId::lt_Tensor)}; // x_i - x_j <= ob - oa
     else
-      bound = {j, i, oa - ob - (name == "aten::gt.Tensor")}; // x_j - x_i <= oa - ob
+      bound = {j, i, oa - ob - (id == AtenOpId::gt_Tensor)}; // x_j - x_i <= oa - ob
     if (bound.a == bound.b) {
       if (bound.c < 0)
         return fail("a comparison that is always false");
@@ -404,7 +406,7 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
 
   // A position compared with a constant: true everywhere, or not handled
   // (bidirectional_mask_function's `q_idx >= 0`).
-  if (name == "aten::ge.Scalar" || name == "aten::gt.Scalar") {
+  if (id == AtenOpId::ge_Scalar || id == AtenOpId::gt_Scalar) {
     FailureOr<Term> a = operandTerm(0);
     if (failed(a))
       return failure();
@@ -412,7 +414,7 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
     if (a->kind != Term::Kind::Index || !c)
       return fail("a comparison of something else than a position with a constant");
     // x + offset >= c (> c) for every x >= 0.
-    if (a->offset < *c + (name == "aten::gt.Scalar"))
+    if (a->offset < *c + (id == AtenOpId::gt_Scalar))
       return fail("a position compared with a constant (a window or an offset)");
     Term t;
     t.isBool = true;
@@ -421,7 +423,7 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
   }
 
   // Conjunctions.
-  if (name == "aten::__and__.Tensor" || name == "aten::logical_and") {
+  if (id == AtenOpId::and_Tensor || id == AtenOpId::logical_and) {
     FailureOr<std::pair<Term, Term>> ab = operandTerms();
     if (failed(ab))
       return failure();
@@ -431,7 +433,7 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
     if (a->kind != Term::Kind::Mask || b->kind != Term::Kind::Mask)
       return fail("a conjunction with a position");
     // `&` of two booleans is their conjunction; of numbers it is bitwise.
-    if (name == "aten::__and__.Tensor" && (!a->isBool || !b->isBool))
+    if (id == AtenOpId::and_Tensor && (!a->isBool || !b->isBool))
       return fail("a bitwise and of numbers");
     Term t;
     t.isBool = true;
@@ -445,16 +447,16 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
   }
 
   // Ones: the neutral terms of and_masks, a padding mask without padding.
-  if (name == "aten::new_ones") {
+  if (id == AtenOpId::new_ones) {
     std::optional<int64_t> dtype = dtypeArgument(op);
     return onesOfList(op, 1, v, dtype == kBool, stack, depth);
   }
-  if (name == "aten::ones") {
+  if (id == AtenOpId::ones) {
     std::optional<int64_t> dtype = dtypeArgument(op);
     return onesOfList(op, 0, v, dtype == kBool, stack, depth);
   }
-  if (name == "aten::full" || name == "aten::new_full") {
-    unsigned sizes = name == "aten::full" ? 0 : 1;
+  if (id == AtenOpId::full || id == AtenOpId::new_full) {
+    unsigned sizes = id == AtenOpId::full ? 0 : 1;
     std::optional<AtenArg> fill = argument(op, "fill_value");
     // True written in the args (a 0-dim bool operand is not looked into),
     // or a nonzero integer.
@@ -465,7 +467,7 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
     std::optional<int64_t> dtype = dtypeArgument(op);
     return onesOfList(op, sizes, v, dtype == kBool, stack, depth);
   }
-  if (name == "aten::view" || name == "aten::reshape") { // of ones: still ones
+  if (id == AtenOpId::view || id == AtenOpId::reshape) { // of ones: still ones
     FailureOr<Term> t = operandTerm(0);
     if (failed(t))
       return failure();
@@ -475,7 +477,7 @@ FailureOr<Term> Prover::eval(Value v, const CallStack &stack, unsigned depth) {
   }
 
   // Indexing a tensor of ones with positions: ones of the positions' shape.
-  if (name == "aten::index.Tensor") {
+  if (id == AtenOpId::index_Tensor) {
     FailureOr<Term> source = operandTerm(0);
     if (failed(source))
       return failure();

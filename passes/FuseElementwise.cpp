@@ -6,7 +6,7 @@
 // whose body holds the original ops; the runtime
 // runs each region as one generated kernel forward and one backward
 // (include/bmt/Runtime/fusion/Region.h). The ops a region may hold are
-// those of include/bmt/Runtime/fusion/FusibleOps.def that the operator
+// those of include/bmt/Dialect/FusibleOps.def that the operator
 // registry marks neither in-place nor random. See passes/Passes.td for the
 // contract.
 //
@@ -15,6 +15,8 @@
 #include "bmt/Dialect/AtenArgs.h"
 #include "bmt/Dialect/AtenRegistry.h"
 #include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Dialect/FusibleOps.h"
+#include "bmt/Plan/ScalarTypeCodes.h"
 #include "bmt/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -29,34 +31,21 @@ namespace bmt {
 } // namespace bmt
 
 using namespace mlir;
+using bmt::AtenOpId;
 
 namespace {
 
 enum class Role { Pointwise, Cast, Reduction };
 
-/// The role of each op of FusibleOps.def.
-const llvm::StringMap<Role> &fusibleOps() {
-  static const llvm::StringMap<Role> ops = [] {
-    llvm::StringMap<Role> m;
-#define BMT_FUSIBLE_OP(NAME, KIND)                                                         \
-  m[NAME] = std::string_view(#KIND) == "Cast"                                               \
-                ? Role::Cast                                                                \
-                : (std::string_view(#KIND) == "Mean" || std::string_view(#KIND) == "Sum" || \
-                   std::string_view(#KIND) == "LayerNorm" ||                                \
-                   std::string_view(#KIND) == "Softmax")                                    \
-                      ? Role::Reduction                                                     \
-                      : Role::Pointwise;
-#include "bmt/Runtime/fusion/FusibleOps.def"
-    return m;
-  }();
-  return ops;
+/// The role in a region of an op of FusibleOps.def.
+Role roleOfKind(bmt::FusibleKind kind) {
+  if (kind == bmt::FusibleKind::Cast)
+    return Role::Cast;
+  return bmt::isFusibleReduction(kind) ? Role::Reduction : Role::Pointwise;
 }
 
-/// c10::ScalarType codes of the floating dtypes a cast may target:
-/// Half 5, Float 6, Double 7, BFloat16 15.
-bool isFloatingDtypeCode(int64_t code) {
-  return code == 5 || code == 6 || code == 7 || code == 15;
-}
+/// Whether a cast may target the dtype of code `code` (a floating one).
+bool isFloatingDtypeCode(int64_t code) { return bmt::scalar_type::isFloating(code); }
 
 /// Whether `v` is a tensor operand the generator can read: any tensor value
 /// (an input of the region or a value of it).
@@ -70,17 +59,16 @@ std::optional<Role> roleOf(Operation *op) {
   auto aten = dyn_cast<bmt::AtenOp>(op);
   if (!aten || aten->getNumResults() != 1 || !isTensor(aten.getResult(0)))
     return std::nullopt;
-  auto it = fusibleOps().find(aten.getName());
-  const bmt::AtenOpInfo *info = bmt::lookupAtenOp(aten.getName());
-  if (it == fusibleOps().end() || !info || info->isInPlace() || info->isRandom())
+  std::optional<AtenOpId> id = bmt::atenOpId(aten);
+  std::optional<bmt::FusibleKind> kind = id ? bmt::fusibleKindOf(*id) : std::nullopt;
+  if (!kind || bmt::getAtenOpInfo(*id).isInPlace() || bmt::getAtenOpInfo(*id).isRandom())
     return std::nullopt;
-  Role role = it->second;
+  Role role = roleOfKind(*kind);
   // Every operand is a tensor (an i64/f64 operand is a run-time scalar).
   for (Value v : aten.getOperands())
     if (!isTensor(v))
       return std::nullopt;
   llvm::SmallVector<bmt::AtenArg> args = bmt::getAtenArgs(aten);
-  StringRef name = aten.getName();
   auto constantNumber = [&](unsigned i) {
     return i < args.size() && !args[i].isList() && !args[i].isOperand() &&
            args[i].getNumber().has_value();
@@ -96,7 +84,7 @@ std::optional<Role> roleOf(Operation *op) {
                ? std::optional<Role>(role)
                : std::nullopt;
   case Role::Reduction: {
-    if (name == "aten::layer_norm") {
+    if (id == AtenOpId::layer_norm) {
       // layer_norm(input, normalized_shape=[D], weight?, bias?, eps, cudnn_enable):
       // over the last dim only (D is checked against it per call).
       std::optional<SmallVector<int64_t>> shape = args[1].getInts();
@@ -106,7 +94,7 @@ std::optional<Role> roleOf(Operation *op) {
                  ? std::optional<Role>(role)
                  : std::nullopt;
     }
-    if (name == "aten::softmax.int") {
+    if (id == AtenOpId::softmax_int) {
       // softmax(self, dim=-1, dtype=None or a floating dtype)
       return args.size() == 3 && args[0].isOperand() && args[1].getInt() == -1 &&
                      (args[2].isNone() || (args[2].getInt() && isFloatingDtypeCode(*args[2].getInt())))
@@ -125,14 +113,14 @@ std::optional<Role> roleOf(Operation *op) {
   }
   if (!args[0].isOperand())
     return std::nullopt;
-  if (name.starts_with("aten::add.") || name.starts_with("aten::sub.") ||
-      name.starts_with("aten::rsub."))
+  using bmt::FusibleKind;
+  if (kind == FusibleKind::Add || kind == FusibleKind::Sub || kind == FusibleKind::Rsub)
     return tensorOrNumber(1) && constantNumber(2) ? std::optional<Role>(role) : std::nullopt;
-  if (name.starts_with("aten::mul.") || name.starts_with("aten::div."))
+  if (kind == FusibleKind::Mul || kind == FusibleKind::Div)
     return tensorOrNumber(1) ? std::optional<Role>(role) : std::nullopt;
-  if (name == "aten::pow.Tensor_Scalar")
+  if (id == AtenOpId::pow_Tensor_Scalar)
     return constantNumber(1) ? std::optional<Role>(role) : std::nullopt;
-  if (name == "aten::gelu") {
+  if (id == AtenOpId::gelu) {
     auto approximate = dyn_cast_or_null<StringAttr>(args[1].getAttr());
     return approximate && (approximate.getValue() == "none" || approximate.getValue() == "tanh")
                ? std::optional<Role>(role)
@@ -143,7 +131,7 @@ std::optional<Role> roleOf(Operation *op) {
 
 bool isLayerNorm(Operation *op) {
   auto aten = dyn_cast<bmt::AtenOp>(op);
-  return aten && aten.getName() == "aten::layer_norm";
+  return aten && bmt::atenOpId(aten) == AtenOpId::layer_norm;
 }
 
 /// softmax ends a region, never grows into one as a producer (its input must
@@ -151,7 +139,7 @@ bool isLayerNorm(Operation *op) {
 /// a region of one cast of it (softmax in float32, then `.to(q.dtype)`).
 bool isSoftmax(Operation *op) {
   auto aten = dyn_cast<bmt::AtenOp>(op);
-  return aten && aten.getName() == "aten::softmax.int";
+  return aten && bmt::atenOpId(aten) == AtenOpId::softmax_int;
 }
 
 /// A 0-dim numeric bmt.constant: a number inside the region (cloned into it).
@@ -160,10 +148,10 @@ bool isScalarConstant(Value v) {
   return c && bmt::getConstantNumber(v).has_value();
 }
 
-/// `op` as a bmt.aten of `name` with one result used once, or null.
-bmt::AtenOp usedOnce(Operation *op, StringRef name) {
+/// `op` as a bmt.aten of `id` with one result used once, or null.
+bmt::AtenOp usedOnce(Operation *op, AtenOpId id) {
   auto aten = dyn_cast_or_null<bmt::AtenOp>(op);
-  return aten && aten.getName() == name && aten->getNumResults() == 1 &&
+  return aten && bmt::atenOpId(aten) == id && aten->getNumResults() == 1 &&
                  aten->getResult(0).hasOneUse()
              ? aten
              : bmt::AtenOp();
@@ -178,7 +166,7 @@ bmt::AtenOp usedOnce(Operation *op, StringRef name) {
 /// being x's last and h = size / 2 are checked per call at run time.
 SmallVector<Operation *> rotateHalfOps(Operation *cat, Value *source = nullptr) {
   auto c = dyn_cast<bmt::AtenOp>(cat);
-  if (!c || c.getName() != "aten::cat" || c->getNumResults() != 1)
+  if (!c || bmt::atenOpId(c) != AtenOpId::cat || c->getNumResults() != 1)
     return {};
   SmallVector<bmt::AtenArg> args = bmt::getAtenArgs(c);
   if (args.size() != 2 || !args[0].isList() || args[0].getElements().size() != 2 ||
@@ -195,11 +183,11 @@ SmallVector<Operation *> rotateHalfOps(Operation *cat, Value *source = nullptr) 
     if (!e.isOperand() || !e.getOperand().hasOneUse())
       return {};
     Operation *op = e.getOperand().getDefiningOp();
-    if (auto neg = usedOnce(op, "aten::neg")) {
+    if (auto neg = usedOnce(op, AtenOpId::neg)) {
       ops.push_back(neg);
       op = neg->getOperand(0).getDefiningOp();
     }
-    auto slice = usedOnce(op, "aten::slice.Tensor");
+    auto slice = usedOnce(op, AtenOpId::slice_Tensor);
     if (!slice)
       return {};
     SmallVector<bmt::AtenArg> sa = bmt::getAtenArgs(slice);
@@ -217,15 +205,15 @@ SmallVector<Operation *> rotateHalfOps(Operation *cat, Value *source = nullptr) 
       return a.getInt();
     if (!a.isOperand())
       return std::nullopt;
-    auto toInt = usedOnce(a.getOperand().getDefiningOp(), "aten::Int.Tensor");
-    auto div = toInt ? usedOnce(toInt->getOperand(0).getDefiningOp(), "aten::floor_divide")
+    auto toInt = usedOnce(a.getOperand().getDefiningOp(), AtenOpId::Int_Tensor);
+    auto div = toInt ? usedOnce(toInt->getOperand(0).getDefiningOp(), AtenOpId::floor_divide)
                      : bmt::AtenOp();
     if (!div || div->getNumOperands() != 2 || bmt::getConstantInt(div->getOperand(1)) != 2)
       return std::nullopt;
     auto num = dyn_cast_or_null<bmt::NumToTensorOp>(div->getOperand(0).getDefiningOp());
     if (!num || !num->getResult(0).hasOneUse())
       return std::nullopt;
-    auto size = usedOnce(num->getOperand(0).getDefiningOp(), "aten::size.int");
+    auto size = usedOnce(num->getOperand(0).getDefiningOp(), AtenOpId::size_int);
     std::optional<bmt::AtenArg> sizeDim = size ? bmt::getAtenArg(size, 1) : std::nullopt;
     if (!size || size->getOperand(0) != first.x || !sizeDim || sizeDim->getInt() != first.dim)
       return std::nullopt;
@@ -267,9 +255,9 @@ bool rowValued(Operation *op, const Region &region, llvm::DenseMap<Operation *, 
     return it->second;
   auto aten = dyn_cast<bmt::AtenOp>(op);
   bool row = false;
-  if (aten && (aten.getName() == "aten::mean.dim" || aten.getName() == "aten::sum.dim_IntList")) {
+  if (aten && (bmt::atenOpId(aten) == AtenOpId::mean_dim || bmt::atenOpId(aten) == AtenOpId::sum_dim_IntList)) {
     row = true;
-  } else if (aten && aten.getName() != "aten::layer_norm" && aten.getName() != "aten::softmax.int") {
+  } else if (aten && bmt::atenOpId(aten) != AtenOpId::layer_norm && bmt::atenOpId(aten) != AtenOpId::softmax_int) {
     row = true;
     for (Value v : op->getOperands()) {
       if (isScalarConstant(v))

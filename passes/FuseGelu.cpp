@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Dialect/AtenArgs.h"
+#include "bmt/Dialect/AtenRegistry.h"
 #include "bmt/Dialect/BmtDialect.h"
 #include "bmt/Passes.h"
 
@@ -20,7 +21,6 @@
 #include "mlir/IR/BuiltinAttributes.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SetVector.h"
-#include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/MathExtras.h"
 
 #include <cmath>
@@ -34,6 +34,7 @@ namespace bmt {
 } // namespace bmt
 
 using namespace mlir;
+using bmt::AtenOpId;
 
 namespace {
 
@@ -91,17 +92,27 @@ bool samePoly(const Poly &a, const Poly &b) {
 enum class Arith { Add, Sub, Rsub, Mul, Div, Neg, Pow, Tanh, Erf, None };
 
 Arith arithOf(bmt::AtenOp op) {
-  return llvm::StringSwitch<Arith>(op.getName())
-      .Cases({"aten::add.Tensor", "aten::add.Scalar"}, Arith::Add)
-      .Cases({"aten::sub.Tensor", "aten::sub.Scalar"}, Arith::Sub)
-      .Cases({"aten::rsub.Tensor", "aten::rsub.Scalar"}, Arith::Rsub)
-      .Cases({"aten::mul.Tensor", "aten::mul.Scalar"}, Arith::Mul)
-      .Cases({"aten::div.Tensor", "aten::div.Scalar"}, Arith::Div)
-      .Case("aten::neg", Arith::Neg)
-      .Cases({"aten::pow.Tensor_Scalar", "aten::pow.Tensor_Tensor"}, Arith::Pow)
-      .Case("aten::tanh", Arith::Tanh)
-      .Case("aten::erf", Arith::Erf)
-      .Default(Arith::None);
+  std::optional<AtenOpId> id = bmt::atenOpId(op);
+  if (!id)
+    return Arith::None;
+  switch (*id) {
+  case AtenOpId::add_Tensor:
+  case AtenOpId::add_Scalar: return Arith::Add;
+  case AtenOpId::sub_Tensor:
+  case AtenOpId::sub_Scalar: return Arith::Sub;
+  case AtenOpId::rsub_Tensor:
+  case AtenOpId::rsub_Scalar: return Arith::Rsub;
+  case AtenOpId::mul_Tensor:
+  case AtenOpId::mul_Scalar: return Arith::Mul;
+  case AtenOpId::div_Tensor:
+  case AtenOpId::div_Scalar: return Arith::Div;
+  case AtenOpId::neg: return Arith::Neg;
+  case AtenOpId::pow_Tensor_Scalar:
+  case AtenOpId::pow_Tensor_Tensor: return Arith::Pow;
+  case AtenOpId::tanh: return Arith::Tanh;
+  case AtenOpId::erf: return Arith::Erf;
+  default: return Arith::None;
+  }
 }
 
 /// One attempt to read the tree under `root` as GELU.
@@ -322,7 +333,7 @@ struct FuseGeluPass : bmt::impl::FuseGeluBase<FuseGeluPass> {
     builder.setInsertionPoint(root);
     auto gelu = bmt::AtenOp::create(
         builder, root.getLoc(), TypeRange{root.getResult(0).getType()},
-        builder.getStringAttr("aten::gelu"),
+        builder.getStringAttr(bmt::atenOpName(AtenOpId::gelu)),
         builder.getArrayAttr({bmt::OperandAttr::get(context), builder.getStringAttr(approximate)}),
         ValueRange{matcher.input()});
     root.getResult(0).replaceAllUsesWith(gelu.getResult(0));

@@ -22,7 +22,6 @@
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallVector.h"
-#include "llvm/ADT/StringSwitch.h"
 
 #include <limits>
 #include <optional>
@@ -33,12 +32,13 @@ namespace bmt {
 } // namespace bmt
 
 using namespace mlir;
+using bmt::AtenOpId;
 
 namespace {
 
-bmt::AtenOp atenDef(Value v, llvm::StringRef name) {
+bmt::AtenOp atenDef(Value v, AtenOpId id) {
   auto op = v ? v.getDefiningOp<bmt::AtenOp>() : bmt::AtenOp();
-  return op && op.getName() == name ? op : bmt::AtenOp();
+  return op && bmt::atenOpId(op) == id ? op : bmt::AtenOp();
 }
 
 /// Whether `slice` is x[..., :, ...] along some dim: start 0 or None, end
@@ -58,7 +58,7 @@ bool isFullSlice(bmt::AtenOp slice) {
 /// last is the tensor before any full slice (all of one shape).
 SmallVector<Value> throughFullSlices(Value v) {
   SmallVector<Value> chain{v};
-  while (bmt::AtenOp s = atenDef(v, "aten::slice.Tensor")) {
+  while (bmt::AtenOp s = atenDef(v, AtenOpId::slice_Tensor)) {
     if (!isFullSlice(s))
       break;
     v = s->getOperand(0);
@@ -74,7 +74,7 @@ SmallVector<Value> throughFullSlices(Value v) {
 bool isSizeOf(const bmt::AtenArg &e, ArrayRef<Value> sources, int64_t dim) {
   if (std::optional<int64_t> c = e.getInt())
     return *c == -1 || *c > 0;
-  bmt::AtenOp size = atenDef(e.getOperand(), "aten::size.int");
+  bmt::AtenOp size = atenDef(e.getOperand(), AtenOpId::size_int);
   if (!size)
     return false;
   std::optional<bmt::AtenArg> d = bmt::getAtenArg(size, "dim");
@@ -97,12 +97,12 @@ struct Repeat {
 };
 
 std::optional<Repeat> matchRepeat(Value v) {
-  bmt::AtenOp reshape = atenDef(v, "aten::reshape");
+  bmt::AtenOp reshape = atenDef(v, AtenOpId::reshape);
   if (!reshape)
-    reshape = atenDef(v, "aten::view");
+    reshape = atenDef(v, AtenOpId::view);
   if (!reshape)
     return std::nullopt;
-  bmt::AtenOp expand = atenDef(reshape->getOperand(0), "aten::expand");
+  bmt::AtenOp expand = atenDef(reshape->getOperand(0), AtenOpId::expand);
   if (!expand)
     return std::nullopt;
   std::optional<bmt::AtenArg> shape = bmt::getAtenArg(reshape, 1);
@@ -114,7 +114,7 @@ std::optional<Repeat> matchRepeat(Value v) {
   if (!n || *n < 1)
     return std::nullopt;
   // Below the expand: full slices, unsqueeze at dim 2 of the 4-d x, full slices.
-  bmt::AtenOp unsqueeze = atenDef(throughFullSlices(expand->getOperand(0)).back(), "aten::unsqueeze");
+  bmt::AtenOp unsqueeze = atenDef(throughFullSlices(expand->getOperand(0)).back(), AtenOpId::unsqueeze);
   if (!unsqueeze)
     return std::nullopt;
   std::optional<bmt::AtenArg> dim = bmt::getAtenArg(unsqueeze, "dim");
@@ -151,7 +151,7 @@ struct GroupedQueryAttentionPass
     int64_t rewritten = 0, erased = 0;
     SmallVector<bmt::AtenOp> calls;
     module.walk([&](bmt::AtenOp op) {
-      if (op.getName() == "aten::scaled_dot_product_attention")
+      if (bmt::atenOpId(op) == AtenOpId::scaled_dot_product_attention)
         calls.push_back(op);
     });
     for (bmt::AtenOp sdpa : calls) {
@@ -217,13 +217,9 @@ struct GroupedQueryAttentionPass
   static bool removable(Operation *op) {
     if (isa<bmt::NumToTensorOp, bmt::ConstantOp>(op))
       return true;
-    auto aten = dyn_cast<bmt::AtenOp>(op);
-    if (!aten)
-      return false;
-    return llvm::StringSwitch<bool>(aten.getName())
-        .Cases({"aten::reshape", "aten::view", "aten::expand", "aten::slice.Tensor"}, true)
-        .Cases({"aten::unsqueeze", "aten::size.int", "aten::mul.Tensor", "aten::Int.Tensor"}, true)
-        .Default(false);
+    return bmt::isAten(op, {AtenOpId::reshape, AtenOpId::view, AtenOpId::expand,
+                            AtenOpId::slice_Tensor, AtenOpId::unsqueeze, AtenOpId::size_int,
+                            AtenOpId::mul_Tensor, AtenOpId::Int_Tensor});
   }
 };
 

@@ -24,6 +24,7 @@
 #include <map>
 
 using namespace mlir;
+using bmt::AtenOpId;
 
 namespace bmt {
 
@@ -198,7 +199,7 @@ private:
   /// narrow(repeat, dim, t x H/T, H/T) of a head-shaped value: the offset
   /// from bmt.tp_rank, the length a constant number of heads.
   bool isHeadNarrow(AtenOp op, ArrayRef<ValueInfo> in) const {
-    if (op.getOperatorName() != "aten::narrow" || in.empty() || !in[0].headDim)
+    if (atenOpId(op) != AtenOpId::narrow || in.empty() || !in[0].headDim)
       return false;
     std::optional<AtenArg> start = getAtenArg(op, 2), length = getAtenArg(op, 3);
     return start && start->isOperand() && dependsOnTpRank(start->getOperand()) && length &&
@@ -240,7 +241,8 @@ private:
   }
 
   SmallVector<ValueInfo> atenResults(AtenOp op, ArrayRef<ValueInfo> in) {
-    StringRef name = op.getOperatorName();
+    // The registry has one overload of each operator matched here.
+    std::optional<AtenOpId> id = atenOpId(op);
     size_t n = op.getNumResults();
     // The first operand that is a parameter of rank >= 2 (a weight matrix).
     const ValueInfo *weight = nullptr;
@@ -250,18 +252,18 @@ private:
         break;
       }
     ValueInfo out = widest(in);
-    if (name == "aten::linear" && weight) {
+    if (id == AtenOpId::linear && weight) {
       out = {};
       out.width = shapeOf(*weight)[0];
-    } else if (name == "aten::embedding" && weight) {
+    } else if (id == AtenOpId::embedding && weight) {
       out = {};
       out.width = shapeOf(*weight)[1];
-    } else if ((name == "aten::addmm" || name == "aten::mm" || name == "aten::matmul" ||
-                name == "aten::bmm") &&
+    } else if ((id == AtenOpId::addmm || id == AtenOpId::mm || id == AtenOpId::matmul ||
+                id == AtenOpId::bmm) &&
                weight) {
       out = {};
       out.width = shapeOf(*weight).back();
-    } else if ((name == "aten::matmul" || name == "aten::bmm") && in.size() >= 2) {
+    } else if ((id == AtenOpId::matmul || id == AtenOpId::bmm) && in.size() >= 2) {
       const ValueInfo &a = in[0], &b = in[1];
       if (a.score) { // scores x values
         out = b;
@@ -274,12 +276,11 @@ private:
         out.score = true;
       }
       out.param = nullptr;
-    } else if (name == "aten::scaled_dot_product_attention" && in.size() >= 3) {
+    } else if (id == AtenOpId::scaled_dot_product_attention && in.size() >= 3) {
       out = in[2];
       out.param = nullptr;
       out.score = false;
-    } else if (name == "aten::view" || name == "aten::reshape" ||
-               name == "aten::_unsafe_view") {
+    } else if (id == AtenOpId::view || id == AtenOpId::reshape) {
       out = in.empty() ? ValueInfo() : in[0];
       out.param = nullptr;
       out.headDim = 0;
@@ -297,12 +298,12 @@ private:
           out.headDim = in[0].headDim;
         }
       }
-    } else if (name == "aten::narrow" && in.size() >= 2 && isHeadNarrow(op, in)) {
+    } else if (id == AtenOpId::narrow && in.size() >= 2 && isHeadNarrow(op, in)) {
       // A rank's heads of the repeated kv heads (materializedBytes).
       out = in[0];
       out.param = nullptr;
       out.width = *getAtenArg(op, 3)->getInt() * in[0].headDim;
-    } else if (name == "aten::narrow" && !in.empty()) {
+    } else if (id == AtenOpId::narrow && !in.empty()) {
       // Under sequence parallelism, narrow(e, 1, t x L, L) of a position
       // embedding: this rank's part of the sequence.
       out = in[0];
@@ -311,8 +312,8 @@ private:
       if (start && start->isOperand() && dependsOnTpRank(start->getOperand()) &&
           !isHeadNarrow(op, in))
         out.seqSplit = true;
-    } else if (name == "aten::split" || name == "aten::split_with_sizes" ||
-               name == "aten::chunk" || name == "aten::unbind") {
+    } else if (id == AtenOpId::split_Tensor || id == AtenOpId::split_with_sizes ||
+               id == AtenOpId::chunk || id == AtenOpId::unbind_int) {
       out = in.empty() ? ValueInfo() : in[0];
       out.param = nullptr;
       out.headDim = 0;

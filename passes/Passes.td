@@ -151,7 +151,7 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
     alone.
 
     The ops a region may hold are those of
-    include/bmt/Runtime/fusion/FusibleOps.def (add, sub, rsub, mul, div,
+    include/bmt/Dialect/FusibleOps.def (add, sub, rsub, mul, div,
     pow by a constant, neg, sqrt, rsqrt, exp, log, tanh, sigmoid, relu,
     silu, erf, cos, sin, gelu, `to.dtype` to a floating dtype,
     `mean.dim` / `sum.dim_IntList` over `[-1]` with keepdim, and

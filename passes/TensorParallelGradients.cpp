@@ -18,6 +18,7 @@
 
 #include "TensorParallelGradients.h"
 
+#include "bmt/Dialect/AtenArgs.h"
 #include "bmt/Dialect/AtenRegistry.h"
 #include "bmt/Dialect/ShardingInterfaceImpl.h"
 
@@ -33,6 +34,7 @@
 #define DEBUG_TYPE "bmt-tensor-parallel"
 
 using namespace mlir;
+using bmt::AtenOpId;
 
 namespace bmt::tp {
 namespace {
@@ -81,7 +83,7 @@ static bool isMetadata(Operation *op) {
 /// type_as(x, other) reads only other's dtype.
 static bool readsDtypeOnly(OpOperand &use) {
   auto aten = dyn_cast<bmt::AtenOp>(use.getOwner());
-  return aten && aten.getName() == "aten::type_as" && use.getOperandNumber() == 1;
+  return aten && bmt::atenOpId(aten) == AtenOpId::type_as && use.getOperandNumber() == 1;
 }
 
 /// The ops of the chains: those with a split operand (other than a size
@@ -146,7 +148,7 @@ static Flow flowOf(Context &ctx, Value v) {
       continue;
     }
     auto aten = dyn_cast<bmt::AtenOp>(user);
-    if (isMetadata(user) || (aten && aten.getName() == "aten::detach"))
+    if (isMetadata(user) || (aten && bmt::atenOpId(aten) == AtenOpId::detach))
       continue; // no gradient flows back
     for (Value r : user->getResults())
       if (isa<bmt::TensorType>(r.getType()))
@@ -192,11 +194,13 @@ static FailureOr<llvm::SmallVector<int64_t>> derivedShape(Context &ctx, Value v,
     const bmt::AtenOpInfo *info = def ? infoOf(def) : nullptr;
     if (!info)
       return failure();
-    StringRef name = cast<bmt::AtenOp>(def).getName();
+    AtenOpId id = info->id;
     // Casts and copies keep the shape (cat, repeat, pad, ..., also of the
     // Copy kind, do not); a dtype source is not followed.
-    if (name == "aten::type_as" || name == "aten::to.other" || name.starts_with("aten::to.") ||
-        llvm::is_contained({"aten::contiguous", "aten::clone", "aten::lift_fresh_copy", "aten::alias"}, name)) {
+    if (id == AtenOpId::type_as || bmt::atenOpBase(id) == "to" ||
+        llvm::is_contained({AtenOpId::contiguous, AtenOpId::clone, AtenOpId::lift_fresh_copy,
+                            AtenOpId::alias},
+                           id)) {
       v = def->getOperand(0);
       continue;
     }

@@ -13,6 +13,7 @@
 #include <functional>
 
 using namespace mlir;
+using bmt::AtenOpId;
 
 namespace bmt::tp {
 
@@ -87,9 +88,9 @@ bool isMetadata(Operation *op) {
 }
 
 std::optional<MatmulShape> matmulShape(ProgramIndex &program, bmt::AtenOp op) {
-  StringRef name = op.getName();
+  std::optional<AtenOpId> id = bmt::atenOpId(op);
   MatmulShape m;
-  if (name == "aten::linear") {
+  if (id == AtenOpId::linear) {
     auto input = bmt::getAtenArg(op, "input"), weight = bmt::getAtenArg(op, "weight"),
          bias = bmt::getAtenArg(op, "bias");
     if (!input || !input->isOperand() || !weight || !weight->isOperand())
@@ -99,7 +100,7 @@ std::optional<MatmulShape> matmulShape(ProgramIndex &program, bmt::AtenOp op) {
     m.outDim = 0;
     if (bias && bias->isOperand())
       m.biasValue = bias->getOperand();
-  } else if (name == "aten::addmm") {
+  } else if (id == AtenOpId::addmm) {
     auto self = bmt::getAtenArg(op, "self"), mat1 = bmt::getAtenArg(op, "mat1"),
          mat2 = bmt::getAtenArg(op, "mat2");
     auto beta = bmt::getAtenArg(op, "beta"), alpha = bmt::getAtenArg(op, "alpha");

@@ -9,12 +9,14 @@
 #include "TensorParallelChains.h"
 
 #include "bmt/Dialect/AtenArgs.h"
+#include "bmt/Dialect/AtenRegistry.h"
 #include "bmt/Dialect/TensorSplit.h"
 
 #include "mlir/Dialect/Shard/IR/ShardOps.h"
 #include "mlir/IR/Builders.h"
 
 using namespace mlir;
+using bmt::AtenOpId;
 using namespace bmt::tp;
 
 namespace {
@@ -112,18 +114,18 @@ void bmt::tp::rewriteChains(ProgramIndex &program, int64_t tensorParallel, llvm:
       builder.setInsertionPoint(op);
       auto m = *matmulShape(program, op);
       Value partial;
-      if (op.getName() == "aten::linear") {
+      if (bmt::atenOpId(op) == AtenOpId::linear) {
         auto none = bmt::NoneAttr::get(context);
         auto marker = bmt::OperandAttr::get(context);
         partial = bmt::AtenOp::create(builder, op.getLoc(), TypeRange{tensor},
-                                      builder.getStringAttr("aten::linear"),
+                                      builder.getStringAttr(bmt::atenOpName(AtenOpId::linear)),
                                       builder.getArrayAttr({marker, marker, none}),
                                       ValueRange{m.input, m.weightValue})
                       .getResult(0);
       } else {
         auto marker = bmt::OperandAttr::get(context);
         partial = bmt::AtenOp::create(builder, op.getLoc(), TypeRange{tensor},
-                                      builder.getStringAttr("aten::mm"),
+                                      builder.getStringAttr(bmt::atenOpName(AtenOpId::mm)),
                                       builder.getArrayAttr({marker, marker}),
                                       ValueRange{m.input, m.weightValue})
                       .getResult(0);
@@ -132,7 +134,7 @@ void bmt::tp::rewriteChains(ProgramIndex &program, int64_t tensorParallel, llvm:
       if (m.biasValue) {
         auto marker = bmt::OperandAttr::get(context);
         sum = bmt::AtenOp::create(builder, op.getLoc(), TypeRange{tensor},
-                                  builder.getStringAttr("aten::add.Tensor"),
+                                  builder.getStringAttr(bmt::atenOpName(AtenOpId::add_Tensor)),
                                   builder.getArrayAttr({marker, marker, builder.getI64IntegerAttr(1)}),
                                   ValueRange{sum, m.biasValue})
                   .getResult(0);
@@ -172,17 +174,17 @@ void bmt::tp::rewriteChains(ProgramIndex &program, int64_t tensorParallel, llvm:
       Value rank = bmt::TpRankOp::create(builder, loc, builder.getI64Type(), gridRef).getResult();
       Value t = bmt::NumToTensorOp::create(builder, loc, tensor, rank).getResult();
       Value offset = bmt::AtenOp::create(builder, loc, TypeRange{tensor},
-                                         builder.getStringAttr("aten::mul.Scalar"),
+                                         builder.getStringAttr(bmt::atenOpName(AtenOpId::mul_Scalar)),
                                          builder.getArrayAttr({marker, builder.getI64IntegerAttr(local)}),
                                          ValueRange{t})
                          .getResult(0);
       Value start = bmt::AtenOp::create(builder, loc, TypeRange{builder.getI64Type()},
-                                        builder.getStringAttr("aten::Int.Tensor"),
+                                        builder.getStringAttr(bmt::atenOpName(AtenOpId::Int_Tensor)),
                                         builder.getArrayAttr({marker}), ValueRange{offset})
                         .getResult(0);
       Value repeated = n.repeat.getResult(0);
       auto narrow = bmt::AtenOp::create(
-          builder, loc, TypeRange{tensor}, builder.getStringAttr("aten::narrow"),
+          builder, loc, TypeRange{tensor}, builder.getStringAttr(bmt::atenOpName(AtenOpId::narrow)),
           builder.getArrayAttr({marker, builder.getI64IntegerAttr(n.pos), marker,
                                 builder.getI64IntegerAttr(local)}),
           ValueRange{repeated, start});

@@ -25,6 +25,7 @@
 #include "llvm/ADT/SetVector.h"
 
 using namespace mlir;
+using bmt::AtenOpId;
 using namespace bmt::tp;
 
 namespace {
@@ -32,12 +33,8 @@ namespace {
 constexpr int64_t kSeqDim = 1;
 
 bool isSeqTransparent(Operation *op) {
-  auto aten = dyn_cast_or_null<bmt::AtenOp>(op);
-  if (!aten)
-    return false;
-  StringRef n = aten.getName();
-  return n == "aten::view" || n == "aten::reshape" || n == "aten::slice.Tensor" ||
-         n == "aten::contiguous" || n == "aten::alias";
+  return bmt::isAten(op, {AtenOpId::view, AtenOpId::reshape, AtenOpId::slice_Tensor,
+                          AtenOpId::contiguous, AtenOpId::alias});
 }
 
 /// Whether every use of `v` other than `keep` reads its metadata only.
@@ -73,12 +70,12 @@ bmt::AtenOp positionEmbedding(ProgramIndex &program, Value v) {
     auto op = v.getDefiningOp<bmt::AtenOp>();
     if (!op)
       return nullptr;
-    if (op.getName() == "aten::embedding") {
+    if (bmt::atenOpId(op) == AtenOpId::embedding) {
       auto w = bmt::getAtenArg(op, "weight");
       return w && w->isOperand() && program.traceParam(w->getOperand()) ? op : nullptr;
     }
-    if (!op.getName().starts_with("aten::to.") && op.getName() != "aten::contiguous" &&
-        op.getName() != "aten::type_as")
+    std::optional<AtenOpId> id = bmt::atenOpId(op);
+    if (bmt::atenOpBase(*id) != "to" && id != AtenOpId::contiguous && id != AtenOpId::type_as)
       return nullptr;
     v = op->getOperand(0);
   }
@@ -133,8 +130,8 @@ private:
     return failure();
   }
 
-  Value aten(Location loc, StringRef name, ArrayRef<Attribute> args, ValueRange operands, Type result) {
-    return bmt::AtenOp::create(builder, loc, TypeRange{result}, builder.getStringAttr(name),
+  Value aten(Location loc, AtenOpId id, ArrayRef<Attribute> args, ValueRange operands, Type result) {
+    return bmt::AtenOp::create(builder, loc, TypeRange{result}, builder.getStringAttr(bmt::atenOpName(id)),
                                builder.getArrayAttr(args), operands)
         .getResult(0);
   }
@@ -158,17 +155,17 @@ private:
       bmt::AtenOp add, view;
       if (result.hasOneUse())
         add = dyn_cast<bmt::AtenOp>(*result.getUsers().begin());
-      if (add && add.getName() == "aten::add.Tensor" && add->getOperand(0) == result &&
+      if (add && bmt::atenOpId(add) == AtenOpId::add_Tensor && add->getOperand(0) == result &&
           program.traceParam(add->getOperand(1)) && add.getResult(0).hasOneUse())
         view = dyn_cast<bmt::AtenOp>(*add.getResult(0).getUsers().begin());
-      if (view && (view.getName() == "aten::view" || view.getName() == "aten::reshape") &&
+      if (view && (bmt::atenOpId(view) == AtenOpId::view || bmt::atenOpId(view) == AtenOpId::reshape) &&
           view->getOperand(0) == add.getResult(0)) {
         view->setOperand(0, partial);
         builder.setInsertionPointAfter(view);
         Value scattered = bmt::TpReduceScatterOp::create(builder, sum.getLoc(), tensor, view.getResult(0), grid,
                                                          builder.getI64IntegerAttr(kSeqDim))
                               .getResult();
-        Value biased = aten(add.getLoc(), "aten::add.Tensor", {marker, marker, builder.getI64IntegerAttr(1)},
+        Value biased = aten(add.getLoc(), AtenOpId::add_Tensor, {marker, marker, builder.getI64IntegerAttr(1)},
                             {scattered, add->getOperand(1)}, tensor);
         view.getResult(0).replaceAllUsesExcept(biased, scattered.getDefiningOp());
         add->erase();
@@ -291,14 +288,14 @@ private:
   auto op = dyn_cast<bmt::AtenOp>(user);
   if (!op)
     return fail(user, "an op the pass cannot split along the sequence");
-  StringRef name = op.getName();
-  const bmt::AtenOpInfo *info = bmt::lookupAtenOp(name);
+  std::optional<AtenOpId> id = bmt::atenOpId(op);
+  const bmt::AtenOpInfo *info = id ? &bmt::getAtenOpInfo(*id) : nullptr;
   if (!info)
     return fail(op, "an op the pass does not know");
   if (info->kind == bmt::AtenOpKind::Metadata) {
-    if (name == "aten::dim")
+    if (id == AtenOpId::dim)
       return success();
-    auto d = name == "aten::size.int" ? bmt::getAtenArg(op, "dim")->getInt() : std::nullopt;
+    auto d = id == AtenOpId::size_int ? bmt::getAtenArg(op, "dim")->getInt() : std::nullopt;
     if (!d)
       return fail(op, "a read of a sequence-split value's data");
     if (*d == kSeqDim || *d == kSeqDim - 3)
@@ -307,19 +304,19 @@ private:
       return fail(op, "a size of a dim of a [batch, seq, hidden] activation that it does not have");
     return success();
   }
-  if (name == "aten::type_as" && use.getOperandNumber() != 0)
+  if (id == AtenOpId::type_as && use.getOperandNumber() != 0)
     return success(); // only the dtype is read
   bool pointwise =
       info->kind == bmt::AtenOpKind::Elementwise || info->kind == bmt::AtenOpKind::Random ||
-      name.starts_with("aten::to.") || name == "aten::detach" || name == "aten::alias" ||
-      name == "aten::contiguous" || name == "aten::clone" || name == "aten::type_as";
+      bmt::atenOpBase(*id) == "to" || id == AtenOpId::detach || id == AtenOpId::alias ||
+      id == AtenOpId::contiguous || id == AtenOpId::clone || id == AtenOpId::type_as;
   if (pointwise) {
     pending.insert({user, {v, true}});
     for (Value r : user->getResults())
       add(r);
     return success();
   }
-  if (name == "aten::layer_norm") {
+  if (id == AtenOpId::layer_norm) {
     auto shape = bmt::getAtenArg(op, "normalized_shape")->getInts();
     if (!shape || shape->size() != 1)
       return fail(op, "a normalization over more than the hidden dim");
@@ -327,7 +324,7 @@ private:
     add(op.getResult(0));
     return success();
   }
-  if (name == "aten::mean.dim" || name == "aten::sum.dim_IntList" || name == "aten::amax") {
+  if (id == AtenOpId::mean_dim || id == AtenOpId::sum_dim_IntList || id == AtenOpId::amax) {
     auto dims = bmt::getAtenArg(op, "dim")->getInts();
     auto keep = bmt::getAtenArg(op, "keepdim")->getBool();
     if (!dims || dims->size() != 1 || ((*dims)[0] != -1 && (*dims)[0] != 2) || !keep || !*keep)
@@ -335,8 +332,8 @@ private:
     add(op.getResult(0));
     return success();
   }
-  if (name == "aten::linear" || name == "aten::addmm" || name == "aten::matmul" ||
-      name == "aten::mm")
+  if (id == AtenOpId::linear || id == AtenOpId::addmm || id == AtenOpId::matmul ||
+      id == AtenOpId::mm)
     return fail(op, "a matmul outside the tensor-parallel chains (per position, but its "
              "replicated weight would see only this rank's part of the sequence in its "
              "gradient, and summing that over the TP group is not supported yet; a "
@@ -417,13 +414,13 @@ private:
         reduceGrad.insert(p);
       Location loc = user->getLoc();
       builder.setInsertionPoint(user);
-      Value local = aten(loc, "aten::size.int", {marker, builder.getI64IntegerAttr(kSeqDim)}, {beside},
+      Value local = aten(loc, AtenOpId::size_int, {marker, builder.getI64IntegerAttr(kSeqDim)}, {beside},
                          builder.getI64Type());
       Value t = bmt::TpRankOp::create(builder, loc, builder.getI64Type(), grid).getResult();
       Value tt = bmt::NumToTensorOp::create(builder, loc, tensor, t).getResult();
-      Value off = aten(loc, "aten::mul.Scalar", {marker, marker}, {tt, local}, tensor);
-      Value start = aten(loc, "aten::Int.Tensor", {marker}, {off}, builder.getI64Type());
-      Value mine = aten(loc, "aten::narrow", {marker, builder.getI64IntegerAttr(kSeqDim), marker, marker},
+      Value off = aten(loc, AtenOpId::mul_Scalar, {marker, marker}, {tt, local}, tensor);
+      Value start = aten(loc, AtenOpId::Int_Tensor, {marker}, {off}, builder.getI64Type());
+      Value mine = aten(loc, AtenOpId::narrow, {marker, builder.getI64IntegerAttr(kSeqDim), marker, marker},
                         {e, start, local}, tensor);
       operand->set(mine);
     }
@@ -436,8 +433,8 @@ private:
       Location loc = size.getLoc();
       builder.setInsertionPointAfter(size);
       Value n = bmt::NumToTensorOp::create(builder, loc, tensor, size.getResult(0)).getResult();
-      Value times = aten(loc, "aten::mul.Scalar", {marker, builder.getI64IntegerAttr(T)}, {n}, tensor);
-      Value global = aten(loc, "aten::Int.Tensor", {marker}, {times}, builder.getI64Type());
+      Value times = aten(loc, AtenOpId::mul_Scalar, {marker, builder.getI64IntegerAttr(T)}, {n}, tensor);
+      Value global = aten(loc, AtenOpId::Int_Tensor, {marker}, {times}, builder.getI64Type());
       size.getResult(0).replaceAllUsesExcept(global, n.getDefiningOp());
     }
   }

@@ -31,6 +31,7 @@
 #include "TensorParallelChainBuilder.h"
 #include "TensorParallelUpstream.h"
 
+#include "bmt/Dialect/AtenArgs.h"
 #include "bmt/Dialect/BmtDialect.h"
 #include "bmt/Dialect/ShardingInterfaceImpl.h"
 
@@ -50,6 +51,7 @@
 #include <string>
 
 using namespace mlir;
+using bmt::AtenOpId;
 using namespace bmt::tp;
 
 namespace {
@@ -93,13 +95,9 @@ struct ShadowCheck {
 
   /// The ops whose results the pass's own rule splits (no sharding rule).
   static bool ownRule(Operation *op) {
-    auto aten = dyn_cast<bmt::AtenOp>(op);
-    if (!aten)
-      return false;
-    return llvm::is_contained({"aten::view", "aten::reshape", "aten::slice.Tensor", "aten::narrow",
-                               "aten::select.int", "aten::split.Tensor", "aten::chunk", "aten::cat",
-                               "aten::expand"},
-                              aten.getName());
+    return bmt::isAten(op, {AtenOpId::view, AtenOpId::reshape, AtenOpId::slice_Tensor,
+                            AtenOpId::narrow, AtenOpId::select_int, AtenOpId::split_Tensor,
+                            AtenOpId::chunk, AtenOpId::cat, AtenOpId::expand});
   }
 
   /// The split dim (from the end) of `sharding` on a value of `rank`
@@ -229,8 +227,8 @@ struct ShadowCheck {
           arg = body->addArgument(RankedTensorType::get(shapeOf(param), f32), v.getLoc());
         } else {
           int64_t rank = widest >= 0 ? widest
-                         : aten && aten.getName() == "aten::addmm" ? 2
-                         : aten && aten.getName() == "aten::linear" ? 3
+                         : aten && bmt::atenOpId(aten) == AtenOpId::addmm ? 2
+                         : aten && bmt::atenOpId(aten) == AtenOpId::linear ? 3
                                                                      : 4;
           arg = body->addArgument(dynamic(rank), v.getLoc());
         }

@@ -8,11 +8,13 @@
 #include "TensorParallelChains.h"
 
 #include "bmt/Dialect/AtenArgs.h"
+#include "bmt/Dialect/AtenRegistry.h"
 #include "bmt/Dialect/TensorSplit.h"
 
 #include "mlir/IR/Builders.h"
 
 using namespace mlir;
+using bmt::AtenOpId;
 using namespace bmt::tp;
 
 namespace {
@@ -32,8 +34,8 @@ void splitEmbedding(bmt::AtenOp emb, int64_t local, FlatSymbolRefAttr grid) {
   OpBuilder builder(context);
   Type tensor = bmt::TensorType::get(context);
   auto marker = bmt::OperandAttr::get(context);
-  auto aten = [&](Location loc, StringRef name, ArrayRef<Attribute> args, ValueRange operands, Type result) {
-    return bmt::AtenOp::create(builder, loc, TypeRange{result}, builder.getStringAttr(name),
+  auto aten = [&](Location loc, AtenOpId id, ArrayRef<Attribute> args, ValueRange operands, Type result) {
+    return bmt::AtenOp::create(builder, loc, TypeRange{result}, builder.getStringAttr(bmt::atenOpName(id)),
                                builder.getArrayAttr(args), operands)
         .getResult(0);
   };
@@ -42,14 +44,14 @@ void splitEmbedding(bmt::AtenOp emb, int64_t local, FlatSymbolRefAttr grid) {
   Value ids = bmt::getAtenArg(emb, "indices")->getOperand();
   Value table = bmt::getAtenArg(emb, "weight")->getOperand();
   Value rank = bmt::TpRankOp::create(builder, loc, builder.getI64Type(), grid).getResult();
-  Value shifted = aten(loc, "aten::sub.Scalar", {marker, marker, builder.getI64IntegerAttr(local)},
+  Value shifted = aten(loc, AtenOpId::sub_Scalar, {marker, marker, builder.getI64IntegerAttr(local)},
                        {ids, rank}, tensor);
-  Value below = aten(loc, "aten::lt.Scalar", {marker, builder.getI64IntegerAttr(0)}, {shifted}, tensor);
-  Value above = aten(loc, "aten::ge.Scalar", {marker, builder.getI64IntegerAttr(local)}, {shifted}, tensor);
-  Value outside = aten(loc, "aten::__or__.Tensor", {marker, marker}, {below, above}, tensor);
-  Value clamped = aten(loc, "aten::masked_fill.Scalar", {marker, marker, builder.getI64IntegerAttr(0)},
+  Value below = aten(loc, AtenOpId::lt_Scalar, {marker, builder.getI64IntegerAttr(0)}, {shifted}, tensor);
+  Value above = aten(loc, AtenOpId::ge_Scalar, {marker, builder.getI64IntegerAttr(local)}, {shifted}, tensor);
+  Value outside = aten(loc, AtenOpId::or_Tensor, {marker, marker}, {below, above}, tensor);
+  Value clamped = aten(loc, AtenOpId::masked_fill_Scalar, {marker, marker, builder.getI64IntegerAttr(0)},
                        {shifted, outside}, tensor);
-  Value rows = aten(loc, "aten::embedding",
+  Value rows = aten(loc, AtenOpId::embedding,
                     {marker, marker, builder.getI64IntegerAttr(-1), builder.getBoolAttr(false),
                      builder.getBoolAttr(false)},
                     {table, clamped}, tensor);
@@ -57,15 +59,15 @@ void splitEmbedding(bmt::AtenOp emb, int64_t local, FlatSymbolRefAttr grid) {
   // aten::embedding's own padding_idx does, by a detached copy.
   int64_t paddingIdx = *bmt::getAtenArg(emb, "padding_idx")->getInt();
   if (paddingIdx >= 0) {
-    Value isPad = aten(loc, "aten::eq.Scalar", {marker, builder.getI64IntegerAttr(paddingIdx)},
+    Value isPad = aten(loc, AtenOpId::eq_Scalar, {marker, builder.getI64IntegerAttr(paddingIdx)},
                        {ids}, tensor);
-    Value padMask = aten(loc, "aten::unsqueeze", {marker, builder.getI64IntegerAttr(-1)},
+    Value padMask = aten(loc, AtenOpId::unsqueeze, {marker, builder.getI64IntegerAttr(-1)},
                          {isPad}, tensor);
-    Value frozen = aten(loc, "aten::detach", {marker}, {rows}, tensor);
-    rows = aten(loc, "aten::where.self", {marker, marker, marker}, {padMask, frozen, rows}, tensor);
+    Value frozen = aten(loc, AtenOpId::detach, {marker}, {rows}, tensor);
+    rows = aten(loc, AtenOpId::where_self, {marker, marker, marker}, {padMask, frozen, rows}, tensor);
   }
-  Value mask = aten(loc, "aten::unsqueeze", {marker, builder.getI64IntegerAttr(-1)}, {outside}, tensor);
-  Value zeroed = aten(loc, "aten::masked_fill.Scalar", {marker, marker, builder.getF64FloatAttr(0.0)},
+  Value mask = aten(loc, AtenOpId::unsqueeze, {marker, builder.getI64IntegerAttr(-1)}, {outside}, tensor);
+  Value zeroed = aten(loc, AtenOpId::masked_fill_Scalar, {marker, marker, builder.getF64FloatAttr(0.0)},
                       {rows, mask}, tensor);
   Value sum = bmt::TpAllReduceOp::create(builder, loc, tensor, zeroed, grid);
   emb.getResult(0).replaceAllUsesWith(sum);
@@ -97,7 +99,7 @@ std::string bmt::tp::vocabParallel(ProgramIndex &program, int64_t tensorParallel
     v = callee.getBody().front().getTerminator()->getOperand(cast<OpResult>(v).getResultNumber());
   }
   auto head = v.getDefiningOp<bmt::AtenOp>();
-  if (!head || head.getName() != "aten::linear")
+  if (!head || bmt::atenOpId(head) != AtenOpId::linear)
     return "LM head replicated (the logits are not made by an aten::linear)";
   auto input = bmt::getAtenArg(head, "input"), weight = bmt::getAtenArg(head, "weight"),
        bias = bmt::getAtenArg(head, "bias");
@@ -119,7 +121,7 @@ std::string bmt::tp::vocabParallel(ProgramIndex &program, int64_t tensorParallel
     auto op = dyn_cast<bmt::AtenOp>(use->getOwner());
     if (op == head && use->get() == weight->getOperand())
       continue;
-    if (op && op.getName() == "aten::embedding" && use->getOperandNumber() == 0 &&
+    if (op && bmt::atenOpId(op) == AtenOpId::embedding && use->getOperandNumber() == 0 &&
         bmt::getAtenArg(op, "padding_idx")->getInt().has_value())
       embeddings.push_back(op);
     else
@@ -141,7 +143,7 @@ std::string bmt::tp::vocabParallel(ProgramIndex &program, int64_t tensorParallel
       bool onlyEmbedding = !uses.empty();
       for (OpOperand *use : uses) {
         auto op = dyn_cast<bmt::AtenOp>(use->getOwner());
-        onlyEmbedding &= op && op.getName() == "aten::embedding" &&
+        onlyEmbedding &= op && bmt::atenOpId(op) == AtenOpId::embedding &&
                          use->getOperandNumber() == 0 &&
                          bmt::getAtenArg(op, "padding_idx")->getInt().has_value();
       }

@@ -147,3 +147,13 @@ std::optional<AtenArg> bmt::getAtenArg(AtenOp op, llvm::StringRef name) {
 std::optional<int64_t> bmt::getConstantInt(Value v) { return intOf(constantOf(v)); }
 
 std::optional<double> bmt::getConstantNumber(Value v) { return numberOf(constantOf(v)); }
+
+std::optional<AtenOpId> bmt::atenOpId(Operation *op) {
+  auto aten = llvm::dyn_cast_if_present<AtenOp>(op);
+  return aten ? atenOpIdOf(aten.getName()) : std::nullopt;
+}
+
+bool bmt::isAten(Operation *op, std::initializer_list<AtenOpId> ids) {
+  std::optional<AtenOpId> id = atenOpId(op);
+  return id && llvm::is_contained(ids, *id);
+}

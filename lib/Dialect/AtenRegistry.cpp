@@ -14,6 +14,7 @@ namespace {
 
 /// One AtenOps.def line as written.
 struct Entry {
+  AtenOpId id;
   const char *name;
   const char *args;
   int numResults;
@@ -24,8 +25,8 @@ struct Entry {
 
 using namespace AtenOpFlag;
 const Entry kEntries[] = {
-#define BMT_ATEN_OP(NAME, ARGS, NUM_RESULTS, KIND, FLAGS, REDUCED)             \
-  {NAME, ARGS, NUM_RESULTS, AtenOpKind::KIND, FLAGS, REDUCED},
+#define BMT_ATEN_OP(ID, NAME, ARGS, NUM_RESULTS, KIND, FLAGS, REDUCED)         \
+  {AtenOpId::ID, NAME, ARGS, NUM_RESULTS, AtenOpKind::KIND, FLAGS, REDUCED},
 #include "bmt/Dialect/AtenOps.def"
 };
 
@@ -42,7 +43,7 @@ struct Registry {
       llvm::StringRef(e.args).split(parts, ',', -1, /*KeepEmpty=*/false);
       for (llvm::StringRef part : parts)
         list.push_back(part.trim());
-      AtenOpInfo info{e.name, static_cast<unsigned>(list.size()), list, e.numResults,
+      AtenOpInfo info{e.id, e.name, static_cast<unsigned>(list.size()), list, e.numResults,
                       e.kind, e.flags, -1};
       if (*e.reduced)
         info.reducedDimsArg = info.argIndex(e.reduced);
@@ -73,6 +74,23 @@ const AtenOpInfo *bmt::lookupAtenOp(llvm::StringRef name) {
   const llvm::StringMap<const AtenOpInfo *> &index = registry().index;
   auto it = index.find(name);
   return it == index.end() ? nullptr : it->second;
+}
+
+std::optional<AtenOpId> bmt::atenOpIdOf(llvm::StringRef name) {
+  if (const AtenOpInfo *info = lookupAtenOp(name))
+    return info->id;
+  return std::nullopt;
+}
+
+const AtenOpInfo &bmt::getAtenOpInfo(AtenOpId id) {
+  return registry().ops[static_cast<unsigned>(id)];
+}
+
+llvm::StringRef bmt::atenOpName(AtenOpId id) { return getAtenOpInfo(id).name; }
+
+llvm::StringRef bmt::atenOpBase(AtenOpId id) {
+  llvm::StringRef name = atenOpName(id);
+  return name.substr(name.find("::") + 2).split('.').first;
 }
 
 llvm::StringRef bmt::stringifyAtenOpKind(AtenOpKind kind) {

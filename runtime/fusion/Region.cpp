@@ -9,6 +9,9 @@
 #include "bmt/Runtime/fusion/Region.h"
 #include "fusion/Derivative.h"
 
+#include "bmt/Dialect/FusibleOps.h"
+#include "bmt/Plan/ScalarTypeCodes.h"
+
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 
@@ -23,14 +26,27 @@ namespace bmt::fusion {
 
 namespace {
 
-/// The generator's kind of each op of FusibleOps.def, by name.
-const std::map<std::string, std::string> &fusibleKinds() {
-  static const std::map<std::string, std::string> kinds = {
-#define BMT_FUSIBLE_OP(NAME, KIND) {NAME, #KIND},
-#include "bmt/Runtime/fusion/FusibleOps.def"
+/// The generator's kind of each op of FusibleOps.def, by overload name.
+const std::map<std::string, FusibleKind> &fusibleKinds() {
+  static const std::map<std::string, FusibleKind> kinds = {
+#define BMT_FUSIBLE_OP(ID, KIND)                                                                   \
+  {kAtenOpNames[static_cast<unsigned>(AtenOpId::ID)], FusibleKind::KIND},
+#include "bmt/Dialect/FusibleOps.def"
   };
   return kinds;
 }
+
+// The dtype codes programs carry (the compiler's names for them) are c10's.
+static_assert(scalar_type::kHalf == static_cast<int64_t>(c10::ScalarType::Half));
+static_assert(scalar_type::kFloat == static_cast<int64_t>(c10::ScalarType::Float));
+static_assert(scalar_type::kDouble == static_cast<int64_t>(c10::ScalarType::Double));
+static_assert(scalar_type::kBFloat16 == static_cast<int64_t>(c10::ScalarType::BFloat16));
+static_assert(scalar_type::kByte == static_cast<int64_t>(c10::ScalarType::Byte));
+static_assert(scalar_type::kChar == static_cast<int64_t>(c10::ScalarType::Char));
+static_assert(scalar_type::kShort == static_cast<int64_t>(c10::ScalarType::Short));
+static_assert(scalar_type::kInt == static_cast<int64_t>(c10::ScalarType::Int));
+static_assert(scalar_type::kLong == static_cast<int64_t>(c10::ScalarType::Long));
+static_assert(scalar_type::kBool == static_cast<int64_t>(c10::ScalarType::Bool));
 
 bool isConst(const Graph &g, int n, double v) {
   return g.nodes[n].op == Op::Const && g.nodes[n].value == v;
@@ -403,18 +419,18 @@ Region buildRegion(const plan::Function &body) {
       c.dtype = dtype;
       return g.add(c);
     };
-    const std::string &k = kind->second;
+    const FusibleKind k = kind->second;
     int out;
-    if (k == "Add" || k == "Sub" || k == "Rsub") {
+    if (k == FusibleKind::Add || k == FusibleKind::Sub || k == FusibleKind::Rsub) {
       int a = node(0), b = node(1);
       double alpha = number(2);
-      if (k == "Rsub")
+      if (k == FusibleKind::Rsub)
         std::swap(a, b); // rsub(self, other, alpha) = other - alpha * self
       int scaled = g.binary(Op::Mul, b, g.constant(alpha));
-      out = g.binary(k == "Add" ? Op::Add : Op::Sub, a, scaled);
-    } else if (k == "Mul" || k == "Div") {
-      out = g.binary(k == "Mul" ? Op::Mul : Op::Div, node(0), node(1));
-    } else if (k == "Pow") {
+      out = g.binary(k == FusibleKind::Add ? Op::Add : Op::Sub, a, scaled);
+    } else if (k == FusibleKind::Mul || k == FusibleKind::Div) {
+      out = g.binary(k == FusibleKind::Mul ? Op::Mul : Op::Div, node(0), node(1));
+    } else if (k == FusibleKind::Pow) {
       double e = number(1);
       int a = node(0);
       if (e == 1) {
@@ -428,16 +444,16 @@ Region buildRegion(const plan::Function &body) {
         p.value = e;
         out = g.add(p);
       }
-    } else if (k == "Gelu") {
+    } else if (k == FusibleKind::Gelu) {
       const plan::Arg &a = inst.args.at(1);
       std::string approximate =
           a.kind == plan::Arg::Kind::Constant && a.constant.isString() ? a.constant.toStringRef() : "";
       if (approximate != "none" && approximate != "tanh")
         throw FusionError(where + ": approximate must be \"none\" or \"tanh\"");
       out = g.unary(approximate == "tanh" ? Op::GeluTanh : Op::GeluErf, node(0));
-    } else if (k == "Cast") {
+    } else if (k == FusibleKind::Cast) {
       out = cast(node(0), number(1));
-    } else if (k == "LayerNorm") {
+    } else if (k == FusibleKind::LayerNorm) {
       // layer_norm(x, [D], w, b, eps) over the last dim, in float:
       // (x - mean) * rsqrt(var + eps) * w + b, var the mean of the squared
       // deviations (ATen's biased variance), two row-sum levels.
@@ -475,7 +491,7 @@ Region buildRegion(const plan::Function &body) {
         out = g.binary(Op::Mul, out, node(2));
       if (optional(3))
         out = g.binary(Op::Add, out, node(3));
-    } else if (k == "Softmax") {
+    } else if (k == FusibleKind::Softmax) {
       // softmax(x, -1, dtype) = e / rowsum(e), e = exp(x - rowmax(x)), x
       // first cast to dtype when one is given. Only as the region's result
       // or a cast of it (checked below), so that x has the element shape
@@ -489,7 +505,7 @@ Region buildRegion(const plan::Function &body) {
       const int e = g.unary(Op::Exp, g.binary(Op::Sub, x, g.unary(Op::RowMax, x)));
       out = g.binary(Op::Div, e, g.unary(Op::RowSum, e));
       softmax = out;
-    } else if (k == "Mean" || k == "Sum") {
+    } else if (k == FusibleKind::Mean || k == FusibleKind::Sum) {
       if (region.hasReduction)
         throw FusionError(where + ": a region holds at most one reduction");
       region.hasReduction = true;
@@ -504,19 +520,22 @@ Region buildRegion(const plan::Function &body) {
       if (!last || number(2) != 1.0)
         throw FusionError(where + ": only a reduction over [-1] with keepdim is fusible");
       out = g.unary(Op::RowSum, node(0));
-      if (k == "Mean") {
+      if (k == FusibleKind::Mean) {
         Node len;
         len.op = Op::RowLen;
         out = g.binary(Op::Div, out, g.add(len));
       }
     } else {
-      static const std::map<std::string, Op> unary = {
-          {"Neg", Op::Neg},   {"Sqrt", Op::Sqrt}, {"Rsqrt", Op::Rsqrt},     {"Exp", Op::Exp},
-          {"Log", Op::Log},   {"Tanh", Op::Tanh}, {"Sigmoid", Op::Sigmoid}, {"Relu", Op::Relu},
-          {"Silu", Op::Silu}, {"Erf", Op::Erf},   {"Cos", Op::Cos},         {"Sin", Op::Sin}};
+      static const std::map<FusibleKind, Op> unary = {
+          {FusibleKind::Neg, Op::Neg},         {FusibleKind::Sqrt, Op::Sqrt},
+          {FusibleKind::Rsqrt, Op::Rsqrt},     {FusibleKind::Exp, Op::Exp},
+          {FusibleKind::Log, Op::Log},         {FusibleKind::Tanh, Op::Tanh},
+          {FusibleKind::Sigmoid, Op::Sigmoid}, {FusibleKind::Relu, Op::Relu},
+          {FusibleKind::Silu, Op::Silu},       {FusibleKind::Erf, Op::Erf},
+          {FusibleKind::Cos, Op::Cos},         {FusibleKind::Sin, Op::Sin}};
       auto it = unary.find(k);
       if (it == unary.end())
-        throw FusionError(where + ": no generator rule for " + k);
+        throw FusionError(where + ": no generator rule for " + inst.op);
       out = g.unary(it->second, node(0));
     }
     if (inst.results.size() != 1)

@@ -10,11 +10,16 @@
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Dialect/AtenRegistry.h"
+#include "bmt/Dialect/FusibleOps.h"
+
+#include "llvm/ADT/Twine.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/jit/runtime/operator.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <iterator>
 #include <set>
 #include <string>
 
@@ -144,8 +149,8 @@ TEST(AtenRegistry, KindsHaveNames) {
 // neither in-place nor random.
 TEST(AtenRegistry, FusibleOpsAreRegisteredAndPure) {
   std::vector<std::pair<std::string, std::string>> ops = {
-#define BMT_FUSIBLE_OP(NAME, KIND) {NAME, #KIND},
-#include "bmt/Runtime/fusion/FusibleOps.def"
+#define BMT_FUSIBLE_OP(ID, KIND) {bmt::atenOpName(bmt::AtenOpId::ID).str(), #KIND},
+#include "bmt/Dialect/FusibleOps.def"
   };
   EXPECT_GE(ops.size(), 20u);
   for (const auto &[name, kind] : ops) {
@@ -166,6 +171,65 @@ TEST(AtenRegistry, FusibleOpsAreRegisteredAndPure) {
       EXPECT_EQ(info->kind, bmt::AtenOpKind::Elementwise) << name;
     }
   }
+}
+
+/// The AtenOpId rule of AtenOps.def: the name without "aten::", "." as "_",
+/// an operator's dunder dropped ("aten::__and__.Tensor": and_Tensor).
+std::string expectedId(llvm::StringRef name) {
+  auto [base, overload] = name.drop_front(strlen("aten::")).split('.');
+  if (base.size() > 4 && base.starts_with("__") && base.ends_with("__"))
+    base = base.drop_front(2).drop_back(2);
+  return overload.empty() ? base.str() : (llvm::Twine(base) + "_" + overload).str();
+}
+
+// Every enumerator round-trips through its name (and is the registry entry
+// of its position), its identifier follows the rule, and the MLIR-free name
+// table the runtime reads agrees with the registry.
+TEST(AtenRegistry, OpIdsRoundTripThroughNames) {
+  struct Line {
+    bmt::AtenOpId id;
+    const char *ident;
+    const char *name;
+  };
+  const Line lines[] = {
+#define BMT_ATEN_OP(ID, NAME, ARGS, NUM_RESULTS, KIND, FLAGS, REDUCED) {bmt::AtenOpId::ID, #ID, NAME},
+#include "bmt/Dialect/AtenOps.def"
+  };
+  ASSERT_EQ(std::size(lines), bmt::kNumAtenOps);
+  ASSERT_EQ(bmt::getAtenOps().size(), bmt::kNumAtenOps);
+  std::set<unsigned> seen;
+  for (const Line &line : lines) {
+    unsigned index = static_cast<unsigned>(line.id);
+    EXPECT_TRUE(seen.insert(index).second) << line.name;
+    EXPECT_EQ(bmt::atenOpName(line.id), line.name);
+    EXPECT_TRUE(bmt::atenOpIdOf(line.name) == line.id) << line.name;
+    EXPECT_TRUE(bmt::getAtenOpInfo(line.id).id == line.id) << line.name;
+    EXPECT_EQ(&bmt::getAtenOps()[index], &bmt::getAtenOpInfo(line.id)) << line.name;
+    EXPECT_EQ(bmt::lookupAtenOp(line.name), &bmt::getAtenOpInfo(line.id)) << line.name;
+    EXPECT_STREQ(bmt::kAtenOpNames[index], line.name);
+    EXPECT_EQ(expectedId(line.name), line.ident) << line.name;
+  }
+  EXPECT_FALSE(bmt::atenOpIdOf("aten::no_such_op").has_value());
+  EXPECT_FALSE(bmt::atenOpIdOf("aten::add").has_value()); // an overload is named
+  EXPECT_EQ(bmt::atenOpBase(bmt::AtenOpId::add_Tensor), "add");
+  EXPECT_EQ(bmt::atenOpBase(bmt::AtenOpId::add__Tensor), "add_");
+  EXPECT_EQ(bmt::atenOpBase(bmt::AtenOpId::linear), "linear");
+  EXPECT_EQ(bmt::atenOpBase(bmt::AtenOpId::to_dtype), "to");
+}
+
+// FusibleOps.h maps exactly the ops of FusibleOps.def to their kinds.
+TEST(AtenRegistry, FusibleKindsMatchTheList) {
+  unsigned fusible = 0;
+  for (const bmt::AtenOpInfo &info : bmt::getAtenOps())
+    fusible += bmt::fusibleKindOf(info.id).has_value();
+  unsigned listed = 0
+#define BMT_FUSIBLE_OP(ID, KIND) +1
+#include "bmt/Dialect/FusibleOps.def"
+      ;
+  EXPECT_EQ(fusible, listed);
+  EXPECT_TRUE(bmt::fusibleKindOf(bmt::AtenOpId::add_Scalar) == bmt::FusibleKind::Add);
+  EXPECT_TRUE(bmt::fusibleKindOf(bmt::AtenOpId::softmax_int) == bmt::FusibleKind::Softmax);
+  EXPECT_FALSE(bmt::fusibleKindOf(bmt::AtenOpId::add__Tensor).has_value());
 }
 
 } // namespace

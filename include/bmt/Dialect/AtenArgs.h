@@ -19,6 +19,7 @@
 #ifndef BMT_DIALECT_ATENARGS_H
 #define BMT_DIALECT_ATENARGS_H
 
+#include "bmt/Dialect/AtenOpId.h"
 #include "bmt/Dialect/BmtDialect.h"
 
 #include "llvm/ADT/SmallVector.h"
@@ -69,6 +70,14 @@ private:
   unsigned operandNumber = 0;
   std::vector<AtenArg> elements;
 };
+
+/// The operator of `op` when it is a `bmt.aten` (whose verifier admits only
+/// registered names), or none for any other op or a null one.
+std::optional<AtenOpId> atenOpId(mlir::Operation *op);
+
+/// Whether `op` is a `bmt.aten` of one of `ids`:
+/// `isAten(op, {AtenOpId::view, AtenOpId::reshape})`.
+bool isAten(mlir::Operation *op, std::initializer_list<AtenOpId> ids);
 
 /// Every schema argument of `op`, in schema order.
 llvm::SmallVector<AtenArg> getAtenArgs(AtenOp op);

@@ -15,8 +15,12 @@
 #ifndef BMT_DIALECT_ATENREGISTRY_H
 #define BMT_DIALECT_ATENREGISTRY_H
 
+#include "bmt/Dialect/AtenOpId.h"
+
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
+
+#include <optional>
 
 namespace bmt {
 
@@ -53,6 +57,8 @@ enum : unsigned {
 
 /// One operator overload.
 struct AtenOpInfo {
+  /// The operator as an enum value (AtenOpId.h).
+  AtenOpId id;
   /// Qualified name and overload as TorchScript prints it: "aten::softmax.int";
   /// the default overload has no suffix: "aten::linear".
   llvm::StringRef name;
@@ -82,7 +88,22 @@ struct AtenOpInfo {
 /// know the operator.
 const AtenOpInfo *lookupAtenOp(llvm::StringRef name);
 
-/// Every entry, in AtenOps.def order.
+/// The operator named `name` ("aten::softmax.int": AtenOpId::softmax_int), or
+/// none when bmt does not know it.
+std::optional<AtenOpId> atenOpIdOf(llvm::StringRef name);
+
+/// The entry of `id`.
+const AtenOpInfo &getAtenOpInfo(AtenOpId id);
+
+/// The overload name of `id` ("aten::softmax.int").
+llvm::StringRef atenOpName(AtenOpId id);
+
+/// The operator name of `id` without namespace and overload, for matching
+/// every overload of one operator: "add" for aten::add.Tensor and
+/// aten::add.Scalar, "add_" for aten::add_.Tensor, "to" for aten::to.dtype.
+llvm::StringRef atenOpBase(AtenOpId id);
+
+/// Every entry, in AtenOps.def order (entry i has AtenOpId i).
 llvm::ArrayRef<AtenOpInfo> getAtenOps();
 
 /// The kind's name in lower case ("elementwise").
