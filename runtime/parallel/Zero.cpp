@@ -92,7 +92,8 @@ struct OffloadState {
 } // namespace
 
 struct ZeroStorage::Group {
-  explicit Group(GroupLayout l) : layout(std::move(l)) {}
+  explicit Group(GroupLayout l)
+      : layout(std::move(l)), slotFlat(layout.info->members.size(), -1) {}
   const GroupLayout layout;
   at::Tensor shard;             ///< [shardSize] of the group's dtype: gathered from
   at::Tensor master;            ///< [shardSize] float32 master of a bf16/fp16 shard
@@ -103,18 +104,18 @@ struct ZeroStorage::Group {
   std::vector<at::Tensor> views; ///< members over `storage`, no autograd
   BufferState state = BufferState::Sharded;
   std::shared_ptr<Work> pending; ///< the all-gather in flight (state Gathering)
-  // Autograd links.
-  int64_t linkedGeneration = -1; ///< forward pass that `linked` belongs to
-  variable_list linked;         ///< members linked to `shard` by gatherZeroGroup
-  // Gradient slots.
-  /// The flat gradient of the backward under way, made by the first
-  /// gradientSlot() of the pass (the group's backward takes it), and the
-  /// members whose slot was given in pass `slotsGeneration`, and the
-  /// flat gradient (by `flats`, the count of those made) each came from.
-  at::Tensor gradFlat;
-  int64_t slotsGeneration = -1, flats = 0;
-  std::vector<bool> slotsGiven;
+  // This forward pass's state, dropped by beginForward (and the links by a
+  // recompute and releaseAll).
+  /// The members linked to `shard` by gatherZeroGroup; empty until the pass
+  /// first reads one with autograd on.
+  variable_list linked;
+  /// Per member: the flat gradient its slot was given from this pass (by
+  /// `flats`, the count of flat gradients made), -1 before gradientSlot.
   std::vector<int64_t> slotFlat;
+  // The flat gradient of the backward under way, made by the first
+  // gradientSlot() (the group's backward takes it), and how many were made.
+  at::Tensor gradFlat;
+  int64_t flats = 0;
   OffloadState offload;
 };
 
@@ -586,7 +587,7 @@ void ZeroStorage::prepareBackward(const std::string &list, int64_t blockIndex) {
 void ZeroStorage::prepareRecompute(const std::string &list, int64_t blockIndex) {
   prepareBackward(list, blockIndex);
   for (int64_t g : blockGroups(list, blockIndex))
-    groups_[g]->linkedGeneration = -1; // link anew in the recompute
+    groups_[g]->linked.clear(); // link anew in the recompute
 }
 
 ZeroStorage::Group &ZeroStorage::groupOf(int64_t group) {
@@ -604,10 +605,8 @@ at::Tensor ZeroStorage::global(int64_t index) {
   while (g.layout.info->members[member] != index)
     ++member;
   if (c10::GradMode::is_enabled()) {
-    if (g.linkedGeneration != generation_) {
+    if (g.linked.empty())
       g.linked = gatherZeroGroup(g.shard, *this, g.layout.index);
-      g.linkedGeneration = generation_;
-    }
     return g.linked[member];
   }
   ensureGathered(g);
@@ -633,12 +632,7 @@ at::Tensor ZeroStorage::slotOf(const at::Tensor &param, bool given) {
     ++m;
   if (m == g.views.size())
     return {};
-  if (g.slotsGeneration != generation_) {
-    g.slotsGiven.assign(g.views.size(), false);
-    g.slotFlat.assign(g.views.size(), -1);
-    g.slotsGeneration = generation_;
-  }
-  if (g.slotsGiven[m] != given)
+  if ((g.slotFlat[m] != -1) != given)
     return {};
   if (given) // still the flat gradient it was given in (not yet reduced)
     return g.gradFlat.defined() && g.slotFlat[m] == g.flats
@@ -648,7 +642,6 @@ at::Tensor ZeroStorage::slotOf(const at::Tensor &param, bool given) {
     g.gradFlat = at::empty({g.layout.padded}, g.shard.options().dtype(reduceDtype(g)));
     ++g.flats;
   }
-  g.slotsGiven[m] = true;
   g.slotFlat[m] = g.flats;
   return g.gradFlat.narrow(0, g.layout.info->offsets[m], param.numel()).view(param.sizes());
 }
@@ -687,7 +680,12 @@ std::vector<IValue> ZeroStorage::callBlock(const plan::Instruction &inst, const 
   return results;
 }
 
-void ZeroStorage::beginForward() { ++generation_; }
+void ZeroStorage::beginForward() {
+  for (auto &g : groups_) {
+    g->linked.clear();
+    std::fill(g->slotFlat.begin(), g->slotFlat.end(), -1);
+  }
+}
 
 void ZeroStorage::endForward(bool gradMode) {
   if (!gradMode)
@@ -734,7 +732,6 @@ void ZeroStorage::refreshFromMasters() {
 void ZeroStorage::releaseAll() {
   for (auto &g : groups_) {
     freeBuffer(*g);
-    g->linkedGeneration = -1;
     g->linked.clear();
   }
 }

@@ -310,9 +310,6 @@ private:
   std::deque<PendingGradient> pendingGradients_;
   std::optional<c10::ScalarType> reduceDtype_;
   bool optimizerWritesShards_ = false; ///< letOptimizerWriteShards
-  /// Forward passes started (beginForward); a group's parameters are linked
-  /// to its shard once per pass.
-  int64_t generation_ = 0;
   /// gradientSlot: the group of a gathered buffer's storage; members'
   /// gradients the groups' backwards found in place.
   std::map<const c10::StorageImpl *, int64_t> groupOfStorage_;
