@@ -151,6 +151,9 @@ def parse_value(text):
 
 def build_config(args, transformers):
     if args.checkpoint:
+        if args.set:
+            error("--set applies to --config; a checkpoint is exported with its own config.json "
+                  "(edit a copy of the folder to change it)")
         if not os.path.isdir(args.checkpoint):
             error(f"checkpoint {args.checkpoint} is not a directory")
         try:
@@ -466,6 +469,11 @@ def _build_streamed(args, cls, config, class_name, torch):
         model = checkpoint.build_on_meta(cls, config, dtype)
     except Exception as e:  # noqa: BLE001
         error(f"cannot build {class_name} from this config: {_first_line(e)}")
+    # transformers routes experts by its GPU code path on the meta device (the
+    # expert ids as int32, which CPU ops such as histc refuse at run time).
+    if any(type(m).__name__.endswith("Experts") for m in model.modules()):
+        error(f"{class_name} is a mixture of experts, whose routing bmt cannot trace on the meta "
+              f"device (transformers takes its GPU path there): pass --load-weights")
     if args.dtype:
         model.to(getattr(torch, args.dtype))
     try:

@@ -16,10 +16,11 @@ transformers' other implementation, a Python loop over the experts the batch
 hits, traces into a program of the experts hit while tracing: bmt-opt
 refuses it with one error line that says so and what to export instead.
 
-A Mixtral checkpoint stores each expert's matrices apart, which
-transformers fuses into 3-D weights as it loads them: bmt-export-hf
---checkpoint refuses to stream them (one line naming --load-weights), and
-with --load-weights exports what from_pretrained loads.
+bmt-export-hf --checkpoint refuses to stream a mixture of experts (one line
+naming --load-weights: transformers routes by its GPU path on the meta
+device, and a Mixtral checkpoint stores each expert's matrices apart, which
+transformers fuses as it loads them); with --load-weights it exports what
+from_pretrained loads.
 """
 import os
 import subprocess
@@ -97,9 +98,10 @@ def test_mixtral_checkpoint_exports_with_load_weights(tmp_path):
     r = subprocess.run(export, capture_output=True, text=True)
     assert r.returncode == 1 and not (tmp_path / "m.pt").exists()
     assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == [
-        "error: checkpoint tensor model.layers.0.block_sparse_moe.experts.0.w1.weight becomes "
-        "model.layers.0.mlp.experts.gate_up_proj through a transformers weight conversion "
-        "(.experts.*.w1.weight), which bmt does not stream; pass --load-weights"], r.stderr
+        "error: MixtralForCausalLM is a mixture of experts, whose routing bmt cannot trace on the "
+        "meta device (transformers takes its GPU path there): pass --load-weights"], r.stderr
+    r = subprocess.run(export + ["--set", "num_hidden_layers=1"], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.startswith("error: --set applies to --config"), r.stderr
     subprocess.run(export + ["--load-weights"], check=True, capture_output=True)
     sharded = tmp_path / "m.sharded.pt"
     subprocess.run([binary("bmt-opt"), str(tmp_path / "m.pt"), "-o", str(sharded)], check=True,
