@@ -263,8 +263,17 @@ def test_outputs_never_overwrite_inputs_and_are_checked_first(gpt2, tmp_path):
                              tmp_path / "p"), "--save-params", "no effect with --eval-only")
     # An unwritable --save-params is found before training, not after.
     r = bmt_run(sharded, *common, "--save-params", tmp_path / "no" / "p.safetensors")
-    assert_one_error(r, "--save-params", "cannot write there")
+    assert_one_error(r, "--save-params", "cannot write there (No such file or directory)")
     assert "step 1/1" not in r.stdout
+
+
+@pytest.mark.parametrize("minutes", ["0", "-1", "-0.5"])
+def test_checkpoint_every_minutes_must_be_positive(minutes, tmp_path):
+    r = subprocess.run([binary("bmt-run"), str(tmp_path / "m.sharded.pt"), "--data", "d.bin",
+                        "--checkpoint-dir", str(tmp_path), "--checkpoint-every-minutes", minutes],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"error: --checkpoint-every-minutes must be positive, got {minutes}"
 
 
 def usable_cpus():

@@ -6,7 +6,10 @@
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -115,11 +118,11 @@ void checkOutputs(const tools::RunOptions &o) {
       throw Failure(option + " " + out + ": is a directory");
     // Can the file be created there? (Written at the end, so find out now.)
     std::string probe = out + ".probe." + std::to_string(::getpid());
-    std::ofstream test(probe);
-    if (!test)
-      throw Failure(option + " " + out + ": cannot write there");
-    test.close();
-    std::remove(probe.c_str());
+    int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0)
+      throw Failure(option + " " + out + ": cannot write there (" + std::strerror(errno) + ")");
+    ::close(fd);
+    ::unlink(probe.c_str());
   }
 }
 

@@ -335,7 +335,7 @@ const std::vector<Option> &optionTable() {
        "also save when M minutes have passed since the last save (rank\n"
        "0's clock; every rank saves the same step; needs --checkpoint-dir)",
        [](RunOptions &o, auto &k, const Values &v) {
-         o.train.saveEveryMinutes = toDouble(k, v[0], 0);
+         o.train.saveEveryMinutes = toDouble(k, v[0], -std::numeric_limits<double>::infinity());
          if (!(o.train.saveEveryMinutes > 0))
            throw UsageError(k + " must be positive, got " + v[0]);
        }},
