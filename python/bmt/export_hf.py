@@ -74,6 +74,8 @@ import tempfile
 import time
 import warnings
 
+from bmt.signals import run_stoppable
+
 # The model class used for each architecture's config (`model_type`).
 TASK_CLASS = {
     "gpt2": "GPT2LMHeadModel",
@@ -278,6 +280,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv=None):
+    return run_stoppable(_main, argv)
+
+
+def _main(argv):
     parser = _Parser(prog="bmt-export-hf",
                      description="Exports a Hugging Face transformers model to a TorchScript "
                                  "(.pt) or torch.export (.pt2) archive for bmt-opt.")

@@ -89,7 +89,6 @@ import random
 import signal
 import sys
 import tempfile
-import threading
 import time
 
 try:
@@ -98,6 +97,7 @@ try:
     import numpy as np
 
     from bmt.records import UserError
+    from bmt.signals import run_stoppable
     from bmt.tokenfile import AtomicWriter, SplitWriter, output_names
 except KeyboardInterrupt:
     print("error: stopped by SIGINT; no output written", file=sys.stderr)
@@ -114,33 +114,6 @@ ENCODE_CHUNK = 2048          # documents per encode call (progress granularity)
 def error(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(1)
-
-
-class Stopped(BaseException):
-    """SIGTERM or SIGINT arrived; raised where the main thread is, so that
-    the outputs' temporary files are removed on the way out."""
-
-    def __init__(self, signum):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop(signum, frame):
-    raise Stopped(signum)
-
-
-@contextlib.contextmanager
-def stopped_by_signals():
-    """SIGTERM and SIGINT raise Stopped in the block (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 @contextlib.contextmanager
@@ -532,15 +505,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     try:
-        with stopped_by_signals():
-            return run(args)
+        return run_stoppable(run, args)
     except UserError as e:
         error(str(e))
-    except (Stopped, KeyboardInterrupt) as e:   # KeyboardInterrupt: before the handlers were set
-        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
-        print(f"error: stopped by {signal.Signals(signum).name}; no output written",
-              file=sys.stderr)
-        return 128 + signum
 
 
 def check_options(args, records):

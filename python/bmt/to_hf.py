@@ -54,6 +54,8 @@ import time
 import warnings
 import zlib
 
+from bmt.signals import run_stoppable
+
 CHUNK = 16 << 20  # bytes per read and write
 CHECKPOINT_FORMAT = "bmt-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -707,7 +709,7 @@ def main(argv=None):
                                                 "(bmt-prepare-data's --chat-template)")
     args = parser.parse_args(argv)
     try:
-        return convert(args)
+        return run_stoppable(convert, args)
     except Failure as e:
         print(f"error: {e}", file=sys.stderr)
     except OSError as e:
