@@ -19,7 +19,9 @@ The model comes from a config, never from a hub (no network here):
                            the model in memory (docs/hf-checkpoints.md).
                            --load-weights loads it with from_pretrained instead
                            and saves the weights in the archive.
-Config fields can be overridden: --set n_layer=4 --set n_embd=256.
+Config fields can be overridden: --set n_layer=4 --set n_embd=256 (a field
+the config class lacks is taken when transformers' modeling code of the
+architecture reads it with getattr, e.g. Qwen3-MoE's head_dim).
 Attention is what transformers chooses for the architecture (SDPA where it
 has it, else eager), as in the user's model; --attn-implementation picks one.
 Weights are random (seeded) unless --checkpoint gives them.
@@ -186,7 +188,7 @@ def build_config(args, transformers):
             error(f"unknown architecture '{model_type}': transformers has no config of that "
                   f"model_type (e.g. {', '.join(sorted(TASK_CLASS)[:6])}, mixtral, qwen3)")
         for key in overrides:
-            if not hasattr(defaults, key):
+            if not hasattr(defaults, key) and not _model_reads(model_type, key):
                 error(f"config of {model_type} has no field '{key}'")
         # Passing the overrides to the constructor (not setting them after)
         # lets fields derived from them follow (e.g. phi's key/value heads).
@@ -277,6 +279,23 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         error(f"{message} (see bmt-export-hf --help)")
+
+
+def _model_reads(model_type, key):
+    """Whether transformers' modeling code of `model_type` reads the config
+    attribute `key` although its config class has no such field (Qwen3-MoE's
+    `getattr(config, "head_dim", ...)`): its source names it."""
+    import importlib
+    import inspect
+    import re
+    module = model_type.replace("-", "_")
+    try:
+        source = inspect.getsource(importlib.import_module(
+            f"transformers.models.{module}.modeling_{module}"))
+    except (ImportError, OSError, TypeError):
+        return False
+    return re.search(r"getattr\(\s*(self\.)?config\s*,\s*[\"']" + re.escape(key) + r"[\"']",
+                     source) is not None
 
 
 def main(argv=None):

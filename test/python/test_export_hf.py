@@ -155,3 +155,24 @@ def test_ctrl_c_is_one_line_and_leaves_no_output(tmp_path):
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines() == ["error: stopped by SIGINT; no output written"], stderr
     assert not out.exists()
+
+
+def test_set_takes_what_the_model_reads_and_refuses_a_typo(tmp_path, capsys):
+    """--set of a field the config class lacks but the modeling code reads
+    (Qwen3-MoE's head_dim, read with getattr) reaches the model: q_proj has
+    heads x head_dim rows. A field nobody reads is one error line."""
+    import pytest
+    from bmt import export_hf
+    small = ["--config", "qwen3_moe", "--set", "num_hidden_layers=1", "--set", "hidden_size=32",
+             "--set", "num_attention_heads=4", "--set", "num_key_value_heads=2",
+             "--set", "num_experts=4", "--set", "num_experts_per_tok=2",
+             "--set", "moe_intermediate_size=16", "--set", "vocab_size=64"]
+    out = tmp_path / "m.pt"
+    assert export_hf.main(small + ["--set", "head_dim=16", "-o", str(out)]) == 0
+    weights = torch.jit.load(str(out)).state_dict()
+    assert tuple(weights["model.layers.0.self_attn.q_proj.weight"].shape) == (4 * 16, 32)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        export_hf.main(small + ["--set", "head_dimm=16", "-o", str(tmp_path / "n.pt")])
+    assert stop.value.code == 1
+    assert capsys.readouterr().err.strip() == "error: config of qwen3_moe has no field 'head_dimm'"
