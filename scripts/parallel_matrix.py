@@ -22,7 +22,7 @@ A cell is `ok (loss d, params d)`, `refused (n)` (bmt-opt exited 1 with one
 a failed run or a hang past the timeout). --write-docs puts the table into
 docs/architectures.md between its parallel-matrix markers.
 
-test/python/test_architectures_parallel.py runs every architecture at
+test/python/models/test_architectures_parallel.py runs every architecture at
 tp2-n4 (T = 2 with ZeRO-3 over 2 data-parallel ranks), and at zero3-n2 where
 T = 2 is refused or known wrong, through the functions here.
 """

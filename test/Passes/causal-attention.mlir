@@ -10,7 +10,7 @@
 // EAGER-NOT: bmt.assumptions
 
 // Models with SDPA attention, traced and exported (GPT-2, LLaMA, OPT, ...),
-// are run against eager transformers in test/python/test_causal_attention.py.
+// are run against eager transformers in test/python/passes/test_causal_attention.py.
 
 // One remark per module (the split inputs below, in order). Without the
 // assumption the padded GPT-2 masks stay; the rest is the same both ways.

@@ -2,7 +2,7 @@
 // attention_mask all ones (bmt-run trains with such masks); the top-level
 // flag --assume-unpadded=false (pipeline option assume-unpadded=false)
 // keeps the padding term, causal-attention=false skips the pass. The plan
-// and bmt-run's side: test/python/test_causal_attention.py.
+// and bmt-run's side: test/python/passes/test_causal_attention.py.
 
 // RUN: bmt-opt %s --bmt-default-pipeline='summary=false' 2>&1 | FileCheck %s --check-prefix=ON
 // ON:      remark: bmt-causal-attention: 1 of 1 aten::scaled_dot_product_attention with an attn_mask made causal (attn_mask=None, is_causal=True) in 1 function (layers.0.attn.forward), assuming attention_mask all ones; mask computation removed: 23 ops, 2 function arguments

@@ -6,7 +6,7 @@
 // checks argument and result counts against it; passes read arguments by
 // schema name (include/bmt/Dialect/AtenArgs.h) and consult an entry's kind
 // and flags instead of lists of operator names. A unit test
-// (test/unit/AtenRegistryTest.cpp) checks every entry against the schema
+// (test/unit/Import/AtenRegistryTest.cpp) checks every entry against the schema
 // that LibTorch's dispatcher registers under the same name, so names,
 // counts and the flags a schema states cannot drift from PyTorch's.
 //

@@ -85,7 +85,7 @@ public:
   /// A param with a low-precision copy (writeLowPrecisionCopies) is updated
   /// by the runtime's kernel instead of the ATen one, with the same
   /// result up to the rounding of one fused multiply-add (1 float32 ulp;
-  /// test/unit/AdamCudaTest.cpp): its grad may be float32, bfloat16 or
+  /// test/unit/runtime/optim/AdamCudaTest.cpp): its grad may be float32, bfloat16 or
   /// float16 and is divided by the copy's gradDivisor in the kernel
   /// (multiplied by 1.0f / divisor, as ATen's CUDA div_ by a scalar does),
   /// then by the clip divisor; the copy gets the new param rounded to

@@ -1,7 +1,7 @@
 """The optimizer writing the bf16 ZeRO shards in its update (AdamW/Adam on
 CUDA, runtime/optim/kernels/Adam.cu; docs/runtime/mixed-precision.md).
 
-The kernel needs a GPU (test/unit/AdamCudaTest.cpp compares it with ATen's
+The kernel needs a GPU (test/unit/runtime/optim/AdamCudaTest.cpp compares it with ATen's
 fused step there). On these CPU ranks the test hook
 BMT_DEBUG_ADAM_COPIES=aten makes AdamW take the shards anyway and serve
 them with ATen ops (the bf16 gradient sum cast to float32 and multiplied
