@@ -1,5 +1,5 @@
 """The tests live in folders by the source area they check (import/, passes/,
-runtime/, models/, tools/, bench/); the helpers (bmt_paths.py, numerics.py)
+runtime/, models/, tools/, bench/); the helpers (bmt_paths.py, numerics.py, stalled.py)
 stay here. Test modules import helpers and each other by module name, so this
 folder and every area folder go on sys.path before any test module loads."""
 import os

@@ -125,34 +125,15 @@ def test_seq_len_beyond_rope_positions_is_refused(tmp_path):
 
 def test_ctrl_c_is_one_line_and_leaves_no_output(tmp_path):
     """SIGINT (Ctrl-C) while bmt-export-hf works: status 130, one error
-    line, no traceback, no output. A transformers on PYTHONPATH that waits
-    inside its import holds the run there."""
-    import os
+    line, no traceback, no output. A transformers that waits inside its
+    import holds the run there."""
     import signal
-    import time
-    shim = tmp_path / "shim" / "transformers"
-    shim.mkdir(parents=True)
-    (shim / "__init__.py").write_text(
-        "import time\n"
-        f"open({str(tmp_path / 'importing')!r}, 'w').close()\n"
-        "time.sleep(60)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(tmp_path / "shim"), os.environ.get("PYTHONPATH", "")]))
+    from stalled import signal_when_stalled, stalled_module
+    env, marker = stalled_module(tmp_path, "transformers")
     out = tmp_path / "m.pt"
-    proc = subprocess.Popen(tool("bmt-export-hf") + ["--config", "gpt2", "-o", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "importing").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert (tmp_path / "importing").exists(), "the import did not start"
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, stderr
+    status, stderr = signal_when_stalled(tool("bmt-export-hf") + ["--config", "gpt2", "-o", out],
+                                         env, marker, signal.SIGINT)
+    assert status == 130, stderr
     assert stderr.strip().splitlines() == ["error: stopped by SIGINT; no output written"], stderr
     assert not out.exists()
 

@@ -419,32 +419,15 @@ def test_fortunes_corpus(tmp_path):
 
 def test_ctrl_c_during_the_imports(tmp_path):
     """SIGINT while the module's imports run (numpy's takes a while): exit
-    130 and one error line, no traceback. A numpy on PYTHONPATH that waits
-    inside its import holds the run there."""
+    130 and one error line, no traceback. A numpy that waits inside its
+    import holds the run there."""
     import signal
-    import time
-    shim = tmp_path / "shim" / "numpy"
-    shim.mkdir(parents=True)
-    (shim / "__init__.py").write_text(
-        "import os, time\n"
-        f"open({str(tmp_path / 'importing')!r}, 'w').close()\n"
-        "time.sleep(60)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(tmp_path / "shim"), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(tool("bmt-prepare-data") + ["--input", str(tmp_path), "--train-bpe",
-                            "300", "--output", str(tmp_path / "out" / "p")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "importing").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert (tmp_path / "importing").exists(), "the import did not start"
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, stderr
+    from stalled import signal_when_stalled, stalled_module
+    env, marker = stalled_module(tmp_path, "numpy")
+    status, stderr = signal_when_stalled(
+        tool("bmt-prepare-data") + ["--input", tmp_path, "--train-bpe", "300",
+                                    "--output", tmp_path / "out" / "p"],
+        env, marker, signal.SIGINT)
+    assert status == 130, stderr
     assert stderr.strip().splitlines() == ["error: stopped by SIGINT; no output written"], stderr
     assert not (tmp_path / "out").exists()

@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import warnings
 import zipfile
 
@@ -420,34 +419,19 @@ def test_bad_input(trained, tmp_path, capsys):
 def test_a_signal_while_writing_leaves_no_output(trained, signame, tmp_path):
     """SIGTERM (a job scheduler) or SIGINT (Ctrl-C) after the temporary
     folder exists: status 128 + the signal, one error line, no traceback, and
-    neither the output nor its temporary folder left. A transformers on
-    PYTHONPATH that waits when the model class is looked up holds the run
-    there."""
-    shim = tmp_path / "shim" / "transformers"
-    shim.mkdir(parents=True)
-    (shim / "__init__.py").write_text(
-        "import time\n"
-        "def __getattr__(name):\n"
-        f"    open({str(tmp_path / 'waiting')!r}, 'w').close()\n"
-        "    time.sleep(60)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(tmp_path / "shim"), os.environ.get("PYTHONPATH", "")]))
+    neither the output nor its temporary folder left. A transformers
+    that waits when the model class is looked up holds the run there."""
+    from stalled import signal_when_stalled, stalled_module
+    env, marker = stalled_module(tmp_path, "transformers", when="getattr")
     out = tmp_path / "hf"
-    proc = subprocess.Popen([*tool("bmt-to-hf"), str(trained["checkpoint"]), "-o", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "waiting").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert (tmp_path / "waiting").exists(), "bmt-to-hf did not reach the model class"
+
+    def temporary_folder_exists():
         assert [x for x in os.listdir(tmp_path) if x.startswith(".hf.tmp-")]
-        proc.send_signal(getattr(signal, signame))
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + getattr(signal, signame), stderr
+
+    signum = getattr(signal, signame)
+    status, stderr = signal_when_stalled([*tool("bmt-to-hf"), trained["checkpoint"], "-o", out],
+                                         env, marker, signum, temporary_folder_exists)
+    assert status == 128 + signum, stderr
     assert stderr.strip().splitlines() == [f"error: stopped by {signame}; no output written"], stderr
     assert no_output_left(out)
 
