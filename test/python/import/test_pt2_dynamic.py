@@ -30,7 +30,7 @@ import torch
 
 from bmt_paths import REPO, binary
 from numerics import assert_close, assert_gradients_close, assert_loss_close
-from test_runtime_parity import build, causal_loss, check_dump_against_eager, run_bmt
+from eager import build, causal_loss, check_dump_against_eager, run_bmt
 from test_runtime_parity_pt2 import compile_exported
 
 sys.path.insert(0, os.path.join(REPO, "test", "fixtures"))

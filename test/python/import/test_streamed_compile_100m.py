@@ -25,7 +25,7 @@ def test_a_100m_checkpoint_trains_on_two_ranks_as_eager(tmp_path, capsys):
     the streamed sharded.pt give eager PyTorch's losses from from_pretrained,
     and each rank reads half of the weights."""
     import transformers
-    from test_runtime_parity import eager_training
+    from eager import eager_training
     from test_zero_multirank import torchrun
     config = transformers.GPT2Config(n_layer=8, n_embd=768, n_head=12, n_positions=64,
                                      vocab_size=50257, resid_pdrop=0.0, embd_pdrop=0.0,

@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from bmt_paths import REPO, binary, tool
-from test_runtime_parity import check_dump_against_eager
+from eager import check_dump_against_eager
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import architectures  # noqa: E402

@@ -27,7 +27,7 @@ from bmt_paths import binary, tool
 from numerics import (assert_close, assert_gradients_close, assert_loss_close,
                       assert_trained_close)
 from test_bmt_run import assert_one_error, bmt_run, write_tokens
-from test_runtime_parity import build, compile_model, decay_groups
+from eager import build, compile_model, decay_groups
 from test_zero_multirank import torchrun
 
 warnings.filterwarnings("ignore")

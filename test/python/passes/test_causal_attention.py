@@ -26,7 +26,7 @@ import torch
 
 from bmt_paths import REPO, binary
 from numerics import assert_close, assert_gradients_close, assert_loss_close
-from test_runtime_parity import causal_loss, check_dump_against_eager
+from eager import causal_loss, check_dump_against_eager
 
 sys.path.insert(0, os.path.join(REPO, "test", "fixtures"))
 sys.path.insert(0, os.path.join(REPO, "scripts"))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from test_causal_attention import compile_sdpa, plan_of
-from test_runtime_parity import check_dump_against_eager
+from eager import check_dump_against_eager
 
 OPTION = "--bmt-default-pipeline=grouped-query-attention=true"
 

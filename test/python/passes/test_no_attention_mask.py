@@ -34,7 +34,7 @@ from bmt_paths import binary
 from numerics import assert_close, assert_gradients_close, assert_loss_close
 from test_bmt_run import check_eval_only_against_eager, write_tokens
 from test_causal_attention import build_sdpa
-from test_runtime_parity import build, causal_loss
+from eager import build, causal_loss
 
 warnings.filterwarnings("ignore")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -122,7 +122,7 @@ def test_dropout_masks_agree_over_the_tp_group(tmp_path):
     repeats bit for bit; another --seed gives other masks."""
     import torch
     from safetensors.torch import load_file
-    from test_runtime_parity import build
+    from eager import build
     from test_zero_multirank import SEQ
     model = build("gpt2")
     for block in model.transformer.h:
@@ -166,7 +166,7 @@ def test_padded_vocab_matches_eager(tmp_path):
     import torch
     import transformers
     import make_fixtures
-    from test_runtime_parity import eager_training
+    from eager import eager_training
     from test_zero_multirank import GLOBAL_BATCH, SEQ
     torch.manual_seed(0)
     cls, config = make_fixtures.MODELS["gpt2"](transformers)
@@ -200,7 +200,7 @@ def test_pt2_tensor_parallel_matches_eager(name, tmp_path):
     sizes of heads and widths are constants the pass rewrites to local
     ones), T = 2 N = 2, against eager."""
     import torch
-    from test_runtime_parity import build, eager_training
+    from eager import build, eager_training
     from test_zero_multirank import GLOBAL_BATCH, SEQ
     model = build(name)
     vocab = model.config.vocab_size
@@ -235,7 +235,7 @@ def test_bert_token_windows_match_one_process(tmp_path):
     fixed batches against eager transformers."""
     from safetensors.torch import load_file
     from test_bmt_run import bmt_run, write_tokens
-    from test_runtime_parity import build, compile_model
+    from eager import build, compile_model
     tp, ranks = 2, 4
     model = build("bert")
     one = compile_model(model, tmp_path, "bert")
@@ -316,7 +316,7 @@ def test_replicated_kv_matches_eager(heads, kv_heads, fmt, tp, attention, tmp_pa
     import transformers
     import make_fixtures
     from safetensors.torch import load_file
-    from test_runtime_parity import eager_training
+    from eager import eager_training
     from test_zero_multirank import GLOBAL_BATCH, SEQ
 
     def build():
@@ -455,7 +455,7 @@ def bert(tmp_path_factory):
     reference runs."""
     import torch
     from test_bmt_run import write_tokens
-    from test_runtime_parity import build
+    from eager import build
     from test_zero_multirank import GLOBAL_BATCH, SEQ
     tmp = tmp_path_factory.mktemp("bert")
     model = build("bert")
@@ -479,7 +479,7 @@ def eager_masked_lm(bert, lrs, clip, wd, seed):
     if key in bert["eager"]:
         return bert["eager"][key]
     import torch
-    from test_runtime_parity import build, decay_groups
+    from eager import build, decay_groups
     from test_zero_multirank import SEQ
     model = build("bert")
     opt = torch.optim.AdamW(decay_groups(model.parameters(), wd), lr=1.0, betas=(0.9, 0.999),
@@ -653,7 +653,7 @@ def test_architectures_match_eager(name, ranks, tmp_path):
     gate_up_proj are split in parts, as GPT-2's c_attn (they were refused)."""
     import torch
     from safetensors.torch import load_file
-    from test_runtime_parity import decay_groups
+    from eager import decay_groups
     from test_zero_multirank import GLOBAL_BATCH, SEQ
     model = build_arch(name)
     ids = torch.randint(0, 128, (2, SEQ), generator=torch.Generator().manual_seed(1))

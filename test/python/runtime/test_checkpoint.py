@@ -34,7 +34,7 @@ import torch
 from bmt_paths import binary
 from numerics import assert_identical
 from test_bmt_run import write_tokens
-from test_runtime_parity import build
+from eager import build
 
 SEQ = 8
 GLOBAL_BATCH = 12  # rows per micro-batch of all ranks (divisible by 1..4)

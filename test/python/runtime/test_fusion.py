@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from bmt_paths import binary
-from test_runtime_parity import build, check_dump_against_eager
+from eager import build, check_dump_against_eager
 
 
 def compile_fused(model, tmp_path, name):

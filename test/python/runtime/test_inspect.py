@@ -35,7 +35,7 @@ import torch
 
 from bmt_paths import binary
 from numerics import PARITY_ULPS, assert_close, eps
-from test_runtime_parity import build
+from eager import build
 
 SEQ = 8
 

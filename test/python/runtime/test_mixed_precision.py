@@ -28,7 +28,7 @@ import torch
 
 from bmt_paths import binary
 from numerics import assert_identical, assert_loss_close, assert_trained_close
-from test_runtime_parity import build, decay_groups
+from eager import build, decay_groups
 from test_zero_multirank import slot_weights
 
 SEQ = 8

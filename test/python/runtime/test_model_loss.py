@@ -30,7 +30,7 @@ import torch
 
 from bmt_paths import REPO, binary, tool
 from numerics import assert_loss_close, assert_trained_close
-from test_runtime_parity import decay_groups
+from eager import decay_groups
 
 sys.path.insert(0, os.path.join(REPO, "test", "fixtures"))
 import make_fixtures  # noqa: E402  (the tiny model configs)

@@ -32,7 +32,7 @@ import torch
 from bmt_paths import binary
 from numerics import assert_identical
 from test_mixed_precision import torchrun, train_records
-from test_runtime_parity import build
+from eager import build
 
 SEQ = 8
 GLOBAL_BATCH = 4

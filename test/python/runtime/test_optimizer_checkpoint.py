@@ -17,7 +17,7 @@ import torch
 from numerics import assert_identical
 from test_checkpoint import (HALF, SEQ, STEPS, GLOBAL_BATCH, compile, errors, straight_and_resumed,
                              torchrun, trace, train_log)
-from test_runtime_parity import build
+from eager import build
 
 SGD = ["--optimizer", "sgd", "--momentum", "0.9", "--dampening", "0.1", "--lr", "1e-2"]
 ADAFACTOR = ["--optimizer", "adafactor", "--lr", "1e-2", "--weight-decay", "0.01"]

@@ -31,7 +31,7 @@ import torch
 
 from bmt_paths import binary
 from numerics import assert_identical
-from test_runtime_parity import build
+from eager import build
 
 SEQ = 8
 GLOBAL_BATCH = 8

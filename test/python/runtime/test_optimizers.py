@@ -23,7 +23,7 @@ import torch
 
 from bmt_paths import binary
 from numerics import OPTIMIZER_LOSS_TOL, OPTIMIZER_PARAM_TOL
-from test_runtime_parity import build, decay_groups
+from eager import build, decay_groups
 
 STEPS = 5
 GLOBAL_BATCH = 6  # rows per step, divisible by 1 and 3

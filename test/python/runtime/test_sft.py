@@ -31,7 +31,7 @@ import torch
 from bmt_paths import binary, tool
 from numerics import assert_loss_close, assert_trained_close
 from test_bmt_run import assert_one_error, bmt_run
-from test_runtime_parity import decay_groups
+from eager import decay_groups
 from test_zero_multirank import torchrun
 
 VOCAB = 128

@@ -35,7 +35,7 @@ from bmt_paths import binary
 from numerics import assert_identical, assert_loss_close, assert_trained_close
 from test_checkpoint import (compile, errors, run_killing_rank_1, steps_logged, torchrun,
                              train_log)
-from test_runtime_parity import build, eager_training
+from eager import build, eager_training
 
 SEQ = 8
 GLOBAL_BATCH = 12  # rows per step of all data-parallel ranks

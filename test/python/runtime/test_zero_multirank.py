@@ -18,7 +18,7 @@ import torch
 
 from bmt_paths import binary
 from numerics import assert_identical, assert_loss_close, assert_trained_close
-from test_runtime_parity import build, eager_training
+from eager import build, eager_training
 
 STEPS = 20
 GLOBAL_BATCH = 12  # rows per step, split over the ranks (divisible by 1..4)

@@ -20,7 +20,7 @@ import torch
 
 from bmt_paths import binary
 from numerics import assert_close, assert_gradients_close, assert_loss_close
-from test_runtime_parity import build, compile_model
+from eager import build, compile_model
 
 
 def write_tokens(prefix, tokens, vocab, dtype="uint16", mask_id=None, **overrides):

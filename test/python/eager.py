@@ -1,0 +1,118 @@
+"""Eager references the parity tests share: the tiny fixture models of
+test/fixtures/make_fixtures.py, traced and compiled as a user does; bmt-run
+--dump against the eager model's logits, loss and gradients (numerics.py's
+bounds); bmt-run's default weight-decay groups and an eager AdamW loop."""
+import os
+import subprocess
+import sys
+
+import torch
+
+from bmt_paths import REPO, binary
+from numerics import assert_close, assert_gradients_close, assert_loss_close
+
+sys.path.insert(0, os.path.join(REPO, "test", "fixtures"))
+import make_fixtures  # noqa: E402  (the tiny model configs)
+
+
+def build(name):
+    """The fixture model (seed 0, eval mode: the trace records dropout off)."""
+    import transformers
+    torch.manual_seed(0)
+    cls, config = make_fixtures.MODELS[name](transformers)
+    model = cls(config)
+    model.eval()
+    return model
+
+
+def compile_model(model, tmp_path, name, flags=()):
+    """Trace with batch 2 x seq 8 and compile to sharded.pt (bmt-opt `flags`)."""
+    vocab = model.config.vocab_size
+    inputs = {"input_ids": torch.randint(0, vocab, (2, 8), generator=torch.Generator().manual_seed(1)),
+              "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    traced = torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
+    pt = str(tmp_path / f"{name}.pt")
+    traced.save(pt)
+    sharded = str(tmp_path / f"{name}.sharded.pt")
+    r = subprocess.run([binary("bmt-opt"), pt, "-o", sharded, *flags], check=True, capture_output=True,
+                       text=True)
+    (tmp_path / f"{name}.remarks").write_text(r.stderr)
+    return sharded
+
+
+def run_bmt(args):
+    result = subprocess.run([binary("bmt-run"), *args, "--device", "cpu"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def causal_loss(logits, labels):
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+def check_dump_against_eager(model, sharded, tmp_path, ids, g):
+    """Runs bmt-run --dump on `ids` and compares logits, loss and every
+    parameter gradient with the eager `model` (masked-LM labels for BERT)."""
+    vocab = model.config.vocab_size
+    mask = torch.ones_like(ids)
+    masked = model.config.model_type == "bert"
+    if masked:
+        labels = torch.full_like(ids, -100)
+        pick = torch.rand(ids.shape, generator=g) < 0.3
+        pick[0, 0] = True
+        labels[pick] = ids[pick]
+    else:
+        labels = ids
+    torch.save({"input_ids": ids, "attention_mask": mask, "labels": labels}, tmp_path / "in.pt")
+    run_bmt([sharded, "--dump", str(tmp_path / "in.pt"), str(tmp_path / "out.pt")])
+    got = torch.load(tmp_path / "out.pt")  # the default weights_only=True: a plain dict
+    assert type(got) is dict and all(isinstance(v, torch.Tensor) for v in got.values()), got
+
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    if masked:
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1),
+                                                 ignore_index=-100)
+    else:
+        loss = causal_loss(logits, labels)
+    loss.backward()
+
+    assert got["logits"].shape == logits.shape
+    assert_close(got["logits"], logits, what="logits")
+    assert_loss_close(got["loss"].item(), loss.item())
+    params = dict(model.named_parameters())  # tied parameters appear once
+    grads = {k[len("grad/"):]: v for k, v in got.items() if k.startswith("grad/")}
+    assert_gradients_close(grads, {n: p.grad for n, p in params.items()})
+
+
+def decay_groups(params, wd):
+    """bmt-run's default weight-decay groups as torch.optim param groups:
+    parameters of 2+ dimensions get `wd`, biases and norm weights none."""
+    params = list(params)
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def eager_training(model, batches, steps, accum, lr_of_step, clip, wd):
+    opt = torch.optim.AdamW(decay_groups(model.parameters(), wd), lr=1.0, betas=(0.9, 0.999),
+                            eps=1e-8)
+    losses, k = [], 0
+    for step in range(1, steps + 1):
+        opt.zero_grad()
+        total = 0.0
+        for _ in range(accum):
+            w = batches[k % len(batches)]
+            k += 1
+            logits = model(input_ids=w[:, :-1], attention_mask=torch.ones_like(w[:, :-1])).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                                     w[:, 1:].reshape(-1))
+            (loss / accum).backward()
+            total += loss.item()
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        for group in opt.param_groups:
+            group["lr"] = lr_of_step(step)
+        opt.step()
+        losses.append(total / accum)
+    return losses
