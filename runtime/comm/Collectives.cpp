@@ -136,6 +136,51 @@ at::Tensor reduceScatterToSequenceParallel(const at::Tensor &x, Comm &tp, int64_
   return applyTpCollective(x, tp, TpOp::ReduceScatter, TpOp::AllGather, dim, computeValue);
 }
 
+// --- expert parallelism -------------------------------------------------------
+
+namespace {
+
+/// `x`'s rows exchanged by Comm::allToAll (a new contiguous tensor).
+at::Tensor exchangeRows(Comm &comm, const at::Tensor &x, const std::vector<int64_t> &sendCounts,
+                        const std::vector<int64_t> &recvCounts) {
+  at::Tensor in = x.detach().contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  if (!shape.empty()) {
+    shape[0] = 0;
+    for (int64_t n : recvCounts)
+      shape[0] += n;
+  }
+  at::Tensor out = at::empty(shape, in.options());
+  comm.allToAll(out, in, sendCounts, recvCounts)->wait();
+  return out;
+}
+
+/// allToAllTokens's function.
+struct AllToAllFunction : torch::autograd::Function<AllToAllFunction> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, Comm *comm,
+                            std::vector<int64_t> sendCounts, std::vector<int64_t> recvCounts) {
+    savePointer(ctx, "comm", comm);
+    at::Tensor out = exchangeRows(*comm, x, sendCounts, recvCounts);
+    ctx->saved_data["send"] = std::move(sendCounts);
+    ctx->saved_data["recv"] = std::move(recvCounts);
+    return out;
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto *comm = savedPointer<Comm>(ctx, "comm");
+    std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
+    std::vector<int64_t> recv = ctx->saved_data["recv"].toIntVector();
+    at::Tensor grad = exchangeRows(*comm, grads[0], recv, send);
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+} // namespace
+
+at::Tensor allToAllTokens(const at::Tensor &x, Comm &comm, const std::vector<int64_t> &sendCounts,
+                          const std::vector<int64_t> &recvCounts) {
+  return AllToAllFunction::apply(x, &comm, sendCounts, recvCounts);
+}
+
 // --- ZeRO -------------------------------------------------------------------
 
 /// gatherZeroGroup's function.

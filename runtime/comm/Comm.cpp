@@ -10,10 +10,15 @@
 
 #include "bmt/Runtime/Env.h"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 namespace bmt::runtime {
 
@@ -122,6 +127,63 @@ void checkScatter(const Comm &comm, const char *op, const at::Tensor &out, const
   checkReducible(comm, op, in);
 }
 
+void checkCounts(const Comm &comm, const char *op, const char *what,
+                 const std::vector<int64_t> &counts) {
+  std::string head = who(comm) + ": " + op + ": ";
+  if (static_cast<int64_t>(counts.size()) != comm.size())
+    throw CommError(head + what + " has " + std::to_string(counts.size()) +
+                    " entries, expected one per rank (" + std::to_string(comm.size()) + ")");
+  for (size_t r = 0; r < counts.size(); ++r)
+    if (counts[r] < 0)
+      throw CommError(head + what + "[" + std::to_string(r) + "] is " + std::to_string(counts[r]) +
+                      ", expected a row count >= 0");
+}
+
+int64_t rowNumel(const at::Tensor &t) {
+  int64_t n = 1;
+  for (int64_t d = 1; d < t.dim(); ++d)
+    n *= t.size(d);
+  return n;
+}
+
+void checkAllToAll(const Comm &comm, const char *op, const at::Tensor &out, const at::Tensor &in,
+                   const std::vector<int64_t> &sendCounts, const std::vector<int64_t> &recvCounts) {
+  std::string head = who(comm) + ": " + op + ": ";
+  checkCounts(comm, op, "sendCounts", sendCounts);
+  checkCounts(comm, op, "recvCounts", recvCounts);
+  if (out.scalar_type() != in.scalar_type() || out.device() != in.device())
+    throw CommError(head + "out (" + describe(out) + ") and in (" + describe(in) +
+                    ") differ in dtype or device");
+  for (auto [what, t] : {std::pair{"in", &in}, std::pair{"out", &out}})
+    if (t->dim() == 0)
+      throw CommError(head + what + " is 0-dimensional, expected rows along dim 0");
+  if (rowNumel(in) != rowNumel(out))
+    throw CommError(head + "in has rows of " + std::to_string(rowNumel(in)) + " elements, out of " +
+                    std::to_string(rowNumel(out)) +
+                    " (rows are dim 0; the other dims must hold as many elements)");
+  auto sum = [](const std::vector<int64_t> &v) {
+    int64_t s = 0;
+    for (int64_t x : v)
+      s += x;
+    return s;
+  };
+  for (auto [what, t, counts, name] : {std::tuple{"in", &in, &sendCounts, "sendCounts"},
+                                       std::tuple{"out", &out, &recvCounts, "recvCounts"}})
+    if (t->size(0) != sum(*counts))
+      throw CommError(head + what + " has " + std::to_string(t->size(0)) + " rows (dim 0), but " +
+                      name + " sum to " + std::to_string(sum(*counts)));
+  const auto self = static_cast<size_t>(comm.rank());
+  if (sendCounts[self] != recvCounts[self])
+    throw CommError(head + "sendCounts[" + std::to_string(self) + "] is " +
+                    std::to_string(sendCounts[self]) + " but recvCounts[" + std::to_string(self) +
+                    "] is " + std::to_string(recvCounts[self]) +
+                    " (the rows this rank sends itself are the rows it receives from itself)");
+  const auto *o = static_cast<const char *>(out.data_ptr());
+  const auto *i = static_cast<const char *>(in.data_ptr());
+  if (out.nbytes() && in.nbytes() && o < i + in.nbytes() && i < o + out.nbytes())
+    throw CommError(head + "out and in overlap");
+}
+
 void checkRoot(const Comm &comm, const char *op, int64_t root) {
   if (root < 0 || root >= comm.size())
     throw CommError(who(comm) + ": " + op + ": root " + std::to_string(root) +
@@ -163,6 +225,15 @@ public:
     copy(out, in);
     return std::make_shared<DoneWork>();
   }
+  std::shared_ptr<Work> allToAll(at::Tensor out, at::Tensor in,
+                                 const std::vector<int64_t> &sendCounts,
+                                 const std::vector<int64_t> &recvCounts) override {
+    checkTensor(*this, "all_to_all", "out", out, anyDevice, "any device");
+    checkTensor(*this, "all_to_all", "in", in, anyDevice, "any device");
+    checkAllToAll(*this, "all_to_all", out, in, sendCounts, recvCounts);
+    copy(out, in);
+    return std::make_shared<DoneWork>();
+  }
   std::shared_ptr<Work> allReduce(at::Tensor t, ReduceOp) override {
     checkTensor(*this, "all_reduce", "tensor", t, anyDevice, "any device");
     checkReducible(*this, "all_reduce", t);
@@ -192,6 +263,20 @@ private:
 };
 
 } // namespace
+
+std::vector<int64_t> allToAllCounts(Comm &comm, const std::vector<int64_t> &sendCounts) {
+  detail::checkCounts(comm, "all_to_all_counts", "sendCounts", sendCounts);
+  const int64_t n = comm.size();
+  auto options = at::TensorOptions().dtype(at::kLong);
+  at::Tensor in = at::from_blob(const_cast<int64_t *>(sendCounts.data()), {n, 1}, options)
+                      .to(comm.device(), /*non_blocking=*/false, /*copy=*/true);
+  at::Tensor out = at::empty({n, 1}, options.device(comm.device()));
+  std::vector<int64_t> ones(n, 1);
+  comm.allToAll(out, in, ones, ones)->wait();
+  out = out.cpu(); // after the current stream waited for the exchange
+  const int64_t *p = out.data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + n);
+}
 
 std::unique_ptr<Comm> createLocalComm(const CommOptions &options) {
   return std::make_unique<LocalComm>(options.name, detail::resolveTimeout(options.timeout));

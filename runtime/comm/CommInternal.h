@@ -13,6 +13,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace bmt::runtime::detail {
 
@@ -42,6 +43,18 @@ void checkGather(const Comm &comm, const char *op, const at::Tensor &out, const 
 /// in.numel() == out.numel() * size(), same dtype and device, a dtype that
 /// can be reduced (reduceScatter).
 void checkScatter(const Comm &comm, const char *op, const at::Tensor &out, const at::Tensor &in);
+/// allToAll's arguments: one count per rank, none negative; in and out of
+/// one dtype and device, at least 1-dimensional, rows (dim 0) of the same
+/// number of elements, sum(sendCounts) rows in `in` and sum(recvCounts) in
+/// `out`, as many rows sent to this rank as received from it, not
+/// overlapping.
+void checkAllToAll(const Comm &comm, const char *op, const at::Tensor &out, const at::Tensor &in,
+                   const std::vector<int64_t> &sendCounts, const std::vector<int64_t> &recvCounts);
+/// One count per rank, none negative (`what`: "sendCounts", "recvCounts").
+void checkCounts(const Comm &comm, const char *op, const char *what,
+                 const std::vector<int64_t> &counts);
+/// Elements per row (dim 0) of a tensor of at least one dimension.
+int64_t rowNumel(const at::Tensor &t);
 /// A dtype that can be reduced: floating, integral or bool.
 void checkReducible(const Comm &comm, const char *op, const at::Tensor &t);
 /// 0 <= root < size().

@@ -29,7 +29,15 @@ namespace {
 using namespace detail;
 using Clock = std::chrono::steady_clock;
 
-enum class Op : uint8_t { AllGather = 1, ReduceScatter, AllReduce, Broadcast, Barrier, Split };
+enum class Op : uint8_t {
+  AllGather = 1,
+  ReduceScatter,
+  AllReduce,
+  Broadcast,
+  Barrier,
+  Split,
+  AllToAll
+};
 
 const char *opName(Op op) {
   switch (op) {
@@ -45,6 +53,8 @@ const char *opName(Op op) {
     return "barrier";
   case Op::Split:
     return "split";
+  case Op::AllToAll:
+    return "all_to_all";
   }
   return "?";
 }
@@ -190,6 +200,17 @@ public:
     checkScatter(*this, "reduce_scatter", out, in);
     return enqueue(Op::ReduceScatter,
                    [this, out, in, op](const Ctx &c) { doReduceScatter(c, out, in, op); });
+  }
+
+  std::shared_ptr<Work> allToAll(at::Tensor out, at::Tensor in,
+                                 const std::vector<int64_t> &sendCounts,
+                                 const std::vector<int64_t> &recvCounts) override {
+    checkCpu("all_to_all", "out", out);
+    checkCpu("all_to_all", "in", in);
+    checkAllToAll(*this, "all_to_all", out, in, sendCounts, recvCounts);
+    return enqueue(Op::AllToAll, [this, out, in, sendCounts, recvCounts](const Ctx &c) {
+      doAllToAll(c, out, in, sendCounts, recvCounts);
+    });
   }
 
   std::shared_ptr<Work> allReduce(at::Tensor t, ReduceOp op) override {
@@ -348,6 +369,13 @@ private:
   /// written by `from`, and returns them, each checked against `expect`.
   std::vector<std::vector<uint8_t>> fetch(const Ctx &c, const std::vector<std::string> &keys,
                                           const std::vector<int64_t> &from, const Header &expect) {
+    return fetch(c, keys, from, std::vector<Header>(keys.size(), expect));
+  }
+
+  /// As above, value i checked against expect[i].
+  std::vector<std::vector<uint8_t>> fetch(const Ctx &c, const std::vector<std::string> &keys,
+                                          const std::vector<int64_t> &from,
+                                          const std::vector<Header> &expect) {
     std::vector<std::vector<uint8_t>> values(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(c.deadline - Clock::now());
@@ -379,7 +407,7 @@ private:
                     "'s data: store error: " + firstLine(e.what()));
       }
       readContinuation(c, keys[i], values[i], from[i]);
-      check(c, values[i], from[i], expect);
+      check(c, values[i], from[i], expect[i]);
     }
     return values;
   }
@@ -397,6 +425,13 @@ private:
            std::string(c10::toString(static_cast<at::ScalarType>(x.dtype)));
       return s;
     };
+    if (h.op == expect.op && h.op == static_cast<uint8_t>(Op::AllToAll) &&
+        h.dtype == expect.dtype && h.numel != expect.numel)
+      fail(c, "failed: rank " + std::to_string(from) + " sent this rank " +
+                  std::to_string(h.numel) + " elements, but recvCounts[" + std::to_string(from) +
+                  "] asks for " + std::to_string(expect.numel) +
+                  " (rank q's sendCounts[r] must be rank r's recvCounts[q]; allToAllCounts "
+                  "gives them)");
     if (h.op != expect.op || h.dtype != expect.dtype || h.numel != expect.numel ||
         h.reduce != expect.reduce)
       fail(c, "failed: rank " + std::to_string(from) + " called " + describe(h) +
@@ -520,6 +555,58 @@ private:
         if (q != r)
           all.push_back(slotKey(q, r));
     done(c, all, sizeof(Header) + bytes);
+  }
+
+  void doAllToAll(const Ctx &c, const at::Tensor &out, const at::Tensor &in,
+                  const std::vector<int64_t> &sendCounts, const std::vector<int64_t> &recvCounts) {
+    const size_t rowBytes = static_cast<size_t>(rowNumel(in)) * in.element_size();
+    auto slotKey = [&](int64_t src, int64_t dst) {
+      return key(c, std::to_string(src) + "/" + std::to_string(dst));
+    };
+    // Row offsets of each rank's block in `in` and `out`.
+    std::vector<size_t> sendAt(size_ + 1, 0), recvAt(size_ + 1, 0);
+    for (int64_t r = 0; r < size_; ++r) {
+      sendAt[r + 1] = sendAt[r] + static_cast<size_t>(sendCounts[r]);
+      recvAt[r + 1] = recvAt[r] + static_cast<size_t>(recvCounts[r]);
+    }
+    const auto *src = static_cast<const uint8_t *>(in.data_ptr());
+    auto *dst = static_cast<uint8_t *>(out.data_ptr());
+    // Every slot is sent, empty ones too, so that a peer expecting rows
+    // this rank does not send fails at once instead of timing out.
+    for (int64_t r = 0; r < size_; ++r)
+      if (r != rank_) {
+        Header h = makeHeader(Op::AllToAll, in.scalar_type(), sendCounts[r] * rowNumel(in));
+        put(c, slotKey(rank_, r), pack(h, src + sendAt[r] * rowBytes, sendCounts[r] * rowBytes));
+      }
+    if (recvCounts[rank_])
+      std::memcpy(dst + recvAt[rank_] * rowBytes, src + sendAt[rank_] * rowBytes,
+                  recvCounts[rank_] * rowBytes);
+    std::vector<std::string> keys;
+    std::vector<int64_t> from;
+    std::vector<Header> expect;
+    for (int64_t q = 0; q < size_; ++q)
+      if (q != rank_) {
+        keys.push_back(slotKey(q, rank_));
+        from.push_back(q);
+        expect.push_back(makeHeader(Op::AllToAll, in.scalar_type(), recvCounts[q] * rowNumel(out)));
+      }
+    std::vector<std::vector<uint8_t>> got = fetch(c, keys, from, expect);
+    for (size_t i = 0; i < from.size(); ++i) {
+      size_t bytes = got[i].size() - sizeof(Header);
+      if (bytes)
+        std::memcpy(dst + recvAt[from[i]] * rowBytes, got[i].data() + sizeof(Header), bytes);
+    }
+    // Each slot has one reader, which deletes it: the last rank could not
+    // name the pieces of slots whose sizes only their two ranks know.
+    try {
+      for (size_t i = 0; i < keys.size(); ++i) {
+        store_->deleteKey(keys[i]);
+        for (const std::string &more : continuationKeys(keys[i], got[i].size()))
+          store_->deleteKey(more);
+      }
+    } catch (const std::exception &e) {
+      fail(c, "failed: store error while cleaning up: " + firstLine(e.what()));
+    }
   }
 
   c10::intrusive_ptr<c10d::Store> owner_, store_;

@@ -117,6 +117,17 @@ public:
     return run("reduce_scatter", [&] { return pg_->_reduce_scatter_base(out, in, o); });
   }
 
+  std::shared_ptr<Work> allToAll(at::Tensor out, at::Tensor in,
+                                 const std::vector<int64_t> &sendCounts,
+                                 const std::vector<int64_t> &recvCounts) override {
+    checkDevice("all_to_all", "out", out);
+    checkDevice("all_to_all", "in", in);
+    checkAllToAll(*this, "all_to_all", out, in, sendCounts, recvCounts);
+    // ProcessGroupNCCL takes the split sizes by non-const reference.
+    std::vector<int64_t> outSplits = recvCounts, inSplits = sendCounts;
+    return run("all_to_all", [&] { return pg_->alltoall_base(out, in, outSplits, inSplits); });
+  }
+
   std::shared_ptr<Work> allReduce(at::Tensor t, ReduceOp op) override {
     checkDevice("all_reduce", "tensor", t);
     checkReducible(*this, "all_reduce", t);

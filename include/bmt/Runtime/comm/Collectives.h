@@ -11,9 +11,11 @@
 //   reduceScatterToSequenceParallel reduce-scatter (TP), d all-gather (TP), dim d
 //   gatherZeroGroup                all-gather (shard grp)  reduce-scatter (shard grp)
 //   regatherInBackward             identity                all-gather of the block
+//   allToAllTokens                 all-to-all (counts)     all-to-all (counts swapped)
 //
 // TP: the tensor-parallel group (T ranks, `tp`); shard group: the ranks
-// that hold the other shards of a ZeRO storage group. Every rank of the
+// that hold the other shards of a ZeRO storage group; allToAllTokens runs
+// over whatever group it is given (expert parallelism's). Every rank of the
 // group calls the same functions in the same order, forward and backward
 // (Comm.h's conventions); errors are Comm.h's CommError, or ExecutionError
 // for a shape the collective cannot split.
@@ -60,6 +62,16 @@ at::Tensor gatherFromSequenceParallel(const at::Tensor &x, Comm &tp, int64_t dim
 /// when s is not a multiple of T.
 at::Tensor reduceScatterToSequenceParallel(const at::Tensor &x, Comm &tp, int64_t dim,
                                            bool computeValue = true);
+
+/// Expert parallelism's token dispatch (and, with the counts swapped, its
+/// combine): x of shape [sum(sendCounts), ...] -> [sum(recvCounts), ...],
+/// Comm::allToAll over `comm` (rows sendCounts[r] of x go to rank r; the
+/// result holds recvCounts[q] rows from rank q, in rank order), waited.
+/// Backward: the gradient goes back the same way, the all-to-all with
+/// recvCounts and sendCounts swapped. The counts are those of
+/// allToAllCounts (rank q's sendCounts[r] == rank r's recvCounts[q]).
+at::Tensor allToAllTokens(const at::Tensor &x, Comm &comm, const std::vector<int64_t> &sendCounts,
+                          const std::vector<int64_t> &recvCounts);
 
 /// ZeRO: `shard` (group `group`'s [shardSize] shard of this rank, requires
 /// grad) -> the group's members, views of its gathered buffer (all-gather

@@ -16,9 +16,11 @@
 //     same arguments' shapes and dtype, in the same order (like MPI and NCCL).
 //   - Tensors are contiguous, on the communicator's device kind (CPU for the
 //     CPU backend, the communicator's CUDA device for NCCL), of one dtype.
-//     Only numel() matters, not the shape (a [2, 3] output is 6 elements).
+//     Only numel() matters, not the shape (a [2, 3] output is 6 elements),
+//     except for allToAll, whose counts are rows along dim 0.
 //   - Argument errors found locally (non-contiguous, wrong device, numel that
-//     does not fit size(), dtype mismatch between out and in) throw CommError
+//     does not fit size(), dtype mismatch between out and in, allToAll's
+//     counts that do not fit the tensors or the ranks) throw CommError
 //     from the call itself. Errors that need the peers (timeouts, a peer that
 //     passed another numel/dtype or called another collective, a broken
 //     connection) surface as CommError from Work::wait() (CPU backend) or
@@ -43,6 +45,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace c10d {
 class Store;
@@ -119,6 +122,21 @@ public:
   virtual std::shared_ptr<Work> reduceScatter(at::Tensor out, at::Tensor in,
                                               ReduceOp op = ReduceOp::Sum) = 0;
 
+  /// Uneven all-to-all by rows (MPI_Alltoallv; torch's all_to_all_single
+  /// with split sizes), the exchange of expert parallelism's token dispatch
+  /// and combine. Rows are slices along dim 0 (in.dim() and out.dim() >= 1,
+  /// the same number of elements per row). `in` holds sum(sendCounts) rows:
+  /// the first sendCounts[0] go to rank 0, the next sendCounts[1] to rank
+  /// 1, ... `out` holds sum(recvCounts) rows: recvCounts[q] rows from rank
+  /// q, in rank order. Counts are row counts, one per rank of this
+  /// communicator, >= 0 (zeros allowed). Rank q's sendCounts[r] must equal
+  /// rank r's recvCounts[q] (allToAllCounts gives them): the CPU backend
+  /// reports a mismatch as CommError from wait() on the receiving rank, NCCL
+  /// does not check it. `out` must not overlap `in`. Any dtype.
+  virtual std::shared_ptr<Work> allToAll(at::Tensor out, at::Tensor in,
+                                         const std::vector<int64_t> &sendCounts,
+                                         const std::vector<int64_t> &recvCounts) = 0;
+
   /// In place: every rank's `t` becomes op over the ranks' `t`
   /// (ncclAllReduce). Dtypes as reduceScatter.
   virtual std::shared_ptr<Work> allReduce(at::Tensor t, ReduceOp op = ReduceOp::Sum) = 0;
@@ -143,6 +161,13 @@ public:
   /// the parent's store.
   virtual std::unique_ptr<Comm> split(int64_t color, int64_t key, const std::string &name) = 0;
 };
+
+/// The row counts this rank receives in an allToAll where it sends
+/// sendCounts[r] rows to rank r: entry q is rank q's sendCounts[this rank]
+/// (an all-to-all of one int64 per rank, waited; on NCCL one host sync).
+/// CommError, on every rank that passes them, for counts that are not one
+/// per rank or negative.
+std::vector<int64_t> allToAllCounts(Comm &comm, const std::vector<int64_t> &sendCounts);
 
 /// The default timeout of blocking waits: 300 s, or the value of the
 /// environment variable BMT_COMM_TIMEOUT_S (seconds, > 0, fractions
@@ -180,6 +205,9 @@ struct CommOptions {
 ///   - reduce_scatter: rank q sets "<seq>/<q>/<r>" to its slot r for every
 ///     r != q; rank r gets its N-1 slots;
 ///   - all_reduce: rank r sets "<seq>/<r>" to its tensor and gets all;
+///   - all_to_all: rank q sets "<seq>/<q>/<r>" to its rows for rank r for
+///     every r != q (an empty value when it sends none); rank r gets its N-1
+///     values and deletes them (their sizes differ, so no "done" counter);
 ///   - reductions run in rank order 0..N-1 in float64 (floating dtypes) or
 ///     int64 (integers, bool) and round once to the tensor's dtype: the
 ///     result is bit-identical on every rank;
@@ -197,11 +225,12 @@ struct CommOptions {
 std::unique_ptr<Comm> createCpuComm(c10::intrusive_ptr<c10d::Store> store, int64_t rank,
                                     int64_t size, const CommOptions &options = {});
 
-/// A communicator of one rank (rank 0 of 1) without a store: allGather and
-/// reduceScatter copy in to out (nothing if they alias), allReduce and
-/// broadcast leave the tensor as it is, barrier returns, split gives another
-/// local communicator. Works on any device (copies go on the current CUDA
-/// stream for CUDA tensors); argument checks as the other backends.
+/// A communicator of one rank (rank 0 of 1) without a store: allGather,
+/// reduceScatter and allToAll copy in to out (nothing if they alias),
+/// allReduce and broadcast leave the tensor as it is, barrier returns, split
+/// gives another local communicator. Works on any device (copies go on the
+/// current CUDA stream for CUDA tensors); argument checks as the other
+/// backends.
 std::unique_ptr<Comm> createLocalComm(const CommOptions &options = {});
 
 /// True when this build has the NCCL backend (LibTorch's CUDA build).
