@@ -138,7 +138,7 @@ Attribute TorchExportImporter::convertArg(const json &arg, SmallVectorImpl<Value
   if (kind == "as_int")
     return builder.getI64IntegerAttr(v.get<int64_t>());
   if (kind == "as_float")
-    return builder.getF64FloatAttr(v.get<double>());
+    return builder.getF64FloatAttr(floatOf(v));
   if (kind == "as_bool")
     return builder.getBoolAttr(v.get<bool>());
   if (kind == "as_string")
@@ -162,7 +162,7 @@ Attribute TorchExportImporter::convertArg(const json &arg, SmallVectorImpl<Value
       return bmt::OperandAttr::get(&context);
     }
     if (v.contains("as_float"))
-      return builder.getF64FloatAttr(v["as_float"].get<double>());
+      return builder.getF64FloatAttr(floatOf(v["as_float"]));
     if (v.contains("as_bool"))
       return builder.getBoolAttr(v["as_bool"].get<bool>());
     fail(loc, "symbolic " + kind.substr(7) + " " + v.dump() +
@@ -175,7 +175,7 @@ Attribute TorchExportImporter::convertArg(const json &arg, SmallVectorImpl<Value
         operands.push_back(valueOf(e["as_name"], values, globals, loc, fn));
         out.push_back(bmt::OperandAttr::get(&context));
       } else if (e.contains("as_float")) {
-        out.push_back(builder.getF64FloatAttr(e["as_float"].get<double>()));
+        out.push_back(builder.getF64FloatAttr(floatOf(e["as_float"])));
       } else if (e.contains("as_bool")) {
         out.push_back(builder.getBoolAttr(e["as_bool"].get<bool>()));
       } else {
@@ -187,7 +187,7 @@ Attribute TorchExportImporter::convertArg(const json &arg, SmallVectorImpl<Value
   if (kind == "as_floats") {
     SmallVector<Attribute> out;
     for (const json &e : v)
-      out.push_back(builder.getF64FloatAttr(e.get<double>()));
+      out.push_back(builder.getF64FloatAttr(floatOf(e)));
     return builder.getArrayAttr(out);
   }
   if (kind == "as_bools") {
@@ -364,7 +364,7 @@ void TorchExportImporter::emitNode(const FlatNode &flat,
                                        ArrayRef<int64_t>{number["as_int"].get<int64_t>()});
       else if (number.contains("as_float"))
         value = DenseElementsAttr::get(type0(builder.getF64Type()),
-                                       ArrayRef<double>{number["as_float"].get<double>()});
+                                       ArrayRef<double>{floatOf(number["as_float"])});
       else
         value = DenseElementsAttr::get(type0(builder.getI1Type()),
                                        ArrayRef<bool>{number["as_bool"].get<bool>()});
