@@ -7,7 +7,8 @@
 // runs each region as one generated kernel forward and one backward
 // (include/bmt/Runtime/fusion/Region.h). The ops a region may hold are
 // those of include/bmt/Dialect/FusibleOps.def that the operator
-// registry marks neither in-place nor random. See passes/Passes.td for the
+// registry marks neither in-place nor random, and none that reads a value
+// overwritten in place after it (InPlaceWrites). See passes/Passes.td for the
 // contract.
 //
 //===----------------------------------------------------------------------===//
@@ -22,6 +23,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/EquivalenceClasses.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringMap.h"
 
@@ -269,12 +271,75 @@ bool rowValued(Operation *op, const Region &region, llvm::DenseMap<Operation *, 
   return memo[op] = row;
 }
 
+/// Where a block's tensors are overwritten in place: the ops that write
+/// each storage (an in-place op's `self`, or a call whose callee writes that
+/// argument), storages told apart by alias class (a view, a cast that may
+/// return its input, an in-place op's result: the same storage as its
+/// `self`). A region runs at its root's place and the runtime saves its
+/// inputs for the backward, so a value overwritten after an op that reads
+/// it must not be read inside a region: the kernel would read the written
+/// data, or its backward the written inputs (DeepSeek-V3's router divides
+/// top-k weights in place after summing them).
+class InPlaceWrites {
+public:
+  InPlaceWrites(Block &block, llvm::function_ref<bool(func::CallOp, unsigned)> callWrites) {
+    for (Operation &op : block) {
+      if (auto call = dyn_cast<func::CallOp>(op)) {
+        for (unsigned i = 0; i < call->getNumOperands(); ++i)
+          if (isa<bmt::TensorType>(call->getOperand(i).getType()) && callWrites(call, i))
+            writes.push_back({call->getOperand(i), &op});
+        continue;
+      }
+      auto aten = dyn_cast<bmt::AtenOp>(op);
+      std::optional<AtenOpId> id = aten ? bmt::atenOpId(aten) : std::nullopt;
+      if (!id || aten->getNumOperands() == 0)
+        continue;
+      const bmt::AtenOpInfo &info = bmt::getAtenOpInfo(*id);
+      Value self = aten->getOperand(0);
+      if (info.mayAlias())
+        for (Value result : aten->getResults())
+          if (isa<bmt::TensorType>(result.getType()))
+            classes.unionSets(self, result);
+      if (info.isInPlace())
+        writes.push_back({self, &op});
+    }
+  }
+
+  /// Whether the storage of `v` is written in place after `reader`.
+  bool writtenAfter(Value v, Operation *reader) const {
+    for (const auto &[written, writer] : writes)
+      if (reader->isBeforeInBlock(writer) && sameStorage(v, written))
+        return true;
+    return false;
+  }
+
+  /// Whether the storage of `v` is written in place anywhere in the block.
+  bool written(Value v) const {
+    return llvm::any_of(writes, [&](const auto &w) { return sameStorage(v, w.first); });
+  }
+
+  /// Whether an operand of `op` is written in place after it.
+  bool readsOverwritten(Operation *op) const {
+    return llvm::any_of(op->getOperands(), [&](Value v) { return writtenAfter(v, op); });
+  }
+
+private:
+  bool sameStorage(Value a, Value b) const {
+    return a == b || (classes.contains(a) && classes.contains(b) &&
+                      classes.getLeaderValue(a) == classes.getLeaderValue(b));
+  }
+
+  llvm::EquivalenceClasses<Value> classes;
+  SmallVector<std::pair<Value, Operation *>> writes;
+};
+
 struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass> {
   using FuseElementwiseBase::FuseElementwiseBase;
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
     int64_t inlined = inlineCalls ? inlinePointwiseCalls(module) : 0;
+    writtenArguments.clear();
     int64_t regions = 0, rowRegions = 0, fusedOps = 0, rotateHalves = 0, results = 0;
     SmallVector<StringRef> functions;
     for (func::FuncOp f : module.getOps<func::FuncOp>()) {
@@ -284,10 +349,12 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
         SmallVector<Operation *> candidates;
         for (Operation &op : llvm::reverse(block))
           candidates.push_back(&op);
+        auto callWrites = [&](func::CallOp call, unsigned i) { return writesArgument(call, i); };
+        std::optional<InPlaceWrites> writes(std::in_place, block, callWrites);
         for (Operation *root : candidates) {
           if (taken.contains(root) || (!roleOf(root) && rotateHalfOps(root).empty()))
             continue;
-          Region region = grow(root, taken, secondResults);
+          Region region = grow(root, taken, secondResults, *writes);
           // Results beside the root's must be element-valued (and feed no
           // rotate_half region): else the region without them.
           llvm::DenseMap<Operation *, bool> memo;
@@ -295,8 +362,8 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
               (region.rotateHalves > 0 ||
                llvm::any_of(region.extraResults,
                             [&](Operation *op) { return rowValued(op, region, memo); })))
-            region = grow(root, taken, /*extraResults=*/false);
-          if (region.ops.size() < 2 && !isLayerNorm(root))
+            region = grow(root, taken, /*extraResults=*/false, *writes);
+          if (region.ops.empty() || (region.ops.size() < 2 && !isLayerNorm(root)))
             continue; // one op is one kernel already (layer_norm: the row kernel's is faster)
           for (Operation *op : region.ops)
             taken.insert(op);
@@ -307,6 +374,7 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
           results += static_cast<int64_t>(region.extraResults.size());
           for (Operation *c : outline(root, region))
             taken.insert(c); // erased: never look at them again
+          writes.emplace(block, callWrites); // the region's values are new ones
         }
       }
       if (regions > before)
@@ -400,18 +468,45 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
     return static_cast<int64_t>(calls.size());
   }
 
+  /// Whether `call`'s callee (or a function it calls) writes its argument
+  /// `i` in place, or a view of it.
+  bool writesArgument(func::CallOp call, unsigned i) {
+    auto callee = SymbolTable::lookupNearestSymbolFrom<func::FuncOp>(call, call.getCalleeAttr());
+    if (!callee || callee.getBody().empty())
+      return true; // unknown: assume it does
+    auto key = std::make_pair(callee.getOperation(), i);
+    if (auto it = writtenArguments.find(key); it != writtenArguments.end())
+      return it->second;
+    writtenArguments[key] = false; // a recursive call adds nothing
+    Block &body = callee.getBody().front();
+    InPlaceWrites inner(body, [&](func::CallOp c, unsigned j) { return writesArgument(c, j); });
+    bool written = i < body.getNumArguments() && inner.written(body.getArgument(i));
+    return writtenArguments[key] = written;
+  }
+
+  llvm::DenseMap<std::pair<Operation *, unsigned>, bool> writtenArguments;
+
   /// The maximal region ending at `root`: producers in the root's block
   /// that are fusible, not in another region, and whose every use is in the
   /// region, with at most one reduction. With `extraResults`, a pointwise
   /// producer whose other users all come after the root joins too, as a
   /// result of the region (at most kMaxExtraResults).
-  Region grow(Operation *root, const llvm::DenseSet<Operation *> &taken, bool extraResults) {
+  Region grow(Operation *root, const llvm::DenseSet<Operation *> &taken, bool extraResults,
+              const InPlaceWrites &writes) {
     Region region;
+    auto overwritten = [&](ArrayRef<Operation *> ops) {
+      return llvm::any_of(ops, [&](Operation *op) { return writes.readsOverwritten(op); });
+    };
     if (std::optional<Role> role = roleOf(root)) {
+      if (writes.readsOverwritten(root))
+        return region; // empty: no region
       region.ops.insert(root);
       region.reductions = *role == Role::Reduction ? 1 : 0;
     } else {
-      region.ops.insert_range(rotateHalfOps(root));
+      SmallVector<Operation *> rotate = rotateHalfOps(root);
+      if (overwritten(rotate))
+        return region;
+      region.ops.insert_range(rotate);
       region.rotateHalves = 1;
     }
     bool changed = true;
@@ -442,7 +537,7 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
           std::optional<Role> role = roleOf(producer);
           if (!role) {
             SmallVector<Operation *> rotate = rotateHalfOps(producer);
-            if (rotate.empty() || region.reductions > 0 ||
+            if (rotate.empty() || region.reductions > 0 || overwritten(rotate) ||
                 llvm::any_of(rotate, [&](Operation *op) { return taken.contains(op); }))
               continue;
             region.ops.insert_range(rotate);
@@ -451,6 +546,8 @@ struct FuseElementwisePass : bmt::impl::FuseElementwiseBase<FuseElementwisePass>
             continue;
           }
           if (*role == Role::Reduction && (region.reductions > 0 || region.rotateHalves > 0))
+            continue;
+          if (writes.readsOverwritten(producer))
             continue;
           if (isSoftmax(producer) && !(region.ops.size() == 1 && roleOf(root) == Role::Cast))
             continue;

@@ -161,7 +161,10 @@ def FuseElementwise : Pass<"bmt-fuse-elementwise", "::mlir::ModuleOp"> {
     constant. Anything else stops a region: in-place
     ops, views, matmuls, a reduction over another dim, an op whose result
     is also used outside the region before the root, or by a third result
-    (it becomes an input).
+    (it becomes an input), an op reading a value that an in-place op (or a
+    call whose callee writes that argument) overwrites after it, the value
+    or a view of it (the region runs at its root's place and the runtime
+    saves its inputs for the backward).
 
     One form of slices and cat joins a region whole: HF's rotate_half,
     `cat([-x[..., h:], x[..., :h]], -1)` (either half negated, or neither),

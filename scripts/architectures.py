@@ -120,6 +120,17 @@ ARCHS = {
     "gpt_oss": ("GptOssForCausalLM", "gpt_oss", dict(LLAMA_LIKE, num_local_experts=4,
                                                      num_experts_per_tok=2, head_dim=8,
                                                      sliding_window=4)),
+    # Multi-head latent attention (low-rank q and kv projections, a rotary
+    # part of each head apart), one dense layer before the MoE ones, a
+    # sigmoid router with group-limited top-k (the best topk_group of n_group
+    # groups, the rest masked with -inf) and a shared expert.
+    "deepseek_v3": ("DeepseekV3ForCausalLM", "deepseek_v3", dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, n_group=2,
+        topk_group=1, n_shared_experts=1, num_mtp_layers=0, max_position_embeddings=64,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
 
 # Encoder-decoders: run by teacher forcing on a target of their own.

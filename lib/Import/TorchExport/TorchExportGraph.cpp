@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -38,6 +39,19 @@
 using namespace mlir;
 
 namespace bmt::torch_export {
+
+double floatOf(const json &v) {
+  if (v.is_string()) {
+    const std::string &text = v.get_ref<const std::string &>();
+    if (text == "Infinity")
+      return std::numeric_limits<double>::infinity();
+    if (text == "-Infinity")
+      return -std::numeric_limits<double>::infinity();
+    if (text == "NaN")
+      return std::numeric_limits<double>::quiet_NaN();
+  }
+  return v.get<double>();
+}
 
 /// The innermost Python frame of a stack_trace: (file, line).
 std::pair<std::string, int> innermostFrame(const std::string &trace) {

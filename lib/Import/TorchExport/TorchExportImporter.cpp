@@ -138,7 +138,7 @@ Attribute TorchExportImporter::convertArg(const json &arg, SmallVectorImpl<Value
   if (kind == "as_int")
     return builder.getI64IntegerAttr(v.get<int64_t>());
   if (kind == "as_float")
-    return builder.getF64FloatAttr(v.get<double>());
+    return builder.getF64FloatAttr(floatOf(v));
   if (kind == "as_bool")
     return builder.getBoolAttr(v.get<bool>());
   if (kind == "as_string")
@@ -162,7 +162,7 @@ Attribute TorchExportImporter::convertArg(const json &arg, SmallVectorImpl<Value
       return bmt::OperandAttr::get(&context);
     }
     if (v.contains("as_float"))
-      return builder.getF64FloatAttr(v["as_float"].get<double>());
+      return builder.getF64FloatAttr(floatOf(v["as_float"]));
     if (v.contains("as_bool"))
       return builder.getBoolAttr(v["as_bool"].get<bool>());
     fail(loc, "symbolic " + kind.substr(7) + " " + v.dump() +
@@ -175,7 +175,7 @@ Attribute TorchExportImporter::convertArg(const json &arg, SmallVectorImpl<Value
         operands.push_back(valueOf(e["as_name"], values, globals, loc, fn));
         out.push_back(bmt::OperandAttr::get(&context));
       } else if (e.contains("as_float")) {
-        out.push_back(builder.getF64FloatAttr(e["as_float"].get<double>()));
+        out.push_back(builder.getF64FloatAttr(floatOf(e["as_float"])));
       } else if (e.contains("as_bool")) {
         out.push_back(builder.getBoolAttr(e["as_bool"].get<bool>()));
       } else {
@@ -187,7 +187,7 @@ Attribute TorchExportImporter::convertArg(const json &arg, SmallVectorImpl<Value
   if (kind == "as_floats") {
     SmallVector<Attribute> out;
     for (const json &e : v)
-      out.push_back(builder.getF64FloatAttr(e.get<double>()));
+      out.push_back(builder.getF64FloatAttr(floatOf(e)));
     return builder.getArrayAttr(out);
   }
   if (kind == "as_bools") {
@@ -254,6 +254,28 @@ json groupedMmAsAten(const json &node) {
       input["name"] = "mat2";
   }
   return aten;
+}
+
+/// Appends the names of the leaves of pytree spec `node` (torch.export's
+/// out_spec: {"type", "context", "children_spec"}) to `names`, in order: a
+/// dict's or ModelOutput's children by key (its context lists the keys), a
+/// tuple's or list's by position, joined to `prefix` with ".". A leaf alone
+/// is "".
+void leafNames(const json &node, const std::string &prefix, std::vector<std::string> &names) {
+  if (node.at("type").is_null()) {
+    names.push_back(prefix);
+    return;
+  }
+  json keys;
+  if (node.contains("context") && node["context"].is_string())
+    keys = json::parse(node["context"].get<std::string>());
+  const json &children = node.at("children_spec");
+  for (size_t i = 0; i < children.size(); ++i) {
+    std::string key = keys.is_array() && i < keys.size() && keys[i].is_string()
+                          ? keys[i].get<std::string>()
+                          : std::to_string(i);
+    leafNames(children[i], prefix.empty() ? key : prefix + "." + key, names);
+  }
 }
 
 } // namespace
@@ -364,7 +386,7 @@ void TorchExportImporter::emitNode(const FlatNode &flat,
                                        ArrayRef<int64_t>{number["as_int"].get<int64_t>()});
       else if (number.contains("as_float"))
         value = DenseElementsAttr::get(type0(builder.getF64Type()),
-                                       ArrayRef<double>{number["as_float"].get<double>()});
+                                       ArrayRef<double>{floatOf(number["as_float"])});
       else
         value = DenseElementsAttr::get(type0(builder.getI1Type()),
                                        ArrayRef<bool>{number["as_bool"].get<bool>()});
@@ -493,8 +515,9 @@ OwningOpRef<ModuleOp> TorchExportImporter::run(const json &program) {
     outputs.push_back(arg["as_tensor"]["name"]);
   }
   // Names of the results: the keys of the output dict / ModelOutput, where
-  // the out_spec of the root's module call has them (as TorchScript imports
-  // name a flattened dict result by its key).
+  // the out_spec of the root's module call has them, joined by "." with the
+  // positions in a nested tuple (a mixture of experts' router_logits.0), as
+  // TorchScript imports name a flattened result.
   std::vector<std::string> outputNames;
   for (size_t i = 0; i < outputs.size(); ++i)
     outputNames.push_back(outputs.size() == 1 ? "" : std::to_string(i));
@@ -505,15 +528,12 @@ OwningOpRef<ModuleOp> TorchExportImporter::run(const json &program) {
         continue;
       try {
         json spec = json::parse(entry["signature"].at("out_spec").get<std::string>());
-        const json &top = spec.at(1);
-        if (top.contains("context") && top["context"].is_string()) {
-          json keys = json::parse(top["context"].get<std::string>());
-          if (keys.is_array() && keys.size() == outputs.size() &&
-              top["children_spec"].size() == outputs.size())
-            for (size_t i = 0; i < outputs.size(); ++i)
-              if (keys[i].is_string())
-                outputNames[i] = keys[i];
-        }
+        std::vector<std::string> names;
+        leafNames(spec.at(1), "", names);
+        if (names.size() == outputs.size())
+          for (size_t i = 0; i < outputs.size(); ++i)
+            if (!names[i].empty())
+              outputNames[i] = names[i];
       } catch (const json::exception &) {
         // Unnamed results then.
       }

@@ -55,6 +55,12 @@ struct Region {
   func::FuncOp func;
 };
 
+/// A float of the program's JSON: a number, or one of the strings torch.export
+/// writes for what JSON cannot ("Infinity", "-Infinity", "NaN": a mask's
+/// -inf fill, for one). Anything else throws json's type_error, reported as a
+/// malformed program.
+double floatOf(const json &v);
+
 /// The innermost Python frame of a stack_trace: (file, line).
 std::pair<std::string, int> innermostFrame(const std::string &trace);
 

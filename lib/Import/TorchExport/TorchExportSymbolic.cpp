@@ -176,7 +176,7 @@ bool TorchExportImporter::emitSymOp(const json &node, std::map<std::string, Valu
       if (lit.contains("as_float") || (inDouble && !condition && lit.contains("as_int")))
         value = DenseElementsAttr::get(
             type0(builder.getF64Type()),
-            ArrayRef<double>{lit.contains("as_float") ? lit["as_float"].get<double>()
+            ArrayRef<double>{lit.contains("as_float") ? floatOf(lit["as_float"])
                                                       : double(lit["as_int"].get<int64_t>())});
       else if (lit.contains("as_int"))
         value = DenseElementsAttr::get(type0(builder.getI64Type()),

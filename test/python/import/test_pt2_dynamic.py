@@ -10,8 +10,9 @@ and every parameter gradient within numerics.py's tolerances of the eager model 
 The same for the architectures of scripts/architectures.py whose exports
 differ in how they compute with sizes (ARCHITECTURES: bidirectional and
 causal masks, learned, ALiBi, rotary and partial rotary positions, parallel
-blocks, sliding window, experts: the tokens each expert gets), exported the same way (a named batch Dim, the
-sequence Dim.DYNAMIC: one export each; that script's dynamic column also
+blocks, sliding window, experts: the tokens each expert gets, DeepSeek-V3's
+group-limited routing with its -inf mask), exported the same way (a named
+batch Dim, the sequence Dim.DYNAMIC: one export each; that script's dynamic column also
 tries a named sequence Dim, which gives the same program where torch
 accepts it). Each is about 10 s on 2 cores, most of it torch.export.
 
@@ -45,7 +46,7 @@ SHAPES = [(3, 12), (1, 5)]  # batch x seq, neither the export's 2 x 8
 # distinct way of computing with sizes; Qwen2, Gemma and LLaMA-tied compute
 # theirs as LLaMA does (scripts/architectures.py's dynamic column runs them).
 ARCHITECTURES = ["bert (masked LM)", "opt", "bloom", "gpt_neox", "falcon", "phi", "gptj",
-                 "mistral", "mixtral", "gpt_oss"]
+                 "mistral", "mixtral", "gpt_oss", "deepseek_v3"]
 
 
 def compile_pt2(exported, tmp_path, name, check_ir=True):

@@ -5,12 +5,19 @@ top-k router, the tokens sorted by expert (aten::sort, aten::histc for the
 counts), one aten::_grouped_mm over the experts' 3-D weights, the results
 scattered back by index_put_. Traced at 2 x 8, the program must run at other
 shapes (other tokens reach other experts, in other numbers): OLMoE (routed
-experts, q/k norms over the whole projection) and Qwen2-MoE (a gated shared
-expert beside the routed ones), run by bmt-run --dump at 3 x 12 against the
-eager model: logits, loss and every parameter gradient within numerics.py's
-bounds. test_architectures_parallel.py trains Mixtral, Qwen2-MoE, Qwen3-MoE
-and gpt-oss in parallel; test_pt2_dynamic.py runs Mixtral and gpt-oss from a
-dynamic torch.export.
+experts, q/k norms over the whole projection), Qwen2-MoE (a gated shared
+expert beside the routed ones) and DeepSeek-V3 (a sigmoid router whose
+group-limited top-k marks the chosen groups with scatter_, masks the others
+with -inf and divides the weights in place; multi-head latent attention),
+run by bmt-run --dump at 3 x 12 against the eager model: logits, loss and
+every parameter gradient within numerics.py's bounds.
+test_architectures_parallel.py trains Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss
+and DeepSeek-V3 in parallel; test_pt2_dynamic.py runs Mixtral, gpt-oss and
+DeepSeek-V3 from a dynamic torch.export.
+
+A .pt2 of Mixtral with output_router_logits returns aux_loss, logits and a
+tuple of router logits: bmt-run --dump writes them by those names
+(router_logits.0, ...), each equal to eager's, and trains on the logits.
 
 transformers' other implementation, a Python loop over the experts the batch
 hits, traces into a program of the experts hit while tracing: bmt-opt
@@ -31,7 +38,8 @@ import pytest
 import torch
 
 from bmt_paths import REPO, binary, tool
-from eager import check_dump_against_eager
+from eager import causal_loss, check_dump_against_eager
+from numerics import assert_close, assert_loss_close
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import architectures  # noqa: E402
@@ -42,6 +50,7 @@ MODELS = {
     "olmoe": ("OlmoeForCausalLM", "olmoe", dict(architectures.LLAMA_LIKE, num_experts=4,
                                                 num_experts_per_tok=2)),
     "qwen2_moe": architectures.ARCHS["qwen2_moe"],
+    "deepseek_v3": architectures.ARCHS["deepseek_v3"],
 }
 
 
@@ -75,6 +84,31 @@ def test_traced_experts_run_at_other_shapes(name, tmp_path):
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(0, architectures.VOCAB, (3, 12), generator=g)
     check_dump_against_eager(model, str(sharded), tmp_path, ids, g)
+
+
+def test_router_outputs_of_a_pt2_are_named(tmp_path):
+    model = build(*architectures.ARCHS["mixtral"], output_router_logits=True)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, architectures.VOCAB, (2, 8), generator=g)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    torch.export.save(torch.export.export(model, (), inputs, strict=False), tmp_path / "m.pt2")
+    sharded = tmp_path / "m.sharded.pt"
+    subprocess.run([binary("bmt-opt"), str(tmp_path / "m.pt2"), "-o", str(sharded)], check=True,
+                   capture_output=True)
+    torch.save(dict(inputs, labels=ids), tmp_path / "in.pt")
+    subprocess.run([binary("bmt-run"), str(sharded), "--dump", str(tmp_path / "in.pt"),
+                    str(tmp_path / "out.pt")], check=True, capture_output=True)
+    got = torch.load(tmp_path / "out.pt")
+    outputs = sorted(k for k in got if not k.startswith("grad/"))
+    assert outputs == ["aux_loss", "logits", "loss", "router_logits.0", "router_logits.1"]
+    with torch.no_grad():
+        want = model(**inputs)
+    assert_close(got["logits"], want.logits, what="logits")
+    assert_close(got["aux_loss"], want.aux_loss, what="aux_loss")
+    for i, router_logits in enumerate(want.router_logits):
+        assert_close(got[f"router_logits.{i}"], router_logits, what=f"router_logits.{i}")
+    # The loss bmt-run trains on is the language-model loss of the logits.
+    assert_loss_close(got["loss"].item(), causal_loss(want.logits, ids).item())
 
 
 def test_eager_expert_loop_is_refused_with_the_fix(tmp_path):
