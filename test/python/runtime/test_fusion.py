@@ -17,21 +17,13 @@ import pytest
 import torch
 
 from bmt_paths import binary
-from eager import build, check_dump_against_eager
+from eager import build, check_dump_against_eager, compile_model
 
 
 def compile_fused(model, tmp_path, name):
-    vocab = model.config.vocab_size
-    inputs = {"input_ids": torch.randint(0, vocab, (2, 8), generator=torch.Generator().manual_seed(1)),
-              "attention_mask": torch.ones(2, 8, dtype=torch.long)}
-    traced = torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
-    pt = str(tmp_path / f"{name}.pt")
-    traced.save(pt)
-    sharded = str(tmp_path / f"{name}.sharded.pt")
-    result = subprocess.run([binary("bmt-opt"), pt, "--bmt-default-pipeline=fuse-elementwise=true",
-                             "-o", sharded], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    return sharded, result.stderr
+    """compile_model with elementwise fusion on: (sharded.pt, bmt-opt's remarks)."""
+    sharded = compile_model(model, tmp_path, name, ["--bmt-default-pipeline=fuse-elementwise=true"])
+    return sharded, (tmp_path / f"{name}.remarks").read_text()
 
 
 # The regions the default pipeline makes in each fixture, those with a last-dim reduction
