@@ -7,8 +7,10 @@ usage: python3 bench/gpu_speed.py [--build] [--bmt-opt BIN] [--archives DIR] [--
            [--steps 20] [--warmup 5] [--out DIR] [--layers 24 --hidden 2048 ...]
 
 The model: Hugging Face GPT-2 architecture, 24 layers, hidden 2048, 16
-heads, sequence 1024, vocab 50304 (1.31 B parameters), random init, dropout
-0, bf16 compute with float32 master weights, micro-batch 8 x 1024 tokens,
+heads, sequence 1024, vocab 50304 (1.31 B parameters), or with --arch
+qwen3-moe bench/make_qwen3_moe.py's mixture of experts (2.98 B parameters,
+0.87 B active; transformers' grouped_mm experts in the references; model
+FLOPs count the active parameters), random init, dropout 0, bf16 compute with float32 master weights, micro-batch 8 x 1024 tokens,
 AdamW (fused), gradient clipping at 1.0, one GPU.
 
 1. --build builds bmt-run here (runtime only: -DBMT_COMPILER=OFF) into
@@ -50,6 +52,10 @@ MICRO_BATCH, SEQ = 8, 1024
 
 def model_config(args):
     import transformers
+    if args.arch == "qwen3-moe":  # bench/make_qwen3_moe.py's model, grouped_mm experts
+        sys.path.insert(0, os.path.join(REPO, "bench"))
+        import make_qwen3_moe
+        return make_qwen3_moe.config(args.layers, args.vocab)
     if args.arch == "llama":  # bench/make_llama_1b.py's model (Llama-3.2-1B shape)
         return transformers.LlamaConfig(
             num_hidden_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
@@ -62,7 +68,22 @@ def model_config(args):
 
 
 def flops_per_token(num_params, args):
+    """num_params: those a token uses (a mixture of experts' active ones)."""
     return 6 * num_params + 12 * args.layers * args.hidden * SEQ
+
+
+def build_model(args):
+    import transformers
+    cls = {"llama": transformers.LlamaForCausalLM, "gpt2": transformers.GPT2LMHeadModel,
+           "qwen3-moe": transformers.Qwen3MoeForCausalLM}[args.arch]
+    return cls(model_config(args))
+
+
+def active_parameters(model, args):
+    if args.arch != "qwen3-moe":
+        return sum(p.numel() for p in model.parameters())
+    import make_qwen3_moe
+    return make_qwen3_moe.active_parameters(model, model.config)
 
 
 # --- references (run in a child process each) --------------------------------
@@ -82,12 +103,9 @@ def reference(args):
         torch.cuda.set_device(0)
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     with device:
-        if args.arch == "llama":
-            model = transformers.LlamaForCausalLM(model_config(args))
-        else:
-            model = transformers.GPT2LMHeadModel(model_config(args))
-    blocks = model.model.layers if args.arch == "llama" else model.transformer.h
-    num_params = sum(p.numel() for p in model.parameters())
+        model = build_model(args)
+    blocks = model.transformer.h if args.arch == "gpt2" else model.model.layers
+    num_params = active_parameters(model, args)
     if recompute:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -164,7 +182,8 @@ def build_runtime():
 
 def make_archives(args, out):
     plain = "-plain" if args.plain else ""
-    archives = {r: os.path.join(out, f"gpt2-1p3b-recompute-{r}{plain}.sharded.pt")
+    stem = {"gpt2": "gpt2-1p3b", "llama": "llama-1b", "qwen3-moe": "qwen3-moe"}[args.arch]
+    archives = {r: os.path.join(out, f"{stem}-recompute-{r}{plain}.sharded.pt")
                 for r in ("on", "off")}
     bmt_opt = find_binary("bmt-opt", args.bmt_opt)
     if args.archives or not bmt_opt:
@@ -172,10 +191,16 @@ def make_archives(args, out):
             raise SystemExit("no bmt-opt here: give --bmt-opt or --archives DIR (plans made "
                              "elsewhere by this script)")
         return {r: os.path.join(args.archives, os.path.basename(a)) for r, a in archives.items()}
-    traced = os.path.join(out, "gpt2-1p3b-bf16.pt")
-    subprocess.run([sys.executable, os.path.join(REPO, "bench", "make_gpt2_1p3b.py"), traced,
-                    "--layers", str(args.layers), "--hidden", str(args.hidden),
-                    "--heads", str(args.heads), "--vocab", str(args.vocab),
+    traced = os.path.join(out, f"{stem}-bf16.pt")
+    if args.arch == "qwen3-moe":
+        make = ["make_qwen3_moe.py", "--layers", str(args.layers), "--vocab", str(args.vocab)]
+    elif args.arch == "gpt2":
+        make = ["make_gpt2_1p3b.py", "--layers", str(args.layers), "--hidden", str(args.hidden),
+                "--heads", str(args.heads), "--vocab", str(args.vocab)]
+    else:
+        raise SystemExit("--arch llama: bmt's plans come from bench/make_llama_1b.py and "
+                         "bench/gpu_fusion.sh (--archives DIR)")
+    subprocess.run([sys.executable, os.path.join(REPO, "bench", make[0]), traced, *make[1:],
                     "--dtype", "bfloat16"], check=True)
     import torch  # a portable bmt-opt (BMT_STATIC_LLVM) finds LibTorch by LD_LIBRARY_PATH
     env = dict(os.environ)
@@ -263,9 +288,11 @@ def main():
     ap.add_argument("--recompute", nargs="+", default=["on", "off"], choices=["on", "off"])
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
-    ap.add_argument("--arch", choices=["gpt2", "llama"], default="gpt2",
+    ap.add_argument("--arch", choices=["gpt2", "llama", "qwen3-moe"], default="gpt2",
                     help="llama: the references only (bmt's plans: bench/make_llama_1b.py, "
-                         "bench/gpu_fusion.sh); its defaults 16 layers, 32 heads, vocab 128256")
+                         "bench/gpu_fusion.sh); its defaults 16 layers, 32 heads, vocab 128256; "
+                         "qwen3-moe: bench/make_qwen3_moe.py's 16 layers, hidden 1536, 32 "
+                         "experts top 4, vocab 151936")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=None)
@@ -279,10 +306,12 @@ def main():
     ap.add_argument("--reference", help=argparse.SUPPRESS)
     ap.add_argument("--profile-reference", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    llama = args.arch == "llama"
-    args.layers = args.layers or (16 if llama else 24)
-    args.heads = args.heads or (32 if llama else 16)
-    args.vocab = args.vocab or (128256 if llama else 50304)
+    llama, moe = args.arch == "llama", args.arch == "qwen3-moe"
+    args.layers = args.layers or (16 if llama or moe else 24)
+    args.heads = args.heads or (12 if moe else 32 if llama else 16)
+    args.vocab = args.vocab or (151936 if moe else 128256 if llama else 50304)
+    if moe:
+        args.hidden = 1536
     if args.reference:
         return reference(args)
 
@@ -322,13 +351,11 @@ def main():
     import torch
     num_params = next((r["params"] for r in results if "params" in r), None)
     if num_params is None:  # only bmt ran: the same architecture's count
-        import transformers
         with torch.device("meta"):
-            m = transformers.GPT2LMHeadModel(model_config(args))
-        num_params = sum(p.numel() for p in m.parameters())
+            num_params = active_parameters(build_model(args), args)
     fpt = flops_per_token(num_params, args)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-    print(f"\nGPT-2 {args.layers} x {args.hidden}, {num_params:,} parameters, micro-batch "
+    print(f"\n{args.arch} {args.layers} x {args.hidden}, {num_params:,} parameters a token, micro-batch "
           f"{MICRO_BATCH} x {SEQ}, bf16 + fp32 master weights, {gpu}, torch {torch.__version__}; "
           f"{args.steps} timed steps after {args.warmup}")
     print(f"{'run':<15} {'recompute':<9} {'tokens/s':>9} {'TFLOP/s':>8} {'peak GiB':>8} "
