@@ -10,7 +10,10 @@ expert beside the routed ones) and DeepSeek-V3 (a sigmoid router whose
 group-limited top-k marks the chosen groups with scatter_, masks the others
 with -inf and divides the weights in place; multi-head latent attention),
 run by bmt-run --dump at 3 x 12 against the eager model: logits, loss and
-every parameter gradient within numerics.py's bounds.
+every parameter gradient within numerics.py's bounds. The compile must have
+lowered every MoE layer's token permutation (bmt-moe-layers' remark: one
+per experts module), so the run goes through the runtime's MoeDispatch and
+MoeCombine.
 test_architectures_parallel.py trains Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss
 and DeepSeek-V3 in parallel; test_pt2_dynamic.py runs Mixtral, gpt-oss and
 DeepSeek-V3 from a dynamic torch.export.
@@ -79,8 +82,15 @@ def test_traced_experts_run_at_other_shapes(name, tmp_path):
     model = build(*MODELS[name])
     trace(model, tmp_path / "m.pt")
     sharded = tmp_path / "m.sharded.pt"
-    subprocess.run([binary("bmt-opt"), str(tmp_path / "m.pt"), "-o", str(sharded)], check=True,
-                   capture_output=True)
+    r = subprocess.run([binary("bmt-opt"), str(tmp_path / "m.pt"), "-o", str(sharded)],
+                       check=True, capture_output=True, text=True)
+    # bmt-moe-layers lowered the token permutation of every MoE layer (the
+    # experts modules of the eager model), so the run below checks the
+    # runtime's MoeDispatch / MoeCombine.
+    experts = sum(1 for n, _ in model.named_modules() if n.endswith(".mlp.experts"))
+    lowered = [line for line in r.stderr.splitlines() if "bmt-moe-layers:" in line]
+    assert len(lowered) == 1 and experts > 0, r.stderr
+    assert f"bmt-moe-layers: {experts} mixture-of-experts layer" in lowered[0], lowered[0]
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(0, architectures.VOCAB, (3, 12), generator=g)
     check_dump_against_eager(model, str(sharded), tmp_path, ids, g)
