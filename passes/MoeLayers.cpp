@@ -46,14 +46,21 @@ constexpr int64_t kInt32 = 3;
 /// arguments of the function.
 struct DispatchMatch {
   BlockArgument hidden, ids;
-  Value topK; ///< aten::size.int(ids, -1): K
+  /// K: aten::size.int(ids, -1) in a trace; null in a .pt2, where K is the
+  /// constant topKConstant.
+  Value topK;
+  std::optional<int64_t> topKConstant;
   int64_t numExperts = 0;
   bmt::AtenOp flatIds, sort, toFloat, histc, cumsum, floorDiv, rows;
-  bmt::NumToTensorOp topKTensor;
+  /// floor_divide's divisor: num_to_tensor(K) (a trace) or a 0-dim
+  /// bmt.constant (a .pt2).
+  Operation *topKTensor = nullptr;
 };
 
 /// The combine's ops: the inverse permutation made by index_put_, the
 /// gather of the expert rows by it, the [T, K, H] view and the sum over K.
+/// `count` (aten::size.int(perm, 0), arange's end) is null in a .pt2, whose
+/// end is the export's T*K.
 struct CombineMatch {
   Value expertRows;
   bmt::AtenOp emptyLike, count, arange, indexPut, gather, view, sum;
@@ -193,7 +200,8 @@ LogicalResult matchCounts(DispatchMatch &m, SymbolTable &symbols) {
   return success();
 }
 
-/// rows = hidden[perm floordiv K], K = size(ids, -1) as a 0-dim tensor.
+/// rows = hidden[perm floordiv K], K = size(ids, -1) as a 0-dim tensor (a
+/// trace) or a 0-dim integer constant (a .pt2, specialized to its K).
 LogicalResult matchRows(DispatchMatch &m) {
   Value perm = m.sort->getResult(1);
   for (Operation *user : perm.getUsers())
@@ -205,11 +213,21 @@ LogicalResult matchRows(DispatchMatch &m) {
   if (!m.floorDiv || operandArg(m.floorDiv, "self") != perm)
     return failure();
   Value k = operandArg(m.floorDiv, "other");
-  m.topKTensor = k ? k.getDefiningOp<bmt::NumToTensorOp>() : bmt::NumToTensorOp();
-  if (!m.topKTensor || !onlyUser(k, m.floorDiv) ||
-      !isSizeOf(m.topKTensor.getInput(), m.ids, {-1, 1}))
+  if (!k || !onlyUser(k, m.floorDiv))
     return failure();
-  m.topK = m.topKTensor.getInput();
+  if (auto n = k.getDefiningOp<bmt::NumToTensorOp>()) {
+    if (!isSizeOf(n.getInput(), m.ids, {-1, 1}))
+      return failure();
+    m.topK = n.getInput();
+    m.topKTensor = n;
+  } else if (auto c = k.getDefiningOp<bmt::ConstantOp>()) {
+    m.topKConstant = bmt::getConstantInt(k);
+    if (!m.topKConstant || *m.topKConstant < 1)
+      return failure();
+    m.topKTensor = c;
+  } else {
+    return failure();
+  }
   if (!m.floorDiv->getResult(0).hasOneUse())
     return failure();
   m.rows = dyn_cast<bmt::AtenOp>(*m.floorDiv->getResult(0).user_begin());
@@ -301,17 +319,25 @@ FailureOr<CombineMatch> matchCombine(const DispatchMatch &m) {
     }
     *slot = aten;
   }
-  if (!c.emptyLike || !c.count || !c.indexPut)
+  if (!c.emptyLike || !c.indexPut || (!c.count && !m.topKConstant))
     return failure();
   if (operandArg(c.emptyLike, "self") != perm || !noneArg(c.emptyLike, "dtype") ||
-      !onlyUser(c.emptyLike->getResult(0), c.indexPut) || !intArgIs(c.count, "dim", 0) ||
-      !c.count->getResult(0).hasOneUse())
+      !onlyUser(c.emptyLike->getResult(0), c.indexPut))
     return failure();
-  c.arange = dyn_cast<bmt::AtenOp>(*c.count->getResult(0).user_begin());
-  if (!c.arange || bmt::atenOpId(c.arange) != AtenOpId::arange ||
-      operandArg(c.arange, "end") != c.count->getResult(0) || !noneArg(c.arange, "dtype") ||
-      !onlyUser(c.arange->getResult(0), c.indexPut))
+  c.arange = definingAten(operandArg(c.indexPut, "values"), AtenOpId::arange);
+  if (!c.arange || !noneArg(c.arange, "dtype") || !onlyUser(c.arange->getResult(0), c.indexPut))
     return failure();
+  // arange(perm.size(0)) in a trace; in a .pt2 the export's T*K, a
+  // constant or a product of its symbolic sizes.
+  if (c.count) {
+    if (!intArgIs(c.count, "dim", 0) || !onlyUser(c.count->getResult(0), c.arange) ||
+        operandArg(c.arange, "end") != c.count->getResult(0))
+      return failure();
+  } else {
+    std::optional<bmt::AtenArg> end = bmt::getAtenArg(c.arange, "end");
+    if (!end || (!end->getInt() && !(end->isOperand() && end->getOperand().getType().isInteger(64))))
+      return failure();
+  }
   if (operandArg(c.indexPut, "self") != c.emptyLike->getResult(0) ||
       singleIndex(c.indexPut, "indices") != perm ||
       operandArg(c.indexPut, "values") != c.arange->getResult(0) ||
@@ -331,10 +357,21 @@ FailureOr<CombineMatch> matchCombine(const DispatchMatch &m) {
   if (!size || !size->isList() || size->getElements().size() != 3)
     return failure();
   ArrayRef<bmt::AtenArg> dims = size->getElements();
-  if (!dims[0].isOperand() || !isSizeOf(dims[0].getOperand(), m.hidden, {0}) ||
-      !dims[1].isOperand() || dims[1].getOperand() != m.topK || !dims[2].isOperand() ||
-      !isSizeOf(dims[2].getOperand(), m.hidden, {-1, 1}))
-    return failure();
+  if (m.topK) {
+    // A trace: [size(hidden, 0), K, size(hidden, -1)].
+    if (!dims[0].isOperand() || !isSizeOf(dims[0].getOperand(), m.hidden, {0}) ||
+        !dims[1].isOperand() || dims[1].getOperand() != m.topK || !dims[2].isOperand() ||
+        !isSizeOf(dims[2].getOperand(), m.hidden, {-1, 1}))
+      return failure();
+  } else {
+    // A .pt2: [T, K, H] with K the constant, T and H the export's (static
+    // or symbolic) sizes.
+    auto isSize = [](const bmt::AtenArg &d) {
+      return d.getInt() || (d.isOperand() && d.getOperand().getType().isInteger(64));
+    };
+    if (dims[1].getInt() != m.topKConstant || !isSize(dims[0]) || !isSize(dims[2]))
+      return failure();
+  }
   c.sum = dyn_cast<bmt::AtenOp>(*c.view->getResult(0).user_begin());
   if (!c.sum || bmt::atenOpId(c.sum) != AtenOpId::sum_dim_IntList ||
       operandArg(c.sum, "self") != c.view->getResult(0) ||
@@ -356,14 +393,13 @@ bool inOneBlock(DispatchMatch m, CombineMatch c) {
   for (Operation *op : {m.flatIds.getOperation(), m.toFloat.getOperation(),
                         m.histc.getOperation(), m.cumsum.getOperation(),
                         m.floorDiv.getOperation(), m.rows.getOperation(),
-                        m.topKTensor.getOperation(), c.emptyLike.getOperation(),
-                        c.count.getOperation(), c.arange.getOperation(),
+                        m.topKTensor, c.emptyLike.getOperation(), c.arange.getOperation(),
                         c.indexPut.getOperation(), c.gather.getOperation(),
                         c.view.getOperation(), c.sum.getOperation()})
     if (op->getBlock() != block)
       return false;
-  return m.hidden.getOwner() == block && m.ids.getOwner() == block &&
-         m.topK.getParentBlock() == block;
+  return (!c.count || c.count->getBlock() == block) && m.hidden.getOwner() == block &&
+         m.ids.getOwner() == block && (!m.topK || m.topK.getParentBlock() == block);
 }
 
 /// Replaces both patterns: the dispatch where the sort was, the combine
@@ -376,20 +412,27 @@ void rewrite(DispatchMatch m, CombineMatch c, OpBuilder &builder) {
                                              TypeRange{tensor, tensor, tensor, tensor}, m.hidden,
                                              m.ids, builder.getI64IntegerAttr(m.numExperts));
   builder.setInsertionPoint(c.sum);
+  Value topK = m.topK;
+  if (!topK)
+    topK = bmt::ConstantOp::create(builder, c.sum.getLoc(),
+                                   builder.getI64IntegerAttr(*m.topKConstant));
   auto combine = bmt::MoeCombineOp::create(builder, c.sum.getLoc(), c.sum->getResult(0).getType(),
-                                           c.expertRows, dispatch.getPermutation(), m.topK);
+                                           c.expertRows, dispatch.getPermutation(), topK);
   m.rows->getResult(0).replaceAllUsesWith(dispatch.getRows());
   m.cumsum->getResult(0).replaceAllUsesWith(dispatch.getOffsets());
   c.sum->getResult(0).replaceAllUsesWith(combine.getResult());
   SmallVector<Value> sizes;
   std::optional<bmt::AtenArg> viewSize = bmt::getAtenArg(c.view, "size");
   for (const bmt::AtenArg &d : viewSize->getElements())
-    sizes.push_back(d.getOperand());
+    if (d.isOperand())
+      sizes.push_back(d.getOperand());
   for (Operation *op : {c.sum.getOperation(), c.view.getOperation(), c.gather.getOperation(),
-                        c.indexPut.getOperation(), c.arange.getOperation(),
-                        c.count.getOperation(), c.emptyLike.getOperation(),
-                        m.rows.getOperation(), m.floorDiv.getOperation(),
-                        m.topKTensor.getOperation(), m.cumsum.getOperation(),
+                        c.indexPut.getOperation(), c.arange.getOperation()})
+    op->erase();
+  if (c.count)
+    c.count->erase();
+  for (Operation *op : {c.emptyLike.getOperation(), m.rows.getOperation(),
+                        m.floorDiv.getOperation(), m.topKTensor, m.cumsum.getOperation(),
                         m.histc.getOperation(), m.toFloat.getOperation()})
     op->erase();
   m.sort->getResult(0).replaceAllUsesWith(dispatch.getSortedIds());
@@ -397,7 +440,7 @@ void rewrite(DispatchMatch m, CombineMatch c, OpBuilder &builder) {
   m.sort->erase();
   m.flatIds->erase();
   for (Value size : sizes)
-    if (size != m.topK && size.use_empty())
+    if (size != m.topK && size.use_empty() && definingAten(size, AtenOpId::size_int))
       size.getDefiningOp()->erase();
 }
 

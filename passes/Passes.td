@@ -116,6 +116,11 @@ def MoeLayers : Pass<"bmt-moe-layers", "::mlir::ModuleOp"> {
     and the routing weights indexed by the permutation and multiplied
     where the model multiplies them.
 
+    A torch.export `.pt2` records K as a 0-dim constant and arange's end
+    and the view's T and H as the export's sizes (constants or products of
+    symbolic sizes): the view's K must then equal that constant, and the
+    combine reads it as a new `bmt.constant`.
+
     The match is strict: ids and hidden are arguments of the function, E
     (histc's bins) equals the leading dim of the 3-D parameter every
     grouped matmul reading the offsets multiplies by, every constant is
