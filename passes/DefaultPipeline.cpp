@@ -1,7 +1,7 @@
 //===- DefaultPipeline.cpp - bmt's default pass pipeline ------------------===//
 //
 // What `bmt-opt model.pt -o sharded.pt` runs when no pass is named, and
-// `--bmt-default-pipeline` runs on request: causal-attention, fuse-gelu,
+// `--bmt-default-pipeline` runs on request: moe-layers, causal-attention, fuse-gelu,
 // fuse-elementwise (unless fuse-elementwise=false), find-blocks,
 // tensor-parallel (with tensor-parallel > 1), zero, checkpoint, overlap, summary. Its options are checked
 // here, for the top-level flags and the named pipeline alike. See
@@ -119,6 +119,12 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
 }
 
 void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &options) {
+  // Before everything: fusion would take the dispatch's casts and masks
+  // into regions, and every MoE block's function changes alike, so
+  // find-blocks still sees identical blocks (the experts' parameters stay
+  // in them).
+  if (options.moeLayers)
+    pm.addPass(createMoeLayers());
   // First: these rewrite every block's function alike, so identical blocks
   // stay identical for find-blocks (causal-attention also drops the mask
   // argument of every block), and the memory estimate of checkpoint and
@@ -175,7 +181,7 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
 void bmt::registerDefaultPipeline() {
   registerPassPipeline(
       "bmt-default-pipeline",
-      "bmt's default pipeline: causal-attention, fuse-gelu, fuse-elementwise, find-blocks, "
+      "bmt's default pipeline: moe-layers, causal-attention, fuse-gelu, fuse-elementwise, find-blocks, "
       "zero, checkpoint, overlap, then the plan summary "
       "(what `bmt-opt model.pt -o sharded.pt` runs without pass flags)",
       [](OpPassManager &pm, llvm::StringRef text,

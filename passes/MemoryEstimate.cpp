@@ -141,6 +141,23 @@ public:
           info[result] = get(value);
           acc += bytesOf(info[result]);
         }
+      } else if (auto dispatch = dyn_cast<MoeDispatchOp>(op)) {
+        // As the ATen ops it stands for: the rows as wide as the hidden
+        // states, the sorted ids and the permutation as the ids, the
+        // offsets not per token.
+        ValueInfo rows = get(dispatch.getHidden()), ids = get(dispatch.getExpertIds());
+        rows.param = nullptr;
+        ids.param = nullptr;
+        info[dispatch.getRows()] = rows;
+        info[dispatch.getSortedIds()] = ids;
+        info[dispatch.getPermutation()] = ids;
+        info[dispatch.getOffsets()] = ValueInfo();
+        acc += bytesOf(rows) + 2 * bytesOf(ids);
+      } else if (auto combine = dyn_cast<MoeCombineOp>(op)) {
+        ValueInfo v = get(combine.getRows());
+        v.param = nullptr;
+        info[combine.getResult()] = v;
+        acc += bytesOf(v);
       } else if (isa<TpCopyOp>(op)) {
         info[op.getResult(0)] = get(op.getOperand(0)); // the input itself (a view)
       } else if (isa<TpAllReduceOp, TpAllGatherOp, TpReduceScatterOp>(op)) {

@@ -92,6 +92,51 @@ def FuseGelu : Pass<"bmt-fuse-gelu", "::mlir::ModuleOp"> {
   let dependentDialects = ["::bmt::BmtDialect"];
 }
 
+def MoeLayers : Pass<"bmt-moe-layers", "::mlir::ModuleOp"> {
+  let summary = "Lower each mixture-of-experts layer's token permutation to bmt.moe_dispatch and bmt.moe_combine";
+  let description = [{
+    transformers' grouped_mm experts (Mixtral, Qwen2/3-MoE, OLMoE, gpt-oss,
+    DeepSeek-V3) take the top-k expert ids [T, K], the hidden states [T, H]
+    and the routing weights, and record around their experts:
+
+    - dispatch: `reshape(ids, [-1])`, `aten::sort` (ascending, dim -1 or
+      0), `hidden[perm floordiv K]` with K = `size(ids, -1)`, and
+      `cumsum(histc(to(sorted, float32), E, 0, E - 1), 0, int32)`, the
+      offsets of the grouped matmuls;
+    - combine: the inverse permutation `empty_like(perm).index_put_([perm],
+      arange(perm.size(0)))`, the expert rows gathered by it, viewed
+      `[size(hidden, 0), K, size(hidden, -1)]` and summed over dim 1.
+
+    The pass replaces the dispatch by one `bmt.moe_dispatch` (rows, sorted
+    ids, offsets, permutation) and the combine by one `bmt.moe_combine`,
+    the seam where expert parallelism will exchange rows between ranks.
+    The experts' own ops stay as they were, reading the dispatch's
+    results: the grouped matmuls, the activation, the padding mask
+    `ge.Scalar(sorted ids, E)`, per-expert biases indexed by the sorted ids,
+    and the routing weights indexed by the permutation and multiplied
+    where the model multiplies them.
+
+    A torch.export `.pt2` records K as a 0-dim constant and arange's end
+    and the view's T and H as the export's sizes (constants or products of
+    symbolic sizes): the view's K must then equal that constant, and the
+    combine reads it as a new `bmt.constant`.
+
+    The match is strict: ids and hidden are arguments of the function, E
+    (histc's bins) equals the leading dim of the 3-D parameter every
+    grouped matmul reading the offsets multiplies by, every constant is
+    the expected one, and every intermediate value has no user outside
+    the pattern (the sorted ids and the permutation only the users named
+    above). Anything else leaves the function as it is, and the program
+    runs its ATen ops as before.
+
+    Emits one remark: the number of layers lowered and the first and last
+    function ("bmt-moe-layers: 2 mixture-of-experts layers lowered to
+    bmt.moe_dispatch / bmt.moe_combine (model.layers.0.mlp.experts.forward
+    ... model.layers.1.mlp.experts.forward)"), or that there was none.
+  }];
+  let dependentDialects = ["::bmt::BmtDialect"];
+}
+
 def GroupedQueryAttention : Pass<"bmt-grouped-query-attention", "::mlir::ModuleOp"> {
   let summary = "Let aten::scaled_dot_product_attention read the kv heads (enable_gqa) instead of repeat_kv's copies";
   let description = [{

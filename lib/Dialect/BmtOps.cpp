@@ -386,6 +386,12 @@ LogicalResult ConstantOp::inferReturnTypes(
   return success();
 }
 
+LogicalResult MoeDispatchOp::verify() {
+  if (getNumExperts() < 1)
+    return emitOpError("needs at least one expert, got ") << getNumExperts();
+  return success();
+}
+
 LogicalResult ConstantOp::verify() {
   Type type = typeOfConstant(getValue());
   if (!type || type != getType())

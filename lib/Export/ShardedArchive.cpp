@@ -363,6 +363,16 @@ private:
         inst.kind = plan::Instruction::Kind::TpReduceScatter;
         inst.op = std::to_string(scatter.getDim());
         inst.args.push_back(plan::Arg::ofRegister(reg(scatter.getInput())));
+      } else if (auto dispatch = dyn_cast<bmt::MoeDispatchOp>(op)) {
+        inst.kind = plan::Instruction::Kind::MoeDispatch;
+        inst.op = std::to_string(dispatch.getNumExperts());
+        inst.args.push_back(plan::Arg::ofRegister(reg(dispatch.getHidden())));
+        inst.args.push_back(plan::Arg::ofRegister(reg(dispatch.getExpertIds())));
+      } else if (auto combine = dyn_cast<bmt::MoeCombineOp>(op)) {
+        inst.kind = plan::Instruction::Kind::MoeCombine;
+        inst.args.push_back(plan::Arg::ofRegister(reg(combine.getRows())));
+        inst.args.push_back(plan::Arg::ofRegister(reg(combine.getPermutation())));
+        inst.args.push_back(plan::Arg::ofRegister(reg(combine.getTopK())));
       } else if (isa<bmt::TpRankOp>(op)) {
         inst.kind = plan::Instruction::Kind::TpRank;
       } else if (auto sum = dyn_cast<bmt::TpAllReduceOp>(op)) {

@@ -180,6 +180,8 @@ const char *kindName(Instruction::Kind kind) {
   case Instruction::Kind::TpRank: return "tp_rank";
   case Instruction::Kind::TpAllGather: return "tp_all_gather";
   case Instruction::Kind::TpReduceScatter: return "tp_reduce_scatter";
+  case Instruction::Kind::MoeDispatch: return "moe_dispatch";
+  case Instruction::Kind::MoeCombine: return "moe_combine";
   }
   return "?";
 }
@@ -191,10 +193,15 @@ Instruction::Kind kindFromName(const std::string &name) {
                     Instruction::Kind::Release, Instruction::Kind::Fused,
                     Instruction::Kind::TpAllReduce, Instruction::Kind::TpCopy,
                     Instruction::Kind::TpRank, Instruction::Kind::TpAllGather,
-                    Instruction::Kind::TpReduceScatter})
+                    Instruction::Kind::TpReduceScatter, Instruction::Kind::MoeDispatch,
+                    Instruction::Kind::MoeCombine})
     if (name == kindName(kind))
       return kind;
   throw PlanError("plan: unknown instruction kind '" + name + "'");
+}
+
+bool isMoeKind(Instruction::Kind kind) {
+  return kind == Instruction::Kind::MoeDispatch || kind == Instruction::Kind::MoeCombine;
 }
 
 bool isTpKind(Instruction::Kind kind) {
@@ -315,6 +322,10 @@ int64_t Plan::tpGroup(int64_t group, int64_t tpRank) const {
 }
 
 int64_t formatVersionOf(const Plan &plan) {
+  for (const Function &f : plan.functions)
+    for (const Instruction &inst : f.body)
+      if (isMoeKind(inst.kind))
+        return 7;
   if (plan.tensorParallel != 1 || plan.vocabParallel || plan.vocabSize != 0)
     return 6;
   for (const TensorInfo &t : plan.tensors)
@@ -715,6 +726,26 @@ Plan fromIValue(const IValue &value) {
         throw PlanError("plan: a gather or release in " + f.name +
                         " names a storage group copy of tp_rank " +
                         std::to_string(plan.groups[inst.target].tpRank) + " (it must name tp_rank 0)");
+      if (isMoeKind(inst.kind)) {
+        if (plan.version < 7)
+          throw PlanError("plan: a " + std::string(kindName(inst.kind)) + " instruction in a version " +
+                          std::to_string(plan.version) + " plan (" + f.name + ")");
+        const bool dispatch = inst.kind == Instruction::Kind::MoeDispatch;
+        bool wellFormed = inst.results.size() == (dispatch ? 4u : 1u) &&
+                          inst.args.size() == (dispatch ? 2u : 3u);
+        for (const Arg &a : inst.args)
+          wellFormed = wellFormed && a.kind == Arg::Kind::Register;
+        if (dispatch)
+          wellFormed = wellFormed && !inst.op.empty() && inst.op.size() <= 9 && inst.op[0] != '0' &&
+                       std::all_of(inst.op.begin(), inst.op.end(),
+                                   [](char c) { return c >= '0' && c <= '9'; });
+        if (!wellFormed)
+          throw PlanError("plan: malformed " + std::string(kindName(inst.kind)) +
+                          " instruction in " + f.name +
+                          (dispatch ? " (it takes hidden and expert ids, gives four results, and "
+                                      "its op is the expert count)"
+                                    : " (it takes rows, the permutation and K, gives one result)"));
+      }
       if (inst.kind == Instruction::Kind::Fused) {
         if (plan.version < 5)
           throw PlanError("plan: a fused instruction in a version " + std::to_string(plan.version) +

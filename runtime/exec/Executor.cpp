@@ -6,6 +6,7 @@
 #include "bmt/Runtime/fusion/Fused.h"
 #include "exec/Embedding.h"
 #include "exec/Linear.h"
+#include "exec/Moe.h"
 #include "exec/Recompute.h"
 #include "bmt/Support/ErrorText.h"
 
@@ -452,6 +453,39 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
         const bool computeValue = !graphOnly || graphOnly->skip[n] != Skip::Collective;
         regs[inst.results[0]] = applyTpInstruction(inst.kind, x, *tensorComm_, dim, computeValue);
         recomputeSkips_ += computeValue ? 0 : 1;
+        break;
+      }
+      case plan::Instruction::Kind::MoeDispatch:
+      case plan::Instruction::Kind::MoeCombine: {
+        auto tensorArg = [&](size_t i) -> at::Tensor {
+          const IValue &v = regs[inst.args.at(i).reg];
+          if (!v.isTensor())
+            throw ExecutionError(std::string(inst.kind == plan::Instruction::Kind::MoeDispatch
+                                                 ? "moe_dispatch"
+                                                 : "moe_combine") +
+                                 " in " + f.name +
+                                 (inst.location.empty() ? "" : " (" + inst.location + ")") +
+                                 " takes tensors, not a " + v.tagKind());
+          return v.toTensor();
+        };
+        try {
+          if (inst.kind == plan::Instruction::Kind::MoeDispatch) {
+            moe::Dispatched d = moe::dispatch(tensorArg(0), tensorArg(1),
+                                              moe::allExperts(std::stoll(inst.op)));
+            regs[inst.results.at(0)] = std::move(d.rows);
+            regs[inst.results.at(1)] = std::move(d.sortedIds);
+            regs[inst.results.at(2)] = std::move(d.offsets);
+            regs[inst.results.at(3)] = std::move(d.permutation);
+          } else {
+            regs[inst.results.at(0)] =
+                moe::combine(tensorArg(0), tensorArg(1), regs[inst.args.at(2).reg].toInt());
+          }
+        } catch (const std::invalid_argument &e) {
+          throw ExecutionError(std::string(e.what()) + " in " + f.name +
+                               (inst.location.empty() ? "" : " (" + inst.location + ")"));
+        }
+        if (observer_ && observer_->checkInstructions)
+          observer_->instructionDone(index, n, regs);
         break;
       }
       case plan::Instruction::Kind::NumToTensor:

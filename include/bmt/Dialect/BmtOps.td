@@ -243,6 +243,62 @@ def Bmt_TpRankOp : Bmt_Op<"tp_rank", [Pure]> {
 }
 
 //===----------------------------------------------------------------------===//
+// Mixture of experts (added by --bmt-moe-layers)
+//===----------------------------------------------------------------------===//
+
+def Bmt_MoeDispatchOp : Bmt_Op<"moe_dispatch"> {
+  let summary = "sort a MoE layer's token copies by expert (transformers' grouped_mm dispatch)";
+  let description = [{
+    Made by `--bmt-moe-layers` (docs/passes/moe-layers.md) from the ATen ops
+    that transformers' grouped_mm experts record before their first
+    `aten::_grouped_mm`. With `hidden` [T, H], `expert_ids` [T, K] (int64,
+    the top-k experts of each token) and E = `num_experts`:
+
+    - `permutation` [T*K] int64 and `sorted_ids` [T*K] int64: `aten::sort`
+      (not stable, ascending) of `expert_ids` flattened;
+    - `rows` [T*K, H]: `hidden[permutation floordiv K]`, each token copied
+      once per chosen expert, grouped by expert;
+    - `offsets` [E] int32: `cumsum(histc(float(sorted_ids), E, 0, E - 1))`,
+      the end of each expert's rows, as `aten::_grouped_mm` reads them.
+
+    The results equal those ATen ops' bit for bit. The routing weights are
+    not an operand: the layer's own ops index them by `permutation`, as the
+    original program does. Every expert is local today; the runtime keeps a
+    seam where expert parallelism will exchange rows between ranks.
+
+    ```mlir
+    %rows, %sorted, %offsets, %perm = bmt.moe_dispatch %hidden, %ids experts 8 : !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor
+    ```
+  }];
+  let arguments = (ins Bmt_TensorType:$hidden, Bmt_TensorType:$expert_ids,
+                       I64Attr:$num_experts);
+  let results = (outs Bmt_TensorType:$rows, Bmt_TensorType:$sorted_ids,
+                      Bmt_TensorType:$offsets, Bmt_TensorType:$permutation);
+  let assemblyFormat = "$hidden `,` $expert_ids `experts` $num_experts attr-dict `:` type(results)";
+  let hasVerifier = 1;
+}
+
+def Bmt_MoeCombineOp : Bmt_Op<"moe_combine"> {
+  let summary = "put a MoE layer's expert outputs back in token order and sum each token's K copies";
+  let description = [{
+    Made by `--bmt-moe-layers` from the ATen ops after the experts' last
+    `aten::_grouped_mm`: with `rows` [T*K, H] in the order of
+    `permutation` (a `bmt.moe_dispatch` result) and K = `top_k`, the result
+    [T, H] is `rows[inverse(permutation)].view(T, K, H).sum(1)`, the
+    inverse made as transformers makes it (`index_put_` of `arange(T*K)`
+    at `permutation`). Any weighting by the routing weights stays in the
+    layer's ops before it.
+
+    ```mlir
+    %out = bmt.moe_combine %rows, %perm top_k %k : !bmt.tensor
+    ```
+  }];
+  let arguments = (ins Bmt_TensorType:$rows, Bmt_TensorType:$permutation, I64:$top_k);
+  let results = (outs Bmt_TensorType:$result);
+  let assemblyFormat = "$rows `,` $permutation `top_k` $top_k attr-dict `:` type($result)";
+}
+
+//===----------------------------------------------------------------------===//
 // Computation
 //===----------------------------------------------------------------------===//
 

@@ -120,6 +120,10 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
                      "bmt-run trains with all-ones masks and --dump refuses padded ones. "
                      "assume-unpadded=false keeps the padding term"),
       llvm::cl::init(true)};
+  Option<bool> moeLayers{*this, "moe-layers",
+                         llvm::cl::desc("lower each mixture-of-experts layer's token permutation to "
+                                        "bmt.moe_dispatch / bmt.moe_combine (bmt-moe-layers)"),
+                         llvm::cl::init(true)};
   Option<bool> fuseGelu{*this, "fuse-gelu",
                         llvm::cl::desc("replace GELU written out as elementwise ops by "
                                        "aten::gelu (bmt-fuse-gelu)"),
@@ -173,6 +177,7 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
   std::string verify(llvm::StringRef prefix) const;
 };
 
+/// moe-layers (unless options.moeLayers is false),
 /// causal-attention (unless options.causalAttention is false; with
 /// options.assumeUnpadded), fuse-gelu (unless options.fuseGelu is false),
 /// fuse-elementwise (unless options.fuseElementwise is false; with

@@ -34,8 +34,9 @@ namespace bmt::plan {
 /// split into several records (StorageGroup::parts); 5 adds Fused
 /// instructions (bmt-opt --bmt-fuse-elementwise); 6 adds tensor
 /// parallelism (TensorSplit, StorageGroup::tpRank, Plan::tensorParallel,
-/// vocabParallel, vocabSize, the Tp* instructions).
-constexpr int64_t kPlanFormatVersion = 6;
+/// vocabParallel, vocabSize, the Tp* instructions); 7 adds the MoeDispatch
+/// and MoeCombine instructions (bmt-opt --bmt-moe-layers).
+constexpr int64_t kPlanFormatVersion = 7;
 /// The oldest version readers still take.
 constexpr int64_t kOldestPlanFormatVersion = 2;
 
@@ -137,6 +138,16 @@ struct Instruction {
     /// results[0] = the sum over the TP group of args[0], scattered along
     /// dim `op` (a decimal string); backward: all-gather along that dim.
     TpReduceScatter,
+    /// Version 7, a mixture-of-experts layer's token permutation
+    /// (bmt.moe_dispatch; runtime/exec/Moe.h): args = registers [hidden
+    /// [T, H], expert ids [T, K] int64], `op` = the expert count E (a
+    /// decimal string); results = [rows [T*K, H] sorted by expert, sorted
+    /// ids [T*K], offsets [E] int32, permutation [T*K]].
+    MoeDispatch,
+    /// Version 7 (bmt.moe_combine): args = registers [expert rows [T*K, H]
+    /// in sorted order, the permutation, K (an int)]; results[0] = [T, H],
+    /// each token's K rows back in token order, summed.
+    MoeCombine,
   };
   Kind kind = Kind::Aten;
   std::string op;               ///< Aten: "aten::softmax.int"
@@ -291,7 +302,8 @@ struct Plan {
 /// The version a writer gives `plan`: 2; 3 when it has assumptions; 4 when
 /// a storage group is split into parts; 5 when a function has a Fused
 /// instruction; 6 when anything of tensor parallelism is non-default
-/// (T > 1, a TensorSplit, a tpRank, vocabParallel, a Tp* instruction). An
+/// (T > 1, a TensorSplit, a tpRank, vocabParallel, a Tp* instruction); 7
+/// when a function has a MoeDispatch or MoeCombine instruction. An
 /// older reader must refuse such a plan rather than ignore what it does not
 /// know; a plan with T == 1 and nothing else new is written as before.
 int64_t formatVersionOf(const Plan &plan);

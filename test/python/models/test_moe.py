@@ -10,14 +10,18 @@ expert beside the routed ones) and DeepSeek-V3 (a sigmoid router whose
 group-limited top-k marks the chosen groups with scatter_, masks the others
 with -inf and divides the weights in place; multi-head latent attention),
 run by bmt-run --dump at 3 x 12 against the eager model: logits, loss and
-every parameter gradient within numerics.py's bounds.
+every parameter gradient within numerics.py's bounds. The compile must have
+lowered every MoE layer's token permutation (bmt-moe-layers' remark: one
+per experts module), so the run goes through the runtime's MoeDispatch and
+MoeCombine.
 test_architectures_parallel.py trains Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss
 and DeepSeek-V3 in parallel; test_pt2_dynamic.py runs Mixtral, gpt-oss and
 DeepSeek-V3 from a dynamic torch.export.
 
 A .pt2 of Mixtral with output_router_logits returns aux_loss, logits and a
 tuple of router logits: bmt-run --dump writes them by those names
-(router_logits.0, ...), each equal to eager's, and trains on the logits.
+(router_logits.0, ...), each equal to eager's, and trains on the logits;
+its MoE layers are lowered as a trace's are.
 
 transformers' other implementation, a Python loop over the experts the batch
 hits, traces into a program of the experts hit while tracing: bmt-opt
@@ -74,13 +78,26 @@ def trace(model, path):
                         strict=False).save(str(path))
 
 
+def assert_moe_layers_lowered(model, stderr):
+    """bmt-opt's remark says bmt-moe-layers lowered one layer per experts
+    module of the eager model."""
+    experts = sum(1 for n, _ in model.named_modules() if n.endswith(".mlp.experts"))
+    lowered = [line for line in stderr.splitlines() if "bmt-moe-layers:" in line]
+    assert len(lowered) == 1 and experts > 0, stderr
+    assert f"bmt-moe-layers: {experts} mixture-of-experts layer" in lowered[0], lowered[0]
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_traced_experts_run_at_other_shapes(name, tmp_path):
     model = build(*MODELS[name])
     trace(model, tmp_path / "m.pt")
     sharded = tmp_path / "m.sharded.pt"
-    subprocess.run([binary("bmt-opt"), str(tmp_path / "m.pt"), "-o", str(sharded)], check=True,
-                   capture_output=True)
+    r = subprocess.run([binary("bmt-opt"), str(tmp_path / "m.pt"), "-o", str(sharded)],
+                       check=True, capture_output=True, text=True)
+    # bmt-moe-layers lowered the token permutation of every MoE layer (the
+    # experts modules of the eager model), so the run below checks the
+    # runtime's MoeDispatch / MoeCombine.
+    assert_moe_layers_lowered(model, r.stderr)
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(0, architectures.VOCAB, (3, 12), generator=g)
     check_dump_against_eager(model, str(sharded), tmp_path, ids, g)
@@ -93,8 +110,9 @@ def test_router_outputs_of_a_pt2_are_named(tmp_path):
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     torch.export.save(torch.export.export(model, (), inputs, strict=False), tmp_path / "m.pt2")
     sharded = tmp_path / "m.sharded.pt"
-    subprocess.run([binary("bmt-opt"), str(tmp_path / "m.pt2"), "-o", str(sharded)], check=True,
-                   capture_output=True)
+    r = subprocess.run([binary("bmt-opt"), str(tmp_path / "m.pt2"), "-o", str(sharded)],
+                       check=True, capture_output=True, text=True)
+    assert_moe_layers_lowered(model, r.stderr)
     torch.save(dict(inputs, labels=ids), tmp_path / "in.pt")
     subprocess.run([binary("bmt-run"), str(sharded), "--dump", str(tmp_path / "in.pt"),
                     str(tmp_path / "out.pt")], check=True, capture_output=True)

@@ -179,6 +179,65 @@ Plan tensorParallelPlan() {
   return p;
 }
 
+/// twoParameterPlan with a MoE layer's dispatch and combine.
+Plan moePlan() {
+  Plan p = twoParameterPlan();
+  Function &f = p.functions[0];
+  f.numRegisters = 9;
+  f.params = {1, 2, 3};
+  f.returns = {8};
+  Instruction dispatch;
+  dispatch.kind = Instruction::Kind::MoeDispatch;
+  dispatch.op = "8";
+  dispatch.args = {Arg::ofRegister(1), Arg::ofRegister(2)};
+  dispatch.results = {4, 5, 6, 7};
+  Instruction combine;
+  combine.kind = Instruction::Kind::MoeCombine;
+  combine.args = {Arg::ofRegister(4), Arg::ofRegister(7), Arg::ofRegister(3)};
+  combine.results = {8};
+  f.body.push_back(dispatch);
+  f.body.push_back(combine);
+  return p;
+}
+
+TEST(PlanFormat, MoeInstructionsRoundTripAtVersion7) {
+  EXPECT_EQ(formatVersionOf(twoParameterPlan()), 2);
+  Plan p = fromIValue(toIValue(moePlan()));
+  EXPECT_EQ(p.version, 7);
+  const std::vector<Instruction> &body = p.functions[0].body;
+  ASSERT_EQ(body.size(), 4u);
+  EXPECT_EQ(body[2].kind, Instruction::Kind::MoeDispatch);
+  EXPECT_EQ(body[2].op, "8");
+  EXPECT_EQ(body[2].results, (std::vector<int64_t>{4, 5, 6, 7}));
+  EXPECT_EQ(body[3].kind, Instruction::Kind::MoeCombine);
+  EXPECT_EQ(body[3].args.size(), 3u);
+  EXPECT_EQ(body[3].args[2].reg, 3);
+
+  auto expectRefused = [](const c10::IValue &v, const std::string &what) {
+    try {
+      fromIValue(v);
+      ADD_FAILURE() << "accepted a plan that should name " << what;
+    } catch (const PlanError &e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  Plan bad = moePlan();
+  bad.functions[0].body[2].op = "0";
+  expectRefused(toIValue(bad), "moe_dispatch");
+  bad = moePlan();
+  bad.functions[0].body[2].results.pop_back();
+  expectRefused(toIValue(bad), "moe_dispatch");
+  bad = moePlan();
+  bad.functions[0].body[3].args.pop_back();
+  expectRefused(toIValue(bad), "moe_combine");
+  // A MoE instruction in a plan that says version 6 (an older writer), and
+  // a version 7 plan for a reader of 6 at most: one clear error each.
+  c10::IValue v = toIValue(moePlan());
+  v.toGenericDict().insert_or_assign("version", int64_t(6));
+  expectRefused(v, "version 6");
+  EXPECT_EQ(kPlanFormatVersion, 7);
+}
+
 TEST(PlanFormat, TensorParallelRoundTrip) {
   Plan p = fromIValue(toIValue(tensorParallelPlan()));
   EXPECT_EQ(p.version, 6);
