@@ -12,6 +12,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "MoeLayers.h"
+
 #include "bmt/Dialect/AtenArgs.h"
 #include "bmt/Dialect/BmtDialect.h"
 #include "bmt/Passes.h"
@@ -404,8 +406,8 @@ bool inOneBlock(DispatchMatch m, CombineMatch c) {
 
 /// Replaces both patterns: the dispatch where the sort was, the combine
 /// where the sum was; the ops of both are erased, and the sizes only they
-/// read.
-void rewrite(DispatchMatch m, CombineMatch c, OpBuilder &builder) {
+/// read. Returns the dispatch.
+bmt::MoeDispatchOp rewrite(DispatchMatch m, CombineMatch c, OpBuilder &builder) {
   Type tensor = m.sort->getResult(0).getType();
   builder.setInsertionPoint(m.sort);
   auto dispatch = bmt::MoeDispatchOp::create(builder, m.sort.getLoc(),
@@ -442,6 +444,7 @@ void rewrite(DispatchMatch m, CombineMatch c, OpBuilder &builder) {
   for (Value size : sizes)
     if (size != m.topK && size.use_empty() && definingAten(size, AtenOpId::size_int))
       size.getDefiningOp()->erase();
+  return dispatch;
 }
 
 struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
@@ -450,6 +453,7 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
     SymbolTable symbols(module);
     OpBuilder builder(module.getContext());
     SmallVector<StringRef> functions;
+    int masksDropped = 0;
     for (auto f : module.getOps<func::FuncOp>()) {
       SmallVector<bmt::AtenOp> sorts;
       f.walk([&](bmt::AtenOp op) {
@@ -463,8 +467,12 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
         FailureOr<CombineMatch> combine = matchCombine(*dispatch);
         if (failed(combine) || !inOneBlock(*dispatch, *combine))
           continue;
-        rewrite(*dispatch, *combine, builder);
+        unsigned idsArg = dispatch->ids.getArgNumber();
+        bmt::MoeDispatchOp op = rewrite(*dispatch, *combine, builder);
         functions.push_back(f.getSymName());
+        if (bmt::routerIdsBelow(f, idsArg, op.getNumExperts(), symbols) &&
+            succeeded(bmt::dropSentinelMasks(op)))
+          ++masksDropped;
       }
     }
     InFlightDiagnostic remark = emitRemark(module.getLoc());
@@ -477,7 +485,8 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
            << " lowered to bmt.moe_dispatch / bmt.moe_combine (" << functions.front();
     if (functions.size() > 1)
       remark << " ... " << functions.back();
-    remark << ")";
+    remark << "); masks of expert ids >= E dropped in " << masksDropped
+           << " (their ids are a router's top-k over E)";
   }
 };
 

@@ -12,8 +12,8 @@ with -inf and divides the weights in place; multi-head latent attention),
 run by bmt-run --dump at 3 x 12 against the eager model: logits, loss and
 every parameter gradient within numerics.py's bounds. The compile must have
 lowered every MoE layer's token permutation (bmt-moe-layers' remark: one
-per experts module), so the run goes through the runtime's MoeDispatch and
-MoeCombine.
+per experts module, each with its masks of expert ids >= E dropped), so
+the run goes through the runtime's MoeDispatch and MoeCombine.
 test_architectures_parallel.py trains Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss
 and DeepSeek-V3 in parallel; test_pt2_dynamic.py runs Mixtral, gpt-oss and
 DeepSeek-V3 from a dynamic torch.export.
@@ -85,6 +85,9 @@ def assert_moe_layers_lowered(model, stderr):
     lowered = [line for line in stderr.splitlines() if "bmt-moe-layers:" in line]
     assert len(lowered) == 1 and experts > 0, stderr
     assert f"bmt-moe-layers: {experts} mixture-of-experts layer" in lowered[0], lowered[0]
+    # The routers' ids are top-k over E scores: the masks of ids >= E never
+    # fire and are dropped (the parity below checks that nothing changed).
+    assert f"masks of expert ids >= E dropped in {experts} " in lowered[0], lowered[0]
 
 
 @pytest.mark.parametrize("name", list(MODELS))
