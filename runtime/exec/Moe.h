@@ -3,8 +3,9 @@
 // The plan's MoeDispatch and MoeCombine instructions (bmt.moe_dispatch,
 // bmt.moe_combine; docs/passes/moe-layers.md): the ATen ops transformers'
 // grouped_mm experts record around their grouped matmuls, called in the
-// same order with the same arguments, so that values and gradients equal
-// the unlowered program's bit for bit and autograd differentiates them.
+// same order with the same arguments, so that values equal the unlowered
+// program's bit for bit; the gathers of rows differentiate as permutations
+// (Moe.cpp), gradients equal up to the order of a token's K-term sum.
 //
 // Every expert is local today. The expert range is the seam for expert
 // parallelism: a rank holding experts [first, first + count) of E will send
