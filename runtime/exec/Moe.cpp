@@ -8,6 +8,7 @@
 #include "exec/Moe.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <stdexcept>
 #include <string>
@@ -37,6 +38,7 @@ Dispatched dispatch(const at::Tensor &hidden, const at::Tensor &expertIds,
   d.rows = at::index(hidden, c10::List<std::optional<at::Tensor>>({token}));
   at::Tensor counts = at::histc(sorted.to(at::kFloat), numExperts, 0, numExperts - 1);
   d.offsets = at::cumsum(counts, 0, at::kInt);
+  d.counts = std::move(counts);
   d.sortedIds = std::move(sorted);
   d.permutation = std::move(permutation);
   return d;
@@ -57,5 +59,21 @@ at::Tensor combine(const at::Tensor &rows, const at::Tensor &permutation, int64_
   at::Tensor unsorted = at::index(rows, c10::List<std::optional<at::Tensor>>({inverse}));
   return unsorted.view({permutation.size(0) / topK, topK, rows.size(-1)}).sum({1}, false);
 }
+
+void ExpertLoad::add(const at::Tensor &counts) {
+  c10::NoGradGuard noGrad;
+  at::Tensor c = counts.detach().to(at::kDouble).reshape({-1});
+  if (next_ < layers_.size() && layers_[next_].numel() == c.numel())
+    layers_[next_].add_(c);
+  else if (next_ < layers_.size())
+    throw std::invalid_argument("moe_dispatch: layer " + std::to_string(next_) + " has " +
+                                std::to_string(c.numel()) + " experts in this forward pass and " +
+                                std::to_string(layers_[next_].numel()) + " in an earlier one");
+  else
+    layers_.push_back(c.clone());
+  ++next_;
+}
+
+at::Tensor ExpertLoad::flat() const { return layers_.empty() ? at::Tensor() : at::cat(layers_); }
 
 } // namespace bmt::runtime::moe
