@@ -376,8 +376,6 @@ at::Tensor ExecutorHooks::givenGradientSlot(const at::Tensor &) { return {}; }
 ExecutorObserver::~ExecutorObserver() = default;
 
 std::vector<IValue> Executor::run(const std::vector<IValue> &inputs) {
-  if (expertLoad_)
-    expertLoad_->beginForward();
   return call(static_cast<size_t>(plan_.entry), inputs);
 }
 
@@ -479,7 +477,7 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
             regs[inst.results.at(2)] = std::move(d.offsets);
             regs[inst.results.at(3)] = std::move(d.permutation);
             if (expertLoad_ && recomputing_ == 0)
-              expertLoad_->add(d.counts);
+              expertLoad_->add(static_cast<int64_t>(index << 32 | n), d.counts);
           } else {
             regs[inst.results.at(0)] =
                 moe::combine(tensorArg(0), tensorArg(1), regs[inst.args.at(2).reg].toInt());

@@ -60,20 +60,24 @@ at::Tensor combine(const at::Tensor &rows, const at::Tensor &permutation, int64_
   return unsorted.view({permutation.size(0) / topK, topK, rows.size(-1)}).sum({1}, false);
 }
 
-void ExpertLoad::add(const at::Tensor &counts) {
+void ExpertLoad::add(int64_t layer, const at::Tensor &counts) {
   c10::NoGradGuard noGrad;
   at::Tensor c = counts.detach().to(at::kDouble).reshape({-1});
-  if (next_ < layers_.size() && layers_[next_].numel() == c.numel())
-    layers_[next_].add_(c);
-  else if (next_ < layers_.size())
-    throw std::invalid_argument("moe_dispatch: layer " + std::to_string(next_) + " has " +
-                                std::to_string(c.numel()) + " experts in this forward pass and " +
-                                std::to_string(layers_[next_].numel()) + " in an earlier one");
-  else
-    layers_.push_back(c.clone());
-  ++next_;
+  for (auto &[key, sum] : layers_)
+    if (key == layer) {
+      sum.add_(c);
+      return;
+    }
+  layers_.emplace_back(layer, c.clone());
 }
 
-at::Tensor ExpertLoad::flat() const { return layers_.empty() ? at::Tensor() : at::cat(layers_); }
+at::Tensor ExpertLoad::flat() const {
+  if (layers_.empty())
+    return at::Tensor();
+  std::vector<at::Tensor> parts;
+  for (const auto &layer : layers_)
+    parts.push_back(layer.second);
+  return at::cat(parts);
+}
 
 } // namespace bmt::runtime::moe

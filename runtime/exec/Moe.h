@@ -19,6 +19,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace bmt::runtime::moe {
@@ -55,26 +56,26 @@ at::Tensor combine(const at::Tensor &rows, const at::Tensor &permutation, int64_
 /// Tokens per expert of every MoE layer over the forward passes of one
 /// optimizer step, kept on the device (no host synchronisation). The
 /// trainer owns one and hands it to the Executor (Executor::setExpertLoad),
-/// which adds each MoeDispatch's counts in the order the layers dispatch in
-/// a forward pass, but not those of a checkpointed block's recompute in the
+/// which adds each MoeDispatch's counts to the layer of that instruction
+/// (each MoE layer is its own plan function: the importers make one per
+/// module), but not those of a checkpointed block's recompute in the
 /// backward (the same tokens again).
 class ExpertLoad {
 public:
   /// Forgets the counts: a new step.
   void beginStep() { layers_.clear(); }
-  /// A forward pass begins: its next dispatch is layer 0's.
-  void beginForward() { next_ = 0; }
-  /// Adds `counts` ([E], any dtype) to the next layer's.
-  void add(const at::Tensor &counts);
-  /// Every layer's counts one after the other ([sum of E] float64 on the
-  /// device), undefined when no layer dispatched since beginStep().
+  /// Adds `counts` ([E], any dtype) to those of layer `layer` (any key:
+  /// the executor gives the dispatch instruction's place in the plan).
+  void add(int64_t layer, const at::Tensor &counts);
+  /// Every layer's counts one after the other, in the order they first
+  /// dispatched ([sum of E] float64 on the device), undefined when no
+  /// layer dispatched since beginStep().
   at::Tensor flat() const;
   /// Whether a layer dispatched since beginStep().
   bool empty() const { return layers_.empty(); }
 
 private:
-  std::vector<at::Tensor> layers_; ///< [E] float64 each
-  size_t next_ = 0;
+  std::vector<std::pair<int64_t, at::Tensor>> layers_; ///< key, [E] float64
 };
 
 } // namespace bmt::runtime::moe

@@ -133,7 +133,7 @@ public:
   void setObserver(ExecutorObserver *observer) { observer_ = observer; }
   /// Adds every MoeDispatch's tokens per expert to `load` (not owned;
   /// null, the default: not counted), except in the recompute of a
-  /// checkpointed block. run() begins a forward pass of it.
+  /// checkpointed block.
   void setExpertLoad(moe::ExpertLoad *load) { expertLoad_ = load; }
 
   /// The parameters and buffers, by plan index (undefined for members of
