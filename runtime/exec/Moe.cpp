@@ -8,7 +8,6 @@
 #include "exec/Moe.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/GradMode.h>
 
 #include <stdexcept>
 #include <string>
@@ -58,26 +57,6 @@ at::Tensor combine(const at::Tensor &rows, const at::Tensor &permutation, int64_
                      at::arange(permutation.size(0), permutation.options()), false);
   at::Tensor unsorted = at::index(rows, c10::List<std::optional<at::Tensor>>({inverse}));
   return unsorted.view({permutation.size(0) / topK, topK, rows.size(-1)}).sum({1}, false);
-}
-
-void ExpertLoad::add(int64_t layer, const at::Tensor &counts) {
-  c10::NoGradGuard noGrad;
-  at::Tensor c = counts.detach().to(at::kDouble).reshape({-1});
-  for (auto &[key, sum] : layers_)
-    if (key == layer) {
-      sum.add_(c);
-      return;
-    }
-  layers_.emplace_back(layer, c.clone());
-}
-
-at::Tensor ExpertLoad::flat() const {
-  if (layers_.empty())
-    return at::Tensor();
-  std::vector<at::Tensor> parts;
-  for (const auto &layer : layers_)
-    parts.push_back(layer.second);
-  return at::cat(parts);
 }
 
 } // namespace bmt::runtime::moe
