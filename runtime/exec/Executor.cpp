@@ -476,6 +476,8 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
             regs[inst.results.at(1)] = std::move(d.sortedIds);
             regs[inst.results.at(2)] = std::move(d.offsets);
             regs[inst.results.at(3)] = std::move(d.permutation);
+            if (expertLoad_ && recomputing_ == 0)
+              expertLoad_->add(static_cast<int64_t>(index << 32 | n), d.counts);
           } else {
             regs[inst.results.at(0)] =
                 moe::combine(tensorArg(0), tensorArg(1), regs[inst.args.at(2).reg].toInt());
@@ -527,6 +529,11 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
           results = hooks_->callBlock(
               inst, [this, target](std::vector<IValue> a) { return call(target, std::move(a)); },
               [this, target, numResults](std::vector<IValue> a) {
+                ++recomputing_;
+                struct Done {
+                  int &depth;
+                  ~Done() { --depth; }
+                } done{recomputing_};
                 // Inspect's replay reads every value: then nothing is skipped.
                 const RecomputePlan *plan =
                     observer_ && observer_->checkInstructions

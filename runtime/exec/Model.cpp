@@ -128,6 +128,8 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
       hasLogits_ = true;
     } else if (entry.resultNames[i] == "loss") {
       lossIndex_ = i;
+    } else if (entry.resultNames[i] == "aux_loss") {
+      auxLossIndex_ = static_cast<int64_t>(i);
     }
   if (entry.returns.empty())
     throw ExecutionError("the model's forward returns nothing");
@@ -178,6 +180,9 @@ std::vector<c10::IValue> Model::run(const ModelInputs &given) {
   storage_->beginForward();
   std::vector<c10::IValue> results = executor_->run(inputs);
   storage_->endForward(c10::GradMode::is_enabled());
+  if (auxLossIndex_ >= 0 && static_cast<size_t>(auxLossIndex_) < results.size() &&
+      results[auxLossIndex_].isTensor())
+    lastAuxLoss_ = results[auxLossIndex_].toTensor().detach();
   return results;
 }
 

@@ -84,6 +84,7 @@ Dispatched dispatch(const at::Tensor &hidden, const at::Tensor &expertIds,
                                expertIds.size(-1));
   at::Tensor counts = at::histc(sorted.to(at::kFloat), numExperts, 0, numExperts - 1);
   d.offsets = at::cumsum(counts, 0, at::kInt);
+  d.counts = std::move(counts);
   d.sortedIds = std::move(sorted);
   d.permutation = std::move(permutation);
   return d;

@@ -20,6 +20,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace bmt::runtime::moe {
 
@@ -39,6 +41,7 @@ struct Dispatched {
   at::Tensor sortedIds;   ///< [T*K] int64: the expert of each row
   at::Tensor offsets;     ///< [E] int32: the end of each expert's rows
   at::Tensor permutation; ///< [T*K] int64: the sort's indices
+  at::Tensor counts;      ///< [E] float: the rows of each expert (histc)
 };
 
 /// hidden [T, H], expertIds [T, K] int64. Throws std::invalid_argument on
@@ -50,6 +53,31 @@ Dispatched dispatch(const at::Tensor &hidden, const at::Tensor &expertIds,
 /// rows [T*K, H] in the order of `permutation` (Dispatched::permutation):
 /// [T, H], each token's K rows summed (over k in order, as aten::sum over dim 1).
 at::Tensor combine(const at::Tensor &rows, const at::Tensor &permutation, int64_t topK);
+
+/// Tokens per expert of every MoE layer over the forward passes of one
+/// optimizer step, kept on the device (no host synchronisation). The
+/// trainer owns one and hands it to the Executor (Executor::setExpertLoad),
+/// which adds each MoeDispatch's counts to the layer of that instruction
+/// (each MoE layer is its own plan function: the importers make one per
+/// module), but not those of a checkpointed block's recompute in the
+/// backward (the same tokens again).
+class ExpertLoad {
+public:
+  /// Forgets the counts: a new step.
+  void beginStep() { layers_.clear(); }
+  /// Adds `counts` ([E], any dtype) to those of layer `layer` (any key:
+  /// the executor gives the dispatch instruction's place in the plan).
+  void add(int64_t layer, const at::Tensor &counts);
+  /// Every layer's counts one after the other, in the order they first
+  /// dispatched ([sum of E] float64 on the device), undefined when no
+  /// layer dispatched since beginStep().
+  at::Tensor flat() const;
+  /// Whether a layer dispatched since beginStep().
+  bool empty() const { return layers_.empty(); }
+
+private:
+  std::vector<std::pair<int64_t, at::Tensor>> layers_; ///< key, [E] float64
+};
 
 } // namespace bmt::runtime::moe
 

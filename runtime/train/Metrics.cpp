@@ -58,6 +58,11 @@ void MetricsWriter::step(const StepMetrics &m) {
          << m.lr << " | grad norm " << std::fixed << std::setprecision(3) << m.gradNorm << " | ";
     if (m.lossScale > 0)
       out_ << "loss scale " << std::setprecision(0) << m.lossScale << " | ";
+    if (!std::isnan(m.expertTokensMin))
+      out_ << "experts " << std::setprecision(0) << m.expertTokensMin << "-" << m.expertTokensMax
+           << " tokens | ";
+    if (!std::isnan(m.auxLoss))
+      out_ << "aux " << std::setprecision(4) << m.auxLoss << " | ";
     out_ << std::setprecision(0) << m.tokensPerSecond << " tokens/s | " << std::setprecision(1)
          << m.elapsedSeconds << " s" << std::defaultfloat << "\n";
     out_.flush();
@@ -75,7 +80,13 @@ void MetricsWriter::step(const StepMetrics &m) {
            << ", \"host_s\": " << jsonNumber(m.hostSeconds)
            << ", \"fused_lazy_kernels\": " << m.fusedLazyKernels
            << ", \"gradients_in_place\": " << m.gradientsInPlace
-           << ", \"recompute_skipped\": " << m.recomputeSkipped << "}\n";
+           << ", \"recompute_skipped\": " << m.recomputeSkipped;
+    if (!std::isnan(m.expertTokensMin))
+      *json_ << ", \"expert_tokens_min\": " << jsonNumber(m.expertTokensMin)
+             << ", \"expert_tokens_max\": " << jsonNumber(m.expertTokensMax);
+    if (!std::isnan(m.auxLoss))
+      *json_ << ", \"aux_loss\": " << jsonNumber(m.auxLoss);
+    *json_ << "}\n";
     flushJson(m.step);
   }
 }

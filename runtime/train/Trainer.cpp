@@ -7,6 +7,7 @@
 
 #include "bmt/Runtime/train/Trainer.h"
 #include "train/TrainerSteps.h"
+#include "exec/Moe.h"
 #include "bmt/Runtime/Env.h"
 #include "bmt/Runtime/train/Inspect.h"
 #include "bmt/Runtime/optim/LossScaler.h"
@@ -54,6 +55,8 @@ Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
   // memory, fed by the gradient copies the ZeRO storage makes during the
   // backward (OffloadAdam.h).
   optimizer_ = model_.makeOptimizer(config_.optimizer, config_.gradAccum);
+  expertLoad_ = std::make_unique<moe::ExpertLoad>();
+  model_.setExpertLoad(expertLoad_.get());
   // Mixed precision: AdamW/Adam on CUDA write the bf16/fp16 ZeRO shards in
   // their update, from the gradients as reduced, when nothing else reads
   // those between the backward and the step: one micro-batch a step (the
@@ -66,7 +69,7 @@ Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
                     std::min(config_.minLossScale, config_.lossScale), model_.device());
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() { model_.setExpertLoad(nullptr); }
 
 void Trainer::setCheckpoints(CheckpointOptions options, RunIdentity identity) {
   identity.optimizer = std::string(model_.offloadsOptimizer() ? "offload-" : "") +
@@ -309,6 +312,12 @@ TrainOutcome Trainer::train(MicroBatchSource &source, const TokenFile *evalData,
       metrics.fusedLazyKernels = fusion::FusedRegion::lazyKernels() - lazyKernelsAtStart_;
       metrics.gradientsInPlace = model_.gradientsWrittenInPlace() - gradientsInPlaceAtStart_;
       metrics.recomputeSkipped = model_.recomputeSkips() - recomputeSkipsAtStart_;
+      if (p.expertLoad) {
+        metrics.expertTokensMin = v[m + 7];
+        metrics.expertTokensMax = v[m + 8];
+      }
+      if (p.auxLoss)
+        metrics.auxLoss = v[m + 7 + (p.expertLoad ? 2 : 0)];
       metrics_.step(metrics);
     }
     inspector_->report(p.step, rank0 ? &metrics_ : nullptr);

@@ -8,6 +8,7 @@
 
 #include "bmt/Runtime/train/Trainer.h"
 #include "train/TrainerSteps.h"
+#include "exec/Moe.h"
 #include "bmt/Runtime/Env.h"
 #include "bmt/Runtime/train/Inspect.h"
 #include "bmt/Runtime/optim/LossScaler.h"
@@ -291,7 +292,8 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
   PendingStep current;
   current.step = step;
   current.lr = learningRate(config_.schedule, step);
-  std::vector<at::Tensor> losses;
+  std::vector<at::Tensor> losses, auxLosses;
+  expertLoad_->beginStep();
   optimizer.zeroGrad();
   current.rng = rng;
   inspector_->beginStep(step);
@@ -300,6 +302,8 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
     MicroBatchLoss result = microBatchLoss(current.batches.back(), rng);
     at::Tensor loss = result.loss;
     losses.push_back(loss.detach().reshape({1}).to(at::kDouble));
+    if (model_.hasAuxLoss() && model_.lastAuxLoss().defined())
+      auxLosses.push_back(model_.lastAuxLoss().reshape({1}).to(at::kDouble));
     at::Tensor objective = loss.div(static_cast<double>(config_.gradAccum));
     if (scaler)
       objective = objective.mul(scaler->scale().to(objective.scalar_type()).reshape({}));
@@ -368,7 +372,18 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
       at::tensor({signal == SIGTERM ? 1.0 : 0.0, signal == SIGINT ? 1.0 : 0.0, timedSave},
                  at::TensorOptions().dtype(at::kDouble));
   const int64_t m = config_.gradAccum;
-  at::Tensor reduced = at::cat({at::cat(losses).to(device), toDevice(requests, device)});
+  // MoE layers: each layer's tokens per expert over the step's forward
+  // passes (not the recomputes) and the mean aux_loss ride on the same
+  // all-reduce.
+  std::vector<at::Tensor> reduceParts{at::cat(losses).to(device), toDevice(requests, device)};
+  const at::Tensor load = expertLoad_->flat();
+  current.expertLoad = load.defined();
+  if (current.expertLoad)
+    reduceParts.push_back(load.to(device));
+  current.auxLoss = auxLosses.size() == static_cast<size_t>(m);
+  if (current.auxLoss)
+    reduceParts.push_back(at::cat(auxLosses).to(device).sum().div(static_cast<double>(m)).reshape({1}));
+  at::Tensor reduced = at::cat(reduceParts);
   if (world.size() > 1) {
     at::Tensor t = reduced;
     if (t.device() != world.device() && world.backend() != "local")
@@ -382,7 +397,21 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
   at::Tensor values = at::cat({lossValues, gradNorm.reshape({1}),
                                found ? found->to(at::kDouble).reshape({1}) : at::zeros({1}, doubles),
                                stepScale, scaler ? scaler->scale().reshape({1}) : at::zeros({1}, doubles),
-                               reduced.slice(0, m)});
+                               reduced.slice(0, m, m + 3)});
+  if (current.expertLoad) {
+    // The ranks of a TP group count the same tokens: the sum over the
+    // world is T times that over the data-parallel ranks.
+    at::Tensor counts = reduced.slice(0, m + 3, m + 3 + load.numel());
+    if (Comm *tp = model_.tensorParallel(); tp && tp->size() > 1)
+      counts = counts.div(static_cast<double>(tp->size()));
+    values = at::cat({values, counts.min().reshape({1}), counts.max().reshape({1})});
+  }
+  if (current.auxLoss) {
+    at::Tensor aux = reduced.slice(0, reduced.size(0) - 1);
+    if (world.size() > 1)
+      aux = aux.div(static_cast<double>(world.size()));
+    values = at::cat({values, aux});
+  }
   if (hooks.syncDebug)
     c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
   if (device.is_cuda()) {

@@ -34,6 +34,10 @@ struct Trainer::PendingStep {
   /// scale, and the requests summed over the ranks (ranks that received
   /// SIGTERM, SIGINT; rank 0's timed save)
   at::Tensor values;
+  /// Whether values go on with the MoE layers' tokens per expert (min and
+  /// max over layers and experts, all ranks), and then with the step's
+  /// mean aux_loss.
+  bool expertLoad = false, auxLoss = false;
   std::optional<c10::Event> ready;
   std::chrono::steady_clock::time_point queued; ///< when the host had queued all its work
   double hostSeconds = 0; ///< how long the host took to queue it (queueStep)

@@ -27,12 +27,17 @@ transformers' other implementation, a Python loop over the experts the batch
 hits, traces into a program of the experts hit while tracing: bmt-opt
 refuses it with one error line that says so and what to export instead.
 
+Under --tensor-parallel 2 (2 CPU ranks, one TP group) bmt-run's log counts
+a step's tokens per expert once, as eager Mixtral's router routes them
+(test_model_loss.py checks the counts under data parallelism).
+
 bmt-export-hf --checkpoint refuses to stream a mixture of experts (one line
 naming --load-weights: transformers routes by its GPU path on the meta
 device, and a Mixtral checkpoint stores each expert's matrices apart, which
 transformers fuses as it loads them); with --load-weights it exports what
 from_pretrained loads.
 """
+import json
 import os
 import subprocess
 import sys
@@ -167,3 +172,40 @@ def test_mixtral_checkpoint_exports_with_load_weights(tmp_path):
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(0, architectures.VOCAB, (3, 12), generator=g)
     check_dump_against_eager(model.eval(), str(sharded), tmp_path, ids, g)
+
+
+def test_expert_load_of_a_tensor_parallel_group_counts_once(tmp_path):
+    """bmt-run's log under --tensor-parallel 2 on 2 CPU ranks (one TP group:
+    both ranks route the same tokens): expert_tokens_min / _max of the first
+    step equal the counts of eager Mixtral's router top-k ids on the step's
+    rows (the ranks' sum divided by T; 2 x 8 tokens x 2 experts x 2 layers)."""
+    model = build(*architectures.ARCHS["mixtral"])
+    trace(model, tmp_path / "m.pt")
+    sharded = tmp_path / "m.sharded.pt"
+    subprocess.run([binary("bmt-opt"), str(tmp_path / "m.pt"), "-o", str(sharded), "--world-size",
+                    "2", "--tensor-parallel", "2"], check=True, capture_output=True)
+    batches = torch.randint(0, architectures.VOCAB, (1, 2, 9),
+                            generator=torch.Generator().manual_seed(3))
+    torch.save(batches, tmp_path / "b.pt")
+    log = tmp_path / "log.jsonl"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node=2", "--no-python", binary("bmt-run"), str(sharded),
+                        "--batches", str(tmp_path / "b.pt"), "--steps", "1", "--log-file", str(log),
+                        "--device", "cpu"], capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    record = next(x for x in map(json.loads, open(log)) if x["kind"] == "train")
+    experts = model.config.num_local_experts
+    counts = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: counts.append(
+        torch.bincount(out[2].reshape(-1), minlength=experts)))
+        for n, m in model.named_modules() if n.endswith("mlp.gate")]
+    with torch.no_grad():
+        model(input_ids=batches[0][:, :-1])
+    for h in hooks:
+        h.remove()
+    layers = torch.stack(counts)
+    assert layers.shape == (2, experts) and layers.sum() == 2 * 8 * 2 * 2
+    assert (record["expert_tokens_min"], record["expert_tokens_max"]) == (
+        layers.min().item(), layers.max().item()), (record, layers)
+    assert f"experts {layers.min().item()}-{layers.max().item()} tokens | " in r.stdout, r.stdout

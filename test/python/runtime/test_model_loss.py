@@ -18,6 +18,12 @@ on it, feeding the labels transformers' models expect.
     with torch.export (forward(input_ids, attention_mask, labels)).
 (c) The errors: a forward taking labels whose result is not a scalar, and
     --objective model-loss on a program without labels.
+(d) Qwen3-MoE's training log: each step's tokens per expert (expert_tokens_min
+    and _max over layers and experts, all ranks' micro-batches) equal the
+    counts of eager's router top-k ids exactly, on 1 and 2 ranks with every
+    block recomputed and on 1 rank with none (a recompute must not count its
+    tokens again), and aux_loss the mean of eager's aux_loss within LOSS_ULPS;
+    the other models' records have none of those keys.
 Losses within numerics.py's LOSS_ULPS, parameters by assert_trained_close
 and within 1e-4 (DESIGN.md's bar for fp32).
 """
@@ -53,16 +59,16 @@ def run(cmd, ranks=1):
                           timeout=300)
 
 
-def compile_model(archive, tmp, ranks):
-    sharded = tmp / f"{archive.stem}.n{ranks}.sharded.pt"
-    r = run([binary("bmt-opt"), archive, "-o", sharded, "--world-size", ranks])
+def compile_model(archive, tmp, ranks, *flags):
+    sharded = tmp / f"{archive.stem}.n{ranks}{''.join(flags)}.sharded.pt"
+    r = run([binary("bmt-opt"), archive, "-o", sharded, "--world-size", ranks, *flags])
     assert r.returncode == 0, r.stderr
     return sharded, r.stderr
 
 
 def train(sharded, batches, tmp, ranks):
     """bmt-run on the fixed batches; (start line, train records, params)."""
-    log, params = tmp / f"log.n{ranks}.jsonl", tmp / f"params.n{ranks}.safetensors"
+    log, params = tmp / f"{sharded.stem}.log.jsonl", tmp / f"{sharded.stem}.params.safetensors"
     r = run([binary("bmt-run"), sharded, "--batches", batches, "--steps", STEPS, "--lr", "1e-3",
              "--schedule", "cosine", "--warmup", 2, "--clip-grad", 0.5, "--weight-decay", 0.01,
              "--log-file", log, "--save-params", params, "--device", "cpu"], ranks)
@@ -181,8 +187,63 @@ def test_hf_model_loss_matches_eager(exported, ranks):
     start, records, params = train(sharded, tmp / f"batches.n{ranks}.pt", tmp, ranks)
     assert "objective model-loss (the loss its forward returns, fed causal-lm labels)" in start
     model = copy.deepcopy(exported["model"])
+    if exported["name"] == "qwen3_moe":
+        check_expert_load(records, params, model, batches, ranks)
+        return
+    assert not any(k.startswith("expert_") or k == "aux_loss" for k in records[0]), records[0]
     losses, want = eager(model, hf_loss, batches, ranks, {x["step"]: x["lr"] for x in records})
     check(records, params, losses, want, f"{exported['name']} on {ranks} rank(s)")
+
+
+@pytest.mark.parametrize("exported", ["qwen3_moe"], indirect=True)
+def test_moe_expert_load_is_not_counted_again_without_recompute(exported):
+    """--checkpoint none: the same counts as eager's, as with recomputing
+    blocks (a recompute in the backward must not add its tokens again)."""
+    import copy
+    tmp = exported["tmp"]
+    sharded, remarks = compile_model(exported["archive"], tmp, 1, "--checkpoint", "none")
+    assert "2 of 2 blocks recomputed" not in remarks, remarks
+    batches = torch.randint(0, VOCAB, (STEPS, 2, SEQ + 1), generator=torch.Generator().manual_seed(3))
+    torch.save(batches, tmp / "batches.n1.pt")
+    _, records, params = train(sharded, tmp / "batches.n1.pt", tmp, 1)
+    check_expert_load(records, params, copy.deepcopy(exported["model"]), batches, 1)
+
+
+def check_expert_load(records, params, model, batches, ranks):
+    """The eager loop of test_hf_model_loss_matches_eager, counting each
+    step's router top-k ids per layer and expert over every rank's rows and
+    averaging the ranks' aux_loss; then the losses and parameters as there."""
+    gates = [m for n, m in model.named_modules() if n.endswith("mlp.gate")]
+    experts = model.config.num_experts
+    counts = []  # per gate call: [E]
+    hooks = [g.register_forward_hook(
+        lambda _m, _i, out: counts.append(torch.bincount(out[2].reshape(-1), minlength=experts)))
+        for g in gates]
+    aux = []
+
+    def loss_of(m, ids):
+        out = m(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
+        aux.append(out.aux_loss.item())
+        return out.loss
+
+    losses, want = eager(model, loss_of, batches, ranks, {x["step"]: x["lr"] for x in records})
+    for h in hooks:
+        h.remove()
+    calls = len(gates) * ranks  # gate calls a step: each rank's rows once through every layer
+    assert len(gates) == 2 and len(counts) == STEPS * calls and len(aux) == STEPS * ranks
+    for x in records:
+        step = x["step"] - 1
+        layers = torch.stack([sum(counts[step * calls + c] for c in range(layer, calls, len(gates)))
+                              for layer in range(len(gates))])
+        assert layers.sum() == ranks * 2 * SEQ * model.config.num_experts_per_tok * len(gates)
+        assert (x["expert_tokens_min"], x["expert_tokens_max"]) == (
+            layers.min().item(), layers.max().item()), (x, layers)
+        want_aux = sum(aux[step * ranks:(step + 1) * ranks]) / ranks
+        assert_loss_close(x["aux_loss"], want_aux, what=f"aux_loss of step {x['step']}")
+    check(records, params, losses, want, f"qwen3_moe on {ranks} rank(s)")
+    print(f"qwen3_moe on {ranks} rank(s): expert tokens "
+          f"{[(x['expert_tokens_min'], x['expert_tokens_max']) for x in records]}, aux_loss "
+          f"{[round(x['aux_loss'], 6) for x in records]}")
 
 
 def shift_right(labels):

@@ -29,6 +29,9 @@ class FusedRegion;
 
 namespace bmt::runtime {
 
+namespace moe {
+class ExpertLoad;
+}
 struct RecomputePlan;
 class RecomputePlans;
 
@@ -128,6 +131,10 @@ public:
   /// Reports block results (and instructions) to `observer` (not owned;
   /// null: none).
   void setObserver(ExecutorObserver *observer) { observer_ = observer; }
+  /// Adds every MoeDispatch's tokens per expert to `load` (not owned;
+  /// null, the default: not counted), except in the recompute of a
+  /// checkpointed block.
+  void setExpertLoad(moe::ExpertLoad *load) { expertLoad_ = load; }
 
   /// The parameters and buffers, by plan index (undefined for members of
   /// storage groups, which the hooks provide).
@@ -157,6 +164,8 @@ private:
   ExecutorHooks *hooks_ = nullptr;
   ExecutorObserver *observer_ = nullptr;
   Comm *tensorComm_ = nullptr;
+  moe::ExpertLoad *expertLoad_ = nullptr;
+  int recomputing_ = 0; ///< depth of ExecutorHooks::callBlock recomputes running
   std::vector<std::vector<std::unique_ptr<Prepared>>> prepared_; // [function][instruction]
   std::unique_ptr<RecomputePlans> recomputePlans_;
   int64_t recomputeSkips_ = 0;

@@ -249,6 +249,15 @@ public:
   /// Reports the executor's block results (and instructions) to `observer`
   /// (train/Inspect.h; not owned, null: none).
   void setObserver(ExecutorObserver *observer) { executor_->setObserver(observer); }
+  /// Counts the MoE layers' tokens per expert into `load` (Executor::
+  /// setExpertLoad; not owned, null: none).
+  void setExpertLoad(moe::ExpertLoad *load) { executor_->setExpertLoad(load); }
+  /// Whether the forward has a result named "aux_loss" (a mixture of
+  /// experts' router load-balancing loss, as transformers names it).
+  bool hasAuxLoss() const { return auxLossIndex_ >= 0; }
+  /// The last forward's aux_loss, detached (undefined without one, or when
+  /// it is not a tensor).
+  const at::Tensor &lastAuxLoss() const { return lastAuxLoss_; }
   /// The program's fused regions (Executor::fusedRegions).
   std::vector<fusion::FusedRegion *> fusedRegions() const { return executor_->fusedRegions(); }
   /// Whether the program has fused regions and they run generated CUDA
@@ -304,6 +313,8 @@ private:
   std::vector<std::string> parameterNames_;
   size_t logitsIndex_ = 0;
   bool hasLogits_ = false;
+  int64_t auxLossIndex_ = -1; ///< the result named "aux_loss", else -1
+  at::Tensor lastAuxLoss_;
   size_t lossIndex_ = 0; ///< the result named "loss", else 0
   std::vector<c10::IValue> run(const ModelInputs &inputs);
 };

@@ -13,6 +13,7 @@
 
 #include <c10/core/Device.h>
 
+#include <cmath>
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -54,6 +55,11 @@ struct StepMetrics {
   /// Operators of recomputed blocks left uncomputed (only their backward
   /// recorded) on rank 0 since the first step began (cumulative).
   int64_t recomputeSkipped = 0;
+  /// A mixture of experts: tokens per expert in the step (all ranks), the
+  /// least and the most over every MoE layer and expert; NaN: no MoE layer.
+  double expertTokensMin = std::nan(""), expertTokensMax = std::nan("");
+  /// The step's mean of the forward's aux_loss result; NaN: none.
+  double auxLoss = std::nan("");
 };
 
 /// One block's (or the parameters outside blocks') statistics at an

@@ -278,6 +278,8 @@ private:
   std::ostream &out_;
   MetricsWriter metrics_;
   std::unique_ptr<Optimizer> optimizer_;
+  /// The MoE layers' tokens per expert of the step being queued.
+  std::unique_ptr<moe::ExpertLoad> expertLoad_;
   std::optional<LossScaler> scaler_;
   std::mt19937_64 rng_; ///< the objective's draws (masks, spans), the same on every rank
   int64_t startStep_ = 0; ///< steps done before this run (resumed)

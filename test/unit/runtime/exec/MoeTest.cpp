@@ -104,3 +104,21 @@ TEST(Moe, ExpertParallelismAndBadShapesAreRefused) {
                std::invalid_argument);
   EXPECT_THROW(moe::combine(r.hidden, at::arange(5, at::kLong), 2), std::invalid_argument);
 }
+
+TEST(Moe, ExpertLoadSumsEachLayersCountsOverTheStep) {
+  Routed r;
+  moe::Dispatched d = moe::dispatch(r.hidden, r.ids, moe::allExperts(4));
+  EXPECT_TRUE(at::equal(d.counts.to(at::kLong), at::tensor({4, 3, 0, 3}, at::kLong)));
+  moe::ExpertLoad load;
+  EXPECT_TRUE(load.empty());
+  EXPECT_FALSE(load.flat().defined());
+  load.add(7, d.counts);                             // layer "7", first forward
+  load.add(3, at::tensor({1, 1, 1, 1}, at::kFloat)); // layer "3"
+  load.add(7, d.counts);                             // layer "7" again: the next micro-batch
+  at::Tensor flat = load.flat();
+  EXPECT_EQ(flat.scalar_type(), at::kDouble);
+  // In the order the layers first dispatched.
+  EXPECT_TRUE(at::equal(flat, at::tensor({8, 6, 0, 6, 1, 1, 1, 1}, at::kDouble)));
+  load.beginStep();
+  EXPECT_TRUE(load.empty());
+}
