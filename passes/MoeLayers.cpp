@@ -475,6 +475,25 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
           ++masksDropped;
       }
     }
+    // Functions that still call aten::_grouped_mm: experts the pattern did
+    // not match. They run as their ATen ops, outside the expert load the
+    // runtime logs: say so.
+    SmallVector<StringRef> missed;
+    for (auto f : module.getOps<func::FuncOp>()) {
+      bool groupedMm = false;
+      f.walk([&](bmt::AtenOp op) { groupedMm |= bmt::atenOpId(op) == AtenOpId::_grouped_mm; });
+      if (groupedMm && !llvm::is_contained(functions, f.getSymName()))
+        missed.push_back(f.getSymName());
+    }
+    if (!missed.empty()) {
+      InFlightDiagnostic warning = emitWarning(module.getLoc());
+      warning << "bmt-moe-layers: " << missed.size() << " function"
+              << (missed.size() == 1 ? "" : "s")
+              << " with aten::_grouped_mm not lowered (" << missed.front();
+      if (missed.size() > 1)
+        warning << " ... " << missed.back();
+      warning << "): their experts run as ATen ops, outside the logged expert load";
+    }
     InFlightDiagnostic remark = emitRemark(module.getLoc());
     if (functions.empty()) {
       remark << "bmt-moe-layers: no mixture-of-experts layer";

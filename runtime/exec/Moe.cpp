@@ -72,10 +72,10 @@ Dispatched dispatch(const at::Tensor &hidden, const at::Tensor &expertIds,
                                 " on this rank: expert parallelism is not supported yet");
   if (hidden.dim() != 2 || expertIds.dim() != 2 || expertIds.scalar_type() != at::kLong ||
       hidden.size(0) != expertIds.size(0))
-    throw std::invalid_argument("moe_dispatch takes hidden [T, H] and int64 expert ids [T, K], got " +
-                                std::to_string(hidden.dim()) + "-d hidden and " +
-                                std::to_string(expertIds.dim()) + "-d " +
-                                std::string(c10::toString(expertIds.scalar_type())) + " ids");
+    throw std::invalid_argument("moe_dispatch takes hidden [T, H] and int64 expert ids [T, K], got hidden " +
+                                c10::str(hidden.sizes()) + " and " +
+                                std::string(c10::toString(expertIds.scalar_type())) + " ids " +
+                                c10::str(expertIds.sizes()));
   const int64_t numExperts = experts.total;
   Dispatched d;
   auto [sorted, permutation] = at::sort(expertIds.reshape({-1}), -1, false);

@@ -74,6 +74,7 @@ func.func @experts.forward(%arg0: !bmt.tensor {bmt.name = "top_k_index"}, %arg1:
 // CHECK:         aten::sort
 // CHECK-NOT:     bmt.moe_
 // CHECK:         return
+// REMARK: warning: bmt-moe-layers: 1 function with aten::_grouped_mm not lowered (experts.forward): their experts run as ATen ops, outside the logged expert load
 // REMARK: remark: bmt-moe-layers: no mixture-of-experts layer
 
 bmt.parameter @experts.gate_up_proj : tensor<4x32x16xf32> {requires_grad}
