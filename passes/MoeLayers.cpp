@@ -16,6 +16,7 @@
 
 #include "bmt/Dialect/AtenArgs.h"
 #include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Dialect/MoeAttrs.h"
 #include "bmt/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -453,7 +454,7 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
     SymbolTable symbols(module);
     OpBuilder builder(module.getContext());
     SmallVector<StringRef> functions;
-    int masksDropped = 0;
+    int masksDropped = 0, biases = 0;
     for (auto f : module.getOps<func::FuncOp>()) {
       SmallVector<bmt::AtenOp> sorts;
       f.walk([&](bmt::AtenOp op) {
@@ -470,9 +471,15 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
         unsigned idsArg = dispatch->ids.getArgNumber();
         bmt::MoeDispatchOp op = rewrite(*dispatch, *combine, builder);
         functions.push_back(f.getSymName());
-        if (bmt::routerIdsBelow(f, idsArg, op.getNumExperts(), symbols) &&
-            succeeded(bmt::dropSentinelMasks(op)))
+        if (!bmt::routerIdsBelow(f, idsArg, op.getNumExperts(), symbols))
+          continue;
+        if (succeeded(bmt::dropSentinelMasks(op)))
           ++masksDropped;
+        if (FlatSymbolRefAttr bias =
+                bmt::routerScoreBias(f, idsArg, op.getNumExperts(), symbols)) {
+          op->setAttr(bmt::kRouterBiasAttr, bias);
+          ++biases;
+        }
       }
     }
     // Functions that still call aten::_grouped_mm: experts the pattern did
@@ -506,6 +513,9 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
       remark << " ... " << functions.back();
     remark << "); masks of expert ids >= E dropped in " << masksDropped
            << " (their ids are a router's top-k over E)";
+    if (biases > 0)
+      remark << "; " << biases << " router" << (biases == 1 ? "" : "s")
+             << " with a score-correction bias";
   }
 };
 

@@ -1,8 +1,9 @@
 //===- MoeLayers.h - the parts of bmt-moe-layers --------------*- C++ -*-===//
 //
 // Internal to passes/: MoeLayers.cpp matches and rewrites the token
-// permutation; MoeSentinelMasks.cpp drops the experts' masks of expert ids
-// >= E where the router's top-k makes them always false.
+// permutation; MoeRouter.cpp follows the expert ids back to the router's
+// top-k: it drops the experts' masks of expert ids >= E, which that top-k
+// makes always false, and finds the router's score-correction bias.
 //
 //===----------------------------------------------------------------------===//
 
@@ -24,6 +25,13 @@ namespace bmt {
 /// [0, numExperts).
 bool routerIdsBelow(mlir::func::FuncOp experts, unsigned idsArg, int64_t numExperts,
                     mlir::SymbolTable &symbols);
+
+/// The buffer b [numExperts] (float) that every router feeding `experts`
+/// its ids (as routerIdsBelow proves them) adds to its scores before its
+/// top-k, `topk(masked_fill?(scores + b))`: DeepSeek-V3's
+/// e_score_correction_bias. Null when there is none, or the routers differ.
+mlir::FlatSymbolRefAttr routerScoreBias(mlir::func::FuncOp experts, unsigned idsArg,
+                                        int64_t numExperts, mlir::SymbolTable &symbols);
 
 /// Drops the experts' sentinel masks of `dispatch`: each
 /// `ge.Scalar(sorted_ids, E)` (and its unsqueezes) read only as the mask

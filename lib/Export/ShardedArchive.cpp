@@ -14,6 +14,7 @@
 
 #include "bmt/Dialect/AtenArgs.h"
 #include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Dialect/MoeAttrs.h"
 #include "bmt/Dialect/TensorSplit.h"
 #include "bmt/Plan/Archive.h"
 #include "bmt/Plan/Plan.h"
@@ -366,6 +367,12 @@ private:
       } else if (auto dispatch = dyn_cast<bmt::MoeDispatchOp>(op)) {
         inst.kind = plan::Instruction::Kind::MoeDispatch;
         inst.op = std::to_string(dispatch.getNumExperts());
+        if (auto bias = dispatch->getAttrOfType<FlatSymbolRefAttr>(bmt::kRouterBiasAttr)) {
+          auto it = tensorIndex.find(bias.getValue());
+          if (it == tensorIndex.end())
+            throw ExportError{op.getLoc(), "unknown router bias " + bias.getValue().str()};
+          inst.target = it->second;
+        }
         inst.args.push_back(plan::Arg::ofRegister(reg(dispatch.getHidden())));
         inst.args.push_back(plan::Arg::ofRegister(reg(dispatch.getExpertIds())));
       } else if (auto combine = dyn_cast<bmt::MoeCombineOp>(op)) {

@@ -745,6 +745,19 @@ Plan fromIValue(const IValue &value) {
                           (dispatch ? " (it takes hidden and expert ids, gives four results, and "
                                       "its op is the expert count)"
                                     : " (it takes rows, the permutation and K, gives one result)"));
+        // A dispatch's target: its router's score-correction bias, a
+        // buffer of one float per expert (-1: none).
+        if (dispatch && inst.target != -1) {
+          const bool known = inst.target >= 0 && inst.target < static_cast<int64_t>(plan.tensors.size());
+          const TensorInfo *bias = known ? &plan.tensors[inst.target] : nullptr;
+          if (!bias || bias->isParameter || !c10::isFloatingType(bias->dtype) ||
+              bias->shape != std::vector<int64_t>{std::stoll(inst.op)})
+            throw PlanError("plan: the router bias of a moe_dispatch instruction in " + f.name +
+                            (bias ? " is " + bias->name + ", not a float buffer of " + inst.op +
+                                        " values (one per expert)"
+                                  : " is tensor " + std::to_string(inst.target) +
+                                        ", which the plan does not have"));
+        }
       }
       if (inst.kind == Instruction::Kind::Fused) {
         if (plan.version < 5)

@@ -552,7 +552,8 @@ def convert(args):
         """The rank whose file holds shard q of space k: q * T + its tp_rank."""
         return q * tp + spaces[k].get("tp_rank", 0)
 
-    needed = sorted({rank_of(k, q) for k, s in enumerate(spaces) for q in range(s["shards"])})
+    needed = sorted({0} | {rank_of(k, q) for k, s in enumerate(spaces)
+                           for q in range(s["shards"])})
     ranks = {r: RankFile(folder, r, meta["rank_bytes"][r], world) for r in needed}
     for k, s in enumerate(spaces):
         for q in range(s["shards"]):
@@ -608,6 +609,15 @@ def convert(args):
                     tensors.append(t)
                     seen.add(n)
                 ties += [f"{n} = {mine[0]}" for n in all_names if n not in mine]
+        # The buffers training moves (a router's score-correction bias,
+        # bmt-run --moe-bias-update-rate): rank 0's file holds them.
+        for n in names:
+            if n not in seen and f"buffer.{n}" in ranks[0].entries:
+                code, shape, _ = ranks[0].entries[f"buffer.{n}"]
+                t = Tensor(n, code, list(shape), None, 0)
+                t.split, t.buffer = None, True
+                tensors.append(t)
+                seen.add(n)
         missing = [n for n in names if n not in seen]
         if missing:
             raise Failure(f"{cls.__name__} has {len(missing)} weight(s) the checkpoint does not "
@@ -632,6 +642,11 @@ def convert(args):
                 at = upto
 
         def stream(t):
+            if getattr(t, "buffer", False):
+                data = ranks[0].read(f"buffer.{t.name}", 0, t.nbytes, t.dtype, t.numel)
+                ranks[0].finish(f"buffer.{t.name}", t.dtype, t.numel)
+                yield data
+                return
             if t.slices is None:
                 yield from pieces(t.space, t.offset, t.numel, t.dtype)
                 return

@@ -22,6 +22,7 @@ ResumeReport loadCheckpoint(const std::string &folder, Model &model, Optimizer &
   checkpoint::applyOptimizerState(r);
   model.parametersChanged();
   checkpoint::applyProgress(r);
+  checkpoint::applyBuffers(r);
   checkpoint::applyGenerators(r);
   r.report.bytesRead = r.reader->bytesRead();
   return r.report;

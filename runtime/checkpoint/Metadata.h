@@ -39,6 +39,10 @@ inline constexpr const char *kFormat = "bmt-checkpoint";
 /// reads by reading at most one chunk more at each end of a piece.
 inline constexpr int64_t kChunkBytes = 64 << 10;
 
+/// The name in rank 0's file of a buffer training moves (a router's
+/// score-correction bias, Model::routerBiases): this prefix and its plan name.
+inline constexpr const char *kBufferPrefix = "buffer.";
+
 /// A CRC-32 as the rank files' metadata writes it: 8 hex digits.
 std::string crcHex(uint32_t crc);
 

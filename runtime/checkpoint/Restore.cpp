@@ -254,6 +254,19 @@ void readFields(Restore &r) {
   r.reader->flush();
   for (size_t k = 0; k < r.spaces.size(); ++k)
     readWholeFields(r, k, savedSpaceOf(r, k));
+  // The buffers training moves, from rank 0's file (the same on every rank).
+  for (const auto &[name, buffer] : r.model.routerBiases()) {
+    const std::string saved = kBufferPrefix + name;
+    if (!r.reader->file(0).find(saved))
+      continue; // saved before checkpoints held them: they never moved
+    at::Tensor value = r.reader->readChecked(0, saved);
+    if (value.sizes() != buffer.sizes() || value.scalar_type() != buffer.scalar_type())
+      throw CheckpointError(r.folder + ": " + saved + " is " + c10::str(value.sizes()) + " " +
+                            c10::toString(value.scalar_type()) + " in the checkpoint, " +
+                            c10::str(buffer.sizes()) + " " + c10::toString(buffer.scalar_type()) +
+                            " in this plan");
+    r.buffers.emplace_back(buffer, value);
+  }
 }
 
 // --- apply --------------------------------------------------------------------
@@ -288,6 +301,12 @@ void applyProgress(Restore &r) {
   r.report.progress = savedProgress(r.meta, r.folder);
   if (r.scaler && r.report.progress.lossScale)
     r.scaler->setState(*r.report.progress.lossScale, r.report.progress.cleanSteps);
+}
+
+void applyBuffers(Restore &r) {
+  c10::NoGradGuard noGrad;
+  for (auto &[buffer, value] : r.buffers)
+    buffer.copy_(value);
 }
 
 void applyGenerators(Restore &r) {

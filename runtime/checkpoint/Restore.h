@@ -12,10 +12,13 @@
 //                        parameter space, and the reads that fill them
 //                        queued (planSlice, SavedLayout::shardReads)
 //   readFields           the queued reads done, every byte checked; the
-//                        whole tensors (step counts, replicated slots) read
+//                        whole tensors (step counts, replicated slots) and
+//                        the buffers training moves (Model::routerBiases,
+//                        rank 0's file) read
 //   applyParameters      into the model's parameters (and float32 masters)
 //   applyOptimizerState  into the optimizer
 //   applyProgress        the run's progress and the loss scaler
+//   applyBuffers         into the buffers training moves
 //   applyGenerators      each rank's CPU and CUDA generators
 //
 // Each stage throws CheckpointError. Nothing of the run changes before
@@ -73,6 +76,8 @@ struct Restore {
   OptimizerState state;
   std::map<size_t, size_t> spaceOfParameter;
   std::vector<std::map<std::string, at::Tensor>> fields;
+  /// readFields: each buffer training moves, with its saved value.
+  std::vector<std::pair<at::Tensor, at::Tensor>> buffers;
 
   // Filled along the way: the saved run's settings (readMetadata), whether
   // this is a reshard (planReads), the progress (applyProgress), the bytes
@@ -97,6 +102,8 @@ void applyParameters(Restore &r);
 void applyOptimizerState(Restore &r);
 /// r.report.progress from checkpoint.json; the loss scaler's state.
 void applyProgress(Restore &r);
+/// The buffers training moves (readFields' values).
+void applyBuffers(Restore &r);
 /// Each rank's CPU (and CUDA) generator state, at the same world size and
 /// T only.
 void applyGenerators(Restore &r);

@@ -21,7 +21,7 @@ namespace bmt::runtime {
 namespace {
 
 /// The entries of --save-params's file: every trained tensor under each of
-/// its names.
+/// its names, then the buffers training moves (Model::routerBiases).
 std::vector<SafetensorsEntry> savedParameterEntries(Model &model) {
   const plan::Plan &p = model.plan();
   std::vector<SafetensorsEntry> entries;
@@ -31,6 +31,8 @@ std::vector<SafetensorsEntry> savedParameterEntries(Model &model) {
     for (const std::string &alias : t.aliases)
       entries.push_back({alias, t.dtype, t.shape});
   }
+  for (const auto &[name, buffer] : model.routerBiases())
+    entries.push_back({name, buffer.scalar_type(), buffer.sizes().vec()});
   return entries;
 }
 
@@ -80,6 +82,10 @@ void saveParameters(Model &model, const std::string &path) {
   });
   if (writer) {
     try {
+      for (const auto &[name, buffer] : model.routerBiases()) {
+        at::Tensor host = buffer.cpu().contiguous();
+        writer->write(host.data_ptr(), static_cast<int64_t>(host.nbytes()));
+      }
       writer->close();
       if (std::rename(tmp.c_str(), path.c_str()) != 0)
         throw std::runtime_error(std::strerror(errno));

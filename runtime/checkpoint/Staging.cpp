@@ -193,6 +193,11 @@ struct CheckpointSaver::Impl {
       }
       out.push_back(&item(fieldName(savedIndex(k), slot), flat));
     }
+    // The buffers training moves (the routers' score-correction biases):
+    // the same on every rank, so rank 0 saves them.
+    if (rank == 0)
+      for (const auto &[name, buffer] : model.routerBiases())
+        out.push_back(&item(kBufferPrefix + name, buffer));
     // The RNG states.
     out.push_back(&item("rng.cpu", at::detail::getDefaultCPUGenerator().get_state()));
     if (device.is_cuda())

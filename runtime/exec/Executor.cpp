@@ -477,7 +477,8 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
             regs[inst.results.at(2)] = std::move(d.offsets);
             regs[inst.results.at(3)] = std::move(d.permutation);
             if (expertLoad_ && recomputing_ == 0)
-              expertLoad_->add(static_cast<int64_t>(index << 32 | n), d.counts);
+              expertLoad_->add(static_cast<int64_t>(index << 32 | n), d.counts,
+                               inst.target >= 0 ? tensors_[inst.target] : at::Tensor());
           } else {
             regs[inst.results.at(0)] =
                 moe::combine(tensorArg(0), tensorArg(1), regs[inst.args.at(2).reg].toInt());

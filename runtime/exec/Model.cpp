@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <set>
 #include <ATen/ops/cross_entropy_loss.h>
 
 namespace bmt::runtime {
@@ -385,6 +386,18 @@ std::vector<std::pair<std::string, at::Tensor>> Model::fullParameters(bool gradi
         out.emplace_back(plan_.tensors[index].name, value.cpu().clone());
       },
       gradients);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Model::routerBiases() {
+  std::set<int64_t> biases;
+  for (const plan::Function &f : plan_.functions)
+    for (const plan::Instruction &inst : f.body)
+      if (inst.kind == plan::Instruction::Kind::MoeDispatch && inst.target >= 0)
+        biases.insert(inst.target);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (int64_t index : biases)
+    out.emplace_back(plan_.tensors.at(index).name, executor_->tensors().at(index));
   return out;
 }
 

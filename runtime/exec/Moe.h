@@ -20,6 +20,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -66,17 +67,33 @@ public:
   /// Forgets the counts: a new step.
   void beginStep() { layers_.clear(); }
   /// Adds `counts` ([E], any dtype) to those of layer `layer` (any key:
-  /// the executor gives the dispatch instruction's place in the plan).
-  void add(int64_t layer, const at::Tensor &counts);
+  /// the executor gives the dispatch instruction's place in the plan);
+  /// `routerBias` is that layer's router score-correction bias ([E] float,
+  /// the live buffer), undefined when its router has none.
+  void add(int64_t layer, const at::Tensor &counts, const at::Tensor &routerBias = {});
   /// Every layer's counts one after the other, in the order they first
   /// dispatched ([sum of E] float64 on the device), undefined when no
   /// layer dispatched since beginStep().
   at::Tensor flat() const;
   /// Whether a layer dispatched since beginStep().
   bool empty() const { return layers_.empty(); }
+  /// Moves each layer's router bias b, where it has one, in place by
+  /// `rate` x sign(mean(c) - c) (cast to b's dtype; DeepSeek-V3's
+  /// auxiliary-loss-free balancing, arXiv:2412.19437 sec. 2.1.2), c its
+  /// tokens per expert: the layer's slice of `counts` (flat()'s layout,
+  /// summed over the ranks as the step's log counts them). With `skip` (a
+  /// one-element tensor, 1: the step's update is skipped) b moves by
+  /// nothing then. On the device, no host synchronisation.
+  void moveRouterBiases(const at::Tensor &counts, double rate,
+                        const std::optional<at::Tensor> &skip) const;
 
 private:
-  std::vector<std::pair<int64_t, at::Tensor>> layers_; ///< key, [E] float64
+  struct Layer {
+    int64_t key = 0;
+    at::Tensor counts; ///< [E] float64
+    at::Tensor bias;   ///< the router's score-correction bias, or undefined
+  };
+  std::vector<Layer> layers_;
 };
 
 } // namespace bmt::runtime::moe

@@ -405,6 +405,10 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
     if (Comm *tp = model_.tensorParallel(); tp && tp->size() > 1)
       counts = counts.div(static_cast<double>(tp->size()));
     values = at::cat({values, counts.min().reshape({1}), counts.max().reshape({1})});
+    // Auxiliary-loss-free balancing: the biases move with the step's
+    // update, and not when it is skipped.
+    if (config_.moeBiasUpdateRate > 0)
+      expertLoad_->moveRouterBiases(counts, config_.moeBiasUpdateRate, skip);
   }
   if (current.auxLoss) {
     at::Tensor aux = reduced.slice(0, reduced.size(0) - 1);

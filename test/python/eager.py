@@ -94,7 +94,13 @@ def decay_groups(params, wd):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
-def eager_training(model, batches, steps, accum, lr_of_step, clip, wd):
+def eager_training(model, batches, steps, accum, lr_of_step, clip, wd, ranks=1,
+                   after_step=None):
+    """bmt-run's causal-LM training of `batches` (windows [rows, seq + 1]) in
+    eager PyTorch: AdamW, `accum` micro-batches a step; with `ranks`, each
+    rank's rows (a chunk of each window batch) give one loss and the step's
+    objective is their mean, as bmt-run's data parallelism defines it.
+    `after_step(step)` runs after each optimizer step. Returns the losses."""
     opt = torch.optim.AdamW(decay_groups(model.parameters(), wd), lr=1.0, betas=(0.9, 0.999),
                             eps=1e-8)
     losses, k = [], 0
@@ -102,17 +108,21 @@ def eager_training(model, batches, steps, accum, lr_of_step, clip, wd):
         opt.zero_grad()
         total = 0.0
         for _ in range(accum):
-            w = batches[k % len(batches)]
+            window = batches[k % len(batches)]
             k += 1
-            logits = model(input_ids=w[:, :-1], attention_mask=torch.ones_like(w[:, :-1])).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
-                                                     w[:, 1:].reshape(-1))
-            (loss / accum).backward()
-            total += loss.item()
+            for w in window.chunk(ranks):
+                logits = model(input_ids=w[:, :-1],
+                               attention_mask=torch.ones_like(w[:, :-1])).logits
+                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                                         w[:, 1:].reshape(-1))
+                (loss / (accum * ranks)).backward()
+                total += loss.item() / ranks
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         for group in opt.param_groups:
             group["lr"] = lr_of_step(step)
         opt.step()
+        if after_step:
+            after_step(step)
         losses.append(total / accum)
     return losses

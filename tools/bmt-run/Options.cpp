@@ -216,6 +216,13 @@ const std::vector<Option> &optionTable() {
        }},
       {"--clip-grad", "F", "training", "clip the global gradient norm to F; 0 = off (default 1.0)",
        [](RunOptions &o, auto &k, const Values &v) { o.train.clipGrad = toDouble(k, v[0], 0); }},
+      {"--moe-bias-update-rate", "U", "training",
+       "after each step move each router's score-correction bias\n"
+       "(DeepSeek-V3's e_score_correction_bias) by U x sign(mean - load)\n"
+       "per expert: auxiliary-loss-free balancing (default 0: off)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         o.train.moeBiasUpdateRate = toDouble(k, v[0], 0);
+       }},
       {"--no-prewarm-kernels", "", "training",
        "compile the fused regions' CUDA kernels at their first call in\n"
        "a step instead of before step 1 (docs/runtime/prewarm.md)",

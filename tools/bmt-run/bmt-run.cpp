@@ -176,6 +176,11 @@ int run(const tools::RunOptions &o) {
   std::unique_ptr<std::ofstream> log;
   if (!o.logFile.empty())
     log = runtime::openRunLog(o.logFile, !resumeFrom.empty(), rank0);
+  if (config.moeBiasUpdateRate > 0 && model.routerBiases().empty())
+    throw tools::UsageError("--moe-bias-update-rate: " + o.archive +
+                            " has no router with a score-correction bias (a buffer of one value "
+                            "per expert added to the scores its top-k chooses by, as "
+                            "DeepSeek-V3's e_score_correction_bias)");
   runtime::Trainer trainer(model, config, std::cout, log.get());
   if (rank0 && model.optimizerWritesShards())
     std::cout << "bmt-run: the optimizer writes the " << c10::toString(model.parameterDtype())

@@ -31,6 +31,14 @@ Under --tensor-parallel 2 (2 CPU ranks, one TP group) bmt-run's log counts
 a step's tokens per expert once, as eager Mixtral's router routes them
 (test_model_loss.py checks the counts under data parallelism).
 
+DeepSeek-V3's auxiliary-loss-free balancing (bmt-run --moe-bias-update-rate):
+after each step every router's score-correction bias moves by the rate
+times sign(mean load - load) per expert, as an eager loop moves
+e_score_correction_bias from its routers' top-k counts: 5 AdamW steps on 2
+ranks, losses, parameters and the biases (equal) as eager's; a resume from
+step 3 ends bit-identical; bmt-to-hf writes the moved biases and
+from_pretrained loads them.
+
 bmt-export-hf --checkpoint refuses to stream a mixture of experts (one line
 naming --load-weights: transformers routes by its GPU path on the meta
 device, and a Mixtral checkpoint stores each expert's matrices apart, which
@@ -47,8 +55,8 @@ import pytest
 import torch
 
 from bmt_paths import REPO, binary, tool
-from eager import causal_loss, check_dump_against_eager
-from numerics import assert_close, assert_loss_close
+from eager import causal_loss, check_dump_against_eager, eager_training
+from numerics import assert_close, assert_identical, assert_loss_close, assert_trained_close
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import architectures  # noqa: E402
@@ -209,3 +217,85 @@ def test_expert_load_of_a_tensor_parallel_group_counts_once(tmp_path):
     assert (record["expert_tokens_min"], record["expert_tokens_max"]) == (
         layers.min().item(), layers.max().item()), (record, layers)
     assert f"experts {layers.min().item()}-{layers.max().item()} tokens | " in r.stdout, r.stdout
+
+
+def torchrun(n, *args):
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        f"--nproc_per_node={n}", "--no-python", binary("bmt-run"),
+                        *map(str, args), "--device", "cpu"], capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return r
+
+
+def test_router_bias_update_matches_eager_and_resumes(tmp_path):
+    from safetensors.torch import load_file
+    import transformers
+    model = build(*MODELS["deepseek_v3"])
+    trace(model, tmp_path / "m.pt")
+    sharded = tmp_path / "m.sharded.pt"
+    r = subprocess.run([binary("bmt-opt"), str(tmp_path / "m.pt"), "-o", str(sharded),
+                        "--world-size", "2"], check=True, capture_output=True, text=True)
+    assert "1 router with a score-correction bias" in r.stderr, r.stderr
+    steps, rate = 5, 0.01
+    batches = torch.randint(0, architectures.VOCAB, (steps, 4, 9),
+                            generator=torch.Generator().manual_seed(3))
+    torch.save(batches, tmp_path / "b.pt")
+    common = [sharded, "--batches", tmp_path / "b.pt", "--steps", steps, "--lr", "1e-3",
+              "--schedule", "constant", "--clip-grad", "0.5", "--moe-bias-update-rate", rate]
+    torchrun(2, *common, "--log-file", tmp_path / "log.jsonl", "--save-params",
+             tmp_path / "p.safetensors", "--checkpoint-dir", tmp_path / "ck",
+             "--checkpoint-every", 3)
+    records = [x for x in map(json.loads, open(tmp_path / "log.jsonl")) if x["kind"] == "train"]
+    got = load_file(tmp_path / "p.safetensors")
+
+    # Eager: the same steps, each gate's bias moved after each step by its
+    # routers' top-k counts over both ranks' rows.
+    gates = {n: m for n, m in model.named_modules() if n.endswith("mlp.gate")}
+    experts = model.config.n_routed_experts
+    counts = {n: torch.zeros(experts, dtype=torch.float64) for n in gates}
+
+    def count(name):
+        def hook(_module, _inputs, out):
+            counts[name].add_(torch.bincount(out[2].reshape(-1), minlength=experts))
+        return hook
+
+    hooks = [m.register_forward_hook(count(n)) for n, m in gates.items()]
+
+    def move_biases(_step):
+        with torch.no_grad():
+            for n, gate in gates.items():
+                c = counts[n]
+                gate.e_score_correction_bias.add_(((c.mean() - c).sign() * rate).float())
+                c.zero_()
+
+    losses = eager_training(model, batches, steps, 1, lambda _s: 1e-3, 0.5, 0.01, ranks=2,
+                            after_step=move_biases)
+    for h in hooks:
+        h.remove()
+    for x, loss in zip(records, losses):
+        assert_loss_close(x["loss"], loss, what=f"loss of step {x['step']}")
+    want = {n: p.detach() for n, p in model.named_parameters()}
+    assert_trained_close({n: got[n] for n in want}, want, 1e-3 * steps)
+    biases = {f"{n}.e_score_correction_bias": g.e_score_correction_bias for n, g in gates.items()}
+    for n, b in biases.items():
+        assert torch.equal(got[n], b), (n, got[n], b)
+        assert b.abs().max() > 0, b  # it moved
+    print(f"deepseek_v3, 2 ranks, rate {rate}: biases {[b.tolist() for b in biases.values()]}")
+
+    # A resume from step 3 ends where the uninterrupted run did.
+    torchrun(2, *common, "--resume", tmp_path / "ck" / "step-00000003", "--save-params",
+             tmp_path / "resumed.safetensors")
+    assert_identical(load_file(tmp_path / "resumed.safetensors"), got, what="resumed run")
+
+    # bmt-to-hf writes the moved biases; from_pretrained loads them.
+    out = tmp_path / "hf"
+    model.config.save_pretrained(tmp_path / "config")
+    r = subprocess.run([*tool("bmt-to-hf"), str(tmp_path / "ck" / "step-00000005"), "-o", str(out),
+                        "--config", str(tmp_path / "config" / "config.json")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out)
+    state = loaded.state_dict()
+    for n, b in biases.items():
+        assert torch.equal(state[n], b), n

@@ -168,13 +168,19 @@ def test_nan_loss_stops_with_the_step_and_writes_nothing(tmp_path):
 
 
 def test_usage_errors(gpt2):
-    _, sharded, _ = gpt2
+    _, sharded, tmp = gpt2
     assert_one_error(bmt_run(), "no archive")
     assert_one_error(bmt_run(sharded, "--steps", "x"), "--steps expects an integer")
     assert_one_error(bmt_run(sharded, "--frobnicate"), "unknown option --frobnicate")
     assert_one_error(bmt_run(sharded, "--data", "x.bin"), "--steps is required")
     assert_one_error(bmt_run(sharded, "--steps", 1, "--data", "x.bin", "--schedule", "zigzag"),
                      "zigzag")
+    # Balancing by router biases needs a router with one (DeepSeek-V3's).
+    batches = tmp / "usage.batches.pt"
+    torch.save(torch.zeros(1, 2, 9, dtype=torch.long), batches)
+    assert_one_error(bmt_run(sharded, "--steps", 1, "--batches", batches,
+                             "--moe-bias-update-rate", "0.01"),
+                     "--moe-bias-update-rate: ", "has no router with a score-correction bias")
     assert bmt_run("--help").returncode == 0
 
 

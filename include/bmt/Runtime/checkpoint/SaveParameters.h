@@ -28,7 +28,8 @@ struct SaveParametersError : std::runtime_error {
 /// before training).
 int64_t savedParameterBytes(Model &model);
 
-/// Writes every trained tensor of `model` under each of its names to
+/// Writes every trained tensor of `model` under each of its names (and the
+/// buffers training moves, Model::routerBiases) to
 /// `path` (rank 0; a temporary name renamed, removed on failure) and prints
 /// "saved N parameters -> PATH". Gathers one storage group at a time: no
 /// rank holds more than its shards and one group. Collective: a failure to

@@ -237,6 +237,13 @@ public:
   /// copies (forEachFullParameter, collected: the whole model on every
   /// rank; for small models and tests). Collective.
   std::vector<std::pair<std::string, at::Tensor>> fullParameters(bool gradients = false);
+  /// The buffers training changes: the router score-correction biases the
+  /// plan's MoeDispatch instructions name (DeepSeek-V3's
+  /// e_score_correction_bias; TrainConfig::moeBiasUpdateRate moves them),
+  /// by plan name in plan order, each the live tensor on the model's device
+  /// (the same on every rank). Checkpoints save and restore them;
+  /// --save-params writes them.
+  std::vector<std::pair<std::string, at::Tensor>> routerBiases();
 
   /// The buffers parameters() hold, for checkpoints: one a parameter, in
   /// the same order.

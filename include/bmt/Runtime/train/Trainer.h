@@ -73,6 +73,12 @@ struct TrainConfig {
   LRScheduleConfig schedule;
   OptimizerConfig optimizer; ///< --optimizer and its hyperparameters (Optimizers.h)
   double clipGrad = 1.0;   ///< max global grad norm; 0 = no clipping
+  /// Auxiliary-loss-free load balancing (DeepSeek-V3, arXiv:2412.19437
+  /// sec. 2.1.2): after each step every router score-correction bias b
+  /// (Model::routerBiases) moves by this times sign(mean(c) - c), c the
+  /// step's tokens per expert of its layer over all ranks; 0 = off, as
+  /// transformers trains (bmt-run --moe-bias-update-rate).
+  double moeBiasUpdateRate = 0;
   Objective objective = Objective::CausalLM;
   /// Train on the loss the model computes itself (a forward taking labels;
   /// Model::forwardLoss): `objective` then only says which labels it gets

@@ -1,12 +1,20 @@
-//===- MoeSentinelMasks.cpp - bmt-moe-layers: masks that never fire ------===//
+//===- MoeRouter.cpp - bmt-moe-layers: what the router's top-k proves ----===//
 //
-// transformers' grouped_mm experts zero the rows of expert ids >= E (the
+// Two facts about a MoE layer's router, found from the ids its experts
+// receive back to the aten::topk that chose them.
+//
+// Masks that never fire. transformers' grouped_mm experts zero the rows of expert ids >= E (the
 // sentinels of its own expert parallelism) before and after each grouped
 // matmul: three masked_fills over [T*K, 2F] and [T*K, H] forward and three
 // more backward, 10-12 % of a Qwen3-MoE step on an H100 (bench/RESULTS.md).
 // When the ids are a router's top-k over E scores, no id is >= E and every
 // such mask is all false; the fills are dropped. Anything not proven keeps
 // its masks.
+//
+// The score-correction bias. DeepSeek-V3's router chooses its top-k over
+// sigmoid(scores) + b, b a buffer of E values that training moves toward
+// balanced loads (auxiliary-loss-free balancing, arXiv:2412.19437 sec.
+// 2.1.2); the runtime needs to know which buffer that is.
 //
 //===----------------------------------------------------------------------===//
 
@@ -102,47 +110,111 @@ std::optional<int64_t> lastDim(Value v, SymbolTable &symbols, int depth = 0) {
   }
 }
 
-/// Whether `v` is the indices of a top-k over the last dim of a tensor of
-/// last dim `numExperts`, possibly returned through calls.
-bool isTopKIds(Value v, int64_t numExperts, SymbolTable &symbols, int depth = 0) {
+/// The aten::topk whose indices `v` is (possibly returned through calls)
+/// when it takes the top-k over the last dim of a tensor of last dim
+/// `numExperts`; null otherwise.
+Operation *topKOfIds(Value v, int64_t numExperts, SymbolTable &symbols, int depth = 0) {
   if (!v || depth > kMaxDepth)
-    return false;
+    return nullptr;
   auto result = dyn_cast<OpResult>(v);
   if (!result)
-    return false;
+    return nullptr;
   Operation *op = result.getOwner();
   if (auto call = dyn_cast<func::CallOp>(op)) {
     auto callee = symbols.lookup<func::FuncOp>(call.getCallee());
     if (!callee || callee.isExternal())
-      return false;
+      return nullptr;
     auto ret = dyn_cast<func::ReturnOp>(callee.getBody().back().getTerminator());
-    return ret && isTopKIds(ret.getOperand(result.getResultNumber()), numExperts, symbols,
-                            depth + 1);
+    return ret ? topKOfIds(ret.getOperand(result.getResultNumber()), numExperts, symbols,
+                           depth + 1)
+               : nullptr;
   }
   if (bmt::atenOpId(op) != AtenOpId::topk || result.getResultNumber() != 1)
-    return false;
+    return nullptr;
   std::optional<bmt::AtenArg> dim = bmt::getAtenArg(cast<bmt::AtenOp>(op), "dim");
   if (!dim || dim->getInt() != -1)
-    return false;
-  return lastDim(operandArg(op, "self"), symbols) == numExperts;
+    return nullptr;
+  return lastDim(operandArg(op, "self"), symbols) == numExperts ? op : nullptr;
+}
+
+/// The top-k of every call of `experts` that gives its argument `idsArg`;
+/// empty unless each is proven (topKOfIds) and there is a call.
+SmallVector<Operation *> routerTopKs(func::FuncOp experts, unsigned idsArg, int64_t numExperts,
+                                     SymbolTable &symbols) {
+  auto module = experts->getParentOfType<ModuleOp>();
+  std::optional<SymbolTable::UseRange> uses = SymbolTable::getSymbolUses(experts, module);
+  SmallVector<Operation *> topks;
+  if (!uses)
+    return {};
+  for (const SymbolTable::SymbolUse &use : *uses) {
+    auto call = dyn_cast<func::CallOp>(use.getUser());
+    Operation *topk = call && call.getCallee() == experts.getSymName() &&
+                              idsArg < call.getNumOperands()
+                          ? topKOfIds(call.getOperand(idsArg), numExperts, symbols)
+                          : nullptr;
+    if (!topk)
+      return {};
+    topks.push_back(topk);
+  }
+  return topks;
+}
+
+/// The buffer of shape [numExperts] that `v` (a top-k's input) is the sum
+/// of with other scores, found through masked_fill's input and dtype
+/// conversions: the `add.Tensor(scores, b)` (alpha 1, either order) of
+/// DeepSeek-V3's router. Null when there is none or more than one.
+FlatSymbolRefAttr scoreBias(Value v, int64_t numExperts, SymbolTable &symbols) {
+  for (int depth = 0; v && depth < kMaxDepth; ++depth) {
+    Operation *op = v.getDefiningOp();
+    std::optional<AtenOpId> id = bmt::atenOpId(op);
+    if (id == AtenOpId::masked_fill_Scalar || id == AtenOpId::to_dtype) {
+      v = operandArg(op, "self");
+      continue;
+    }
+    if (id != AtenOpId::add_Tensor)
+      return {};
+    std::optional<bmt::AtenArg> alpha = bmt::getAtenArg(cast<bmt::AtenOp>(op), "alpha");
+    if (!alpha || alpha->getInt() != 1)
+      return {};
+    FlatSymbolRefAttr found;
+    for (StringRef name : {"self", "other"}) {
+      Value x = operandArg(op, name);
+      if (x && bmt::atenOpId(x.getDefiningOp()) == AtenOpId::to_dtype)
+        x = operandArg(x.getDefiningOp(), "self");
+      auto get = x ? x.getDefiningOp<bmt::GetGlobalOp>() : bmt::GetGlobalOp();
+      auto buffer = get ? symbols.lookup<bmt::BufferOp>(get.getGlobal()) : bmt::BufferOp();
+      auto type = buffer ? dyn_cast<RankedTensorType>(buffer.getType()) : RankedTensorType();
+      if (!type || type.getRank() != 1 || type.getDimSize(0) != numExperts ||
+          !isa<FloatType>(type.getElementType()))
+        continue;
+      if (found)
+        return {};
+      found = get.getGlobalAttr();
+    }
+    return found;
+  }
+  return {};
 }
 
 } // namespace
 
 bool bmt::routerIdsBelow(func::FuncOp experts, unsigned idsArg, int64_t numExperts,
                          SymbolTable &symbols) {
-  auto module = experts->getParentOfType<ModuleOp>();
-  std::optional<SymbolTable::UseRange> uses = SymbolTable::getSymbolUses(experts, module);
-  if (!uses || uses->empty())
-    return false;
-  for (const SymbolTable::SymbolUse &use : *uses) {
-    auto call = dyn_cast<func::CallOp>(use.getUser());
-    if (!call || call.getCallee() != experts.getSymName() || idsArg >= call.getNumOperands() ||
-        !isTopKIds(call.getOperand(idsArg), numExperts, symbols))
-      return false;
-  }
-  return true;
+  return !routerTopKs(experts, idsArg, numExperts, symbols).empty();
 }
+
+FlatSymbolRefAttr bmt::routerScoreBias(func::FuncOp experts, unsigned idsArg,
+                                       int64_t numExperts, SymbolTable &symbols) {
+  FlatSymbolRefAttr bias;
+  for (Operation *topk : routerTopKs(experts, idsArg, numExperts, symbols)) {
+    FlatSymbolRefAttr b = scoreBias(operandArg(topk, "self"), numExperts, symbols);
+    if (!b || (bias && b != bias))
+      return {};
+    bias = b;
+  }
+  return bias;
+}
+
 
 LogicalResult bmt::dropSentinelMasks(MoeDispatchOp dispatch) {
   int64_t numExperts = dispatch.getNumExperts();
