@@ -133,7 +133,18 @@ def MoeLayers : Pass<"bmt-moe-layers", "::mlir::ModuleOp"> {
     function ("bmt-moe-layers: 2 mixture-of-experts layers lowered to
     bmt.moe_dispatch / bmt.moe_combine (model.layers.0.mlp.experts.forward
     ... model.layers.1.mlp.experts.forward)"), or that there was none.
+
+    With `expert-parallel=E` > 1 (expert parallelism, docs/passes/moe-layers.md)
+    each dispatch also takes the layer's routing weights (the tensor the
+    layer indexed by the permutation) and gives them in the rows' order,
+    the module records `bmt.expert_parallel = E`, and it is an error when a
+    layer's expert count is not a multiple of E, when no layer is lowered,
+    or under tensor parallelism.
   }];
+  let options = [
+    Option<"expertParallel", "expert-parallel", "int64_t", "1",
+           "ranks of one expert group (1: no expert parallelism)">,
+  ];
   let dependentDialects = ["::bmt::BmtDialect"];
 }
 
