@@ -1,5 +1,6 @@
 """Expert parallelism (bmt-opt --expert-parallel E; docs/passes/moe-layers.md,
-"Expert parallelism"): Qwen3-MoE and Mixtral (4 experts, top-2, 2 layers;
+"Expert parallelism"): Qwen3-MoE, Mixtral and gpt-oss (its expert biases
+indexed by the received rows' expert ids; 4 experts, top-2, 2 layers;
 scripts/architectures.py) trained 5 AdamW steps under torchrun on N CPU
 ranks with expert groups of E consecutive ranks, against eager transformers
 on the same weights and global batches (scripts/parallel_matrix.py's
@@ -9,9 +10,9 @@ each step's logged expert_tokens_min / _max equal the counts of eager's
 router top-k ids over the step's rows exactly (each rank counts the tokens
 it routes, before the all-to-all). One plan per (E, recompute) serves
 N = 2 and 4 (a plan without --world-size runs on any multiple of E).
-Cells: (N, E) = (2, 2), (4, 2), (4, 4) for Qwen3-MoE, (4, 2), (4, 4) for
-Mixtral (its (2, 2) runs in the checkpoint test), recomputing every block
-or none.
+Cells: (N, E) = (2, 2), (4, 2), (4, 4) for Qwen3-MoE, (4, 4) for Mixtral
+(its (2, 2) and (4, 4) run again in the checkpoint test), (2, 2) for
+gpt-oss, recomputing every block or none.
 
 The errors, each one line: E not dividing a layer's experts, E > 1 on a
 model without MoE layers, E with tensor parallelism (bmt-opt), and a world
@@ -36,7 +37,7 @@ from test_zero_multirank import torchrun  # noqa: E402
 
 # (model, N, E, recompute)
 CELLS = [("qwen3_moe", 2, 2, True), ("qwen3_moe", 4, 2, False), ("qwen3_moe", 4, 4, True),
-         ("mixtral", 4, 4, False), ("mixtral", 4, 2, True)]
+         ("mixtral", 4, 4, False), ("gpt_oss", 2, 2, True)]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def eager_reference(prep, lrs):
     the routers' top-k ids (one forward of the global batch a step)."""
     if "eager" not in prep or prep["eager"] is None:
         model = architectures.build(prep["name"])
-        gates = [m for n, m in model.named_modules() if n.endswith("mlp.gate")]
+        gates = [m for n, m in model.named_modules() if n.endswith(("mlp.gate", "mlp.router"))]
         experts = model.config.num_experts if hasattr(model.config, "num_experts") \
             else model.config.num_local_experts
         counts = []
