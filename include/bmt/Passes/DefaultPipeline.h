@@ -74,8 +74,8 @@ public:
 
 namespace bmt {
 
-/// Options of the default pipeline. The first twelve are also bmt-opt's
-/// top-level flags of the same names (commandLineFlags()).
+/// Options of the default pipeline. Those commandLineFlags() lists are also
+/// bmt-opt's top-level flags of the same names.
 struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions> {
   Option<int64_t> worldSize{
       *this, "world-size",
