@@ -109,7 +109,7 @@ def MoeLayers : Pass<"bmt-moe-layers", "::mlir::ModuleOp"> {
 
     The pass replaces the dispatch by one `bmt.moe_dispatch` (rows, sorted
     ids, offsets, permutation) and the combine by one `bmt.moe_combine`,
-    the seam where expert parallelism will exchange rows between ranks.
+    where expert parallelism exchanges rows between ranks.
     The experts' own ops stay as they were, reading the dispatch's
     results: the grouped matmuls, the activation, the padding mask
     `ge.Scalar(sorted ids, E)`, per-expert biases indexed by the sorted ids,
