@@ -125,7 +125,9 @@ def train(prep, ranks, experts, recompute, *more, name=None):
                          ids=[f"{m}-n{n}-ep{e}-{'recompute' if rc else 'none'}"
                               for m, n, e, rc in CELLS])
 def test_training_matches_eager(prepared, ranks, experts, recompute):
-    train_records, params, _ = train(prepared, ranks, experts, recompute)
+    train_records, params, stdout = train(prepared, ranks, experts, recompute)
+    assert (f"expert parallel: {ranks // experts} expert groups of {experts} ranks"
+            in stdout), stdout
     assert [x["step"] for x in train_records] == list(range(1, parallel_matrix.STEPS + 1))
     losses, want, counts = eager_reference(prepared, {x["step"]: x["lr"] for x in train_records})
     loss_diff = max(assert_loss_close(x["loss"], l, what=f"loss of step {x['step']}")
