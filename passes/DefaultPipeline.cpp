@@ -73,6 +73,18 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   else if (worldSize % tensorParallel != 0)
     os << name("world-size") << " " << worldSize.getValue() << " is not a multiple of "
        << name("tensor-parallel") << " " << tensorParallel.getValue();
+  else if (expertParallel <= 0)
+    os << name("expert-parallel") << " must be positive, got " << expertParallel.getValue();
+  else if (expertParallel > 1 && tensorParallel > 1)
+    os << name("expert-parallel") << " " << expertParallel.getValue() << " with "
+       << name("tensor-parallel") << " " << tensorParallel.getValue()
+       << ": expert and tensor parallelism together are not supported";
+  else if (expertParallel > 1 && !moeLayers)
+    os << name("expert-parallel") << " needs " << name("moe-layers")
+       << " (it splits the experts of the layers bmt-moe-layers lowers)";
+  else if (worldSize.hasValue() && worldSize % expertParallel != 0)
+    os << name("world-size") << " " << worldSize.getValue() << " is not a multiple of "
+       << name("expert-parallel") << " " << expertParallel.getValue();
   else if (sequenceParallel && tensorParallel == 1)
     os << name("sequence-parallel") << " needs " << name("tensor-parallel")
        << " T > 1 (it splits the sequence over the T ranks of a tensor-parallel group)";
@@ -123,8 +135,11 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
   // into regions, and every MoE block's function changes alike, so
   // find-blocks still sees identical blocks (the experts' parameters stay
   // in them).
-  if (options.moeLayers)
-    pm.addPass(createMoeLayers());
+  if (options.moeLayers) {
+    MoeLayersOptions moe;
+    moe.expertParallel = options.expertParallel;
+    pm.addPass(createMoeLayers(moe));
+  }
   // First: these rewrite every block's function alike, so identical blocks
   // stay identical for find-blocks (causal-attention also drops the mask
   // argument of every block), and the memory estimate of checkpoint and

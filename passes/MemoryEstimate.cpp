@@ -153,6 +153,12 @@ public:
         info[dispatch.getPermutation()] = ids;
         info[dispatch.getOffsets()] = ValueInfo();
         acc += bytesOf(rows) + 2 * bytesOf(ids);
+        if (Value routed = dispatch.getRoutedWeights()) {
+          ValueInfo w = get(dispatch.getWeights());
+          w.param = nullptr;
+          info[routed] = w;
+          acc += bytesOf(w);
+        }
       } else if (auto combine = dyn_cast<MoeCombineOp>(op)) {
         ValueInfo v = get(combine.getRows());
         v.param = nullptr;

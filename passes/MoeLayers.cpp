@@ -17,6 +17,7 @@
 #include "bmt/Dialect/AtenArgs.h"
 #include "bmt/Dialect/BmtDialect.h"
 #include "bmt/Dialect/MoeAttrs.h"
+#include "bmt/Dialect/TensorSplit.h"
 #include "bmt/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -66,6 +67,8 @@ struct DispatchMatch {
 /// end is the export's T*K.
 struct CombineMatch {
   Value expertRows;
+  /// The routing weights' gathers, index(reshape(weights, [-1]), [perm]).
+  SmallVector<bmt::AtenOp> weightGathers;
   bmt::AtenOp emptyLike, count, arange, indexPut, gather, view, sum;
 };
 
@@ -310,8 +313,10 @@ FailureOr<CombineMatch> matchCombine(const DispatchMatch &m) {
     if (user == m.floorDiv)
       continue;
     if (id == AtenOpId::index_Tensor && singleIndex(aten, "indices") == perm &&
-        flattenedArgument(operandArg(aten, "self")))
-      continue; // the routing weights, permuted as the rows
+        flattenedArgument(operandArg(aten, "self"))) {
+      c.weightGathers.push_back(aten); // the routing weights, permuted as the rows
+      continue;
+    }
     bmt::AtenOp *slot = id == AtenOpId::empty_like ? &c.emptyLike
                         : id == AtenOpId::size_int ? &c.count
                         : id == AtenOpId::index_put_ ? &c.indexPut
@@ -407,13 +412,25 @@ bool inOneBlock(DispatchMatch m, CombineMatch c) {
 
 /// Replaces both patterns: the dispatch where the sort was, the combine
 /// where the sum was; the ops of both are erased, and the sizes only they
-/// read. Returns the dispatch.
-bmt::MoeDispatchOp rewrite(DispatchMatch m, CombineMatch c, OpBuilder &builder) {
+/// read. With `weights` (expert parallelism; c has one weight gather) the
+/// dispatch takes the routing weights and its routed weights replace the
+/// gather. Returns the dispatch.
+bmt::MoeDispatchOp rewrite(DispatchMatch m, CombineMatch c, OpBuilder &builder, bool weights) {
   Type tensor = m.sort->getResult(0).getType();
   builder.setInsertionPoint(m.sort);
-  auto dispatch = bmt::MoeDispatchOp::create(builder, m.sort.getLoc(),
-                                             TypeRange{tensor, tensor, tensor, tensor}, m.hidden,
-                                             m.ids, builder.getI64IntegerAttr(m.numExperts));
+  bmt::AtenOp gather = weights ? c.weightGathers.front() : bmt::AtenOp();
+  Value flatWeights = gather ? operandArg(gather, "self") : Value();
+  SmallVector<Type> types(weights ? 5 : 4, tensor);
+  auto dispatch = bmt::MoeDispatchOp::create(
+      builder, m.sort.getLoc(), types, m.hidden, m.ids,
+      gather ? Value(flattenedArgument(flatWeights)) : Value(),
+      builder.getI64IntegerAttr(m.numExperts));
+  if (gather) {
+    gather->getResult(0).replaceAllUsesWith(dispatch.getRoutedWeights());
+    gather->erase();
+    if (flatWeights.use_empty())
+      flatWeights.getDefiningOp()->erase();
+  }
   builder.setInsertionPoint(c.sum);
   Value topK = m.topK;
   if (!topK)
@@ -449,8 +466,22 @@ bmt::MoeDispatchOp rewrite(DispatchMatch m, CombineMatch c, OpBuilder &builder) 
 }
 
 struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
+  using MoeLayersBase::MoeLayersBase;
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    const int64_t ep = expertParallel;
+    if (ep < 1) {
+      emitError(module.getLoc()) << "bmt-moe-layers: expert-parallel must be positive, got " << ep;
+      return signalPassFailure();
+    }
+    if (ep > 1 && bmt::tensorParallelOf(module) > 1) {
+      emitError(module.getLoc()) << "bmt-moe-layers: expert-parallel " << ep
+                                 << " under tensor parallelism (" << bmt::tensorParallelOf(module)
+                                 << " ranks): expert and tensor parallelism together are not "
+                                    "supported";
+      return signalPassFailure();
+    }
     SymbolTable symbols(module);
     OpBuilder builder(module.getContext());
     SmallVector<StringRef> functions;
@@ -468,8 +499,22 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
         FailureOr<CombineMatch> combine = matchCombine(*dispatch);
         if (failed(combine) || !inOneBlock(*dispatch, *combine))
           continue;
+        if (ep > 1 && dispatch->numExperts % ep != 0) {
+          emitError(sort.getLoc()) << "bmt-moe-layers: " << f.getSymName() << " has "
+                                   << dispatch->numExperts
+                                   << " experts, not a multiple of expert-parallel " << ep;
+          return signalPassFailure();
+        }
+        if (ep > 1 && combine->weightGathers.size() != 1) {
+          emitError(sort.getLoc())
+              << "bmt-moe-layers: " << f.getSymName()
+              << ": expert parallelism needs the routing weights gathered once by the "
+                 "permutation (before the combine), found "
+              << combine->weightGathers.size();
+          return signalPassFailure();
+        }
         unsigned idsArg = dispatch->ids.getArgNumber();
-        bmt::MoeDispatchOp op = rewrite(*dispatch, *combine, builder);
+        bmt::MoeDispatchOp op = rewrite(*dispatch, *combine, builder, ep > 1);
         functions.push_back(f.getSymName());
         if (!bmt::routerIdsBelow(f, idsArg, op.getNumExperts(), symbols))
           continue;
@@ -501,6 +546,14 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
         warning << " ... " << missed.back();
       warning << "): their experts run as ATen ops, outside the logged expert load";
     }
+    if (functions.empty() && ep > 1) {
+      emitError(module.getLoc()) << "bmt-moe-layers: expert-parallel " << ep
+                                 << " but the model has no mixture-of-experts layer this pass "
+                                    "lowers";
+      return signalPassFailure();
+    }
+    if (ep > 1)
+      module->setAttr("bmt.expert_parallel", builder.getI64IntegerAttr(ep));
     InFlightDiagnostic remark = emitRemark(module.getLoc());
     if (functions.empty()) {
       remark << "bmt-moe-layers: no mixture-of-experts layer";
@@ -516,6 +569,8 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
     if (biases > 0)
       remark << "; " << biases << " router" << (biases == 1 ? "" : "s")
              << " with a score-correction bias";
+    if (ep > 1)
+      remark << "; experts split over expert groups of " << ep << " ranks";
   }
 };
 

@@ -109,7 +109,7 @@ def MoeLayers : Pass<"bmt-moe-layers", "::mlir::ModuleOp"> {
 
     The pass replaces the dispatch by one `bmt.moe_dispatch` (rows, sorted
     ids, offsets, permutation) and the combine by one `bmt.moe_combine`,
-    the seam where expert parallelism will exchange rows between ranks.
+    where expert parallelism exchanges rows between ranks.
     The experts' own ops stay as they were, reading the dispatch's
     results: the grouped matmuls, the activation, the padding mask
     `ge.Scalar(sorted ids, E)`, per-expert biases indexed by the sorted ids,
@@ -133,7 +133,18 @@ def MoeLayers : Pass<"bmt-moe-layers", "::mlir::ModuleOp"> {
     function ("bmt-moe-layers: 2 mixture-of-experts layers lowered to
     bmt.moe_dispatch / bmt.moe_combine (model.layers.0.mlp.experts.forward
     ... model.layers.1.mlp.experts.forward)"), or that there was none.
+
+    With `expert-parallel=E` > 1 (expert parallelism, docs/passes/moe-layers.md)
+    each dispatch also takes the layer's routing weights (the tensor the
+    layer indexed by the permutation) and gives them in the rows' order,
+    the module records `bmt.expert_parallel = E`, and it is an error when a
+    layer's expert count is not a multiple of E, when no layer is lowered,
+    or under tensor parallelism.
   }];
+  let options = [
+    Option<"expertParallel", "expert-parallel", "int64_t", "1",
+           "ranks of one expert group (1: no expert parallelism)">,
+  ];
   let dependentDialects = ["::bmt::BmtDialect"];
 }
 

@@ -121,6 +121,16 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
     }
     if (auto what = module->getAttrOfType<StringAttr>("bmt.tensor_parallel_plan"))
       os << "  tensor parallel: " << tp << " ranks per group; " << what.getValue() << "\n";
+    if (auto ep = module->getAttrOfType<IntegerAttr>("bmt.expert_parallel")) {
+      int64_t layers = 0, experts = 0;
+      module.walk([&](bmt::MoeDispatchOp d) {
+        ++layers;
+        experts = d.getNumExperts();
+      });
+      os << "  expert parallel: " << ep.getInt() << " ranks per expert group (consecutive ranks); "
+         << layers << " MoE layer" << (layers == 1 ? "" : "s") << ", " << experts / ep.getInt()
+         << " of " << experts << " experts computed per rank\n";
+    }
     int64_t groupBytes = 0, groups = 0;
     for (auto group : module.getOps<bmt::StorageGroupOp>()) {
       groupBytes += group.getSize() * elementBytes(group.getElementType());

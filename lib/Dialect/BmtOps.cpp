@@ -389,6 +389,8 @@ LogicalResult ConstantOp::inferReturnTypes(
 LogicalResult MoeDispatchOp::verify() {
   if (getNumExperts() < 1)
     return emitOpError("needs at least one expert, got ") << getNumExperts();
+  if (static_cast<bool>(getWeights()) != static_cast<bool>(getRoutedWeights()))
+    return emitOpError("has routed weights exactly when it takes weights");
   return success();
 }
 

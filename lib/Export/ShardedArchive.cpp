@@ -128,6 +128,8 @@ public:
     if (auto source = module->getAttrOfType<StringAttr>("bmt.source"))
       p.source = source.str();
     p.tensorParallel = bmt::tensorParallelOf(module);
+    if (auto ep = module->getAttrOfType<IntegerAttr>("bmt.expert_parallel"))
+      p.expertParallel = ep.getInt();
     if (auto vocab = module->getAttrOfType<IntegerAttr>("bmt.vocab_size")) {
       p.vocabParallel = true;
       p.vocabSize = vocab.getInt();
@@ -375,6 +377,8 @@ private:
         }
         inst.args.push_back(plan::Arg::ofRegister(reg(dispatch.getHidden())));
         inst.args.push_back(plan::Arg::ofRegister(reg(dispatch.getExpertIds())));
+        if (dispatch.getWeights())
+          inst.args.push_back(plan::Arg::ofRegister(reg(dispatch.getWeights())));
       } else if (auto combine = dyn_cast<bmt::MoeCombineOp>(op)) {
         inst.kind = plan::Instruction::Kind::MoeCombine;
         inst.args.push_back(plan::Arg::ofRegister(reg(combine.getRows())));

@@ -430,6 +430,8 @@ IValue toIValue(const Plan &plan) {
     root.insert("vocab_parallel", plan.vocabParallel);
     root.insert("vocab_size", plan.vocabSize);
   }
+  if (plan.expertParallel != 1)
+    root.insert("expert_parallel", plan.expertParallel);
 
   c10::impl::GenericList functions = anyList();
   for (const Function &f : plan.functions) {
@@ -615,6 +617,12 @@ Plan fromIValue(const IValue &value) {
     plan.vocabParallel = asBool(field(root, "vocab_parallel"), "vocab_parallel");
     plan.vocabSize = asInt(field(root, "vocab_size"), "vocab_size");
   }
+  if (root.contains("expert_parallel")) {
+    plan.expertParallel = asInt(field(root, "expert_parallel"), "expert_parallel");
+    if (plan.version < 7 || plan.expertParallel < 2 || plan.tensorParallel != 1)
+      throw PlanError("plan: expert_parallel " + std::to_string(plan.expertParallel) +
+                      " needs a version 7 plan, at least 2 and tensor_parallel 1");
+  }
 
   for (const IValue &fv : asList(field(root, "functions"), "functions")) {
     c10::impl::GenericDict d = asDict(fv, "a function");
@@ -731,8 +739,11 @@ Plan fromIValue(const IValue &value) {
           throw PlanError("plan: a " + std::string(kindName(inst.kind)) + " instruction in a version " +
                           std::to_string(plan.version) + " plan (" + f.name + ")");
         const bool dispatch = inst.kind == Instruction::Kind::MoeDispatch;
-        bool wellFormed = inst.results.size() == (dispatch ? 4u : 1u) &&
-                          inst.args.size() == (dispatch ? 2u : 3u);
+        // A dispatch with routing weights (expert parallelism) takes them
+        // third and gives them fifth.
+        const bool weighted = dispatch && inst.args.size() == 3u;
+        bool wellFormed = inst.results.size() == (dispatch ? (weighted ? 5u : 4u) : 1u) &&
+                          (dispatch ? inst.args.size() == 2u || weighted : inst.args.size() == 3u);
         for (const Arg &a : inst.args)
           wellFormed = wellFormed && a.kind == Arg::Kind::Register;
         if (dispatch)
@@ -742,7 +753,8 @@ Plan fromIValue(const IValue &value) {
         if (!wellFormed)
           throw PlanError("plan: malformed " + std::string(kindName(inst.kind)) +
                           " instruction in " + f.name +
-                          (dispatch ? " (it takes hidden and expert ids, gives four results, and "
+                          (dispatch ? " (it takes hidden, expert ids and optionally routing weights, gives "
+                                      "four results and the routed weights with them, and "
                                       "its op is the expert count)"
                                     : " (it takes rows, the permutation and K, gives one result)"));
         // A dispatch's target: its router's score-correction bias, a

@@ -386,6 +386,9 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
     throw ExecutionError(f.name + " takes " + std::to_string(f.params.size()) +
                          " arguments, got " + std::to_string(args.size()));
   std::vector<IValue> regs(static_cast<size_t>(f.numRegisters));
+  // Expert parallelism: each dispatch's exchange, for the combine that
+  // reads its permutation (both are in one function: bmt-moe-layers).
+  std::vector<std::pair<at::Tensor, std::shared_ptr<moe::Exchange>>> exchanges;
   for (size_t i = 0; i < args.size(); ++i)
     regs[f.params[i]] = std::move(args[i]);
 
@@ -470,18 +473,44 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
         };
         try {
           if (inst.kind == plan::Instruction::Kind::MoeDispatch) {
-            moe::Dispatched d = moe::dispatch(tensorArg(0), tensorArg(1),
-                                              moe::allExperts(std::stoll(inst.op)));
+            const int64_t numExperts = std::stoll(inst.op);
+            const bool parallel = expertComm_ && expertComm_->size() > 1;
+            moe::Dispatched d = moe::dispatch(
+                tensorArg(0), tensorArg(1),
+                parallel ? moe::expertsOfRank(numExperts, expertComm_->size(), expertComm_->rank())
+                         : moe::allExperts(numExperts),
+                parallel ? expertComm_ : nullptr,
+                inst.args.size() > 2 ? tensorArg(2) : at::Tensor());
+            if (parallel && inst.args.size() < 3)
+              throw std::invalid_argument(
+                  "moe_dispatch without the routing weights under expert parallelism (compile "
+                  "with --expert-parallel)");
             regs[inst.results.at(0)] = std::move(d.rows);
             regs[inst.results.at(1)] = std::move(d.sortedIds);
             regs[inst.results.at(2)] = std::move(d.offsets);
-            regs[inst.results.at(3)] = std::move(d.permutation);
+            regs[inst.results.at(3)] = d.permutation;
+            if (inst.results.size() > 4)
+              regs[inst.results.at(4)] = std::move(d.weights);
+            if (d.exchange)
+              exchanges.emplace_back(std::move(d.permutation), std::move(d.exchange));
             if (expertLoad_ && recomputing_ == 0)
               expertLoad_->add(static_cast<int64_t>(index << 32 | n), d.counts,
                                inst.target >= 0 ? tensors_[inst.target] : at::Tensor());
           } else {
-            regs[inst.results.at(0)] =
-                moe::combine(tensorArg(0), tensorArg(1), regs[inst.args.at(2).reg].toInt());
+            at::Tensor permutation = tensorArg(1);
+            std::shared_ptr<moe::Exchange> exchange;
+            for (auto it = exchanges.begin(); it != exchanges.end(); ++it)
+              if (it->first.unsafeGetTensorImpl() == permutation.unsafeGetTensorImpl()) {
+                exchange = std::move(it->second);
+                exchanges.erase(it);
+                break;
+              }
+            if (expertComm_ && expertComm_->size() > 1 && !exchange)
+              throw std::invalid_argument(
+                  "moe_combine reads a permutation no dispatch of this function exchanged");
+            regs[inst.results.at(0)] = moe::combine(tensorArg(0), permutation,
+                                                    regs[inst.args.at(2).reg].toInt(),
+                                                    exchange.get());
           }
         } catch (const std::invalid_argument &e) {
           throw ExecutionError(std::string(e.what()) + " in " + f.name +

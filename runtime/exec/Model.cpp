@@ -74,6 +74,17 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
     dataComm_ = world_->split(rank % tp, rank, "data");
     tpRank = tensorComm_->rank();
   }
+  if (const int64_t ep = plan_.expertParallel; ep > 1) {
+    // Expert group g: ranks [g*E, (g+1)*E) (docs/passes/moe-layers.md).
+    if (world_->size() % ep != 0)
+      throw ExecutionError(archive.path() + ": expert parallelism (" + std::to_string(ep) +
+                           " ranks per expert group) needs a world size that is a multiple of " +
+                           std::to_string(ep) + ", not " + std::to_string(world_->size()) +
+                           (world_->size() == 1 ? " rank" : " ranks") + "; run on a multiple of " +
+                           std::to_string(ep) + " ranks or recompile with another --expert-parallel");
+    const int64_t rank = world_->rank();
+    expertComm_ = world_->split(rank / ep, rank, "expert");
+  }
   int64_t total = 0, done = 0;
   for (const plan::TensorInfo &t : plan_.tensors)
     if (t.group < 0)
@@ -122,6 +133,7 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
   if (zero_)
     executor_->setHooks(zero_);
   executor_->setTensorParallel(tensorComm_.get());
+  executor_->setExpertParallel(expertComm_.get());
   const plan::Function &entry = plan_.functions[plan_.entry];
   for (size_t i = 0; i < entry.resultNames.size(); ++i)
     if (entry.resultNames[i] == "logits") {

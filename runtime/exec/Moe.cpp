@@ -12,6 +12,9 @@
 
 #include "exec/Moe.h"
 
+#include "bmt/Runtime/comm/Collectives.h"
+#include "bmt/Runtime/comm/Comm.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -63,45 +66,145 @@ at::Tensor inversePermutation(const at::Tensor &p) {
 
 ExpertRange allExperts(int64_t numExperts) { return ExpertRange{0, numExperts, numExperts}; }
 
+ExpertRange expertsOfRank(int64_t numExperts, int64_t groupSize, int64_t rank) {
+  if (groupSize < 1 || numExperts < 1 || numExperts % groupSize != 0 || rank < 0 ||
+      rank >= groupSize)
+    throw std::invalid_argument("expert parallelism: " + std::to_string(numExperts) +
+                                " experts do not divide over an expert group of " +
+                                std::to_string(groupSize) + " ranks");
+  const int64_t local = numExperts / groupSize;
+  return ExpertRange{rank * local, local, numExperts};
+}
+
+namespace {
+
+std::string rangeText(const ExpertRange &experts) {
+  return "experts " + std::to_string(experts.first) + " to " +
+         std::to_string(experts.first + experts.count) + " of " + std::to_string(experts.total);
+}
+
+/// Expert parallelism's half of the dispatch: d holds this rank's copies
+/// sorted by expert and its counts; sends them to the ranks of their
+/// experts and orders what arrives by expert.
+void exchangeRows(Dispatched &d, const ExpertRange &experts, Comm &group) {
+  const int64_t ranks = group.size(), local = experts.count;
+  // The counts per expert, all-to-all (rank q gets the counts of its own
+  // experts from every rank), then on the host once: the row counts.
+  at::Tensor sendPerExpert = d.counts.to(at::kLong);
+  at::Tensor recvPerExpert = at::empty_like(sendPerExpert);
+  const std::vector<int64_t> perRank(static_cast<size_t>(ranks), local);
+  group.allToAll(recvPerExpert, sendPerExpert, perRank, perRank)->wait();
+  at::Tensor host = at::cat({sendPerExpert, recvPerExpert}).to(at::kCPU);
+  auto count = host.accessor<int64_t, 1>();
+  const int64_t total = experts.total;
+  auto ex = std::make_shared<Exchange>();
+  ex->comm = &group;
+  ex->sendCounts.assign(static_cast<size_t>(ranks), 0);
+  ex->recvCounts.assign(static_cast<size_t>(ranks), 0);
+  int64_t received = 0;
+  for (int64_t q = 0; q < ranks; ++q)
+    for (int64_t j = 0; j < local; ++j) {
+      ex->sendCounts[q] += count[q * local + j];
+      ex->recvCounts[q] += count[total + q * local + j];
+    }
+  for (int64_t c : ex->recvCounts)
+    received += c;
+  at::Tensor rows = allToAllTokens(d.rows, group, ex->sendCounts, ex->recvCounts);
+  // Arrived source-major (rank s's rows of expert j at start[s][j]); the
+  // experts read them expert-major. The order is built on the device from
+  // the counts there (no second host copy).
+  at::Tensor c = recvPerExpert.view({ranks, local});
+  at::Tensor flat = c.reshape({-1});
+  at::Tensor sourceStart = (at::cumsum(flat, 0) - flat).view({ranks, local}).t().reshape({-1});
+  at::Tensor lengths = c.t().reshape({-1});
+  at::Tensor expertStart = at::cumsum(lengths, 0) - lengths;
+  ex->order = at::repeat_interleave(sourceStart - expertStart, lengths, 0, received) +
+              at::arange(received, lengths.options());
+  ex->inverse = inversePermutation(ex->order);
+  d.rows = PermutedRows::apply(rows, ex->order, ex->inverse, 1);
+  if (d.weights.defined()) {
+    at::Tensor w = allToAllTokens(d.weights.view({-1, 1}), group, ex->sendCounts, ex->recvCounts);
+    d.weights = PermutedRows::apply(w, ex->order, ex->inverse, 1).view({-1});
+  }
+  at::Tensor localCounts = c.sum(0);
+  d.sortedIds = at::repeat_interleave(
+      at::arange(experts.first, experts.first + local, lengths.options()), localCounts, 0,
+      received);
+  at::Tensor all = at::zeros({total}, lengths.options());
+  all.narrow(0, experts.first, local).copy_(localCounts);
+  d.offsets = at::cumsum(all, 0, at::kInt);
+  d.exchange = std::move(ex);
+}
+
+} // namespace
+
 Dispatched dispatch(const at::Tensor &hidden, const at::Tensor &expertIds,
-                    const ExpertRange &experts) {
-  if (experts.total < 1 || experts.first != 0 || experts.count != experts.total)
-    throw std::invalid_argument("moe_dispatch: experts " + std::to_string(experts.first) + " to " +
-                                std::to_string(experts.first + experts.count) + " of " +
-                                std::to_string(experts.total) +
-                                " on this rank: expert parallelism is not supported yet");
+                    const ExpertRange &experts, Comm *expertGroup, const at::Tensor &weights) {
+  const bool parallel = expertGroup && expertGroup->size() > 1;
+  if (!parallel && (experts.total < 1 || experts.first != 0 || experts.count != experts.total))
+    throw std::invalid_argument("moe_dispatch: " + rangeText(experts) +
+                                " on this rank without an expert group");
+  if (parallel) {
+    ExpertRange own = expertsOfRank(experts.total, expertGroup->size(), expertGroup->rank());
+    if (own.first != experts.first || own.count != experts.count)
+      throw std::invalid_argument("moe_dispatch: " + rangeText(experts) + " on rank " +
+                                  std::to_string(expertGroup->rank()) +
+                                  " of the expert group, which computes " + rangeText(own));
+  }
   if (hidden.dim() != 2 || expertIds.dim() != 2 || expertIds.scalar_type() != at::kLong ||
       hidden.size(0) != expertIds.size(0))
     throw std::invalid_argument("moe_dispatch takes hidden [T, H] and int64 expert ids [T, K], got hidden " +
                                 c10::str(hidden.sizes()) + " and " +
                                 std::string(c10::toString(expertIds.scalar_type())) + " ids " +
                                 c10::str(expertIds.sizes()));
+  if (weights.defined() && weights.sizes() != expertIds.sizes())
+    throw std::invalid_argument("moe_dispatch takes routing weights of the ids' shape " +
+                                c10::str(expertIds.sizes()) + ", got " +
+                                c10::str(weights.sizes()));
   const int64_t numExperts = experts.total;
   Dispatched d;
   auto [sorted, permutation] = at::sort(expertIds.reshape({-1}), -1, false);
+  at::Tensor inverse = inversePermutation(permutation);
   // hidden[permutation // K]: each token's K copies, grouped by expert.
-  d.rows = PermutedRows::apply(hidden, permutation, inversePermutation(permutation),
-                               expertIds.size(-1));
-  at::Tensor counts = at::histc(sorted.to(at::kFloat), numExperts, 0, numExperts - 1);
-  d.offsets = at::cumsum(counts, 0, at::kInt);
-  d.counts = std::move(counts);
+  d.rows = PermutedRows::apply(hidden, permutation, inverse, expertIds.size(-1));
+  if (weights.defined())
+    d.weights = PermutedRows::apply(weights.reshape({-1, 1}), permutation, inverse, 1).view({-1});
+  d.counts = at::histc(sorted.to(at::kFloat), numExperts, 0, numExperts - 1);
   d.sortedIds = std::move(sorted);
   d.permutation = std::move(permutation);
+  if (parallel)
+    exchangeRows(d, experts, *expertGroup);
+  else
+    d.offsets = at::cumsum(d.counts, 0, at::kInt);
   return d;
 }
 
-at::Tensor combine(const at::Tensor &rows, const at::Tensor &permutation, int64_t topK) {
-  if (rows.dim() != 2 || permutation.dim() != 1 || topK < 1 ||
-      rows.size(0) != permutation.size(0) || permutation.size(0) % topK != 0)
+at::Tensor combine(const at::Tensor &rows, const at::Tensor &permutation, int64_t topK,
+                   const Exchange *exchange) {
+  at::Tensor mine = rows;
+  if (exchange) {
+    int64_t received = 0;
+    for (int64_t c : exchange->recvCounts)
+      received += c;
+    if (rows.dim() != 2 || rows.size(0) != received)
+      throw std::invalid_argument("moe_combine takes the " + std::to_string(received) +
+                                  " rows this rank's experts computed, got " +
+                                  c10::str(rows.sizes()));
+    // Back to the order they arrived in, and back to their ranks.
+    at::Tensor arrived = PermutedRows::apply(rows, exchange->inverse, exchange->order, 1);
+    mine = allToAllTokens(arrived, *exchange->comm, exchange->recvCounts, exchange->sendCounts);
+  }
+  if (mine.dim() != 2 || permutation.dim() != 1 || topK < 1 ||
+      mine.size(0) != permutation.size(0) || permutation.size(0) % topK != 0)
     throw std::invalid_argument("moe_combine takes rows [T*K, H] and a permutation [T*K] with K = " +
-                                std::to_string(topK) + ", got " + std::to_string(rows.dim()) +
-                                "-d rows of " + std::to_string(rows.dim() ? rows.size(0) : 0) +
+                                std::to_string(topK) + ", got " + std::to_string(mine.dim()) +
+                                "-d rows of " + std::to_string(mine.dim() ? mine.size(0) : 0) +
                                 " and a permutation of " +
                                 std::to_string(permutation.numel()));
   // rows[inverse]: back in token order (its gradient: the gather by
   // `permutation`, the inverse's inverse).
-  at::Tensor unsorted = PermutedRows::apply(rows, inversePermutation(permutation), permutation, 1);
-  return unsorted.view({permutation.size(0) / topK, topK, rows.size(-1)}).sum({1}, false);
+  at::Tensor unsorted = PermutedRows::apply(mine, inversePermutation(permutation), permutation, 1);
+  return unsorted.view({permutation.size(0) / topK, topK, mine.size(-1)}).sum({1}, false);
 }
 
 } // namespace bmt::runtime::moe

@@ -7,10 +7,18 @@
 // program's bit for bit; the gathers of rows differentiate as permutations
 // (Moe.cpp), gradients equal up to the order of a token's K-term sum.
 //
-// Every expert is local today. The expert range is the seam for expert
-// parallelism: a rank holding experts [first, first + count) of E will send
-// the rows of other experts to their ranks (an all-to-all) after the sort
-// and before the counts, and receive its own; combine will send them back.
+// Expert parallelism (an expert group of P ranks, consecutive ranks of the
+// world; rank p of the group computes experts [p*E/P, (p+1)*E/P)): the
+// dispatch sorts this rank's token copies by expert as before, exchanges
+// the per-expert counts (one all-to-all of E int64 and one host copy: the
+// only host synchronisation, the row counts the all-to-all of rows needs),
+// sends each row to the rank of its expert (allToAllTokens: in autograd,
+// backward = the reverse exchange), and orders the rows it receives by
+// expert (source rank order within an expert). The offsets stay [E] (zero
+// rows for the experts of other ranks), so the experts' grouped matmuls
+// read the whole [E, ...] weights and give the other experts no rows (and
+// no gradient). The combine undoes it: back to source order, the reverse
+// all-to-all, then the sum of each token's K copies in token order.
 //
 //===----------------------------------------------------------------------===//
 
@@ -20,9 +28,14 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
+
+namespace bmt::runtime {
+class Comm;
+}
 
 namespace bmt::runtime::moe {
 
@@ -36,24 +49,48 @@ struct ExpertRange {
 /// Every one of `numExperts` experts on this rank (no expert parallelism).
 ExpertRange allExperts(int64_t numExperts);
 
-/// MoeDispatch's results: the token copies sorted by expert.
-struct Dispatched {
-  at::Tensor rows;        ///< [T*K, H]: hidden[permutation floordiv K]
-  at::Tensor sortedIds;   ///< [T*K] int64: the expert of each row
-  at::Tensor offsets;     ///< [E] int32: the end of each expert's rows
-  at::Tensor permutation; ///< [T*K] int64: the sort's indices
-  at::Tensor counts;      ///< [E] float: the rows of each expert (histc)
+/// The experts rank `rank` of an expert group of `groupSize` ranks
+/// computes (E / groupSize consecutive ones). Throws std::invalid_argument
+/// when groupSize does not divide numExperts.
+ExpertRange expertsOfRank(int64_t numExperts, int64_t groupSize, int64_t rank);
+
+/// Expert parallelism: how one dispatch moved rows, for its combine.
+struct Exchange {
+  Comm *comm = nullptr;               ///< the expert group
+  std::vector<int64_t> sendCounts;    ///< rows this rank sent each group rank
+  std::vector<int64_t> recvCounts;    ///< rows it received from each
+  at::Tensor order;   ///< [R] int64: expert-ordered row i = received row order[i]
+  at::Tensor inverse; ///< order's inverse
 };
 
-/// hidden [T, H], expertIds [T, K] int64. Throws std::invalid_argument on
-/// tensors of other ranks or dtypes, or on an expert range that is not all
-/// of them (expert parallelism is not built yet).
+/// MoeDispatch's results: the token copies sorted by expert. Under expert
+/// parallelism (an Exchange), rows, sortedIds and weights are the R rows
+/// this rank's experts compute, from every rank of its group.
+struct Dispatched {
+  at::Tensor rows;        ///< [T*K, H]: hidden[permutation floordiv K] (EP: [R, H])
+  at::Tensor sortedIds;   ///< [T*K] int64: the expert of each row (EP: [R])
+  at::Tensor offsets;     ///< [E] int32: the end of each expert's rows
+  at::Tensor permutation; ///< [T*K] int64: the sort's indices (this rank's tokens)
+  at::Tensor counts;      ///< [E] float: this rank's token copies per expert (histc)
+  at::Tensor weights;     ///< [T*K] (EP: [R]): routing weights reshape(-1)[permutation], when given
+  std::shared_ptr<Exchange> exchange; ///< set under expert parallelism
+};
+
+/// hidden [T, H], expertIds [T, K] int64, routing weights [T, K] or
+/// undefined. `expertGroup` (not owned; null or one rank: every expert
+/// local) is the expert group; `experts` must then be this rank's
+/// (expertsOfRank). Throws std::invalid_argument on tensors of other ranks
+/// or dtypes, or on an expert range that does not fit the group.
 Dispatched dispatch(const at::Tensor &hidden, const at::Tensor &expertIds,
-                    const ExpertRange &experts);
+                    const ExpertRange &experts, Comm *expertGroup = nullptr,
+                    const at::Tensor &weights = at::Tensor());
 
 /// rows [T*K, H] in the order of `permutation` (Dispatched::permutation):
 /// [T, H], each token's K rows summed (over k in order, as aten::sum over dim 1).
-at::Tensor combine(const at::Tensor &rows, const at::Tensor &permutation, int64_t topK);
+/// With the dispatch's `exchange`, rows are the [R, H] this rank's experts
+/// computed: they go back to their ranks first.
+at::Tensor combine(const at::Tensor &rows, const at::Tensor &permutation, int64_t topK,
+                   const Exchange *exchange = nullptr);
 
 /// Tokens per expert of every MoE layer over the forward passes of one
 /// optimizer step, kept on the device (no host synchronisation). The

@@ -69,6 +69,9 @@ void printLoadSummary(const std::string &archiveName, const plan::Archive &archi
       if (p.tensorParallel > 1)
         std::cout << ", tensor parallel " << p.tensorParallel << " x data parallel "
                   << worldSize / p.tensorParallel;
+      if (p.expertParallel > 1)
+        std::cout << ", expert parallel: " << worldSize / p.expertParallel
+                  << " expert groups of " << p.expertParallel << " ranks";
       std::cout << ", weights " << weightBytes << " bytes; bytes read per rank:";
       for (int64_t r = 0; r < worldSize; ++r)
         std::cout << " " << bytesRead[r].item<int64_t>();

@@ -261,20 +261,27 @@ def Bmt_MoeDispatchOp : Bmt_Op<"moe_dispatch"> {
     - `offsets` [E] int32: `cumsum(histc(float(sorted_ids), E, 0, E - 1))`,
       the end of each expert's rows, as `aten::_grouped_mm` reads them.
 
-    The results equal those ATen ops' bit for bit. The routing weights are
-    not an operand: the layer's own ops index them by `permutation`, as the
-    original program does. Every expert is local today; the runtime keeps a
-    seam where expert parallelism will exchange rows between ranks.
+    The results equal those ATen ops' bit for bit. Without `weights` the
+    routing weights are not an operand: the layer's own ops index them by
+    `permutation`, as the original program does. Under expert parallelism
+    (`--bmt-moe-layers=expert-parallel=E`) the routing weights [T, K] are
+    the operand `weights` and the result `routed_weights` is
+    `reshape(weights, [-1])[permutation]`: at run time rows, sorted ids,
+    offsets and routed weights are those of the rows this rank's experts
+    compute, received from the other ranks of its expert group (the
+    permutation stays this rank's own).
 
     ```mlir
     %rows, %sorted, %offsets, %perm = bmt.moe_dispatch %hidden, %ids experts 8 : !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor
+    %rows, %sorted, %offsets, %perm, %w = bmt.moe_dispatch %hidden, %ids weights %weights experts 8 : !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor, !bmt.tensor
     ```
   }];
   let arguments = (ins Bmt_TensorType:$hidden, Bmt_TensorType:$expert_ids,
-                       I64Attr:$num_experts);
+                       Optional<Bmt_TensorType>:$weights, I64Attr:$num_experts);
   let results = (outs Bmt_TensorType:$rows, Bmt_TensorType:$sorted_ids,
-                      Bmt_TensorType:$offsets, Bmt_TensorType:$permutation);
-  let assemblyFormat = "$hidden `,` $expert_ids `experts` $num_experts attr-dict `:` type(results)";
+                      Bmt_TensorType:$offsets, Bmt_TensorType:$permutation,
+                      Optional<Bmt_TensorType>:$routed_weights);
+  let assemblyFormat = "$hidden `,` $expert_ids (`weights` $weights^)? `experts` $num_experts attr-dict `:` type(results)";
   let hasVerifier = 1;
 }
 

@@ -74,8 +74,8 @@ public:
 
 namespace bmt {
 
-/// Options of the default pipeline. The first eleven are also bmt-opt's
-/// top-level flags of the same names (commandLineFlags()).
+/// Options of the default pipeline. Those commandLineFlags() lists are also
+/// bmt-opt's top-level flags of the same names.
 struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions> {
   Option<int64_t> worldSize{
       *this, "world-size",
@@ -86,6 +86,12 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
       llvm::cl::desc("ranks of one tensor-parallel group: blocks are split over groups of this "
                      "many consecutive ranks, ZeRO shards across the groups (1: none; "
                      "bmt-tensor-parallel)"),
+      llvm::cl::init(1)};
+  Option<int64_t> expertParallel{
+      *this, "expert-parallel",
+      llvm::cl::desc("ranks of one expert group: each MoE layer's experts are split over groups "
+                     "of this many consecutive ranks, tokens go to their experts' ranks by "
+                     "all-to-all (1: none; bmt-moe-layers)"),
       llvm::cl::init(1)};
   Option<bool> sequenceParallel{
       *this, "sequence-parallel",
@@ -164,7 +170,7 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
 
   /// The options that are also top-level flags of bmt-opt, in this order.
   llvm::SmallVector<llvm::cl::Option *> commandLineFlags() {
-    return {&worldSize,       &tensorParallel, &sequenceParallel, &zeroStage, &shardGroupSize,
+    return {&worldSize,       &tensorParallel, &expertParallel, &sequenceParallel, &zeroStage, &shardGroupSize,
             &checkpoint,      &memoryBudgetGib, &microBatch, &seqLen,
             &prefetchDepth,   &assumeUnpadded, &fuseElementwise, &fuseSecondResults,
             &groupedQueryAttention};

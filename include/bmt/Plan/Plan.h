@@ -289,6 +289,12 @@ struct Plan {
   /// Version 6, vocabParallel: the real vocab size V; logits at vocab index
   /// >= V (padding) are ignored by the loss. 0 when not vocab-parallel.
   int64_t vocabSize = 0;
+  /// Version 7, field `expert_parallel` (written only when > 1): E, the size
+  /// of the expert group (docs/passes/moe-layers.md, "Expert parallelism").
+  /// The world size must be a multiple of E; ranks [g*E, (g+1)*E) form expert
+  /// group g, and rank r computes experts [(r%E)*X/E, (r%E+1)*X/E) of each
+  /// MoE layer's X. Not with tensorParallel > 1.
+  int64_t expertParallel = 1;
 
   /// The index of the tensor named `name` (or aliased so), or -1.
   int64_t findTensor(const std::string &name) const;

@@ -238,6 +238,43 @@ TEST(PlanFormat, MoeInstructionsRoundTripAtVersion7) {
   EXPECT_EQ(kPlanFormatVersion, 7);
 }
 
+TEST(PlanFormat, ExpertParallelismRoundTripsAndIsChecked) {
+  // The weighted dispatch (routing weights third, routed weights fifth)
+  // and expert_parallel; a plan without them has no such field.
+  Plan p = moePlan();
+  p.functions[0].numRegisters = 11;
+  p.functions[0].params = {1, 2, 3, 9};
+  p.functions[0].body[2].args.push_back(Arg::ofRegister(9));
+  p.functions[0].body[2].results.push_back(10);
+  p.expertParallel = 2;
+  Plan back = fromIValue(toIValue(p));
+  EXPECT_EQ(back.expertParallel, 2);
+  EXPECT_EQ(back.functions[0].body[2].args.size(), 3u);
+  EXPECT_EQ(back.functions[0].body[2].results, (std::vector<int64_t>{4, 5, 6, 7, 10}));
+  EXPECT_FALSE(toIValue(moePlan()).toGenericDict().contains("expert_parallel"));
+  EXPECT_EQ(fromIValue(toIValue(moePlan())).expertParallel, 1);
+  auto refused = [](const Plan &bad, const std::string &what) {
+    try {
+      fromIValue(toIValue(bad));
+      ADD_FAILURE() << "accepted a plan that should name " << what;
+    } catch (const PlanError &e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  Plan bad = p;
+  bad.functions[0].body[2].results.pop_back(); // weights without routed weights
+  refused(bad, "malformed moe_dispatch");
+  // expert_parallel present must be at least 2 (and T 1, version 7).
+  c10::IValue v = toIValue(p);
+  v.toGenericDict().insert_or_assign("expert_parallel", int64_t(1));
+  try {
+    fromIValue(v);
+    ADD_FAILURE() << "accepted expert_parallel 1";
+  } catch (const PlanError &e) {
+    EXPECT_NE(std::string(e.what()).find("expert_parallel 1"), std::string::npos) << e.what();
+  }
+}
+
 TEST(PlanFormat, TensorParallelRoundTrip) {
   Plan p = fromIValue(toIValue(tensorParallelPlan()));
   EXPECT_EQ(p.version, 6);

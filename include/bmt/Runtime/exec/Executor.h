@@ -135,6 +135,9 @@ public:
   /// null, the default: not counted), except in the recompute of a
   /// checkpointed block.
   void setExpertLoad(moe::ExpertLoad *load) { expertLoad_ = load; }
+  /// Expert parallelism: runs MoeDispatch / MoeCombine over `expertComm`,
+  /// the expert group (not owned; null, the default: every expert local).
+  void setExpertParallel(Comm *expertComm) { expertComm_ = expertComm; }
 
   /// The parameters and buffers, by plan index (undefined for members of
   /// storage groups, which the hooks provide).
@@ -165,6 +168,7 @@ private:
   ExecutorObserver *observer_ = nullptr;
   Comm *tensorComm_ = nullptr;
   moe::ExpertLoad *expertLoad_ = nullptr;
+  Comm *expertComm_ = nullptr;
   int recomputing_ = 0; ///< depth of ExecutorHooks::callBlock recomputes running
   std::vector<std::vector<std::unique_ptr<Prepared>>> prepared_; // [function][instruction]
   std::unique_ptr<RecomputePlans> recomputePlans_;

@@ -313,6 +313,7 @@ private:
   std::unique_ptr<Comm> ownWorld_;
   Comm *world_ = nullptr;
   std::unique_ptr<Comm> tensorComm_, dataComm_; ///< T > 1 only
+  std::unique_ptr<Comm> expertComm_;            ///< the expert group (plan expert_parallel > 1 only)
   std::unique_ptr<ParameterStorage> storage_; ///< replicated, or zero_
   ZeroStorage *zero_ = nullptr;               ///< storage_ under ZeRO, else null
   std::unique_ptr<Executor> executor_;

@@ -2,9 +2,14 @@
 
 #include "exec/Moe.h"
 
+#include "CpuRanks.h"
+#include "bmt/Runtime/comm/Comm.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 
+#include <mutex>
 #include <stdexcept>
 
 using namespace bmt::runtime;
@@ -97,7 +102,7 @@ TEST(Moe, GradientsEqualAtensIndexBackward) {
   }
 }
 
-TEST(Moe, ExpertParallelismAndBadShapesAreRefused) {
+TEST(Moe, ExpertRangesThatDoNotFitAndBadShapesAreRefused) {
   Routed r;
   EXPECT_THROW(moe::dispatch(r.hidden, r.ids, moe::ExpertRange{0, 2, 4}), std::invalid_argument);
   EXPECT_THROW(moe::dispatch(r.hidden, r.ids.to(at::kInt), moe::allExperts(4)),
@@ -121,4 +126,89 @@ TEST(Moe, ExpertLoadSumsEachLayersCountsOverTheStep) {
   EXPECT_TRUE(at::equal(flat, at::tensor({8, 6, 0, 6, 1, 1, 1, 1}, at::kDouble)));
   load.beginStep();
   EXPECT_TRUE(load.empty());
+}
+
+namespace {
+
+/// An expert layer as transformers' grouped_mm experts compute it:
+/// dispatch, one grouped matmul over all E experts' weights, the routing
+/// weights multiplied, combine. Over `group` (expert parallelism) or all
+/// local (group null).
+at::Tensor expertLayer(const at::Tensor &hidden, const at::Tensor &ids, const at::Tensor &weights,
+                       const at::Tensor &w, bmt::runtime::Comm *group) {
+  const int64_t e = w.size(0);
+  moe::ExpertRange range = group ? moe::expertsOfRank(e, group->size(), group->rank())
+                                 : moe::allExperts(e);
+  moe::Dispatched d = moe::dispatch(hidden, ids, range, group, weights);
+  at::Tensor out = at::_grouped_mm(d.rows, w, d.offsets) * d.weights.unsqueeze(-1);
+  return moe::combine(out, d.permutation, ids.size(-1), d.exchange.get());
+}
+
+/// Rank r's tokens: T = 3 + r, K = 2 of E = 4 experts; rank 1 routes
+/// nothing to experts 2 and 3 (so at P = 2 it sends rank 1 nothing).
+struct RankTokens {
+  at::Tensor hidden, ids, weights;
+  explicit RankTokens(int64_t r) {
+    at::manual_seed(100 + r);
+    const int64_t t = 3 + r;
+    hidden = at::randn({t, 8}); // _grouped_mm: rows of a multiple of 16 bytes
+    ids = r == 1 ? at::tensor({0, 1, 1, 0, 0, 1, 1, 0}, at::kLong).view({4, 2})
+                 : at::stack({at::arange(t, at::kLong) % 4, (at::arange(t, at::kLong) + 1 + r) % 4}, 1);
+    weights = at::rand({t, 2});
+  }
+};
+
+} // namespace
+
+class MoeExpertParallel : public ::testing::TestWithParam<int64_t> {};
+
+/// Each rank's layer output, and the gradients of its tokens and routing
+/// weights, equal the all-local layer's on the same tokens; the experts'
+/// weight gradients summed over the ranks equal the sum of the all-local
+/// ones (each expert's rows reach only its rank, from every rank).
+TEST_P(MoeExpertParallel, EqualsAllLocalExperts) {
+  const int64_t n = GetParam();
+  at::manual_seed(7);
+  const at::Tensor weight = at::randn({4, 8, 4});
+  at::Tensor localGradSum = at::zeros_like(weight), parallelGradSum = at::zeros_like(weight);
+  std::mutex m;
+  bmt::test::runRanks(n, [&](int64_t r, bmt::runtime::Comm &comm) {
+    RankTokens a(r);
+    // All local.
+    at::Tensor h0 = a.hidden.clone().requires_grad_(true), g0 = a.weights.clone().requires_grad_(true);
+    at::Tensor w0 = weight.clone().requires_grad_(true);
+    at::Tensor y0 = expertLayer(h0, a.ids, g0, w0, nullptr);
+    at::Tensor up = at::cos(at::arange(y0.numel(), at::kFloat)).view(y0.sizes());
+    torch::autograd::backward({y0}, {up});
+    // Expert parallel.
+    at::Tensor h1 = a.hidden.clone().requires_grad_(true), g1 = a.weights.clone().requires_grad_(true);
+    at::Tensor w1 = weight.clone().requires_grad_(true);
+    at::Tensor y1 = expertLayer(h1, a.ids, g1, w1, &comm);
+    torch::autograd::backward({y1}, {up});
+    EXPECT_TRUE(at::allclose(y1, y0, 1e-6, 1e-6)) << "rank " << r;
+    EXPECT_TRUE(at::allclose(h1.grad(), h0.grad(), 1e-6, 1e-6)) << "rank " << r;
+    EXPECT_TRUE(at::allclose(g1.grad(), g0.grad(), 1e-6, 1e-6)) << "rank " << r;
+    // Only this rank's experts get a gradient here.
+    moe::ExpertRange own = moe::expertsOfRank(4, n, r);
+    at::Tensor others = w1.grad().clone();
+    others.narrow(0, own.first, own.count).zero_();
+    EXPECT_EQ(others.abs().max().item<float>(), 0.0f) << "rank " << r;
+    std::lock_guard<std::mutex> lock(m);
+    localGradSum += w0.grad();
+    parallelGradSum += w1.grad();
+  });
+  EXPECT_TRUE(at::allclose(parallelGradSum, localGradSum, 1e-5, 1e-5))
+      << (parallelGradSum - localGradSum).abs().max().item<float>();
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, MoeExpertParallel, ::testing::Values(2, 4),
+                         [](const auto &info) { return "P" + std::to_string(info.param); });
+
+TEST(MoeExpertParallelErrors, ExpertsThatDoNotDivideAndWrongRangesAreRefused) {
+  EXPECT_THROW(moe::expertsOfRank(6, 4, 0), std::invalid_argument);
+  bmt::test::runRanks(2, [&](int64_t r, bmt::runtime::Comm &comm) {
+    RankTokens a(r);
+    // Rank r computes experts [2r, 2r + 2) of 4, not all of them.
+    EXPECT_THROW(moe::dispatch(a.hidden, a.ids, moe::allExperts(4), &comm), std::invalid_argument);
+  });
 }
