@@ -119,6 +119,13 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
 }
 
 void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &options) {
+  // First: every later pass reads requires_grad (zero's groups, the
+  // tensor-parallel splits, the memory estimate).
+  if (!llvm::StringRef(options.freeze.getValue()).trim().empty()) {
+    FreezeOptions freeze;
+    freeze.patterns = options.freeze.getValue();
+    pm.addPass(createFreeze(freeze));
+  }
   // Before everything: fusion would take the dispatch's casts and masks
   // into regions, and every MoE block's function changes alike, so
   // find-blocks still sees identical blocks (the experts' parameters stay

@@ -56,6 +56,31 @@ def Summary : Pass<"bmt-summary", "::mlir::ModuleOp"> {
   ];
 }
 
+def Freeze : Pass<"bmt-freeze", "::mlir::ModuleOp"> {
+  let summary = "Mark the parameters whose names match glob patterns frozen (not trained)";
+  let description = [{
+    Clears `requires_grad` on every `bmt.parameter` whose state-dict name
+    (or one of its tied aliases) matches one of `patterns`, a comma-separated
+    list of globs: `*` any characters (dots included), `?` one character,
+    `[0-3]` / `[!0]` a character class, `{a,b}` alternatives (commas inside
+    braces or brackets do not separate patterns). A name must match a
+    pattern whole: `model.layers.1.*` matches `model.layers.1.mlp.up_proj.weight`
+    and not `model.layers.11.mlp.up_proj.weight`.
+
+    A frozen parameter keeps its working dtype and is read by every rank
+    whole (no storage group, no float32 master, no optimizer state, no
+    gradient); it is still written by `bmt-run --save-params`.
+
+    Errors (one line each): a pattern that is empty or not a glob, a
+    pattern that matches no parameter, and patterns that freeze every
+    parameter (nothing would train). Prints a remark with the count.
+  }];
+  let options = [
+    Option<"patterns", "patterns", "std::string", "\"\"",
+           "comma-separated globs over parameter names (state-dict names)">,
+  ];
+}
+
 def FuseGelu : Pass<"bmt-fuse-gelu", "::mlir::ModuleOp"> {
   let summary = "Replace GELU written out as elementwise ATen ops by one aten::gelu";
   let description = [{

@@ -74,7 +74,7 @@ public:
 
 namespace bmt {
 
-/// Options of the default pipeline. The first eleven are also bmt-opt's
+/// Options of the default pipeline. Those of commandLineFlags() are also bmt-opt's
 /// top-level flags of the same names (commandLineFlags()).
 struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions> {
   Option<int64_t> worldSize{
@@ -158,6 +158,12 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
       llvm::cl::desc("replace a causal mask built from aranges by is_causal=True in "
                      "aten::scaled_dot_product_attention (bmt-causal-attention)"),
       llvm::cl::init(true)};
+  Option<std::string> freeze{
+      *this, "freeze",
+      llvm::cl::desc("comma-separated globs over parameter names to freeze (not train), e.g. "
+                     "'model.embed_tokens.*,model.layers.[0-3].*' (bmt-freeze; "
+                     "docs/passes/freeze.md)"),
+      llvm::cl::init("")};
   Option<bool> summary{*this, "summary",
                        llvm::cl::desc("print the plan summary to stderr at the end"),
                        llvm::cl::init(true)};
@@ -167,7 +173,7 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
     return {&worldSize,       &tensorParallel, &sequenceParallel, &zeroStage, &shardGroupSize,
             &checkpoint,      &memoryBudgetGib, &microBatch, &seqLen,
             &prefetchDepth,   &assumeUnpadded, &fuseElementwise, &fuseSecondResults,
-            &groupedQueryAttention};
+            &groupedQueryAttention, &freeze};
   }
 
   /// Checks the values together (sizes positive, a budget exactly with
@@ -177,7 +183,7 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
   std::string verify(llvm::StringRef prefix) const;
 };
 
-/// moe-layers (unless options.moeLayers is false),
+/// freeze (with options.freeze), moe-layers (unless options.moeLayers is false),
 /// causal-attention (unless options.causalAttention is false; with
 /// options.assumeUnpadded), fuse-gelu (unless options.fuseGelu is false),
 /// fuse-elementwise (unless options.fuseElementwise is false; with
