@@ -1,0 +1,143 @@
+"""bmt-opt --lora against peft on eager transformers: 5 AdamW steps of the
+tiny GPT-2 (Conv1D c_attn: peft's fan_in_fan_out) and LLaMA of
+scripts/architectures.py on 1 and 2 CPU ranks, the adapters' initial A
+values copied into the peft model (bmt's exporter draws them reproducibly:
+docs/passes/lora.md); every loss and the trained adapters within
+numerics.py's bounds, the base bit-identical to the start. Dropout 0 (a run
+with dropout only has to train).
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import zlib
+
+import pytest
+import torch
+
+from bmt_paths import REPO, binary
+from numerics import assert_identical, assert_loss_close, assert_trained_close
+
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import parallel_matrix  # noqa: E402
+from parallel_matrix import CLIP, STEPS, TRAIN_FLAGS, WEIGHT_DECAY  # noqa: E402
+
+peft = pytest.importorskip("peft")
+
+R, ALPHA = 4, 8
+TARGETS = {"gpt2": (["c_attn"], True), "llama": (["q_proj", "v_proj", "down_proj"], False)}
+RANKS = [1, 2]
+
+
+@pytest.fixture(scope="module", params=list(TARGETS))
+def prepared(request, tmp_path_factory):
+    prep = parallel_matrix.prepare(request.param, tmp_path_factory.mktemp(request.param))
+    prep["reference"] = None
+    return prep
+
+
+def spec(name, dropout=0.0):
+    return f"r={R},alpha={ALPHA},dropout={dropout},targets=" + ",".join(TARGETS[name][0])
+
+
+def initial_a(name, shape):
+    """lora_A's value as bmt's exporter draws it (uniform in +-1/sqrt(in))."""
+    bound = 1.0 / math.sqrt(shape[1])
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    return torch.empty(shape).uniform_(-bound, bound, generator=g)
+
+
+def peft_reference(prep, lrs):
+    """peft's LoRA model on the same base, A copied from bmt's rule, trained
+    by eager_training; (losses, base start, trained adapters by bmt name)."""
+    if prep["reference"] is None:
+        from architectures import build
+        from eager import eager_training
+        targets, fan_in_fan_out = TARGETS[prep["name"]]
+        base = build(prep["name"])
+        start = {n: p.detach().clone() for n, p in base.named_parameters()}
+        config = peft.LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=targets,
+                                 fan_in_fan_out=fan_in_fan_out)
+        model = peft.get_peft_model(base, config)
+        adapters = {}
+        for n, p in model.named_parameters():
+            if "lora_" not in n:
+                continue
+            bmt_name = n.removeprefix("base_model.model.").replace(".default.weight", ".weight")
+            with torch.no_grad():
+                if ".lora_A." in n:
+                    p.copy_(initial_a(bmt_name, p.shape))
+                else:
+                    assert torch.count_nonzero(p) == 0
+            adapters[bmt_name] = p
+        losses = eager_training(model, prep["batches"], STEPS, 1, lambda s: lrs[s], CLIP,
+                                WEIGHT_DECAY)
+        prep["reference"] = (losses, start, {n: p.detach().clone() for n, p in adapters.items()})
+    return prep["reference"]
+
+
+def compile_lora(prep, out, ranks, *flags):
+    return subprocess.run([binary("bmt-opt"), prep["archive"], "-o", out, "--world-size",
+                           str(ranks), *flags], capture_output=True, text=True, timeout=300)
+
+
+def train(prep, sharded, ranks, tag):
+    from test_zero_multirank import torchrun
+    log = os.path.join(prep["tmp"], f"{tag}.jsonl")
+    saved = os.path.join(prep["tmp"], f"{tag}.safetensors")
+    r = torchrun(ranks, sharded, "--batches", os.path.join(prep["tmp"], "batches.pt"),
+                 "--steps", STEPS, "--objective", "causal-lm", *TRAIN_FLAGS, "--log-file", log,
+                 "--save-params", saved, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return [x for x in map(json.loads, open(log)) if x["kind"] == "train"], saved
+
+
+@pytest.mark.parametrize("ranks", RANKS)
+def test_lora_training_matches_peft(prepared, ranks):
+    from safetensors.torch import load_file
+    sharded = os.path.join(prepared["tmp"], f"lora-n{ranks}.sharded.pt")
+    r = compile_lora(prepared, sharded, ranks, "--lora", spec(prepared["name"]))
+    assert r.returncode == 0, r.stderr
+    log, saved = train(prepared, sharded, ranks, f"lora-n{ranks}")
+    assert [x["step"] for x in log] == list(range(1, STEPS + 1))
+    lrs = {x["step"]: x["lr"] for x in log}
+    losses, start, adapters = peft_reference(prepared, lrs)
+    for x, want in zip(log, losses):
+        assert_loss_close(x["loss"], want, what=f"loss of step {x['step']}")
+    got = load_file(saved)
+    for n, value in start.items():  # the base did not move
+        assert_identical(got[n], value, n)
+    stats = assert_trained_close(got, adapters, sum(lrs.values()))
+    print(f"{prepared['name']} n{ranks}: loss max |d| "
+          f"{max(abs(x['loss'] - w) for x, w in zip(log, losses)):.2g}, adapters max |d| "
+          f"{stats[0]:.2g} ({len(adapters)} tensors)")
+
+
+def test_lora_with_dropout_trains(prepared):
+    """Dropout drawn in forward and again in the recompute (same RNG state):
+    the loss falls and stays finite."""
+    if prepared["name"] != "llama":
+        pytest.skip("one model is enough")
+    sharded = os.path.join(prepared["tmp"], "lora-dropout.sharded.pt")
+    r = compile_lora(prepared, sharded, 2, "--lora", spec("llama", 0.1))
+    assert r.returncode == 0, r.stderr
+    log, _ = train(prepared, sharded, 2, "lora-dropout")
+    assert all(math.isfinite(x["loss"]) for x in log)
+
+
+@pytest.mark.parametrize("value,message", [
+    ("r=4,targets=nothing", "no linear layer matches targets 'nothing'"),
+    ("alpha=8,targets=q_proj", "r=N is required"),
+    ("r=4,targets=q_proj,foo=1", "unknown key 'foo'"),
+])
+def test_lora_errors(prepared, tmp_path, value, message):
+    if prepared["name"] != "llama":
+        pytest.skip("one model is enough")
+    out = tmp_path / "x.pt"
+    r = compile_lora(prepared, str(out), 1, "--lora", value)
+    errors = [l for l in r.stderr.splitlines() if "error:" in l]
+    assert r.returncode == 1 and len(errors) == 1 and message in errors[0], r.stderr
+    assert not out.exists()
+    r = compile_lora(prepared, str(out), 2, "--lora", spec("llama"), "--tensor-parallel", "2")
+    assert r.returncode == 1 and "--lora with --tensor-parallel > 1 is not supported" in r.stderr
