@@ -1,6 +1,6 @@
 """bmt-to-hf: export a bmt-run checkpoint to a Hugging Face model directory.
 
-    bmt-to-hf CHECKPOINT -o DIR [--max-shard-size 5GB] [--config FILE | --sharded sharded.pt]
+    bmt-to-hf CHECKPOINT -o DIR [--max-shard-size 5GB] [--config FILE] [--sharded sharded.pt]
               [--tokenizer PATH] [--chat-template FILE]
 
 CHECKPOINT is a complete checkpoint folder of `bmt-run --checkpoint-dir D`
@@ -25,6 +25,9 @@ to learn its state-dict names and which tied names it omits
 (save_pretrained's remove_tied_weights_from_state_dict: of tied names, the
 ones in the class's tied-weights keys are left out, e.g. GPT-2's
 lm_head.weight; the tie itself is in the config).
+
+Frozen parameters (bmt-opt --freeze, LoRA's base) are not in checkpoints:
+with --sharded, the run's sharded.pt, they are read from it.
 
 The parameters are streamed: each one's pieces are read from the rank files
 that hold them (one pread per piece of at most 16 MiB, the layout of
@@ -405,6 +408,46 @@ def hf_names(cls, config, torch):
 
 # --- writing -----------------------------------------------------------------
 
+def frozen_parameters(sharded, torch):
+    """{name (and each alias): (zip member, byte offset, dtype code, shape)}
+    of the frozen parameters (requires_grad false) of sharded.pt's plan that
+    have bytes in it (docs/sharded-format.md)."""
+    import io
+    import zipfile
+    try:
+        with zipfile.ZipFile(sharded) as z:
+            plan_name = next((n for n in z.namelist() if n.endswith("/bmt/plan.pkl")), None)
+            if plan_name is None:
+                raise Failure(f"{sharded}: not a sharded.pt archive (no bmt/plan.pkl)")
+            plan = torch.load(io.BytesIO(z.read(plan_name)), weights_only=False)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise Failure(f"{sharded}: not a sharded.pt archive ({e})") from None
+    top = plan_name[:-len("bmt/plan.pkl")]
+    out = {}
+    for t in plan["tensors"]:
+        if not t["is_parameter"] or t["requires_grad"] or not t["record"] or t.get("split"):
+            continue
+        entry = (top + t["record"], t["offset"], SAFETENSORS_DTYPE[t["dtype"]], list(t["shape"]))
+        for n in [t["name"], *t["aliases"]]:
+            out[n] = entry
+    return out
+
+
+def frozen_bytes(sharded, t):
+    """The bytes of frozen tensor `t` (frozen_parameters' record and offset)
+    in pieces of at most CHUNK bytes."""
+    import zipfile
+    with zipfile.ZipFile(sharded) as z, z.open(t.record) as f:
+        f.seek(t.offset)
+        left = t.nbytes
+        while left > 0:
+            piece = f.read(min(CHUNK, left))
+            if not piece:
+                raise Failure(f"{sharded}: {t.record} ends before {t.name}'s bytes")
+            left -= len(piece)
+            yield piece
+
+
 class Tensor:
     """An output tensor: its name, dtype code, shape and where its bytes are
     (a member of a checkpoint space)."""
@@ -609,11 +652,23 @@ def convert(args):
                     seen.add(n)
                 ties += [f"{n} = {mine[0]}" for n in all_names if n not in mine]
         missing = [n for n in names if n not in seen]
+        if missing and args.sharded:
+            # Frozen parameters: not in checkpoints, read from sharded.pt.
+            frozen = frozen_parameters(args.sharded, torch)
+            for n in missing:
+                if n in frozen:
+                    member, offset, dtype, shape = frozen[n]
+                    t = Tensor(n, dtype, shape, None, offset)
+                    t.record = member
+                    tensors.append(t)
+                    seen.add(n)
+            missing = [n for n in names if n not in seen]
         if missing:
             raise Failure(f"{cls.__name__} has {len(missing)} weight(s) the checkpoint does not "
                           f"hold: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
-                          "(bmt-run checkpoints hold the trainable parameters; buffers and "
-                          "frozen parameters are not exported)")
+                          "(bmt-run checkpoints hold the trainable parameters; give the "
+                          "run's --sharded sharded.pt for its frozen ones; buffers are not "
+                          "exported)")
 
         files_of = split_into_files(tensors, args.max_shard_size)
 
@@ -632,6 +687,9 @@ def convert(args):
                 at = upto
 
         def stream(t):
+            if getattr(t, "record", None):
+                yield from frozen_bytes(args.sharded, t)
+                return
             if t.slices is None:
                 yield from pieces(t.space, t.offset, t.numel, t.dtype)
                 return
@@ -695,9 +753,10 @@ def main(argv=None):
                         help="largest safetensors file before splitting into shards with an "
                              "index (default 5GB, huggingface_hub's; transformers 5's "
                              "save_pretrained uses 50GB)")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--sharded", help="take config.json from this sharded.pt (for a "
-                                          "checkpoint without hf/config.json)")
+    source = parser
+    source.add_argument("--sharded", help="the run's sharded.pt: its frozen parameters "
+                                          "(not in checkpoints), and config.json for a "
+                                          "checkpoint without hf/config.json")
     source.add_argument("--config", help="a config.json to use (a model traced without one); "
                                          "generation_config.json beside it is taken too")
     parser.add_argument("--tokenizer", help="write this tokenizer with the model: a folder's "

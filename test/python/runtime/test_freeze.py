@@ -128,8 +128,9 @@ def test_memory_estimate_drops(prepared, tmp_path):
 
 def test_resume_is_bit_exact_and_checks_the_frozen_base(prepared, tmp_path):
     """A run resumed from step 3's checkpoint (written by the n2 run) ends bit
-    for bit as the run that wrote it; the same checkpoint against other
-    frozen weights is refused."""
+    for bit as the run that wrote it; bmt-to-hf of the last checkpoint with
+    --sharded writes the whole model (frozen parameters from sharded.pt);
+    the checkpoint against other frozen weights is refused."""
     if prepared["name"] != "llama":
         pytest.skip("one model is enough (LLaMA: its frozen embedding feeds a recomputed block)")
     from safetensors.torch import load_file
@@ -149,8 +150,22 @@ def test_resume_is_bit_exact_and_checks_the_frozen_base(prepared, tmp_path):
                  "--save-params", str(resumed), timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert_identical(load_file(str(resumed)), load_file(saved))
-    # Other frozen weights: the same model with one frozen tensor changed.
+    # bmt-to-hf: the trainable parameters from the checkpoint, the frozen
+    # ones from sharded.pt: what from_pretrained loads is the whole model.
+    import transformers
     from architectures import build
+    config = tmp_path / "config.json"
+    build(name).config.to_json_file(str(config))
+    hf = tmp_path / "hf"
+    r = subprocess.run([sys.executable, "-m", "bmt.to_hf", str(ck / "step-00000005"), "-o",
+                        str(hf), "--config", str(config), "--sharded", sharded],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(hf)).state_dict()
+    want = load_file(saved)
+    for n, value in loaded.items():
+        assert_identical(value, want[n], n)
+    # Other frozen weights: the same model with one frozen tensor changed.
     model = build(name)
     frozen = sorted(frozen_names(model, FREEZE[name]))
     with torch.no_grad():
