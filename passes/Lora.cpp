@@ -251,6 +251,27 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
                        {y, scaled});
       y.replaceAllUsesExcept(sum, sum.getDefiningOp());
     }
+    // What an adapter export needs (bmt-to-hf --adapter reads it from the
+    // program text of sharded.pt): peft's LoraConfig fields.
+    bool conv1d = llvm::any_of(sites, [](const auto &s) {
+      return bmt::isAten(s.first.op, {AtenOpId::addmm});
+    });
+    SmallVector<std::string> modules;
+    for (auto &[site, path] : sites) {
+      std::string last = StringRef(path).rsplit('.').second.str();
+      if (last.empty())
+        last = path;
+      if (!llvm::is_contained(modules, last))
+        modules.push_back(last);
+    }
+    module->setAttr("bmt.lora",
+                    builder.getDictionaryAttr(
+                        {builder.getNamedAttr("r", builder.getI64IntegerAttr(lora.rank)),
+                         builder.getNamedAttr("alpha", builder.getF64FloatAttr(lora.alpha)),
+                         builder.getNamedAttr("dropout", builder.getF64FloatAttr(lora.dropout)),
+                         builder.getNamedAttr("fan_in_fan_out", builder.getBoolAttr(conv1d)),
+                         builder.getNamedAttr("target_modules",
+                                              builder.getStringAttr(llvm::join(modules, ",")))}));
     emitRemark(module.getLoc()) << "bmt-lora: adapted " << sites.size()
                                 << " linear layers (r=" << lora.rank << ", alpha=" << lora.alpha
                                 << ", dropout=" << lora.dropout << "), " << added

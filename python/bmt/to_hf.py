@@ -27,7 +27,11 @@ ones in the class's tied-weights keys are left out, e.g. GPT-2's
 lm_head.weight; the tie itself is in the config).
 
 Frozen parameters (bmt-opt --freeze, LoRA's base) are not in checkpoints:
-with --sharded, the run's sharded.pt, they are read from it.
+with --sharded, the run's sharded.pt, they are read from it. --adapter
+(with --sharded) writes instead peft's adapter folder of a bmt-opt --lora
+run: adapter_config.json (from the plan's bmt.lora attribute) and
+adapter_model.safetensors (the checkpoint's adapters under peft's names),
+for peft.PeftModel.from_pretrained(base_model, DIR).
 
 The parameters are streamed: each one's pieces are read from the rank files
 that hold them (one pread per piece of at most 16 MiB, the layout of
@@ -408,6 +412,34 @@ def hf_names(cls, config, torch):
 
 # --- writing -----------------------------------------------------------------
 
+def lora_config(sharded):
+    """peft's adapter_config.json for the bmt-opt --lora plan `sharded` (its
+    program's bmt.lora attribute, written by bmt-lora)."""
+    import re
+    import zipfile
+    if not sharded:
+        raise Failure("--adapter needs --sharded sharded.pt (the LoRA plan the run trained)")
+    try:
+        with zipfile.ZipFile(sharded) as z:
+            name = next((n for n in z.namelist() if n.endswith("/bmt/program.mlir")), None)
+            text = z.read(name).decode() if name else ""
+    except (OSError, zipfile.BadZipFile) as e:
+        raise Failure(f"{sharded}: not a sharded.pt archive ({e})") from None
+    m = re.search(r"bmt\.lora = \{([^}]*)\}", text)
+    if not m:
+        raise Failure(f"{sharded} has no LoRA adapters (compile with bmt-opt --lora)")
+    fields = dict(re.findall(r'(\w+) = ("[^"]*"|[^,]+)', m.group(1)))
+
+    def number(key):
+        return float(fields[key].split(":")[0].strip())
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": None,
+            "r": int(number("r")), "lora_alpha": number("alpha"),
+            "lora_dropout": number("dropout"),
+            "fan_in_fan_out": fields["fan_in_fan_out"].strip() == "true",
+            "target_modules": fields["target_modules"].strip('"').split(","),
+            "bias": "none", "inference_mode": True}
+
+
 def frozen_parameters(sharded, torch):
     """{name (and each alias): (zip member, byte offset, dtype code, shape)}
     of the frozen parameters (requires_grad false) of sharded.pt's plan that
@@ -578,7 +610,8 @@ def convert(args):
     start = time.time()
     folder = args.checkpoint.rstrip("/") or "/"
     meta = read_checkpoint(folder)
-    files, where = hf_files(folder, args)
+    adapter = lora_config(args.sharded) if args.adapter else None
+    files, where = ({}, None) if adapter else hf_files(folder, args)
     out = os.path.abspath(args.output)
     if os.path.exists(out) and not (os.path.isdir(out) and not os.listdir(out)):
         raise Failure(f"{args.output} exists; bmt-to-hf writes a new directory (remove it or "
@@ -621,8 +654,17 @@ def convert(args):
         for name, content in files.items():
             with open(os.path.join(tmp, name), "wb") as f:
                 f.write(content)
-        cls, config = model_class(files["config.json"], where, meta, transformers, tmp)
-        names = hf_names(cls, config, torch)
+        if adapter:  # peft's names of the adapters, which are all that trains
+            cls = None
+            names = ["base_model.model." + m["tensor"] for s in spaces if s.get("tp_rank", 0) == 0
+                     for m in s["members"]]
+            bad = [n for n in names if ".lora_A." not in n and ".lora_B." not in n]
+            if bad:
+                raise Failure(f"{folder} trains {bad[0][len('base_model.model.'):]}, which is "
+                              "not a LoRA adapter (--adapter exports a bmt-opt --lora run)")
+        else:
+            cls, config = model_class(files["config.json"], where, meta, transformers, tmp)
+            names = hf_names(cls, config, torch)
         wanted = set(names)
 
         # The output tensors, in the checkpoint's layout order (so that every
@@ -639,7 +681,8 @@ def convert(args):
                         raise Failure(f"{folder}/checkpoint.json: bad layout ({m['tensor']} is "
                                       f"in the spaces of TP ranks {sorted(have)} of {tp})")
                     slices = [have[r] for r in range(tp)]
-                all_names = [m["tensor"], *m["aliases"]]
+                all_names = [("base_model.model." if adapter else "") + m["tensor"],
+                             *m["aliases"]]
                 mine = [n for n in all_names if n in wanted]
                 if not mine:
                     raise Failure(f"the checkpoint's parameter {m['tensor']} is not a weight "
@@ -652,7 +695,7 @@ def convert(args):
                     seen.add(n)
                 ties += [f"{n} = {mine[0]}" for n in all_names if n not in mine]
         missing = [n for n in names if n not in seen]
-        if missing and args.sharded:
+        if missing and args.sharded and not adapter:
             # Frozen parameters: not in checkpoints, read from sharded.pt.
             frozen = frozen_parameters(args.sharded, torch)
             for n in missing:
@@ -670,7 +713,11 @@ def convert(args):
                           "run's --sharded sharded.pt for its frozen ones; buffers are not "
                           "exported)")
 
-        files_of = split_into_files(tensors, args.max_shard_size)
+        files_of = ({"adapter_model.safetensors": tensors} if adapter else
+                    split_into_files(tensors, args.max_shard_size))
+        if adapter:
+            with open(os.path.join(tmp, "adapter_config.json"), "w", encoding="utf-8") as f:
+                f.write(json.dumps(adapter, indent=2, sort_keys=True) + "\n")
 
         def pieces(k, offset, numel, dtype):
             """The bytes of elements [offset, offset + numel) of space k's
@@ -729,7 +776,8 @@ def convert(args):
             f.close()
     largest = max(t.nbytes for t in tensors)
     weights = sum(t.nbytes for t in tensors)
-    print(f"bmt-to-hf: wrote {args.output}: {cls.__name__}, {len(tensors)} tensors "
+    print(f"bmt-to-hf: wrote {args.output}: "
+          f"{cls.__name__ if cls else 'LoRA adapter (adapter_config.json)'}, {len(tensors)} tensors "
           f"({weights} bytes) in " + (next(iter(files_of)) if len(files_of) == 1 else
                                       f"{len(files_of)} files with an index")
           + f", step {meta['step']} "
@@ -759,6 +807,10 @@ def main(argv=None):
                                           "checkpoint without hf/config.json")
     source.add_argument("--config", help="a config.json to use (a model traced without one); "
                                          "generation_config.json beside it is taken too")
+    parser.add_argument("--adapter", action="store_true",
+                        help="write peft's adapter folder (adapter_config.json + "
+                             "adapter_model.safetensors, for PeftModel.from_pretrained on the "
+                             "base model) of a bmt-opt --lora run; needs --sharded")
     parser.add_argument("--tokenizer", help="write this tokenizer with the model: a folder's "
                                             "tokenizer files (tokenizer.json, "
                                             "tokenizer_config.json, ...) or a tokenizer.json "

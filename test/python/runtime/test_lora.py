@@ -4,7 +4,7 @@ scripts/architectures.py on 1 and 2 CPU ranks, the adapters' initial A
 values copied into the peft model (bmt's exporter draws them reproducibly:
 docs/passes/lora.md); every loss and the trained adapters within
 numerics.py's bounds, the base bit-identical to the start. Dropout 0 (a run
-with dropout only has to train).
+with dropout only has to train). bmt-to-hf --adapter's folder loads in peft.
 """
 import json
 import math
@@ -82,13 +82,13 @@ def compile_lora(prep, out, ranks, *flags):
                            str(ranks), *flags], capture_output=True, text=True, timeout=300)
 
 
-def train(prep, sharded, ranks, tag):
+def train(prep, sharded, ranks, tag, *extra):
     from test_zero_multirank import torchrun
     log = os.path.join(prep["tmp"], f"{tag}.jsonl")
     saved = os.path.join(prep["tmp"], f"{tag}.safetensors")
     r = torchrun(ranks, sharded, "--batches", os.path.join(prep["tmp"], "batches.pt"),
                  "--steps", STEPS, "--objective", "causal-lm", *TRAIN_FLAGS, "--log-file", log,
-                 "--save-params", saved, timeout=300)
+                 "--save-params", saved, *extra, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return [x for x in map(json.loads, open(log)) if x["kind"] == "train"], saved
 
@@ -99,7 +99,11 @@ def test_lora_training_matches_peft(prepared, ranks):
     sharded = os.path.join(prepared["tmp"], f"lora-n{ranks}.sharded.pt")
     r = compile_lora(prepared, sharded, ranks, "--lora", spec(prepared["name"]))
     assert r.returncode == 0, r.stderr
-    log, saved = train(prepared, sharded, ranks, f"lora-n{ranks}")
+    extra = []
+    if ranks == 2:  # its last checkpoint serves the adapter export test
+        extra = ["--checkpoint-dir", os.path.join(prepared["tmp"], "ck"), "--checkpoint-every", STEPS]
+    log, saved = train(prepared, sharded, ranks, f"lora-n{ranks}", *extra)
+    prepared.setdefault("runs", {})[ranks] = (sharded, saved)
     assert [x["step"] for x in log] == list(range(1, STEPS + 1))
     lrs = {x["step"]: x["lr"] for x in log}
     losses, start, adapters = peft_reference(prepared, lrs)
@@ -112,6 +116,48 @@ def test_lora_training_matches_peft(prepared, ranks):
     print(f"{prepared['name']} n{ranks}: loss max |d| "
           f"{max(abs(x['loss'] - w) for x, w in zip(log, losses)):.2g}, adapters max |d| "
           f"{stats[0]:.2g} ({len(adapters)} tensors)")
+
+
+def test_adapter_export_loads_in_peft(prepared, tmp_path):
+    """bmt-to-hf --adapter of the 2-rank run's last checkpoint: what
+    PeftModel.from_pretrained loads onto the base holds bmt's trained
+    adapters bit for bit and gives the logits of the base with those
+    adapters applied by peft (so r, alpha, targets and fan_in_fan_out are
+    right)."""
+    from architectures import build
+    from safetensors.torch import load_file
+    if prepared["name"] != "gpt2":
+        pytest.skip("one model is enough (GPT-2: Conv1D, fan_in_fan_out)")
+    if 2 not in prepared.get("runs", {}):
+        test_lora_training_matches_peft(prepared, 2)
+    sharded, saved = prepared["runs"][2]
+    out = tmp_path / "adapter"
+    r = subprocess.run([sys.executable, "-m", "bmt.to_hf",
+                        os.path.join(prepared["tmp"], "ck", f"step-{STEPS:08d}"), "-o", str(out),
+                        "--adapter", "--sharded", sharded], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = load_file(saved)
+    loaded = peft.PeftModel.from_pretrained(build(prepared["name"]), str(out))
+    lora = {n: p for n, p in loaded.named_parameters() if "lora_" in n}
+    assert lora
+    for n, p in lora.items():
+        assert_identical(p.detach(), got[n.removeprefix("base_model.model.").replace(
+            ".default.weight", ".weight")], n)
+    targets, fan_in_fan_out = TARGETS[prepared["name"]]
+    ref = peft.get_peft_model(build(prepared["name"]), peft.LoraConfig(
+        r=R, lora_alpha=ALPHA, target_modules=targets, fan_in_fan_out=fan_in_fan_out))
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if "lora_" in n:
+                p.copy_(lora[n])
+    ids = prepared["batches"][0][:2, :-1]
+    loaded.eval()
+    ref.eval()
+    with torch.no_grad():
+        assert_identical(loaded(input_ids=ids).logits, ref(input_ids=ids).logits, "logits")
+        base = build(prepared["name"])(input_ids=ids).logits
+    assert not torch.equal(base, ref(input_ids=ids).logits)  # the adapters do something
 
 
 def test_lora_with_dropout_trains(prepared):
