@@ -31,7 +31,9 @@ with --sharded, the run's sharded.pt, they are read from it. --adapter
 (with --sharded) writes instead peft's adapter folder of a bmt-opt --lora
 run: adapter_config.json (from the plan's bmt.lora attribute) and
 adapter_model.safetensors (the checkpoint's adapters under peft's names),
-for peft.PeftModel.from_pretrained(base_model, DIR).
+for peft.PeftModel.from_pretrained(base_model, DIR). --merge (with
+--sharded) writes the full model with the adapters merged into the base
+weights, as peft's merge_and_unload.
 
 The parameters are streamed: each one's pieces are read from the rank files
 that hold them (one pread per piece of at most 16 MiB, the layout of
@@ -418,7 +420,8 @@ def lora_config(sharded):
     import re
     import zipfile
     if not sharded:
-        raise Failure("--adapter needs --sharded sharded.pt (the LoRA plan the run trained)")
+        raise Failure("--adapter and --merge need --sharded sharded.pt (the LoRA plan the run "
+                      "trained)")
     try:
         with zipfile.ZipFile(sharded) as z:
             name = next((n for n in z.namelist() if n.endswith("/bmt/program.mlir")), None)
@@ -438,6 +441,27 @@ def lora_config(sharded):
             "fan_in_fan_out": fields["fan_in_fan_out"].strip() == "true",
             "target_modules": fields["target_modules"].strip('"').split(","),
             "bias": "none", "inference_mode": True}
+
+
+TORCH_DTYPE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+def tensor_of(data, t, torch):
+    """Tensor `t`'s bytes as a torch tensor of its dtype and shape."""
+    return torch.frombuffer(bytearray(data), dtype=getattr(torch, TORCH_DTYPE[t.dtype])).view(
+        t.shape).clone()
+
+
+def merged_bytes(t, base, a, b, config, torch):
+    """The bytes of base weight `t` with its adapter merged as peft's
+    merge_and_unload does: W + (B @ A) * (alpha / r), transposed for
+    fan_in_fan_out (Conv1D, W [in, out])."""
+    w = tensor_of(base, t, torch)
+    delta = (b @ a) * (config["lora_alpha"] / config["r"])
+    if config["fan_in_fan_out"]:
+        delta = delta.T
+    return (w + delta.to(w.dtype)).contiguous().numpy().tobytes() if w.dtype != torch.bfloat16 \
+        else (w + delta.to(w.dtype)).contiguous().view(torch.int16).numpy().tobytes()
 
 
 def frozen_parameters(sharded, torch):
@@ -610,7 +634,11 @@ def convert(args):
     start = time.time()
     folder = args.checkpoint.rstrip("/") or "/"
     meta = read_checkpoint(folder)
+    if args.adapter and args.merge:
+        raise Failure("--adapter and --merge exclude each other")
     adapter = lora_config(args.sharded) if args.adapter else None
+    merge = lora_config(args.sharded) if args.merge else None
+    lora_members, lora_values = [], {}  # --merge: the adapters, read first
     files, where = ({}, None) if adapter else hf_files(folder, args)
     out = os.path.abspath(args.output)
     if os.path.exists(out) and not (os.path.isdir(out) and not os.listdir(out)):
@@ -681,6 +709,12 @@ def convert(args):
                         raise Failure(f"{folder}/checkpoint.json: bad layout ({m['tensor']} is "
                                       f"in the spaces of TP ranks {sorted(have)} of {tp})")
                     slices = [have[r] for r in range(tp)]
+                if merge and (".lora_A." in m["tensor"] or ".lora_B." in m["tensor"]):
+                    t = Tensor(m["tensor"], SAFETENSORS_DTYPE[s["dtype"]], list(m["shape"]), k,
+                               m["offset"], slices)
+                    t.split = m.get("split")
+                    lora_members.append(t)
+                    continue
                 all_names = [("base_model.model." if adapter else "") + m["tensor"],
                              *m["aliases"]]
                 mine = [n for n in all_names if n in wanted]
@@ -734,6 +768,12 @@ def convert(args):
                 at = upto
 
         def stream(t):
+            module = t.name.removesuffix(".weight")
+            if merge and module + ".lora_A.weight" in lora_values:
+                yield merged_bytes(t, b"".join(frozen_bytes(args.sharded, t)),
+                                   lora_values[module + ".lora_A.weight"],
+                                   lora_values[module + ".lora_B.weight"], merge, torch)
+                return
             if getattr(t, "record", None):
                 yield from frozen_bytes(args.sharded, t)
                 return
@@ -746,6 +786,8 @@ def convert(args):
             for at in range(0, len(whole), CHUNK):
                 yield whole[at:at + CHUNK]
 
+        for t in lora_members:  # in layout order: the rank files read front to back
+            lora_values[t.name] = tensor_of(b"".join(stream(t)), t, torch)
         before_weights = peak_rss_mib()
         for filename, group in files_of.items():
             write_safetensors(os.path.join(tmp, filename), group, stream)
@@ -811,6 +853,10 @@ def main(argv=None):
                         help="write peft's adapter folder (adapter_config.json + "
                              "adapter_model.safetensors, for PeftModel.from_pretrained on the "
                              "base model) of a bmt-opt --lora run; needs --sharded")
+    parser.add_argument("--merge", action="store_true",
+                        help="write the full model of a bmt-opt --lora run with its adapters "
+                             "merged into the base weights (as peft's merge_and_unload); needs "
+                             "--sharded")
     parser.add_argument("--tokenizer", help="write this tokenizer with the model: a folder's "
                                             "tokenizer files (tokenizer.json, "
                                             "tokenizer_config.json, ...) or a tokenizer.json "

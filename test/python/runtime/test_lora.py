@@ -158,6 +158,21 @@ def test_adapter_export_loads_in_peft(prepared, tmp_path):
         assert_identical(loaded(input_ids=ids).logits, ref(input_ids=ids).logits, "logits")
         base = build(prepared["name"])(input_ids=ids).logits
     assert not torch.equal(base, ref(input_ids=ids).logits)  # the adapters do something
+    # --merge: the full model with the adapters merged, as merge_and_unload.
+    import transformers
+    config = tmp_path / "config.json"
+    build(prepared["name"]).config.to_json_file(str(config))
+    merged = tmp_path / "merged"
+    r = subprocess.run([sys.executable, "-m", "bmt.to_hf",
+                        os.path.join(prepared["tmp"], "ck", f"step-{STEPS:08d}"), "-o",
+                        str(merged), "--merge", "--sharded", sharded, "--config", str(config)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    want = ref.merge_and_unload().state_dict()
+    got = transformers.AutoModelForCausalLM.from_pretrained(str(merged)).state_dict()
+    assert set(got) == set(want)
+    for n in want:  # one matmul, one scale, one add: a few ulps
+        torch.testing.assert_close(got[n], want[n], rtol=1e-6, atol=1e-7, msg=n)
 
 
 def test_lora_with_dropout_trains(prepared):
