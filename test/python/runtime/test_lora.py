@@ -3,8 +3,9 @@ tiny GPT-2 (Conv1D c_attn: peft's fan_in_fan_out) and LLaMA of
 scripts/architectures.py on 1 and 2 CPU ranks, the adapters' initial A
 values copied into the peft model (bmt's exporter draws them reproducibly:
 docs/passes/lora.md); every loss and the trained adapters within
-numerics.py's bounds, the base bit-identical to the start. Dropout 0 (a run
-with dropout only has to train). bmt-to-hf --adapter's folder loads in peft.
+numerics.py's bounds, the base bit-identical to the start. Dropout 0 there;
+dropout 0.1 trains bit for bit alike with and without recompute.
+bmt-to-hf --adapter's folder loads in peft, --merge's model is peft's merge.
 """
 import json
 import math
@@ -103,7 +104,7 @@ def test_lora_training_matches_peft(prepared, ranks):
     if ranks == 2:  # its last checkpoint serves the adapter export test
         extra = ["--checkpoint-dir", os.path.join(prepared["tmp"], "ck"), "--checkpoint-every", STEPS]
     log, saved = train(prepared, sharded, ranks, f"lora-n{ranks}", *extra)
-    prepared.setdefault("runs", {})[ranks] = (sharded, saved)
+    prepared.setdefault("runs", {})[ranks] = (sharded, saved, log)
     assert [x["step"] for x in log] == list(range(1, STEPS + 1))
     lrs = {x["step"]: x["lr"] for x in log}
     losses, start, adapters = peft_reference(prepared, lrs)
@@ -130,7 +131,7 @@ def test_adapter_export_loads_in_peft(prepared, tmp_path):
         pytest.skip("one model is enough (GPT-2: Conv1D, fan_in_fan_out)")
     if 2 not in prepared.get("runs", {}):
         test_lora_training_matches_peft(prepared, 2)
-    sharded, saved = prepared["runs"][2]
+    sharded, saved, _ = prepared["runs"][2]
     out = tmp_path / "adapter"
     from bmt.to_hf import main as to_hf  # in process: no second interpreter start
     ck = os.path.join(prepared["tmp"], "ck", f"step-{STEPS:08d}")
@@ -170,16 +171,26 @@ def test_adapter_export_loads_in_peft(prepared, tmp_path):
         torch.testing.assert_close(got[n], want[n], rtol=1e-6, atol=1e-7, msg=n)
 
 
-def test_lora_with_dropout_trains(prepared):
-    """Dropout drawn in forward and again in the recompute (same RNG state):
-    the loss falls and stays finite."""
+def test_dropout_is_drawn_alike_by_the_recompute(prepared):
+    """Dropout 0.1 with every block recomputed in backward (the default)
+    trains bit for bit as without recompute (--checkpoint none): the
+    recompute restores the generator and draws the same masks; and the
+    losses differ from dropout 0's (the masks are drawn at all)."""
+    from safetensors.torch import load_file
     if prepared["name"] != "llama":
         pytest.skip("one model is enough")
-    sharded = os.path.join(prepared["tmp"], "lora-dropout.sharded.pt")
-    r = compile_lora(prepared, sharded, 2, "--lora", spec("llama", 0.1))
-    assert r.returncode == 0, r.stderr
-    log, _ = train(prepared, sharded, 2, "lora-dropout")
-    assert all(math.isfinite(x["loss"]) for x in log)
+    runs = {}
+    for mode in ["all", "none"]:
+        sharded = os.path.join(prepared["tmp"], f"lora-dropout-{mode}.sharded.pt")
+        r = compile_lora(prepared, sharded, 2, "--lora", spec("llama", 0.1), "--checkpoint", mode)
+        assert r.returncode == 0, r.stderr
+        runs[mode] = train(prepared, sharded, 2, f"lora-dropout-{mode}")
+    (log, saved), (log_none, saved_none) = runs["all"], runs["none"]
+    assert [x["loss"] for x in log] == [x["loss"] for x in log_none]
+    assert_identical(load_file(saved), load_file(saved_none))
+    if 2 in prepared.get("runs", {}):
+        no_dropout = prepared["runs"][2][2]
+        assert [x["loss"] for x in log] != [x["loss"] for x in no_dropout]
 
 
 @pytest.mark.parametrize("value,flags,message", [
