@@ -5,6 +5,10 @@
 // RUN: not bmt-opt %s --bmt-freeze='patterns=*' -o /dev/null 2>&1 | FileCheck %s --check-prefix=ALL
 // RUN: not bmt-opt %s --bmt-freeze='patterns=h.0.w,,emb.w' -o /dev/null 2>&1 | FileCheck %s --check-prefix=EMPTY
 // RUN: not bmt-opt %s --bmt-freeze='patterns=h.[0' -o /dev/null 2>&1 | FileCheck %s --check-prefix=BADGLOB
+// A module frozen before (a trace of frozen parameters): bmt-zero refuses it.
+// RUN: bmt-opt %s --bmt-freeze='patterns=h.*' -o %t.mlir 2>/dev/null
+// RUN: sed -e 's/ {aliases = \["head.w"\], requires_grad}/ {aliases = ["head.w"]}/' %t.mlir > %t.frozen.mlir
+// RUN: not bmt-opt %t.frozen.mlir --bmt-find-blocks --bmt-zero -o /dev/null 2>&1 | FileCheck %s --check-prefix=ZEROALL
 
 // Globs over whole names: `h.[0].*` freezes block 0, not block 1; a tied
 // parameter is frozen by its own name or an alias.
@@ -29,6 +33,7 @@
 // ALL: error: bmt-freeze: every parameter is frozen, so nothing would train ('*' matches all 5)
 // EMPTY: error: bmt-freeze: empty pattern in 'h.0.w,,emb.w'
 // BADGLOB: error: bmt-freeze: pattern 'h.[0' is not a glob: {{.+}}
+// ZEROALL: error: bmt-zero: every parameter is frozen (requires_grad false in the trace or --freeze), so there is nothing to train
 
 bmt.parameter @emb.w : tensor<4x5xf32> {aliases = ["head.w"], requires_grad}
 bmt.parameter @h.0.w : tensor<5x5xf32> {requires_grad}
