@@ -540,7 +540,9 @@ std::map<std::string, std::string> initRules(ModuleOp module) {
   });
   std::map<std::string, std::string> rules;
   for (auto param : module.getOps<bmt::ParameterOp>()) {
-    if (!param.getRequiresGrad())
+    // Frozen parameters keep the source's values; bmt-lora's adapters
+    // their own (bmt.generated_init: B zero, so step 0 is the base).
+    if (!param.getRequiresGrad() || param->hasAttr("bmt.generated_init"))
       continue;
     auto type = cast<RankedTensorType>(param.getType());
     std::string name = param.getSymName().str();
