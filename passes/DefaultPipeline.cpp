@@ -91,6 +91,9 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   else if (sequenceParallel && seqLen.hasValue() && seqLen > 0 && seqLen % tensorParallel != 0)
     os << name("sequence-parallel") << ": " << name("seq-len") << " " << seqLen.getValue()
        << " is not a multiple of " << name("tensor-parallel") << " " << tensorParallel.getValue();
+  else if (!llvm::StringRef(lora.getValue()).trim().empty() && tensorParallel > 1)
+    os << name("lora") << " with " << name("tensor-parallel") << " > 1 is not supported yet "
+       << "(the adapters would need the base's column/row splits); use ZeRO alone";
   else if (fuseSecondResults && !fuseElementwise)
     os << name("fuse-second-results") << " needs the elementwise fusion (" << name("fuse-elementwise")
        << " is false)";
@@ -131,6 +134,18 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
 }
 
 void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &options) {
+  // First: every later pass reads requires_grad (zero's groups, the
+  // tensor-parallel splits, the memory estimate).
+  if (!llvm::StringRef(options.freeze.getValue()).trim().empty()) {
+    FreezeOptions freeze;
+    freeze.patterns = options.freeze.getValue();
+    pm.addPass(createFreeze(freeze));
+  }
+  if (!llvm::StringRef(options.lora.getValue()).trim().empty()) {
+    LoraOptions lora;
+    lora.spec = options.lora.getValue();
+    pm.addPass(createLora(lora));
+  }
   // Before everything: fusion would take the dispatch's casts and masks
   // into regions, and every MoE block's function changes alike, so
   // find-blocks still sees identical blocks (the experts' parameters stay

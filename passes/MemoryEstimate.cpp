@@ -386,7 +386,7 @@ int64_t MemoryModel::activationBytes(ArrayRef<bool> recomputed) const {
 }
 
 int64_t MemoryModel::totalBytes(ArrayRef<bool> recomputed) const {
-  return stateBytes + outsideGatheredBytes + blockGatheredBytes() +
+  return stateBytes + frozenBytes + outsideGatheredBytes + blockGatheredBytes() +
          activationBytes(recomputed);
 }
 
@@ -425,7 +425,11 @@ MemoryModel estimateMemory(ModuleOp module, const MemoryConfig &config) {
     walker.walk(entry, args, model.outsideActivationBytes, /*insideBlock=*/false);
   }
 
-  // Parameter state.
+  // Parameter state. Frozen parameters: whole on every rank, nothing else.
+  for (ParameterOp p : module.getOps<ParameterOp>())
+    if (!p.getRequiresGrad())
+      model.frozenBytes += bmt::localNumElements(p) *
+          elementBytes(cast<RankedTensorType>(p.getType()).getElementType());
   auto groups = module.getOps<StorageGroupOp>();
   if (groups.empty()) {
     for (ParameterOp p : module.getOps<ParameterOp>())

@@ -44,6 +44,9 @@ struct MemoryModel {
   int64_t shardRanks = 1;         ///< ranks one storage group is sharded over
   int64_t zeroStage = 0;          ///< 0: no storage groups (nothing sharded)
   int64_t stateBytes = 0;         ///< parameter, gradient and AdamW state shards
+  /// Frozen parameters (requires_grad false; bmt-freeze): every rank holds
+  /// them whole in their dtype, with no gradient or optimizer state.
+  int64_t frozenBytes = 0;
   int64_t outsideGatheredBytes = 0; ///< outside-block groups gathered, with their full gradient
   int64_t outsideParameters = 0;  ///< trainable elements outside the blocks
   int64_t outsideActivationBytes = 0; ///< activations of the ops outside the blocks

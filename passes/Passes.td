@@ -56,6 +56,60 @@ def Summary : Pass<"bmt-summary", "::mlir::ModuleOp"> {
   ];
 }
 
+def Freeze : Pass<"bmt-freeze", "::mlir::ModuleOp"> {
+  let summary = "Mark the parameters whose names match glob patterns frozen (not trained)";
+  let description = [{
+    Clears `requires_grad` on every `bmt.parameter` whose state-dict name
+    (or one of its tied aliases) matches one of `patterns`, a comma-separated
+    list of globs: `*` any characters (dots included), `?` one character,
+    `[0-3]` / `[!0]` a character class, `{a,b}` alternatives (commas inside
+    braces or brackets do not separate patterns). A name must match a
+    pattern whole: `model.layers.1.*` matches `model.layers.1.mlp.up_proj.weight`
+    and not `model.layers.11.mlp.up_proj.weight`.
+
+    A frozen parameter keeps its working dtype and is read by every rank
+    whole (no storage group, no float32 master, no optimizer state, no
+    gradient); it is still written by `bmt-run --save-params`.
+
+    Errors (one line each): a pattern that is empty or not a glob, a
+    pattern that matches no parameter, and patterns that freeze every
+    parameter (nothing would train). Prints a remark with the count.
+  }];
+  let options = [
+    Option<"patterns", "patterns", "std::string", "\"\"",
+           "comma-separated globs over parameter names (state-dict names)">,
+  ];
+}
+
+def Lora : Pass<"bmt-lora", "::mlir::ModuleOp"> {
+  let summary = "Add low-rank adapters (LoRA) to the target linear layers and freeze the base";
+  let description = [{
+    `spec` is `r=16,alpha=32,dropout=0.05,targets=q_proj,k_proj,v_proj,o_proj`
+    (alpha defaults to r, dropout to 0; `targets=all-linear` adapts every
+    linear layer but the output head: `lm_head`, a tied weight, or one an
+    embedding reads). A target names the last component(s) of a module path
+    (the weight's state-dict name without `.weight`).
+
+    For each `aten::linear(x, W, b)` (or GPT-2's Conv1D, `aten::addmm(b, x,
+    W, 1, 1)` with W [in, out], as peft's fan_in_fan_out) whose weight is a
+    target's, adds `<module>.lora_A.weight` [r, in] and
+    `<module>.lora_B.weight` [out, r] after W (trainable; their values are
+    made by the exporter from `bmt.generated_init`: A uniform in
+    ±1/sqrt(in), Kaiming-uniform with a = sqrt(5) as peft; B zeros, so the
+    adapted model equals the base at step 0) and rewrites the result to
+    `y + (alpha / r) * linear(linear(dropout(x, p, train=True), A), B)`.
+    Every other parameter is frozen (bmt-freeze's machinery).
+
+    Errors: a bad spec, targets that match no linear layer, a target weight
+    read by several matmuls.
+  }];
+  let options = [
+    Option<"spec", "spec", "std::string", "\"\"",
+           "r=N[,alpha=A][,dropout=P],targets=M1,M2,... or targets=all-linear">,
+  ];
+  let dependentDialects = ["::bmt::BmtDialect"];
+}
+
 def FuseGelu : Pass<"bmt-fuse-gelu", "::mlir::ModuleOp"> {
   let summary = "Replace GELU written out as elementwise ATen ops by one aten::gelu";
   let description = [{

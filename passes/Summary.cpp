@@ -34,7 +34,7 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
   using SummaryBase::SummaryBase;
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    int64_t elements = 0, bytes = 0, tensors = 0, buffers = 0;
+    int64_t elements = 0, bytes = 0, tensors = 0, buffers = 0, frozenTensors = 0, frozenElements = 0;
     int64_t functions = 0, calls = 0, atenOps = 0;
     SmallVector<std::string> ties;
     for (Operation &op : module.getBody()->getOperations()) {
@@ -43,6 +43,10 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
         ++tensors;
         elements += type.getNumElements();
         bytes += type.getNumElements() * elementBytes(type.getElementType());
+        if (!p.getRequiresGrad()) {
+          ++frozenTensors;
+          frozenElements += type.getNumElements();
+        }
         if (auto aliases = p.getAliases()) {
           std::string tie = p.getSymName().str();
           for (Attribute alias : *aliases)
@@ -64,7 +68,10 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
     if (auto source = module->getAttrOfType<StringAttr>("bmt.source"))
       os << " of " << source.getValue();
     os << "\n  parameters: " << elements << " elements in " << tensors
-       << " tensors (" << bmt::formatBytes(bytes) << ")\n";
+       << " tensors (" << bmt::formatBytes(bytes) << ")";
+    if (frozenTensors)
+      os << ", " << frozenTensors << " frozen (" << frozenElements << " elements)";
+    os << "\n";
     os << "  tied: " << ties.size();
     if (!ties.empty()) {
       os << " (";
@@ -176,6 +183,9 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
       if (groups)
         os << " (sharded over " << model.shardRanks << ")";
       os << "\n";
+      if (model.frozenBytes > 0)
+        os << "    frozen parameters (whole on every rank, no gradient or optimizer state): "
+           << bmt::formatBytes(model.frozenBytes) << "\n";
       os << "    gathered parameters and gradients: "
          << bmt::formatBytes(model.outsideGatheredBytes + model.blockGatheredBytes()) << "\n";
       int64_t activations = model.activationBytes(recomputed);

@@ -99,6 +99,12 @@ struct ZeroPass : bmt::impl::ZeroBase<ZeroPass> {
     llvm::MapVector<GroupKey, SmallVector<bmt::ParameterOp>, std::map<GroupKey, unsigned>>
         groups;
     SmallVector<bmt::ParameterOp> params(module.getOps<bmt::ParameterOp>());
+    if (!params.empty() &&
+        llvm::none_of(params, [](bmt::ParameterOp p) { return p.getRequiresGrad(); })) {
+      module.emitError("bmt-zero: every parameter is frozen (requires_grad false in the trace "
+                       "or --freeze), so there is nothing to train");
+      return signalPassFailure();
+    }
     int64_t shared = 0;
     for (bmt::ParameterOp p : params) {
       if (!p.getRequiresGrad())

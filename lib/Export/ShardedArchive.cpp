@@ -25,7 +25,9 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringSet.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/api/module.h>
@@ -483,7 +485,8 @@ std::map<std::string, at::Tensor> loadTorchScriptTensors(const std::string &path
 /// bytes is in the checkpoint with the plan's shape and a dtype that
 /// converts to the plan's (floating to floating, else the same).
 std::vector<const bmt::CheckpointWeights::Tensor *>
-checkpointTensors(const plan::Plan &p, const bmt::CheckpointWeights *checkpoint, Location loc) {
+checkpointTensors(const plan::Plan &p, const bmt::CheckpointWeights *checkpoint, Location loc,
+                  const std::map<std::string, std::string> &generated) {
   std::vector<const bmt::CheckpointWeights::Tensor *> stored(p.tensors.size(), nullptr);
   if (!checkpoint)
     return stored;
@@ -500,7 +503,7 @@ checkpointTensors(const plan::Plan &p, const bmt::CheckpointWeights *checkpoint,
       t = checkpoint->find(info.aliases[a]);
     std::string what = (info.isParameter ? "parameter " : "buffer ") + info.name;
     if (!t) {
-      if (info.isParameter && info.init.empty())
+      if (info.isParameter && info.init.empty() && !generated.count(info.name))
         throw ExportError{loc, p.source + " records the checkpoint " + checkpoint->directory() +
                                    " but no tensor of it for " + what};
       continue;
@@ -548,7 +551,9 @@ std::map<std::string, std::string> initRules(ModuleOp module) {
   });
   std::map<std::string, std::string> rules;
   for (auto param : module.getOps<bmt::ParameterOp>()) {
-    if (!param.getRequiresGrad())
+    // Frozen parameters keep the source's values; bmt-lora's adapters
+    // their own (bmt.generated_init: B zero, so step 0 is the base).
+    if (!param.getRequiresGrad() || param->hasAttr("bmt.generated_init"))
       continue;
     auto type = cast<RankedTensorType>(param.getType());
     std::string name = param.getSymName().str();
@@ -582,6 +587,24 @@ std::vector<plan::NamedFile> hfFilesOf(const std::string &source) {
   return files;
 }
 
+/// The value of a parameter with a bmt.generated_init rule: "zeros", or
+/// "uniform:<bound>": uniform in [-bound, bound) drawn by a CPU generator
+/// seeded with the CRC-32 of the parameter's name (so Python reproduces it:
+/// torch.empty(shape).uniform_(-bound, bound,
+/// generator=torch.Generator().manual_seed(zlib.crc32(name.encode())))).
+at::Tensor generatedTensor(const plan::TensorInfo &info, const std::string &rule) {
+  at::Tensor t = at::zeros(info.shape, at::TensorOptions().dtype(at::kFloat));
+  if (llvm::StringRef(rule).starts_with("uniform:")) {
+    double bound = std::stod(rule.substr(8));
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
+        static_cast<uint64_t>(plan::crc32(info.name.data(), info.name.size())));
+    t.uniform_(-bound, bound, gen);
+  } else if (rule != "zeros") {
+    throw plan::PlanError("unknown generated_init rule '" + rule + "' of " + info.name);
+  }
+  return t.to(info.dtype);
+}
+
 } // namespace
 
 LogicalResult bmt::exportShardedArchive(ModuleOp module, llvm::StringRef path,
@@ -599,6 +622,12 @@ LogicalResult bmt::exportShardedArchive(ModuleOp module, llvm::StringRef path,
     if (format.getValue() != "torchscript" && format.getValue() != "torch.export")
       throw ExportError{module.getLoc(), "weights of source format '" + format.str() +
                                              "' cannot be read yet"};
+    // Parameters a pass added (bmt-lora's adapters): no bytes in the
+    // source; their values are made here by the rule of bmt.generated_init.
+    std::map<std::string, std::string> generated;
+    for (auto param : module.getOps<bmt::ParameterOp>())
+      if (auto rule = param->getAttrOfType<StringAttr>("bmt.generated_init"))
+        generated[param.getSymName().str()] = rule.str();
     std::map<std::string, at::Tensor> weights;
     std::unique_ptr<bmt::CheckpointWeights> checkpoint;
     try {
@@ -618,12 +647,14 @@ LogicalResult bmt::exportShardedArchive(ModuleOp module, llvm::StringRef path,
                                              ": " + what.substr(0, what.find('\n'))};
     }
     std::vector<const bmt::CheckpointWeights::Tensor *> stored =
-        checkpointTensors(p, checkpoint.get(), module.getLoc());
+        checkpointTensors(p, checkpoint.get(), module.getLoc(), generated);
     auto weightOf = [&](size_t i) -> at::Tensor {
       const plan::TensorInfo &info = p.tensors[i];
       if (!info.init.empty())
         throw plan::PlanError("no weights for " + info.name + " in a weights-free plan");
       auto it = weights.find(info.name);
+      if (it == weights.end() && generated.count(info.name))
+        return generatedTensor(info, generated.at(info.name));
       if (it == weights.end())
         throw plan::PlanError("the source model " + p.source + " has no tensor " + info.name);
       return it->second;

@@ -1,6 +1,6 @@
 """bmt-to-hf: export a bmt-run checkpoint to a Hugging Face model directory.
 
-    bmt-to-hf CHECKPOINT -o DIR [--max-shard-size 5GB] [--config FILE | --sharded sharded.pt]
+    bmt-to-hf CHECKPOINT -o DIR [--max-shard-size 5GB] [--config FILE] [--sharded sharded.pt]
               [--tokenizer PATH] [--chat-template FILE]
 
 CHECKPOINT is a complete checkpoint folder of `bmt-run --checkpoint-dir D`
@@ -25,6 +25,15 @@ to learn its state-dict names and which tied names it omits
 (save_pretrained's remove_tied_weights_from_state_dict: of tied names, the
 ones in the class's tied-weights keys are left out, e.g. GPT-2's
 lm_head.weight; the tie itself is in the config).
+
+Frozen parameters (bmt-opt --freeze, LoRA's base) are not in checkpoints:
+with --sharded, the run's sharded.pt, they are read from it. --adapter
+(with --sharded) writes instead peft's adapter folder of a bmt-opt --lora
+run: adapter_config.json (from the plan's bmt.lora attribute) and
+adapter_model.safetensors (the checkpoint's adapters under peft's names),
+for peft.PeftModel.from_pretrained(base_model, DIR). --merge (with
+--sharded) writes the full model with the adapters merged into the base
+weights, as peft's merge_and_unload.
 
 The parameters are streamed: each one's pieces are read from the rank files
 that hold them (one pread per piece of at most 16 MiB, the layout of
@@ -405,6 +414,96 @@ def hf_names(cls, config, torch):
 
 # --- writing -----------------------------------------------------------------
 
+def lora_config(sharded):
+    """peft's adapter_config.json for the bmt-opt --lora plan `sharded` (its
+    program's bmt.lora attribute, written by bmt-lora)."""
+    import re
+    import zipfile
+    if not sharded:
+        raise Failure("--adapter and --merge need --sharded sharded.pt (the LoRA plan the run "
+                      "trained)")
+    try:
+        with zipfile.ZipFile(sharded) as z:
+            name = next((n for n in z.namelist() if n.endswith("/bmt/program.mlir")), None)
+            text = z.read(name).decode() if name else ""
+    except (OSError, zipfile.BadZipFile) as e:
+        raise Failure(f"{sharded}: not a sharded.pt archive ({e})") from None
+    m = re.search(r"bmt\.lora = \{([^}]*)\}", text)
+    if not m:
+        raise Failure(f"{sharded} has no LoRA adapters (compile with bmt-opt --lora)")
+    fields = dict(re.findall(r'(\w+) = ("[^"]*"|[^,]+)', m.group(1)))
+
+    def number(key):
+        return float(fields[key].split(":")[0].strip())
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": None,
+            "r": int(number("r")), "lora_alpha": number("alpha"),
+            "lora_dropout": number("dropout"),
+            "fan_in_fan_out": fields["fan_in_fan_out"].strip() == "true",
+            "target_modules": fields["target_modules"].strip('"').split(","),
+            "bias": "none", "inference_mode": True}
+
+
+TORCH_DTYPE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+def tensor_of(data, t, torch):
+    """Tensor `t`'s bytes as a torch tensor of its dtype and shape."""
+    return torch.frombuffer(bytearray(data), dtype=getattr(torch, TORCH_DTYPE[t.dtype])).view(
+        t.shape).clone()
+
+
+def merged_bytes(t, base, a, b, config, torch):
+    """The bytes of base weight `t` with its adapter merged as peft's
+    merge_and_unload does: W + (B @ A) * (alpha / r), transposed for
+    fan_in_fan_out (Conv1D, W [in, out])."""
+    w = tensor_of(base, t, torch)
+    delta = (b @ a) * (config["lora_alpha"] / config["r"])
+    if config["fan_in_fan_out"]:
+        delta = delta.T
+    return (w + delta.to(w.dtype)).contiguous().numpy().tobytes() if w.dtype != torch.bfloat16 \
+        else (w + delta.to(w.dtype)).contiguous().view(torch.int16).numpy().tobytes()
+
+
+def frozen_parameters(sharded, torch):
+    """{name (and each alias): (zip member, byte offset, dtype code, shape)}
+    of the frozen parameters (requires_grad false) of sharded.pt's plan that
+    have bytes in it (docs/sharded-format.md)."""
+    import io
+    import zipfile
+    try:
+        with zipfile.ZipFile(sharded) as z:
+            plan_name = next((n for n in z.namelist() if n.endswith("/bmt/plan.pkl")), None)
+            if plan_name is None:
+                raise Failure(f"{sharded}: not a sharded.pt archive (no bmt/plan.pkl)")
+            plan = torch.load(io.BytesIO(z.read(plan_name)), weights_only=False)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise Failure(f"{sharded}: not a sharded.pt archive ({e})") from None
+    top = plan_name[:-len("bmt/plan.pkl")]
+    out = {}
+    for t in plan["tensors"]:
+        if not t["is_parameter"] or t["requires_grad"] or not t["record"] or t.get("split"):
+            continue
+        entry = (top + t["record"], t["offset"], SAFETENSORS_DTYPE[t["dtype"]], list(t["shape"]))
+        for n in [t["name"], *t["aliases"]]:
+            out[n] = entry
+    return out
+
+
+def frozen_bytes(sharded, t):
+    """The bytes of frozen tensor `t` (frozen_parameters' record and offset)
+    in pieces of at most CHUNK bytes."""
+    import zipfile
+    with zipfile.ZipFile(sharded) as z, z.open(t.record) as f:
+        f.seek(t.offset)
+        left = t.nbytes
+        while left > 0:
+            piece = f.read(min(CHUNK, left))
+            if not piece:
+                raise Failure(f"{sharded}: {t.record} ends before {t.name}'s bytes")
+            left -= len(piece)
+            yield piece
+
+
 class Tensor:
     """An output tensor: its name, dtype code, shape and where its bytes are
     (a member of a checkpoint space)."""
@@ -535,7 +634,12 @@ def convert(args):
     start = time.time()
     folder = args.checkpoint.rstrip("/") or "/"
     meta = read_checkpoint(folder)
-    files, where = hf_files(folder, args)
+    if args.adapter and args.merge:
+        raise Failure("--adapter and --merge exclude each other")
+    adapter = lora_config(args.sharded) if args.adapter else None
+    merge = lora_config(args.sharded) if args.merge else None
+    lora_members, lora_values = [], {}  # --merge: the adapters, read first
+    files, where = ({}, None) if adapter else hf_files(folder, args)
     out = os.path.abspath(args.output)
     if os.path.exists(out) and not (os.path.isdir(out) and not os.listdir(out)):
         raise Failure(f"{args.output} exists; bmt-to-hf writes a new directory (remove it or "
@@ -579,8 +683,17 @@ def convert(args):
         for name, content in files.items():
             with open(os.path.join(tmp, name), "wb") as f:
                 f.write(content)
-        cls, config = model_class(files["config.json"], where, meta, transformers, tmp)
-        names = hf_names(cls, config, torch)
+        if adapter:  # peft's names of the adapters, which are all that trains
+            cls = None
+            names = ["base_model.model." + m["tensor"] for s in spaces if s.get("tp_rank", 0) == 0
+                     for m in s["members"]]
+            bad = [n for n in names if ".lora_A." not in n and ".lora_B." not in n]
+            if bad:
+                raise Failure(f"{folder} trains {bad[0][len('base_model.model.'):]}, which is "
+                              "not a LoRA adapter (--adapter exports a bmt-opt --lora run)")
+        else:
+            cls, config = model_class(files["config.json"], where, meta, transformers, tmp)
+            names = hf_names(cls, config, torch)
         wanted = set(names)
 
         # The output tensors, in the checkpoint's layout order (so that every
@@ -597,7 +710,14 @@ def convert(args):
                         raise Failure(f"{folder}/checkpoint.json: bad layout ({m['tensor']} is "
                                       f"in the spaces of TP ranks {sorted(have)} of {tp})")
                     slices = [have[r] for r in range(tp)]
-                all_names = [m["tensor"], *m["aliases"]]
+                if merge and (".lora_A." in m["tensor"] or ".lora_B." in m["tensor"]):
+                    t = Tensor(m["tensor"], SAFETENSORS_DTYPE[s["dtype"]], list(m["shape"]), k,
+                               m["offset"], slices)
+                    t.split = m.get("split")
+                    lora_members.append(t)
+                    continue
+                all_names = [("base_model.model." if adapter else "") + m["tensor"],
+                             *m["aliases"]]
                 mine = [n for n in all_names if n in wanted]
                 if not mine:
                     raise Failure(f"the checkpoint's parameter {m['tensor']} is not a weight "
@@ -619,13 +739,29 @@ def convert(args):
                 tensors.append(t)
                 seen.add(n)
         missing = [n for n in names if n not in seen]
+        if missing and args.sharded and not adapter:
+            # Frozen parameters: not in checkpoints, read from sharded.pt.
+            frozen = frozen_parameters(args.sharded, torch)
+            for n in missing:
+                if n in frozen:
+                    member, offset, dtype, shape = frozen[n]
+                    t = Tensor(n, dtype, shape, None, offset)
+                    t.record = member
+                    tensors.append(t)
+                    seen.add(n)
+            missing = [n for n in names if n not in seen]
         if missing:
             raise Failure(f"{cls.__name__} has {len(missing)} weight(s) the checkpoint does not "
                           f"hold: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
-                          "(bmt-run checkpoints hold the trainable parameters; buffers and "
-                          "frozen parameters are not exported)")
+                          "(bmt-run checkpoints hold the trainable parameters; give the "
+                          "run's --sharded sharded.pt for its frozen ones; buffers are not "
+                          "exported)")
 
-        files_of = split_into_files(tensors, args.max_shard_size)
+        files_of = ({"adapter_model.safetensors": tensors} if adapter else
+                    split_into_files(tensors, args.max_shard_size))
+        if adapter:
+            with open(os.path.join(tmp, "adapter_config.json"), "w", encoding="utf-8") as f:
+                f.write(json.dumps(adapter, indent=2, sort_keys=True) + "\n")
 
         def pieces(k, offset, numel, dtype):
             """The bytes of elements [offset, offset + numel) of space k's
@@ -647,6 +783,15 @@ def convert(args):
                 ranks[0].finish(f"buffer.{t.name}", t.dtype, t.numel)
                 yield data
                 return
+            module = t.name.removesuffix(".weight")
+            if merge and module + ".lora_A.weight" in lora_values:
+                yield merged_bytes(t, b"".join(frozen_bytes(args.sharded, t)),
+                                   lora_values[module + ".lora_A.weight"],
+                                   lora_values[module + ".lora_B.weight"], merge, torch)
+                return
+            if getattr(t, "record", None):
+                yield from frozen_bytes(args.sharded, t)
+                return
             if t.slices is None:
                 yield from pieces(t.space, t.offset, t.numel, t.dtype)
                 return
@@ -656,6 +801,8 @@ def convert(args):
             for at in range(0, len(whole), CHUNK):
                 yield whole[at:at + CHUNK]
 
+        for t in lora_members:  # in layout order: the rank files read front to back
+            lora_values[t.name] = tensor_of(b"".join(stream(t)), t, torch)
         before_weights = peak_rss_mib()
         for filename, group in files_of.items():
             write_safetensors(os.path.join(tmp, filename), group, stream)
@@ -686,7 +833,8 @@ def convert(args):
             f.close()
     largest = max(t.nbytes for t in tensors)
     weights = sum(t.nbytes for t in tensors)
-    print(f"bmt-to-hf: wrote {args.output}: {cls.__name__}, {len(tensors)} tensors "
+    print(f"bmt-to-hf: wrote {args.output}: "
+          f"{cls.__name__ if cls else 'LoRA adapter (adapter_config.json)'}, {len(tensors)} tensors "
           f"({weights} bytes) in " + (next(iter(files_of)) if len(files_of) == 1 else
                                       f"{len(files_of)} files with an index")
           + f", step {meta['step']} "
@@ -710,11 +858,20 @@ def main(argv=None):
                         help="largest safetensors file before splitting into shards with an "
                              "index (default 5GB, huggingface_hub's; transformers 5's "
                              "save_pretrained uses 50GB)")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--sharded", help="take config.json from this sharded.pt (for a "
-                                          "checkpoint without hf/config.json)")
+    source = parser
+    source.add_argument("--sharded", help="the run's sharded.pt: its frozen parameters "
+                                          "(not in checkpoints), and config.json for a "
+                                          "checkpoint without hf/config.json")
     source.add_argument("--config", help="a config.json to use (a model traced without one); "
                                          "generation_config.json beside it is taken too")
+    parser.add_argument("--adapter", action="store_true",
+                        help="write peft's adapter folder (adapter_config.json + "
+                             "adapter_model.safetensors, for PeftModel.from_pretrained on the "
+                             "base model) of a bmt-opt --lora run; needs --sharded")
+    parser.add_argument("--merge", action="store_true",
+                        help="write the full model of a bmt-opt --lora run with its adapters "
+                             "merged into the base weights (as peft's merge_and_unload); needs "
+                             "--sharded")
     parser.add_argument("--tokenizer", help="write this tokenizer with the model: a folder's "
                                             "tokenizer files (tokenizer.json, "
                                             "tokenizer_config.json, ...) or a tokenizer.json "

@@ -238,6 +238,7 @@ json checkpointJson(const RunIdentity &identity, int version, int64_t worldSize,
                {"plan",
                 {{"identity", identity.planIdentity},
                  {"model", identity.modelIdentity},
+                 {"frozen_base", identity.frozenIdentity},
                  {"source", identity.source},
                  {"model_type", identity.modelType}}},
                {"optimizer", optimizerJson(identity.optimizer, identity.lr,
@@ -413,6 +414,22 @@ std::string modelIdentity(const plan::Plan &p) {
   Fnv f;
   addTrainables(f, p);
   return f.hex();
+}
+
+std::string frozenIdentity(const plan::Plan &p) {
+  Fnv f;
+  bool any = false;
+  for (const plan::TensorInfo &t : p.tensors)
+    if (t.isParameter && !t.requiresGrad) {
+      any = true;
+      f.add(t.name);
+      f.add(plan::dtypeName(t.dtype));
+      for (int64_t d : t.shape)
+        f.add(d);
+      f.add(t.crc32);
+      f.add(t.init);
+    }
+  return any ? f.hex() : std::string();
 }
 
 } // namespace bmt::runtime

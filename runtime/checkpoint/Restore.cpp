@@ -79,6 +79,20 @@ void readMetadata(Restore &r, const OptimizerConfig *expected) {
   r.layout = std::make_unique<SavedLayout>(r.folder, r.meta);
   r.reader = std::make_unique<CheckpointReader>(r.folder, *r.layout);
   checkSameModel(*r.layout, r.model.plan(), r.folder);
+  // The frozen parameters are not in the checkpoint: they must be those the
+  // trainable ones were trained against (checkpoints older than the record
+  // have none to compare).
+  const json &planJson = r.meta.value("plan", json::object());
+  if (planJson.contains("frozen_base")) {
+    std::string saved = planJson.value("frozen_base", std::string());
+    std::string here = frozenIdentity(r.model.plan());
+    if (saved != here)
+      throw CheckpointError(
+          r.folder + " was trained against other frozen parameters (" +
+          (saved.empty() ? std::string("none") : "identity " + saved) + ") than this plan's (" +
+          (here.empty() ? std::string("none") : "identity " + here) +
+          "): compile the same base model with the same --freeze to resume");
+  }
 
   r.report.savedWorldSize = r.layout->worldSize();
   r.report.savedTensorParallel = r.layout->tensorParallel();

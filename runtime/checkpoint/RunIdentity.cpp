@@ -12,6 +12,7 @@ RunIdentity runIdentity(plan::Archive &archive, const plan::Plan &p, int64_t wor
   RunIdentity identity;
   identity.planIdentity = planIdentity(p, archive.programText(), worldSize);
   identity.modelIdentity = modelIdentity(p);
+  identity.frozenIdentity = frozenIdentity(p);
   identity.source = p.source;
   identity.modelType = p.modelType;
   identity.worldSize = worldSize;

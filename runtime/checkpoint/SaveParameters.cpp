@@ -20,12 +20,21 @@ namespace bmt::runtime {
 
 namespace {
 
-/// The entries of --save-params's file: every trained tensor under each of
-/// its names, then the buffers training moves (Model::routerBiases).
+/// The parameters of --save-params's file: the trained ones
+/// (fullParameterOrder), then the frozen ones: the whole model.
+std::vector<int64_t> savedParameterOrder(Model &model) {
+  std::vector<int64_t> order = model.fullParameterOrder();
+  std::vector<int64_t> frozen = model.frozenParameterOrder();
+  order.insert(order.end(), frozen.begin(), frozen.end());
+  return order;
+}
+
+/// The entries of --save-params's file: every parameter under each of its
+/// names, then the buffers training moves (Model::routerBiases).
 std::vector<SafetensorsEntry> savedParameterEntries(Model &model) {
   const plan::Plan &p = model.plan();
   std::vector<SafetensorsEntry> entries;
-  for (int64_t index : model.fullParameterOrder()) {
+  for (int64_t index : savedParameterOrder(model)) {
     const plan::TensorInfo &t = p.tensors.at(index);
     entries.push_back({t.name, t.dtype, t.shape});
     for (const std::string &alias : t.aliases)
@@ -69,7 +78,7 @@ void saveParameters(Model &model, const std::string &path) {
       fail(e);
     }
   }
-  model.forEachFullParameter([&](int64_t index, const at::Tensor &value) { // collective
+  auto write = [&](int64_t index, const at::Tensor &value) {
     if (!writer)
       return;
     try {
@@ -79,7 +88,10 @@ void saveParameters(Model &model, const std::string &path) {
     } catch (const std::runtime_error &e) {
       fail(e);
     }
-  });
+  };
+  model.forEachFullParameter(write); // collective
+  for (int64_t index : model.frozenParameterOrder())
+    write(index, model.frozenParameter(index));
   if (writer) {
     try {
       for (const auto &[name, buffer] : model.routerBiases()) {

@@ -350,6 +350,25 @@ std::vector<int64_t> Model::fullParameterOrder() const {
   return order;
 }
 
+std::vector<int64_t> Model::frozenParameterOrder() const {
+  std::vector<int64_t> order;
+  for (size_t i = 0; i < plan_.tensors.size(); ++i)
+    if (plan_.tensors[i].isParameter && !plan_.tensors[i].requiresGrad)
+      order.push_back(static_cast<int64_t>(i));
+  return order;
+}
+
+at::Tensor Model::frozenParameter(int64_t index) {
+  const plan::TensorInfo &info = plan_.tensors.at(index);
+  if (!info.isParameter || info.requiresGrad)
+    throw ExecutionError(info.name + " is not a frozen parameter");
+  if (info.split.isSplit())
+    throw ExecutionError("the frozen parameter " + info.name +
+                         " is split over the tensor-parallel ranks, which this runtime "
+                         "cannot put back together");
+  return executor_->tensors().at(index).detach();
+}
+
 void Model::forEachFullParameter(
     const std::function<void(int64_t, const at::Tensor &)> &visit, bool gradients) {
   const int64_t tp = plan_.tensorParallel;

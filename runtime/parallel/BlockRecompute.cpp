@@ -7,9 +7,12 @@
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
 
 using c10::IValue;
 using torch::autograd::AutogradContext;
@@ -26,6 +29,9 @@ struct CheckpointState : torch::CustomClassHolder {
   ExecutorHooks::Run recompute; ///< run for the graph only (backward)
   std::vector<IValue> args;           ///< non-tensor arguments in place, tensors undefined
   std::vector<size_t> tensorArgs;     ///< positions of the tensor arguments
+  /// An input of no value that requires grad follows the arguments' tensors
+  /// (callRecomputed's `trainable` with no argument requiring grad).
+  bool anchored = false;
   std::vector<IValue> results;        ///< non-tensor results in place
   std::vector<size_t> tensorResults;  ///< positions of the tensor results
   at::Tensor rngState;
@@ -49,7 +55,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     ctx->save_for_backward(inputs.vec());
     state->rngState = at::globalContext().defaultGenerator(state->device).get_state();
     std::vector<IValue> args = state->args;
-    for (size_t i = 0; i < inputs.size(); ++i)
+    for (size_t i = 0; i < state->tensorArgs.size(); ++i)
       args[state->tensorArgs[i]] = inputs[i];
     state->results = state->run(std::move(args));
     variable_list outputs;
@@ -72,7 +78,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
     variable_list detached;
     std::vector<IValue> args = state->args;
-    for (size_t i = 0; i < saved.size(); ++i) {
+    for (size_t i = 0; i < state->tensorArgs.size(); ++i) {
       at::Tensor d = saved[i].detach();
       if (saved[i].requires_grad())
         d.requires_grad_(true);
@@ -105,6 +111,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     variable_list inputGrads;
     for (const at::Tensor &d : detached)
       inputGrads.push_back(d.requires_grad() ? d.grad() : at::Tensor());
+    if (state->anchored)
+      inputGrads.push_back(at::Tensor());
     inputGrads.push_back(at::Tensor());
     inputGrads.push_back(at::Tensor());
     return inputGrads;
@@ -113,7 +121,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
 std::vector<IValue> callRecomputed(const plan::Instruction &inst, const ExecutorHooks::Run &run,
                                    const ExecutorHooks::Run &recompute, std::vector<IValue> args,
-                                   ZeroStorage &zero, at::Device device) {
+                                   ZeroStorage &zero, at::Device device, bool trainable) {
   auto state = c10::make_intrusive<CheckpointState>();
   state->inst = &inst;
   state->run = run;
@@ -127,6 +135,16 @@ std::vector<IValue> callRecomputed(const plan::Instruction &inst, const Executor
       args[i] = IValue();
     }
   state->args = std::move(args);
+  // A block whose parameters train but whose inputs need no gradient (the
+  // first block after a frozen embedding): autograd would make its outputs
+  // constants and never call backward, losing the parameters' gradients
+  // (reentrant torch.utils.checkpoint's pitfall). An anchor input that
+  // requires grad keeps the node in the graph.
+  if (trainable && std::none_of(inputs.begin(), inputs.end(),
+                                [](const at::Tensor &t) { return t.requires_grad(); })) {
+    inputs.push_back(at::zeros({}, at::TensorOptions().device(device)).requires_grad_(true));
+    state->anchored = true;
+  }
   variable_list outputs = CheckpointFunction::apply(at::TensorList(inputs), &zero, state);
   std::vector<IValue> results = state->results;
   for (size_t k = 0; k < state->tensorResults.size(); ++k)

@@ -27,11 +27,13 @@ class ZeroStorage;
 /// run by `run` now and by `recompute` in backward; its results, their
 /// tensors the outputs of the recompute's autograd node. `zero` and
 /// `device` (whose generator is restored) outlive the backward.
+/// `trainable`: the block has parameters that train, so its backward must
+/// run even when no input tensor requires grad.
 std::vector<c10::IValue> callRecomputed(const plan::Instruction &inst,
                                         const ExecutorHooks::Run &run,
                                         const ExecutorHooks::Run &recompute,
                                         std::vector<c10::IValue> args, ZeroStorage &zero,
-                                        at::Device device);
+                                        at::Device device, bool trainable);
 
 } // namespace bmt::runtime
 

@@ -660,7 +660,8 @@ std::vector<IValue> ZeroStorage::callBlock(const plan::Instruction &inst, const 
   if (!c10::GradMode::is_enabled())
     return run(std::move(args));
   if (inst.checkpoint)
-    return callRecomputed(inst, run, recompute, std::move(args), *this, device_);
+    return callRecomputed(inst, run, recompute, std::move(args), *this, device_,
+                          !blockGroups(inst.blockList, inst.blockIndex).empty());
   std::vector<IValue> results = run(std::move(args));
   if (plan_.zeroStage != 3)
     return results;

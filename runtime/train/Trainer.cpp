@@ -54,6 +54,10 @@ Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
   // (--offload-optimizer), Adam/AdamW with its masters and moments in host
   // memory, fed by the gradient copies the ZeRO storage makes during the
   // backward (OffloadAdam.h).
+  if (model_.parameters().empty())
+    throw TrainingError(
+        "the model has no trainable parameter (every one is frozen: requires_grad false in the "
+        "trace or bmt-opt --freeze), so there is nothing to train");
   optimizer_ = model_.makeOptimizer(config_.optimizer, config_.gradAccum);
   expertLoad_ = std::make_unique<moe::ExpertLoad>();
   model_.setExpertLoad(expertLoad_.get());

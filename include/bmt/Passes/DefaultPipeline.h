@@ -164,6 +164,17 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
       llvm::cl::desc("replace a causal mask built from aranges by is_causal=True in "
                      "aten::scaled_dot_product_attention (bmt-causal-attention)"),
       llvm::cl::init(true)};
+  Option<std::string> freeze{
+      *this, "freeze",
+      llvm::cl::desc("comma-separated globs over parameter names to freeze (not train), e.g. "
+                     "'model.embed_tokens.*,model.layers.[0-3].*' (bmt-freeze; "
+                     "docs/passes/freeze.md)"),
+      llvm::cl::init("")};
+  Option<std::string> lora{
+      *this, "lora",
+      llvm::cl::desc("low-rank adapters: r=16,alpha=32,dropout=0.05,targets=q_proj,v_proj "
+                     "(or targets=all-linear); the base is frozen (bmt-lora; docs/passes/lora.md)"),
+      llvm::cl::init("")};
   Option<bool> summary{*this, "summary",
                        llvm::cl::desc("print the plan summary to stderr at the end"),
                        llvm::cl::init(true)};
@@ -173,7 +184,7 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
     return {&worldSize,       &tensorParallel, &expertParallel, &sequenceParallel, &zeroStage, &shardGroupSize,
             &checkpoint,      &memoryBudgetGib, &microBatch, &seqLen,
             &prefetchDepth,   &assumeUnpadded, &fuseElementwise, &fuseSecondResults,
-            &groupedQueryAttention};
+            &groupedQueryAttention, &freeze, &lora};
   }
 
   /// Checks the values together (sizes positive, a budget exactly with
@@ -183,7 +194,7 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
   std::string verify(llvm::StringRef prefix) const;
 };
 
-/// moe-layers (unless options.moeLayers is false),
+/// freeze (with options.freeze), lora (with options.lora), moe-layers (unless options.moeLayers is false),
 /// causal-attention (unless options.causalAttention is false; with
 /// options.assumeUnpadded), fuse-gelu (unless options.fuseGelu is false),
 /// fuse-elementwise (unless options.fuseElementwise is false; with

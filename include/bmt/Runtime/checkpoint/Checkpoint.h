@@ -58,6 +58,7 @@ struct CheckpointOptions {
 struct RunIdentity {
   std::string planIdentity;  ///< planIdentity() of the run
   std::string modelIdentity; ///< modelIdentity() of its plan
+  std::string frozenIdentity; ///< frozenIdentity() of its plan ("" when nothing is frozen)
   std::string source, modelType;
   int64_t worldSize = 1, zeroStage = 0, shardGroupSize = 1;
   /// "sgd", "adam", "adamw", "lion", "adafactor", or "offload-adam",
@@ -83,6 +84,11 @@ std::string planIdentity(const plan::Plan &plan, const std::string &programText,
 /// FNV-1a 64 (hex) of the trainable tensors' names, shapes and dtypes in
 /// plan order: equal for plans of the same model under any layout.
 std::string modelIdentity(const plan::Plan &plan);
+/// FNV-1a 64 (hex) of the frozen parameters' (requires_grad false) names,
+/// shapes, dtypes, CRC-32s of their bytes and random-init rules: the base a
+/// checkpoint's trainable parameters were trained against (checkpoints do
+/// not hold it). Empty when the plan freezes nothing.
+std::string frozenIdentity(const plan::Plan &plan);
 
 /// The state of a run besides its parameters and optimizer tensors.
 struct TrainingProgress {

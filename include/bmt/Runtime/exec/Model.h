@@ -244,6 +244,12 @@ public:
   /// (the same on every rank). Checkpoints save and restore them;
   /// --save-params writes them.
   std::vector<std::pair<std::string, at::Tensor>> routerBiases();
+  /// The frozen parameters (requires_grad false: bmt-opt --freeze, or
+  /// frozen in the trace; plan tensor indices in plan order), which every
+  /// rank holds whole and which do not train.
+  std::vector<int64_t> frozenParameterOrder() const;
+  /// Frozen parameter `index`'s value (on the model's device; no gradient).
+  at::Tensor frozenParameter(int64_t index);
 
   /// The buffers parameters() hold, for checkpoints: one a parameter, in
   /// the same order.

@@ -1,0 +1,211 @@
+"""bmt-opt --lora against peft on eager transformers: 5 AdamW steps of the
+tiny GPT-2 (Conv1D c_attn: peft's fan_in_fan_out) and LLaMA of
+scripts/architectures.py on 1 and 2 CPU ranks, the adapters' initial A
+values copied into the peft model (bmt's exporter draws them reproducibly:
+docs/passes/lora.md); every loss and the trained adapters within
+numerics.py's bounds, the base bit-identical to the start. Dropout 0 there;
+dropout 0.1 trains bit for bit alike with and without recompute.
+bmt-to-hf --adapter's folder loads in peft, --merge's model is peft's merge.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import zlib
+
+import pytest
+import torch
+
+from bmt_paths import REPO, binary
+from numerics import assert_identical, assert_loss_close, assert_trained_close
+
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import parallel_matrix  # noqa: E402
+from parallel_matrix import CLIP, STEPS, TRAIN_FLAGS, WEIGHT_DECAY  # noqa: E402
+
+peft = pytest.importorskip("peft")
+
+R, ALPHA = 4, 8
+TARGETS = {"gpt2": (["c_attn"], True), "llama": (["q_proj", "v_proj", "down_proj"], False)}
+RANKS = [1, 2]
+
+
+@pytest.fixture(scope="module", params=list(TARGETS))
+def prepared(request, tmp_path_factory):
+    prep = parallel_matrix.prepare(request.param, tmp_path_factory.mktemp(request.param))
+    prep["reference"] = None
+    return prep
+
+
+def spec(name, dropout=0.0):
+    return f"r={R},alpha={ALPHA},dropout={dropout},targets=" + ",".join(TARGETS[name][0])
+
+
+def initial_a(name, shape):
+    """lora_A's value as bmt's exporter draws it (uniform in +-1/sqrt(in))."""
+    bound = 1.0 / math.sqrt(shape[1])
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    return torch.empty(shape).uniform_(-bound, bound, generator=g)
+
+
+def peft_reference(prep, lrs):
+    """peft's LoRA model on the same base, A copied from bmt's rule, trained
+    by eager_training; (losses, base start, trained adapters by bmt name)."""
+    if prep["reference"] is None:
+        from architectures import build
+        from eager import eager_training
+        targets, fan_in_fan_out = TARGETS[prep["name"]]
+        base = build(prep["name"])
+        start = {n: p.detach().clone() for n, p in base.named_parameters()}
+        config = peft.LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=targets,
+                                 fan_in_fan_out=fan_in_fan_out)
+        model = peft.get_peft_model(base, config)
+        adapters = {}
+        for n, p in model.named_parameters():
+            if "lora_" not in n:
+                continue
+            bmt_name = n.removeprefix("base_model.model.").replace(".default.weight", ".weight")
+            with torch.no_grad():
+                if ".lora_A." in n:
+                    p.copy_(initial_a(bmt_name, p.shape))
+                else:
+                    assert torch.count_nonzero(p) == 0
+            adapters[bmt_name] = p
+        losses = eager_training(model, prep["batches"], STEPS, 1, lambda s: lrs[s], CLIP,
+                                WEIGHT_DECAY)
+        prep["reference"] = (losses, start, {n: p.detach().clone() for n, p in adapters.items()})
+    return prep["reference"]
+
+
+def compile_lora(prep, out, ranks, *flags):
+    return subprocess.run([binary("bmt-opt"), prep["archive"], "-o", out, "--world-size",
+                           str(ranks), *flags], capture_output=True, text=True, timeout=300)
+
+
+def train(prep, sharded, ranks, tag, *extra):
+    from test_zero_multirank import torchrun
+    log = os.path.join(prep["tmp"], f"{tag}.jsonl")
+    saved = os.path.join(prep["tmp"], f"{tag}.safetensors")
+    r = torchrun(ranks, sharded, "--batches", os.path.join(prep["tmp"], "batches.pt"),
+                 "--steps", STEPS, "--objective", "causal-lm", *TRAIN_FLAGS, "--log-file", log,
+                 "--save-params", saved, *extra, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return [x for x in map(json.loads, open(log)) if x["kind"] == "train"], saved
+
+
+@pytest.mark.parametrize("ranks", RANKS)
+def test_lora_training_matches_peft(prepared, ranks):
+    from safetensors.torch import load_file
+    sharded = os.path.join(prepared["tmp"], f"lora-n{ranks}.sharded.pt")
+    r = compile_lora(prepared, sharded, ranks, "--lora", spec(prepared["name"]))
+    assert r.returncode == 0, r.stderr
+    extra = []
+    if ranks == 2:  # its last checkpoint serves the adapter export test
+        extra = ["--checkpoint-dir", os.path.join(prepared["tmp"], "ck"), "--checkpoint-every", STEPS]
+    log, saved = train(prepared, sharded, ranks, f"lora-n{ranks}", *extra)
+    prepared.setdefault("runs", {})[ranks] = (sharded, saved, log)
+    assert [x["step"] for x in log] == list(range(1, STEPS + 1))
+    lrs = {x["step"]: x["lr"] for x in log}
+    losses, start, adapters = peft_reference(prepared, lrs)
+    for x, want in zip(log, losses):
+        assert_loss_close(x["loss"], want, what=f"loss of step {x['step']}")
+    got = load_file(saved)
+    for n, value in start.items():  # the base did not move
+        assert_identical(got[n], value, n)
+    stats = assert_trained_close(got, adapters, sum(lrs.values()))
+    print(f"{prepared['name']} n{ranks}: loss max |d| "
+          f"{max(abs(x['loss'] - w) for x, w in zip(log, losses)):.2g}, adapters max |d| "
+          f"{stats[0]:.2g} ({len(adapters)} tensors)")
+
+
+def test_adapter_export_loads_in_peft(prepared, tmp_path):
+    """bmt-to-hf --adapter of the 2-rank run's last checkpoint: what
+    PeftModel.from_pretrained loads onto the base holds bmt's trained
+    adapters bit for bit and gives the logits of the base with those
+    adapters applied by peft (so r, alpha, targets and fan_in_fan_out are
+    right)."""
+    from architectures import build
+    from safetensors.torch import load_file
+    if prepared["name"] != "gpt2":
+        pytest.skip("one model is enough (GPT-2: Conv1D, fan_in_fan_out)")
+    if 2 not in prepared.get("runs", {}):
+        test_lora_training_matches_peft(prepared, 2)
+    sharded, saved, _ = prepared["runs"][2]
+    out = tmp_path / "adapter"
+    from bmt.to_hf import main as to_hf  # in process: no second interpreter start
+    ck = os.path.join(prepared["tmp"], "ck", f"step-{STEPS:08d}")
+    assert to_hf([ck, "-o", str(out), "--adapter", "--sharded", sharded]) == 0
+    got = load_file(saved)
+    loaded = peft.PeftModel.from_pretrained(build(prepared["name"]), str(out))
+    lora = {n: p for n, p in loaded.named_parameters() if "lora_" in n}
+    assert lora
+    for n, p in lora.items():
+        assert_identical(p.detach(), got[n.removeprefix("base_model.model.").replace(
+            ".default.weight", ".weight")], n)
+    targets, fan_in_fan_out = TARGETS[prepared["name"]]
+    ref = peft.get_peft_model(build(prepared["name"]), peft.LoraConfig(
+        r=R, lora_alpha=ALPHA, target_modules=targets, fan_in_fan_out=fan_in_fan_out))
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if "lora_" in n:
+                p.copy_(lora[n])
+    ids = prepared["batches"][0][:2, :-1]
+    loaded.eval()
+    ref.eval()
+    with torch.no_grad():
+        assert_identical(loaded(input_ids=ids).logits, ref(input_ids=ids).logits, "logits")
+        base = build(prepared["name"])(input_ids=ids).logits
+    assert not torch.equal(base, ref(input_ids=ids).logits)  # the adapters do something
+    # --merge: the full model with the adapters merged, as merge_and_unload.
+    import transformers
+    config = tmp_path / "config.json"
+    build(prepared["name"]).config.to_json_file(str(config))
+    merged = tmp_path / "merged"
+    assert to_hf([ck, "-o", str(merged), "--merge", "--sharded", sharded, "--config",
+                  str(config)]) == 0
+    want = ref.merge_and_unload().state_dict()
+    got = transformers.AutoModelForCausalLM.from_pretrained(str(merged)).state_dict()
+    assert set(got) == set(want)
+    for n in want:  # one matmul, one scale, one add: a few ulps
+        torch.testing.assert_close(got[n], want[n], rtol=1e-6, atol=1e-7, msg=n)
+
+
+def test_dropout_is_drawn_alike_by_the_recompute(prepared):
+    """Dropout 0.1 with every block recomputed in backward (the default)
+    trains bit for bit as without recompute (--checkpoint none): the
+    recompute restores the generator and draws the same masks; and the
+    losses differ from dropout 0's (the masks are drawn at all)."""
+    from safetensors.torch import load_file
+    if prepared["name"] != "llama":
+        pytest.skip("one model is enough")
+    runs = {}
+    for mode in ["all", "none"]:
+        sharded = os.path.join(prepared["tmp"], f"lora-dropout-{mode}.sharded.pt")
+        r = compile_lora(prepared, sharded, 2, "--lora", spec("llama", 0.1), "--checkpoint", mode)
+        assert r.returncode == 0, r.stderr
+        runs[mode] = train(prepared, sharded, 2, f"lora-dropout-{mode}")
+    (log, saved), (log_none, saved_none) = runs["all"], runs["none"]
+    assert [x["loss"] for x in log] == [x["loss"] for x in log_none]
+    assert_identical(load_file(saved), load_file(saved_none))
+    if 2 in prepared.get("runs", {}):
+        no_dropout = prepared["runs"][2][2]
+        assert [x["loss"] for x in log] != [x["loss"] for x in no_dropout]
+
+
+@pytest.mark.parametrize("value,flags,message", [
+    ("r=4,targets=nothing", [], "no linear layer matches targets 'nothing'"),
+    ("alpha=8,targets=q_proj", [], "r=N is required"),
+    ("r=4,targets=q_proj,foo=1", [], "unknown key 'foo'"),
+    ("r=4,targets=q_proj", ["--tensor-parallel", "2"],
+     "--lora with --tensor-parallel > 1 is not supported"),
+])
+def test_lora_errors(prepared, tmp_path, value, flags, message):
+    """One error line, no output."""
+    if prepared["name"] != "llama":
+        pytest.skip("one model is enough")
+    out = tmp_path / "x.pt"
+    r = compile_lora(prepared, str(out), 2, "--lora", value, *flags)
+    errors = [l for l in r.stderr.splitlines() if "error:" in l]
+    assert r.returncode == 1 and len(errors) == 1 and message in errors[0], r.stderr
+    assert not out.exists()
