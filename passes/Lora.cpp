@@ -195,6 +195,18 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
           << llvm::join(lora.targets, ",") << "' (module names such as q_proj, or all-linear)";
       return signalPassFailure();
     }
+    // A target that adapts nothing (a misspelt name) is an error, as a
+    // --freeze pattern that matches nothing is.
+    if (!lora.allLinear)
+      for (const std::string &t : lora.targets)
+        if (llvm::none_of(sites, [&](const auto &s) {
+              StringRef path = s.second;
+              return path == t || path.ends_with("." + t);
+            })) {
+          module.emitError("bmt-lora: target '")
+              << t << "' matches no linear layer (module names such as q_proj, or all-linear)";
+          return signalPassFailure();
+        }
 
     // Freeze the base first: only the adapters train.
     for (bmt::ParameterOp p : module.getOps<bmt::ParameterOp>())

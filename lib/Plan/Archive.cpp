@@ -595,6 +595,15 @@ void Archive::readRecordRange(const std::string &record, int64_t offset, int64_t
 
 std::string Archive::programText() { return checkedRecord(kProgramRecord); }
 
+std::string adapterSettings(const std::string &programText) {
+  const std::string key = "bmt.lora = {";
+  const size_t at = programText.find(key);
+  if (at == std::string::npos)
+    return "";
+  const size_t end = programText.find('}', at + key.size());
+  return end == std::string::npos ? programText.substr(at) : programText.substr(at, end + 1 - at);
+}
+
 std::string Archive::checkedRecord(const std::string &record) {
   std::string bytes;
   int64_t start = 0, header = 0;

@@ -94,6 +94,16 @@ void readMetadata(Restore &r, const OptimizerConfig *expected) {
           "): compile the same base model with the same --freeze to resume");
   }
 
+  // LoRA's rank, alpha, dropout and targets are in the program, not in
+  // the tensors: a resume must run the settings it trained with.
+  if (planJson.contains("adapters") &&
+      planJson.value("adapters", std::string()) != r.model.adapterSettings()) {
+    auto shown = [](const std::string &s) { return s.empty() ? std::string("none") : s; };
+    throw CheckpointError(r.folder + " was trained with LoRA settings " +
+                          shown(planJson.value("adapters", std::string())) + ", this plan has " +
+                          shown(r.model.adapterSettings()) +
+                          ": compile with the --lora the run was trained with to resume");
+  }
   r.report.savedWorldSize = r.layout->worldSize();
   r.report.savedTensorParallel = r.layout->tensorParallel();
   r.report.savedSchedule = savedSchedule(r.meta, r.folder);

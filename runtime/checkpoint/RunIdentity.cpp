@@ -13,6 +13,7 @@ RunIdentity runIdentity(plan::Archive &archive, const plan::Plan &p, int64_t wor
   identity.planIdentity = planIdentity(p, archive.programText(), worldSize);
   identity.modelIdentity = modelIdentity(p);
   identity.frozenIdentity = frozenIdentity(p);
+  identity.adapterSettings = plan::adapterSettings(archive.programText());
   identity.source = p.source;
   identity.modelType = p.modelType;
   identity.worldSize = worldSize;

@@ -43,7 +43,8 @@ size_t zeroGroupIndex(const plan::Plan &plan, size_t shard) {
 Model::Model(plan::Archive &archive, at::Device device, Comm *world,
              const std::function<void(int64_t, int64_t)> &progress,
              const ModelOptions &options)
-    : plan_(archive.plan()), device_(device), world_(world) {
+    : plan_(archive.plan()), adapterSettings_(plan::adapterSettings(archive.programText())),
+      device_(device), world_(world) {
   if (options.offloadOptimizer && plan_.zeroStage == 0)
     throw ExecutionError(archive.path() + ": offloading the optimizer needs ZeRO storage "
                          "groups, and the plan has none (compile with bmt-opt's default "

@@ -171,6 +171,11 @@ private:
                        void *dst, const std::string &what);
 };
 
+/// The LoRA settings of a compiled program: the text of its
+/// `bmt.lora = {...}` attribute (bmt-opt --lora: rank, alpha, dropout,
+/// targets; docs/passes/lora.md), "" when it has none.
+std::string adapterSettings(const std::string &programText);
+
 } // namespace bmt::plan
 
 #endif // BMT_PLAN_ARCHIVE_H

@@ -126,7 +126,7 @@ def test_memory_estimate_drops(prepared, tmp_path):
     assert "frozen parameters (whole on every rank" in text
 
 
-def test_resume_is_bit_exact_and_checks_the_frozen_base(prepared, tmp_path):
+def test_resume_is_bit_exact_and_checks_the_frozen_base(prepared, tmp_path, capsys):
     """A run resumed from step 3's checkpoint (written by the n2 run) ends bit
     for bit as the run that wrote it; bmt-to-hf of the last checkpoint with
     --sharded writes the whole model (frozen parameters from sharded.pt);
@@ -182,6 +182,12 @@ def test_resume_is_bit_exact_and_checks_the_frozen_base(prepared, tmp_path):
     assert r.returncode != 0
     errors = [l for l in (r.stdout + r.stderr).splitlines() if "error" in l.lower()]
     assert any("was trained against other frozen parameters" in l for l in errors), errors
+    # bmt-to-hf refuses that sharded.pt too (its frozen weights would be written).
+    capsys.readouterr()
+    assert to_hf([str(ck / "step-00000005"), "-o", str(tmp_path / "refused"), "--config",
+                  str(config), "--sharded", other]) == 1
+    assert "was trained against other frozen parameters" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
 
 
 @pytest.mark.parametrize("patterns,message", [

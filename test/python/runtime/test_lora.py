@@ -119,7 +119,7 @@ def test_lora_training_matches_peft(prepared, ranks):
           f"{stats[0]:.2g} ({len(adapters)} tensors)")
 
 
-def test_adapter_export_loads_in_peft(prepared, tmp_path):
+def test_adapter_export_loads_in_peft(prepared, tmp_path, capsys):
     """bmt-to-hf --adapter of the 2-rank run's last checkpoint: what
     PeftModel.from_pretrained loads onto the base holds bmt's trained
     adapters bit for bit and gives the logits of the base with those
@@ -169,6 +169,25 @@ def test_adapter_export_loads_in_peft(prepared, tmp_path):
     assert set(got) == set(want)
     for n in want:  # one matmul, one scale, one add: a few ulps
         torch.testing.assert_close(got[n], want[n], rtol=1e-6, atol=1e-7, msg=n)
+    # A plan with other LoRA settings (alpha) is not the run's: bmt-to-hf
+    # and a resume refuse it, each in one line, writing nothing.
+    other = tmp_path / "alpha16.sharded.pt"
+    r = compile_lora(prepared, str(other), 1, "--lora", spec(prepared["name"]).replace(
+        f"alpha={ALPHA}", "alpha=16"))
+    assert r.returncode == 0, r.stderr
+    for flag in ["--adapter", "--merge"]:
+        capsys.readouterr()
+        assert to_hf([ck, "-o", str(tmp_path / "refused"), flag, "--sharded", str(other),
+                      "--config", str(config)]) == 1
+        assert "was trained with LoRA settings" in capsys.readouterr().err
+        assert not (tmp_path / "refused").exists()
+    r = subprocess.run([binary("bmt-run"), str(other), "--batches",
+                        os.path.join(prepared["tmp"], "batches.pt"), "--steps", str(STEPS + 1),
+                        "--resume", ck, "--device", "cpu"], capture_output=True, text=True,
+                       timeout=300)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode == 1 and len(errors) == 1, r.stderr
+    assert "was trained with LoRA settings" in errors[0], errors[0]
 
 
 def test_dropout_is_drawn_alike_by_the_recompute(prepared):
@@ -195,6 +214,7 @@ def test_dropout_is_drawn_alike_by_the_recompute(prepared):
 
 @pytest.mark.parametrize("value,flags,message", [
     ("r=4,targets=nothing", [], "no linear layer matches targets 'nothing'"),
+    ("r=4,targets=q_prj,v_proj", [], "target 'q_prj' matches no linear layer"),
     ("alpha=8,targets=q_proj", [], "r=N is required"),
     ("r=4,targets=q_proj,foo=1", [], "unknown key 'foo'"),
     ("r=4,targets=q_proj", ["--tensor-parallel", "2"],

@@ -59,6 +59,9 @@ struct RunIdentity {
   std::string planIdentity;  ///< planIdentity() of the run
   std::string modelIdentity; ///< modelIdentity() of its plan
   std::string frozenIdentity; ///< frozenIdentity() of its plan ("" when nothing is frozen)
+  /// plan::adapterSettings() of its program ("" without LoRA adapters): a
+  /// resume, and bmt-to-hf, refuse a plan whose settings differ
+  std::string adapterSettings;
   std::string source, modelType;
   int64_t worldSize = 1, zeroStage = 0, shardGroupSize = 1;
   /// "sgd", "adam", "adamw", "lion", "adafactor", or "offload-adam",

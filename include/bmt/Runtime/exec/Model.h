@@ -244,6 +244,9 @@ public:
   /// (the same on every rank). Checkpoints save and restore them;
   /// --save-params writes them.
   std::vector<std::pair<std::string, at::Tensor>> routerBiases();
+  /// The LoRA settings of the program it runs (checkpoint's adapterSettings;
+  /// "" without adapters).
+  const std::string &adapterSettings() const { return adapterSettings_; }
   /// The frozen parameters (requires_grad false: bmt-opt --freeze, or
   /// frozen in the trace; plan tensor indices in plan order), which every
   /// rank holds whole and which do not train.
@@ -315,6 +318,7 @@ public:
 
 private:
   plan::Plan plan_;
+  std::string adapterSettings_;
   at::Device device_;
   std::unique_ptr<Comm> ownWorld_;
   Comm *world_ = nullptr;
