@@ -317,6 +317,14 @@ LogicalResult bmt::CompileFlags::check(llvm::StringRef output, bool namedPasses)
                 "--bmt-default-pipeline='world-size=8') instead");
   if (std::string problem = pipeline.verify("--"); !problem.empty())
     return fail(problem);
+  // An empty value (a shell variable that was empty) would silently freeze
+  // or adapt nothing.
+  if (pipeline.freeze.getNumOccurrences() > 0 && llvm::StringRef(pipeline.freeze).trim().empty())
+    return fail("--freeze was given an empty value: give the patterns of the parameters to "
+                "freeze (docs/passes/freeze.md), or leave the flag out");
+  if (pipeline.lora.getNumOccurrences() > 0 && llvm::StringRef(pipeline.lora).trim().empty())
+    return fail("--lora was given an empty value: give r=N,targets=... (docs/passes/lora.md), or "
+                "leave the flag out");
   return success();
 }
 

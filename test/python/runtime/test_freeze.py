@@ -194,6 +194,7 @@ def test_resume_is_bit_exact_and_checks_the_frozen_base(prepared, tmp_path, caps
     ("model.nothing.*", "pattern 'model.nothing.*' matches no parameter"),
     ("*", "every parameter is frozen, so nothing would train"),
     ("a,,b", "empty pattern"),
+    ("", "--freeze was given an empty value"),
 ])
 def test_freeze_errors(prepared, tmp_path, patterns, message):
     """One error line, no output."""

@@ -215,6 +215,7 @@ def test_dropout_is_drawn_alike_by_the_recompute(prepared):
 @pytest.mark.parametrize("value,flags,message", [
     ("r=4,targets=nothing", [], "no linear layer matches targets 'nothing'"),
     ("r=4,targets=q_prj,v_proj", [], "target 'q_prj' matches no linear layer"),
+    ("", [], "--lora was given an empty value"),
     ("alpha=8,targets=q_proj", [], "r=N is required"),
     ("r=4,targets=q_proj,foo=1", [], "unknown key 'foo'"),
     ("r=4,targets=q_proj", ["--tensor-parallel", "2"],
