@@ -260,6 +260,8 @@ json checkpointJson(const RunIdentity &identity, int version, int64_t worldSize,
                {"spaces", std::move(spaces)}};
   if (tp > 1)
     meta["tensor_parallel"] = tp;
+  if (identity.moeBiasUpdateRate > 0)
+    meta["moe_bias_update_rate"] = identity.moeBiasUpdateRate;
   return meta;
 }
 

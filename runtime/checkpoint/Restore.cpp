@@ -110,6 +110,7 @@ void readMetadata(Restore &r, const OptimizerConfig *expected) {
   const json batch = r.meta.value("batch", json::object());
   r.report.savedSequencesPerStep = batch.value("sequences_per_step", int64_t{0});
   r.report.savedSeqLen = batch.value("seq_len", int64_t{0});
+  r.report.savedMoeBiasUpdateRate = r.meta.value("moe_bias_update_rate", 0.0);
   r.tp = r.model.plan().tensorParallel;
   r.tpRank = r.model.tensorParallel() ? r.model.tensorParallel()->rank() : 0;
   r.savedTp = r.layout->tensorParallel();

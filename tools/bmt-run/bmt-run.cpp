@@ -39,6 +39,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <sstream>
 
 using namespace bmt;
 using tools::Failure;
@@ -190,14 +191,22 @@ int run(const tools::RunOptions &o) {
   if (!o.checkpoints.dir.empty()) {
     runtime::RunIdentity identity = runtime::runIdentity(
         archive, p, worldSize, o.batchesFile.empty() ? sequencesPerStep : 0, o.seqLen);
+    identity.moeBiasUpdateRate = config.moeBiasUpdateRate;
     trainer.setCheckpoints(o.checkpoints, identity);
   }
   if (!resumeFrom.empty() && !o.evalOnly) {
     runtime::ResumeReport report = trainer.resume(resumeFrom);
-    runtime::printResume(report, resumeFrom,
-                         runtime::changedSettings(report, config.schedule, sequencesPerStep,
-                                                  o.seqLen, !o.batchesFile.empty()),
-                         o.train.steps, model.world()); // collective
+    std::vector<std::string> changes = runtime::changedSettings(
+        report, config.schedule, sequencesPerStep, o.seqLen, !o.batchesFile.empty());
+    // The routers' biases move only with the rate the run gives now.
+    if (report.savedMoeBiasUpdateRate != config.moeBiasUpdateRate) {
+      std::ostringstream s;
+      s << "--moe-bias-update-rate " << config.moeBiasUpdateRate
+        << " (saved: " << report.savedMoeBiasUpdateRate << ")";
+      changes.push_back(s.str());
+    }
+    runtime::printResume(report, resumeFrom, changes, o.train.steps,
+                         model.world()); // collective
   }
 
   if (o.evalOnly) {

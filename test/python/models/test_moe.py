@@ -287,6 +287,11 @@ def test_router_bias_update_matches_eager_and_resumes(tmp_path):
     torchrun(2, *common, "--resume", tmp_path / "ck" / "step-00000003", "--save-params",
              tmp_path / "resumed.safetensors")
     assert_identical(load_file(tmp_path / "resumed.safetensors"), got, what="resumed run")
+    # A resume without the rate says that the biases stop moving.
+    r = torchrun(2, sharded, "--batches", tmp_path / "b.pt", "--steps", 4, "--lr", "1e-3",
+                 "--schedule", "constant", "--clip-grad", "0.5", "--resume",
+                 tmp_path / "ck" / "step-00000003")
+    assert "--moe-bias-update-rate 0 (saved: 0.01)" in r.stdout, r.stdout
 
     # bmt-to-hf writes the moved biases; from_pretrained loads them.
     out = tmp_path / "hf"

@@ -62,6 +62,8 @@ struct RunIdentity {
   /// plan::adapterSettings() of its program ("" without LoRA adapters): a
   /// resume, and bmt-to-hf, refuse a plan whose settings differ
   std::string adapterSettings;
+  /// bmt-run --moe-bias-update-rate (0: off; recorded when on)
+  double moeBiasUpdateRate = 0;
   std::string source, modelType;
   int64_t worldSize = 1, zeroStage = 0, shardGroupSize = 1;
   /// "sgd", "adam", "adamw", "lion", "adafactor", or "offload-adam",
@@ -185,6 +187,8 @@ struct ResumeReport {
   /// where not recorded).
   LRScheduleConfig savedSchedule;
   int64_t savedSequencesPerStep = 0, savedSeqLen = 0;
+  /// The router-bias update rate it was trained with (0: off or not recorded).
+  double savedMoeBiasUpdateRate = 0;
 };
 
 /// Loads the checkpoint in `folder` into `model`'s parameters, the
