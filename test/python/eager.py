@@ -126,3 +126,21 @@ def eager_training(model, batches, steps, accum, lr_of_step, clip, wd, ranks=1,
             after_step(step)
         losses.append(total / accum)
     return losses
+
+
+def train_on_batches(prep, sharded, ranks, tag, *extra):
+    """bmt-run of `sharded` on `ranks` CPU ranks over the prepared model's
+    fixed batches (scripts/parallel_matrix.py's prepare: its STEPS and
+    TRAIN_FLAGS), writing its log and --save-params into prep["tmp"] under
+    `tag`. Returns (the train records, the saved parameters' path)."""
+    import json
+    import os
+    from parallel_matrix import STEPS, TRAIN_FLAGS
+    from test_zero_multirank import torchrun
+    log = os.path.join(prep["tmp"], f"{tag}.jsonl")
+    saved = os.path.join(prep["tmp"], f"{tag}.safetensors")
+    r = torchrun(ranks, sharded, "--batches", os.path.join(prep["tmp"], "batches.pt"),
+                 "--steps", STEPS, "--objective", "causal-lm", *TRAIN_FLAGS, "--log-file", log,
+                 "--save-params", saved, *extra, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return [x for x in map(json.loads, open(log)) if x["kind"] == "train"], saved

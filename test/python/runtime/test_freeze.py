@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from bmt_paths import REPO, binary
+from eager import train_on_batches as train
 from numerics import assert_identical, assert_loss_close, assert_trained_close
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -68,16 +69,6 @@ def eager(prep, lrs):
     return prep["reference"]["eager"]
 
 
-def train(prep, sharded, ranks, tag, *extra):
-    from test_zero_multirank import torchrun
-    log = os.path.join(prep["tmp"], f"{tag}.jsonl")
-    saved = os.path.join(prep["tmp"], f"{tag}.safetensors")
-    r = torchrun(ranks, sharded, "--batches", os.path.join(prep["tmp"], "batches.pt"),
-                 "--steps", STEPS, "--objective", "causal-lm", *TRAIN_FLAGS, "--log-file", log,
-                 "--save-params", saved, *extra, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    records = [json.loads(x) for x in open(log)]
-    return [x for x in records if x["kind"] == "train"], saved
 
 
 @pytest.mark.parametrize("mode", list(MODES))

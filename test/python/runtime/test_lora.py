@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from bmt_paths import REPO, binary
+from eager import train_on_batches as train
 from numerics import assert_identical, assert_loss_close, assert_trained_close
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -83,15 +84,6 @@ def compile_lora(prep, out, ranks, *flags):
                            str(ranks), *flags], capture_output=True, text=True, timeout=300)
 
 
-def train(prep, sharded, ranks, tag, *extra):
-    from test_zero_multirank import torchrun
-    log = os.path.join(prep["tmp"], f"{tag}.jsonl")
-    saved = os.path.join(prep["tmp"], f"{tag}.safetensors")
-    r = torchrun(ranks, sharded, "--batches", os.path.join(prep["tmp"], "batches.pt"),
-                 "--steps", STEPS, "--objective", "causal-lm", *TRAIN_FLAGS, "--log-file", log,
-                 "--save-params", saved, *extra, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return [x for x in map(json.loads, open(log)) if x["kind"] == "train"], saved
 
 
 @pytest.mark.parametrize("ranks", RANKS)
