@@ -3,7 +3,8 @@
     python3 examples/sft/evaluate.py MODEL_DIR --tokenizer tokenizer.json \
         --chat-template examples/sft/chat_template.jinja --data val.jsonl
 
-MODEL_DIR is a Hugging Face directory (bmt-to-hf of a checkpoint). For each
+MODEL_DIR is a Hugging Face directory (bmt-to-hf of a checkpoint); --adapter DIR
+loads a peft adapter folder (bmt-to-hf --adapter) onto it with PeftModel. For each
 conversation the model gets the system turn and the first question, rendered by
 the chat template with its generation prompt, and writes at most
 --max-new-tokens tokens greedily (up to its end-of-text token); the answer
@@ -35,12 +36,18 @@ def main(argv=None):
     parser.add_argument("--limit", type=int, default=200, help="conversations to ask (default 200)")
     parser.add_argument("--max-new-tokens", type=int, default=12)
     parser.add_argument("--label", default="", help="name printed with the result")
+    parser.add_argument("--adapter", help="peft adapter folder to load onto MODEL_DIR")
+    parser.add_argument("--answers", help="write each greedy reply, one a line, to this file")
     args = parser.parse_args(argv)
 
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=args.tokenizer,
                                                      eos_token="<|endoftext|>")
     tokenizer.chat_template = open(args.chat_template).read()
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model).eval()
+    if args.adapter:
+        import peft
+        model = peft.PeftModel.from_pretrained(model, args.adapter).eval()
+    replies = []
     right, formed, asked = {}, {}, {}
     with open(args.data) as f:
         chats = [json.loads(line)["messages"] for line in f][: args.limit]
@@ -56,11 +63,15 @@ def main(argv=None):
         new = out[0, ids.shape[1]:]
         ended = bool((new == tokenizer.eos_token_id).any())
         reply = tokenizer.decode(new, skip_special_tokens=True).strip()
+        replies.append(reply)
         kind = kind_of(prompt[1]["content"])
         shape = r"-?[0-9]+" if kind == "arithmetic" else r"[A-Za-z]+"
         asked[kind] = asked.get(kind, 0) + 1
         right[kind] = right.get(kind, 0) + (reply == answer.strip())
         formed[kind] = formed.get(kind, 0) + (ended and re.fullmatch(shape, reply) is not None)
+    if args.answers:
+        with open(args.answers, "w") as f:
+            f.writelines(r.replace("\n", " ") + "\n" for r in replies)
     n = len(chats)
     def rate(counts):
         total = sum(counts.values())
