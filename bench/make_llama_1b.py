@@ -12,7 +12,14 @@ inverse frequencies (a buffer) are computed for real. Compile with
 32 heads, 8 key/value heads, FFN 14336, vocab 128256, untied), the model of
 the multi-GPU tensor-parallel benchmark (bench/gpu_tensor_parallel.py --arch llama-8b).
 
+`--contiguous` makes each parameter a contiguous view, at an offset of its
+own, into one zero buffer of the largest parameter's size instead: the trace's
+matrix products then run at full speed (a zero-stride weight takes the CPU's
+naive GEMM, seconds per product: over half an hour for the 8B shape), and
+the file holds that buffer (1 GiB for the 8B shape's embedding).
+
 usage: python3 bench/make_llama_1b.py OUT.pt [--config 1b|8b] [--layers N] [--dtype bfloat16]
+           [--contiguous]
 """
 import argparse
 import warnings
@@ -26,6 +33,8 @@ def main():
     ap.add_argument("--config", choices=["1b", "8b"], default="1b")
     ap.add_argument("--layers", type=int, help="default: the config's (16 or 32)")
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
+    ap.add_argument("--contiguous", action="store_true",
+                    help="contiguous views into one shared buffer (fast to trace, larger file)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     import transformers
@@ -44,9 +53,19 @@ def main():
         model = transformers.LlamaForCausalLM(config)
     model.eval()
     dtype = getattr(torch, args.dtype)
+    params = list(model.parameters())
+    shared = torch.zeros(max(p.numel() for p in params) + len(params), dtype=dtype) \
+        if args.contiguous else None
+    offset = 0
     for module in model.modules():
         for name, p in list(module.named_parameters(recurse=False)):
-            module._parameters[name] = torch.nn.Parameter(torch.zeros(1, dtype=dtype).expand(p.shape))
+            if shared is None:
+                view = torch.zeros(1, dtype=dtype).expand(p.shape)
+            else:  # the importer tells parameters apart by storage offset
+                view = shared.as_strided(p.shape, torch.empty(p.shape, device="meta").stride(),
+                                         offset)
+                offset += 1
+            module._parameters[name] = torch.nn.Parameter(view)
     rotary = modeling_llama.LlamaRotaryEmbedding(config)  # on the CPU: real inv_freq
     for name, b in list(model.model.rotary_emb.named_buffers(recurse=False)):
         model.model.rotary_emb._buffers[name] = getattr(rotary, name)
