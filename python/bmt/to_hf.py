@@ -716,6 +716,10 @@ def convert(args):
     meta = read_checkpoint(folder)
     if args.adapter and args.merge:
         raise Failure("--adapter and --merge exclude each other")
+    if meta.get("plan", {}).get("adapters") and not (args.adapter or args.merge):
+        raise Failure(f"{folder} trained LoRA adapters, not the whole model: write peft's "
+                      "adapter folder with --adapter --sharded SHARDED.pt, or the model with "
+                      "the adapters merged in with --merge --sharded SHARDED.pt")
     adapter = lora_config(args.sharded) if args.adapter else None
     merge = lora_config(args.sharded) if args.merge else None
     lora_members, lora_values = [], {}  # --merge: the adapters, read first

@@ -173,6 +173,11 @@ def test_adapter_export_loads_in_peft(prepared, tmp_path, capsys):
                       "--config", str(config)]) == 1
         assert "was trained with LoRA settings" in capsys.readouterr().err
         assert not (tmp_path / "refused").exists()
+    # Without either, a LoRA checkpoint is no whole model: the line says how.
+    capsys.readouterr()
+    assert to_hf([ck, "-o", str(tmp_path / "refused"), "--config", str(config)]) == 1
+    assert "--adapter --sharded" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
     r = subprocess.run([binary("bmt-run"), str(other), "--batches",
                         os.path.join(prepared["tmp"], "batches.pt"), "--steps", str(STEPS + 1),
                         "--resume", ck, "--device", "cpu"], capture_output=True, text=True,
