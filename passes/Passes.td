@@ -576,7 +576,9 @@ def PipelineParallel : Pass<"bmt-pipeline-parallel", "::mlir::ModuleOp"> {
     storage groups and recompute flags the cost model reads). With
     `pipeline-parallel=P` > 1, cuts the one block list into P contiguous
     stages: the ops before the first block (the embedding) run on stage 0,
-    the ops after the last block (final norm, head, loss) on stage P - 1.
+    the ops after the last block (final norm, head, loss) on stage P - 1;
+    before and after in the blocks' caller and, around the call down, in
+    each function from `@forward` to it.
     Each block's cost is its matmul FLOPs per token (2 x the elements of
     each parameter weight of `aten::linear`, `aten::addmm`, `aten::mm`,
     `aten::matmul`), x 3 for forward and backward, + 1 forward for a
@@ -590,8 +592,10 @@ def PipelineParallel : Pass<"bmt-pipeline-parallel", "::mlir::ModuleOp"> {
     parameter read on stage 0 and on stage P - 1 (a tied embedding and LM
     head) stays tied: each of the two stages holds it and the runtime sums
     its gradient between them. Refused with one error naming the reason:
-    P larger than the blocks, no or several block lists, block calls
-    outside `@forward`, a parameter shared by blocks of different stages, a
+    P larger than the blocks, no or several block lists, a function on the
+    way from `@forward` to the blocks called more than once, a parameter
+    passed to a block or read between blocks or shared by blocks of
+    different stages, a
     world size P does not divide, tensor or expert parallelism. P = 1
     changes nothing.
   }];
