@@ -100,6 +100,55 @@ struct StageCost {
   int64_t parameters = 0;       ///< parameter elements it holds
 };
 
+/// The first block of each of `stages` stages of `blocks` blocks (every
+/// stage at least one, contiguous) that minimises the largest stage's
+/// FLOPs, and among those cuts the largest stage's bytes: two exact
+/// searches over the cuts (the second only through stages within the
+/// first's optimum).
+SmallVector<int64_t>
+cheapestCut(int64_t stages, int64_t blocks,
+            llvm::function_ref<StageCost(int64_t, int64_t, int64_t)> costOf) {
+  // table[s][b][e]: stage s holding blocks [b, e).
+  SmallVector<SmallVector<SmallVector<StageCost>>> table(
+      stages, SmallVector<SmallVector<StageCost>>(blocks + 1,
+                                                  SmallVector<StageCost>(blocks + 1)));
+  for (int64_t s = 0; s < stages; ++s)
+    for (int64_t b = s; b < (s == 0 ? 1 : blocks); ++b)
+      for (int64_t e = s == stages - 1 ? blocks : b + 1; e <= blocks - (stages - 1 - s); ++e)
+        table[s][b][e] = costOf(s, b, e - b);
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  // Best largest `field` over stages 0..s covering [0, e), each stage's
+  // FLOPs at most `limit`; `from` keeps the last stage's first block.
+  auto search = [&](auto field, int64_t limit, SmallVector<SmallVector<int64_t>> &from) {
+    SmallVector<SmallVector<int64_t>> best(stages, SmallVector<int64_t>(blocks + 1, kNone));
+    from.assign(stages, SmallVector<int64_t>(blocks + 1, -1));
+    for (int64_t s = 0; s < stages; ++s)
+      for (int64_t e = s + 1; e <= blocks - (stages - 1 - s); ++e)
+        for (int64_t b = s == 0 ? 0 : s; b < (s == 0 ? 1 : e); ++b) {
+          if (s > 0 && best[s - 1][b] == kNone)
+            continue;
+          const StageCost &c = table[s][b][e];
+          if (c.flops > limit)
+            continue;
+          int64_t value = std::max(s > 0 ? best[s - 1][b] : 0, field(c));
+          if (value < best[s][e]) {
+            best[s][e] = value;
+            from[s][e] = b;
+          }
+        }
+    return best[stages - 1][blocks];
+  };
+  SmallVector<SmallVector<int64_t>> from;
+  int64_t flops = search([](const StageCost &c) { return c.flops; }, kNone, from);
+  search([](const StageCost &c) { return c.bytes; }, flops, from);
+  SmallVector<int64_t> firsts(stages);
+  for (int64_t s = stages - 1, e = blocks; s >= 0; --s) {
+    firsts[s] = from[s][e];
+    e = firsts[s];
+  }
+  return firsts;
+}
+
 struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
   using PipelineParallelBase::PipelineParallelBase;
 
@@ -359,36 +408,7 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
       return c;
     };
 
-    // Contiguous cut minimising (largest stage FLOPs, largest stage bytes).
-    using Key = std::pair<int64_t, int64_t>;
-    const Key worst{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max()};
-    // best[s][e]: the best key of stages 0..s covering blocks [0, e).
-    SmallVector<SmallVector<Key>> best(stages, SmallVector<Key>(numBlocks + 1, worst));
-    SmallVector<SmallVector<int64_t>> from(stages, SmallVector<int64_t>(numBlocks + 1, -1));
-    auto combine = [](Key a, const StageCost &c) {
-      return Key{std::max(a.first, c.flops), std::max(a.second, c.bytes)};
-    };
-    for (int64_t e = 1; e <= numBlocks - (stages - 1); ++e) {
-      StageCost c = stageCost(0, 0, e);
-      best[0][e] = Key{c.flops, c.bytes};
-      from[0][e] = 0;
-    }
-    for (int64_t s = 1; s < stages; ++s)
-      for (int64_t e = s + 1; e <= numBlocks - (stages - 1 - s); ++e)
-        for (int64_t b = s; b < e; ++b) {
-          if (best[s - 1][b] == worst)
-            continue;
-          Key k = combine(best[s - 1][b], stageCost(s, b, e - b));
-          if (k < best[s][e]) {
-            best[s][e] = k;
-            from[s][e] = b;
-          }
-        }
-    SmallVector<int64_t> firsts(stages);
-    for (int64_t s = stages - 1, e = numBlocks; s >= 0; --s) {
-      firsts[s] = from[s][e];
-      e = firsts[s];
-    }
+    SmallVector<int64_t> firsts = cheapestCut(stages, numBlocks, stageCost);
     SmallVector<StageCost> costs;
     for (int64_t s = 0; s < stages; ++s) {
       int64_t end = s + 1 < stages ? firsts[s + 1] : numBlocks;
