@@ -19,6 +19,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/SetVector.h"
@@ -71,12 +72,17 @@ public:
         if (!isMatmul(aten))
           return;
         for (Value operand : aten.getOperands())
-          if (auto g = operand.getDefiningOp<bmt::GetGlobalOp>())
-            if (auto p = symbols.lookup<bmt::ParameterOp>(g.getGlobal()))
-              use.flopsPerToken += 2 * cast<RankedTensorType>(p.getType()).getNumElements();
+          if (bmt::ParameterOp p = parameterOf(operand))
+            use.flopsPerToken += 2 * cast<RankedTensorType>(p.getType()).getNumElements();
       } else if (auto call = dyn_cast<func::CallOp>(inner)) {
         auto callee = symbols.lookup<func::FuncOp>(call.getCallee());
         if (callee && !callee.getBody().empty() && active.insert(callee).second) {
+          // A parameter passed as an argument (GPT-2's tied lm_head weight
+          // is read in @forward and passed to @lm_head.forward).
+          for (auto [arg, operand] :
+               llvm::zip(callee.getBody().front().getArguments(), call.getOperands()))
+            if (bmt::ParameterOp p = parameterOf(operand))
+              bound[arg] = p;
           collect(callee, use, blockIndex);
           active.erase(callee);
         }
@@ -88,8 +94,17 @@ public:
   llvm::MapVector<bmt::ParameterOp, std::set<int64_t>> readers;
 
 private:
+  /// The parameter `v` is: read by a get_global, or passed down as an
+  /// argument; null otherwise.
+  bmt::ParameterOp parameterOf(Value v) {
+    if (auto g = v.getDefiningOp<bmt::GetGlobalOp>())
+      return symbols.lookup<bmt::ParameterOp>(g.getGlobal());
+    return bound.lookup(v);
+  }
+
   SymbolTable symbols;
   llvm::DenseSet<Operation *> active;
+  llvm::DenseMap<Value, bmt::ParameterOp> bound; ///< callee arguments that are parameters
 };
 
 /// A stage's estimate.

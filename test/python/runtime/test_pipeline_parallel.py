@@ -2,7 +2,8 @@
 docs/runtime/pipeline.md) on the tiny GPT-2 and LLaMA fixtures: the cut,
 each stage's parameter count against the eager model's own parameters (the
 embedding on stage 0, the final norm and head on the last, GPT-2's tied
-wte on both), the plan's format version, and one error line for what is
+wte on both), the head's FLOPs on the last stage (GPT-2 passes its tied
+weight to @lm_head.forward as an argument), the plan's format version, and one error line for what is
 refused: P larger than the blocks, P with tensor parallelism, and bmt-run
 given a pipelined plan (it does not run the stages yet)."""
 import re
@@ -49,6 +50,15 @@ def test_stages_hold_their_parameters(name, prefix, before, after, tmp_path):
     tied = "transformer.wte.weight" if name == "gpt2" else None
     if tied:
         assert f"tied across stages 0 and 1 (gradient summed): {tied}" in remarks, remarks
+    # The cost model: equal blocks, so the last stage's extra FLOPs are the
+    # head's matmul, forward and backward (3 x 2 x V x H per token) over
+    # the default micro-batch of 1 x 1024 tokens (the embedding has none).
+    r = subprocess.run([binary("bmt-opt"), str(tmp_path / f"{name}.pt"),
+                        "--bmt-default-pipeline=pipeline-parallel=2 world-size=4 summary=false"],
+                       capture_output=True, text=True, check=True, timeout=300)
+    flops = [int(x) for x in re.search(r"flops = array<i64: (\d+), (\d+)>", r.stdout).groups()]
+    vocab, hidden = model.config.vocab_size, model.config.hidden_size
+    assert flops[1] - flops[0] == 6 * vocab * hidden * 1024
     with zipfile.ZipFile(sharded) as z:
         version = [z.read(n) for n in z.namelist() if n.endswith("bmt/version")]
     assert version == [b"bmt-sharded 8\n"]
