@@ -117,9 +117,9 @@ struct StageCost {
 
 /// The first block of each of `stages` stages of `blocks` blocks (every
 /// stage at least one, contiguous) that minimises the largest stage's
-/// FLOPs, and among those cuts the largest stage's bytes: two exact
-/// searches over the cuts (the second only through stages within the
-/// first's optimum).
+/// FLOPs, among those cuts the largest stage's bytes, and among those the
+/// sum of the squares of the stages' FLOPs: three exact searches over the
+/// cuts, each only through stages within the earlier optima.
 SmallVector<int64_t>
 cheapestCut(int64_t stages, int64_t blocks,
             llvm::function_ref<StageCost(int64_t, int64_t, int64_t)> costOf) {
@@ -131,21 +131,24 @@ cheapestCut(int64_t stages, int64_t blocks,
     for (int64_t b = s; b < (s == 0 ? 1 : blocks); ++b)
       for (int64_t e = s == stages - 1 ? blocks : b + 1; e <= blocks - (stages - 1 - s); ++e)
         table[s][b][e] = costOf(s, b, e - b);
-  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
-  // Best largest `field` over stages 0..s covering [0, e), each stage's
-  // FLOPs at most `limit`; `from` keeps the last stage's first block.
-  auto search = [&](auto field, int64_t limit, SmallVector<SmallVector<int64_t>> &from) {
-    SmallVector<SmallVector<int64_t>> best(stages, SmallVector<int64_t>(blocks + 1, kNone));
+  constexpr double kNone = std::numeric_limits<double>::infinity();
+  // The best value over stages 0..s covering [0, e) of the stages' `field`
+  // combined by max (or summed), each stage's FLOPs and bytes at most the
+  // limits; `from` keeps the last stage's first block.
+  SmallVector<SmallVector<int64_t>> from;
+  auto search = [&](auto field, bool sum, int64_t flopsLimit, int64_t bytesLimit) {
+    SmallVector<SmallVector<double>> best(stages, SmallVector<double>(blocks + 1, kNone));
     from.assign(stages, SmallVector<int64_t>(blocks + 1, -1));
     for (int64_t s = 0; s < stages; ++s)
       for (int64_t e = s + 1; e <= blocks - (stages - 1 - s); ++e)
-        for (int64_t b = s == 0 ? 0 : s; b < (s == 0 ? 1 : e); ++b) {
+        for (int64_t b = s; b < (s == 0 ? 1 : e); ++b) {
           if (s > 0 && best[s - 1][b] == kNone)
             continue;
           const StageCost &c = table[s][b][e];
-          if (c.flops > limit)
+          if (c.flops > flopsLimit || c.bytes > bytesLimit)
             continue;
-          int64_t value = std::max(s > 0 ? best[s - 1][b] : 0, field(c));
+          double before = s > 0 ? best[s - 1][b] : 0.0;
+          double value = sum ? before + field(c) : std::max(before, field(c));
           if (value < best[s][e]) {
             best[s][e] = value;
             from[s][e] = b;
@@ -153,9 +156,15 @@ cheapestCut(int64_t stages, int64_t blocks,
         }
     return best[stages - 1][blocks];
   };
-  SmallVector<SmallVector<int64_t>> from;
-  int64_t flops = search([](const StageCost &c) { return c.flops; }, kNone, from);
-  search([](const StageCost &c) { return c.bytes; }, flops, from);
+  constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
+  auto flops = static_cast<int64_t>(
+      search([](const StageCost &c) { return double(c.flops); }, false, kAny, kAny));
+  auto bytes = static_cast<int64_t>(
+      search([](const StageCost &c) { return double(c.bytes); }, false, flops, kAny));
+  // Among those, the most even FLOPs (least sum of squares): the stages
+  // that do not set the step's pace still finish their share sooner.
+  search([](const StageCost &c) { return double(c.flops) * double(c.flops); }, true, flops,
+         bytes);
   SmallVector<int64_t> firsts(stages);
   for (int64_t s = stages - 1, e = blocks; s >= 0; --s) {
     firsts[s] = from[s][e];
