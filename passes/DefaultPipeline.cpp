@@ -85,6 +85,15 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   else if (worldSize.hasValue() && worldSize % expertParallel != 0)
     os << name("world-size") << " " << worldSize.getValue() << " is not a multiple of "
        << name("expert-parallel") << " " << expertParallel.getValue();
+  else if (pipelineParallel <= 0)
+    os << name("pipeline-parallel") << " must be positive, got " << pipelineParallel.getValue();
+  else if (worldSize.hasValue() && worldSize % pipelineParallel != 0)
+    os << name("world-size") << " " << worldSize.getValue() << " is not a multiple of "
+       << name("pipeline-parallel") << " " << pipelineParallel.getValue();
+  else if (pipelineParallel > 1 && (tensorParallel > 1 || expertParallel > 1))
+    os << name("pipeline-parallel") << " " << pipelineParallel.getValue() << " with "
+       << name(tensorParallel > 1 ? "tensor-parallel" : "expert-parallel")
+       << " is not supported yet";
   else if (sequenceParallel && tensorParallel == 1)
     os << name("sequence-parallel") << " needs " << name("tensor-parallel")
        << " T > 1 (it splits the sequence over the T ranks of a tensor-parallel group)";
@@ -196,6 +205,15 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
   checkpoint.worldSize = options.worldSize;
   checkpoint.prefetchDepth = options.prefetchDepth;
   pm.addPass(createCheckpoint(checkpoint));
+  if (options.pipelineParallel > 1) {
+    PipelineParallelOptions pipeline;
+    pipeline.pipelineParallel = options.pipelineParallel;
+    pipeline.worldSize = options.worldSize.hasValue() ? int64_t(options.worldSize)
+                                                      : int64_t(options.pipelineParallel);
+    pipeline.microBatch = options.microBatch;
+    pipeline.seqLen = options.seqLen;
+    pm.addPass(createPipelineParallel(pipeline));
+  }
   OverlapOptions overlap;
   overlap.depth = options.prefetchDepth;
   pm.addPass(createOverlap(overlap));

@@ -35,15 +35,6 @@ int64_t elementBytes(Type type) {
   return bits < 8 ? 1 : bits / 8;
 }
 
-/// Bytes per parameter element of the sharded state: the parameter and its
-/// gradient in their dtype, AdamW's exp_avg and exp_avg_sq in fp32, and an
-/// fp32 master copy for parameters of a narrower float type.
-int64_t stateBytesPerElement(Type type) {
-  int64_t eb = elementBytes(type);
-  bool master = isa<FloatType>(type) && eb < 4;
-  return 2 * eb + 8 + (master ? 4 : 0);
-}
-
 /// What the walk knows about a value.
 struct ValueInfo {
   int64_t width = 0;        ///< elements per token; 0: not sized per token (or unknown)
@@ -354,6 +345,12 @@ private:
 };
 
 } // namespace
+
+int64_t stateBytesPerElement(Type type) {
+  int64_t eb = elementBytes(type);
+  bool master = isa<FloatType>(type) && eb < 4;
+  return 2 * eb + 8 + (master ? 4 : 0);
+}
 
 int64_t MemoryModel::blockGatheredBytes() const {
   if (blocks.empty() || zeroStage == 0 || shardRanks <= 1)

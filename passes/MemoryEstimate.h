@@ -76,6 +76,11 @@ struct MemoryModel {
 /// Never fails: what it cannot size counts as zero.
 MemoryModel estimateMemory(mlir::ModuleOp module, const MemoryConfig &config);
 
+/// Bytes per parameter element of the sharded state: the parameter and its
+/// gradient in their dtype, AdamW's exp_avg and exp_avg_sq in fp32, and an
+/// fp32 master copy for parameters of a narrower float type.
+int64_t stateBytesPerElement(mlir::Type type);
+
 /// "3.2 GiB", "784 B".
 std::string formatBytes(int64_t bytes);
 

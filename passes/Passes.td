@@ -569,6 +569,49 @@ def Checkpoint : Pass<"bmt-checkpoint", "::mlir::ModuleOp"> {
   let dependentDialects = ["::bmt::BmtDialect"];
 }
 
+def PipelineParallel : Pass<"bmt-pipeline-parallel", "::mlir::ModuleOp"> {
+  let summary = "Cut the block list into contiguous pipeline stages balanced by a cost model";
+  let description = [{
+    After `--bmt-find-blocks`, `--bmt-zero` and `--bmt-checkpoint` (whose
+    storage groups and recompute flags the cost model reads). With
+    `pipeline-parallel=P` > 1, cuts the one block list into P contiguous
+    stages: the ops before the first block (the embedding) run on stage 0,
+    the ops after the last block (final norm, head, loss) on stage P - 1;
+    before and after in the blocks' caller and, around the call down, in
+    each function from `@forward` to it.
+    Each block's cost is its matmul FLOPs per token (2 x the elements of
+    each parameter weight of `aten::linear`, `aten::addmm`, `aten::mm`,
+    `aten::matmul`), x 3 for forward and backward, + 1 forward for a
+    recomputed block; the cut minimises the largest stage's FLOPs and, among
+    equal cuts, the largest stage's memory estimate (1F1B keeps P - s
+    micro-batches in flight on stage s; docs/passes/pipeline.md). Each block
+    call gets `bmt.pipeline_stage`; the module gets `bmt.pipeline = {stages,
+    block_list, first_blocks, flops, bytes, parameters, world_size}` (per
+    stage: first block index, FLOPs per micro-batch, bytes per rank,
+    parameter elements), which the plan records and the summary prints. A
+    parameter read on stage 0 and on stage P - 1 (a tied embedding and LM
+    head) stays tied: each of the two stages holds it and the runtime sums
+    its gradient between them. Refused with one error naming the reason:
+    P larger than the blocks, no or several block lists, a function on the
+    way from `@forward` to the blocks called more than once, a parameter
+    passed to a block or read between blocks or shared by blocks of
+    different stages, a
+    world size P does not divide, tensor or expert parallelism. P = 1
+    changes nothing.
+  }];
+  let options = [
+    Option<"pipelineParallel", "pipeline-parallel", "int64_t", "1",
+           "pipeline stages (1: none)">,
+    Option<"worldSize", "world-size", "int64_t", "0",
+           "ranks of the job (a multiple of P; 0: P, one data-parallel rank per stage)">,
+    Option<"microBatch", "micro-batch", "int64_t", "0",
+           "sequences per micro-batch (0: from bmt.checkpoint_plan, else 1)">,
+    Option<"seqLen", "seq-len", "int64_t", "0",
+           "tokens per sequence (0: from bmt.checkpoint_plan, else 1024)">,
+  ];
+  let dependentDialects = ["::bmt::BmtDialect"];
+}
+
 def Overlap : Pass<"bmt-overlap", "::mlir::ModuleOp"> {
   let summary = "Schedule the all-gathers (bounded prefetch) and releases of the storage groups";
   let description = [{

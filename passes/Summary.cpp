@@ -30,6 +30,46 @@ int64_t elementBytes(Type type) {
   return bits < 8 ? 1 : bits / 8;
 }
 
+/// The stages of bmt-pipeline-parallel (module attribute bmt.pipeline):
+/// each stage's blocks, parameters, FLOPs per micro-batch and bytes per rank.
+void printPipeline(llvm::raw_ostream &os, ModuleOp module, DictionaryAttr pipeline) {
+  auto stages = pipeline.getAs<IntegerAttr>("stages");
+  auto list = pipeline.getAs<FlatSymbolRefAttr>("block_list");
+  auto firsts = pipeline.getAs<DenseI64ArrayAttr>("first_blocks");
+  auto flops = pipeline.getAs<DenseI64ArrayAttr>("flops");
+  auto bytes = pipeline.getAs<DenseI64ArrayAttr>("bytes");
+  auto params = pipeline.getAs<DenseI64ArrayAttr>("parameters");
+  auto world = pipeline.getAs<IntegerAttr>("world_size");
+  if (!stages || !list || !firsts || !flops || !bytes || !params || !world)
+    return;
+  auto blockList = module.lookupSymbol<bmt::BlockListOp>(list.getValue());
+  int64_t p = stages.getInt(), numBlocks = blockList ? blockList.getBlocks().size() : 0;
+  os << "  pipeline: " << p << " stages of " << list.getValue() << " over world size "
+     << world.getInt() << " (stage = rank / " << world.getInt() / p << "), 1F1B\n";
+  int64_t total = 0;
+  for (int64_t f : flops.asArrayRef())
+    total += f;
+  for (int64_t s = 0; s < p; ++s) {
+    int64_t first = firsts[s], end = s + 1 < p ? firsts[s + 1] : numBlocks;
+    os << "    stage " << s << ": blocks " << first << ".." << end - 1;
+    if (s == 0)
+      os << " + before the blocks";
+    if (s == p - 1)
+      os << " + after the blocks";
+    os << ", " << params[s] << " parameters, "
+       << llvm::format("%.3g", static_cast<double>(flops[s]) * 1e-9)
+       << " GFLOP per micro-batch ("
+       << llvm::format("%.0f", total ? 100.0 * flops[s] / total : 0.0) << " %), about "
+       << bmt::formatBytes(bytes[s]) << " per rank\n";
+  }
+  if (auto tied = pipeline.getAs<ArrayAttr>("tied"); tied && !tied.empty()) {
+    os << "    tied across stages 0 and " << p - 1 << " (gradient summed): ";
+    llvm::interleaveComma(tied, os,
+                          [&](Attribute a) { os << cast<StringAttr>(a).getValue(); });
+    os << "\n";
+  }
+}
+
 struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
   using SummaryBase::SummaryBase;
   void runOnOperation() override {
@@ -173,6 +213,8 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
     }
     if (overlap)
       os << "  overlap: prefetch depth " << config.prefetchDepth << "\n";
+    if (auto pipeline = module->getAttrOfType<DictionaryAttr>("bmt.pipeline"))
+      printPipeline(os, module, pipeline);
     if (worldSize > 0) {
       int64_t total = model.totalBytes(recomputed);
       os << "  memory per rank at world size " << config.worldSize << " (micro-batch "

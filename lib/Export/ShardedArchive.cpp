@@ -132,6 +132,17 @@ public:
     p.tensorParallel = bmt::tensorParallelOf(module);
     if (auto ep = module->getAttrOfType<IntegerAttr>("bmt.expert_parallel"))
       p.expertParallel = ep.getInt();
+    if (auto pipeline = module->getAttrOfType<DictionaryAttr>("bmt.pipeline")) {
+      auto stages = pipeline.getAs<IntegerAttr>("stages");
+      auto list = pipeline.getAs<FlatSymbolRefAttr>("block_list");
+      auto firsts = pipeline.getAs<DenseI64ArrayAttr>("first_blocks");
+      if (!stages || !list || !firsts)
+        throw ExportError{module.getLoc(), "bmt.pipeline needs stages, block_list and "
+                                           "first_blocks"};
+      p.pipelineStages = stages.getInt();
+      p.pipelineBlockList = list.getValue().str();
+      p.pipelineFirstBlocks.assign(firsts.asArrayRef().begin(), firsts.asArrayRef().end());
+    }
     if (auto vocab = module->getAttrOfType<IntegerAttr>("bmt.vocab_size")) {
       p.vocabParallel = true;
       p.vocabSize = vocab.getInt();

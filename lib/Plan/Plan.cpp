@@ -322,6 +322,8 @@ int64_t Plan::tpGroup(int64_t group, int64_t tpRank) const {
 }
 
 int64_t formatVersionOf(const Plan &plan) {
+  if (plan.pipelineStages != 1)
+    return 8;
   for (const Function &f : plan.functions)
     for (const Instruction &inst : f.body)
       if (isMoeKind(inst.kind))
@@ -432,6 +434,13 @@ IValue toIValue(const Plan &plan) {
   }
   if (plan.expertParallel != 1)
     root.insert("expert_parallel", plan.expertParallel);
+  if (plan.pipelineStages != 1) {
+    c10::impl::GenericDict pipeline(c10::StringType::get(), c10::AnyType::get());
+    pipeline.insert("stages", plan.pipelineStages);
+    pipeline.insert("block_list", plan.pipelineBlockList);
+    pipeline.insert("first_blocks", listOf(plan.pipelineFirstBlocks));
+    root.insert("pipeline", pipeline);
+  }
 
   c10::impl::GenericList functions = anyList();
   for (const Function &f : plan.functions) {
@@ -622,6 +631,23 @@ Plan fromIValue(const IValue &value) {
     if (plan.version < 7 || plan.expertParallel < 2 || plan.tensorParallel != 1)
       throw PlanError("plan: expert_parallel " + std::to_string(plan.expertParallel) +
                       " needs a version 7 plan, at least 2 and tensor_parallel 1");
+  }
+  if (root.contains("pipeline")) {
+    c10::impl::GenericDict pipeline = asDict(field(root, "pipeline"), "pipeline");
+    plan.pipelineStages = asInt(field(pipeline, "stages"), "pipeline stages");
+    plan.pipelineBlockList = asString(field(pipeline, "block_list"), "pipeline block_list");
+    plan.pipelineFirstBlocks = asInts(field(pipeline, "first_blocks"), "pipeline first_blocks");
+    const std::vector<int64_t> &firsts = plan.pipelineFirstBlocks;
+    bool ordered = !firsts.empty() && firsts[0] == 0;
+    for (size_t s = 1; s < firsts.size(); ++s)
+      ordered = ordered && firsts[s] > firsts[s - 1];
+    if (plan.version < 8 || plan.pipelineStages < 2 ||
+        static_cast<int64_t>(firsts.size()) != plan.pipelineStages || !ordered ||
+        plan.pipelineBlockList.empty() || plan.tensorParallel != 1 || plan.expertParallel != 1)
+      throw PlanError("plan: pipeline of " + std::to_string(plan.pipelineStages) +
+                      " stages needs a version 8 plan, at least 2 stages, one increasing "
+                      "first block per stage from 0, a block list, and no tensor or expert "
+                      "parallelism");
   }
 
   for (const IValue &fv : asList(field(root, "functions"), "functions")) {

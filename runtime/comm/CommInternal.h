@@ -60,6 +60,10 @@ void checkReducible(const Comm &comm, const char *op, const at::Tensor &t);
 /// 0 <= root < size().
 void checkRoot(const Comm &comm, const char *op, int64_t root);
 
+/// CommError unless `peer` is a rank of `comm` other than its own, and `t`
+/// contiguous (send, recv).
+void checkPeer(const Comm &comm, const char *op, int64_t peer, const at::Tensor &t);
+
 /// A Work that is already done.
 class DoneWork : public Work {
 public:

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -36,7 +37,9 @@ enum class Op : uint8_t {
   Broadcast,
   Barrier,
   Split,
-  AllToAll
+  AllToAll,
+  Send, ///< point-to-point (send and recv); numbered per peer, not in seq_
+  Recv
 };
 
 const char *opName(Op op) {
@@ -55,6 +58,10 @@ const char *opName(Op op) {
     return "split";
   case Op::AllToAll:
     return "all_to_all";
+  case Op::Send:
+    return "send";
+  case Op::Recv:
+    return "recv";
   }
   return "?";
 }
@@ -225,6 +232,36 @@ public:
     return enqueue(Op::Broadcast, [this, t, root](const Ctx &c) { doBroadcast(c, t, root); });
   }
 
+  std::shared_ptr<Work> send(at::Tensor t, int64_t peer) override {
+    checkCpu("send", "tensor", t);
+    checkPeer(*this, "send", peer, t);
+    int64_t n = ++sent_[peer];
+    return enqueue(Op::Send, [this, t, peer, n](const Ctx &c) {
+      Header h = makeHeader(Op::Send, t.scalar_type(), t.numel());
+      put(c, p2pKey(rank_, peer, n), pack(h, t.data_ptr(), t.nbytes()));
+    }, n);
+  }
+
+  std::shared_ptr<Work> recv(at::Tensor t, int64_t peer) override {
+    checkCpu("recv", "tensor", t);
+    checkPeer(*this, "recv", peer, t);
+    int64_t n = ++received_[peer];
+    return enqueue(Op::Recv, [this, t, peer, n](const Ctx &c) {
+      Header h = makeHeader(Op::Send, t.scalar_type(), t.numel());
+      std::string k = p2pKey(peer, rank_, n);
+      std::vector<std::vector<uint8_t>> got = fetch(c, {k}, {peer}, h);
+      if (t.nbytes())
+        std::memcpy(t.data_ptr(), got[0].data() + sizeof(Header), t.nbytes());
+      try {
+        store_->deleteKey(k);
+        for (const std::string &more : continuationKeys(k, got[0].size()))
+          store_->deleteKey(more);
+      } catch (const std::exception &e) {
+        fail(c, "failed: store error while cleaning up: " + firstLine(e.what()));
+      }
+    }, n);
+  }
+
   void barrier() override {
     enqueue(Op::Barrier, [this](const Ctx &c) {
       Header h = makeHeader(Op::Barrier, at::kByte, 0);
@@ -270,10 +307,13 @@ private:
     checkTensor(*this, op, what, t, [](const at::Tensor &x) { return x.is_cpu(); }, "cpu");
   }
 
-  std::shared_ptr<Work> enqueue(Op op, std::function<void(const Ctx &)> fn) {
+  /// Queues `fn` on the worker. Collectives take the next number of seq_
+  /// (every rank alike); a point-to-point op passes its own per-peer
+  /// number `p2p` (> 0) and leaves seq_ alone.
+  std::shared_ptr<Work> enqueue(Op op, std::function<void(const Ctx &)> fn, int64_t p2p = 0) {
     auto work = std::make_shared<CpuWork>();
     std::lock_guard<std::mutex> lock(mutex_);
-    int64_t seq = ++seq_;
+    int64_t seq = p2p > 0 ? p2p : ++seq_;
     queue_.push_back([this, op, seq, fn = std::move(fn), work] {
       if (!broken_.empty()) {
         work->finish(std::make_exception_ptr(
@@ -316,6 +356,12 @@ private:
 
   [[noreturn]] void fail(const Ctx &c, const std::string &what) const {
     throw CommError(who(*this) + ": " + opName(c.op) + " #" + std::to_string(c.seq) + " " + what);
+  }
+
+  /// The key of the n-th value rank `from` sends to rank `to`.
+  std::string p2pKey(int64_t from, int64_t to, int64_t n) const {
+    return prefix_ + "/p2p/" + std::to_string(from) + ">" + std::to_string(to) + "/" +
+           std::to_string(n);
   }
 
   std::string key(const Ctx &c, const std::string &suffix) const {
@@ -620,6 +666,9 @@ private:
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
   int64_t seq_ = 0;
+  /// Point-to-point values sent to / received from each peer so far
+  /// (touched by the issuing thread only).
+  std::map<int64_t, int64_t> sent_, received_;
   std::string broken_; // first error; only touched by the worker
   std::thread worker_;
 };

@@ -146,6 +146,22 @@ public:
     return run("broadcast", [&] { return pg_->broadcast(ts, o); });
   }
 
+  std::shared_ptr<Work> send(at::Tensor t, int64_t peer) override {
+    checkDevice("send", "tensor", t);
+    checkPeer(*this, "send", peer, t);
+    std::vector<at::Tensor> ts{t};
+    return run("send", [&] { return pg_->send(ts, static_cast<int>(peer), /*tag=*/0); },
+               /*p2p=*/true);
+  }
+
+  std::shared_ptr<Work> recv(at::Tensor t, int64_t peer) override {
+    checkDevice("recv", "tensor", t);
+    checkPeer(*this, "recv", peer, t);
+    std::vector<at::Tensor> ts{t};
+    return run("recv", [&] { return pg_->recv(ts, static_cast<int>(peer), /*tag=*/0); },
+               /*p2p=*/true);
+  }
+
   void barrier() override {
     c10d::BarrierOptions o;
     o.device_ids = {device_.index()};
@@ -185,8 +201,11 @@ private:
                 d.str());
   }
 
-  template <typename F> std::shared_ptr<Work> run(const char *op, F &&issue) {
-    std::string what = who(*this) + ": " + op + " #" + std::to_string(++seq_);
+  /// Issues a collective (numbered by seq_, alike on every rank: split()
+  /// names sub-communicators by it) or, with `p2p`, a send or recv
+  /// (numbered apart, since only two ranks take part).
+  template <typename F> std::shared_ptr<Work> run(const char *op, F &&issue, bool p2p = false) {
+    std::string what = who(*this) + ": " + op + " #" + std::to_string(p2p ? ++p2pSeq_ : ++seq_);
     c10::intrusive_ptr<c10d::Work> w;
     try {
       w = issue();
@@ -205,6 +224,7 @@ private:
   std::vector<uint64_t> globalRanks_;
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;
   int64_t seq_ = 0;
+  int64_t p2pSeq_ = 0;
 };
 
 } // namespace

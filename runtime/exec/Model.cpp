@@ -49,6 +49,11 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
     throw ExecutionError(archive.path() + ": offloading the optimizer needs ZeRO storage "
                          "groups, and the plan has none (compile with bmt-opt's default "
                          "pipeline or --bmt-zero)");
+  if (plan_.pipelineStages > 1)
+    throw ExecutionError(archive.path() + " is cut into " +
+                         std::to_string(plan_.pipelineStages) +
+                         " pipeline stages, which this runtime cannot run yet; compile it "
+                         "without --pipeline-parallel");
   if (!world_) {
     ownWorld_ = createLocalComm();
     world_ = ownWorld_.get();

@@ -128,6 +128,17 @@ void checkOffload(const std::string &archiveName, const plan::Plan &p, bool offl
                       "or --bmt-zero)");
 }
 
+std::string pipelineRefusal(const std::string &archiveName, const plan::Plan &p) {
+  return archiveName + " is cut into " + std::to_string(p.pipelineStages) +
+         " pipeline stages (bmt-opt --pipeline-parallel " + std::to_string(p.pipelineStages) +
+         "), which this bmt-run cannot run yet; compile it without --pipeline-parallel";
+}
+
+void checkPipeline(const std::string &archiveName, const plan::Plan &p) {
+  if (p.pipelineStages > 1)
+    throw ConfigError(pipelineRefusal(archiveName, p));
+}
+
 void checkVocabularyKnown(const std::string &archiveName, int64_t vocab, Objective objective) {
   if (vocab == std::numeric_limits<int64_t>::max() && objective != Objective::CausalLM)
     throw PreflightError(archiveName + ": the model returns its loss but no 'logits', so bmt-run "

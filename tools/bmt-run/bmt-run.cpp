@@ -51,6 +51,7 @@ int run(const tools::RunOptions &o) {
   runtime::RendezvousInfo rendezvous = runtime::rendezvousFromEnvironment();
   at::Device device = runtime::chooseDevice(o.device, rendezvous.localRank);
   plan::Archive archive(o.archive);
+  runtime::checkPipeline(o.archive, archive.plan());
   runtime::checkTensorParallel(o.archive, archive.plan(), rendezvous.worldSize,
                                !o.dumpInputs.empty(), o.train.inspectEvery > 0);
   archive.setInitSeed(o.train.seed); // weights-free plans: initial values by --seed

@@ -93,6 +93,12 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
                      "of this many consecutive ranks, tokens go to their experts' ranks by "
                      "all-to-all (1: none; bmt-moe-layers)"),
       llvm::cl::init(1)};
+  Option<int64_t> pipelineParallel{
+      *this, "pipeline-parallel",
+      llvm::cl::desc("pipeline stages: the blocks are cut into this many contiguous stages, "
+                     "rank r runs stage r / (world-size / P) (1: none; bmt-pipeline-parallel, "
+                     "docs/passes/pipeline.md)"),
+      llvm::cl::init(1)};
   Option<bool> sequenceParallel{
       *this, "sequence-parallel",
       llvm::cl::desc("with tensor-parallel > 1: split the activations between the chains "
@@ -181,7 +187,7 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
 
   /// The options that are also top-level flags of bmt-opt, in this order.
   llvm::SmallVector<llvm::cl::Option *> commandLineFlags() {
-    return {&worldSize,       &tensorParallel, &expertParallel, &sequenceParallel, &zeroStage, &shardGroupSize,
+    return {&worldSize,       &tensorParallel, &expertParallel, &pipelineParallel, &sequenceParallel, &zeroStage, &shardGroupSize,
             &checkpoint,      &memoryBudgetGib, &microBatch, &seqLen,
             &prefetchDepth,   &assumeUnpadded, &fuseElementwise, &fuseSecondResults,
             &groupedQueryAttention, &freeze, &lora};
@@ -200,7 +206,7 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
 /// fuse-elementwise (unless options.fuseElementwise is false; with
 /// options.fuseInlineCalls and options.fuseSecondResults),
 /// find-blocks, tensor-parallel (T > 1), grouped-query-attention (with
-/// options.groupedQueryAttention), zero, checkpoint, overlap, then (with options.summary) the
+/// options.groupedQueryAttention), zero, checkpoint, pipeline-parallel (P > 1), overlap, then (with options.summary) the
 /// summary with the memory estimate. `options` must pass verify().
 void buildDefaultPipeline(mlir::OpPassManager &pm, const DefaultPipelineOptions &options);
 

@@ -35,8 +35,9 @@ namespace bmt::plan {
 /// instructions (bmt-opt --bmt-fuse-elementwise); 6 adds tensor
 /// parallelism (TensorSplit, StorageGroup::tpRank, Plan::tensorParallel,
 /// vocabParallel, vocabSize, the Tp* instructions); 7 adds the MoeDispatch
-/// and MoeCombine instructions (bmt-opt --bmt-moe-layers).
-constexpr int64_t kPlanFormatVersion = 7;
+/// and MoeCombine instructions (bmt-opt --bmt-moe-layers); 8 adds pipeline
+/// stages (Plan::pipelineStages, pipelineBlockList, pipelineFirstBlocks).
+constexpr int64_t kPlanFormatVersion = 8;
 /// The oldest version readers still take.
 constexpr int64_t kOldestPlanFormatVersion = 2;
 
@@ -295,6 +296,15 @@ struct Plan {
   /// group g, and rank r computes experts [(r%E)*X/E, (r%E+1)*X/E) of each
   /// MoE layer's X. Not with tensorParallel > 1.
   int64_t expertParallel = 1;
+  /// Version 8, field `pipeline` (written only when P > 1): P, the pipeline
+  /// stages of bmt-opt --pipeline-parallel (docs/passes/pipeline.md). Stage
+  /// s runs blocks [pipelineFirstBlocks[s], pipelineFirstBlocks[s + 1]) of
+  /// the block list pipelineBlockList, stage 0 also the entry's ops before
+  /// the first block, stage P - 1 those after the last. The world size must
+  /// be a multiple of P; rank r runs stage r / (world size / P).
+  int64_t pipelineStages = 1;
+  std::string pipelineBlockList;
+  std::vector<int64_t> pipelineFirstBlocks;
 
   /// The index of the tensor named `name` (or aliased so), or -1.
   int64_t findTensor(const std::string &name) const;
@@ -309,7 +319,8 @@ struct Plan {
 /// a storage group is split into parts; 5 when a function has a Fused
 /// instruction; 6 when anything of tensor parallelism is non-default
 /// (T > 1, a TensorSplit, a tpRank, vocabParallel, a Tp* instruction); 7
-/// when a function has a MoeDispatch or MoeCombine instruction. An
+/// when a function has a MoeDispatch or MoeCombine instruction; 8 when
+/// pipelineStages > 1. An
 /// older reader must refuse such a plan rather than ignore what it does not
 /// know; a plan with T == 1 and nothing else new is written as before.
 int64_t formatVersionOf(const Plan &plan);

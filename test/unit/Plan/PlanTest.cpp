@@ -235,7 +235,50 @@ TEST(PlanFormat, MoeInstructionsRoundTripAtVersion7) {
   c10::IValue v = toIValue(moePlan());
   v.toGenericDict().insert_or_assign("version", int64_t(6));
   expectRefused(v, "version 6");
-  EXPECT_EQ(kPlanFormatVersion, 7);
+  EXPECT_EQ(kPlanFormatVersion, 8);
+}
+
+TEST(PlanFormat, PipelineStagesRoundTripAndAreChecked) {
+  // Stages make a version 8 plan; a plan without them stays at its version
+  // and has no `pipeline` field.
+  Plan p = twoParameterPlan();
+  EXPECT_LT(formatVersionOf(p), 8);
+  EXPECT_FALSE(toIValue(p).toGenericDict().contains("pipeline"));
+  p.pipelineStages = 2;
+  p.pipelineBlockList = "h";
+  p.pipelineFirstBlocks = {0, 3};
+  EXPECT_EQ(formatVersionOf(p), 8);
+  Plan back = fromIValue(toIValue(p));
+  EXPECT_EQ(back.version, 8);
+  EXPECT_EQ(back.pipelineStages, 2);
+  EXPECT_EQ(back.pipelineBlockList, "h");
+  EXPECT_EQ(back.pipelineFirstBlocks, (std::vector<int64_t>{0, 3}));
+  auto refused = [](const Plan &bad) {
+    try {
+      fromIValue(toIValue(bad));
+      ADD_FAILURE() << "accepted a malformed pipeline";
+    } catch (const PlanError &e) {
+      EXPECT_NE(std::string(e.what()).find("plan: pipeline of"), std::string::npos) << e.what();
+    }
+  };
+  Plan bad = p;
+  bad.pipelineFirstBlocks = {0}; // one first block for two stages
+  refused(bad);
+  bad = p;
+  bad.pipelineFirstBlocks = {1, 3}; // stage 0 must start at block 0
+  refused(bad);
+  bad = p;
+  bad.pipelineFirstBlocks = {0, 0}; // an empty stage
+  refused(bad);
+  // Written as version 7 by an older writer: refused, not ignored.
+  c10::IValue v = toIValue(p);
+  v.toGenericDict().insert_or_assign("version", int64_t(7));
+  try {
+    fromIValue(v);
+    ADD_FAILURE() << "accepted pipeline stages in a version 7 plan";
+  } catch (const PlanError &e) {
+    EXPECT_NE(std::string(e.what()).find("version 8"), std::string::npos) << e.what();
+  }
 }
 
 TEST(PlanFormat, ExpertParallelismRoundTripsAndIsChecked) {

@@ -145,6 +145,18 @@ public:
   /// root in [0, size()) (CommError otherwise). Any dtype.
   virtual std::shared_ptr<Work> broadcast(at::Tensor t, int64_t root) = 0;
 
+  /// Point-to-point (pipeline parallelism's activations and their
+  /// gradients): sends `t` to rank `peer` of this communicator, which
+  /// receives it with recv(t', this rank). The k-th send to a peer matches
+  /// the peer's k-th recv from this rank (same numel and dtype; the CPU
+  /// backend reports a mismatch as CommError from the receiver's wait()).
+  /// Only the two ranks take part; `peer` must be another rank (CommError
+  /// otherwise). CPU backend: a send is done once its bytes are in the
+  /// store, a recv waits for them (timeout). Any dtype, contiguous.
+  virtual std::shared_ptr<Work> send(at::Tensor t, int64_t peer) = 0;
+  /// Receives into `t` (contiguous) what rank `peer` sends; see send().
+  virtual std::shared_ptr<Work> recv(at::Tensor t, int64_t peer) = 0;
+
   /// Blocks until every rank has called barrier() (and, for the CPU
   /// backend, every earlier collective of this rank is done). CommError on
   /// timeout.

@@ -38,6 +38,13 @@ c10::Device chooseDevice(const std::string &name, int64_t localRank);
 void checkTensorParallel(const std::string &archiveName, const plan::Plan &p, int64_t worldSize,
                          bool dump, bool inspect);
 
+/// A plan cut into pipeline stages (bmt-opt --pipeline-parallel P > 1):
+/// a ConfigError, before any rank connects; this runtime does not run the
+/// stages yet (docs/runtime/pipeline.md).
+void checkPipeline(const std::string &archiveName, const plan::Plan &p);
+/// The one line of that refusal (also Model's, for callers other than bmt-run).
+std::string pipelineRefusal(const std::string &archiveName, const plan::Plan &p);
+
 /// --offload-optimizer (`offload`) on a plan without ZeRO storage groups:
 /// ConfigError.
 void checkOffload(const std::string &archiveName, const plan::Plan &p, bool offload);
