@@ -127,6 +127,7 @@ def test_lora_training_matches_peft(prepared, ranks):
     for x, want in zip(log, losses):
         assert_loss_close(x["loss"], want, what=f"loss of step {x['step']}")
     got = load_file(saved)
+    assert {n for n in got if ".lora_" in n} == set(adapters)  # the layers peft adapts
     for n, value in start.items():  # the base did not move
         assert_identical(got[n], value, n)
     stats = assert_trained_close(got, adapters, sum(lrs.values()))
