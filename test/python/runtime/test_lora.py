@@ -1,6 +1,7 @@
 """bmt-opt --lora against peft on eager transformers: 5 AdamW steps of the
 tiny GPT-2 (Conv1D c_attn: peft's fan_in_fan_out) and LLaMA of
-scripts/architectures.py on 1 and 2 CPU ranks, the adapters' initial A
+scripts/architectures.py on 1 and 2 CPU ranks, Qwen3, BERT (next-token
+objective) and T5 (source/target pairs) on one, the adapters' initial A
 values copied into the peft model (bmt's exporter draws them reproducibly:
 docs/passes/lora.md); every loss and the trained adapters within
 numerics.py's bounds, the base bit-identical to the start. Dropout 0 there;
