@@ -115,7 +115,7 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
       continue;
     }
     at::Tensor t = archive.readTensor(i);
-    if (info.split.isSplit())
+    if (info.split.isTensorSplit())
       t = plan::tpSlice(t, info.split, tp, tpRank); // this TP rank's slice (and vocab padding)
     t = t.to(device_);
     if (info.isParameter && info.requiresGrad) {
@@ -279,7 +279,7 @@ std::vector<ParameterLayout> Model::parameterLayouts() const {
       // (Tensor parallelism: the shard holds the local slices.)
       ParameterLayout::Member member{t.name, t.localShape(plan_.tensorParallel), s.offsets[m]};
       member.globalShape = t.shape;
-      if (plan_.tensorParallel > 1 && t.split.isSplit())
+      if (plan_.tensorParallel > 1 && t.split.isTensorSplit())
         member.tpDim = t.split.dim;
       layout.members.push_back(std::move(member));
     }
@@ -364,9 +364,9 @@ at::Tensor Model::frozenParameter(int64_t index) {
   if (!info.isParameter || info.requiresGrad)
     throw ExecutionError(info.name + " is not a frozen parameter");
   if (info.split.isSplit())
-    throw ExecutionError("the frozen parameter " + info.name +
-                         " is split over the tensor-parallel ranks, which this runtime "
-                         "cannot put back together");
+    throw ExecutionError("the frozen parameter " + info.name + " is split over the " +
+                         (info.split.isExpertSplit() ? "expert group's" : "tensor-parallel") +
+                         " ranks, which this runtime cannot put back together");
   return executor_->tensors().at(index).detach();
 }
 
@@ -381,7 +381,7 @@ void Model::forEachFullParameter(
         const plan::TensorInfo &info = plan_.tensors[group.members[m]];
         at::Tensor local = full.narrow(0, group.offsets[m], info.localNumel(tp))
                                .view(info.localShape(tp));
-        if (!info.split.isSplit()) {
+        if (!info.split.isTensorSplit()) {
           visit(group.members[m], local);
           continue;
         }

@@ -129,7 +129,7 @@ GroupLayout groupLayout(const plan::Plan &plan, int64_t index, int64_t planGroup
   std::vector<ShardMember> members;
   for (size_t m = 0; m < info.members.size(); ++m) {
     const plan::TensorInfo &t = plan.tensors[info.members[m]];
-    members.push_back({info.offsets[m], t.localNumel(tp), t.split.isSplit(), t.split.reduceGrad});
+    members.push_back({info.offsets[m], t.localNumel(tp), t.split.isTensorSplit(), t.split.reduceGrad});
   }
   GroupLayout l;
   static_cast<ShardLayout &>(l) = shardLayout(info.size, members, shardRank, shardRanks, tp > 1);
