@@ -240,9 +240,6 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       throw PlanError("'" + name + "' is not a Hugging Face file an archive carries");
   if (maxGroupRecordBytes <= 0)
     throw PlanError("writeArchive: the largest group record must be positive");
-  if (plan.splitsExperts())
-    throw PlanError("writeArchive: the plan splits expert parameters over the expert group, "
-                    "whose weights this bmt does not write yet");
   WriteStats stats;
   std::string tmpPath = path + ".tmp." + std::to_string(::getpid());
   std::unique_ptr<ArchiveFile> file; // outlives the writer, which writes at destruction
@@ -283,7 +280,7 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       group.record = free || !group.parts.empty() ? "" : "bmt/weights/group" + std::to_string(g);
       for (size_t m = 0; m < group.members.size(); ++m) {
         TensorInfo &info = plan.tensors[group.members[m]];
-        if (group.tpRank <= 0) { // a member names the tp_rank 0 copy
+        if (group.tpRank <= 0 && group.epRank <= 0) { // a member names the tp/ep_rank 0 copy
           info.record = group.record;
           info.offset = group.offsets[m] * elementBytes;
           info.crc32 = 0;
@@ -324,6 +321,13 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
     auto readMember = [&](const StorageGroup &group, int64_t index, int64_t begin, int64_t end,
                           at::Tensor &dst) {
       const TensorInfo &info = plan.tensors[index];
+      if (info.split.isExpertSplit() && group.epRank >= 0) {
+        // Expert parallelism: position p's experts, a contiguous range of
+        // the global value (dim 0 split, no padding), streamed.
+        const int64_t first = group.epRank * info.localNumel(1, plan.expertParallel);
+        read(static_cast<size_t>(index), first + begin, first + end, dst);
+        return;
+      }
       if (info.localNumel(plan.tensorParallel) == info.numel() &&
           (group.tpRank < 0 || !info.split.isTensorSplit())) {
         read(static_cast<size_t>(index), begin, end, dst);
@@ -347,7 +351,8 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       for (size_t m : order[p.group]) {
         const TensorInfo &info = plan.tensors[group.members[m]];
         int64_t begin = std::max(p.first, group.offsets[m]);
-        int64_t end = std::min(p.last, group.offsets[m] + info.localNumel(plan.tensorParallel));
+        int64_t end = std::min(p.last, group.offsets[m] + info.localNumel(plan.tensorParallel,
+                                                                           plan.expertParallel));
         if (begin >= end)
           continue;
         if (begin > cursor)
@@ -436,8 +441,8 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       for (size_t m = 0; m < group.members.size(); ++m) {
         if (group.tpRank >= 0 && !weightsFree(plan, group))
           group.crc32s.push_back(crc[g][m]); // the copy's slice
-        if (group.tpRank <= 0)
-          plan.tensors[group.members[m]].crc32 = crc[g][m];
+        if (group.tpRank <= 0 && group.epRank <= 0)
+          plan.tensors[group.members[m]].crc32 = crc[g][m]; // the tp/ep_rank 0 copy's slice
       }
     }
     for (size_t i = 0; i < plan.tensors.size(); ++i) {
@@ -546,8 +551,9 @@ Archive::Archive(const std::string &path) : path_(path) {
     if (plan_.version != number)
       throw PlanError("the version record says " + std::to_string(number) +
                       " but the plan is version " + std::to_string(plan_.version));
-    // Version 8's expert splits are a plan-format statement only so far:
-    // no reader of the weights, storage or checkpoints handles them.
+    // Version 8's expert splits: writeArchive lays out each ep_rank copy's
+    // experts, but no reader of the weights, storage or checkpoints
+    // handles them yet.
     if (plan_.splitsExperts())
       throw PlanError("the plan splits expert parameters over the expert group (format "
                       "version 8), whose weights this bmt does not read yet");

@@ -16,6 +16,7 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
@@ -621,6 +622,34 @@ TEST_F(ArchiveFile, RanksReadOnlyTheirRangeOfAGroup) {
   EXPECT_THROW(archive.readGroupRange(0, 5, 12), PlanError);
 }
 
+TEST_F(ArchiveFile, ExpertSplitCopiesHoldTheirPositionsExperts) {
+  // Expert parallelism E = 2: the ep_rank p copy of the experts' group
+  // holds expert p of the weight [2, 3]; the weight names the ep_rank 0
+  // copy. bmt's archive reader still refuses such a plan (one line).
+  Plan p = expertSplitPlan();
+  at::Tensor weight = at::arange(1, 7, at::kFloat).view({2, 3});
+  at::Tensor bias = at::arange(10, 13, at::kFloat);
+  at::Tensor mask = at::arange(4, at::kFloat);
+  std::string path = (dir_ / "experts.pt").string();
+  writeArchive(path, p, "module {}", [&](size_t i) {
+    return std::vector<at::Tensor>{weight, bias, mask}[i];
+  });
+  EXPECT_EQ(p.tensors[0].record, "bmt/weights/group1");
+  caffe2::serialize::PyTorchStreamReader reader(path);
+  for (int64_t e : {0, 1}) {
+    auto [data, size] = reader.getRecord("bmt/weights/group" + std::to_string(1 + e));
+    ASSERT_EQ(size, 3u * 4);
+    at::Tensor got = at::from_blob(data.get(), {3}, at::kFloat).clone();
+    EXPECT_TRUE(at::equal(got, weight[e])) << "ep_rank " << e;
+  }
+  try {
+    Archive archive(path);
+    ADD_FAILURE() << "read a plan with expert splits";
+  } catch (const PlanError &e) {
+    EXPECT_NE(std::string(e.what()).find("expert group"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(ArchiveFile, AGroupSplitIntoPartsReadsAsOne) {
   // Parts of 3 elements (12 bytes): the group's 11 elements in 4 records,
   // parts cutting both members; the archive is version 4.
@@ -691,20 +720,6 @@ TEST_F(ArchiveFile, AFailingReaderLeavesNoFile) {
     }
     EXPECT_TRUE(std::filesystem::is_empty(dir_)) << "tensor " << failing;
   }
-}
-
-TEST_F(ArchiveFile, AnExpertSplitIsNotWrittenYet) {
-  // The format can state an expert split; the weights of one are not laid
-  // out yet: one error, no file.
-  Plan p = expertSplitPlan();
-  std::string path = (dir_ / "experts.pt").string();
-  try {
-    writeArchive(path, p, "module {}", [](size_t) { return at::zeros({2, 3}); });
-    FAIL() << "no error";
-  } catch (const PlanError &e) {
-    EXPECT_NE(std::string(e.what()).find("over the expert group"), std::string::npos) << e.what();
-  }
-  EXPECT_TRUE(std::filesystem::is_empty(dir_));
 }
 
 TEST_F(ArchiveFile, WeightsFreePlanHasNoGroupRecord) {
