@@ -4,6 +4,7 @@
 
 #include "bmt/Support/ErrorText.h"
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/normal.h>
@@ -110,6 +111,12 @@ at::Tensor initValues(const TensorInfo &info, int64_t begin, int64_t end, uint64
 at::Tensor initValues(const Plan &plan, const StorageGroup &group, const TensorInfo &info,
                       int64_t begin, int64_t end, uint64_t seed) {
   int64_t tp = plan.tensorParallel, tpRank = std::max<int64_t>(0, group.tpRank);
+  if (info.split.isExpertSplit() && group.epRank >= 0) {
+    // Position p's experts: that range of the whole tensor's values, so a
+    // weights-free plan starts from the same values at every E.
+    const int64_t first = group.epRank * info.localNumel(1, plan.expertParallel);
+    return initValues(info, first + begin, first + end, seed, info.numel(), 0);
+  }
   uint64_t salt = info.split.isTensorSplit() && group.tpRank >= 0 ? 1 + group.tpRank : 0;
   return initValues(info, begin, end, seed, info.localNumel(tp), salt, tp, tpRank);
 }
@@ -551,12 +558,6 @@ Archive::Archive(const std::string &path) : path_(path) {
     if (plan_.version != number)
       throw PlanError("the version record says " + std::to_string(number) +
                       " but the plan is version " + std::to_string(plan_.version));
-    // Version 8's expert splits: writeArchive lays out each ep_rank copy's
-    // experts, but no reader of the weights, storage or checkpoints
-    // handles them yet.
-    if (plan_.splitsExperts())
-      throw PlanError("the plan splits expert parameters over the expert group (format "
-                      "version 8), whose weights this bmt does not read yet");
     // The other whole records, checked now: a damaged program text or
     // Hugging Face file is found at load, whatever reads it later.
     checkedRecord(kProgramRecord);
@@ -688,6 +689,20 @@ std::vector<NamedFile> Archive::hfFiles() {
 
 at::Tensor Archive::readTensor(size_t index) {
   const TensorInfo &info = plan_.tensors.at(index);
+  if (info.split.isExpertSplit() && info.group >= 0) {
+    // Expert parallelism: the whole tensor, the experts of each ep_rank
+    // copy in turn.
+    const StorageGroup &g = plan_.groups.at(info.group);
+    const size_t m = static_cast<size_t>(
+        std::find(g.members.begin(), g.members.end(), static_cast<int64_t>(index)) -
+        g.members.begin());
+    const int64_t local = info.localNumel(1, plan_.expertParallel);
+    std::vector<at::Tensor> parts;
+    for (int64_t e = 0; e < plan_.expertParallel; ++e)
+      parts.push_back(readGroupRange(static_cast<size_t>(plan_.epGroup(info.group, e)),
+                                     g.offsets.at(m), g.offsets.at(m) + local));
+    return at::cat(parts).view(info.shape);
+  }
   if (info.group >= 0 && plan_.groups.at(info.group).tpRank >= 0) {
     // Tensor parallelism: the slice of TP rank 0 (its group's copy).
     int64_t first = plan_.groups[info.group].offsets.at(static_cast<size_t>(
@@ -722,7 +737,8 @@ at::Tensor Archive::readGroupRange(size_t group, int64_t begin, int64_t end) {
     for (size_t m = 0; m < g.members.size(); ++m) {
       const TensorInfo &info = plan_.tensors[g.members[m]];
       int64_t first = std::max(begin, g.offsets[m]);
-      int64_t last = std::min(end, g.offsets[m] + info.localNumel(plan_.tensorParallel));
+      int64_t last = std::min(end, g.offsets[m] + info.localNumel(plan_.tensorParallel,
+                                                                  plan_.expertParallel));
       if (first < last)
         out.narrow(0, first - begin, last - first)
             .copy_(initValues(plan_, g, info, first - g.offsets[m], last - g.offsets[m], initSeed_));
@@ -739,7 +755,8 @@ at::Tensor Archive::readGroupRange(size_t group, int64_t begin, int64_t end) {
   } else {
     for (size_t m = 0; m < g.members.size(); ++m) {
       int64_t first = g.offsets[m];
-      int64_t last = first + plan_.tensors[g.members[m]].localNumel(plan_.tensorParallel);
+      int64_t last = first + plan_.tensors[g.members[m]].localNumel(plan_.tensorParallel,
+                                                                    plan_.expertParallel);
       if (first < end && last > begin) {
         from = std::min(from, first * elementBytes);
         to = std::max(to, last * elementBytes);

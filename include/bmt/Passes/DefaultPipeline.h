@@ -93,6 +93,12 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
                      "of this many consecutive ranks, tokens go to their experts' ranks by "
                      "all-to-all (1: none; bmt-moe-layers)"),
       llvm::cl::init(1)};
+  Option<bool> splitExpertWeights{
+      *this, "split-expert-weights",
+      llvm::cl::desc("with expert-parallel > 1: each rank stores only its expert group "
+                     "position's experts, ZeRO-sharded over the ranks of that position "
+                     "(no checkpoints yet; bmt-moe-layers)"),
+      llvm::cl::init(false)};
   Option<bool> sequenceParallel{
       *this, "sequence-parallel",
       llvm::cl::desc("with tensor-parallel > 1: split the activations between the chains "
@@ -181,7 +187,8 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
 
   /// The options that are also top-level flags of bmt-opt, in this order.
   llvm::SmallVector<llvm::cl::Option *> commandLineFlags() {
-    return {&worldSize,       &tensorParallel, &expertParallel, &sequenceParallel, &zeroStage, &shardGroupSize,
+    return {&worldSize,       &tensorParallel, &expertParallel, &splitExpertWeights,
+            &sequenceParallel, &zeroStage, &shardGroupSize,
             &checkpoint,      &memoryBudgetGib, &microBatch, &seqLen,
             &prefetchDepth,   &assumeUnpadded, &fuseElementwise, &fuseSecondResults,
             &groupedQueryAttention, &freeze, &lora};
