@@ -83,6 +83,9 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
                            std::to_string(ep) + ", not " + std::to_string(world_->size()) +
                            (world_->size() == 1 ? " rank" : " ranks") + "; run on a multiple of " +
                            std::to_string(ep) + " ranks or recompile with another --expert-parallel");
+    if (plan_.splitsExperts() && options.offloadOptimizer)
+      throw ExecutionError(archive.path() + ": --offload-optimizer with expert parameters split "
+                           "over the expert group is not supported");
     if (plan_.splitsExperts() && plan_.zeroStage == 0)
       throw ExecutionError(archive.path() + ": expert parameters split over the expert group "
                            "need ZeRO storage groups, and the plan has none");
