@@ -200,7 +200,7 @@ def MoeLayers : Pass<"bmt-moe-layers", "::mlir::ModuleOp"> {
            "ranks of one expert group (1: no expert parallelism)">,
     Option<"splitExpertWeights", "split-expert-weights", "bool", "false",
            "with expert-parallel > 1, mark each expert parameter split over the "
-           "expert group (not yet read by bmt's archive writer, which refuses it)">,
+           "expert group (each rank stores only its position's experts)">,
   ];
   let dependentDialects = ["::bmt::BmtDialect"];
 }
