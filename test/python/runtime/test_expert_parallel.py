@@ -202,6 +202,11 @@ def test_bad_expert_groups_are_refused(prepared, tmp_path):
         "together are not supported")
     assert refused("--expert-parallel", "2", "--world-size", "3") == (
         "error: --world-size 3 is not a multiple of --expert-parallel 2")
+    assert refused("--split-expert-weights") == (
+        "error: --split-expert-weights needs --expert-parallel > 1")
+    assert refused("--expert-parallel", "2", "--split-expert-weights", "--shard-group-size",
+                   "2") == ("error: --split-expert-weights with --shard-group-size: hybrid "
+                            "sharding of split experts is not supported")
     # A world size that is not a multiple of E, at bmt-run's start.
     sharded = plan(prepared, 2, True)
     r = torchrun(3, sharded, "--batches", os.path.join(prepared["tmp"], "batches.pt"),
