@@ -89,6 +89,11 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
     if (plan_.splitsExperts() && plan_.zeroStage == 0)
       throw ExecutionError(archive.path() + ": expert parameters split over the expert group "
                            "need ZeRO storage groups, and the plan has none");
+    for (const plan::TensorInfo &t : plan_.tensors)
+      if (t.split.isExpertSplit() && t.group < 0)
+        throw ExecutionError(archive.path() + ": the expert parameter " + t.name +
+                             " is split over the expert group but outside the ZeRO storage "
+                             "groups (a frozen parameter?), which this runtime does not support");
     const int64_t rank = world_->rank();
     expertComm_ = world_->split(rank / ep, rank, "expert");
   }
