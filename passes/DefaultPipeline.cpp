@@ -79,6 +79,11 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
     os << name("expert-parallel") << " " << expertParallel.getValue() << " with "
        << name("tensor-parallel") << " " << tensorParallel.getValue()
        << ": expert and tensor parallelism together are not supported";
+  else if (splitExpertWeights && expertParallel <= 1)
+    os << name("split-expert-weights") << " needs " << name("expert-parallel") << " > 1";
+  else if (splitExpertWeights && shardGroupSize > 0)
+    os << name("split-expert-weights") << " with " << name("shard-group-size")
+       << ": hybrid sharding of split experts is not supported";
   else if (expertParallel > 1 && !moeLayers)
     os << name("expert-parallel") << " needs " << name("moe-layers")
        << " (it splits the experts of the layers bmt-moe-layers lowers)";
@@ -162,6 +167,7 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
   if (options.moeLayers) {
     MoeLayersOptions moe;
     moe.expertParallel = options.expertParallel;
+    moe.splitExpertWeights = options.splitExpertWeights;
     pm.addPass(createMoeLayers(moe));
   }
   // First: these rewrite every block's function alike, so identical blocks

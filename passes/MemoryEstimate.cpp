@@ -231,7 +231,7 @@ private:
     bmt::ParameterSplit split = bmt::parameterSplitOf(p);
     if (split.dim >= 0 && split.dim < static_cast<int64_t>(shape.size())) {
       int64_t padded = split.paddedSize ? split.paddedSize : shape[split.dim];
-      shape[split.dim] = padded / bmt::tensorParallelOf(p->getParentOfType<ModuleOp>());
+      shape[split.dim] = padded / bmt::splitRanksOf(p->getParentOfType<ModuleOp>(), split);
     }
     return shape;
   }
@@ -456,13 +456,24 @@ MemoryModel estimateMemory(ModuleOp module, const MemoryConfig &config) {
                 b.call->getAttrOfType<IntegerAttr>("bmt.block_index").getInt()}] = i;
   for (StorageGroupOp g : groups) {
     Type element = g.getElementType();
-    int64_t shard = (g.getSize() + model.shardRanks - 1) / model.shardRanks;
+    int64_t parameters = 0;
+    bool experts = false;
+    for (Attribute ref : g.getParams())
+      if (auto p = symbols.lookup<ParameterOp>(cast<FlatSymbolRefAttr>(ref).getValue())) {
+        parameters += bmt::localNumElements(p);
+        experts = experts || bmt::parameterSplitOf(p).isExpertSplit();
+      }
+    // A group of expert slices (bmt-zero keeps them apart) is sharded over
+    // the N / E ranks that hold the same experts.
+    int64_t ranks = model.shardRanks;
+    if (experts) {
+      ranks = std::max<int64_t>(
+          1, std::min(model.shardRanks, dataParallel / bmt::expertParallelOf(module)));
+      model.expertShardRanks = ranks;
+    }
+    int64_t shard = (g.getSize() + ranks - 1) / ranks;
     model.stateBytes += shard * stateBytesPerElement(element);
     int64_t full = g.getSize() * elementBytes(element);
-    int64_t parameters = 0;
-    for (Attribute ref : g.getParams())
-      if (auto p = symbols.lookup<ParameterOp>(cast<FlatSymbolRefAttr>(ref).getValue()))
-        parameters += bmt::localNumElements(p);
     auto block = g.getBlockAttr();
     auto it = block ? blockIndex.find({block.getValue().str(), *g.getBlockIndex()})
                     : blockIndex.end();
@@ -470,7 +481,7 @@ MemoryModel estimateMemory(ModuleOp module, const MemoryConfig &config) {
       model.blocks[it->second].gatheredBytes += full;
       model.blocks[it->second].parameters += parameters;
     } else {
-      if (model.shardRanks > 1)
+      if (ranks > 1)
         model.outsideGatheredBytes += 2 * full; // gathered parameters and full gradient
       model.outsideParameters += parameters;
     }

@@ -42,6 +42,9 @@ struct BlockCost {
 struct MemoryModel {
   MemoryConfig config;
   int64_t shardRanks = 1;         ///< ranks one storage group is sharded over
+  /// Ranks a group of expert slices (parameters split over the expert
+  /// group) is sharded over: N / E; 0 when there is none.
+  int64_t expertShardRanks = 0;
   int64_t zeroStage = 0;          ///< 0: no storage groups (nothing sharded)
   int64_t stateBytes = 0;         ///< parameter, gradient and AdamW state shards
   /// Frozen parameters (requires_grad false; bmt-freeze): every rank holds

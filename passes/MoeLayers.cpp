@@ -24,7 +24,10 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/SmallPtrSet.h"
 #include "llvm/Support/Debug.h"
 
 #include <optional>
@@ -465,6 +468,88 @@ bmt::MoeDispatchOp rewrite(DispatchMatch m, CombineMatch c, OpBuilder &builder, 
   return dispatch;
 }
 
+/// The parameter a grouped matmul's `mat2` or a per-expert index reads
+/// (through a transpose of the last two dims), with the get_global that
+/// reads it; null when it is something else.
+bmt::ParameterOp expertParameter(Value v, SymbolTable &symbols,
+                                 SmallPtrSetImpl<Operation *> &reads) {
+  if (bmt::AtenOp transpose = definingAten(v, AtenOpId::transpose_int))
+    v = operandArg(transpose, "self");
+  auto global = v ? v.getDefiningOp<bmt::GetGlobalOp>() : bmt::GetGlobalOp();
+  if (!global)
+    return {};
+  reads.insert(global);
+  return symbols.lookup<bmt::ParameterOp>(global.getGlobal());
+}
+
+/// Collects the expert parameters of the lowered layer `dispatch`: the
+/// weights of the grouped matmuls reading its offsets and the per-expert
+/// parameters indexed by its sorted ids (gpt-oss's biases, also through
+/// its clamp_). Fails, naming what, on a per-expert table that is no
+/// parameter.
+LogicalResult collectExpertParameters(bmt::MoeDispatchOp dispatch, SymbolTable &symbols,
+                                      SetVector<Operation *> &params,
+                                      SmallPtrSetImpl<Operation *> &reads) {
+  for (Operation *user : dispatch.getOffsets().getUsers()) {
+    auto mm = dyn_cast<bmt::AtenOp>(user);
+    if (!mm || bmt::atenOpId(mm) != AtenOpId::_grouped_mm)
+      continue;
+    bmt::ParameterOp p = expertParameter(operandArg(mm, "mat2"), symbols, reads);
+    if (!p)
+      return dispatch.emitError("bmt-moe-layers: a grouped matmul's weight is not a parameter");
+    params.insert(p);
+  }
+  SmallVector<Value> ids{dispatch.getSortedIds()};
+  for (Operation *user : dispatch.getSortedIds().getUsers())
+    if (bmt::atenOpId(user) == AtenOpId::clamp_)
+      ids.push_back(user->getResult(0));
+  for (Value v : ids)
+    for (Operation *user : v.getUsers()) {
+      auto index = dyn_cast<bmt::AtenOp>(user);
+      if (!index || bmt::atenOpId(index) != AtenOpId::index_Tensor ||
+          singleIndex(index, "indices") != v)
+        continue;
+      bmt::ParameterOp p = expertParameter(operandArg(index, "self"), symbols, reads);
+      if (!p)
+        return dispatch.emitError("bmt-moe-layers: a per-expert tensor indexed by the sorted "
+                                  "expert ids is not a parameter, which cannot be split over "
+                                  "the expert group");
+      params.insert(p);
+    }
+  return success();
+}
+
+/// Marks every expert parameter of the lowered layers with the split over
+/// the expert group (dim 0, `over = "expert"`). Every read of such a
+/// parameter must be one the layers make (a grouped matmul's weight, a
+/// per-expert index): one error naming the parameter otherwise.
+LogicalResult splitExpertParameters(ModuleOp module, ArrayRef<bmt::MoeDispatchOp> dispatches,
+                                    SymbolTable &symbols, int64_t &count) {
+  SetVector<Operation *> params;
+  SmallPtrSet<Operation *, 16> reads;
+  for (bmt::MoeDispatchOp d : dispatches)
+    if (failed(collectExpertParameters(d, symbols, params, reads)))
+      return failure();
+  DenseSet<StringRef> names;
+  for (Operation *p : params)
+    names.insert(cast<bmt::ParameterOp>(p).getSymName());
+  WalkResult walk = module.walk([&](bmt::GetGlobalOp g) {
+    if (names.contains(g.getGlobal()) && !reads.contains(g)) {
+      g.emitError() << "bmt-moe-layers: the expert parameter " << g.getGlobal()
+                    << " is read outside its experts, so it cannot be split over the expert "
+                       "group";
+      return WalkResult::interrupt();
+    }
+    return WalkResult::advance();
+  });
+  if (walk.wasInterrupted())
+    return failure();
+  for (Operation *p : params)
+    bmt::setParameterSplit(p, bmt::expertSplit());
+  count = static_cast<int64_t>(params.size());
+  return success();
+}
+
 struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
   using MoeLayersBase::MoeLayersBase;
 
@@ -485,6 +570,7 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
     SymbolTable symbols(module);
     OpBuilder builder(module.getContext());
     SmallVector<StringRef> functions;
+    SmallVector<bmt::MoeDispatchOp> dispatches;
     int masksDropped = 0, biases = 0;
     for (auto f : module.getOps<func::FuncOp>()) {
       SmallVector<bmt::AtenOp> sorts;
@@ -516,6 +602,7 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
         unsigned idsArg = dispatch->ids.getArgNumber();
         bmt::MoeDispatchOp op = rewrite(*dispatch, *combine, builder, ep > 1);
         functions.push_back(f.getSymName());
+        dispatches.push_back(op);
         if (!bmt::routerIdsBelow(f, idsArg, op.getNumExperts(), symbols))
           continue;
         if (succeeded(bmt::dropSentinelMasks(op)))
@@ -554,6 +641,10 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
     }
     if (ep > 1)
       module->setAttr("bmt.expert_parallel", builder.getI64IntegerAttr(ep));
+    int64_t splitParams = 0;
+    if (ep > 1 && splitExpertWeights &&
+        failed(splitExpertParameters(module, dispatches, symbols, splitParams)))
+      return signalPassFailure();
     InFlightDiagnostic remark = emitRemark(module.getLoc());
     if (functions.empty()) {
       remark << "bmt-moe-layers: no mixture-of-experts layer";
@@ -571,6 +662,8 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
              << " with a score-correction bias";
     if (ep > 1)
       remark << "; experts split over expert groups of " << ep << " ranks";
+    if (splitParams > 0)
+      remark << "; " << splitParams << " expert parameters split over the expert group";
   }
 };
 

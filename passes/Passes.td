@@ -198,6 +198,9 @@ def MoeLayers : Pass<"bmt-moe-layers", "::mlir::ModuleOp"> {
   let options = [
     Option<"expertParallel", "expert-parallel", "int64_t", "1",
            "ranks of one expert group (1: no expert parallelism)">,
+    Option<"splitExpertWeights", "split-expert-weights", "bool", "false",
+           "with expert-parallel > 1, mark each expert parameter split over the "
+           "expert group (each rank stores only its position's experts)">,
   ];
   let dependentDialects = ["::bmt::BmtDialect"];
 }

@@ -223,7 +223,11 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
       os << "    parameter, gradient and optimizer shards: "
          << bmt::formatBytes(model.stateBytes);
       if (groups)
-        os << " (sharded over " << model.shardRanks << ")";
+        os << " (sharded over " << model.shardRanks
+           << (model.expertShardRanks > 0
+                   ? "; expert slices over " + std::to_string(model.expertShardRanks)
+                   : std::string())
+           << ")";
       os << "\n";
       if (model.frozenBytes > 0)
         os << "    frozen parameters (whole on every rank, no gradient or optimizer state): "

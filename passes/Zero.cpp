@@ -3,6 +3,9 @@
 // Decides which storage group owns each trainable parameter (the block
 // whose call tree alone reads it, else "outside_blocks"), and lays each
 // group out as a flat buffer with aligned offsets. See passes/Passes.td.
+// Parameters split over the expert group go to groups of their own
+// ("<owner>.experts.<dtype>", local sizes), which the exporter writes once
+// per expert group position (docs/sharded-format.md).
 //
 //===----------------------------------------------------------------------===//
 
@@ -116,7 +119,9 @@ struct ZeroPass : bmt::impl::ZeroBase<ZeroPass> {
         owner = it->second.front();
       else if (it != readers.end() && it->second.size() > 1 && it->second.front().first)
         ++shared;
-      groups[{owner.first, owner.second, dtypeName(element)}].push_back(p);
+      const bool experts = bmt::parameterSplitOf(p).isExpertSplit();
+      groups[{owner.first, owner.second, (experts ? "experts." : "") + dtypeName(element)}]
+          .push_back(p);
     }
     // Blocks first (list order, index order), outside last.
     SmallVector<GroupKey> order;

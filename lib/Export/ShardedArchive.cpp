@@ -180,6 +180,24 @@ public:
           p.groups.push_back(std::move(copy));
         }
     }
+    // Expert parallelism: a group of parameters split over the expert group
+    // (bmt-zero gives them groups of their own) E times, one copy per
+    // position in the group; members, gathers and releases name the
+    // ep_rank 0 copy (docs/sharded-format.md).
+    if (p.expertParallel > 1) {
+      size_t base = p.groups.size();
+      for (size_t g = 0; g < base; ++g) {
+        const std::vector<int64_t> &members = p.groups[g].members;
+        if (members.empty() || !p.tensors[members[0]].split.isExpertSplit())
+          continue;
+        p.groups[g].epRank = 0;
+        for (int64_t e = 1; e < p.expertParallel; ++e) {
+          plan::StorageGroup copy = p.groups[g];
+          copy.epRank = e;
+          p.groups.push_back(std::move(copy));
+        }
+      }
+    }
     if (auto zero = module->getAttrOfType<DictionaryAttr>("bmt.zero")) {
       if (auto stage = zero.getAs<IntegerAttr>("stage"))
         p.zeroStage = stage.getInt();
@@ -236,11 +254,7 @@ private:
     t.requiresGrad = requiresGrad;
     t.dtype = scalarTypeOf(type.getElementType(), op.getLoc());
     t.shape.assign(type.getShape().begin(), type.getShape().end());
-    bmt::ParameterSplit split = bmt::parameterSplitOf(&op);
-    t.split.dim = split.dim;
-    t.split.chunks = split.chunks;
-    t.split.paddedSize = split.paddedSize;
-    t.split.reduceGrad = split.reduceGrad;
+    t.split = bmt::parameterSplitOf(&op); // over the TP or the expert group
     tensorIndex[name] = static_cast<int64_t>(p.tensors.size());
     p.tensors.push_back(std::move(t));
   }

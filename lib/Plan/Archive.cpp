@@ -4,6 +4,7 @@
 
 #include "bmt/Support/ErrorText.h"
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/normal.h>
@@ -110,7 +111,13 @@ at::Tensor initValues(const TensorInfo &info, int64_t begin, int64_t end, uint64
 at::Tensor initValues(const Plan &plan, const StorageGroup &group, const TensorInfo &info,
                       int64_t begin, int64_t end, uint64_t seed) {
   int64_t tp = plan.tensorParallel, tpRank = std::max<int64_t>(0, group.tpRank);
-  uint64_t salt = info.split.isSplit() && group.tpRank >= 0 ? 1 + group.tpRank : 0;
+  if (info.split.isExpertSplit() && group.epRank >= 0) {
+    // Position p's experts: that range of the whole tensor's values, so a
+    // weights-free plan starts from the same values at every E.
+    const int64_t first = group.epRank * info.localNumel(1, plan.expertParallel);
+    return initValues(info, first + begin, first + end, seed, info.numel(), 0);
+  }
+  uint64_t salt = info.split.isTensorSplit() && group.tpRank >= 0 ? 1 + group.tpRank : 0;
   return initValues(info, begin, end, seed, info.localNumel(tp), salt, tp, tpRank);
 }
 
@@ -280,7 +287,7 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       group.record = free || !group.parts.empty() ? "" : "bmt/weights/group" + std::to_string(g);
       for (size_t m = 0; m < group.members.size(); ++m) {
         TensorInfo &info = plan.tensors[group.members[m]];
-        if (group.tpRank <= 0) { // a member names the tp_rank 0 copy
+        if (group.tpRank <= 0 && group.epRank <= 0) { // a member names the tp/ep_rank 0 copy
           info.record = group.record;
           info.offset = group.offsets[m] * elementBytes;
           info.crc32 = 0;
@@ -321,8 +328,15 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
     auto readMember = [&](const StorageGroup &group, int64_t index, int64_t begin, int64_t end,
                           at::Tensor &dst) {
       const TensorInfo &info = plan.tensors[index];
+      if (info.split.isExpertSplit() && group.epRank >= 0) {
+        // Expert parallelism: position p's experts, a contiguous range of
+        // the global value (dim 0 split, no padding), streamed.
+        const int64_t first = group.epRank * info.localNumel(1, plan.expertParallel);
+        read(static_cast<size_t>(index), first + begin, first + end, dst);
+        return;
+      }
       if (info.localNumel(plan.tensorParallel) == info.numel() &&
-          (group.tpRank < 0 || !info.split.isSplit())) {
+          (group.tpRank < 0 || !info.split.isTensorSplit())) {
         read(static_cast<size_t>(index), begin, end, dst);
         return;
       }
@@ -344,7 +358,8 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       for (size_t m : order[p.group]) {
         const TensorInfo &info = plan.tensors[group.members[m]];
         int64_t begin = std::max(p.first, group.offsets[m]);
-        int64_t end = std::min(p.last, group.offsets[m] + info.localNumel(plan.tensorParallel));
+        int64_t end = std::min(p.last, group.offsets[m] + info.localNumel(plan.tensorParallel,
+                                                                           plan.expertParallel));
         if (begin >= end)
           continue;
         if (begin > cursor)
@@ -433,8 +448,8 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       for (size_t m = 0; m < group.members.size(); ++m) {
         if (group.tpRank >= 0 && !weightsFree(plan, group))
           group.crc32s.push_back(crc[g][m]); // the copy's slice
-        if (group.tpRank <= 0)
-          plan.tensors[group.members[m]].crc32 = crc[g][m];
+        if (group.tpRank <= 0 && group.epRank <= 0)
+          plan.tensors[group.members[m]].crc32 = crc[g][m]; // the tp/ep_rank 0 copy's slice
       }
     }
     for (size_t i = 0; i < plan.tensors.size(); ++i) {
@@ -674,6 +689,20 @@ std::vector<NamedFile> Archive::hfFiles() {
 
 at::Tensor Archive::readTensor(size_t index) {
   const TensorInfo &info = plan_.tensors.at(index);
+  if (info.split.isExpertSplit() && info.group >= 0) {
+    // Expert parallelism: the whole tensor, the experts of each ep_rank
+    // copy in turn.
+    const StorageGroup &g = plan_.groups.at(info.group);
+    const size_t m = static_cast<size_t>(
+        std::find(g.members.begin(), g.members.end(), static_cast<int64_t>(index)) -
+        g.members.begin());
+    const int64_t local = info.localNumel(1, plan_.expertParallel);
+    std::vector<at::Tensor> parts;
+    for (int64_t e = 0; e < plan_.expertParallel; ++e)
+      parts.push_back(readGroupRange(static_cast<size_t>(plan_.epGroup(info.group, e)),
+                                     g.offsets.at(m), g.offsets.at(m) + local));
+    return at::cat(parts).view(info.shape);
+  }
   if (info.group >= 0 && plan_.groups.at(info.group).tpRank >= 0) {
     // Tensor parallelism: the slice of TP rank 0 (its group's copy).
     int64_t first = plan_.groups[info.group].offsets.at(static_cast<size_t>(
@@ -708,7 +737,8 @@ at::Tensor Archive::readGroupRange(size_t group, int64_t begin, int64_t end) {
     for (size_t m = 0; m < g.members.size(); ++m) {
       const TensorInfo &info = plan_.tensors[g.members[m]];
       int64_t first = std::max(begin, g.offsets[m]);
-      int64_t last = std::min(end, g.offsets[m] + info.localNumel(plan_.tensorParallel));
+      int64_t last = std::min(end, g.offsets[m] + info.localNumel(plan_.tensorParallel,
+                                                                  plan_.expertParallel));
       if (first < last)
         out.narrow(0, first - begin, last - first)
             .copy_(initValues(plan_, g, info, first - g.offsets[m], last - g.offsets[m], initSeed_));
@@ -725,7 +755,8 @@ at::Tensor Archive::readGroupRange(size_t group, int64_t begin, int64_t end) {
   } else {
     for (size_t m = 0; m < g.members.size(); ++m) {
       int64_t first = g.offsets[m];
-      int64_t last = first + plan_.tensors[g.members[m]].localNumel(plan_.tensorParallel);
+      int64_t last = first + plan_.tensors[g.members[m]].localNumel(plan_.tensorParallel,
+                                                                    plan_.expertParallel);
       if (first < end && last > begin) {
         from = std::min(from, first * elementBytes);
         to = std::max(to, last * elementBytes);

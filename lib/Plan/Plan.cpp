@@ -8,9 +8,12 @@
 //   tensor     dict  {name, aliases, is_parameter, requires_grad, dtype, shape, record,
 //                     offset, crc32, group, init,
 //                     split (version 6, only when not the default)}
-//   split      dict  {dim, chunks, padded_size, reduce_grad} (rule: bmt/Plan/SplitRule.h)
+//   split      dict  {dim, chunks, padded_size, reduce_grad,
+//                     over (version 8, only when "expert"; else the TP group)}
+//                     (rule: bmt/Plan/SplitRule.h)
 //   group      dict  {name, dtype, members, offsets, size, block_list, block_index, record,
 //                     parts, part_size (version 4 on), tp_rank, crc32s (version 6 on),
+//                     ep_rank (version 8 on),
 //                     chunk_bytes, chunk_crc32s (any version; absent in older archives)}
 //   function   dict  {name, module_path, num_registers, params, returns,
 //                     param_names, result_names, body}
@@ -223,12 +226,12 @@ int64_t TensorInfo::nbytes() const {
   return numel() * static_cast<int64_t>(c10::elementSize(dtype));
 }
 
-std::vector<int64_t> TensorInfo::localShape(int64_t tensorParallel) const {
-  return split::localShape(shape, split, tensorParallel);
+std::vector<int64_t> TensorInfo::localShape(int64_t tensorParallel, int64_t expertParallel) const {
+  return split::localShape(shape, split, split.isExpertSplit() ? expertParallel : tensorParallel);
 }
 
-int64_t TensorInfo::localNumel(int64_t tensorParallel) const {
-  return split::localNumel(shape, split, tensorParallel);
+int64_t TensorInfo::localNumel(int64_t tensorParallel, int64_t expertParallel) const {
+  return split::localNumel(shape, split, split.isExpertSplit() ? expertParallel : tensorParallel);
 }
 
 at::Tensor tpSlice(const at::Tensor &global, const TensorSplit &split, int64_t tensorParallel,
@@ -321,9 +324,31 @@ int64_t Plan::tpGroup(int64_t group, int64_t tpRank) const {
                   std::to_string(tpRank));
 }
 
+int64_t Plan::epGroup(int64_t group, int64_t epRank) const {
+  if (group < 0 || group >= static_cast<int64_t>(groups.size()) || groups[group].epRank < 0)
+    return group;
+  for (size_t i = 0; i < groups.size(); ++i)
+    if (groups[i].epRank == epRank && groups[i].name == groups[group].name)
+      return static_cast<int64_t>(i);
+  throw PlanError("plan: storage group " + groups[group].name +
+                  " has no copy for expert group position " + std::to_string(epRank));
+}
+
+bool Plan::splitsExperts() const {
+  for (const TensorInfo &t : tensors)
+    if (t.split.isExpertSplit())
+      return true;
+  return false;
+}
+
 int64_t formatVersionOf(const Plan &plan) {
   if (plan.pipelineStages != 1)
     return 8;
+  if (plan.splitsExperts())
+    return 8;
+  for (const StorageGroup &g : plan.groups)
+    if (g.epRank != -1)
+      return 8;
   for (const Function &f : plan.functions)
     for (const Instruction &inst : f.body)
       if (isMoeKind(inst.kind))
@@ -391,6 +416,8 @@ IValue toIValue(const Plan &plan) {
       split.insert("chunks", t.split.chunks);
       split.insert("padded_size", t.split.paddedSize);
       split.insert("reduce_grad", t.split.reduceGrad);
+      if (t.split.over == SplitGroup::Expert)
+        split.insert("over", std::string("expert"));
       d.insert("split", split);
     }
     tensors.push_back(d);
@@ -418,6 +445,8 @@ IValue toIValue(const Plan &plan) {
       d.insert("tp_rank", g.tpRank);
       d.insert("crc32s", listOf(g.crc32s));
     }
+    if (version >= 8)
+      d.insert("ep_rank", g.epRank);
     if (g.chunkBytes > 0) { // any version: readers before them ignore them
       d.insert("chunk_bytes", g.chunkBytes);
       d.insert("chunk_crc32s", listOf(g.chunkCrc32s));
@@ -469,6 +498,67 @@ IValue toIValue(const Plan &plan) {
   return root;
 }
 
+/// The version 8 fields against expert_parallel (E): an expert split is of
+/// a trainable parameter, fits E, and its tensor, if in a storage group,
+/// is in one of ep_rank copies, which hold only such tensors and come E
+/// times alike. Each error names the field.
+static void checkExpertSplits(const Plan &plan) {
+  const int64_t ep = plan.expertParallel;
+  for (const TensorInfo &t : plan.tensors) {
+    if (!t.split.isExpertSplit() && t.split.over != SplitGroup::Tensor)
+      throw PlanError("plan: tensor " + t.name + ": split over the expert group without a split dim");
+    if (!t.split.isExpertSplit())
+      continue;
+    if (ep < 2)
+      throw PlanError("plan: tensor " + t.name +
+                      ": split over the expert group, but expert_parallel is " + std::to_string(ep) +
+                      " (it needs at least 2)");
+    if (!t.isParameter)
+      throw PlanError("plan: tensor " + t.name +
+                      ": split over the expert group, but it is a buffer (only expert parameters are)");
+    if (t.group >= 0 && t.group < static_cast<int64_t>(plan.groups.size()) &&
+        plan.groups[t.group].epRank != 0)
+      throw PlanError("plan: tensor " + t.name + ": split over the expert group, but its storage group " +
+                      plan.groups[t.group].name + " is not an ep_rank 0 copy");
+  }
+  std::map<std::string, std::vector<const StorageGroup *>> copies;
+  for (const StorageGroup &g : plan.groups) {
+    if (g.epRank == -1)
+      continue;
+    if (g.epRank < 0 || g.epRank >= ep || ep < 2)
+      throw PlanError("plan: storage group " + g.name + ": ep_rank " + std::to_string(g.epRank) +
+                      (ep < 2 ? " without expert parallelism (it must be -1)"
+                              : " is not in 0.." + std::to_string(ep - 1)));
+    if (g.tpRank != -1)
+      throw PlanError("plan: storage group " + g.name + ": both ep_rank and tp_rank");
+    for (int64_t m : g.members)
+      if (m >= 0 && m < static_cast<int64_t>(plan.tensors.size()) &&
+          !plan.tensors[m].split.isExpertSplit())
+        throw PlanError("plan: storage group " + g.name + " (ep_rank " + std::to_string(g.epRank) +
+                        ") holds " + plan.tensors[m].name + ", which is not split over the expert group");
+    copies[g.name].push_back(&g);
+  }
+  for (const auto &[name, list] : copies) {
+    std::vector<bool> seen(ep, false);
+    for (const StorageGroup *g : list) {
+      if (seen[g->epRank] || g->members != list[0]->members || g->offsets != list[0]->offsets ||
+          g->size != list[0]->size || g->dtype != list[0]->dtype)
+        throw PlanError("plan: storage group " + name + ": its ep_rank copies differ or repeat (ep_rank " +
+                        std::to_string(g->epRank) + ")");
+      seen[g->epRank] = true;
+    }
+    if (static_cast<int64_t>(list.size()) != ep)
+      throw PlanError("plan: storage group " + name + " has " + std::to_string(list.size()) +
+                      " ep_rank copies, not expert_parallel = " + std::to_string(ep));
+  }
+  for (const TensorInfo &t : plan.tensors)
+    if (t.group >= 0 && t.group < static_cast<int64_t>(plan.groups.size()) &&
+        !t.split.isExpertSplit() && plan.groups[t.group].epRank != -1)
+      throw PlanError("plan: tensor " + t.name + " is in storage group " + plan.groups[t.group].name +
+                      " of ep_rank " + std::to_string(plan.groups[t.group].epRank) +
+                      " without a split over the expert group");
+}
+
 /// The version 6 fields against tensor_parallel; each error names the field.
 static void checkTensorParallel(const Plan &plan) {
   const int64_t tp = plan.tensorParallel;
@@ -477,11 +567,13 @@ static void checkTensorParallel(const Plan &plan) {
   for (const TensorInfo &t : plan.tensors) {
     int64_t rank = static_cast<int64_t>(t.shape.size());
     int64_t dim = t.split.dim;
-    std::string why =
-        split::check(t.split, rank, dim >= 0 && dim < rank ? t.shape[dim] : -1, tp);
+    // An expert split's group is the expert group (E ranks).
+    std::string why = split::check(t.split, rank, dim >= 0 && dim < rank ? t.shape[dim] : -1,
+                                   t.split.isExpertSplit() ? plan.expertParallel : tp);
     if (!why.empty())
       throw PlanError("plan: tensor " + t.name + ": split " + why);
   }
+  checkExpertSplits(plan);
   // Storage group copies: tp_rank -1 when T == 1; else each name has the
   // copies 0..T-1, alike but for their records.
   std::map<std::string, std::vector<const StorageGroup *>> copies;
@@ -568,6 +660,14 @@ Plan fromIValue(const IValue &value) {
       t.split.chunks = asInt(field(split, "chunks"), "split chunks");
       t.split.paddedSize = asInt(field(split, "padded_size"), "split padded_size");
       t.split.reduceGrad = asBool(field(split, "reduce_grad"), "split reduce_grad");
+      if (split.contains("over")) {
+        const std::string over = asString(split.at("over"), "split over");
+        if (plan.version < 8 || (over != "expert" && over != "tensor"))
+          throw PlanError("plan: tensor " + t.name + ": split over '" + over + "' in a version " +
+                          std::to_string(plan.version) +
+                          " plan (version 8 splits over \"tensor\" or \"expert\")");
+        t.split.over = over == "expert" ? SplitGroup::Expert : SplitGroup::Tensor;
+      }
     }
     plan.tensors.push_back(std::move(t));
   }
@@ -598,6 +698,8 @@ Plan fromIValue(const IValue &value) {
       g.tpRank = asInt(field(d, "tp_rank"), "group tp_rank");
       g.crc32s = asInts(field(d, "crc32s"), "group crc32s");
     }
+    if (plan.version >= 8)
+      g.epRank = asInt(field(d, "ep_rank"), "group ep_rank");
     if (d.contains("chunk_bytes")) {
       g.chunkBytes = asInt(field(d, "chunk_bytes"), "group chunk_bytes");
       g.chunkCrc32s = asInts(field(d, "chunk_crc32s"), "group chunk_crc32s");
@@ -711,7 +813,7 @@ Plan fromIValue(const IValue &value) {
         throw PlanError("plan: storage group " + g.name + " names a tensor out of range");
       const TensorInfo &t = plan.tensors[g.members[i]];
       if (t.dtype != g.dtype || g.offsets[i] < 0 ||
-          g.offsets[i] + t.localNumel(plan.tensorParallel) > g.size)
+          g.offsets[i] + t.localNumel(plan.tensorParallel, plan.expertParallel) > g.size)
         throw PlanError("plan: tensor " + t.name + " does not fit storage group " + g.name);
     }
   }
@@ -754,6 +856,12 @@ Plan fromIValue(const IValue &value) {
           throw PlanError("plan: the op of a " + std::string(kindName(inst.kind)) + " instruction in " +
                           f.name + " must be its dim as a decimal number, not '" + inst.op + "'");
       }
+      if ((inst.kind == Instruction::Kind::Gather ||
+           inst.kind == Instruction::Kind::Release) &&
+          plan.groups[inst.target].epRank > 0)
+        throw PlanError("plan: a gather or release in " + f.name +
+                        " names a storage group copy of ep_rank " +
+                        std::to_string(plan.groups[inst.target].epRank) + " (it must name ep_rank 0)");
       if ((inst.kind == Instruction::Kind::Gather ||
            inst.kind == Instruction::Kind::Release) &&
           plan.groups[inst.target].tpRank > 0)

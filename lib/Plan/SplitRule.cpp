@@ -1,4 +1,4 @@
-//===- SplitRule.cpp - a tensor's split over the tensor-parallel group ----===//
+//===- SplitRule.cpp - a tensor's split over a group of ranks -------------===//
 
 #include "bmt/Plan/SplitRule.h"
 
@@ -14,9 +14,16 @@ std::string check(const TensorSplit &s, int64_t rank, int64_t size, int64_t tp) 
     return "chunks must be at least 1 (it is " + std::to_string(s.chunks) + ")";
   if (s.paddedSize < 0)
     return "padded_size must not be negative";
-  if (s.dim < 0)
+  if (s.dim < 0) {
+    if (s.over == SplitGroup::Expert)
+      return "an expert split needs split dim 0 (it is -1)";
     return s.chunks != 1 || s.paddedSize != 0 ? "chunks and padded_size need a split dim (it is -1)"
                                                : "";
+  }
+  if (s.over == SplitGroup::Expert && (s.dim != 0 || s.chunks != 1 || s.paddedSize != 0))
+    return "an expert split is of dim 0 (the experts), chunks 1 and no padded_size (it is dim " +
+           std::to_string(s.dim) + ", chunks " + std::to_string(s.chunks) + ", padded_size " +
+           std::to_string(s.paddedSize) + ")";
   if (s.reduceGrad)
     return "reduce_grad is for replicated tensors (split dim is " + std::to_string(s.dim) + ")";
   if (s.paddedSize != 0 && s.chunks != 1)
@@ -27,8 +34,10 @@ std::string check(const TensorSplit &s, int64_t rank, int64_t size, int64_t tp) 
   int64_t padded = s.paddedSize ? s.paddedSize : size;
   if (padded >= 0 && tp > 0 && padded % (s.chunks * tp) != 0)
     return "dim " + std::to_string(s.dim) + " of size " + std::to_string(padded) +
-           " is not a multiple of chunks (" + std::to_string(s.chunks) +
-           ") times tensor_parallel (" + std::to_string(tp) + ")";
+           (s.over == SplitGroup::Expert
+                ? " is not a multiple of expert_parallel (" + std::to_string(tp) + ")"
+                : " is not a multiple of chunks (" + std::to_string(s.chunks) +
+                      ") times tensor_parallel (" + std::to_string(tp) + ")");
   return "";
 }
 

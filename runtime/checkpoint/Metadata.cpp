@@ -191,7 +191,7 @@ json spacesJson(const plan::Plan &p, const std::vector<ParameterSpace> &spaces, 
         const plan::TensorInfo &info = p.tensors.at((*members)[m]);
         json member = {{"tensor", info.name}, {"shape", info.shape},
                        {"offset", (*offsets)[m]}, {"aliases", info.aliases}};
-        if (tp > 1 && info.split.isSplit()) {
+        if (tp > 1 && info.split.isTensorSplit()) {
           // The slice's place in the global tensor, as bmt/Plan/SplitRule.h
           // gives it: bmt-to-hf puts tensors back together from these.
           json ranges = json::array();

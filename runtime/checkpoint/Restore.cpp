@@ -126,7 +126,7 @@ SliceLayout layoutOf(const Restore &r, const plan::TensorInfo &t) {
   l.shape = t.shape;
   l.tp = r.tp;
   l.tpRank = r.tpRank;
-  if (r.tp > 1 && t.split.isSplit()) {
+  if (r.tp > 1 && t.split.isTensorSplit()) {
     l.split.dim = t.split.dim;
     l.split.chunks = t.split.chunks;
     l.split.paddedSize = t.split.paddedSize;

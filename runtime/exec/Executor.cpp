@@ -475,11 +475,13 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
           if (inst.kind == plan::Instruction::Kind::MoeDispatch) {
             const int64_t numExperts = std::stoll(inst.op);
             const bool parallel = expertComm_ && expertComm_->size() > 1;
-            moe::Dispatched d = moe::dispatch(
-                tensorArg(0), tensorArg(1),
+            moe::ExpertRange experts =
                 parallel ? moe::expertsOfRank(numExperts, expertComm_->size(), expertComm_->rank())
-                         : moe::allExperts(numExperts),
-                parallel ? expertComm_ : nullptr,
+                         : moe::allExperts(numExperts);
+            // Expert weights split over the expert group: this rank's only.
+            experts.localWeights = parallel && plan_.splitsExperts();
+            moe::Dispatched d = moe::dispatch(
+                tensorArg(0), tensorArg(1), experts, parallel ? expertComm_ : nullptr,
                 inst.args.size() > 2 ? tensorArg(2) : at::Tensor());
             if (parallel && inst.args.size() < 3)
               throw std::invalid_argument(

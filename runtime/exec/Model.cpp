@@ -33,7 +33,7 @@ namespace {
 /// not the copy of another TP rank (the plan's index when T == 1).
 size_t zeroGroupIndex(const plan::Plan &plan, size_t shard) {
   for (size_t i = 0, k = 0; i < plan.groups.size(); ++i)
-    if (plan.groups[i].tpRank <= 0 && k++ == shard)
+    if (plan.groups[i].tpRank <= 0 && plan.groups[i].epRank <= 0 && k++ == shard)
       return i;
   throw std::out_of_range("no storage group for ZeRO shard " + std::to_string(shard));
 }
@@ -88,6 +88,17 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
                            std::to_string(ep) + ", not " + std::to_string(world_->size()) +
                            (world_->size() == 1 ? " rank" : " ranks") + "; run on a multiple of " +
                            std::to_string(ep) + " ranks or recompile with another --expert-parallel");
+    if (plan_.splitsExperts() && options.offloadOptimizer)
+      throw ExecutionError(archive.path() + ": --offload-optimizer with expert parameters split "
+                           "over the expert group is not supported");
+    if (plan_.splitsExperts() && plan_.zeroStage == 0)
+      throw ExecutionError(archive.path() + ": expert parameters split over the expert group "
+                           "need ZeRO storage groups, and the plan has none");
+    for (const plan::TensorInfo &t : plan_.tensors)
+      if (t.split.isExpertSplit() && t.group < 0)
+        throw ExecutionError(archive.path() + ": the expert parameter " + t.name +
+                             " is split over the expert group but outside the ZeRO storage "
+                             "groups (a frozen parameter?), which this runtime does not support");
     const int64_t rank = world_->rank();
     expertComm_ = world_->split(rank / ep, rank, "expert");
   }
@@ -120,7 +131,7 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
       continue;
     }
     at::Tensor t = archive.readTensor(i);
-    if (info.split.isSplit())
+    if (info.split.isTensorSplit())
       t = plan::tpSlice(t, info.split, tp, tpRank); // this TP rank's slice (and vocab padding)
     t = t.to(device_);
     if (info.isParameter && info.requiresGrad) {
@@ -248,6 +259,10 @@ HostGradientSource &Model::hostGradients(int64_t microBatchesPerStep) {
 std::unique_ptr<Optimizer> Model::makeOptimizer(const OptimizerConfig &config,
                                                 int64_t microBatchesPerStep) {
   checkOptimizerConfig(config);
+  if (plan_.splitsExperts() && config.kind == OptimizerKind::Adafactor)
+    throw std::invalid_argument("--optimizer adafactor factors each parameter over its shard "
+                                "group, and this plan splits expert parameters over the expert "
+                                "group: use another optimizer or compile without expert splits");
   if (offloadsOptimizer()) {
     if (config.kind != OptimizerKind::Adam && config.kind != OptimizerKind::AdamW)
       throw std::invalid_argument(std::string("--offload-optimizer runs Adam or AdamW on the "
@@ -282,9 +297,10 @@ std::vector<ParameterLayout> Model::parameterLayouts() const {
     for (size_t m = 0; m < s.members.size(); ++m) {
       const plan::TensorInfo &t = plan_.tensors.at(s.members[m]);
       // (Tensor parallelism: the shard holds the local slices.)
-      ParameterLayout::Member member{t.name, t.localShape(plan_.tensorParallel), s.offsets[m]};
+      ParameterLayout::Member member{
+          t.name, t.localShape(plan_.tensorParallel, plan_.expertParallel), s.offsets[m]};
       member.globalShape = t.shape;
-      if (plan_.tensorParallel > 1 && t.split.isSplit())
+      if (plan_.tensorParallel > 1 && t.split.isTensorSplit())
         member.tpDim = t.split.dim;
       layout.members.push_back(std::move(member));
     }
@@ -346,7 +362,7 @@ std::vector<int64_t> Model::fullParameterOrder() const {
   std::vector<int64_t> order;
   if (zero_)
     for (const plan::StorageGroup &g : plan_.groups)
-      if (g.tpRank <= 0)
+      if (g.tpRank <= 0 && g.epRank <= 0)
         order.insert(order.end(), g.members.begin(), g.members.end());
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const plan::TensorInfo &info = plan_.tensors[i];
@@ -369,9 +385,9 @@ at::Tensor Model::frozenParameter(int64_t index) {
   if (!info.isParameter || info.requiresGrad)
     throw ExecutionError(info.name + " is not a frozen parameter");
   if (info.split.isSplit())
-    throw ExecutionError("the frozen parameter " + info.name +
-                         " is split over the tensor-parallel ranks, which this runtime "
-                         "cannot put back together");
+    throw ExecutionError("the frozen parameter " + info.name + " is split over the " +
+                         (info.split.isExpertSplit() ? "expert group's" : "tensor-parallel") +
+                         " ranks, which this runtime cannot put back together");
   return executor_->tensors().at(index).detach();
 }
 
@@ -384,9 +400,18 @@ void Model::forEachFullParameter(
       at::Tensor full = zero_->gatherGroup(static_cast<int64_t>(g), gradients); // collective
       for (size_t m = 0; m < group.members.size(); ++m) {
         const plan::TensorInfo &info = plan_.tensors[group.members[m]];
-        at::Tensor local = full.narrow(0, group.offsets[m], info.localNumel(tp))
-                               .view(info.localShape(tp));
-        if (!info.split.isSplit()) {
+        const int64_t ep = plan_.expertParallel;
+        at::Tensor local = full.narrow(0, group.offsets[m], info.localNumel(tp, ep))
+                               .view(info.localShape(tp, ep));
+        if (info.split.isExpertSplit()) {
+          // This rank's experts; the expert group's, in position order
+          // (collective over the expert group).
+          at::Tensor slices = at::empty({ep * local.numel()}, local.options());
+          expertComm_->allGather(slices, local.contiguous().view({-1}))->wait();
+          visit(group.members[m], slices.view(info.shape));
+          continue;
+        }
+        if (!info.split.isTensorSplit()) {
           visit(group.members[m], local);
           continue;
         }
@@ -493,6 +518,8 @@ bool Model::takesInput(const std::string &name) const {
   return std::find(entry.paramNames.begin(), entry.paramNames.end(), name) !=
          entry.paramNames.end();
 }
+
+int64_t Model::gatheredParameters() const { return zero_ ? zero_->gatheredParameters() : 0; }
 
 int64_t Model::numParameters() const {
   int64_t n = 0;

@@ -127,9 +127,15 @@ void exchangeRows(Dispatched &d, const ExpertRange &experts, Comm &group) {
     d.weights = PermutedRows::apply(w, ex->order, ex->inverse, 1).view({-1});
   }
   at::Tensor localCounts = c.sum(0);
+  // Weights of only this rank's experts: local ids, offsets over them.
+  const int64_t firstId = experts.localWeights ? 0 : experts.first;
   d.sortedIds = at::repeat_interleave(
-      at::arange(experts.first, experts.first + local, lengths.options()), localCounts, 0,
-      received);
+      at::arange(firstId, firstId + local, lengths.options()), localCounts, 0, received);
+  if (experts.localWeights) {
+    d.offsets = at::cumsum(localCounts, 0, at::kInt);
+    d.exchange = std::move(ex);
+    return;
+  }
   at::Tensor all = at::zeros({total}, lengths.options());
   all.narrow(0, experts.first, local).copy_(localCounts);
   d.offsets = at::cumsum(all, 0, at::kInt);
@@ -144,6 +150,8 @@ Dispatched dispatch(const at::Tensor &hidden, const at::Tensor &expertIds,
   if (!parallel && (experts.total < 1 || experts.first != 0 || experts.count != experts.total))
     throw std::invalid_argument("moe_dispatch: " + rangeText(experts) +
                                 " on this rank without an expert group");
+  if (!parallel && experts.localWeights)
+    throw std::invalid_argument("moe_dispatch: local expert weights without an expert group");
   if (parallel) {
     ExpertRange own = expertsOfRank(experts.total, expertGroup->size(), expertGroup->rank());
     if (own.first != experts.first || own.count != experts.count)

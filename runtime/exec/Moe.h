@@ -44,6 +44,11 @@ struct ExpertRange {
   int64_t first = 0;
   int64_t count = 0;
   int64_t total = 0;
+  /// Under expert parallelism: the experts' weights hold only this rank's
+  /// `count` experts (split over the expert group), so the offsets are
+  /// [count] and the sorted ids local ids (expert - first); else the
+  /// offsets are [total] and the ids global.
+  bool localWeights = false;
 };
 
 /// Every one of `numExperts` experts on this rank (no expert parallelism).
@@ -68,8 +73,8 @@ struct Exchange {
 /// this rank's experts compute, from every rank of its group.
 struct Dispatched {
   at::Tensor rows;        ///< [T*K, H]: hidden[permutation floordiv K] (EP: [R, H])
-  at::Tensor sortedIds;   ///< [T*K] int64: the expert of each row (EP: [R])
-  at::Tensor offsets;     ///< [E] int32: the end of each expert's rows
+  at::Tensor sortedIds;   ///< [T*K] int64: the expert of each row (EP: [R]; local weights: local ids)
+  at::Tensor offsets;     ///< [E] int32: the end of each expert's rows (local weights: [E/P])
   at::Tensor permutation; ///< [T*K] int64: the sort's indices (this rank's tokens)
   at::Tensor counts;      ///< [E] float: this rank's token copies per expert (histc)
   at::Tensor weights;     ///< [T*K] (EP: [R]): routing weights reshape(-1)[permutation], when given

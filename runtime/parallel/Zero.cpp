@@ -95,6 +95,10 @@ struct ZeroStorage::Group {
   explicit Group(GroupLayout l)
       : layout(std::move(l)), slotFlat(layout.info->members.size(), -1) {}
   const GroupLayout layout;
+  /// The ranks the shards run over: the shard group, or for a group of
+  /// expert parameters split over the expert group its expert-replica
+  /// group (the N/E ranks at this rank's position in their expert groups).
+  Comm *comm = nullptr;
   at::Tensor shard;             ///< [shardSize] of the group's dtype: gathered from
   at::Tensor master;            ///< [shardSize] float32 master of a bf16/fp16 shard
                                 ///< (what the optimizer updates), else undefined
@@ -129,7 +133,8 @@ GroupLayout groupLayout(const plan::Plan &plan, int64_t index, int64_t planGroup
   std::vector<ShardMember> members;
   for (size_t m = 0; m < info.members.size(); ++m) {
     const plan::TensorInfo &t = plan.tensors[info.members[m]];
-    members.push_back({info.offsets[m], t.localNumel(tp), t.split.isSplit(), t.split.reduceGrad});
+    members.push_back({info.offsets[m], t.localNumel(tp, plan.expertParallel),
+                       t.split.isTensorSplit(), t.split.reduceGrad});
   }
   GroupLayout l;
   static_cast<ShardLayout &>(l) = shardLayout(info.size, members, shardRank, shardRanks, tp > 1);
@@ -224,19 +229,35 @@ ZeroStorage::ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world,
                     "--shard-group-size dividing the number of ranks)");
   shardComm_ = data_.split(rank / shardSize, rank, "shard");
   replicaComm_ = data_.split(rank % shardSize, rank, "replica");
+  // Expert parameters split over the expert group (E consecutive ranks):
+  // position p = rank % E holds experts p of each, sharded over the N/E
+  // ranks of that position (docs/runtime/parallel.md).
+  const int64_t ep = plan_.expertParallel, epRank = rank % ep;
+  if (plan_.splitsExperts()) {
+    if (tp > 1 || shardSize != worldSize || worldSize % ep != 0)
+      throw CommError("expert parameters split over expert groups of " + std::to_string(ep) +
+                      " ranks need a world size that is a multiple of " + std::to_string(ep) +
+                      (tp > 1 ? ", no tensor parallelism" : "") +
+                      (shardSize != worldSize ? ", no hybrid sharding (--shard-group-size)" : "") +
+                      "; got " + std::to_string(worldSize) + " ranks");
+    expertShardComm_ = data_.split(epRank, rank, "expert-replica");
+  }
 
-  // The groups this rank holds: with T > 1 the copy of its TP rank of each.
+  // The groups this rank holds: with T > 1 the copy of its TP rank of each,
+  // with expert splits the copy of its expert-group position.
   std::vector<int64_t> copies;
   slots_.assign(plan_.groups.size(), -1);
   for (size_t i = 0; i < plan_.groups.size(); ++i)
-    if (plan_.groups[i].tpRank <= 0) {
+    if (plan_.groups[i].tpRank <= 0 && plan_.groups[i].epRank <= 0) {
       slots_[i] = static_cast<int64_t>(copies.size());
-      copies.push_back(plan_.tpGroup(static_cast<int64_t>(i), tpRank));
+      copies.push_back(plan_.epGroup(plan_.tpGroup(static_cast<int64_t>(i), tpRank), epRank));
     }
   for (size_t i = 0; i < copies.size(); ++i) {
     const plan::StorageGroup &info = plan_.groups[copies[i]];
+    Comm *comm = info.epRank >= 0 ? expertShardComm_.get() : shardComm_.get();
     auto g = std::make_unique<Group>(groupLayout(plan_, static_cast<int64_t>(i), copies[i],
-                                                 shardComm_->rank(), shardComm_->size(), tp));
+                                                 comm->rank(), comm->size(), tp));
+    g->comm = comm;
     at::TensorOptions options = at::TensorOptions().dtype(info.dtype).device(device_);
     // Zeros until load() reads the archive (setShard).
     g->shard = at::zeros({g->layout.shardSize}, options);
@@ -253,7 +274,7 @@ ZeroStorage::ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world,
     g->full = at::empty({0}, options).set_(holder.storage(), 0, {g->layout.padded}, {1});
     for (size_t m = 0; m < info.members.size(); ++m) {
       const plan::TensorInfo &t = plan_.tensors[info.members[m]];
-      const std::vector<int64_t> shape = t.localShape(tp);
+      const std::vector<int64_t> shape = t.localShape(tp, ep);
       std::vector<int64_t> strides(shape.size(), 1);
       for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d)
         strides[d] = strides[d + 1] * shape[d + 1];
@@ -324,7 +345,7 @@ void ZeroStorage::startGather(Group &g) {
   if (g.state != BufferState::Sharded)
     return;
   size_t nbytes = static_cast<size_t>(g.layout.padded) * c10::elementSize(g.layout.info->dtype);
-  if (shardComm_->size() == 1 && g.layout.shardSize == g.layout.padded) {
+  if (g.comm->size() == 1 && g.layout.shardSize == g.layout.padded) {
     // One rank holds the whole group: the "gathered" buffer is the shard
     // itself (a non-owning pointer; freeBuffer drops it), no copy.
     g.storage->set_data_ptr_noswap(at::DataPtr(g.shard.data_ptr(), device_));
@@ -336,7 +357,7 @@ void ZeroStorage::startGather(Group &g) {
     g.storage->set_data_ptr_noswap(g.storage->allocator()->allocate(nbytes));
     g.storage->set_nbytes(nbytes);
   }
-  g.pending = shardComm_->allGather(g.full, g.shard.detach());
+  g.pending = g.comm->allGather(g.full, g.shard.detach());
   g.state = BufferState::Gathering;
 }
 
@@ -440,10 +461,13 @@ void ZeroStorage::startReduceGradient(Group &g, const at::Tensor &flat) {
   pending.flat = flat;
   // One rank: the flat gradient is the shard's (the local reduce-scatter
   // sees the same memory and copies nothing).
-  pending.out = shardComm_->size() == 1 && g.layout.shardSize == flat.numel()
+  pending.out = g.comm->size() == 1 && g.layout.shardSize == flat.numel()
                     ? flat
                     : at::empty({g.layout.shardSize}, flat.options());
-  pending.work = shardComm_->reduceScatter(pending.out, flat);
+  // The sum over the group's ranks (for expert parameters the N/E of its
+  // position, which hold every gradient of those experts); addGradient
+  // divides by the data-parallel size, as for dense parameters.
+  pending.work = g.comm->reduceScatter(pending.out, flat);
   if (copyStream_) {
     pending.issued.emplace(device_.type());
     pending.issued->record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
@@ -813,13 +837,21 @@ at::Tensor ZeroStorage::gatherGroup(int64_t group, bool gradient) {
       local.div_(static_cast<double>(data_.size()));
   }
   at::Tensor full = at::empty({g.layout.padded}, local.options());
-  shardComm_->allGather(full, local.contiguous())->wait();
+  g.comm->allGather(full, local.contiguous())->wait();
   return full;
 }
 
 ZeroStorage::ShardPlace ZeroStorage::shardPlace(int64_t group) const {
   const Group &g = *groups_.at(group);
-  return {g.shard.detach(), shardComm_->rank(), shardComm_->size(), replicaComm_->rank() == 0};
+  return {g.shard.detach(), g.comm->rank(), g.comm->size(), replicaComm_->rank() == 0};
+}
+
+int64_t ZeroStorage::gatheredParameters() const {
+  int64_t n = 0;
+  for (const auto &g : groups_)
+    for (const at::Tensor &view : g->views)
+      n += view.numel();
+  return n;
 }
 
 int64_t ZeroStorage::numParameters() const {

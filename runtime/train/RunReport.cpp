@@ -72,6 +72,9 @@ void printLoadSummary(const std::string &archiveName, const plan::Archive &archi
       if (p.expertParallel > 1)
         std::cout << ", expert parallel: " << worldSize / p.expertParallel
                   << " expert groups of " << p.expertParallel << " ranks";
+      if (p.splitsExperts())
+        std::cout << " (expert weights split: a rank gathers " << model.gatheredParameters()
+                  << " parameters)";
       std::cout << ", weights " << weightBytes << " bytes; bytes read per rank:";
       for (int64_t r = 0; r < worldSize; ++r)
         std::cout << " " << bytesRead[r].item<int64_t>();

@@ -141,5 +141,29 @@ module attributes {bmt.tensor_parallel = 4 : i64} {
 
 // -----
 
+// A split over the expert group: dim 0, chunks 1, no padding; E (the
+// module's bmt.expert_parallel) divides the experts; on a parameter only.
+// expected-error @+1 {{#bmt.tensor_split: an expert split is of dim 0 (the experts), chunks 1 and no padded_size (it is dim 1, chunks 1, padded_size 0)}}
+bmt.parameter @w : tensor<8x4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 1, chunks = 1, over = "expert">}
+
+// -----
+
+// expected-error @+1 {{#bmt.tensor_split: over must be "tensor" or "expert", not "pipeline"}}
+bmt.parameter @w : tensor<8x4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1, over = "pipeline">}
+
+// -----
+
+module attributes {bmt.expert_parallel = 3 : i64, bmt.tensor_parallel = 2 : i64} {
+  // expected-error @+1 {{bmt.tensor_split: dim 0 of size 8 is not a multiple of expert_parallel (3)}}
+  bmt.parameter @experts : tensor<8x4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1, over = "expert">}
+}
+
+// -----
+
+// expected-error @+1 {{bmt.tensor_split: a split over the expert group is for a parameter}}
+bmt.buffer @bias : tensor<8xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1, over = "expert">}
+
+// -----
+
 // expected-error @+1 {{bmt.tensor_split must be a #bmt.tensor_split}}
 bmt.parameter @w : tensor<8x4xf32> {bmt.tensor_split = {dim = 0 : i64, chunks = 1 : i64}}

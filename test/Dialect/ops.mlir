@@ -54,11 +54,15 @@ func.func @forward(%ids: !bmt.tensor {bmt.name = "input_ids"}, %n: i64) -> (!bmt
   return %r, %three, %none : !bmt.tensor, i64, !bmt.none
 }
 
-// #bmt.tensor_split prints its defaults (padded_size 0, reduce_grad false)
+// #bmt.tensor_split prints its defaults (padded_size 0, reduce_grad false, over "tensor")
 // away and parses back.
 // CHECK: bmt.parameter @split.qkv : tensor<4x12xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 1, chunks = 3>}
 // CHECK: bmt.parameter @split.vocab : tensor<10x4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1, padded_size = 12>}
 // CHECK: bmt.parameter @split.norm : tensor<4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = -1, chunks = 1, reduce_grad = true>}
+// CHECK: bmt.parameter @split.experts : tensor<4x6x2xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1, over = "expert">}
+// CHECK: bmt.parameter @split.tensor : tensor<4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1>}
 bmt.parameter @split.qkv : tensor<4x12xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 1, chunks = 3>}
 bmt.parameter @split.vocab : tensor<10x4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1, padded_size = 12>}
 bmt.parameter @split.norm : tensor<4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = -1, chunks = 1, reduce_grad = true>}
+bmt.parameter @split.experts : tensor<4x6x2xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1, over = "expert">}
+bmt.parameter @split.tensor : tensor<4xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1, over = "tensor">}

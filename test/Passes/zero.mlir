@@ -81,6 +81,7 @@ func.func @forward(%x: !bmt.tensor) -> !bmt.tensor {
 // gradient (3 x 448 B) = 1728 B; the frozen 5 f32 elements whole (20 B);
 // activations of 1024 tokens.
 // RUN: bmt-opt %s --split-input-file --bmt-find-blocks --bmt-zero='alignment=64' --bmt-summary='world-size=2' -o /dev/null 2>&1 | FileCheck %s --check-prefix=SUMMARY
+// RUN: bmt-opt %s --split-input-file --bmt-find-blocks --bmt-zero='alignment=64' --bmt-summary='world-size=4' -o /dev/null 2>&1 | FileCheck %s --check-prefix=SUMMARY4
 // SUMMARY: blocks: 2 in h (h.0 ... h.1), 85 parameters each
 // SUMMARY-NEXT: outside blocks: 25 parameters
 // SUMMARY-NEXT: storage groups: 5 (1.1 KiB, 1088 bytes), ZeRO-3
@@ -89,3 +90,28 @@ func.func @forward(%x: !bmt.tensor) -> !bmt.tensor {
 // SUMMARY-NEXT: frozen parameters (whole on every rank, no gradient or optimizer state): 20 B
 // SUMMARY-NEXT: gathered parameters and gradients: 1.7 KiB
 // SUMMARY-NEXT: activations: 176.0 KiB
+
+// -----
+
+// Parameters split over the expert group (here E = 2) get a group of their
+// own, sized by their local slices: 2 of 4 experts x 3 = 6 elements. At
+// world size 4 (this third input's summary) the dense group's 16 elements
+// are sharded over 4 ranks and the expert slices' 16 over the 2 that hold
+// the same experts: (4 + 8) x 16 bytes (parameter, gradient, AdamW state).
+// SUMMARY4: parameter, gradient and optimizer shards: {{.*}} (sharded over 4)
+// SUMMARY4: parameter, gradient and optimizer shards: {{.*}} (sharded over 4)
+// SUMMARY4: parameter, gradient and optimizer shards: 192 B (sharded over 4; expert slices over 2)
+// CHECK-LABEL: {{^}}module attributes
+// CHECK: bmt.storage_group @outside_blocks.float32 : f32 {alignment = 64 : i64, offsets = array<i64: 0>, params = [@a.w], size = 16 : i64}
+// CHECK-NEXT: bmt.storage_group @outside_blocks.experts.float32 : f32 {alignment = 64 : i64, offsets = array<i64: 0>, params = [@e.w], size = 16 : i64}
+module attributes {bmt.expert_parallel = 2 : i64} {
+  bmt.parameter @a.w : tensor<3xf32> {requires_grad}
+  bmt.parameter @e.w : tensor<4x3xf32> {bmt.tensor_split = #bmt.tensor_split<dim = 0, chunks = 1, over = "expert">, requires_grad}
+  func.func @forward(%x: !bmt.tensor) -> !bmt.tensor {
+    %a = bmt.get_global @a.w : !bmt.tensor
+    %e = bmt.get_global @e.w : !bmt.tensor
+    %0 = bmt.aten "aten::mul.Tensor"(%x, %a) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    %1 = bmt.aten "aten::mul.Tensor"(%0, %e) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+    return %1 : !bmt.tensor
+  }
+}

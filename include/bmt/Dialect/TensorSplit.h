@@ -5,7 +5,9 @@
 // (a replicated one whose gradient differs per TP rank, GQA's k/v
 // projections when T exceeds the kv heads: `<dim = -1, chunks = 1,
 // reduce_grad = true>`) and the module with `bmt.tensor_parallel = T`; the
-// parameter's type stays the global shape. These read them back: the later
+// parameter's type stays the global shape. A split over the expert group
+// (`over = "expert"`, E = `bmt.expert_parallel`) cuts an expert parameter's
+// dim 0 E ways instead. These read them back: the later
 // passes (bmt-zero, the memory estimate) and the exporter (the plan's
 // TensorSplit, docs/sharded-format.md) size and slice by one rule,
 // bmt/Plan/SplitRule.h's.
@@ -34,6 +36,18 @@ inline int64_t tensorParallelOf(mlir::ModuleOp module) {
   return t ? t.getInt() : 1;
 }
 
+/// E of the module (`bmt.expert_parallel`; 1 without it).
+inline int64_t expertParallelOf(mlir::ModuleOp module) {
+  auto e = module ? module->getAttrOfType<mlir::IntegerAttr>("bmt.expert_parallel") : nullptr;
+  return e ? e.getInt() : 1;
+}
+
+/// The size of the group `split` runs over in `module`: E for a split over
+/// the expert group, else T.
+inline int64_t splitRanksOf(mlir::ModuleOp module, const TensorSplit &split) {
+  return split.isExpertSplit() ? expertParallelOf(module) : tensorParallelOf(module);
+}
+
 /// The split `bmt.tensor_split` of `op` (a bmt.parameter or bmt.buffer)
 /// records; replicated without the attribute.
 inline ParameterSplit parameterSplitOf(mlir::Operation *op) {
@@ -43,6 +57,7 @@ inline ParameterSplit parameterSplitOf(mlir::Operation *op) {
     s.chunks = a.getChunks();
     s.paddedSize = a.getPaddedSize();
     s.reduceGrad = a.getReduceGrad();
+    s.over = a.getOver() == "expert" ? SplitGroup::Expert : SplitGroup::Tensor;
   }
   return s;
 }
@@ -50,8 +65,10 @@ inline ParameterSplit parameterSplitOf(mlir::Operation *op) {
 /// Records `split` on `op` as `bmt.tensor_split` (the only writer of the
 /// attribute; padded_size and reduce_grad are printed only when set).
 inline void setParameterSplit(mlir::Operation *op, const ParameterSplit &split) {
-  op->setAttr("bmt.tensor_split", TensorSplitAttr::get(op->getContext(), split.dim, split.chunks,
-                                                       split.paddedSize, split.reduceGrad));
+  op->setAttr("bmt.tensor_split",
+              TensorSplitAttr::get(op->getContext(), split.dim, split.chunks, split.paddedSize,
+                                   split.reduceGrad,
+                                   split.over == SplitGroup::Expert ? "expert" : "tensor"));
 }
 
 /// Whether `op` carries a `bmt.tensor_split`.
@@ -62,8 +79,9 @@ inline bool hasParameterSplit(mlir::Operation *op) {
 /// The split of a whole parameter whose gradient is summed over the TP group.
 inline ParameterSplit reduceGradSplit() { return ParameterSplit{-1, 1, 0, true}; }
 
-/// Elements of one TP rank's slice of a tensor of global `shape` split by
-/// `split` over `tensorParallel` ranks (all of them when replicated).
+/// Elements of one rank's slice of a tensor of global `shape` split by
+/// `split` over `tensorParallel` ranks (E for a split over the expert
+/// group; all of them when replicated).
 inline int64_t localNumElements(llvm::ArrayRef<int64_t> shape, const ParameterSplit &split,
                                 int64_t tensorParallel) {
   return split::localNumel(std::vector<int64_t>(shape.begin(), shape.end()), split,
@@ -73,8 +91,9 @@ inline int64_t localNumElements(llvm::ArrayRef<int64_t> shape, const ParameterSp
 /// localNumElements of parameter `p` in its module.
 inline int64_t localNumElements(ParameterOp p) {
   auto module = p->getParentOfType<mlir::ModuleOp>();
-  return localNumElements(mlir::cast<mlir::RankedTensorType>(p.getType()).getShape(),
-                          parameterSplitOf(p), tensorParallelOf(module));
+  const ParameterSplit split = parameterSplitOf(p);
+  return localNumElements(mlir::cast<mlir::RankedTensorType>(p.getType()).getShape(), split,
+                          splitRanksOf(module, split));
 }
 
 } // namespace bmt

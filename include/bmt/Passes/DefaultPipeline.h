@@ -99,6 +99,12 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
                      "rank r runs stage r / (world-size / P) (1: none; bmt-pipeline-parallel, "
                      "docs/passes/pipeline.md)"),
       llvm::cl::init(1)};
+  Option<bool> splitExpertWeights{
+      *this, "split-expert-weights",
+      llvm::cl::desc("with expert-parallel > 1: each rank stores only its expert group "
+                     "position's experts, ZeRO-sharded over the ranks of that position "
+                     "(no checkpoints yet; bmt-moe-layers)"),
+      llvm::cl::init(false)};
   Option<bool> sequenceParallel{
       *this, "sequence-parallel",
       llvm::cl::desc("with tensor-parallel > 1: split the activations between the chains "
@@ -187,7 +193,8 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
 
   /// The options that are also top-level flags of bmt-opt, in this order.
   llvm::SmallVector<llvm::cl::Option *> commandLineFlags() {
-    return {&worldSize,       &tensorParallel, &expertParallel, &pipelineParallel, &sequenceParallel, &zeroStage, &shardGroupSize,
+    return {&worldSize,       &tensorParallel, &expertParallel, &splitExpertWeights,
+            &pipelineParallel, &sequenceParallel, &zeroStage, &shardGroupSize,
             &checkpoint,      &memoryBudgetGib, &microBatch, &seqLen,
             &prefetchDepth,   &assumeUnpadded, &fuseElementwise, &fuseSecondResults,
             &groupedQueryAttention, &freeze, &lora};

@@ -36,7 +36,8 @@ namespace bmt::plan {
 /// parallelism (TensorSplit, StorageGroup::tpRank, Plan::tensorParallel,
 /// vocabParallel, vocabSize, the Tp* instructions); 7 adds the MoeDispatch
 /// and MoeCombine instructions (bmt-opt --bmt-moe-layers); 8 adds pipeline
-/// stages (Plan::pipelineStages, pipelineBlockList, pipelineFirstBlocks).
+/// stages (Plan::pipelineStages, pipelineBlockList, pipelineFirstBlocks)
+/// and splits over the expert group (TensorSplit::over, StorageGroup::epRank).
 constexpr int64_t kPlanFormatVersion = 8;
 /// The oldest version readers still take.
 constexpr int64_t kOldestPlanFormatVersion = 2;
@@ -54,9 +55,10 @@ public:
 };
 
 /// Version 6: how a tensor is split over the tensor-parallel (TP) group of
-/// T ranks (bmt/Plan/SplitRule.h states the rule). The tensor's `shape`
-/// stays the global, unpadded one. See localShape() and
-/// docs/sharded-format.md.
+/// T ranks (bmt/Plan/SplitRule.h states the rule); version 8: or, `over`
+/// the expert group, an expert parameter over the E ranks of an expert
+/// group. The tensor's `shape` stays the global, unpadded one. See
+/// localShape() and docs/sharded-format.md.
 using TensorSplit = bmt::TensorSplit;
 
 /// A parameter or buffer of the model.
@@ -82,15 +84,19 @@ struct TensorInfo {
   /// CRC-32 (zlib's polynomial) of the tensor's bytes; readers check it,
   /// since the zip container's own CRCs are not checked by LibTorch.
   int64_t crc32 = 0;
-  /// Version 6: the split over the TP group (default: replicated).
+  /// Version 6: the split over the TP group (default: replicated); version
+  /// 8: or over the expert group (split.over).
   TensorSplit split;
 
   int64_t numel() const;
   int64_t nbytes() const;
-  /// The shape of TP rank's slice with T = `tensorParallel` ranks (`shape`
-  /// itself when not split or T == 1): shape[dim] replaced by P / T.
-  std::vector<int64_t> localShape(int64_t tensorParallel) const;
-  int64_t localNumel(int64_t tensorParallel) const;
+  /// The shape of one rank's slice with T = `tensorParallel` ranks per TP
+  /// group and E = `expertParallel` per expert group: shape[dim] replaced
+  /// by P / T for a split over the TP group, by shape[0] / E for one over
+  /// the expert group; `shape` itself when not split. An expert split is
+  /// no TP split: with E = 1 (the default) it gives the global shape.
+  std::vector<int64_t> localShape(int64_t tensorParallel, int64_t expertParallel = 1) const;
+  int64_t localNumel(int64_t tensorParallel, int64_t expertParallel = 1) const;
 };
 
 /// One argument of an instruction: a register, a constant, or a list of
@@ -209,6 +215,14 @@ struct StorageGroup {
   /// (which writeArchive sets to the tp_rank 0 copy's). Empty when the group
   /// has no record (weights-free) or T == 1.
   std::vector<int64_t> crc32s;
+  /// Version 8, expert parallelism: -1, or the position p in the expert
+  /// group whose slices this copy holds. Such a group holds only expert
+  /// parameters split over the expert group (TensorSplit::over), exists E
+  /// times (epRank 0..E-1: the same name, members, offsets and size, which
+  /// count local elements, experts [p*X/E, (p+1)*X/E)), and TensorInfo::
+  /// group and the Gather/Release targets name the epRank 0 copy. Its shards
+  /// run over the N/E ranks of position p (docs/sharded-format.md).
+  int64_t epRank = -1;
   /// Per-chunk checksums of this copy's flat buffer, so that a rank that
   /// reads a range of it checks every byte it reads: chunk k is bytes
   /// [k * chunkBytes, min((k + 1) * chunkBytes, nbytes())) of the buffer,
@@ -313,6 +327,12 @@ struct Plan {
   /// The index of the copy of storage group `group` (a tpRank 0 or -1
   /// copy) that TP rank `tpRank` uses: `group` itself when T == 1.
   int64_t tpGroup(int64_t group, int64_t tpRank) const;
+  /// The index of the copy of storage group `group` (an epRank 0 or -1
+  /// copy) that position `epRank` of an expert group uses: `group` itself
+  /// when the group is not split over the expert group.
+  int64_t epGroup(int64_t group, int64_t epRank) const;
+  /// Whether any tensor is split over the expert group.
+  bool splitsExperts() const;
 };
 
 /// The version a writer gives `plan`: 2; 3 when it has assumptions; 4 when
@@ -320,7 +340,8 @@ struct Plan {
 /// instruction; 6 when anything of tensor parallelism is non-default
 /// (T > 1, a TensorSplit, a tpRank, vocabParallel, a Tp* instruction); 7
 /// when a function has a MoeDispatch or MoeCombine instruction; 8 when
-/// pipelineStages > 1. An
+/// pipelineStages > 1, a tensor is split over the expert group or a group
+/// has an epRank. An
 /// older reader must refuse such a plan rather than ignore what it does not
 /// know; a plan with T == 1 and nothing else new is written as before.
 int64_t formatVersionOf(const Plan &plan);
@@ -328,7 +349,9 @@ int64_t formatVersionOf(const Plan &plan);
 /// Plan <-> IValue. fromIValue throws PlanError on a malformed value, a
 /// version it does not read (naming the versions it reads), or an
 /// assumption it does not know; for version 6 also on a split, group copy
-/// or vocab field inconsistent with tensor_parallel (naming the field).
+/// or vocab field inconsistent with tensor_parallel (naming the field);
+/// for version 8 on an expert split or ep_rank copy inconsistent with
+/// expert_parallel.
 c10::IValue toIValue(const Plan &plan);
 Plan fromIValue(const c10::IValue &value);
 

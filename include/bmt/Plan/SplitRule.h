@@ -1,9 +1,16 @@
-//===- SplitRule.h - a tensor's split over the tensor-parallel group ------===//
+//===- SplitRule.h - a tensor's split over a group of ranks ---------------===//
 //
-// The one statement of bmt's tensor-parallel split rule, shared by the
-// dialect (`#bmt.tensor_split`), the plan (tpSlice/tpUnslice), the
-// checkpoint reader (resharding) and the checkpoint metadata bmt-to-hf
-// reads. Plain C++: no LibTorch, no MLIR, no exceptions.
+// The one statement of bmt's split rule, shared by the dialect
+// (`#bmt.tensor_split`), the plan (tpSlice/tpUnslice), the checkpoint
+// reader (resharding) and the checkpoint metadata bmt-to-hf reads. Plain
+// C++: no LibTorch, no MLIR, no exceptions.
+//
+// A split runs over one group of ranks (TensorSplit::over): the
+// tensor-parallel group of T ranks, or the expert group of E ranks (expert
+// parallelism: an expert parameter [X, ...] cut on dim 0, position p of the
+// group holding experts [p*X/E, (p+1)*X/E); chunks 1, no padding). The
+// functions below take the size of that group as `tensorParallel` (T, or
+// E for an expert split); a caller picks it by TensorSplit::over.
 //
 // The rule: along `dim`, the tensor is padded with zeros at the end to
 // P = paddedSize (or its size) elements, which form `chunks` equal chunks,
@@ -22,7 +29,14 @@
 
 namespace bmt {
 
-/// How a tensor is split over the TP group; dim == -1 when it is replicated.
+/// The group of ranks a split runs over.
+enum class SplitGroup : int8_t {
+  Tensor, ///< the tensor-parallel group (T ranks)
+  Expert, ///< the expert group (E ranks; dim 0, chunks 1, no padding)
+};
+
+/// How a tensor is split over a group of ranks (`over`); dim == -1 when it
+/// is replicated.
 struct TensorSplit {
   int64_t dim = -1;       ///< -1: replicated; else the split dim of the global shape
   int64_t chunks = 1;     ///< equal chunks of `dim`, each split T ways (a fused QKV: 3)
@@ -30,10 +44,26 @@ struct TensorSplit {
   /// A replicated tensor whose gradient differs per TP rank: the gradient is
   /// summed over the TP group before the optimizer.
   bool reduceGrad = false;
+  /// The group the split runs over. Code that knows only tensor
+  /// parallelism asks isTensorSplit(), never isSplit().
+  SplitGroup over = SplitGroup::Tensor;
 
+  /// Split over any group.
   bool isSplit() const { return dim >= 0; }
-  bool isDefault() const { return dim < 0 && chunks == 1 && paddedSize == 0 && !reduceGrad; }
+  bool isTensorSplit() const { return dim >= 0 && over == SplitGroup::Tensor; }
+  bool isExpertSplit() const { return dim >= 0 && over == SplitGroup::Expert; }
+  bool isDefault() const {
+    return dim < 0 && chunks == 1 && paddedSize == 0 && !reduceGrad && over == SplitGroup::Tensor;
+  }
 };
+
+/// The split of an expert parameter [X, ...] over the expert group.
+inline TensorSplit expertSplit() {
+  TensorSplit s;
+  s.dim = 0;
+  s.over = SplitGroup::Expert;
+  return s;
+}
 
 namespace split {
 
@@ -57,8 +87,9 @@ struct Location {
 
 /// Checks `split` for a tensor of `rank` dims whose split dim has `size`
 /// elements (ignored when `size` < 0: not known) over `tensorParallel`
-/// ranks (0: not known). Returns "" when it fits, else the reason (one
-/// phrase naming the field, e.g. "chunks must be at least 1").
+/// ranks (0: not known; the expert group's E for an expert split). Returns
+/// "" when it fits, else the reason (one phrase naming the field, e.g.
+/// "chunks must be at least 1").
 std::string check(const TensorSplit &split, int64_t rank, int64_t size, int64_t tensorParallel);
 
 /// P: the size of the split dim after padding (`size` when not padded).

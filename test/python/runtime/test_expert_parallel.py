@@ -56,12 +56,14 @@ def prepared(request, tmp_path_factory):
     return _PREPARED[name]
 
 
-def plan(prep, experts, recompute):
-    key = (experts, recompute)
+def plan(prep, experts, recompute, split=False):
+    key = (experts, recompute, split)
     if key not in prep["plans"]:
-        sharded = os.path.join(prep["tmp"], f"ep{experts}{'' if recompute else '-none'}.sharded.pt")
+        sharded = os.path.join(prep["tmp"], f"ep{experts}{'' if recompute else '-none'}"
+                               f"{'-split' if split else ''}.sharded.pt")
         r = subprocess.run([binary("bmt-opt"), prep["archive"], "-o", sharded, "--expert-parallel",
-                            str(experts), "--checkpoint", "all" if recompute else "none"],
+                            str(experts), "--checkpoint", "all" if recompute else "none",
+                            *(["--split-expert-weights"] if split else [])],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         assert f"experts split over expert groups of {experts} ranks" in r.stderr, r.stderr
@@ -94,7 +96,7 @@ def eager_reference(prep, lrs):
     return prep["eager"]
 
 
-def train(prep, ranks, experts, recompute, *more, name=None):
+def train(prep, ranks, experts, recompute, *more, name=None, split=False):
     """bmt-run under torchrun on the cell's plan with the matrix's training
     flags: (train records, saved parameters, stdout). Without `more`, the
     cell's run, once (it also saves a checkpoint at step 2, in
@@ -108,7 +110,7 @@ def train(prep, ranks, experts, recompute, *more, name=None):
     if not more:
         more = ("--checkpoint-dir", os.path.join(prep["tmp"], f"ck-{cell}"),
                 "--checkpoint-every", 2)
-    r = torchrun(ranks, plan(prep, experts, recompute), "--batches",
+    r = torchrun(ranks, plan(prep, experts, recompute, split), "--batches",
                  os.path.join(prep["tmp"], "batches.pt"), "--steps", parallel_matrix.STEPS,
                  "--objective", "causal-lm", *parallel_matrix.TRAIN_FLAGS, "--log-file", log,
                  "--save-params", saved, *more, timeout=parallel_matrix.TIMEOUT_S)
@@ -141,6 +143,41 @@ def test_training_matches_eager(prepared, ranks, experts, recompute):
           f"{loss_diff:.2e}, parameters max {stats[0]:.2e}")
 
 
+# (model, N, E, recompute) with the experts' weights split over the expert group
+SPLIT_CELLS = [("qwen3_moe", 4, 2, False), ("gpt_oss", 2, 2, True)]
+
+
+@pytest.mark.parametrize("prepared,ranks,experts,recompute",
+                         [((m, n, e, rc)) for m, n, e, rc in SPLIT_CELLS], indirect=["prepared"],
+                         ids=[f"{m}-n{n}-ep{e}" for m, n, e, _ in SPLIT_CELLS])
+def test_split_expert_weights_match_eager(prepared, ranks, experts, recompute):
+    """--split-expert-weights: each rank's blocks gather only its position's
+    X/E experts (the run line's count: every parameter but (E-1)/E of the
+    experts'), and training matches eager as the unsplit cells do (losses
+    within LOSS_ULPS, parameters within 1e-4; --save-params puts the experts
+    back together). Checkpoints are refused with one line."""
+    train_records, params, stdout = train(prepared, ranks, experts, recompute,
+                                          "--log-every", 1, name=f"split-n{ranks}-ep{experts}",
+                                          split=True)
+    model = architectures.build(prepared["name"])
+    total = sum(p.numel() for p in model.parameters())
+    expert = sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n)
+    assert expert > 0
+    want = total - expert + expert // experts
+    assert f"(expert weights split: a rank gathers {want} parameters)" in stdout, stdout
+    losses, eager_params, counts = eager_reference(prepared,
+                                                   {x["step"]: x["lr"] for x in train_records})
+    for x, l in zip(train_records, losses):
+        assert_loss_close(x["loss"], l, what=f"loss of step {x['step']}")
+    stats = assert_trained_close(params, eager_params, sum(x["lr"] for x in train_records))
+    assert stats[0] <= 1e-4, f"max parameter difference {stats[0]:.3g}"
+    r = torchrun(ranks, plan(prepared, experts, recompute, True), "--batches",
+                 os.path.join(prepared["tmp"], "batches.pt"), "--steps", 1, "--checkpoint-dir",
+                 os.path.join(prepared["tmp"], "ck-split"), timeout=parallel_matrix.TIMEOUT_S)
+    assert r.returncode != 0
+    assert "checkpoints this bmt does not write or read yet" in r.stdout + r.stderr, r.stderr
+
+
 def error_lines(text):
     return [l[l.index("error:"):].strip() for l in text.splitlines() if "error:" in l]
 
@@ -165,6 +202,11 @@ def test_bad_expert_groups_are_refused(prepared, tmp_path):
         "together are not supported")
     assert refused("--expert-parallel", "2", "--world-size", "3") == (
         "error: --world-size 3 is not a multiple of --expert-parallel 2")
+    assert refused("--split-expert-weights") == (
+        "error: --split-expert-weights needs --expert-parallel > 1")
+    assert refused("--expert-parallel", "2", "--split-expert-weights", "--shard-group-size",
+                   "2") == ("error: --split-expert-weights with --shard-group-size: hybrid "
+                            "sharding of split experts is not supported")
     # A world size that is not a multiple of E, at bmt-run's start.
     sharded = plan(prepared, 2, True)
     r = torchrun(3, sharded, "--batches", os.path.join(prepared["tmp"], "batches.pt"),

@@ -16,6 +16,7 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
@@ -318,6 +319,126 @@ TEST(PlanFormat, ExpertParallelismRoundTripsAndIsChecked) {
   }
 }
 
+void expectRefused(const Plan &p, const std::string &field);
+
+/// twoParameterPlan with expert parallelism E = 2: the weight [2, 3] is
+/// an expert parameter (2 experts) split over the expert group, alone in
+/// storage group copies of ep_rank 0 and 1 of local size 3 ([1, 3]); the
+/// bias stays in the dense group.
+Plan expertSplitPlan() {
+  Plan p = twoParameterPlan();
+  p.expertParallel = 2;
+  p.tensors[0].split = bmt::expertSplit();
+  p.tensors[0].group = 1;
+  p.groups[0].members = {1};
+  p.groups[0].offsets = {0};
+  p.groups[0].size = 3;
+  StorageGroup experts;
+  experts.name = "block.0.experts.float32";
+  experts.members = {0};
+  experts.offsets = {0};
+  experts.size = 3;
+  experts.blockList = "block";
+  experts.blockIndex = 0;
+  experts.epRank = 0;
+  p.groups.push_back(experts);
+  experts.epRank = 1;
+  p.groups.push_back(experts);
+  return p;
+}
+
+TEST(PlanFormat, ExpertSplitsRoundTripAtVersion8) {
+  EXPECT_EQ(formatVersionOf(expertSplitPlan()), 8);
+  c10::IValue v = toIValue(expertSplitPlan());
+  c10::impl::GenericDict weight = v.toGenericDict().at("tensors").toListRef()[0].toGenericDict();
+  EXPECT_EQ(weight.at("split").toGenericDict().at("over").toStringRef(), "expert");
+  Plan p = fromIValue(v);
+  EXPECT_EQ(p.version, 8);
+  EXPECT_TRUE(p.splitsExperts());
+  EXPECT_TRUE(p.tensors[0].split.isExpertSplit());
+  EXPECT_FALSE(p.tensors[0].split.isTensorSplit());
+  EXPECT_TRUE(p.tensors[1].split.isDefault());
+  EXPECT_EQ(p.groups[0].epRank, -1);
+  EXPECT_EQ(p.groups[2].epRank, 1);
+  EXPECT_EQ(p.epGroup(1, 1), 2);
+  EXPECT_EQ(p.epGroup(0, 1), 0); // a dense group has one copy
+  // A rank's slice: experts [p*X/E, (p+1)*X/E); no TP slice.
+  EXPECT_EQ(p.tensors[0].localShape(1, 2), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(p.tensors[0].localShape(2), (std::vector<int64_t>{2, 3}));
+  // A tensor-parallel plan stays version 6, its splits over the TP group.
+  Plan tp = fromIValue(toIValue(tensorParallelPlan()));
+  EXPECT_TRUE(tp.tensors[0].split.isTensorSplit());
+  EXPECT_FALSE(toIValue(tensorParallelPlan()).toGenericDict().at("tensors").toListRef()[0]
+                   .toGenericDict().at("split").toGenericDict().contains("over"));
+}
+
+TEST(PlanFormat, RejectsInconsistentExpertSplits) {
+  Plan p = expertSplitPlan();
+  p.expertParallel = 1;
+  expectRefused(p, "expert_parallel is 1");
+  p = expertSplitPlan();
+  p.expertParallel = 3; // 2 experts over 3 ranks (and 2 copies)
+  p.groups.back().epRank = 2;
+  expectRefused(p, "expert_parallel (3)");
+  p = expertSplitPlan();
+  p.tensors[0].split.dim = 1;
+  expectRefused(p, "dim 0");
+  p = expertSplitPlan();
+  p.tensors[0].split.chunks = 2;
+  expectRefused(p, "chunks 1");
+  p = expertSplitPlan();
+  p.tensors[2].split = bmt::expertSplit(); // the buffer [4]
+  expectRefused(p, "buffer");
+  p = expertSplitPlan();
+  p.groups.pop_back(); // one copy for E = 2
+  expectRefused(p, "ep_rank copies");
+  p = expertSplitPlan();
+  p.groups[2].epRank = 0; // two copies of position 0
+  expectRefused(p, "ep_rank");
+  p = expertSplitPlan();
+  p.groups[2].size = 4; // the copies differ
+  expectRefused(p, "differ");
+  p = expertSplitPlan();
+  p.groups[1].size = 2; // the local [1, 3] does not fit
+  p.groups[2].size = 2;
+  expectRefused(p, "does not fit");
+  p = expertSplitPlan();
+  p.tensors[0].group = 2; // names the ep_rank 1 copy
+  expectRefused(p, "ep_rank 0 copy");
+  p = expertSplitPlan();
+  p.tensors[0].group = 0; // in the dense group
+  p.groups[0].members = {0, 1};
+  p.groups[0].offsets = {0, 8};
+  p.groups[0].size = 11;
+  p.groups.resize(1);
+  expectRefused(p, "ep_rank 0 copy");
+  p = expertSplitPlan();
+  p.groups[0].epRank = 0; // a dense member in an ep_rank copy
+  expectRefused(p, "ep_rank");
+  p = expertSplitPlan();
+  p.functions[0].body[0].target = 2; // a gather of the ep_rank 1 copy
+  expectRefused(p, "ep_rank");
+  // "over" is version 8's: in an older plan, or an unknown group, refused.
+  c10::IValue v = toIValue(tensorParallelPlan());
+  v.toGenericDict().at("tensors").toListRef()[0].toGenericDict().at("split").toGenericDict()
+      .insert_or_assign("over", std::string("expert"));
+  try {
+    fromIValue(v);
+    ADD_FAILURE() << "accepted an expert split in a version 6 plan";
+  } catch (const PlanError &e) {
+    EXPECT_NE(std::string(e.what()).find("version 6"), std::string::npos) << e.what();
+  }
+  v = toIValue(expertSplitPlan());
+  v.toGenericDict().at("tensors").toListRef()[0].toGenericDict().at("split").toGenericDict()
+      .insert_or_assign("over", std::string("pipeline"));
+  try {
+    fromIValue(v);
+    ADD_FAILURE() << "accepted a split over 'pipeline'";
+  } catch (const PlanError &e) {
+    EXPECT_NE(std::string(e.what()).find("'pipeline'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(PlanFormat, TensorParallelRoundTrip) {
   Plan p = fromIValue(toIValue(tensorParallelPlan()));
   EXPECT_EQ(p.version, 6);
@@ -542,6 +663,33 @@ TEST_F(ArchiveFile, RanksReadOnlyTheirRangeOfAGroup) {
   EXPECT_TRUE(at::equal(archive.readTensor(1), bias));
   EXPECT_TRUE(at::equal(archive.readTensor(2), mask));
   EXPECT_THROW(archive.readGroupRange(0, 5, 12), PlanError);
+}
+
+TEST_F(ArchiveFile, ExpertSplitCopiesHoldTheirPositionsExperts) {
+  // Expert parallelism E = 2: the ep_rank p copy of the experts' group
+  // holds expert p of the weight [2, 3]; the weight names the ep_rank 0
+  // copy.
+  Plan p = expertSplitPlan();
+  at::Tensor weight = at::arange(1, 7, at::kFloat).view({2, 3});
+  at::Tensor bias = at::arange(10, 13, at::kFloat);
+  at::Tensor mask = at::arange(4, at::kFloat);
+  std::string path = (dir_ / "experts.pt").string();
+  writeArchive(path, p, "module {}", [&](size_t i) {
+    return std::vector<at::Tensor>{weight, bias, mask}[i];
+  });
+  EXPECT_EQ(p.tensors[0].record, "bmt/weights/group1");
+  caffe2::serialize::PyTorchStreamReader reader(path);
+  for (int64_t e : {0, 1}) {
+    auto [data, size] = reader.getRecord("bmt/weights/group" + std::to_string(1 + e));
+    ASSERT_EQ(size, 3u * 4);
+    at::Tensor got = at::from_blob(data.get(), {3}, at::kFloat).clone();
+    EXPECT_TRUE(at::equal(got, weight[e])) << "ep_rank " << e;
+  }
+  // Read back: each copy's range, and the whole tensor from all copies.
+  Archive archive(path);
+  EXPECT_TRUE(at::equal(archive.readGroupRange(2, 0, 3), weight[1]));
+  EXPECT_TRUE(at::equal(archive.readTensor(0), weight));
+  EXPECT_TRUE(at::equal(archive.readTensor(1), bias));
 }
 
 TEST_F(ArchiveFile, AGroupSplitIntoPartsReadsAsOne) {

@@ -1,4 +1,4 @@
-//===- SplitRuleTest.cpp - the tensor-parallel split rule's index arithmetic ===//
+//===- SplitRuleTest.cpp - the split rule's index arithmetic ------------===//
 //
 // bmt/Plan/SplitRule.h against a reference that builds each TP rank's slice
 // of the split dim element by element (pad with -1, cut into chunks, cut
@@ -162,4 +162,37 @@ TEST(SplitRule, CheckNamesWhatDoesNotFit) {
   TensorSplit reduce = splitOf(0, 1);
   reduce.reduceGrad = true;
   EXPECT_NE(split::check(reduce, 2, 8, 2).find("reduce_grad is for replicated"), std::string::npos);
+}
+
+TEST(SplitRule, AnExpertSplitIsDimZeroOverTheExpertGroup) {
+  // 8 experts over E = 4: position p holds experts [2p, 2p + 2), the rule
+  // of an unchunked, unpadded split of dim 0 (the same index arithmetic).
+  const TensorSplit e = bmt::expertSplit();
+  EXPECT_TRUE(e.isSplit());
+  EXPECT_TRUE(e.isExpertSplit());
+  EXPECT_FALSE(e.isTensorSplit());
+  EXPECT_FALSE(e.isDefault());
+  checkAgainstReference(e, 8, 4);
+  EXPECT_EQ(split::localShape({8, 6, 3}, e, 4), (std::vector<int64_t>{2, 6, 3}));
+  EXPECT_EQ(split::tpRanges(e, 8, 4, 3), (std::vector<split::Range>{{0, 6, 2}}));
+  // Not dim 0, chunked, padded, reduce_grad or without a dim: refused,
+  // naming what an expert split is; X not a multiple of E names E.
+  TensorSplit bad = e;
+  bad.dim = 1;
+  EXPECT_NE(split::check(bad, 3, 6, 2).find("dim 0"), std::string::npos);
+  bad = e;
+  bad.chunks = 2;
+  EXPECT_NE(split::check(bad, 3, 8, 2).find("chunks 1"), std::string::npos);
+  bad = e;
+  bad.paddedSize = 10;
+  EXPECT_NE(split::check(bad, 3, 8, 2).find("padded_size"), std::string::npos);
+  bad = e;
+  bad.reduceGrad = true;
+  EXPECT_NE(split::check(bad, 3, 8, 2).find("reduce_grad"), std::string::npos);
+  bad = e;
+  bad.dim = -1;
+  EXPECT_NE(split::check(bad, 3, 8, 2).find("dim 0"), std::string::npos);
+  EXPECT_EQ(split::check(e, 3, 6, 4), "dim 0 of size 6 is not a multiple of expert_parallel (4)");
+  // A TP split's message still names tensor_parallel.
+  EXPECT_NE(split::check(splitOf(0, 1), 3, 6, 4).find("tensor_parallel (4)"), std::string::npos);
 }

@@ -290,6 +290,8 @@ public:
 
   /// Elements in all distinct trainable parameters (of the whole model).
   int64_t numParameters() const;
+  /// ZeroStorage::gatheredParameters (0 without ZeRO storage).
+  int64_t gatheredParameters() const;
   const plan::Plan &plan() const { return plan_; }
   at::Device device() const { return device_; }
   /// The communicator of all ranks (a local one for a single process).

@@ -219,6 +219,10 @@ public:
   /// Elements in the groups' real (unpadded) buffers, counting each
   /// parameter once.
   int64_t numParameters() const;
+  /// Elements of the parameters this rank's gathers materialize: every
+  /// member of the groups it holds, at its local size (a TP slice, or for
+  /// a split over the expert group this rank's position's experts).
+  int64_t gatheredParameters() const;
   Comm &world() { return world_; }
   /// The communicator of the ranks that hold the other shards of this
   /// rank's groups (the shard group).
@@ -294,6 +298,9 @@ private:
   Comm *tensor_ = nullptr; ///< the TP group (null when T == 1)
   std::vector<int64_t> slots_; ///< plan group index -> index in groups_ (-1: another TP rank's)
   std::unique_ptr<Comm> shardComm_, replicaComm_;
+  /// With expert parameters split over the expert group: the N/E ranks at
+  /// this rank's position in their expert groups (null otherwise).
+  std::unique_ptr<Comm> expertShardComm_;
   std::vector<std::unique_ptr<Group>> groups_;
   std::vector<at::Tensor> shards_;
   std::vector<std::string> shardNames_;

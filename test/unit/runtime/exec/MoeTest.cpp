@@ -193,6 +193,25 @@ TEST_P(MoeExpertParallel, EqualsAllLocalExperts) {
     at::Tensor others = w1.grad().clone();
     others.narrow(0, own.first, own.count).zero_();
     EXPECT_EQ(others.abs().max().item<float>(), 0.0f) << "rank " << r;
+    // Local weights (split over the expert group): this rank's experts
+    // only, local offsets and ids; values and that slice's gradient as
+    // with the whole weights.
+    at::Tensor h2 = a.hidden.clone().requires_grad_(true), g2 = a.weights.clone().requires_grad_(true);
+    at::Tensor w2 = weight.narrow(0, own.first, own.count).clone().requires_grad_(true);
+    moe::ExpertRange mine = own;
+    mine.localWeights = true;
+    moe::Dispatched d = moe::dispatch(h2, a.ids, mine, &comm, g2);
+    EXPECT_EQ(d.offsets.size(0), own.count);
+    if (d.sortedIds.numel() > 0) {
+      EXPECT_GE(d.sortedIds.min().item<int64_t>(), 0);
+      EXPECT_LT(d.sortedIds.max().item<int64_t>(), own.count);
+    }
+    at::Tensor out = at::_grouped_mm(d.rows, w2, d.offsets) * d.weights.unsqueeze(-1);
+    at::Tensor y2 = moe::combine(out, d.permutation, a.ids.size(-1), d.exchange.get());
+    torch::autograd::backward({y2}, {up});
+    EXPECT_TRUE(at::equal(y2, y1)) << "rank " << r;
+    EXPECT_TRUE(at::equal(h2.grad(), h1.grad())) << "rank " << r;
+    EXPECT_TRUE(at::equal(w2.grad(), w1.grad().narrow(0, own.first, own.count))) << "rank " << r;
     std::lock_guard<std::mutex> lock(m);
     localGradSum += w0.grad();
     parallelGradSum += w1.grad();
@@ -210,5 +229,8 @@ TEST(MoeExpertParallelErrors, ExpertsThatDoNotDivideAndWrongRangesAreRefused) {
     RankTokens a(r);
     // Rank r computes experts [2r, 2r + 2) of 4, not all of them.
     EXPECT_THROW(moe::dispatch(a.hidden, a.ids, moe::allExperts(4), &comm), std::invalid_argument);
+    moe::ExpertRange local = moe::allExperts(4);
+    local.localWeights = true; // local weights without an expert group
+    EXPECT_THROW(moe::dispatch(a.hidden, a.ids, local, nullptr), std::invalid_argument);
   });
 }
