@@ -1,0 +1,177 @@
+"""What a run's sharded.pt says for bmt-to-hf: its plan, LoRA settings
+(peft's adapter_config.json) and frozen parameters (streamed from the
+archive), and whether it is the plan a checkpoint trained.
+"""
+import struct
+
+from bmt.checkpoint_files import CHUNK, ELEMENT_SIZE, SAFETENSORS_DTYPE, Failure
+
+TORCH_DTYPE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64",
+               "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+               "BOOL": "bool"}
+
+
+def lora_config(sharded):
+    """peft's adapter_config.json for the bmt-opt --lora plan `sharded` (its
+    program's bmt.lora attribute, written by bmt-lora)."""
+    import re
+    import zipfile
+    if not sharded:
+        raise Failure("--adapter and --merge need --sharded sharded.pt (the LoRA plan the run "
+                      "trained)")
+    try:
+        with zipfile.ZipFile(sharded) as z:
+            name = next((n for n in z.namelist() if n.endswith("/bmt/program.mlir")), None)
+            text = z.read(name).decode() if name else ""
+    except (OSError, zipfile.BadZipFile) as e:
+        raise Failure(f"{sharded}: not a sharded.pt archive ({e})") from None
+    m = re.search(r"bmt\.lora = \{([^}]*)\}", text)
+    if not m:
+        raise Failure(f"{sharded} has no LoRA adapters (compile with bmt-opt --lora)")
+    fields = dict(re.findall(r'(\w+) = ("[^"]*"|[^,]+)', m.group(1)))
+
+    def number(key):
+        return float(fields[key].split(":")[0].strip())
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": None,
+            "r": int(number("r")), "lora_alpha": number("alpha"),
+            "lora_dropout": number("dropout"),
+            "fan_in_fan_out": fields["fan_in_fan_out"].strip() == "true",
+            "target_modules": fields["target_modules"].strip('"').split(","),
+            "bias": "none", "inference_mode": True}
+
+def tensor_of(data, t, torch):
+    """Tensor `t`'s bytes as a torch tensor of its dtype and shape."""
+    return torch.frombuffer(bytearray(data), dtype=getattr(torch, TORCH_DTYPE[t.dtype])).view(
+        t.shape).clone()
+
+
+def merged_bytes(t, base, a, b, config, torch):
+    """The bytes of base weight `t` with its adapter merged as peft's
+    merge_and_unload does: W + (B @ A) * (alpha / r), transposed for
+    fan_in_fan_out (Conv1D, W [in, out])."""
+    w = tensor_of(base, t, torch)
+    delta = (b @ a) * (config["lora_alpha"] / config["r"])
+    if config["fan_in_fan_out"]:
+        delta = delta.T
+    return (w + delta.to(w.dtype)).contiguous().numpy().tobytes() if w.dtype != torch.bfloat16 \
+        else (w + delta.to(w.dtype)).contiguous().view(torch.int16).numpy().tobytes()
+
+
+def sharded_plan(sharded, torch):
+    """(plan dict, the archive's top folder, program text) of sharded.pt."""
+    import io
+    import zipfile
+    try:
+        with zipfile.ZipFile(sharded) as z:
+            names = z.namelist()
+            plan_name = next((n for n in names if n.endswith("/bmt/plan.pkl")), None)
+            program = next((n for n in names if n.endswith("/bmt/program.mlir")), None)
+            if plan_name is None or program is None:
+                raise Failure(f"{sharded}: not a sharded.pt archive (no bmt/plan.pkl)")
+            plan = torch.load(io.BytesIO(z.read(plan_name)), weights_only=False)
+            text = z.read(program).decode()
+    except (OSError, zipfile.BadZipFile) as e:
+        raise Failure(f"{sharded}: not a sharded.pt archive ({e})") from None
+    return plan, plan_name[:-len("bmt/plan.pkl")], text
+
+
+def frozen_identity(plan):
+    """runtime::frozenIdentity of `plan` (FNV-1a 64 of the frozen
+    parameters' names, dtypes, shapes, CRC-32s and init rules), "" when
+    nothing is frozen."""
+    h, frozen = 1469598103934665603, False
+
+    def add(data):
+        nonlocal h
+        for byte in data:
+            h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    for t in plan["tensors"]:
+        if t["is_parameter"] and not t["requires_grad"]:
+            frozen = True
+            add(t["name"].encode() + b"\0")
+            add(t["dtype"].encode() + b"\0")
+            for d in t["shape"]:
+                add(struct.pack("<q", d))
+            add(struct.pack("<q", t["crc32"]))
+            add(t["init"].encode() + b"\0")
+    return f"{h:016x}" if frozen else ""
+
+
+def adapter_settings(text):
+    """plan::adapterSettings: the program's `bmt.lora = {...}` text, or ""."""
+    at = text.find("bmt.lora = {")
+    if at < 0:
+        return ""
+    end = text.find("}", at + len("bmt.lora = {"))
+    return text[at:] if end < 0 else text[at:end + 1]
+
+
+def check_sharded_is_the_runs(meta, folder, sharded, torch):
+    """Refuses a --sharded plan other than the one the checkpoint trained:
+    other frozen parameters, or other LoRA settings (checkpoint.json's
+    plan.frozen_base and plan.adapters, where the checkpoint records them)."""
+    plan, _, text = sharded_plan(sharded, torch)
+    saved = meta.get("plan", {})
+    if "frozen_base" in saved and saved["frozen_base"] != frozen_identity(plan):
+        raise Failure(f"{folder} was trained against other frozen parameters than {sharded}'s "
+                      f"(identity {saved['frozen_base'] or 'none'} there, "
+                      f"{frozen_identity(plan) or 'none'} here): give the sharded.pt the run "
+                      "trained")
+    if "adapters" in saved and saved["adapters"] != adapter_settings(text):
+        raise Failure(f"{folder} was trained with LoRA settings {saved['adapters'] or 'none'}, "
+                      f"{sharded} has {adapter_settings(text) or 'none'}: give the sharded.pt "
+                      "the run trained")
+    return plan
+
+
+def check_no_buffer_moved(rank0, plan, sharded):
+    """--adapter: a peft adapter holds only the adapters, so refuses a
+    checkpoint whose buffers training moved (a router's score-correction
+    bias, rank 0's buffer.<name>) away from their values in sharded.pt."""
+    import zipfile
+    with zipfile.ZipFile(sharded) as z:
+        top = next(n for n in z.namelist() if n.endswith("/bmt/plan.pkl"))[:-len("bmt/plan.pkl")]
+        for t in plan["tensors"]:
+            entry = f"buffer.{t['name']}"
+            if t["is_parameter"] or entry not in rank0.entries or not t["record"]:
+                continue
+            code, shape, (begin, end) = rank0.entries[entry]
+            numel = (end - begin) // ELEMENT_SIZE[code]
+            saved = rank0.read(entry, 0, end - begin, code, numel)
+            rank0.finish(entry, code, numel)
+            with z.open(top + t["record"]) as f:
+                f.seek(t["offset"])
+                initial = f.read(end - begin)
+            if saved != initial:
+                raise Failure(f"the run moved {t['name']} (bmt-run --moe-bias-update-rate), "
+                              "which a peft adapter cannot carry: export with --merge")
+
+
+def frozen_parameters(sharded, torch):
+    """{name (and each alias): (zip member, byte offset, dtype code, shape)}
+    of the frozen parameters (requires_grad false) of sharded.pt's plan that
+    have bytes in it (docs/sharded-format.md)."""
+    plan, top, _ = sharded_plan(sharded, torch)
+    out = {}
+    for t in plan["tensors"]:
+        if not t["is_parameter"] or t["requires_grad"] or not t["record"] or t.get("split"):
+            continue
+        entry = (top + t["record"], t["offset"], SAFETENSORS_DTYPE[t["dtype"]], list(t["shape"]))
+        for n in [t["name"], *t["aliases"]]:
+            out[n] = entry
+    return out
+
+
+def frozen_bytes(sharded, t):
+    """The bytes of frozen tensor `t` (frozen_parameters' record and offset)
+    in pieces of at most CHUNK bytes."""
+    import zipfile
+    with zipfile.ZipFile(sharded) as z, z.open(t.record) as f:
+        f.seek(t.offset)
+        left = t.nbytes
+        while left > 0:
+            piece = f.read(min(CHUNK, left))
+            if not piece:
+                raise Failure(f"{sharded}: {t.record} ends before {t.name}'s bytes")
+            left -= len(piece)
+            yield piece
