@@ -13,7 +13,7 @@ target_modules="all-linear"), every other parameter frozen; every block
 recomputed; micro-batch 8 x 1024 tokens, AdamW (fused) over the adapters,
 gradient clipping at 1.0, bf16 compute, one GPU.
 
-1. bmt: the model traced (bf16, zeros) and compiled by bmt-opt with
+1. bmt: the model traced (bf16, random values) and compiled by bmt-opt with
    `--lora r=..,targets=all-linear --checkpoint all --random-init`; the
    plan holds the frozen base (16 GB), so on a GPU machine without MLIR
    give it a portable bmt-opt (--bmt-opt; docs/status.md). The frozen base
@@ -179,7 +179,7 @@ def make_archive(args):
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
         [os.path.join(os.path.dirname(torch.__file__), "lib"), env.get("LD_LIBRARY_PATH", "")])
     # --random-init leaves out the trainable parameters' weights only: the
-    # frozen base (zeros) is written, 16 GB for the 8B shape.
+    # frozen base (random values) is written, 16 GB for the 8B shape.
     subprocess.run([bmt_opt, traced, "-o", out, "--random-init", "--world-size", "1",
                     "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ),
                     "--checkpoint", "all", "--lora", args.lora + ",targets=all-linear"],

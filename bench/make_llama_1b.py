@@ -13,7 +13,8 @@ inverse frequencies (a buffer) are computed for real. Compile with
 the multi-GPU tensor-parallel benchmark (bench/gpu_tensor_parallel.py --arch llama-8b).
 
 `--contiguous` makes each parameter a contiguous view, at an offset of its
-own, into one zero buffer of the largest parameter's size instead: the trace's
+own, into one buffer of normal(0, 0.02) values of the largest parameter's
+size instead: the trace's
 matrix products then run at full speed (a zero-stride weight takes the CPU's
 naive GEMM, seconds per product: over half an hour for the 8B shape), and
 the file holds that buffer (1 GiB for the 8B shape's embedding).
@@ -54,7 +55,10 @@ def main():
     model.eval()
     dtype = getattr(torch, args.dtype)
     params = list(model.parameters())
-    shared = torch.zeros(max(p.numel() for p in params) + len(params), dtype=dtype) \
+    # Normal(0, 0.02) values, not zeros: a plan that keeps them (a frozen
+    # base) must not train on zeros, on which GEMMs also run faster.
+    shared = (torch.randn(max(p.numel() for p in params) + len(params),
+                          generator=torch.Generator().manual_seed(0)) * 0.02).to(dtype) \
         if args.contiguous else None
     offset = 0
     for module in model.modules():
