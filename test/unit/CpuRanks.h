@@ -1,4 +1,4 @@
-//===- CpuRanks.h - ranks as threads with CPU communicators -----*- C++ -*-===//
+//===- CpuRanks.h - ranks as threads with CPU (or NCCL) communicators -*- C++ -*-===//
 //
 // The unit tests' way to run N ranks inside one process: one thread per
 // rank, each with a CPU communicator (createCpuComm) over one shared
@@ -73,6 +73,30 @@ inline void runRanks(int64_t n,
         std::unique_ptr<runtime::Comm> comm =
             runtime::createCpuComm(store, r, n, o);
         fn(r, *comm);
+      } catch (const std::exception &e) {
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+      }
+    });
+  for (auto &t : threads)
+    t.join();
+}
+
+/// Runs fn(rank, comm, device) on `n` threads, rank r on CUDA device r with
+/// an NCCL communicator over one shared HashStore (the caller checks that
+/// NCCL and n devices are there). Failures as runRanks.
+inline void runNcclRanks(int64_t n,
+                         const std::function<void(int64_t, runtime::Comm &, at::Device)> &fn,
+                         std::chrono::milliseconds timeout = 60s) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        at::Device dev(at::kCUDA, static_cast<c10::DeviceIndex>(r));
+        runtime::CommOptions o;
+        o.timeout = timeout;
+        std::unique_ptr<runtime::Comm> comm = runtime::createNcclComm(store, r, n, dev, o);
+        fn(r, *comm, dev);
       } catch (const std::exception &e) {
         ADD_FAILURE() << "rank " << r << ": " << e.what();
       }

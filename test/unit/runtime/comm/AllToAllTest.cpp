@@ -343,40 +343,27 @@ TEST(CommNcclAllToAll, UnevenCountsAndGradientOnEveryVisibleDevice) {
   if (!at::hasCUDA())
     GTEST_SKIP() << "no CUDA device";
   const int64_t n = std::min<int64_t>(at::getNumGPUs(), 4);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::thread> threads;
-  for (int64_t r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        at::Device dev(at::kCUDA, static_cast<c10::DeviceIndex>(r));
-        CommOptions o;
-        o.timeout = 60s;
-        auto comm = createNcclComm(store, r, n, dev, o);
-        for (const Counts &c : {uneven(n), lastIdle(n)}) {
-          EXPECT_EQ(allToAllCounts(*comm, c[r]), column(c, r)) << "rank " << r;
-          for (const Case &k : kCases) {
-            at::Tensor in = input(c, r, k.rowShape, k.dtype).to(dev);
-            at::Tensor want = expected(c, r, k.rowShape, k.dtype);
-            at::Tensor out = at::full_like(want, -1).to(dev);
-            comm->allToAll(out, in, c[r], column(c, r))->wait();
-            EXPECT_TRUE(at::equal(out.cpu(), want)) << "rank " << r;
-          }
-        }
-        const Counts c = uneven(n);
-        at::Tensor x = input(c, r, {3}, at::kFloat).to(dev).requires_grad_(true);
-        at::Tensor y = allToAllTokens(x, *comm, c[r], column(c, r));
-        torch::autograd::backward({y}, {y.detach() * 2});
-        // The gradient y * 2 goes back to where each row came from: 2 x.
-        EXPECT_TRUE(at::equal(x.grad().cpu(), input(c, r, {3}, at::kFloat) * 2)) << "rank " << r;
-        EXPECT_THROW(comm->allToAll(at::empty({1}), at::empty({1}), c[r], column(c, r)),
-                     CommError); // CPU tensors
-        comm->barrier();
-      } catch (const std::exception &e) {
-        ADD_FAILURE() << "rank " << r << ": " << e.what();
+  runNcclRanks(n, [&](int64_t r, Comm &comm, at::Device dev) {
+    for (const Counts &c : {uneven(n), lastIdle(n)}) {
+      EXPECT_EQ(allToAllCounts(comm, c[r]), column(c, r)) << "rank " << r;
+      for (const Case &k : kCases) {
+        at::Tensor in = input(c, r, k.rowShape, k.dtype).to(dev);
+        at::Tensor want = expected(c, r, k.rowShape, k.dtype);
+        at::Tensor out = at::full_like(want, -1).to(dev);
+        comm.allToAll(out, in, c[r], column(c, r))->wait();
+        EXPECT_TRUE(at::equal(out.cpu(), want)) << "rank " << r;
       }
-    });
-  for (auto &t : threads)
-    t.join();
+    }
+    const Counts c = uneven(n);
+    at::Tensor x = input(c, r, {3}, at::kFloat).to(dev).requires_grad_(true);
+    at::Tensor y = allToAllTokens(x, comm, c[r], column(c, r));
+    torch::autograd::backward({y}, {y.detach() * 2});
+    // The gradient y * 2 goes back to where each row came from: 2 x.
+    EXPECT_TRUE(at::equal(x.grad().cpu(), input(c, r, {3}, at::kFloat) * 2)) << "rank " << r;
+    EXPECT_THROW(comm.allToAll(at::empty({1}), at::empty({1}), c[r], column(c, r)),
+                 CommError); // CPU tensors
+    comm.barrier();
+  });
 }
 
 } // namespace

@@ -658,51 +658,38 @@ TEST(CommNccl, CollectivesOnEveryVisibleDevice) {
   if (!at::hasCUDA())
     GTEST_SKIP() << "no CUDA device";
   int64_t n = std::min<int64_t>(at::getNumGPUs(), 4);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::thread> threads;
-  for (int64_t r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        at::Device dev(at::kCUDA, static_cast<c10::DeviceIndex>(r));
-        CommOptions o;
-        o.timeout = 60s;
-        auto comm = createNcclComm(store, r, n, dev, o);
-        EXPECT_EQ(comm->backend(), "nccl");
-        auto on = at::TensorOptions().device(dev);
-        for (at::ScalarType dt : {at::kFloat, at::kBFloat16, at::kLong}) {
-          at::Tensor in = input(r, 5, dt).to(dev);
-          at::Tensor out = at::zeros({n * 5}, on.dtype(dt));
-          comm->allGather(out, in)->wait();
-          for (int64_t q = 0; q < n; ++q)
-            expectEqual(out.narrow(0, q * 5, 5).cpu(), input(q, 5, dt), "nccl all_gather");
-          at::Tensor t = at::full({6}, r + 1, on.dtype(dt));
-          comm->allReduce(t)->wait();
-          EXPECT_EQ(t.cpu()[0].item<double>(), n * (n + 1) / 2.0);
-          at::Tensor m = at::full({6}, r, on.dtype(dt));
-          comm->allReduce(m, ReduceOp::Max)->wait();
-          EXPECT_EQ(m.cpu()[5].item<double>(), n - 1.0);
-          at::Tensor rs = at::empty({2}, on.dtype(dt));
-          comm->reduceScatter(rs, at::full({2 * n}, r + 1, on.dtype(dt)))->wait();
-          EXPECT_EQ(rs.cpu()[1].item<double>(), n * (n + 1) / 2.0);
-          at::Tensor b = at::full({3}, r, on.dtype(dt));
-          comm->broadcast(b, n - 1)->wait();
-          EXPECT_EQ(b.cpu()[2].item<double>(), n - 1.0);
-        }
-        EXPECT_THROW(comm->allReduce(at::ones({2})), CommError); // a CPU tensor
-        comm->barrier();
-        auto sub = comm->split(0, -r, "shard");
-        ASSERT_TRUE(sub);
-        EXPECT_EQ(sub->rank(), n - 1 - r);
-        at::Tensor one = at::ones({1}, on);
-        sub->allReduce(one)->wait();
-        EXPECT_EQ(one.cpu().item<float>(), static_cast<float>(n));
-        sub->barrier();
-      } catch (const std::exception &e) {
-        ADD_FAILURE() << "rank " << r << ": " << e.what();
-      }
-    });
-  for (auto &t : threads)
-    t.join();
+  runNcclRanks(n, [&](int64_t r, Comm &comm, at::Device dev) {
+    EXPECT_EQ(comm.backend(), "nccl");
+    auto on = at::TensorOptions().device(dev);
+    for (at::ScalarType dt : {at::kFloat, at::kBFloat16, at::kLong}) {
+      at::Tensor in = input(r, 5, dt).to(dev);
+      at::Tensor out = at::zeros({n * 5}, on.dtype(dt));
+      comm.allGather(out, in)->wait();
+      for (int64_t q = 0; q < n; ++q)
+        expectEqual(out.narrow(0, q * 5, 5).cpu(), input(q, 5, dt), "nccl all_gather");
+      at::Tensor t = at::full({6}, r + 1, on.dtype(dt));
+      comm.allReduce(t)->wait();
+      EXPECT_EQ(t.cpu()[0].item<double>(), n * (n + 1) / 2.0);
+      at::Tensor m = at::full({6}, r, on.dtype(dt));
+      comm.allReduce(m, ReduceOp::Max)->wait();
+      EXPECT_EQ(m.cpu()[5].item<double>(), n - 1.0);
+      at::Tensor rs = at::empty({2}, on.dtype(dt));
+      comm.reduceScatter(rs, at::full({2 * n}, r + 1, on.dtype(dt)))->wait();
+      EXPECT_EQ(rs.cpu()[1].item<double>(), n * (n + 1) / 2.0);
+      at::Tensor b = at::full({3}, r, on.dtype(dt));
+      comm.broadcast(b, n - 1)->wait();
+      EXPECT_EQ(b.cpu()[2].item<double>(), n - 1.0);
+    }
+    EXPECT_THROW(comm.allReduce(at::ones({2})), CommError); // a CPU tensor
+    comm.barrier();
+    auto sub = comm.split(0, -r, "shard");
+    ASSERT_TRUE(sub);
+    EXPECT_EQ(sub->rank(), n - 1 - r);
+    at::Tensor one = at::ones({1}, on);
+    sub->allReduce(one)->wait();
+    EXPECT_EQ(one.cpu().item<float>(), static_cast<float>(n));
+    sub->barrier();
+  });
 }
 
 } // namespace

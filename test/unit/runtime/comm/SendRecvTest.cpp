@@ -164,41 +164,28 @@ TEST(SendRecvNccl, RingOnEveryVisibleDevice) {
   if (!at::hasCUDA() || at::getNumGPUs() < 2)
     GTEST_SKIP() << "fewer than 2 CUDA devices";
   int64_t n = std::min<int64_t>(at::getNumGPUs(), 4);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::thread> threads;
-  for (int64_t r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        at::Device dev(at::kCUDA, static_cast<c10::DeviceIndex>(r));
-        CommOptions o;
-        o.timeout = 60s;
-        auto comm = createNcclComm(store, r, n, dev, o);
-        int64_t next = (r + 1) % n, prev = (r + n - 1) % n;
-        for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
-          // Even ranks send first, odd ranks receive first (blocking
-          // NCCL point-to-point between two ranks must not both send).
-          at::Tensor out = message(r, 0, 1000, dt).to(dev);
-          at::Tensor in = at::empty({1000}, out.options());
-          if (r % 2 == 0) {
-            comm->send(out, next)->wait();
-            comm->recv(in, prev)->wait();
-          } else {
-            comm->recv(in, prev)->wait();
-            comm->send(out, next)->wait();
-          }
-          EXPECT_TRUE(at::equal(in.cpu(), message(prev, 0, 1000, dt))) << "rank " << r;
-        }
-        // Collectives stay in step after the point-to-point traffic.
-        at::Tensor t = at::full({4}, double(r), at::TensorOptions().device(dev));
-        comm->allReduce(t)->wait();
-        EXPECT_EQ(t.cpu()[0].item<double>(), n * (n - 1) / 2.0);
-        comm->barrier();
-      } catch (const std::exception &e) {
-        ADD_FAILURE() << "rank " << r << ": " << e.what();
+  runNcclRanks(n, [&](int64_t r, Comm &comm, at::Device dev) {
+    int64_t next = (r + 1) % n, prev = (r + n - 1) % n;
+    for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+      // Even ranks send first, odd ranks receive first (blocking
+      // NCCL point-to-point between two ranks must not both send).
+      at::Tensor out = message(r, 0, 1000, dt).to(dev);
+      at::Tensor in = at::empty({1000}, out.options());
+      if (r % 2 == 0) {
+        comm.send(out, next)->wait();
+        comm.recv(in, prev)->wait();
+      } else {
+        comm.recv(in, prev)->wait();
+        comm.send(out, next)->wait();
       }
-    });
-  for (auto &t : threads)
-    t.join();
+      EXPECT_TRUE(at::equal(in.cpu(), message(prev, 0, 1000, dt))) << "rank " << r;
+    }
+    // Collectives stay in step after the point-to-point traffic.
+    at::Tensor t = at::full({4}, double(r), at::TensorOptions().device(dev));
+    comm.allReduce(t)->wait();
+    EXPECT_EQ(t.cpu()[0].item<double>(), n * (n - 1) / 2.0);
+    comm.barrier();
+  });
 }
 
 } // namespace
