@@ -40,6 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "test", "python"))
+for _area in ("runtime", "models", "passes", "import", "tools"):  # as test/python/conftest.py
+    sys.path.insert(0, os.path.join(REPO, "test", "python", _area))
 sys.path.insert(0, os.path.join(REPO, "test", "fixtures"))
 
 import architectures  # noqa: E402
@@ -66,6 +68,10 @@ MODES = {
     "tp2-sp-n2": (2, ["--tensor-parallel", "2", "--sequence-parallel"]),
     # T = 2 and ZeRO-3 over the 2 data-parallel ranks in one run
     "tp2-n4": (4, ["--tensor-parallel", "2"]),
+    # expert parallelism (mixtures of experts only): groups of E ranks, ZeRO-3 over all
+    "ep2-n2": (2, ["--expert-parallel", "2"]),
+    "ep2-n4-no-recompute": (4, ["--expert-parallel", "2", "--checkpoint", "none"]),
+    "ep4-n4": (4, ["--expert-parallel", "4"]),
 }
 
 

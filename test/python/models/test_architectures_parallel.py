@@ -3,7 +3,9 @@ eager transformers: tensor parallelism T = 2 with ZeRO-3 over 2
 data-parallel ranks (4 ranks), 5 AdamW steps under torchrun on CPU ranks,
 every loss and the final parameters within numerics.py's bounds; where
 bmt-opt refuses T = 2 (REFUSED: its one error line is checked) or T = 2 is
-wrong today (KNOWN_BROKEN), ZeRO-3 on 2 ranks as well.
+wrong today (KNOWN_BROKEN), ZeRO-3 on 2 ranks as well. Mixtures of experts
+also train with expert parallelism (EXPERT_CELLS: groups of E ranks with
+ZeRO-3 over all of them; test_expert_parallel.py has Qwen3-MoE's cells).
 scripts/parallel_matrix.py, whose full matrix of modes is
 docs/architectures.md's table, does the work: one export and one eager
 reference per architecture, shared by its cells.
@@ -64,9 +66,24 @@ REFUSED = {
 KNOWN_BROKEN = {
 }
 
-CELLS = [(name, mode) for name in architectures.ARCHS
-         for mode in [CI_MODE] + ([ZERO_MODE] if name in REFUSED or (name, CI_MODE) in KNOWN_BROKEN
-                                  else [])]
+# Mixture of experts: its expert-parallel cells (parallel_matrix.MODES). Where
+# T = 2 is refused, "ep2-n2" keeps ZeRO-3 on 2 ranks checked in ZERO_MODE's place.
+EXPERT_CELLS = {
+    "mixtral": ["ep4-n4"],
+    "qwen2_moe": ["ep2-n2", "ep2-n4-no-recompute"],
+    "gpt_oss": ["ep2-n2"],
+    "deepseek_v3": ["ep2-n4-no-recompute", "ep4-n4"],
+}
+
+
+def modes_of(name):
+    broken = name in REFUSED or (name, CI_MODE) in KNOWN_BROKEN
+    experts = EXPERT_CELLS.get(name, [])
+    zero = [ZERO_MODE] if broken and "ep2-n2" not in experts else []
+    return [CI_MODE] + zero + experts
+
+
+CELLS = [(name, mode) for name in architectures.ARCHS for mode in modes_of(name)]
 
 
 @pytest.fixture(scope="module")
