@@ -12,7 +12,12 @@ are computed for real; the experts are transformers' grouped_mm implementation (
 per projection), which a trace records for every shape. Compile with
 `bmt-opt qwen3-moe.pt -o qwen3-moe.sharded.pt --random-init`.
 
-usage: python3 bench/make_qwen3_moe.py OUT.pt [--layers N] [--dtype bfloat16]
+usage: python3 bench/make_qwen3_moe.py OUT.pt [--layers N] [--experts X] [--hidden H]
+           [--dtype bfloat16]
+
+--experts scales the model to more GPUs (bench/gpu_speed.py --gpus N with
+expert parallelism); --hidden (heads of 128, a third of them key/value heads)
+and a small --vocab make tiny models for dry runs on CPU ranks.
 """
 import argparse
 import warnings
@@ -20,11 +25,15 @@ import warnings
 import torch
 
 
-def config(layers=16, vocab=151936):
+def config(layers=16, vocab=151936, experts=32, hidden=1536):
     import transformers
+    heads = max(hidden // 128, 1)
     c = transformers.Qwen3MoeConfig(
-        num_hidden_layers=layers, hidden_size=1536, num_attention_heads=12, num_key_value_heads=4,
-        head_dim=128, intermediate_size=4096, moe_intermediate_size=1024, num_experts=32,
+        num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+        num_key_value_heads=max(heads // 3, 1), head_dim=min(128, hidden),
+        intermediate_size=4096 * hidden // 1536,  # (not used: every layer is MoE)
+        moe_intermediate_size=max(8, 1024 * hidden // 1536 // 8 * 8),  # 16-byte strides
+        num_experts=experts,
         num_experts_per_tok=4, vocab_size=vocab, max_position_embeddings=1024,
         tie_word_embeddings=False, attention_dropout=0.0, use_cache=False)
     c._experts_implementation = "grouped_mm"
@@ -43,12 +52,14 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=1536)
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     import transformers
     from transformers.models.qwen3_moe import modeling_qwen3_moe
-    cfg = config(args.layers, args.vocab)
+    cfg = config(args.layers, args.vocab, args.experts, args.hidden)
     with torch.device("meta"):
         model = transformers.Qwen3MoeForCausalLM(cfg)
     model.eval()
