@@ -2,7 +2,7 @@
 """Every architecture of scripts/architectures.py in every parallel mode.
 
 usage: scripts/parallel_matrix.py [--bin build/bin] [--only NAME ...]
-                                  [--modes MODE ...] [--write-docs]
+                                  [--modes MODE ...] [--write-docs] [--device cuda]
 
 For each architecture (its tiny config, seed 0): trace it once (BLOOM, which
 torch.jit.trace cannot record, is exported once with a dynamic batch and
@@ -21,6 +21,10 @@ A cell is `ok (loss d, params d)`, `refused (n)` (bmt-opt exited 1 with one
 `error:` line, listed below the table) or **FAILURE** (a mismatch, a crash,
 a failed run or a hang past the timeout). --write-docs puts the table into
 docs/architectures.md between its parallel-matrix markers.
+
+--device cuda runs bmt-run's ranks on GPUs (rank r on GPU r: NCCL) and the
+eager reference on GPU 0, both in float32: the multi-GPU parity check (the
+GPU machine needs a bmt-opt: the portable build of docs/status.md).
 
 test/python/models/test_architectures_parallel.py runs every architecture at
 tp2-n4 (T = 2 with ZeRO-3 over 2 data-parallel ranks), and at zero3-n2 where
@@ -50,6 +54,7 @@ STEPS = 5
 GLOBAL_BATCH = 12  # rows a step, divisible by every mode's data-parallel ranks
 SEQ = 8            # tokens a row (even: sequence parallelism splits it over T = 2)
 TARGET = 5         # an encoder-decoder's target length
+DEVICE = "cpu"     # where bmt-run's ranks and the eager reference run (--device)
 TIMEOUT_S = 300    # a cell's torchrun; BMT_COMM_TIMEOUT_S (120) ends a stuck collective first
 TRAIN_FLAGS = ["--lr", "1e-3", "--schedule", "cosine", "--warmup", "2", "--clip-grad", "0.5",
                "--weight-decay", "0.01"]
@@ -119,13 +124,14 @@ def eager_reference(prep, lrs):
     if prep["eager"] is None:
         from test_runtime_parity import eager_training
         from test_seq2seq import eager_pairs_training
-        model = architectures.build(prep["name"])  # fresh weights, same seed
+        model = architectures.build(prep["name"]).to(DEVICE)  # fresh weights, same seed
         if is_seq2seq(prep["name"]):
-            losses = eager_pairs_training(model, prep["ids"], prep["labels"], STEPS, 1, lrs, CLIP)
+            losses = eager_pairs_training(model, prep["ids"].to(DEVICE),
+                                          prep["labels"].to(DEVICE), STEPS, 1, lrs, CLIP)
         else:
-            losses = eager_training(model, prep["batches"], STEPS, 1, lambda s: lrs[s], CLIP,
-                                    WEIGHT_DECAY)
-        params = {n: p.detach().clone() for n, p in model.named_parameters()}
+            losses = eager_training(model, prep["batches"].to(DEVICE), STEPS, 1,
+                                    lambda s: lrs[s], CLIP, WEIGHT_DECAY)
+        params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
         prep["eager"] = (losses, params)
     return prep["eager"]
 
@@ -173,7 +179,7 @@ def run_cell(prep, mode, bindir):
     try:
         r = torchrun(ranks, what, "--batches", os.path.join(prep["tmp"], "batches.pt"),
                      "--steps", STEPS, *objective, *TRAIN_FLAGS, "--log-file", log,
-                     "--save-params", saved, timeout=TIMEOUT_S)
+                     "--save-params", saved, timeout=TIMEOUT_S, device=DEVICE)
     except subprocess.TimeoutExpired:
         return "FAILURE", f"bmt-run hangs (past {TIMEOUT_S} s)"
     if r.returncode != 0:
@@ -257,9 +263,13 @@ def main():
     ap.add_argument("--write-docs", action="store_true",
                     help="put the table into docs/architectures.md")
     ap.add_argument("--results", help="append each cell to this file (JSON lines)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: bmt-run's rank r on GPU r, the eager reference on GPU 0")
     ap.add_argument("--table-from", nargs="*",
                     help="make the table from these --results files (later cells win), run nothing")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
     if args.table_from:
         return table_from(args.table_from, args.modes, args.write_docs)
     warnings.filterwarnings("ignore")

@@ -41,12 +41,13 @@ CONFIGS = {
 }
 
 
-def torchrun(n, *args, timeout=600):
-    """bmt-run under torchrun (standalone rendezvous on a free port);
-    subprocess.TimeoutExpired past `timeout` seconds."""
+def torchrun(n, *args, timeout=600, device="cpu"):
+    """bmt-run under torchrun (standalone rendezvous on a free port) on CPU
+    ranks (device "cuda": rank r on GPU r); subprocess.TimeoutExpired past
+    `timeout` seconds."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={n}", "--no-python", binary("bmt-run"), *map(str, args),
-           "--device", "cpu"]
+           "--device", device]
     # Values a recompute does not compute are NaN: one read after all would show.
     env = dict(os.environ, OMP_NUM_THREADS="1", BMT_COMM_TIMEOUT_S="120", BMT_DEBUG_RECOMPUTE_NAN="1")
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
