@@ -355,15 +355,16 @@ int64_t stateBytesPerElement(Type type) {
 int64_t MemoryModel::blockGatheredBytes() const {
   if (blocks.empty() || zeroStage == 0 || shardRanks <= 1)
     return 0;
-  int64_t largest = 0, sum = 0;
+  int64_t largest = 0, sum = 0, gradient = 0;
   for (const BlockCost &b : blocks) {
-    largest = std::max(largest, b.gatheredBytes);
-    sum += b.gatheredBytes;
+    largest = std::max(largest, b.gatheredBytes + b.frozenGatheredBytes);
+    sum += b.gatheredBytes + b.frozenGatheredBytes;
+    gradient = std::max(gradient, b.gatheredBytes);
   }
   if (zeroStage == 2)
-    return sum + largest;
+    return sum + gradient;
   int64_t live = std::min<int64_t>(config.prefetchDepth + 1, blocks.size());
-  return live * largest + largest;
+  return live * largest + gradient;
 }
 
 int64_t MemoryModel::activationBytes(ArrayRef<bool> recomputed) const {
@@ -422,12 +423,17 @@ MemoryModel estimateMemory(ModuleOp module, const MemoryConfig &config) {
     walker.walk(entry, args, model.outsideActivationBytes, /*insideBlock=*/false);
   }
 
-  // Parameter state. Frozen parameters: whole on every rank, nothing else.
+  // Parameter state. Frozen parameters: their shards in frozen storage
+  // groups (below), nothing else; outside groups whole on every rank.
+  auto groups = module.getOps<StorageGroupOp>();
+  llvm::DenseSet<StringRef> grouped;
+  for (StorageGroupOp g : groups)
+    for (Attribute ref : g.getParams())
+      grouped.insert(cast<FlatSymbolRefAttr>(ref).getValue());
   for (ParameterOp p : module.getOps<ParameterOp>())
-    if (!p.getRequiresGrad())
+    if (!p.getRequiresGrad() && !grouped.contains(p.getSymName()))
       model.frozenBytes += bmt::localNumElements(p) *
           elementBytes(cast<RankedTensorType>(p.getType()).getElementType());
-  auto groups = module.getOps<StorageGroupOp>();
   if (groups.empty()) {
     for (ParameterOp p : module.getOps<ParameterOp>())
       if (p.getRequiresGrad()) {
@@ -472,11 +478,21 @@ MemoryModel estimateMemory(ModuleOp module, const MemoryConfig &config) {
       model.expertShardRanks = ranks;
     }
     int64_t shard = (g.getSize() + ranks - 1) / ranks;
-    model.stateBytes += shard * stateBytesPerElement(element);
     int64_t full = g.getSize() * elementBytes(element);
     auto block = g.getBlockAttr();
     auto it = block ? blockIndex.find({block.getValue().str(), *g.getBlockIndex()})
                     : blockIndex.end();
+    if (g.getFrozen()) {
+      // The shard in its dtype, gathered like the block's other groups; no
+      // gradient, master or optimizer state.
+      model.frozenBytes += shard * elementBytes(element);
+      if (it != blockIndex.end())
+        model.blocks[it->second].frozenGatheredBytes += full;
+      else if (ranks > 1)
+        model.outsideGatheredBytes += full; // gathered for the whole step
+      continue;
+    }
+    model.stateBytes += shard * stateBytesPerElement(element);
     if (it != blockIndex.end()) {
       model.blocks[it->second].gatheredBytes += full;
       model.blocks[it->second].parameters += parameters;

@@ -34,7 +34,8 @@ struct BlockCost {
   std::string name;            ///< "transformer.h.3" (the callee's module path)
   int64_t activationBytes = 0; ///< saved activations when not recomputed
   int64_t inputBytes = 0;      ///< what a recomputed (checkpointed) block keeps: its inputs
-  int64_t gatheredBytes = 0;   ///< its storage groups, gathered (full size)
+  int64_t gatheredBytes = 0;   ///< its trainable storage groups, gathered (full size)
+  int64_t frozenGatheredBytes = 0; ///< its frozen storage groups, gathered (no gradient)
   int64_t parameters = 0;      ///< trainable parameter elements in its storage groups
 };
 
@@ -47,8 +48,9 @@ struct MemoryModel {
   int64_t expertShardRanks = 0;
   int64_t zeroStage = 0;          ///< 0: no storage groups (nothing sharded)
   int64_t stateBytes = 0;         ///< parameter, gradient and AdamW state shards
-  /// Frozen parameters (requires_grad false; bmt-freeze): every rank holds
-  /// them whole in their dtype, with no gradient or optimizer state.
+  /// Frozen parameters (requires_grad false; bmt-freeze) a rank holds, in
+  /// their dtype, with no gradient or optimizer state: its shards of the
+  /// frozen storage groups (1 / R of them), or whole without groups.
   int64_t frozenBytes = 0;
   int64_t outsideGatheredBytes = 0; ///< outside-block groups gathered, with their full gradient
   int64_t outsideParameters = 0;  ///< trainable elements outside the blocks
@@ -57,8 +59,9 @@ struct MemoryModel {
   llvm::SmallVector<BlockCost> blocks;
 
   /// Gathered block buffers at the peak: ZeRO-3 keeps min(depth + 1, #blocks)
-  /// blocks gathered plus one block's full gradient; ZeRO-2 keeps every block
-  /// gathered (from its forward to its backward) plus one full gradient.
+  /// blocks gathered (trainable and frozen groups) plus one block's full
+  /// gradient (trainable groups only); ZeRO-2 keeps every block gathered
+  /// (from its forward to its backward) plus one full gradient.
   int64_t blockGatheredBytes() const;
   /// Peak activations when the blocks flagged in `recomputed` (one flag per
   /// block) are recomputed in backward: the larger of the end of the forward

@@ -67,8 +67,9 @@ def Freeze : Pass<"bmt-freeze", "::mlir::ModuleOp"> {
     pattern whole: `model.layers.1.*` matches `model.layers.1.mlp.up_proj.weight`
     and not `model.layers.11.mlp.up_proj.weight`.
 
-    A frozen parameter keeps its working dtype and is read by every rank
-    whole (no storage group, no float32 master, no optimizer state, no
+    A frozen parameter keeps its working dtype; bmt-zero puts it in a
+    frozen storage group of its block, sharded over the ranks and gathered
+    like the trainable ones (no float32 master, no optimizer state, no
     gradient); it is still written by `bmt-run --save-params`.
 
     Errors (one line each): a pattern that is empty or not a glob, a
@@ -502,12 +503,15 @@ def TensorParallel : Pass<"bmt-tensor-parallel", "::mlir::ModuleOp"> {
 }
 
 def Zero : Pass<"bmt-zero", "::mlir::ModuleOp"> {
-  let summary = "Lay the trainable parameters out as flat, sharded storage groups (ZeRO-3/2)";
+  let summary = "Lay the parameters out as flat, sharded storage groups (ZeRO-3/2)";
   let description = [{
     After `--bmt-find-blocks`: puts the trainable parameters of each block,
     per dtype, into one `bmt.storage_group` (offsets aligned to `alignment`
     bytes, in declaration order), and everything else into the groups of
-    `outside_blocks` (embeddings, final norm, head). A parameter used by more
+    `outside_blocks` (embeddings, final norm, head). Frozen parameters
+    (requires_grad false) go to `frozen` groups of their own, per owner and
+    dtype (`<block>.frozen.<dtype>`): sharded and gathered the same way,
+    never reduce-scattered. A parameter used by more
     than one block (weights shared across layers) also goes outside the
     blocks. Records the ZeRO stage and the hybrid shard group size in the
     module attribute `bmt.zero` for the runtime: stage 3 gathers a block's

@@ -178,16 +178,20 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
          << layers << " MoE layer" << (layers == 1 ? "" : "s") << ", " << experts / ep.getInt()
          << " of " << experts << " experts computed per rank\n";
     }
-    int64_t groupBytes = 0, groups = 0;
+    int64_t groupBytes = 0, groups = 0, frozenGroups = 0;
     for (auto group : module.getOps<bmt::StorageGroupOp>()) {
       groupBytes += group.getSize() * elementBytes(group.getElementType());
       ++groups;
+      frozenGroups += group.getFrozen();
     }
     if (groups) {
       os << "  outside blocks: " << model.outsideParameters << " parameters"
          << (tp > 1 ? " per TP rank" : "") << "\n";
       os << "  storage groups: " << groups << " (" << bmt::formatBytes(groupBytes) << ", "
-         << groupBytes << " bytes), ZeRO-" << model.zeroStage;
+         << groupBytes << " bytes";
+      if (frozenGroups)
+        os << "; " << frozenGroups << " of frozen parameters";
+      os << "), ZeRO-" << model.zeroStage;
       if (auto zero = module->getAttrOfType<DictionaryAttr>("bmt.zero"))
         if (auto g = zero.getAs<IntegerAttr>("shard_group_size"); g && g.getInt() > 0)
           os << ", shard group size " << g.getInt();
@@ -230,8 +234,11 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
            << ")";
       os << "\n";
       if (model.frozenBytes > 0)
-        os << "    frozen parameters (whole on every rank, no gradient or optimizer state): "
-           << bmt::formatBytes(model.frozenBytes) << "\n";
+        os << "    frozen parameters ("
+           << (frozenGroups ? "sharded over " + std::to_string(model.shardRanks) + " ranks"
+                            : std::string("whole on every rank"))
+           << ", no gradient or optimizer state): " << bmt::formatBytes(model.frozenBytes)
+           << " (" << model.frozenBytes << " bytes per rank)\n";
       os << "    gathered parameters and gradients: "
          << bmt::formatBytes(model.outsideGatheredBytes + model.blockGatheredBytes()) << "\n";
       int64_t activations = model.activationBytes(recomputed);

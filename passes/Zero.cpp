@@ -1,8 +1,10 @@
 //===- Zero.cpp - the bmt-zero pass ---------------------------------------===//
 //
-// Decides which storage group owns each trainable parameter (the block
-// whose call tree alone reads it, else "outside_blocks"), and lays each
-// group out as a flat buffer with aligned offsets. See passes/Passes.td.
+// Decides which storage group owns each parameter (the block whose call
+// tree alone reads it, else "outside_blocks"), and lays each group out as a
+// flat buffer with aligned offsets. See passes/Passes.td. Frozen parameters
+// (requires_grad false) go to groups of their own ("<owner>.frozen.<dtype>",
+// marked `frozen`), sharded and gathered like the others but never reduced.
 // Parameters split over the expert group go to groups of their own
 // ("<owner>.experts.<dtype>", local sizes), which the exporter writes once
 // per expert group position (docs/sharded-format.md).
@@ -110,8 +112,6 @@ struct ZeroPass : bmt::impl::ZeroBase<ZeroPass> {
     }
     int64_t shared = 0;
     for (bmt::ParameterOp p : params) {
-      if (!p.getRequiresGrad())
-        continue;
       Type element = cast<RankedTensorType>(p.getType()).getElementType();
       auto it = readers.find(p);
       Owner owner{nullptr, -1};
@@ -120,7 +120,9 @@ struct ZeroPass : bmt::impl::ZeroBase<ZeroPass> {
       else if (it != readers.end() && it->second.size() > 1 && it->second.front().first)
         ++shared;
       const bool experts = bmt::parameterSplitOf(p).isExpertSplit();
-      groups[{owner.first, owner.second, (experts ? "experts." : "") + dtypeName(element)}]
+      groups[{owner.first, owner.second,
+              std::string(experts ? "experts." : "") + (p.getRequiresGrad() ? "" : "frozen.") +
+                  dtypeName(element)}]
           .push_back(p);
     }
     // Blocks first (list order, index order), outside last.
@@ -139,10 +141,11 @@ struct ZeroPass : bmt::impl::ZeroBase<ZeroPass> {
     for (Operation &op : module.getBody()->getOperations())
       if (isa<bmt::ParameterOp, bmt::BufferOp, bmt::BlockListOp>(op))
         anchor = &op;
-    int64_t blockGroups = 0, outsideBytes = 0, blockBytes = 0;
+    int64_t blockGroups = 0, outsideBytes = 0, blockBytes = 0, frozenGroups = 0, frozenBytes = 0;
     for (const GroupKey &key : order) {
       auto [list, index, dtype] = key;
       SmallVector<bmt::ParameterOp> &members = groups[key];
+      const bool frozen = !members.front().getRequiresGrad();
       Type element = cast<RankedTensorType>(members.front().getType()).getElementType();
       int64_t alignElements = alignment / elementBytes(element);
       SmallVector<Attribute> refs;
@@ -163,11 +166,18 @@ struct ZeroPass : bmt::impl::ZeroBase<ZeroPass> {
         auto path = fn->getAttrOfType<StringAttr>("bmt.module_path");
         name = (path ? path.str() : blockList.getSymName().str() + "." + std::to_string(index)) +
                "." + dtype;
-        ++blockGroups;
-        blockBytes += size * elementBytes(element);
       } else {
         name = "outside_blocks." + dtype;
-        outsideBytes += size * elementBytes(element);
+      }
+      const int64_t bytes = size * elementBytes(element);
+      if (frozen) {
+        ++frozenGroups;
+        frozenBytes += bytes;
+      } else if (list) {
+        ++blockGroups;
+        blockBytes += bytes;
+      } else {
+        outsideBytes += bytes;
       }
       if (anchor)
         builder.setInsertionPointAfter(anchor);
@@ -179,7 +189,8 @@ struct ZeroPass : bmt::impl::ZeroBase<ZeroPass> {
           builder.getI64IntegerAttr(size), builder.getI64IntegerAttr(alignment),
           list ? FlatSymbolRefAttr::get(cast<bmt::BlockListOp>(list).getSymNameAttr())
                : FlatSymbolRefAttr(),
-          list ? builder.getI64IntegerAttr(index) : IntegerAttr());
+          list ? builder.getI64IntegerAttr(index) : IntegerAttr(),
+          frozen ? builder.getUnitAttr() : UnitAttr());
       symbols.insert(group);
       anchor = group;
     }
@@ -190,8 +201,10 @@ struct ZeroPass : bmt::impl::ZeroBase<ZeroPass> {
                                               builder.getI64IntegerAttr(shardGroupSize))}));
     InFlightDiagnostic remark = emitRemark(module.getLoc());
     remark << "bmt-zero: ZeRO-" << static_cast<int64_t>(stage) << ", " << blockGroups << " block storage groups ("
-           << blockBytes << " bytes), " << (groups.size() - blockGroups)
+           << blockBytes << " bytes), " << (groups.size() - blockGroups - frozenGroups)
            << " outside blocks (" << outsideBytes << " bytes)";
+    if (frozenGroups)
+      remark << ", " << frozenGroups << " of frozen parameters (" << frozenBytes << " bytes)";
     if (shared)
       remark << "; " << shared << " parameters shared by several blocks kept outside";
   }

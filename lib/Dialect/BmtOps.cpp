@@ -152,6 +152,9 @@ StorageGroupOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
                                     << type.getElementType();
     if (offset < end)
       return emitOpError("member ") << ref << " overlaps the one before it";
+    if (param.getRequiresGrad() == getFrozen())
+      return emitOpError("member ") << ref << (getFrozen() ? " trains, in a frozen group"
+                                                           : " is frozen, in a trainable group");
     end = offset + localNumElements(param); // a TP rank's slice with T > 1
   }
   if (end > static_cast<int64_t>(getSize()))

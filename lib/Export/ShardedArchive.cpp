@@ -264,6 +264,7 @@ private:
     g.name = op.getSymName().str();
     g.dtype = scalarTypeOf(op.getElementType(), op.getLoc());
     g.size = static_cast<int64_t>(op.getSize());
+    g.frozen = op.getFrozen();
     if (auto block = op.getBlockAttr()) {
       g.blockList = block.getValue().str();
       g.blockIndex = static_cast<int64_t>(*op.getBlockIndex());

@@ -13,7 +13,7 @@
 //                     (rule: bmt/Plan/SplitRule.h)
 //   group      dict  {name, dtype, members, offsets, size, block_list, block_index, record,
 //                     parts, part_size (version 4 on), tp_rank, crc32s (version 6 on),
-//                     ep_rank (version 8 on),
+//                     ep_rank (version 8 on), frozen (version 9 on),
 //                     chunk_bytes, chunk_crc32s (any version; absent in older archives)}
 //   function   dict  {name, module_path, num_registers, params, returns,
 //                     param_names, result_names, body}
@@ -342,6 +342,9 @@ bool Plan::splitsExperts() const {
 }
 
 int64_t formatVersionOf(const Plan &plan) {
+  for (const StorageGroup &g : plan.groups)
+    if (g.frozen)
+      return 9;
   if (plan.pipelineStages != 1)
     return 8;
   if (plan.splitsExperts())
@@ -447,6 +450,8 @@ IValue toIValue(const Plan &plan) {
     }
     if (version >= 8)
       d.insert("ep_rank", g.epRank);
+    if (version >= 9)
+      d.insert("frozen", g.frozen);
     if (g.chunkBytes > 0) { // any version: readers before them ignore them
       d.insert("chunk_bytes", g.chunkBytes);
       d.insert("chunk_crc32s", listOf(g.chunkCrc32s));
@@ -700,6 +705,8 @@ Plan fromIValue(const IValue &value) {
     }
     if (plan.version >= 8)
       g.epRank = asInt(field(d, "ep_rank"), "group ep_rank");
+    if (plan.version >= 9)
+      g.frozen = asBool(field(d, "frozen"), "group frozen");
     if (d.contains("chunk_bytes")) {
       g.chunkBytes = asInt(field(d, "chunk_bytes"), "group chunk_bytes");
       g.chunkCrc32s = asInts(field(d, "chunk_crc32s"), "group chunk_crc32s");
@@ -815,6 +822,15 @@ Plan fromIValue(const IValue &value) {
       if (t.dtype != g.dtype || g.offsets[i] < 0 ||
           g.offsets[i] + t.localNumel(plan.tensorParallel, plan.expertParallel) > g.size)
         throw PlanError("plan: tensor " + t.name + " does not fit storage group " + g.name);
+      // A trainable parameter in a frozen group would never train, a frozen
+      // one in a trainable group would (groups before version 9 hold only
+      // trainable parameters: frozen is false there).
+      if (!t.isParameter || t.requiresGrad == g.frozen)
+        throw PlanError("plan: storage group " + g.name + " (" +
+                        (g.frozen ? "frozen" : "trainable") + ") holds " + t.name + ", " +
+                        (!t.isParameter ? "a buffer"
+                                        : t.requiresGrad ? "a trainable parameter"
+                                                         : "a frozen parameter"));
     }
   }
   for (const TensorInfo &t : plan.tensors)

@@ -148,30 +148,52 @@ def check_no_buffer_moved(rank0, plan, sharded):
 
 
 def frozen_parameters(sharded, torch):
-    """{name (and each alias): (zip member, byte offset, dtype code, shape)}
-    of the frozen parameters (requires_grad false) of sharded.pt's plan that
-    have bytes in it (docs/sharded-format.md)."""
+    """{name (and each alias): (segments, 0, dtype code, shape)} of the frozen
+    parameters (requires_grad false) of sharded.pt's plan that have bytes in
+    it, segments being [(zip member, byte offset, bytes), ...]: one for a
+    tensor of its own or a member of a frozen storage group in one record,
+    one per record it spans in a group split into parts (docs/sharded-format.md)."""
     plan, top, _ = sharded_plan(sharded, torch)
     out = {}
-    for t in plan["tensors"]:
-        if not t["is_parameter"] or t["requires_grad"] or not t["record"] or t.get("split"):
+    for index, t in enumerate(plan["tensors"]):
+        if not t["is_parameter"] or t["requires_grad"] or t.get("split"):
             continue
-        entry = (top + t["record"], t["offset"], SAFETENSORS_DTYPE[t["dtype"]], list(t["shape"]))
+        nbytes = ELEMENT_SIZE[SAFETENSORS_DTYPE[t["dtype"]]]
+        for d in t["shape"]:
+            nbytes *= d
+        if t["record"]:
+            segments = [(top + t["record"], t["offset"], nbytes)]
+        elif t["group"] >= 0 and plan["groups"][t["group"]].get("parts"):
+            g = plan["groups"][t["group"]]
+            size = ELEMENT_SIZE[SAFETENSORS_DTYPE[g["dtype"]]]
+            part_bytes = g["part_size"] * size
+            at = g["offsets"][g["members"].index(index)] * size
+            segments, end = [], at + nbytes
+            while at < end:
+                k = at // part_bytes
+                upto = min(end, (k + 1) * part_bytes)
+                segments.append((top + g["parts"][k], at - k * part_bytes, upto - at))
+                at = upto
+        else:
+            continue  # no bytes (an init rule)
+        entry = (segments, 0, SAFETENSORS_DTYPE[t["dtype"]], list(t["shape"]))
         for n in [t["name"], *t["aliases"]]:
             out[n] = entry
     return out
 
 
 def frozen_bytes(sharded, t):
-    """The bytes of frozen tensor `t` (frozen_parameters' record and offset)
-    in pieces of at most CHUNK bytes."""
+    """The bytes of frozen tensor `t` (frozen_parameters' segments in
+    t.record) in pieces of at most CHUNK bytes."""
     import zipfile
-    with zipfile.ZipFile(sharded) as z, z.open(t.record) as f:
-        f.seek(t.offset)
-        left = t.nbytes
-        while left > 0:
-            piece = f.read(min(CHUNK, left))
-            if not piece:
-                raise Failure(f"{sharded}: {t.record} ends before {t.name}'s bytes")
-            left -= len(piece)
-            yield piece
+    with zipfile.ZipFile(sharded) as z:
+        for record, offset, nbytes in t.record:
+            with z.open(record) as f:
+                f.seek(offset)
+                left = nbytes
+                while left > 0:
+                    piece = f.read(min(CHUNK, left))
+                    if not piece:
+                        raise Failure(f"{sharded}: {record} ends before {t.name}'s bytes")
+                    left -= len(piece)
+                    yield piece

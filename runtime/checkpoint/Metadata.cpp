@@ -173,7 +173,7 @@ json spacesJson(const plan::Plan &p, const std::vector<ParameterSpace> &spaces, 
   std::vector<int64_t> groupOf;
   if (tp > 1)
     for (size_t g = 0; g < p.groups.size(); ++g)
-      if (p.groups[g].tpRank <= 0)
+      if (p.groups[g].tpRank <= 0 && !p.groups[g].frozen) // frozen groups have no space
         groupOf.push_back(static_cast<int64_t>(g));
   for (size_t k = 0; k < spaces.size(); ++k) {
     const ParameterSpace &s = spaces[k];

@@ -29,11 +29,13 @@ namespace bmt::runtime {
 
 namespace {
 
-/// The plan index of ZeRO shard `shard`'s group: the shard-th group that is
-/// not the copy of another TP rank (the plan's index when T == 1).
+/// The plan index of ZeRO shard `shard`'s group: the shard-th trainable
+/// group that is not the copy of another TP rank (frozen groups have no
+/// shard among ZeroStorage::shards()).
 size_t zeroGroupIndex(const plan::Plan &plan, size_t shard) {
   for (size_t i = 0, k = 0; i < plan.groups.size(); ++i)
-    if (plan.groups[i].tpRank <= 0 && plan.groups[i].epRank <= 0 && k++ == shard)
+    if (plan.groups[i].tpRank <= 0 && plan.groups[i].epRank <= 0 && !plan.groups[i].frozen &&
+        k++ == shard)
       return i;
   throw std::out_of_range("no storage group for ZeRO shard " + std::to_string(shard));
 }
@@ -362,7 +364,7 @@ std::vector<int64_t> Model::fullParameterOrder() const {
   std::vector<int64_t> order;
   if (zero_)
     for (const plan::StorageGroup &g : plan_.groups)
-      if (g.tpRank <= 0 && g.epRank <= 0)
+      if (g.tpRank <= 0 && g.epRank <= 0 && !g.frozen)
         order.insert(order.end(), g.members.begin(), g.members.end());
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const plan::TensorInfo &info = plan_.tensors[i];
@@ -388,6 +390,8 @@ at::Tensor Model::frozenParameter(int64_t index) {
     throw ExecutionError("the frozen parameter " + info.name + " is split over the " +
                          (info.split.isExpertSplit() ? "expert group's" : "tensor-parallel") +
                          " ranks, which this runtime cannot put back together");
+  if (info.group >= 0 && zero_)
+    return zero_->frozenParameter(index); // gathered: collective
   return executor_->tensors().at(index).detach();
 }
 
@@ -520,6 +524,15 @@ bool Model::takesInput(const std::string &name) const {
 }
 
 int64_t Model::gatheredParameters() const { return zero_ ? zero_->gatheredParameters() : 0; }
+
+int64_t Model::frozenBytesPerRank() const {
+  int64_t bytes = zero_ ? zero_->frozenShardBytes() : 0;
+  for (const plan::TensorInfo &t : plan_.tensors)
+    if (t.isParameter && !t.requiresGrad && (t.group < 0 || !zero_))
+      bytes += t.localNumel(plan_.tensorParallel, plan_.expertParallel) *
+               static_cast<int64_t>(c10::elementSize(t.dtype));
+  return bytes;
+}
 
 int64_t Model::numParameters() const {
   int64_t n = 0;

@@ -108,6 +108,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     }
     if (!outputs.empty())
       torch::autograd::backward(outputs, outputGrads);
+    zero->releaseFrozen(state->inst->blockList, state->inst->blockIndex);
     variable_list inputGrads;
     for (const at::Tensor &d : detached)
       inputGrads.push_back(d.requires_grad() ? d.grad() : at::Tensor());

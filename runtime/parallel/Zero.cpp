@@ -63,7 +63,7 @@ namespace {
 /// Where a group lies: the plan's group and this rank's shard of it
 /// (ShardLayout.h), fixed once the storage is built.
 struct GroupLayout : ShardLayout {
-  int64_t index = 0;                        ///< in groups_ and shards_
+  int64_t index = 0;                        ///< in groups_ and shards_ (frozen: in frozen_)
   int64_t planGroup = 0;                    ///< in plan.groups
   const plan::StorageGroup *info = nullptr; ///< this TP rank's copy
 
@@ -95,6 +95,9 @@ struct ZeroStorage::Group {
   explicit Group(GroupLayout l)
       : layout(std::move(l)), slotFlat(layout.info->members.size(), -1) {}
   const GroupLayout layout;
+  /// A group of frozen parameters: gathered and freed like the others, no
+  /// autograd link to its shard, no gradient, no master.
+  bool frozen() const { return layout.info->frozen; }
   /// The ranks the shards run over: the shard group, or for a group of
   /// expert parameters split over the expert group its expert-replica
   /// group (the N/E ranks at this rank's position in their expert groups).
@@ -180,16 +183,21 @@ ZeroStorage::load(plan::Archive &archive, at::Device device, Comm &world,
            static_cast<int64_t>(c10::elementSize(g.layout.info->dtype)) /
            zero->replicaComm_->size();
   };
-  for (const auto &g : zero->groups_)
-    total += bytes(*g);
-  for (auto &g : zero->groups_) {
-    at::Tensor shard = zero->readShard(archive, g->layout.planGroup, g->layout.range(),
-                                       g->shard.options());
-    zero->setShard(*g, shard);
-    done += bytes(*g);
-    if (progress)
-      progress(done, total);
-  }
+  for (const auto *list : {&zero->groups_, &zero->frozen_})
+    for (const auto &g : *list)
+      total += bytes(*g);
+  for (const auto *list : {&zero->groups_, &zero->frozen_})
+    for (const auto &g : *list) {
+      at::Tensor shard = zero->readShard(archive, g->layout.planGroup, g->layout.range(),
+                                         g->shard.options());
+      if (g->frozen())
+        g->shard = shard; // read only: no master, no autograd leaf
+      else
+        zero->setShard(*g, shard);
+      done += bytes(*g);
+      if (progress)
+        progress(done, total);
+    }
   return zero;
 }
 
@@ -245,23 +253,24 @@ ZeroStorage::ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world,
 
   // The groups this rank holds: with T > 1 the copy of its TP rank of each,
   // with expert splits the copy of its expert-group position.
-  std::vector<int64_t> copies;
-  slots_.assign(plan_.groups.size(), -1);
+  // Trainable groups are groups_[k] (shards_[k]), frozen ones frozen_[k].
+  std::vector<std::pair<int64_t, int64_t>> copies; // (plan group, its tp/ep_rank 0 copy)
   for (size_t i = 0; i < plan_.groups.size(); ++i)
-    if (plan_.groups[i].tpRank <= 0 && plan_.groups[i].epRank <= 0) {
-      slots_[i] = static_cast<int64_t>(copies.size());
-      copies.push_back(plan_.epGroup(plan_.tpGroup(static_cast<int64_t>(i), tpRank), epRank));
-    }
-  for (size_t i = 0; i < copies.size(); ++i) {
-    const plan::StorageGroup &info = plan_.groups[copies[i]];
+    if (plan_.groups[i].tpRank <= 0 && plan_.groups[i].epRank <= 0)
+      copies.emplace_back(plan_.epGroup(plan_.tpGroup(static_cast<int64_t>(i), tpRank), epRank),
+                          static_cast<int64_t>(i));
+  byPlan_.assign(plan_.groups.size(), nullptr);
+  for (const auto &[copy, first] : copies) {
+    const plan::StorageGroup &info = plan_.groups[copy];
     Comm *comm = info.epRank >= 0 ? expertShardComm_.get() : shardComm_.get();
-    auto g = std::make_unique<Group>(groupLayout(plan_, static_cast<int64_t>(i), copies[i],
+    auto &list = info.frozen ? frozen_ : groups_;
+    auto g = std::make_unique<Group>(groupLayout(plan_, static_cast<int64_t>(list.size()), copy,
                                                  comm->rank(), comm->size(), tp));
     g->comm = comm;
     at::TensorOptions options = at::TensorOptions().dtype(info.dtype).device(device_);
     // Zeros until load() reads the archive (setShard).
     g->shard = at::zeros({g->layout.shardSize}, options);
-    if (offload_) {
+    if (offload_ && !info.frozen) {
       g->offload.hostGrad =
           emptyHostTensor(g->layout.shardSize, gradientDtype(*g), device_.is_cuda());
       if (device_.is_cuda())
@@ -282,12 +291,15 @@ ZeroStorage::ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world,
           at::empty({0}, options).set_(holder.storage(), info.offsets[m], shape, strides));
     }
     freeBuffer(*g);
-    groupOfStorage_[g->storage.get()] = g->layout.index;
+    byPlan_[first] = g.get();
     if (!info.blockList.empty())
-      blocks_[{info.blockList, info.blockIndex}].push_back(g->layout.index);
-    shards_.push_back(g->shard);
-    shardNames_.push_back(info.name);
-    groups_.push_back(std::move(g));
+      blocks_[{info.blockList, info.blockIndex}].push_back(g.get());
+    if (!info.frozen) {
+      groupOfStorage_[g->storage.get()] = g->layout.index;
+      shards_.push_back(g->shard);
+      shardNames_.push_back(info.name);
+    }
+    list.push_back(std::move(g));
   }
   if (offload_ && device_.is_cuda())
     copyStream_ = c10::impl::VirtualGuardImpl(device_.type())
@@ -326,13 +338,14 @@ ZeroStorage::~ZeroStorage() {
     } catch (...) {
     }
   }
-  for (auto &g : groups_)
-    if (g->pending) {
-      try {
-        g->pending->wait();
-      } catch (...) {
+  for (const auto *list : {&groups_, &frozen_})
+    for (const auto &g : *list)
+      if (g->pending) {
+        try {
+          g->pending->wait();
+        } catch (...) {
+        }
       }
-    }
   if (copyStream_) {
     try {
       copyStream_->synchronize(); // the copies into the host buffers freed here
@@ -566,6 +579,11 @@ void ZeroStorage::finishGradients() {
   pendingGradients_.clear();
   for (PendingGradient &p : pending)
     addGradient(p);
+  // The backward is over: no block needs its frozen parameters any more
+  // (those outside blocks stay gathered until the step, as trainable ones).
+  for (auto &g : frozen_)
+    if (!g->layout.info->blockList.empty())
+      freeBuffer(*g);
   if (!offload_)
     return;
   {
@@ -593,33 +611,51 @@ void ZeroStorage::finishGradients() {
   stepOpen_ = false;
 }
 
-const std::vector<int64_t> &ZeroStorage::blockGroups(const std::string &list,
-                                                     int64_t index) const {
-  static const std::vector<int64_t> none;
+const std::vector<ZeroStorage::Group *> &ZeroStorage::blockGroups(const std::string &list,
+                                                                   int64_t index) const {
+  static const std::vector<Group *> none;
   auto it = blocks_.find({list, index});
   return it == blocks_.end() ? none : it->second;
 }
 
+bool ZeroStorage::blockTrains(const std::string &list, int64_t index) const {
+  const std::vector<Group *> &groups = blockGroups(list, index);
+  return std::any_of(groups.begin(), groups.end(), [](const Group *g) { return !g->frozen(); });
+}
+
 void ZeroStorage::prepareBackward(const std::string &list, int64_t blockIndex) {
+  // The block after this one has run its backward (autograd reaches this
+  // block's outputs once their gradient is complete): its frozen
+  // parameters are no longer needed. (Its trainable groups were freed by
+  // their own backward, reduceMemberGradients.)
+  releaseFrozen(list, blockIndex + 1);
   for (int64_t d = 1; d <= plan_.prefetchDepth; ++d)
-    for (int64_t g : blockGroups(list, blockIndex - d))
-      startGather(*groups_[g]);
-  for (int64_t g : blockGroups(list, blockIndex))
-    ensureGathered(*groups_[g]);
+    for (Group *g : blockGroups(list, blockIndex - d))
+      startGather(*g);
+  for (Group *g : blockGroups(list, blockIndex))
+    ensureGathered(*g);
 }
 
 void ZeroStorage::prepareRecompute(const std::string &list, int64_t blockIndex) {
   prepareBackward(list, blockIndex);
-  for (int64_t g : blockGroups(list, blockIndex))
-    groups_[g]->linked.clear(); // link anew in the recompute
+  for (Group *g : blockGroups(list, blockIndex))
+    g->linked.clear(); // link anew in the recompute
+}
+
+void ZeroStorage::releaseFrozen(const std::string &list, int64_t blockIndex) {
+  if (plan_.zeroStage != 3)
+    return; // ZeRO-2 keeps the parameters gathered until the step
+  for (Group *g : blockGroups(list, blockIndex))
+    if (g->frozen())
+      freeBuffer(*g);
 }
 
 ZeroStorage::Group &ZeroStorage::groupOf(int64_t group) {
-  int64_t slot = slots_.at(group);
-  if (slot < 0)
+  Group *g = byPlan_.at(group);
+  if (!g)
     throw std::logic_error("ZeroStorage: plan group " + std::to_string(group) +
                            " is the copy of another TP rank");
-  return *groups_[slot];
+  return *g;
 }
 
 at::Tensor ZeroStorage::global(int64_t index) {
@@ -628,7 +664,7 @@ at::Tensor ZeroStorage::global(int64_t index) {
   size_t member = 0;
   while (g.layout.info->members[member] != index)
     ++member;
-  if (c10::GradMode::is_enabled()) {
+  if (c10::GradMode::is_enabled() && !g.frozen()) {
     if (g.linked.empty())
       g.linked = gatherZeroGroup(g.shard, *this, g.layout.index);
     return g.linked[member];
@@ -685,7 +721,7 @@ std::vector<IValue> ZeroStorage::callBlock(const plan::Instruction &inst, const 
     return run(std::move(args));
   if (inst.checkpoint)
     return callRecomputed(inst, run, recompute, std::move(args), *this, device_,
-                          !blockGroups(inst.blockList, inst.blockIndex).empty());
+                          blockTrains(inst.blockList, inst.blockIndex));
   std::vector<IValue> results = run(std::move(args));
   if (plan_.zeroStage != 3)
     return results;
@@ -759,6 +795,9 @@ void ZeroStorage::releaseAll() {
     freeBuffer(*g);
     g->linked.clear();
   }
+  for (auto &g : frozen_)
+    freeBuffer(*g);
+  frozenRead_ = nullptr;
 }
 
 namespace {
@@ -844,6 +883,31 @@ at::Tensor ZeroStorage::gatherGroup(int64_t group, bool gradient) {
 ZeroStorage::ShardPlace ZeroStorage::shardPlace(int64_t group) const {
   const Group &g = *groups_.at(group);
   return {g.shard.detach(), g.comm->rank(), g.comm->size(), replicaComm_->rank() == 0};
+}
+
+at::Tensor ZeroStorage::frozenParameter(int64_t index) {
+  const plan::TensorInfo &info = plan_.tensors.at(index);
+  if (info.group < 0 || !groupOf(info.group).frozen())
+    throw std::logic_error("ZeroStorage: " + info.name + " is not in a frozen storage group");
+  Group &g = groupOf(info.group);
+  size_t member = 0;
+  while (g.layout.info->members[member] != index)
+    ++member;
+  // Gathered once for all its members (callers go through a group's
+  // members in turn): the previous group's buffer is freed when another
+  // is asked for.
+  if (frozenRead_ && frozenRead_ != &g)
+    freeBuffer(*frozenRead_);
+  frozenRead_ = &g;
+  ensureGathered(g);
+  return g.views[member].clone();
+}
+
+int64_t ZeroStorage::frozenShardBytes() const {
+  int64_t bytes = 0;
+  for (const auto &g : frozen_)
+    bytes += g->layout.shardSize * static_cast<int64_t>(c10::elementSize(g->layout.info->dtype));
+  return bytes;
 }
 
 int64_t ZeroStorage::gatheredParameters() const {

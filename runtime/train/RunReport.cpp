@@ -62,7 +62,10 @@ void printLoadSummary(const std::string &archiveName, const plan::Archive &archi
   if (rank0) {
     std::cout << "bmt-run: " << archiveName << " (" << p.modelType << "), "
               << model.numParameters() << " parameters, " << archive.bytesRead()
-              << " bytes read, objective " << objective << ", device " << device << "\n";
+              << " bytes read, objective " << objective << ", device " << device;
+    if (int64_t frozen = model.frozenBytesPerRank())
+      std::cout << ", frozen parameters " << frozen << " bytes per rank";
+    std::cout << "\n";
     if (worldSize > 1) {
       std::cout << "bmt-run: " << worldSize << " ranks (" << world->backend() << "), ZeRO-"
                 << p.zeroStage;

@@ -3,13 +3,14 @@
 // RUN: not bmt-opt %s --split-input-file --bmt-zero='stage=1' -o /dev/null 2>&1 | FileCheck %s --check-prefix=BADSTAGE
 // RUN: not bmt-opt %s --split-input-file --bmt-zero='alignment=100' -o /dev/null 2>&1 | FileCheck %s --check-prefix=BADALIGN
 
-// STAGE2: remark: bmt-zero: ZeRO-2, 4 block storage groups (3072 bytes), 1 outside blocks (1024 bytes); 1 parameters shared by several blocks kept outside
+// STAGE2: remark: bmt-zero: ZeRO-2, 4 block storage groups (3072 bytes), 1 outside blocks (1024 bytes), 1 of frozen parameters (512 bytes); 1 parameters shared by several blocks kept outside
 // BADSTAGE: error: bmt-zero: stage must be 2 or 3, got 1
 // BADALIGN: error: bmt-zero: alignment must be a power of two of at least 8 bytes, got 100
 
 // Each block's parameters in one group per dtype, offsets aligned to 64
 // bytes (16 f32 or 32 bf16 elements); the embedding (tied to the head) and
-// a weight shared by both blocks outside the blocks; frozen parameters in no group.
+// a weight shared by both blocks outside the blocks; a frozen parameter in
+// a frozen group of its own (sharded, never reduced).
 // CHECK-LABEL: {{^}}module attributes {bmt.zero = {shard_group_size = 0 : i64, stage = 3 : i64}}
 // CHECK: bmt.block_list @h
 // CHECK-NEXT: bmt.storage_group @h.0.float32 : f32 {alignment = 64 : i64, block = @h, block_index = 0 : i64, offsets = array<i64: 0, 80>, params = [@h.0.w, @h.0.b], size = 96 : i64}
@@ -17,6 +18,7 @@
 // CHECK-NEXT: bmt.storage_group @h.1.float32 : f32 {alignment = 64 : i64, block = @h, block_index = 1 : i64, offsets = array<i64: 0, 80>, params = [@h.1.w, @h.1.b], size = 96 : i64}
 // CHECK-NEXT: bmt.storage_group @h.1.bfloat16 : bf16 {alignment = 64 : i64, block = @h, block_index = 1 : i64, offsets = array<i64: 0>, params = [@h.1.g], size = 32 : i64}
 // CHECK-NEXT: bmt.storage_group @outside_blocks.float32 : f32 {alignment = 64 : i64, offsets = array<i64: 0, 32>, params = [@emb.w, @shared.w], size = 48 : i64}
+// CHECK-NEXT: bmt.storage_group @outside_blocks.frozen.float32 : f32 {alignment = 64 : i64, frozen, offsets = array<i64: 0>, params = [@frozen.w], size = 16 : i64}
 // CHECK-NOT: bmt.storage_group
 bmt.parameter @emb.w : tensor<4x5xf32> {aliases = ["head.w"], requires_grad}
 bmt.parameter @shared.w : tensor<5xf32> {requires_grad}

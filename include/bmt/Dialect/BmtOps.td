@@ -94,12 +94,15 @@ def Bmt_StorageGroupOp : Bmt_Op<"storage_group", [Symbol, HasParent<"::mlir::Mod
   let summary = "parameters stored as one flat, sharded buffer";
   let description = [{
     Made by `--bmt-zero`: the trainable parameters of one block (or of
-    everything outside the blocks) of one dtype, laid out back to back in one
+    everything outside the blocks) of one dtype, or with `frozen` its frozen
+    parameters (requires_grad false), laid out back to back in one
     flat buffer of `size` elements, parameter i at element `offsets[i]`
     (each offset a multiple of `alignment` bytes, as BMTrain aligns its
     storages). At run time every rank holds a 1/N slice of the buffer (the
     buffer padded to a multiple of N), all-gathers it before the block runs
-    and reduce-scatters its gradient after; sharded.pt stores the buffer as
+    and reduce-scatters its gradient after (a `frozen` group has no gradient,
+    no master and no optimizer state: it is only gathered and freed, like
+    the trainable groups of its block); sharded.pt stores the buffer as
     is, so that rank r reads one contiguous range. `block` and
     `block_index` name the block it belongs to; absent for the group of
     everything outside blocks.
@@ -112,7 +115,8 @@ def Bmt_StorageGroupOp : Bmt_Op<"storage_group", [Symbol, HasParent<"::mlir::Mod
                        FlatSymbolRefArrayAttr:$params, DenseI64ArrayAttr:$offsets,
                        I64Attr:$size, I64Attr:$alignment,
                        OptionalAttr<FlatSymbolRefAttr>:$block,
-                       OptionalAttr<I64Attr>:$block_index);
+                       OptionalAttr<I64Attr>:$block_index,
+                       UnitAttr:$frozen);
   let assemblyFormat = "$sym_name `:` $element_type attr-dict";
   let hasVerifier = 1;
 }

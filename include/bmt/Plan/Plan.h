@@ -37,8 +37,9 @@ namespace bmt::plan {
 /// vocabParallel, vocabSize, the Tp* instructions); 7 adds the MoeDispatch
 /// and MoeCombine instructions (bmt-opt --bmt-moe-layers); 8 adds pipeline
 /// stages (Plan::pipelineStages, pipelineBlockList, pipelineFirstBlocks)
-/// and splits over the expert group (TensorSplit::over, StorageGroup::epRank).
-constexpr int64_t kPlanFormatVersion = 8;
+/// and splits over the expert group (TensorSplit::over, StorageGroup::epRank);
+/// 9 adds frozen storage groups (StorageGroup::frozen).
+constexpr int64_t kPlanFormatVersion = 9;
 /// The oldest version readers still take.
 constexpr int64_t kOldestPlanFormatVersion = 2;
 
@@ -72,8 +73,8 @@ struct TensorInfo {
   std::string record; ///< archive record holding the bytes (row-major, contiguous)
   int64_t offset = 0; ///< byte offset of the tensor in `record`
   /// Index of the storage group holding this parameter, or -1 (buffers,
-  /// frozen parameters, plans without ZeRO): such tensors have a record of
-  /// their own and every rank reads them whole. A member of group g has
+  /// plans without ZeRO, frozen parameters before version 9): such tensors
+  /// have a record of their own and every rank reads them whole. A member of group g has
   /// record == groups[g].record and offset == its byte offset in the
   /// group's buffer (record is empty when the group is split into parts).
   int64_t group = -1;
@@ -183,7 +184,8 @@ struct Function {
   std::vector<std::string> resultNames; ///< "logits", ...
 };
 
-/// Trainable parameters stored as one flat buffer (a bmt.storage_group):
+/// Parameters stored as one flat buffer (a bmt.storage_group), trainable
+/// ones or (version 9, `frozen`) frozen ones:
 /// member i occupies elements [offsets[i], offsets[i] + numel) of a buffer of
 /// `size` elements of `dtype`; the gaps are alignment padding (zeros). With
 /// world size N (or hybrid shard group size G), rank r holds elements
@@ -231,6 +233,11 @@ struct StorageGroup {
   /// read every member a range touches whole and check its crc32).
   int64_t chunkBytes = 0;
   std::vector<int64_t> chunkCrc32s;
+  /// Version 9: the members are frozen parameters (requires_grad false):
+  /// the group is sharded and gathered like the others, but has no
+  /// gradient, no master and no optimizer state. A group holds either
+  /// frozen or trainable parameters, never both.
+  bool frozen = false;
 
   int64_t nbytes() const { return size * static_cast<int64_t>(c10::elementSize(dtype)); }
 };
@@ -341,7 +348,7 @@ struct Plan {
 /// (T > 1, a TensorSplit, a tpRank, vocabParallel, a Tp* instruction); 7
 /// when a function has a MoeDispatch or MoeCombine instruction; 8 when
 /// pipelineStages > 1, a tensor is split over the expert group or a group
-/// has an epRank. An
+/// has an epRank; 9 when a group is frozen. An
 /// older reader must refuse such a plan rather than ignore what it does not
 /// know; a plan with T == 1 and nothing else new is written as before.
 int64_t formatVersionOf(const Plan &plan);

@@ -125,6 +125,37 @@ TEST(PlanFormat, StorageGroupsRoundTrip) {
   EXPECT_EQ(p.functions[0].body[0].kind, Instruction::Kind::Gather);
 }
 
+TEST(PlanFormat, FrozenGroupsRoundTripAndAreChecked) {
+  // A frozen group makes a version 9 plan; its members must be frozen
+  // parameters, a trainable group's trainable ones.
+  Plan p = twoParameterPlan();
+  EXPECT_LT(formatVersionOf(p), 9);
+  EXPECT_FALSE(toIValue(p).toGenericDict().at("groups").toList().get(0).toGenericDict().contains(
+      "frozen"));
+  p.tensors[0].requiresGrad = p.tensors[1].requiresGrad = false;
+  EXPECT_THROW(fromIValue(toIValue(p)), PlanError); // frozen members, trainable group
+  p.groups[0].frozen = true;
+  EXPECT_EQ(formatVersionOf(p), 9);
+  Plan back = fromIValue(toIValue(p));
+  EXPECT_EQ(back.version, 9);
+  EXPECT_TRUE(back.groups[0].frozen);
+  p.tensors[1].requiresGrad = true;
+  try {
+    fromIValue(toIValue(p));
+    ADD_FAILURE() << "accepted a trainable parameter in a frozen group";
+  } catch (const PlanError &e) {
+    EXPECT_NE(std::string(e.what()).find("(frozen) holds block.0.bias, a trainable parameter"),
+              std::string::npos)
+        << e.what();
+  }
+  // Written as version 8 (frozen dropped): the frozen members are refused,
+  // not trained.
+  p.tensors[1].requiresGrad = false;
+  c10::IValue v = toIValue(p);
+  v.toGenericDict().insert_or_assign("version", int64_t(8));
+  EXPECT_THROW(fromIValue(v), PlanError);
+}
+
 TEST(PlanFormat, RejectsMalformedGroups) {
   Plan overlapEnd = twoParameterPlan();
   overlapEnd.groups[0].size = 10; // the bias (3 elements at 8) ends at 11
@@ -236,7 +267,7 @@ TEST(PlanFormat, MoeInstructionsRoundTripAtVersion7) {
   c10::IValue v = toIValue(moePlan());
   v.toGenericDict().insert_or_assign("version", int64_t(6));
   expectRefused(v, "version 6");
-  EXPECT_EQ(kPlanFormatVersion, 8);
+  EXPECT_EQ(kPlanFormatVersion, 9);
 }
 
 TEST(PlanFormat, PipelineStagesRoundTripAndAreChecked) {

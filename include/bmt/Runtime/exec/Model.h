@@ -248,10 +248,13 @@ public:
   /// "" without adapters).
   const std::string &adapterSettings() const { return adapterSettings_; }
   /// The frozen parameters (requires_grad false: bmt-opt --freeze, or
-  /// frozen in the trace; plan tensor indices in plan order), which every
-  /// rank holds whole and which do not train.
+  /// frozen in the trace; plan tensor indices in plan order), which do not
+  /// train (ZeRO-sharded in frozen storage groups, or whole on every rank
+  /// in a plan without them).
   std::vector<int64_t> frozenParameterOrder() const;
-  /// Frozen parameter `index`'s value (on the model's device; no gradient).
+  /// Frozen parameter `index`'s value, whole (on the model's device; no
+  /// gradient). Collective for a member of a frozen storage group: every
+  /// rank asks for the same parameters in the same order.
   at::Tensor frozenParameter(int64_t index);
 
   /// The buffers parameters() hold, for checkpoints: one a parameter, in
@@ -292,6 +295,9 @@ public:
   int64_t numParameters() const;
   /// ZeroStorage::gatheredParameters (0 without ZeRO storage).
   int64_t gatheredParameters() const;
+  /// Bytes of frozen parameters this rank holds between gathers: its shards
+  /// of the frozen storage groups, plus frozen parameters outside them.
+  int64_t frozenBytesPerRank() const;
   const plan::Plan &plan() const { return plan_; }
   at::Device device() const { return device_; }
   /// The communicator of all ranks (a local one for a single process).

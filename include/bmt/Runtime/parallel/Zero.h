@@ -27,6 +27,13 @@
 //     step has finished, on a copy stream, while the backward of the blocks
 //     before it runs; there are no float32 master copies on the device.
 //
+// Frozen parameters (plan groups marked frozen) are sharded, gathered,
+// prefetched and freed the same way, but are never linked to autograd: no
+// gradient, no reduce-scatter, no master, not among shards(). A block's
+// frozen groups are freed once its backward is done (after the recompute's
+// backward of a checkpointed block, else when the block before it starts
+// its backward), the others at finishGradients / releaseAll.
+//
 // Gradients are averaged over all ranks (each rank runs its own slice of
 // the global batch), so N ranks with micro-batch b train exactly as one
 // process with micro-batch N*b.
@@ -216,7 +223,17 @@ public:
   };
   ShardPlace shardPlace(int64_t group) const;
 
-  /// Elements in the groups' real (unpadded) buffers, counting each
+  /// Frozen parameter `index` (a plan tensor index, a member of a frozen
+  /// group), whole: its group gathered (collective over the shard group:
+  /// every rank asks for the same parameters in the same order; the buffer
+  /// stays gathered until another group is asked for or releaseAll), and
+  /// the member copied out. Throws std::logic_error for another tensor.
+  at::Tensor frozenParameter(int64_t index);
+  /// Bytes of this rank's shards of the frozen groups (the frozen
+  /// parameters it holds between gathers).
+  int64_t frozenShardBytes() const;
+
+  /// Elements in the trainable groups' real (unpadded) buffers, counting each
   /// parameter once.
   int64_t numParameters() const;
   /// Elements of the parameters this rank's gathers materialize: every
@@ -285,7 +302,13 @@ private:
   /// The dtype of group g's gradient: float32 for bf16/fp16 (their
   /// masters'), else the group's.
   c10::ScalarType gradientDtype(const Group &g) const;
-  const std::vector<int64_t> &blockGroups(const std::string &list, int64_t index) const;
+  /// The groups (trainable and frozen) of block `index` of `list`.
+  const std::vector<Group *> &blockGroups(const std::string &list, int64_t index) const;
+  /// Whether block `index` of `list` has a trainable group.
+  bool blockTrains(const std::string &list, int64_t index) const;
+  /// Frees the frozen groups of block `blockIndex` of `list` (ZeRO-3; its
+  /// backward is over). CheckpointFunction calls it after the recompute.
+  void releaseFrozen(const std::string &list, int64_t blockIndex);
   c10::ScalarType reduceDtype(const Group &g) const;
 
   /// The Group of plan group index `group` (a tp_rank 0 or -1 copy).
@@ -296,15 +319,19 @@ private:
   Comm &world_;
   Comm &data_;          ///< the ranks gradients are averaged over (world_ when T == 1)
   Comm *tensor_ = nullptr; ///< the TP group (null when T == 1)
-  std::vector<int64_t> slots_; ///< plan group index -> index in groups_ (-1: another TP rank's)
+  /// Plan group index (a tp/ep_rank 0 or -1 copy) -> the group of this
+  /// rank (null for the copies of other TP / expert group positions).
+  std::vector<Group *> byPlan_;
   std::unique_ptr<Comm> shardComm_, replicaComm_;
   /// With expert parameters split over the expert group: the N/E ranks at
   /// this rank's position in their expert groups (null otherwise).
   std::unique_ptr<Comm> expertShardComm_;
-  std::vector<std::unique_ptr<Group>> groups_;
+  std::vector<std::unique_ptr<Group>> groups_; ///< trainable, shards_ order
+  std::vector<std::unique_ptr<Group>> frozen_;  ///< frozen groups
+  Group *frozenRead_ = nullptr;                 ///< frozenParameter's gathered group
   std::vector<at::Tensor> shards_;
   std::vector<std::string> shardNames_;
-  std::map<std::pair<std::string, int64_t>, std::vector<int64_t>> blocks_;
+  std::map<std::pair<std::string, int64_t>, std::vector<Group *>> blocks_;
   struct PendingGradient {
     int64_t group = 0;
     at::Tensor flat; ///< the reduce-scatter's input (kept for the copy stream's use)
