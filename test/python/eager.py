@@ -2,6 +2,7 @@
 test/fixtures/make_fixtures.py, traced and compiled as a user does; bmt-run
 --dump against the eager model's logits, loss and gradients (numerics.py's
 bounds); bmt-run's default weight-decay groups and an eager AdamW loop."""
+import math
 import os
 import subprocess
 import sys
@@ -143,4 +144,40 @@ def train_on_batches(prep, sharded, ranks, tag, *extra):
                  "--steps", STEPS, "--objective", "causal-lm", *TRAIN_FLAGS, "--log-file", log,
                  "--save-params", saved, *extra, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    prep.setdefault("stdout", {})[tag] = r.stdout
     return [x for x in map(json.loads, open(log)) if x["kind"] == "train"], saved
+
+
+def assert_frozen_sharded(stdout, sharded, ranks, tp=1):
+    """The frozen parameters of `sharded`'s plan are ZeRO-sharded: in
+    frozen storage groups, of which bmt-run's first line (`stdout`) says a
+    rank holds ceil(size / R) elements each, R = ranks / tp the data-parallel
+    ranks, at most 1/R of the frozen bytes plus alignment padding; on
+    several ranks (tp 1) each rank read at most 1/N of the weights. Returns
+    (frozen bytes per rank, the frozen parameters' bytes)."""
+    import io
+    import re
+    import zipfile
+    import torch
+    with zipfile.ZipFile(sharded) as z:
+        name = next(n for n in z.namelist() if n.endswith("/bmt/plan.pkl"))
+        plan = torch.load(io.BytesIO(z.read(name)), weights_only=False)
+    size = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+    frozen = [t for t in plan["tensors"] if t["is_parameter"] and not t["requires_grad"]]
+    whole = sum(math.prod(t["shape"]) * size[t["dtype"]] for t in frozen)
+    assert frozen and all(t["group"] >= 0 and plan["groups"][t["group"]]["frozen"] for t in frozen)
+    groups = [g for g in plan["groups"] if g["frozen"] and g.get("tp_rank", -1) <= 0]
+    r = ranks // tp
+    m = re.search(r"frozen parameters (\d+) bytes per rank", stdout)
+    assert m, stdout
+    per_rank = int(m.group(1))
+    assert per_rank == sum(-(-g["size"] // r) * size[g["dtype"]] for g in groups), per_rank
+    padding = 512 * len(frozen)  # bmt-zero's alignment, at most once per member
+    assert whole / r <= per_rank <= (whole + padding) / r + 8 * len(groups), (per_rank, whole, r)
+    if ranks > 1 and tp == 1:
+        m = re.search(r"weights (\d+) bytes; bytes read per rank: ([\d ]+)", stdout)
+        assert m, stdout
+        total, reads = int(m.group(1)), [int(x) for x in m.group(2).split()]
+        chunks = sum(2 * g["chunk_bytes"] for g in plan["groups"])
+        assert all(b <= total / ranks * 1.01 + chunks for b in reads), (reads, total)
+    return per_rank, whole

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from bmt_paths import REPO, binary
-from eager import train_on_batches as train
+from eager import assert_frozen_sharded, train_on_batches as train
 from numerics import assert_identical, assert_loss_close, assert_trained_close
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -84,6 +84,9 @@ def test_frozen_training_matches_eager(prepared, mode):
         extra = ["--checkpoint-dir", os.path.join(prepared["tmp"], "ck"), "--checkpoint-every", 3]
     train_log, saved = train(prepared, sharded, ranks, mode, *extra)
     prepared["runs"][mode] = (sharded, saved)
+    # ZeRO-sharded: a rank holds (and read) 1/N of the frozen bytes.
+    per_rank, whole = assert_frozen_sharded(prepared["stdout"][mode], sharded, ranks,
+                                            2 if mode == "tp2" else 1)
     assert [x["step"] for x in train_log] == list(range(1, STEPS + 1))
     lrs = {x["step"]: x["lr"] for x in train_log}
     losses, start, trained, frozen = eager(prepared, lrs)
@@ -98,12 +101,13 @@ def test_frozen_training_matches_eager(prepared, mode):
                                  sum(lrs.values()))
     print(f"{prepared['name']} {mode}: loss max |d| "
           f"{max(abs(x['loss'] - w) for x, w in zip(train_log, losses)):.2g}, "
-          f"trained params max |d| {stats[0]:.2g}")
+          f"trained params max |d| {stats[0]:.2g}; frozen {per_rank} of {whole} bytes per rank")
 
 
 def test_memory_estimate_drops(prepared, tmp_path):
     """The summary's per-rank estimate and its state line shrink with
-    --freeze, and it lists the frozen bytes."""
+    --freeze, and it lists the frozen bytes a rank holds: half of them (and
+    the alignment padding) on 2 ranks."""
     if prepared["name"] != "llama":
         pytest.skip("one model is enough")
     def estimate(*flags):
@@ -114,7 +118,14 @@ def test_memory_estimate_drops(prepared, tmp_path):
     full, _ = estimate()
     frozen, text = estimate("--freeze", FREEZE[prepared["name"]])
     assert frozen < full
-    assert "frozen parameters (whole on every rank" in text
+    import re
+    m = re.search(r"frozen parameters \(sharded over 2 ranks, .*\((\d+) bytes per rank\)", text)
+    assert m, text
+    from architectures import build
+    model = build(prepared["name"])
+    names = frozen_names(model, FREEZE[prepared["name"]])
+    whole = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n in names)
+    assert whole / 2 <= int(m.group(1)) <= (whole + 512 * len(names)) / 2, (m.group(1), whole)
 
 
 def test_resume_is_bit_exact_and_checks_the_frozen_base(prepared, tmp_path, capsys):

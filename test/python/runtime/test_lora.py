@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from bmt_paths import REPO, binary
-from eager import train_on_batches as train
+from eager import assert_frozen_sharded, train_on_batches as train
 from numerics import assert_identical, assert_loss_close, assert_trained_close
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -106,6 +106,7 @@ def train_lora(prep, sharded, ranks, tag, *extra):
                  "--steps", STEPS, *TRAIN_FLAGS, "--log-file", log, "--save-params", saved,
                  *extra, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    prep.setdefault("stdout", {})[tag] = r.stdout
     return [x for x in map(json.loads, open(log)) if x["kind"] == "train"], saved
 
 
@@ -122,6 +123,8 @@ def test_lora_training_matches_peft(prepared, ranks):
         extra = ["--checkpoint-dir", os.path.join(prepared["tmp"], "ck"), "--checkpoint-every", STEPS]
     log, saved = train_lora(prepared, sharded, ranks, f"lora-n{ranks}", *extra)
     prepared.setdefault("runs", {})[ranks] = (sharded, saved, log)
+    # The frozen base is ZeRO-sharded: a rank holds (and read) 1/N of it.
+    per_rank, whole = assert_frozen_sharded(prepared["stdout"][f"lora-n{ranks}"], sharded, ranks)
     assert [x["step"] for x in log] == list(range(1, STEPS + 1))
     lrs = {x["step"]: x["lr"] for x in log}
     losses, start, adapters = peft_reference(prepared, lrs)
@@ -134,7 +137,7 @@ def test_lora_training_matches_peft(prepared, ranks):
     stats = assert_trained_close(got, adapters, sum(lrs.values()))
     print(f"{prepared['name']} n{ranks}: loss max |d| "
           f"{max(abs(x['loss'] - w) for x, w in zip(log, losses)):.2g}, adapters max |d| "
-          f"{stats[0]:.2g} ({len(adapters)} tensors)")
+          f"{stats[0]:.2g} ({len(adapters)} tensors); base {per_rank} of {whole} bytes per rank")
 
 
 def test_adapter_export_loads_in_peft(prepared, tmp_path, capsys):
