@@ -235,7 +235,8 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
       os << "\n";
       if (model.frozenBytes > 0)
         os << "    frozen parameters ("
-           << (frozenGroups ? "sharded over " + std::to_string(model.shardRanks) + " ranks"
+           << (frozenGroups ? "sharded over " + std::to_string(model.shardRanks) +
+                                  (model.shardRanks == 1 ? " rank" : " ranks")
                             : std::string("whole on every rank"))
            << ", no gradient or optimizer state): " << bmt::formatBytes(model.frozenBytes)
            << " (" << model.frozenBytes << " bytes per rank)\n";

@@ -99,9 +99,22 @@ bmt.storage_group @g : f32 {alignment = 64 : i64, offsets = array<i64: 3>, param
 
 // -----
 
-bmt.parameter @w : tensor<40xf32>
+bmt.parameter @w : tensor<40xf32> {requires_grad}
 // expected-error @+1 {{size 16 is smaller than its members' end 40}}
 bmt.storage_group @g : f32 {alignment = 64 : i64, offsets = array<i64: 0>, params = [@w], size = 16 : i64}
+
+// -----
+
+// A group holds trainable or (frozen) frozen parameters, never both.
+bmt.parameter @w : tensor<4xf32>
+// expected-error @+1 {{member @w is frozen, in a trainable group}}
+bmt.storage_group @g : f32 {alignment = 64 : i64, offsets = array<i64: 0>, params = [@w], size = 16 : i64}
+
+// -----
+
+bmt.parameter @w : tensor<4xf32> {requires_grad}
+// expected-error @+1 {{member @w trains, in a frozen group}}
+bmt.storage_group @g : f32 {alignment = 64 : i64, frozen, offsets = array<i64: 0>, params = [@w], size = 16 : i64}
 
 // -----
 

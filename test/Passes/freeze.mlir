@@ -1,6 +1,6 @@
 // RUN: bmt-opt %s --bmt-freeze='patterns=emb.*,h.[0].*' 2>&1 | FileCheck %s
 // RUN: bmt-opt %s --bmt-freeze='patterns=h.{0,1}.b,head.w' --bmt-find-blocks --bmt-zero='alignment=64' 2>&1 | FileCheck %s --check-prefix=ZERO
-// RUN: bmt-opt %s --bmt-freeze='patterns=h.[0-1].*' --bmt-find-blocks --bmt-zero --bmt-summary='world-size=2' -o /dev/null 2>&1 | FileCheck %s --check-prefix=SUMMARY
+// RUN: bmt-opt %s --bmt-freeze='patterns=h.[0-1].*' --bmt-find-blocks --bmt-zero='alignment=64' --bmt-summary='world-size=2' -o /dev/null 2>&1 | FileCheck %s --check-prefix=SUMMARY
 // RUN: not bmt-opt %s --bmt-freeze='patterns=h.0.w,h.2.*' -o /dev/null 2>&1 | FileCheck %s --check-prefix=NOMATCH
 // RUN: not bmt-opt %s --bmt-freeze='patterns=*' -o /dev/null 2>&1 | FileCheck %s --check-prefix=ALL
 // RUN: not bmt-opt %s --bmt-freeze='patterns=h.0.w,,emb.w' -o /dev/null 2>&1 | FileCheck %s --check-prefix=EMPTY
@@ -20,14 +20,22 @@
 // CHECK-NEXT: bmt.parameter @h.1.b : tensor<5xf32> {requires_grad}
 
 // Brace alternatives (their commas do not separate patterns); frozen
-// parameters stay out of the storage groups.
+// parameters in frozen storage groups of their own, per block (and outside
+// the blocks), sharded as the trainable ones.
 // ZERO: remark: bmt-freeze: froze 3 parameters (30 elements)
-// ZERO: bmt.storage_group @h.0.float32 : f32 {{.*}}params = [@h.0.w]
-// ZERO: bmt.storage_group @h.1.float32 : f32 {{.*}}params = [@h.1.w]
+// ZERO: remark: bmt-zero: ZeRO-3, 2 block storage groups (256 bytes), 0 outside blocks (0 bytes), 3 of frozen parameters (256 bytes)
+// ZERO: bmt.storage_group @h.0.float32 : f32 {alignment = 64 : i64, block = @h, block_index = 0 : i64, offsets = array<i64: 0>, params = [@h.0.w], size = 32 : i64}
+// ZERO-NEXT: bmt.storage_group @h.0.frozen.float32 : f32 {alignment = 64 : i64, block = @h, block_index = 0 : i64, frozen, offsets = array<i64: 0>, params = [@h.0.b], size = 16 : i64}
+// ZERO-NEXT: bmt.storage_group @h.1.float32 : f32 {alignment = 64 : i64, block = @h, block_index = 1 : i64, offsets = array<i64: 0>, params = [@h.1.w], size = 32 : i64}
+// ZERO-NEXT: bmt.storage_group @h.1.frozen.float32 : f32 {alignment = 64 : i64, block = @h, block_index = 1 : i64, frozen, offsets = array<i64: 0>, params = [@h.1.b], size = 16 : i64}
+// ZERO-NEXT: bmt.storage_group @outside_blocks.frozen.float32 : f32 {alignment = 64 : i64, frozen, offsets = array<i64: 0>, params = [@emb.w], size = 32 : i64}
 // ZERO-NOT: bmt.storage_group
 
 // SUMMARY: parameters: 80 elements in 5 tensors (320 B), 4 frozen (60 elements)
-// SUMMARY: frozen parameters (whole on every rank, no gradient or optimizer state): 240 B
+// SUMMARY: storage groups: 3 (512 B, 512 bytes; 2 of frozen parameters), ZeRO-3
+// The frozen 240 B (h.i.w 25 elements, h.i.b 5, in groups of 48 with the
+// 64-byte alignment) at 24 elements a block per rank:
+// SUMMARY: frozen parameters (sharded over 2 ranks, no gradient or optimizer state): 192 B (192 bytes per rank)
 
 // NOMATCH: error: bmt-freeze: pattern 'h.2.*' matches no parameter
 // ALL: error: bmt-freeze: every parameter is frozen, so nothing would train ('*' matches all 5)

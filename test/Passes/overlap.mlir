@@ -5,13 +5,14 @@
 // RUN: bmt-opt %s --split-input-file --bmt-find-blocks --bmt-zero --bmt-overlap -o /dev/null 2>&1 | FileCheck %s --check-prefix=REMARK
 // RUN: bmt-opt %s --split-input-file --bmt-find-blocks --bmt-zero --bmt-overlap --bmt-summary -o /dev/null 2>&1 | FileCheck %s --check-prefix=SUMMARY
 
-// REMARK: remark: bmt-overlap: prefetch depth 1, ZeRO-3: 4 block all-gathers, 4 releases, 1 outside-block groups gathered in @forward
+// REMARK: remark: bmt-overlap: prefetch depth 1, ZeRO-3: 6 block all-gathers, 6 releases, 1 outside-block groups gathered in @forward
 // SUMMARY: overlap: prefetch depth 1
 
-// Three blocks, one with two dtypes (two groups); the embedding outside.
-// Depth 1: the gathers of blocks 0 and 1 before block 0, of block 2 before
-// block 1, each release after its block's call (ZeRO-3); the outside group
-// at the start of @forward.
+// Three blocks, one with two dtypes (two groups), two with a frozen bf16
+// parameter (its frozen group, scheduled as any other); the embedding
+// outside. Depth 1: the gathers of blocks 0 and 1 before block 0, of block
+// 2 before block 1, each release after its block's call (ZeRO-3); the
+// outside group at the start of @forward.
 // CHECK-LABEL: module attributes {bmt.overlap = {prefetch_depth = 1 : i64}
 // CHECK-LABEL: func.func @forward(
 // CHECK-NEXT: bmt.all_gather @outside_blocks.float32
@@ -21,14 +22,18 @@
 // CHECK-NEXT: bmt.all_gather @h.0.float32
 // CHECK-NEXT: bmt.all_gather @h.0.bfloat16
 // CHECK-NEXT: bmt.all_gather @h.1.float32
+// CHECK-NEXT: bmt.all_gather @h.1.frozen.bfloat16
 // CHECK-NEXT: call @h.0.forward
 // CHECK-NEXT: bmt.release @h.0.float32
 // CHECK-NEXT: bmt.release @h.0.bfloat16
 // CHECK-NEXT: bmt.all_gather @h.2.float32
+// CHECK-NEXT: bmt.all_gather @h.2.frozen.bfloat16
 // CHECK-NEXT: call @h.1.forward
 // CHECK-NEXT: bmt.release @h.1.float32
+// CHECK-NEXT: bmt.release @h.1.frozen.bfloat16
 // CHECK-NEXT: call @h.2.forward
 // CHECK-NEXT: bmt.release @h.2.float32
+// CHECK-NEXT: bmt.release @h.2.frozen.bfloat16
 // CHECK-NEXT: return
 
 // DEPTH0-LABEL: func.func private @body.forward(
@@ -38,11 +43,15 @@
 // DEPTH0-NEXT: bmt.release @h.0.float32
 // DEPTH0-NEXT: bmt.release @h.0.bfloat16
 // DEPTH0-NEXT: bmt.all_gather @h.1.float32
+// DEPTH0-NEXT: bmt.all_gather @h.1.frozen.bfloat16
 // DEPTH0-NEXT: call @h.1.forward
 // DEPTH0-NEXT: bmt.release @h.1.float32
+// DEPTH0-NEXT: bmt.release @h.1.frozen.bfloat16
 // DEPTH0-NEXT: bmt.all_gather @h.2.float32
+// DEPTH0-NEXT: bmt.all_gather @h.2.frozen.bfloat16
 // DEPTH0-NEXT: call @h.2.forward
 // DEPTH0-NEXT: bmt.release @h.2.float32
+// DEPTH0-NEXT: bmt.release @h.2.frozen.bfloat16
 
 // A depth beyond the list gathers everything before the first call.
 // DEPTH5-LABEL: module attributes {bmt.overlap = {prefetch_depth = 5 : i64}
@@ -50,7 +59,9 @@
 // DEPTH5: bmt.all_gather @h.0.float32
 // DEPTH5-NEXT: bmt.all_gather @h.0.bfloat16
 // DEPTH5-NEXT: bmt.all_gather @h.1.float32
+// DEPTH5-NEXT: bmt.all_gather @h.1.frozen.bfloat16
 // DEPTH5-NEXT: bmt.all_gather @h.2.float32
+// DEPTH5-NEXT: bmt.all_gather @h.2.frozen.bfloat16
 // DEPTH5-NEXT: call @h.0.forward
 // DEPTH5-NEXT: bmt.release @h.0.float32
 

@@ -80,17 +80,18 @@ func.func @forward(%x: !bmt.tensor) -> !bmt.tensor {
 // 16 bytes (parameter, gradient, AdamW state) and 32 bf16 x 16 (with fp32
 // master weights) = 2432 B; gathered: the outside group and its gradient
 // (2 x 192 B) plus, at prefetch depth 1, two gathered blocks and one block
-// gradient (3 x 448 B) = 1728 B; the frozen 5 f32 elements whole (20 B);
-// activations of 1024 tokens.
+// gradient (3 x 448 B) = 1728 B, and the frozen group gathered (64 B); the
+// frozen group of 16 f32 elements (5 and the alignment) sharded: 8 per rank
+// (32 B); activations of 1024 tokens.
 // RUN: bmt-opt %s --split-input-file --bmt-find-blocks --bmt-zero='alignment=64' --bmt-summary='world-size=2' -o /dev/null 2>&1 | FileCheck %s --check-prefix=SUMMARY
 // RUN: bmt-opt %s --split-input-file --bmt-find-blocks --bmt-zero='alignment=64' --bmt-summary='world-size=4' -o /dev/null 2>&1 | FileCheck %s --check-prefix=SUMMARY4
 // SUMMARY: blocks: 2 in h (h.0 ... h.1), 85 parameters each
 // SUMMARY-NEXT: outside blocks: 25 parameters
-// SUMMARY-NEXT: storage groups: 5 (1.1 KiB, 1088 bytes), ZeRO-3
-// SUMMARY-NEXT: memory per rank at world size 2 (micro-batch 1, seq-len 1024): about 180.1 KiB (184404 bytes)
+// SUMMARY-NEXT: storage groups: 6 (1.1 KiB, 1152 bytes; 1 of frozen parameters), ZeRO-3
+// SUMMARY-NEXT: memory per rank at world size 2 (micro-batch 1, seq-len 1024): about 180.2 KiB (184480 bytes)
 // SUMMARY-NEXT: parameter, gradient and optimizer shards: 2.4 KiB (sharded over 2)
-// SUMMARY-NEXT: frozen parameters (whole on every rank, no gradient or optimizer state): 20 B
-// SUMMARY-NEXT: gathered parameters and gradients: 1.7 KiB
+// SUMMARY-NEXT: frozen parameters (sharded over 2 ranks, no gradient or optimizer state): 32 B (32 bytes per rank)
+// SUMMARY-NEXT: gathered parameters and gradients: 1.8 KiB
 // SUMMARY-NEXT: activations: 176.0 KiB
 
 // -----
