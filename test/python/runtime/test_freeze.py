@@ -152,6 +152,28 @@ def test_resume_is_bit_exact_and_checks_the_frozen_base(prepared, tmp_path, caps
                  "--save-params", str(resumed), timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert_identical(load_file(str(resumed)), load_file(saved))
+    # At another world size (1 rank, its own plan): the trainable shards
+    # resharded, the frozen ones read from its sharded.pt; steps 4 and 5 as
+    # eager's, the frozen parameters untouched.
+    if "n1" not in prepared["runs"]:
+        test_frozen_training_matches_eager(prepared, "n1")
+    log1, saved1 = tmp_path / "one.jsonl", tmp_path / "one.safetensors"
+    r = torchrun(1, prepared["runs"]["n1"][0], "--steps", STEPS, *common, "--resume",
+                 str(folder), "--log-file", str(log1), "--save-params", str(saved1), timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "resharded to this run's layout" in r.stdout, r.stdout
+    log = [x for x in map(json.loads, open(log1)) if x["kind"] == "train" and x["step"] > 3]
+    assert [x["step"] for x in log] == [4, 5]
+    lrs = {x["step"]: x["lr"] for x in map(json.loads, open(os.path.join(prepared["tmp"], "n2.jsonl")))
+           if x["kind"] == "train"}
+    losses, start, trained, frozen_set = eager(prepared, lrs)
+    for x in log:
+        assert_loss_close(x["loss"], losses[x["step"] - 1], what=f"resumed loss of step {x['step']}")
+    got = load_file(str(saved1))
+    for n in frozen_set:
+        assert_identical(got[n], start[n], n)
+    assert_trained_close(got, {n: p for n, p in trained.items() if n not in frozen_set},
+                         sum(lrs.values()))
     # bmt-to-hf: the trainable parameters from the checkpoint, the frozen
     # ones from sharded.pt: what from_pretrained loads is the whole model.
     import transformers
@@ -190,6 +212,42 @@ def test_resume_is_bit_exact_and_checks_the_frozen_base(prepared, tmp_path, caps
                   str(config), "--sharded", other]) == 1
     assert "was trained against other frozen parameters" in capsys.readouterr().err
     assert not (tmp_path / "refused").exists()
+
+
+def test_frozen_member_of_a_group_in_parts(tmp_path):
+    """bmt-to-hf's reader of frozen parameters (bmt.sharded_run) finds a
+    member of a frozen storage group split into parts (a group over 64 MiB,
+    docs/sharded-format.md) across the records it spans: a synthetic
+    archive, 10 elements at element 4 of parts of 6."""
+    import io
+    import zipfile
+    from types import SimpleNamespace
+    from bmt.sharded_run import frozen_bytes, frozen_parameters
+    w = torch.arange(1, 11, dtype=torch.float32)
+    buffer = torch.zeros(16)
+    buffer[4:14] = w
+    parts = [f"bmt/weights/group0.{k}" for k in range(3)]
+    plan = {"tensors": [{"name": "w", "aliases": ["v"], "is_parameter": True,
+                         "requires_grad": False, "dtype": "float32", "shape": [10], "record": "",
+                         "offset": 0, "group": 0}],
+            "groups": [{"name": "h.0.frozen.float32", "dtype": "float32", "members": [0],
+                        "offsets": [4], "size": 16, "record": "", "parts": parts, "part_size": 6,
+                        "frozen": True}]}
+    path = str(tmp_path / "parts.sharded.pt")
+    pickled = io.BytesIO()
+    torch.save(plan, pickled)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("top/bmt/plan.pkl", pickled.getvalue())
+        z.writestr("top/bmt/program.mlir", "")
+        for k, part in enumerate(parts):
+            z.writestr("top/" + part, buffer[6 * k:6 * k + 6].numpy().tobytes())
+    found = frozen_parameters(path, torch)
+    assert found["w"] == found["v"]
+    segments = found["w"][0]
+    assert [(r, o, n) for r, o, n in segments] == [
+        ("top/" + parts[0], 16, 8), ("top/" + parts[1], 0, 24), ("top/" + parts[2], 0, 8)]
+    t = SimpleNamespace(name="w", record=segments)
+    assert b"".join(frozen_bytes(path, t)) == w.numpy().tobytes()
 
 
 @pytest.mark.parametrize("patterns,message", [
