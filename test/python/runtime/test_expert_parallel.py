@@ -247,8 +247,15 @@ def test_checkpoints_resume_at_the_same_and_another_expert_group(prepared):
     meta = json.load(open(os.path.join(folder, "checkpoint.json")))
     assert (meta["version"], meta["expert_parallel"]) == (3, 4)
     experts = [s for s in meta["spaces"] if "ep_rank" in s]
-    assert sorted(s["ep_rank"] for s in experts) == [0, 1, 2, 3] * 2 and \
+    assert [s["ep_rank"] for s in experts] == [0, 1, 2, 3] * 2 and \
         all(s["shards"] == 1 for s in experts), experts
+    # Each rank's file holds its own position's experts and no other's.
+    for rank in range(4):
+        with open(os.path.join(folder, f"rank-{rank:05d}.safetensors"), "rb") as f:
+            names = set(json.loads(f.read(struct.unpack("<Q", f.read(8))[0])))
+        held = [s.get("ep_rank") for k, s in enumerate(meta["spaces"])
+                if f"s{k}.param" in names and "ep_rank" in s]
+        assert held == [rank, rank], (rank, held)
     resume = ("--resume", folder)
     same, same_params, _ = train(prepared, 4, 4, False, *resume, name="resumed-n4-ep4")
     assert [x["step"] for x in same] == [3, 4, 5], same
@@ -370,3 +377,20 @@ def test_bmt_to_hf_writes_an_expert_parallel_checkpoint(tmp_path, capsys):
     assert len(errors) == 1 and f"rank-00001.safetensors: corrupt tensor s{k}.param" in errors[0] \
         and "checksum" in errors[0], errors
     assert not (tmp_path / "hf-broken").exists()
+    # Another number of experts (8): another model, refused in one line
+    # before anything is read.
+    subprocess.run([*tool("bmt-export-hf"), "--config", str(tmp_path / "ckpt" / "config.json"),
+                    "--set", "num_local_experts=8", "-o", str(tmp_path / "m8.pt")], check=True,
+                   capture_output=True)
+    r = subprocess.run([binary("bmt-opt"), str(tmp_path / "m8.pt"), "-o",
+                        str(tmp_path / "m8.sharded.pt"), "--expert-parallel", "2"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = torchrun(2, tmp_path / "m8.sharded.pt", "--batches", tmp_path / "b.pt", "--steps", 3,
+                 "--resume", folder)
+    assert r.returncode != 0
+    errors = set(error_lines(r.stdout + r.stderr))
+    assert len(errors) == 1, errors
+    assert f"error: {folder} is a checkpoint of another model: model.layers.0.mlp." \
+        in next(iter(errors)) and "[4, " in next(iter(errors)) and \
+        "[8, " in next(iter(errors)), errors
