@@ -70,9 +70,10 @@ SavedLayout::SavedLayout(const std::string &folder, const json &meta) : folder_(
             if (overExperts)
               rule.over = SplitGroup::Expert;
             const int64_t rank = static_cast<int64_t>(shape.size());
-            std::string why = rule.dim < 0 ? "dim " + std::to_string(rule.dim) + " is not a split dim"
-                              : split::check(rule, rank, rule.dim < rank ? shape[rule.dim] : -1,
-                                             space.groupSize);
+            std::string why =
+                rule.dim < 0 ? "dim " + std::to_string(rule.dim) + " is not a split dim"
+                             : split::check(rule, rank, rule.dim < rank ? shape[rule.dim] : -1,
+                                            space.groupSize);
             if (!why.empty())
               throw CheckpointError(folder_ + "/checkpoint.json: bad split of " + name + " (" +
                                     why + ")");

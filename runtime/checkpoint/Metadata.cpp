@@ -225,10 +225,12 @@ json spacesJson(const plan::Plan &p, const std::vector<ParameterSpace> &spaces, 
           for (const split::Range &r :
                split::tpRanges(info.split, info.shape[info.split.dim], slot.copies, c))
             ranges.push_back({r.local, r.global, r.length});
-          member["split"] = {{"dim", info.split.dim}, {"chunks", info.split.chunks},
-                             {"padded_size", info.split.paddedSize},
-                             {"local_shape", split::localShape(info.shape, info.split, slot.copies)},
-                             {"ranges", ranges}};
+          member["split"] = {
+              {"dim", info.split.dim},
+              {"chunks", info.split.chunks},
+              {"padded_size", info.split.paddedSize},
+              {"local_shape", split::localShape(info.shape, info.split, slot.copies)},
+              {"ranges", ranges}};
           if (slot.expert)
             member["split"]["over"] = "expert";
         }

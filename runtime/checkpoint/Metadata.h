@@ -93,7 +93,9 @@ void checkSameOptimizer(const json &saved, const OptimizerConfig &expected,
 /// The group of ranks a space's tensors are split over, and where the
 /// space's copies are in checkpoint.json's "spaces".
 struct SpaceSlot {
-  int64_t group = -1; ///< its plan storage group (tpRank/epRank 0 or -1 copy); -1: replicated tensor
+  /// Its plan storage group (the tpRank/epRank 0 or -1 copy); -1: a
+  /// replicated tensor.
+  int64_t group = -1;
   int64_t first = 0;  ///< index of its first copy in "spaces"
   int64_t copies = 1; ///< T with tensor parallelism, E for an expert-split group, else 1
   bool expert = false; ///< a group of expert parameters split over the expert group
