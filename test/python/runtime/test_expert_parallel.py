@@ -17,7 +17,8 @@ for Qwen3-MoE; recomputing every block or none. Checkpoints (format
 version 3 when split): the Mixtral (4, 4) cell's, saved at step 2, resumed
 at (4, 4) bit for bit and at (2, 2) and (1, 1) against eager, and refused
 with one line when a slice is corrupt; the replicated Qwen3-MoE (4, 4)
-cell's resumed split at (2, 2) against eager; bmt-to-hf of a split one.
+cell's resumed split at (2, 2), and its split (4, 2) cell's resumed
+replicated at (4, 4), against eager; bmt-to-hf of a split one.
 
 The errors, each one line: E not dividing a layer's experts, E > 1 on a
 model without MoE layers, E with tensor parallelism, hybrid sharding of
@@ -309,18 +310,29 @@ def test_checkpoints_resume_at_the_same_and_another_expert_group(prepared):
 
 
 @pytest.mark.parametrize("prepared", ["qwen3_moe"], indirect=True)
-def test_a_replicated_checkpoint_resumes_with_split_experts(prepared):
+def test_checkpoints_resume_between_split_and_replicated_experts(prepared):
     """The (4, 4) cell with every expert on every rank (--split-expert-weights
-    =false: format version 1) saved at step 2; resumed on (2, 2) with the
-    experts split over the expert group (each rank reads its experts' rows
-    from the dense groups' shards) as eager trains."""
-    cell, _, _ = train(prepared, 4, 4, True, split=False)
-    folder = os.path.join(prepared["tmp"], "ck-n4-ep4-recompute-replicated", "step-00000002")
-    assert json.load(open(os.path.join(folder, "checkpoint.json")))["version"] == 1
-    other, other_params, stdout = train(prepared, 2, 2, True, "--resume", folder,
-                                        name="resumed-split-n2-ep2")
-    assert "resharded to this run's layout" in stdout, stdout
-    resumed_as_eager(prepared, cell, other, other_params, "unsplit (4, 4) resumed split at (2, 2)")
+    =false: format version 1) resumed on (2, 2) with the experts split (each
+    rank reads its experts' rows from the dense groups' shards), and the
+    split (4, 2) cell's checkpoint (each position's experts in 2 shards, in
+    the files of ranks p and 2 + p) resumed on (4, 4) with every expert on
+    every rank: both as eager trains from step 3."""
+    for (ranks, experts, recompute, split), (to_ranks, to_experts, to_split) in (
+            ((4, 4, True, False), (2, 2, True)), ((4, 2, False, True), (4, 4, False))):
+        cell, _, _ = train(prepared, ranks, experts, recompute, split=split)
+        folder = os.path.join(prepared["tmp"], f"ck-n{ranks}-ep{experts}-"
+                              f"{'recompute' if recompute else 'none'}"
+                              f"{'' if split else '-replicated'}", "step-00000002")
+        meta = json.load(open(os.path.join(folder, "checkpoint.json")))
+        assert meta["version"] == (3 if split else 1)
+        assert all(s["shards"] == ranks // experts for s in meta["spaces"] if "ep_rank" in s)
+        other, other_params, stdout = train(
+            prepared, to_ranks, to_experts, True, "--resume", folder, split=to_split,
+            name=f"resumed-n{to_ranks}-ep{to_experts}{'' if to_split else '-replicated'}")
+        assert "resharded to this run's layout" in stdout, stdout
+        resumed_as_eager(prepared, cell, other, other_params,
+                         f"({ranks}, {experts}) {'split' if split else 'replicated'} resumed at "
+                         f"({to_ranks}, {to_experts}) {'split' if to_split else 'replicated'}")
 
 
 def test_bmt_to_hf_writes_an_expert_parallel_checkpoint(tmp_path, capsys):
