@@ -79,11 +79,13 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
     os << name("expert-parallel") << " " << expertParallel.getValue() << " with "
        << name("tensor-parallel") << " " << tensorParallel.getValue()
        << ": expert and tensor parallelism together are not supported";
-  else if (splitExpertWeights && expertParallel <= 1)
+  else if (splitExpertWeights.hasValue() && splitExpertWeights && expertParallel <= 1)
     os << name("split-expert-weights") << " needs " << name("expert-parallel") << " > 1";
-  else if (splitExpertWeights && shardGroupSize > 0)
-    os << name("split-expert-weights") << " with " << name("shard-group-size")
-       << ": hybrid sharding of split experts is not supported";
+  else if (splitsExperts() && shardGroupSize > 0)
+    os << name("shard-group-size") << " with " << name("expert-parallel") << " "
+       << expertParallel.getValue()
+       << ": hybrid sharding of experts split over the expert group is not supported (add "
+       << name("split-expert-weights") << "=false to store every expert on every rank)";
   else if (expertParallel > 1 && !moeLayers)
     os << name("expert-parallel") << " needs " << name("moe-layers")
        << " (it splits the experts of the layers bmt-moe-layers lowers)";
@@ -167,7 +169,7 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
   if (options.moeLayers) {
     MoeLayersOptions moe;
     moe.expertParallel = options.expertParallel;
-    moe.splitExpertWeights = options.splitExpertWeights;
+    moe.splitExpertWeights = options.splitsExperts();
     pm.addPass(createMoeLayers(moe));
   }
   // First: these rewrite every block's function alike, so identical blocks

@@ -513,7 +513,8 @@ LogicalResult collectExpertParameters(bmt::MoeDispatchOp dispatch, SymbolTable &
       if (!p)
         return dispatch.emitError("bmt-moe-layers: a per-expert tensor indexed by the sorted "
                                   "expert ids is not a parameter, which cannot be split over "
-                                  "the expert group");
+                                  "the expert group (split-expert-weights=false stores every "
+                                  "expert on every rank)");
       params.insert(p);
     }
   return success();
@@ -537,7 +538,7 @@ LogicalResult splitExpertParameters(ModuleOp module, ArrayRef<bmt::MoeDispatchOp
     if (names.contains(g.getGlobal()) && !reads.contains(g)) {
       g.emitError() << "bmt-moe-layers: the expert parameter " << g.getGlobal()
                     << " is read outside its experts, so it cannot be split over the expert "
-                       "group";
+                       "group (split-expert-weights=false stores every expert on every rank)";
       return WalkResult::interrupt();
     }
     return WalkResult::advance();

@@ -199,9 +199,10 @@ def MoeLayers : Pass<"bmt-moe-layers", "::mlir::ModuleOp"> {
   let options = [
     Option<"expertParallel", "expert-parallel", "int64_t", "1",
            "ranks of one expert group (1: no expert parallelism)">,
-    Option<"splitExpertWeights", "split-expert-weights", "bool", "false",
-           "with expert-parallel > 1, mark each expert parameter split over the "
-           "expert group (each rank stores only its position's experts)">,
+    Option<"splitExpertWeights", "split-expert-weights", "bool", "true",
+           "with expert-parallel > 1 (on by default), mark each expert parameter "
+           "split over the expert group (each rank stores only its position's "
+           "experts); false stores every expert on every rank">,
   ];
   let dependentDialects = ["::bmt::BmtDialect"];
 }

@@ -13,6 +13,10 @@ CHUNK = 16 << 20  # bytes per read and write
 CHECKPOINT_FORMAT = "bmt-checkpoint"
 CHECKPOINT_VERSION = 1
 TP_VERSION = 2  # a checkpoint of tensor parallelism: its spaces hold TP slices
+# expert weights split over the expert group: their spaces hold each
+# expert-group position's experts ("ep_rank")
+EP_VERSION = 3
+VERSIONS = (CHECKPOINT_VERSION, TP_VERSION, EP_VERSION)
 
 # The checkpoint's dtype names (plan::dtypeName) -> safetensors dtype codes.
 SAFETENSORS_DTYPE = {
@@ -60,9 +64,9 @@ def read_checkpoint(folder):
         raise Failure(f"{folder}: not a complete checkpoint (no valid COMPLETE file: the save "
                       "did not finish, or this is not a checkpoint folder)"
                       + (f"; the newest complete checkpoint in it is {latest}" if latest else ""))
-    if words[1] not in (str(CHECKPOINT_VERSION), str(TP_VERSION)):
+    if words[1] not in map(str, VERSIONS):
         raise Failure(f"{folder}: checkpoint format version {words[1]}; bmt-to-hf reads "
-                      f"{CHECKPOINT_VERSION} and {TP_VERSION}")
+                      f"{', '.join(map(str, VERSIONS[:-1]))} and {VERSIONS[-1]}")
     path = os.path.join(folder, "checkpoint.json")
     try:
         with open(path, "rb") as f:
@@ -98,6 +102,8 @@ def read_checkpoint(folder):
                         int(local), int(start), int(length)
             if meta["version"] == TP_VERSION:
                 int(space["tp_rank"])
+            if "ep_rank" in space:
+                int(space["ep_rank"])
         int(meta["world_size"])
         rank_bytes = meta["rank_bytes"]
     except (KeyError, TypeError) as e:
@@ -105,6 +111,11 @@ def read_checkpoint(folder):
     tp = meta.get("tensor_parallel", 1)
     if (meta["version"] == TP_VERSION) != (tp > 1) or meta["world_size"] % tp:
         raise Failure(f"{path}: bad layout (version {meta['version']} with tensor_parallel {tp}, "
+                      f"world size {meta['world_size']})")
+    ep = meta.get("expert_parallel", 1)
+    if ((meta["version"] == EP_VERSION) != (ep > 1) or meta["world_size"] % ep
+            or any("ep_rank" in s and not 0 <= s["ep_rank"] < ep for s in meta["spaces"])):
+        raise Failure(f"{path}: bad layout (version {meta['version']} with expert_parallel {ep}, "
                       f"world size {meta['world_size']})")
     if len(rank_bytes) != meta["world_size"]:
         raise Failure(f"{path}: bad layout (rank_bytes of {len(rank_bytes)} ranks, world size "

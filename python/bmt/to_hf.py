@@ -237,6 +237,23 @@ def local_numel(split):
     return n
 
 
+def consecutive_rows(t):
+    """Whether tensor t's slices, split on dim 0 without padding, hold
+    consecutive rows in slice order (an expert parameter split over the
+    expert group: position p holds experts [p*X/E, (p+1)*X/E)), so that
+    their bytes one after another are the tensor's."""
+    if t.split["dim"] != 0:
+        return False
+    at = 0
+    for _, _, split in t.slices:
+        ranges = split["ranges"]
+        if (len(ranges) != 1 or ranges[0][0] != 0 or ranges[0][1] != at
+                or ranges[0][2] != split["local_shape"][0]):
+            return False
+        at += ranges[0][2]
+    return at == t.shape[0]
+
+
 def global_tensor(t, data, torch):
     """The bytes of tensor t (row-major, its global shape) from the bytes
     of its T slices `data` (TP rank order). Each slice's split records, as
@@ -336,10 +353,20 @@ def convert(args):
     world = meta["world_size"]
     spaces = meta["spaces"]
     tp = meta.get("tensor_parallel", 1)
+    ep = meta.get("expert_parallel", 1)
+
+    def copy_of(s):
+        """The group a space's copies run over (T TP ranks, E expert-group
+        positions, or 1) and the copy it is."""
+        if "ep_rank" in s:
+            return ep, s["ep_rank"]
+        return tp, s.get("tp_rank", 0)
 
     def rank_of(k, q):
-        """The rank whose file holds shard q of space k: q * T + its tp_rank."""
-        return q * tp + spaces[k].get("tp_rank", 0)
+        """The rank whose file holds shard q of space k: q * T + its tp_rank,
+        q * E + its ep_rank (an expert-split group), else q."""
+        size, position = copy_of(spaces[k])
+        return q * size + position
 
     needed = sorted({0} | {rank_of(k, q) for k, s in enumerate(spaces)
                            for q in range(s["shards"])})
@@ -348,12 +375,11 @@ def convert(args):
         for q in range(s["shards"]):
             ranks[rank_of(k, q)].entry(f"s{k}.param", SAFETENSORS_DTYPE[s["dtype"]],
                                        s["shard_size"])
-    # Tensor parallelism: where each TP rank's slice of a member is.
+    # Where each TP rank's or expert-group position's slice of a member is.
     copies = {}
     for k, s in enumerate(spaces):
         for m in s["members"]:
-            copies.setdefault(m["tensor"], {})[s.get("tp_rank", 0)] = (k, m["offset"],
-                                                                     m.get("split"))
+            copies.setdefault(m["tensor"], {})[copy_of(s)[1]] = (k, m["offset"], m.get("split"))
 
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -375,7 +401,7 @@ def convert(args):
                 f.write(content)
         if adapter:  # peft's names of the adapters, which are all that trains
             cls = None
-            names = ["base_model.model." + m["tensor"] for s in spaces if s.get("tp_rank", 0) == 0
+            names = ["base_model.model." + m["tensor"] for s in spaces if copy_of(s)[1] == 0
                      for m in s["members"]]
             bad = [n for n in names if ".lora_A." not in n and ".lora_B." not in n]
             if bad:
@@ -390,16 +416,18 @@ def convert(args):
         # rank file is read front to back, its checksums checked on the way).
         tensors, seen, ties = [], set(), []
         for k, s in enumerate(spaces):
-            if s.get("tp_rank", 0) != 0:
-                continue  # the other TP ranks' slices are read with TP rank 0's
+            group, position = copy_of(s)
+            if position != 0:
+                continue  # the other copies' slices are read with copy 0's
             for m in sorted(s["members"], key=lambda m: m["offset"]):
                 slices = None
                 if "split" in m:
                     have = copies[m["tensor"]]
-                    if sorted(have) != list(range(tp)):
+                    if sorted(have) != list(range(group)):
+                        what = "expert-group positions" if "ep_rank" in s else "TP ranks"
                         raise Failure(f"{folder}/checkpoint.json: bad layout ({m['tensor']} is "
-                                      f"in the spaces of TP ranks {sorted(have)} of {tp})")
-                    slices = [have[r] for r in range(tp)]
+                                      f"in the spaces of {what} {sorted(have)} of {group})")
+                    slices = [have[r] for r in range(group)]
                 if merge and (".lora_A." in m["tensor"] or ".lora_B." in m["tensor"]):
                     t = Tensor(m["tensor"], SAFETENSORS_DTYPE[s["dtype"]], list(m["shape"]), k,
                                m["offset"], slices)
@@ -484,6 +512,12 @@ def convert(args):
                 return
             if t.slices is None:
                 yield from pieces(t.space, t.offset, t.numel, t.dtype)
+                return
+            if consecutive_rows(t):
+                # Split on dim 0 into consecutive rows (experts over the
+                # expert group): the slices in order are the tensor.
+                for k, offset, split in t.slices:
+                    yield from pieces(k, offset, local_numel(split), t.dtype)
                 return
             # A TP-split tensor: its T slices read whole, put back together.
             whole = global_tensor(t, [b"".join(pieces(k, offset, local_numel(split), t.dtype))

@@ -24,13 +24,14 @@
 
 namespace bmt::runtime::checkpoint {
 
-/// How one run holds a trainable tensor: the global shape, its TP split
-/// over `tp` ranks, and which TP rank's slice (`tpRank`). The slicing rule
-/// is bmt/Plan/SplitRule.h's (docs/sharded-format.md).
+/// How one run holds a trainable tensor: the global shape, its split over
+/// a group of `tp` ranks (the TP group, or the expert group for a split
+/// over = Expert), and which rank of that group's slice (`tpRank`). The
+/// slicing rule is bmt/Plan/SplitRule.h's (docs/sharded-format.md).
 struct SliceLayout {
   std::vector<int64_t> shape;
-  TensorSplit split; ///< dim, chunks, paddedSize; replicated when not split
-  int64_t tp = 1, tpRank = 0;
+  TensorSplit split; ///< dim, chunks, paddedSize, over; replicated when not split
+  int64_t tp = 1, tpRank = 0; ///< the group's size and rank (T or E)
 
   bool isSplit() const { return split.isSplit(); }
   int64_t numel() const {
@@ -102,20 +103,23 @@ struct SliceLayout {
 };
 
 /// A trainable tensor of the checkpoint: its global shape, dtype, split,
-/// and where each saved TP rank's slice is (space, element offset; one
-/// entry without tensor parallelism).
+/// and where each saved copy is (space, element offset): one per TP rank,
+/// one per expert-group position of an expert-split tensor, else one.
 struct SavedMember {
   std::vector<int64_t> shape;
   std::string dtype;
   SliceLayout layout; ///< tpRank unset
-  std::vector<std::pair<size_t, int64_t>> copies; ///< by saved TP rank
+  std::vector<std::pair<size_t, int64_t>> copies; ///< by saved TP rank or position
 };
 
 struct SavedSpace {
   std::string name, dtype;
   bool master = false;
   int64_t size = 0, shards = 1, shardSize = 0;
-  int64_t tpRank = 0; ///< the TP rank whose slices it holds (0 without TP)
+  /// The group its copies run over: T TP ranks, E expert-group positions
+  /// (an "ep_rank" space), or 1; `position` is the TP rank or expert-group
+  /// position whose slices it holds.
+  int64_t groupSize = 1, position = 0;
   std::vector<std::pair<int64_t, int64_t>> members; ///< (offset, elements)
   std::vector<std::string> names;                   ///< of the members
 };
@@ -123,10 +127,10 @@ struct SavedSpace {
 /// A checkpoint's layout, from its checkpoint.json.
 class SavedLayout {
 public:
-  /// Parses meta's "world_size", "tensor_parallel" and "spaces". Throws
-  /// CheckpointError naming `folder`/checkpoint.json for a layout that
-  /// does not hold together (a member that does not fit its space, a TP
-  /// rank's copy missing or twice, a bad split).
+  /// Parses meta's "world_size", "tensor_parallel", "expert_parallel" and
+  /// "spaces". Throws CheckpointError naming `folder`/checkpoint.json for a
+  /// layout that does not hold together (a member that does not fit its
+  /// space, a TP rank's or position's copy missing or twice, a bad split).
   SavedLayout(const std::string &folder, const json &meta);
 
   /// The trainable tensors, by name.
@@ -134,11 +138,15 @@ public:
   const std::vector<SavedSpace> &spaces() const { return spaces_; }
   int64_t worldSize() const { return worldSize_; }
   int64_t tensorParallel() const { return tp_; }
+  /// E of a checkpoint whose expert weights are split over the expert
+  /// group (version 3), else 1.
+  int64_t expertParallel() const { return ep_; }
   /// The rank whose file holds shard `shard` of saved space `space`: shard
   /// q of TP rank t's space is written by data-parallel rank q of TP rank
-  /// t, world rank q * T + t (q without tensor parallelism).
+  /// t, world rank q * T + t; shard q of position p's copy of an
+  /// expert-split group by world rank q * E + p; else by rank q.
   int64_t rankOf(size_t space, int64_t shard) const {
-    return shard * tp_ + spaces_[space].tpRank;
+    return shard * spaces_[space].groupSize + spaces_[space].position;
   }
 
   /// One read from a rank file: bytes [offset, offset + nbytes) of shard
@@ -155,7 +163,7 @@ public:
 
 private:
   std::string folder_;
-  int64_t worldSize_ = 0, tp_ = 1;
+  int64_t worldSize_ = 0, tp_ = 1, ep_ = 1;
   std::vector<SavedSpace> spaces_;
   std::map<std::string, SavedMember> members_;
 };
@@ -163,11 +171,12 @@ private:
 /// Plans the reads of local elements [a, b) of the slice `mine` holds of a
 /// trainable tensor that the checkpoint slices as `theirs`: calls
 /// emit(savedTpRank, savedLocal, at, n) for each run, meaning that
-/// elements [savedLocal, savedLocal + n) of TP rank savedTpRank's saved
+/// elements [savedLocal, savedLocal + n) of saved copy savedTpRank's
 /// slice are elements [a + at, a + at + n) of mine. The same slicing: one
-/// run from theirs.tpRank; another TP split: runs through the global
-/// tensor, mine's padding never emitted (it stays as it is). Returns
-/// whether the slicing differs (a TP reshard).
+/// run from theirs.tpRank; another split (another T or E, a split over
+/// another group, or none): runs through the global tensor, mine's padding
+/// never emitted (it stays as it is). Returns whether the slicing differs
+/// (a reshard).
 template <typename F>
 bool planSlice(const SliceLayout &mine, const SliceLayout &theirs, int64_t a, int64_t b,
                F &&emit) {

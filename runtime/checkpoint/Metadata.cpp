@@ -166,22 +166,47 @@ void checkSameOptimizer(const json &saved, const OptimizerConfig &expected,
   }
 }
 
+std::vector<SpaceSlot> spaceSlots(const plan::Plan &p, size_t numSpaces, int64_t tp) {
+  // The spaces begin with the ZeRO storage groups (every trainable tensor
+  // is in one with T > 1 or expert splits), one per trainable group that is
+  // no other TP rank's or expert-group position's copy, in plan order.
+  std::vector<int64_t> groupOf;
+  if (p.zeroStage != 0)
+    for (size_t g = 0; g < p.groups.size(); ++g)
+      if (p.groups[g].tpRank <= 0 && p.groups[g].epRank <= 0 &&
+          !p.groups[g].frozen) // frozen groups have no space
+        groupOf.push_back(static_cast<int64_t>(g));
+  std::vector<SpaceSlot> slots(numSpaces);
+  int64_t next = 0;
+  for (size_t k = 0; k < numSpaces; ++k) {
+    SpaceSlot &slot = slots[k];
+    slot.group = k < groupOf.size() ? groupOf[k] : -1;
+    slot.expert = slot.group >= 0 && p.groups[slot.group].epRank >= 0;
+    slot.copies = tp > 1 ? tp : slot.expert ? p.expertParallel : 1;
+    slot.first = next;
+    next += slot.copies;
+  }
+  return slots;
+}
+
+int checkpointVersion(const plan::Plan &p) {
+  if (p.tensorParallel > 1)
+    return kTensorParallelVersion;
+  return p.splitsExperts() ? kExpertSplitVersion : kFormatVersion;
+}
+
 json spacesJson(const plan::Plan &p, const std::vector<ParameterSpace> &spaces, int64_t tp) {
   json out = json::array();
-  // With T > 1 the spaces (ZeRO storage groups: every trainable tensor is
-  // in one) are the plan's group copies, T per group, in plan order.
-  std::vector<int64_t> groupOf;
-  if (tp > 1)
-    for (size_t g = 0; g < p.groups.size(); ++g)
-      if (p.groups[g].tpRank <= 0 && !p.groups[g].frozen) // frozen groups have no space
-        groupOf.push_back(static_cast<int64_t>(g));
+  const std::vector<SpaceSlot> slots = spaceSlots(p, spaces.size(), tp);
   for (size_t k = 0; k < spaces.size(); ++k) {
     const ParameterSpace &s = spaces[k];
-    for (int64_t t = 0; t < tp; ++t) {
+    const SpaceSlot &slot = slots[k];
+    for (int64_t c = 0; c < slot.copies; ++c) {
       const std::vector<int64_t> *members = &s.members, *offsets = &s.offsets;
       int64_t size = s.size;
-      if (tp > 1) {
-        const plan::StorageGroup &copy = p.groups.at(p.tpGroup(groupOf.at(k), t));
+      if (slot.copies > 1) {
+        const plan::StorageGroup &copy =
+            p.groups.at(slot.expert ? p.epGroup(slot.group, c) : p.tpGroup(slot.group, c));
         members = &copy.members;
         offsets = &copy.offsets;
         size = copy.size;
@@ -191,15 +216,24 @@ json spacesJson(const plan::Plan &p, const std::vector<ParameterSpace> &spaces, 
         const plan::TensorInfo &info = p.tensors.at((*members)[m]);
         json member = {{"tensor", info.name}, {"shape", info.shape},
                        {"offset", (*offsets)[m]}, {"aliases", info.aliases}};
-        if (tp > 1 && info.split.isTensorSplit()) {
+        const bool sliced = slot.copies > 1 && (slot.expert ? info.split.isExpertSplit()
+                                                            : info.split.isTensorSplit());
+        if (sliced) {
           // The slice's place in the global tensor, as bmt/Plan/SplitRule.h
-          // gives it: bmt-to-hf puts tensors back together from these.
+          // gives it (the group: T TP ranks or E expert-group positions):
+          // bmt-to-hf puts tensors back together from these.
           json ranges = json::array();
-          for (const split::Range &r : split::tpRanges(info.split, info.shape[info.split.dim], tp, t))
+          for (const split::Range &r :
+               split::tpRanges(info.split, info.shape[info.split.dim], slot.copies, c))
             ranges.push_back({r.local, r.global, r.length});
-          member["split"] = {{"dim", info.split.dim}, {"chunks", info.split.chunks},
-                             {"padded_size", info.split.paddedSize},
-                             {"local_shape", info.localShape(tp)}, {"ranges", ranges}};
+          member["split"] = {
+              {"dim", info.split.dim},
+              {"chunks", info.split.chunks},
+              {"padded_size", info.split.paddedSize},
+              {"local_shape", split::localShape(info.shape, info.split, slot.copies)},
+              {"ranges", ranges}};
+          if (slot.expert)
+            member["split"]["over"] = "expert";
         }
         list.push_back(member);
       }
@@ -207,7 +241,9 @@ json spacesJson(const plan::Plan &p, const std::vector<ParameterSpace> &spaces, 
                     {"master", lowPrecision(s.dtype)}, {"size", size},
                     {"shards", s.numShards}, {"shard_size", s.shardSize}};
       if (tp > 1)
-        space["tp_rank"] = t;
+        space["tp_rank"] = c;
+      else if (slot.expert)
+        space["ep_rank"] = c;
       space["members"] = list;
       out.push_back(space);
     }
@@ -216,7 +252,7 @@ json spacesJson(const plan::Plan &p, const std::vector<ParameterSpace> &spaces, 
 }
 
 json checkpointJson(const RunIdentity &identity, int version, int64_t worldSize, int64_t tp,
-                    const TrainingProgress &progress, json spaces) {
+                    int64_t ep, const TrainingProgress &progress, json spaces) {
   const LRScheduleConfig &sc = identity.schedule;
   json data = {{"kind", progress.data.kind}};
   if (progress.data.kind == "random-windows") {
@@ -260,6 +296,8 @@ json checkpointJson(const RunIdentity &identity, int version, int64_t worldSize,
                {"spaces", std::move(spaces)}};
   if (tp > 1)
     meta["tensor_parallel"] = tp;
+  if (ep > 1)
+    meta["expert_parallel"] = ep;
   if (identity.moeBiasUpdateRate > 0)
     meta["moe_bias_update_rate"] = identity.moeBiasUpdateRate;
   return meta;
@@ -298,15 +336,23 @@ json readCheckpointJson(const std::string &folder, const std::string &dir) {
                           " do not match the COMPLETE file's (" +
                           std::to_string(complete.version) + ", step " +
                           std::to_string(complete.step) + ")");
-  if (version != kFormatVersion && version != kTensorParallelVersion)
+  if (version != kFormatVersion && version != kTensorParallelVersion &&
+      version != kExpertSplitVersion)
     throw CheckpointError(folder + ": checkpoint format version " + std::to_string(version) +
-                          "; this bmt-run reads " + std::to_string(kFormatVersion) + " and " +
-                          std::to_string(kTensorParallelVersion));
+                          "; this bmt-run reads " + std::to_string(kFormatVersion) + ", " +
+                          std::to_string(kTensorParallelVersion) + " and " +
+                          std::to_string(kExpertSplitVersion));
   if ((version == kTensorParallelVersion) != (meta.value("tensor_parallel", 1) > 1))
     throw CheckpointError(folder + "/checkpoint.json: version " + std::to_string(version) +
                           " with tensor_parallel " +
                           std::to_string(meta.value("tensor_parallel", 1)) +
                           " (version 2 is the format of tensor parallelism)");
+  if ((version == kExpertSplitVersion) != (meta.value("expert_parallel", 1) > 1))
+    throw CheckpointError(folder + "/checkpoint.json: version " + std::to_string(version) +
+                          " with expert_parallel " +
+                          std::to_string(meta.value("expert_parallel", 1)) +
+                          " (version 3 is the format of expert weights split over the expert "
+                          "group)");
   return meta;
 }
 

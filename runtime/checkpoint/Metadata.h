@@ -30,9 +30,13 @@ using json = nlohmann::json;
 
 /// Version 1: no tensor parallelism (every checkpoint of a plan with
 /// tensor_parallel 1 is still written as version 1); version 2: the spaces
-/// are TP slices (docs/checkpoint-format.md). This bmt-run reads both.
+/// are TP slices; version 3: the storage groups of expert parameters split
+/// over the expert group are listed once per expert-group position, with
+/// those positions' slices (docs/checkpoint-format.md). This bmt-run reads
+/// all three.
 inline constexpr int kFormatVersion = 1;
 inline constexpr int kTensorParallelVersion = 2;
+inline constexpr int kExpertSplitVersion = 3;
 inline constexpr const char *kFormat = "bmt-checkpoint";
 /// Every tensor of a rank file has a CRC-32 per chunk of this many bytes
 /// (the last chunk the rest), so that a reader of a slice checks what it
@@ -86,14 +90,36 @@ json optimizerJson(const std::string &kind, double lr, const OptimizerConfig &c)
 void checkSameOptimizer(const json &saved, const OptimizerConfig &expected,
                         const std::string &folder);
 
-/// checkpoint.json's "spaces" of this rank's `spaces` of `plan`: with
-/// tp > 1 each space is listed once per TP rank (TP rank t of space k at
-/// k * tp + t), with each split member's place in the global tensor.
+/// The group of ranks a space's tensors are split over, and where the
+/// space's copies are in checkpoint.json's "spaces".
+struct SpaceSlot {
+  /// Its plan storage group (the tpRank/epRank 0 or -1 copy); -1: a
+  /// replicated tensor.
+  int64_t group = -1;
+  int64_t first = 0;  ///< index of its first copy in "spaces"
+  int64_t copies = 1; ///< T with tensor parallelism, E for an expert-split group, else 1
+  bool expert = false; ///< a group of expert parameters split over the expert group
+};
+/// The slots of the `numSpaces` spaces of Model::parameterSpaces() (the
+/// ZeRO groups in plan order, then the replicated tensors): with T > 1
+/// every space has T copies; with expert splits each expert group has E
+/// (position p of space k at first + p), every other space one.
+std::vector<SpaceSlot> spaceSlots(const plan::Plan &plan, size_t numSpaces, int64_t tp);
+/// The format version a save of `plan` writes: kTensorParallelVersion
+/// with T > 1, kExpertSplitVersion when it splits experts, else 1.
+int checkpointVersion(const plan::Plan &plan);
+
+/// checkpoint.json's "spaces" of this rank's `spaces` of `plan`, laid out
+/// by spaceSlots: each copy with its TP rank ("tp_rank") or expert-group
+/// position ("ep_rank"), each split member with its place in the global
+/// tensor.
 json spacesJson(const plan::Plan &plan, const std::vector<ParameterSpace> &spaces, int64_t tp);
 /// checkpoint.json as rank 0 snapshots it (without "rank_bytes"; its
-/// "loss_scale" null): the run, its progress and `spaces` (spacesJson).
+/// "loss_scale" null): the run, its progress and `spaces` (spacesJson);
+/// "tensor_parallel" with tp > 1, "expert_parallel" with ep > 1 (a plan
+/// that splits experts).
 json checkpointJson(const RunIdentity &identity, int version, int64_t worldSize, int64_t tp,
-                    const TrainingProgress &progress, json spaces);
+                    int64_t ep, const TrainingProgress &progress, json spaces);
 
 /// checkpoint.json of the checkpoint in `dir` (`folder` as the user named
 /// it, for messages), checked against its COMPLETE file (present, its

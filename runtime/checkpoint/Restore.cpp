@@ -106,6 +106,7 @@ void readMetadata(Restore &r, const OptimizerConfig *expected) {
   }
   r.report.savedWorldSize = r.layout->worldSize();
   r.report.savedTensorParallel = r.layout->tensorParallel();
+  r.report.savedExpertParallel = r.layout->expertParallel();
   r.report.savedSchedule = savedSchedule(r.meta, r.folder);
   const json batch = r.meta.value("batch", json::object());
   r.report.savedSequencesPerStep = batch.value("sequences_per_step", int64_t{0});
@@ -114,13 +115,18 @@ void readMetadata(Restore &r, const OptimizerConfig *expected) {
   r.tp = r.model.plan().tensorParallel;
   r.tpRank = r.model.tensorParallel() ? r.model.tensorParallel()->rank() : 0;
   r.savedTp = r.layout->tensorParallel();
+  if (r.model.plan().splitsExperts()) {
+    r.ep = r.model.plan().expertParallel;
+    r.epRank = r.model.world().rank() % r.ep; // expert group g: ranks [g*E, (g+1)*E)
+  }
 }
 
 // --- planReads ----------------------------------------------------------------
 
 namespace {
 
-/// How this run slices trainable tensor `t`.
+/// How this run slices trainable tensor `t`: over its TP group, or over
+/// its expert group (an expert parameter of a plan that splits them).
 SliceLayout layoutOf(const Restore &r, const plan::TensorInfo &t) {
   SliceLayout l;
   l.shape = t.shape;
@@ -130,15 +136,27 @@ SliceLayout layoutOf(const Restore &r, const plan::TensorInfo &t) {
     l.split.dim = t.split.dim;
     l.split.chunks = t.split.chunks;
     l.split.paddedSize = t.split.paddedSize;
+  } else if (r.ep > 1 && t.split.isExpertSplit()) {
+    l.split = expertSplit();
+    l.tp = r.ep;
+    l.tpRank = r.epRank;
   }
   return l;
 }
 
+/// The saved copy of `saved` this rank reads first: that of its own TP
+/// rank or expert-group position (of an expert-split tensor), modulo the
+/// saved copies (a tensor saved whole has one).
+size_t savedCopyOf(const Restore &r, const SavedMember &saved) {
+  const int64_t mine = saved.layout.split.isExpertSplit() ? r.epRank : r.tpRank;
+  return static_cast<size_t>(mine % static_cast<int64_t>(saved.copies.size()));
+}
+
 /// The checkpoint's slicing of `saved`; an unsplit tensor is read from
-/// the copy of the TP rank this rank has, or of tpRank % savedTp.
+/// the copy savedCopyOf gives.
 SliceLayout savedLayoutOf(const Restore &r, const SavedMember &saved) {
   SliceLayout l = saved.layout;
-  l.tpRank = r.tpRank % r.savedTp;
+  l.tpRank = static_cast<int64_t>(savedCopyOf(r, saved));
   return l;
 }
 
@@ -171,7 +189,7 @@ void requestMember(Restore &r, size_t k, size_t m, const std::string &field,
   const int64_t begin = s.shardIndex * s.shardSize;
   const int64_t end = std::min(s.size, begin + s.shardSize);
   const int64_t from = std::max(begin, s.offsets[m]);
-  const int64_t to = std::min(end, s.offsets[m] + t.localNumel(r.tp));
+  const int64_t to = std::min(end, s.offsets[m] + t.localNumel(r.tp, r.ep));
   if (from >= to)
     return;
   const c10::ScalarType dtype = buffer.scalar_type();
@@ -207,8 +225,8 @@ void planReads(Restore &r) {
     r.spaceOfParameter[r.spaces[k].parameter] = k;
   r.fields.assign(r.spaces.size(), {});
   const auto needed = neededFields(r);
-  r.report.resharded =
-      r.layout->worldSize() != r.model.world().size() || r.savedTp != r.tp;
+  r.report.resharded = r.layout->worldSize() != r.model.world().size() ||
+                       r.savedTp != r.tp || r.layout->expertParallel() != r.ep;
   for (size_t k = 0; k < r.spaces.size(); ++k)
     for (const auto &[field, dtype] : needed[k]) {
       at::Tensor buffer =
@@ -228,7 +246,7 @@ namespace {
 size_t savedSpaceOf(const Restore &r, size_t k) {
   const plan::TensorInfo &t = r.model.plan().tensors.at(r.spaces[k].members.at(0));
   const SavedMember &first = r.layout->members().at(t.name);
-  return first.copies.at(static_cast<size_t>(r.tpRank % r.savedTp)).first;
+  return first.copies.at(savedCopyOf(r, first)).first;
 }
 
 /// Whether saved space `savedSpace` holds exactly space k's members at
@@ -236,10 +254,10 @@ size_t savedSpaceOf(const Restore &r, size_t k) {
 bool sameGroup(const Restore &r, size_t k, size_t savedSpace) {
   const ParameterSpace &s = r.spaces[k];
   const SavedSpace &saved = r.layout->spaces()[savedSpace];
-  bool same = saved.name == s.name && r.savedTp == r.tp;
+  bool same = saved.name == s.name && r.savedTp == r.tp && r.layout->expertParallel() == r.ep;
   for (size_t m = 0; m < s.members.size() && same; ++m) {
     const SavedMember &member = r.layout->members().at(r.model.plan().tensors.at(s.members[m]).name);
-    const auto &copy = member.copies.at(static_cast<size_t>(r.tpRank % r.savedTp));
+    const auto &copy = member.copies.at(savedCopyOf(r, member));
     same = copy.first == savedSpace && copy.second == s.offsets[m];
   }
   return same;

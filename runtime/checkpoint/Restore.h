@@ -66,6 +66,9 @@ struct Restore {
   std::unique_ptr<SavedLayout> layout;
   std::unique_ptr<CheckpointReader> reader;
   int64_t tp = 1, tpRank = 0, savedTp = 1;
+  /// E and this rank's expert-group position when the plan splits expert
+  /// weights over the expert group (1 and 0 otherwise).
+  int64_t ep = 1, epRank = 0;
 
   // planReads: this rank's parameter spaces (`spaces[k]` holds trainable
   // tensor spaces[k].parameter), the optimizer's state as it is (its

@@ -93,7 +93,11 @@ struct CheckpointSaver::Impl {
   int64_t rank = 0, worldSize = 1;
   /// Tensor parallelism: T of the plan and this rank's TP rank (rank % T).
   int64_t tp = 1, tpRank = 0;
-  int version = kFormatVersion; ///< kTensorParallelVersion when tp > 1
+  /// Expert weights split over the expert group: E and this rank's
+  /// position in its expert group (rank % E); 1 and 0 otherwise.
+  int64_t ep = 1, epRank = 0;
+  int version = kFormatVersion; ///< checkpointVersion(plan)
+  std::vector<SpaceSlot> slots; ///< of this rank's spaces, in checkpoint.json
   std::string nonce;
   at::Device device = at::kCPU;
   std::optional<c10::Stream> copyStream;
@@ -136,8 +140,12 @@ struct CheckpointSaver::Impl {
 
   /// The index of this rank's space `k` in checkpoint.json's spaces (and
   /// its tensors' "s<index>." names): with T > 1 each space is listed once
-  /// per TP rank, TP rank t of space k at k * T + t.
-  int64_t savedIndex(size_t k) const { return static_cast<int64_t>(k) * tp + tpRank; }
+  /// per TP rank, an expert-split group once per expert-group position
+  /// (spaceSlots), this rank's copy at first + its TP rank or position.
+  int64_t savedIndex(size_t k) const {
+    const SpaceSlot &slot = slots.at(k);
+    return slot.first + (slot.copies == 1 ? 0 : slot.expert ? epRank : tpRank);
+  }
 
   /// The items of this rank's file, their live tensors as of now.
   std::vector<Item *> collectItems() {
@@ -303,10 +311,14 @@ CheckpointSaver::CheckpointSaver(Model &model, Optimizer &optimizer, const LossS
   s.rank = world.rank();
   s.worldSize = world.size();
   s.tp = model.plan().tensorParallel;
-  if (s.tp > 1) {
+  if (s.tp > 1)
     s.tpRank = model.tensorParallel()->rank();
-    s.version = kTensorParallelVersion;
+  if (model.plan().splitsExperts()) {
+    s.ep = model.plan().expertParallel;
+    s.epRank = s.rank % s.ep; // expert group g: ranks [g*E, (g+1)*E)
   }
+  s.version = checkpointVersion(model.plan());
+  s.slots = spaceSlots(model.plan(), model.parameterSpaces().size(), s.tp);
   s.device = model.device();
   // The run's name for its save folders: rank 0's random number, so that
   // the folder of a save that died (in an earlier run) is never mistaken
@@ -395,7 +407,7 @@ double CheckpointSaver::save(const TrainingProgress &progress) {
   fs::create_directories(snap->folder, ec);
   snap->items = s.collectItems();
   if (s.rank == 0)
-    snap->metadata = checkpointJson(s.identity, s.version, s.worldSize, s.tp, progress,
+    snap->metadata = checkpointJson(s.identity, s.version, s.worldSize, s.tp, s.ep, progress,
                                     spacesJson(s.model.plan(), s.model.parameterSpaces(), s.tp));
   // Device tensors: copied on the side stream once the compute stream has
   // produced them.

@@ -92,10 +92,12 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
                            std::to_string(ep) + " ranks or recompile with another --expert-parallel");
     if (plan_.splitsExperts() && options.offloadOptimizer)
       throw ExecutionError(archive.path() + ": --offload-optimizer with expert parameters split "
-                           "over the expert group is not supported");
+                           "over the expert group is not supported: drop --offload-optimizer, "
+                           "or recompile with --split-expert-weights=false");
     if (plan_.splitsExperts() && plan_.zeroStage == 0)
       throw ExecutionError(archive.path() + ": expert parameters split over the expert group "
-                           "need ZeRO storage groups, and the plan has none");
+                           "need ZeRO storage groups, and the plan has none (recompile with "
+                           "--split-expert-weights=false)");
     for (const plan::TensorInfo &t : plan_.tensors)
       if (t.split.isExpertSplit() && t.group < 0)
         throw ExecutionError(archive.path() + ": the expert parameter " + t.name +
@@ -264,7 +266,8 @@ std::unique_ptr<Optimizer> Model::makeOptimizer(const OptimizerConfig &config,
   if (plan_.splitsExperts() && config.kind == OptimizerKind::Adafactor)
     throw std::invalid_argument("--optimizer adafactor factors each parameter over its shard "
                                 "group, and this plan splits expert parameters over the expert "
-                                "group: use another optimizer or compile without expert splits");
+                                "group: use another optimizer or recompile with "
+                                "--split-expert-weights=false");
   if (offloadsOptimizer()) {
     if (config.kind != OptimizerKind::Adam && config.kind != OptimizerKind::AdamW)
       throw std::invalid_argument(std::string("--offload-optimizer runs Adam or AdamW on the "

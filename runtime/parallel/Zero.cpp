@@ -141,7 +141,8 @@ ZeroStorage::ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world,
                       " ranks need a world size that is a multiple of " + std::to_string(ep) +
                       (tp > 1 ? ", no tensor parallelism" : "") +
                       (shardSize != worldSize ? ", no hybrid sharding (--shard-group-size)" : "") +
-                      "; got " + std::to_string(worldSize) + " ranks");
+                      "; got " + std::to_string(worldSize) + " ranks (recompile with "
+                      "--split-expert-weights=false to store every expert on every rank)");
     expertShardComm_ = data_.split(epRank, rank, "expert-replica");
   }
 

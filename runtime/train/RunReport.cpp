@@ -190,6 +190,10 @@ void printResume(const ResumeReport &r, const std::string &folder,
             << (r.savedTensorParallel > 1
                     ? ", tensor parallel " + std::to_string(r.savedTensorParallel)
                     : std::string())
+            << (r.savedExpertParallel > 1
+                    ? ", expert weights split over " + std::to_string(r.savedExpertParallel) +
+                          " ranks per expert group"
+                    : std::string())
             << (r.resharded ? ", resharded to this run's layout" : "")
             << "); bytes read per rank:";
   for (int64_t i = 0; i < world.size(); ++i)

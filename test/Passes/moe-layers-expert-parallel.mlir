@@ -1,6 +1,6 @@
-// RUN: bmt-opt %s --split-input-file --bmt-moe-layers=expert-parallel=2 2>/dev/null | FileCheck %s
-// RUN: bmt-opt %s --split-input-file --bmt-moe-layers=expert-parallel=2 -o /dev/null 2>&1 | FileCheck %s --check-prefix=REMARK
-// RUN: not bmt-opt %s --split-input-file --bmt-moe-layers=expert-parallel=8 -o /dev/null 2>&1 | FileCheck %s --check-prefix=ERR
+// RUN: bmt-opt %s --split-input-file '--bmt-moe-layers=expert-parallel=2 split-expert-weights=false' 2>/dev/null | FileCheck %s
+// RUN: bmt-opt %s --split-input-file '--bmt-moe-layers=expert-parallel=2 split-expert-weights=false' -o /dev/null 2>&1 | FileCheck %s --check-prefix=REMARK
+// RUN: not bmt-opt %s --split-input-file '--bmt-moe-layers=expert-parallel=8 split-expert-weights=false' -o /dev/null 2>&1 | FileCheck %s --check-prefix=ERR
 
 // Expert parallelism (docs/passes/moe-layers.md): the Qwen3-MoE layer of
 // moe-layers.mlir; the dispatch also takes the routing weights and its fifth

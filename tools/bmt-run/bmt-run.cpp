@@ -178,11 +178,6 @@ int run(const tools::RunOptions &o) {
   std::unique_ptr<std::ofstream> log;
   if (!o.logFile.empty())
     log = runtime::openRunLog(o.logFile, !resumeFrom.empty(), rank0);
-  if (p.splitsExperts() && (!o.checkpoints.dir.empty() || !resumeFrom.empty()))
-    throw tools::UsageError(o.archive + " splits expert parameters over the expert group, whose "
-                            "checkpoints this bmt does not write or read yet: drop "
-                            "--checkpoint-dir / --resume, or compile without "
-                            "--split-expert-weights");
   if (config.moeBiasUpdateRate > 0 && model.routerBiases().empty())
     throw tools::UsageError("--moe-bias-update-rate: " + o.archive +
                             " has no router with a score-correction bias (a buffer of one value "

@@ -101,10 +101,10 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
       llvm::cl::init(1)};
   Option<bool> splitExpertWeights{
       *this, "split-expert-weights",
-      llvm::cl::desc("with expert-parallel > 1: each rank stores only its expert group "
-                     "position's experts, ZeRO-sharded over the ranks of that position "
-                     "(no checkpoints yet; bmt-moe-layers)"),
-      llvm::cl::init(false)};
+      llvm::cl::desc("with expert-parallel > 1 (on by default): each rank stores only its "
+                     "expert group position's experts, ZeRO-sharded over the ranks of that "
+                     "position; =false stores every expert on every rank (bmt-moe-layers)"),
+      llvm::cl::init(true)};
   Option<bool> sequenceParallel{
       *this, "sequence-parallel",
       llvm::cl::desc("with tensor-parallel > 1: split the activations between the chains "
@@ -205,6 +205,10 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
   /// options as `prefix` + name ("--world-size must be positive, got 0" with
   /// prefix "--"), or an empty string when they are fine.
   std::string verify(llvm::StringRef prefix) const;
+
+  /// Whether the experts' weights are split over the expert group:
+  /// split-expert-weights (default on) with expert-parallel > 1.
+  bool splitsExperts() const { return splitExpertWeights && expertParallel > 1; }
 };
 
 /// freeze (with options.freeze), lora (with options.lora), moe-layers (unless options.moeLayers is false),

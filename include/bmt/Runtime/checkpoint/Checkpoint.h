@@ -181,6 +181,7 @@ struct ResumeReport {
   int64_t bytesRead = 0;       ///< by this rank, from the rank files
   int64_t savedWorldSize = 0;  ///< of the run that saved it
   int64_t savedTensorParallel = 1; ///< its tensor-parallel degree T
+  int64_t savedExpertParallel = 1; ///< E of its expert-split weights (1: not split)
   bool resharded = false;      ///< its layout differs from this run's
   /// The learning-rate schedule and batch shape it was trained with (the
   /// schedule's totalSteps is --steps + 1; RunIdentity's batch fields, 0

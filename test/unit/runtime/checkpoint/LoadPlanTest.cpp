@@ -6,7 +6,8 @@
 // ZeRO shards of N = 1, 2, 3 ranks read by M = 1, 2, 3 ranks, and a TP
 // split T = 2 (a vocabulary of 127 padded to 128, a fused QKV of 3 chunks,
 // a replicated tensor) read at T = 1 and T = 2, and saved at T = 1 read at
-// T = 2.
+// T = 2; expert parameters split over expert groups of E = 1, 2 (version 3:
+// one space per expert-group position) read at E = 1, 2, 4.
 
 #include "checkpoint/LoadPlan.h"
 
@@ -152,7 +153,7 @@ std::vector<Source> planned(const SavedLayout &layout, const std::string &name,
   std::vector<Source> out(static_cast<size_t>(b - a), kNotRead);
   const SavedMember &saved = layout.members().at(name);
   SliceLayout theirs = saved.layout;
-  theirs.tpRank = mineTpRank % layout.tensorParallel();
+  theirs.tpRank = mineTpRank % static_cast<int64_t>(saved.copies.size());
   planSlice(mine, theirs, a, b, [&](int64_t savedRank, int64_t local, int64_t at, int64_t n) {
     const auto &[space, offset] = saved.copies.at(static_cast<size_t>(savedRank));
     int64_t covered = 0;
@@ -265,6 +266,117 @@ TEST(LoadPlan, PaddingRowIsNotReadAtT1) {
   }
   EXPECT_EQ(fromRank[0], 64 * 3);
   EXPECT_EQ(fromRank[1], 63 * 3);
+}
+
+/// A checkpoint of expert parallelism (version 3): a dense tensor in a
+/// space sharded over all N ranks, and X = 4 experts' parameters ([4, 3]
+/// and [4]) in a group split over expert groups of E: position p's space
+/// holds experts [p*X/E, (p+1)*X/E), sharded over the N/E ranks of that
+/// position (shard q in world rank q * E + p's file). E = 1: saved whole,
+/// in one space sharded over N (version 1).
+struct SavedExperts {
+  int64_t ep = 1, n = 1;
+  static constexpr int64_t kDense = 5, kExperts = 4;
+  static std::vector<Tensor> experts() { return {{"w", {kExperts, 3}}, {"b", {kExperts}}}; }
+  int64_t localNumel(size_t m) const { return experts()[m].numel() / ep; }
+  int64_t offsetOf(size_t m) const { return m == 0 ? 0 : localNumel(0); }
+  int64_t size() const { return localNumel(0) + localNumel(1); }
+  int64_t shards() const { return n / ep; }
+  int64_t shardSize() const { return ceilDiv(size(), shards()); }
+
+  json meta() const {
+    json spaces = json::array();
+    spaces.push_back({{"name", "dense"}, {"dtype", "float32"}, {"master", false},
+                      {"size", kDense}, {"shards", n}, {"shard_size", ceilDiv(kDense, n)},
+                      {"members", {{{"tensor", "d"}, {"shape", {kDense}}, {"offset", 0}}}}});
+    for (int64_t p = 0; p < ep; ++p) {
+      json members = json::array();
+      for (size_t m = 0; m < 2; ++m) {
+        json member = {{"tensor", experts()[m].name}, {"shape", experts()[m].shape},
+                       {"offset", offsetOf(m)}};
+        if (ep > 1)
+          member["split"] = {{"dim", 0}, {"chunks", 1}, {"padded_size", 0}, {"over", "expert"}};
+        members.push_back(member);
+      }
+      json space = {{"name", "experts"}, {"dtype", "float32"}, {"master", false},
+                    {"size", size()}, {"shards", shards()}, {"shard_size", shardSize()},
+                    {"members", members}};
+      if (ep > 1)
+        space["ep_rank"] = p;
+      spaces.push_back(space);
+    }
+    json meta = {{"world_size", n}, {"spaces", spaces}};
+    if (ep > 1)
+      meta["expert_parallel"] = ep;
+    return meta;
+  }
+
+  /// Reference: where global element g of expert tensor m is saved.
+  Source sourceOfGlobal(size_t m, int64_t g, int64_t elementSize) const {
+    const int64_t p = g / localNumel(m), e = offsetOf(m) + g % localNumel(m);
+    return {e / shardSize() * ep + p, e % shardSize() * elementSize};
+  }
+};
+
+TEST(LoadPlan, ExpertSplitE2ReadAtE1E2E4) {
+  const int64_t es = 4;
+  for (auto [savedEp, savedN] : {std::pair<int64_t, int64_t>{2, 2}, {2, 4}, {1, 2}}) {
+    SavedExperts saved{savedEp, savedN};
+    const SavedLayout layout("ck", saved.meta());
+    ASSERT_EQ(layout.expertParallel(), savedEp);
+    // The dense tensor: sharded over all N ranks whatever E.
+    for (int64_t i = 0; i < SavedExperts::kDense; ++i) {
+      const std::vector<Source> got = planned(layout, "d", Tensor{"d", {5}}.layout(1, 0), 0, i,
+                                              i + 1, es);
+      const int64_t shard = ceilDiv(SavedExperts::kDense, savedN);
+      EXPECT_EQ(got[0], Source(i / shard, i % shard * es)) << "d[" << i << "]";
+    }
+    for (int64_t ep : {1, 2, 4})
+      for (int64_t p = 0; p < ep; ++p)
+        for (size_t m = 0; m < 2; ++m) {
+          const Tensor x = SavedExperts::experts()[m];
+          SliceLayout mine = x.layout(1, 0);
+          if (ep > 1) {
+            mine.split = expertSplit();
+            mine.tp = ep;
+            mine.tpRank = p;
+          }
+          const int64_t local = x.numel() / ep;
+          const std::vector<Source> got = planned(layout, x.name, mine, p, 0, local, es);
+          for (int64_t i = 0; i < local; ++i)
+            EXPECT_EQ(got[static_cast<size_t>(i)], saved.sourceOfGlobal(m, p * local + i, es))
+                << "saved E=" << savedEp << " N=" << savedN << ", read at E=" << ep
+                << " position " << p << ": " << x.name << " local " << i;
+        }
+  }
+}
+
+TEST(LoadPlan, BadExpertLayoutIsRefused) {
+  // 4 experts over expert groups of 3: not a split.
+  SavedExperts saved{2, 2};
+  json meta = saved.meta();
+  meta["expert_parallel"] = 3;
+  meta["world_size"] = 3;
+  try {
+    SavedLayout layout("ck", meta);
+    FAIL() << "4 experts split over 3 positions were accepted";
+  } catch (const runtime::CheckpointError &e) {
+    EXPECT_NE(std::string(e.what()).find("ck/checkpoint.json: bad split of w ("),
+              std::string::npos)
+        << e.what();
+  }
+  // An expert-split tensor in a space without its position.
+  meta = saved.meta();
+  meta["spaces"][1].erase("ep_rank");
+  try {
+    SavedLayout layout("ck", meta);
+    FAIL() << "an expert split outside an ep_rank space was accepted";
+  } catch (const runtime::CheckpointError &e) {
+    EXPECT_NE(std::string(e.what()).find("w is split over the expert group outside an ep_rank "
+                                         "space"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(LoadPlan, BadLayoutIsRefused) {
