@@ -75,10 +75,10 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
        << name("tensor-parallel") << " " << tensorParallel.getValue();
   else if (expertParallel <= 0)
     os << name("expert-parallel") << " must be positive, got " << expertParallel.getValue();
-  else if (expertParallel > 1 && tensorParallel > 1)
+  else if (expertParallel > 1 && sequenceParallel)
     os << name("expert-parallel") << " " << expertParallel.getValue() << " with "
-       << name("tensor-parallel") << " " << tensorParallel.getValue()
-       << ": expert and tensor parallelism together are not supported";
+       << name("sequence-parallel") << " is not supported (drop " << name("sequence-parallel")
+       << ")";
   else if (splitExpertWeights.hasValue() && splitExpertWeights && expertParallel <= 1)
     os << name("split-expert-weights") << " needs " << name("expert-parallel") << " > 1";
   else if (splitsExperts() && shardGroupSize > 0)
@@ -89,9 +89,14 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   else if (expertParallel > 1 && !moeLayers)
     os << name("expert-parallel") << " needs " << name("moe-layers")
        << " (it splits the experts of the layers bmt-moe-layers lowers)";
-  else if (worldSize.hasValue() && worldSize % expertParallel != 0)
+  else if (worldSize.hasValue() && worldSize % (expertParallel * tensorParallel) != 0)
+    // Expert groups are formed among the data-parallel ranks of one TP rank:
+    // E must divide D = N / T.
     os << name("world-size") << " " << worldSize.getValue() << " is not a multiple of "
-       << name("expert-parallel") << " " << expertParallel.getValue();
+       << name("expert-parallel") << " " << expertParallel.getValue()
+       << (tensorParallel > 1 ? " x " + name("tensor-parallel") + " " +
+                                    std::to_string(tensorParallel.getValue())
+                              : std::string());
   else if (pipelineParallel <= 0)
     os << name("pipeline-parallel") << " must be positive, got " << pipelineParallel.getValue();
   else if (worldSize.hasValue() && worldSize % pipelineParallel != 0)

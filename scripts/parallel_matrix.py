@@ -77,6 +77,10 @@ MODES = {
     "ep2-n2": (2, ["--expert-parallel", "2"]),
     "ep2-n4-no-recompute": (4, ["--expert-parallel", "2", "--checkpoint", "none"]),
     "ep4-n4": (4, ["--expert-parallel", "4"]),
+    # T = 2 with expert groups of E = 2 among the 2 data-parallel ranks of each TP rank
+    "tp2-ep2-n4": (4, ["--tensor-parallel", "2", "--expert-parallel", "2"]),
+    "tp2-ep2-n4-no-recompute": (4, ["--tensor-parallel", "2", "--expert-parallel", "2",
+                                    "--checkpoint", "none"]),
 }
 
 

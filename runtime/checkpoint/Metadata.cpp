@@ -189,6 +189,15 @@ std::vector<SpaceSlot> spaceSlots(const plan::Plan &p, size_t numSpaces, int64_t
   return slots;
 }
 
+void checkCheckpointLayout(const plan::Plan &p, const std::string &folder) {
+  if (p.tensorParallel > 1 && p.splitsExperts())
+    throw CheckpointError(folder + ": checkpoints of expert weights split over the expert group "
+                                   "with tensor parallelism (" +
+                          std::to_string(p.tensorParallel) +
+                          " ranks per TP group) are not supported yet (recompile with "
+                          "--split-expert-weights=false to save and resume them)");
+}
+
 int checkpointVersion(const plan::Plan &p) {
   if (p.tensorParallel > 1)
     return kTensorParallelVersion;

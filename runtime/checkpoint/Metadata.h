@@ -109,6 +109,12 @@ std::vector<SpaceSlot> spaceSlots(const plan::Plan &plan, size_t numSpaces, int6
 /// with T > 1, kExpertSplitVersion when it splits experts, else 1.
 int checkpointVersion(const plan::Plan &plan);
 
+/// Throws CheckpointError naming `folder` for a plan whose parameters this
+/// checkpoint format cannot lay out: expert weights split over the expert
+/// group together with tensor parallelism (a space's copies are either T
+/// TP ranks' or E expert-group positions', not both).
+void checkCheckpointLayout(const plan::Plan &plan, const std::string &folder);
+
 /// checkpoint.json's "spaces" of this rank's `spaces` of `plan`, laid out
 /// by spaceSlots: each copy with its TP rank ("tp_rank") or expert-group
 /// position ("ep_rank"), each split member with its place in the global

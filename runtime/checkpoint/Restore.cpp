@@ -67,6 +67,7 @@ void checkSameModel(const SavedLayout &layout, const plan::Plan &p,
 } // namespace
 
 void readMetadata(Restore &r, const OptimizerConfig *expected) {
+  checkCheckpointLayout(r.model.plan(), r.folder);
   fs::path dir = fs::path(r.folder).lexically_normal();
   if (dir.filename().empty())
     dir = dir.parent_path();

@@ -307,6 +307,7 @@ CheckpointSaver::CheckpointSaver(Model &model, Optimizer &optimizer, const LossS
     : impl_(std::make_unique<Impl>(model, optimizer, scaler, std::move(options),
                                    std::move(identity))) {
   Impl &s = *impl_;
+  checkCheckpointLayout(model.plan(), s.options.dir);
   Comm &world = model.world();
   s.rank = world.rank();
   s.worldSize = world.size();

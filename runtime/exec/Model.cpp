@@ -83,13 +83,17 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
     tpRank = tensorComm_->rank();
   }
   if (const int64_t ep = plan_.expertParallel; ep > 1) {
-    // Expert group g: ranks [g*E, (g+1)*E) (docs/passes/moe-layers.md).
-    if (world_->size() % ep != 0)
-      throw ExecutionError(archive.path() + ": expert parallelism (" + std::to_string(ep) +
-                           " ranks per expert group) needs a world size that is a multiple of " +
-                           std::to_string(ep) + ", not " + std::to_string(world_->size()) +
-                           (world_->size() == 1 ? " rank" : " ranks") + "; run on a multiple of " +
-                           std::to_string(ep) + " ranks or recompile with another --expert-parallel");
+    // Expert group g: data-parallel ranks [g*E, (g+1)*E) of one TP rank
+    // (with T == 1 the world's ranks; docs/passes/moe-layers.md).
+    if (world_->size() % (ep * tp) != 0)
+      throw ExecutionError(
+          archive.path() + ": expert parallelism (" + std::to_string(ep) +
+          " ranks per expert group" +
+          (tp > 1 ? " of the data-parallel ranks, tensor parallel " + std::to_string(tp) : "") +
+          ") needs a world size that is a multiple of " + std::to_string(ep * tp) + ", not " +
+          std::to_string(world_->size()) + (world_->size() == 1 ? " rank" : " ranks") +
+          "; run on a multiple of " + std::to_string(ep * tp) +
+          " ranks or recompile with another --expert-parallel");
     if (plan_.splitsExperts() && options.offloadOptimizer)
       throw ExecutionError(archive.path() + ": --offload-optimizer with expert parameters split "
                            "over the expert group is not supported: drop --offload-optimizer, "
@@ -103,8 +107,12 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
         throw ExecutionError(archive.path() + ": the expert parameter " + t.name +
                              " is split over the expert group but outside the ZeRO storage "
                              "groups (a frozen parameter?), which this runtime does not support");
-    const int64_t rank = world_->rank();
-    expertComm_ = world_->split(rank / ep, rank, "expert");
+    // With T > 1 a split of the data-parallel ranks of this TP rank: the
+    // T ranks of a TP group send their (identical) tokens to the experts of
+    // their own TP rank's peers.
+    Comm &data = dataComm_ ? *dataComm_ : *world_;
+    const int64_t rank = data.rank();
+    expertComm_ = data.split(rank / ep, rank, "expert");
   }
   int64_t total = 0, done = 0;
   for (const plan::TensorInfo &t : plan_.tensors)

@@ -131,15 +131,16 @@ ZeroStorage::ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world,
                     "--shard-group-size dividing the number of ranks)");
   shardComm_ = data_.split(rank / shardSize, rank, "shard");
   replicaComm_ = data_.split(rank % shardSize, rank, "replica");
-  // Expert parameters split over the expert group (E consecutive ranks):
-  // position p = rank % E holds experts p of each, sharded over the N/E
-  // ranks of that position (docs/runtime/parallel.md).
+  // Expert parameters split over the expert group (E consecutive
+  // data-parallel ranks of one TP rank): position p = rank % E holds experts
+  // p of each, sharded over the D/E data-parallel ranks of that position
+  // (docs/runtime/parallel.md).
   const int64_t ep = plan_.expertParallel, epRank = rank % ep;
   if (plan_.splitsExperts()) {
-    if (tp > 1 || shardSize != worldSize || worldSize % ep != 0)
+    if (shardSize != worldSize || worldSize % ep != 0)
       throw CommError("expert parameters split over expert groups of " + std::to_string(ep) +
-                      " ranks need a world size that is a multiple of " + std::to_string(ep) +
-                      (tp > 1 ? ", no tensor parallelism" : "") +
+                      " ranks need a data-parallel size that is a multiple of " +
+                      std::to_string(ep) +
                       (shardSize != worldSize ? ", no hybrid sharding (--shard-group-size)" : "") +
                       "; got " + std::to_string(worldSize) + " ranks (recompile with "
                       "--split-expert-weights=false to store every expert on every rank)");

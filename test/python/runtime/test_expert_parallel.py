@@ -187,9 +187,11 @@ def test_bad_expert_groups_are_refused(prepared, tmp_path):
     assert refused("--expert-parallel", "3") == (
         "error: bmt-moe-layers: model.layers.0.mlp.experts.forward has 4 experts, not a "
         "multiple of expert-parallel 3")
-    assert refused("--expert-parallel", "2", "--tensor-parallel", "2", "--world-size", "4") == (
-        "error: --expert-parallel 2 with --tensor-parallel 2: expert and tensor parallelism "
-        "together are not supported")
+    assert refused("--expert-parallel", "2", "--tensor-parallel", "2", "--world-size", "6") == (
+        "error: --world-size 6 is not a multiple of --expert-parallel 2 x --tensor-parallel 2")
+    assert refused("--expert-parallel", "2", "--tensor-parallel", "2", "--sequence-parallel") == (
+        "error: --expert-parallel 2 with --sequence-parallel is not supported (drop "
+        "--sequence-parallel)")
     assert refused("--expert-parallel", "2", "--world-size", "3") == (
         "error: --world-size 3 is not a multiple of --expert-parallel 2")
     assert refused("--split-expert-weights") == (
