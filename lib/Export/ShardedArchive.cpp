@@ -168,13 +168,21 @@ public:
       addGroup(p, g);
     // Tensor parallelism: every group T times, one copy per TP rank (the
     // same members and offsets, local sizes); members, gathers and
-    // releases name the tp_rank 0 copy (docs/sharded-format.md).
+    // releases name the tp_rank 0 copy (docs/sharded-format.md). A group
+    // of experts split over the expert group stays one (tp_rank -1): its
+    // experts are whole and the same on every TP rank.
+    auto expertGroup = [&](const plan::StorageGroup &g) {
+      return !g.members.empty() && p.tensors[g.members[0]].split.isExpertSplit();
+    };
     if (p.tensorParallel > 1) {
       size_t base = p.groups.size();
       for (size_t g = 0; g < base; ++g)
-        p.groups[g].tpRank = 0;
+        if (!expertGroup(p.groups[g]))
+          p.groups[g].tpRank = 0;
       for (int64_t t = 1; t < p.tensorParallel; ++t)
         for (size_t g = 0; g < base; ++g) {
+          if (expertGroup(p.groups[g]))
+            continue;
           plan::StorageGroup copy = p.groups[g];
           copy.tpRank = t;
           p.groups.push_back(std::move(copy));
@@ -187,8 +195,7 @@ public:
     if (p.expertParallel > 1) {
       size_t base = p.groups.size();
       for (size_t g = 0; g < base; ++g) {
-        const std::vector<int64_t> &members = p.groups[g].members;
-        if (members.empty() || !p.tensors[members[0]].split.isExpertSplit())
+        if (!expertGroup(p.groups[g]))
           continue;
         p.groups[g].epRank = 0;
         for (int64_t e = 1; e < p.expertParallel; ++e) {

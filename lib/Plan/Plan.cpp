@@ -580,9 +580,12 @@ static void checkTensorParallel(const Plan &plan) {
   }
   checkExpertSplits(plan);
   // Storage group copies: tp_rank -1 when T == 1; else each name has the
-  // copies 0..T-1, alike but for their records.
+  // copies 0..T-1, alike but for their records, except the expert-group
+  // positions' copies of split experts (whole on every TP rank: tp_rank -1).
   std::map<std::string, std::vector<const StorageGroup *>> copies;
   for (const StorageGroup &g : plan.groups) {
+    if (g.epRank >= 0 && g.tpRank == -1)
+      continue; // checkExpertSplits checked it
     if (tp == 1 ? g.tpRank != -1 : (g.tpRank < 0 || g.tpRank >= tp))
       throw PlanError("plan: storage group " + g.name + ": tp_rank " + std::to_string(g.tpRank) +
                       (tp == 1 ? " without tensor parallelism (it must be -1)"
@@ -737,9 +740,9 @@ Plan fromIValue(const IValue &value) {
   }
   if (root.contains("expert_parallel")) {
     plan.expertParallel = asInt(field(root, "expert_parallel"), "expert_parallel");
-    if (plan.version < 7 || plan.expertParallel < 2 || plan.tensorParallel != 1)
+    if (plan.version < 7 || plan.expertParallel < 2)
       throw PlanError("plan: expert_parallel " + std::to_string(plan.expertParallel) +
-                      " needs a version 7 plan, at least 2 and tensor_parallel 1");
+                      " needs a version 7 plan and at least 2");
   }
   if (root.contains("pipeline")) {
     c10::impl::GenericDict pipeline = asDict(field(root, "pipeline"), "pipeline");
