@@ -174,7 +174,11 @@ struct SummaryPass : bmt::impl::SummaryBase<SummaryPass> {
         ++layers;
         experts = d.getNumExperts();
       });
-      os << "  expert parallel: " << ep.getInt() << " ranks per expert group (consecutive ranks); "
+      os << "  expert parallel: " << ep.getInt() << " ranks per expert group ("
+         << (tp > 1 ? "data-parallel ranks of one TP rank, the TP group's ranks computing the "
+                      "same experts"
+                    : "consecutive ranks")
+         << "); "
          << layers << " MoE layer" << (layers == 1 ? "" : "s") << ", " << experts / ep.getInt()
          << " of " << experts << " experts computed per rank\n";
     }

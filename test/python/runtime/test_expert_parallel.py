@@ -189,7 +189,8 @@ def test_bad_expert_groups_are_refused(prepared, tmp_path):
         "multiple of expert-parallel 3")
     assert refused("--expert-parallel", "2", "--tensor-parallel", "2", "--world-size", "6") == (
         "error: --world-size 6 is not a multiple of --expert-parallel 2 x --tensor-parallel 2")
-    assert refused("--expert-parallel", "2", "--tensor-parallel", "2", "--sequence-parallel") == (
+    assert refused("--expert-parallel", "2", "--tensor-parallel", "2", "--sequence-parallel",
+                   "--world-size", "4") == (
         "error: --expert-parallel 2 with --sequence-parallel is not supported (drop "
         "--sequence-parallel)")
     assert refused("--expert-parallel", "2", "--world-size", "3") == (
@@ -207,6 +208,25 @@ def test_bad_expert_groups_are_refused(prepared, tmp_path):
     assert r.returncode != 0
     assert ("expert parallelism (2 ranks per expert group) needs a world size that is a "
             "multiple of 2, not 3 ranks") in r.stdout + r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    # With T = 2 the expert groups are among the data-parallel ranks: E must
+    # divide N / T, at bmt-run's start; checkpoints of such a plan are refused.
+    tp_ep = tmp_path / "tp2-ep2.sharded.pt"
+    subprocess.run([binary("bmt-opt"), prepared["archive"], "-o", str(tp_ep), "--tensor-parallel",
+                    "2", "--expert-parallel", "2", "--world-size", "4"], check=True, capture_output=True, timeout=300)
+    r = torchrun(2, tp_ep, "--batches", os.path.join(prepared["tmp"], "batches.pt"),
+                 "--steps", 1, timeout=parallel_matrix.TIMEOUT_S)
+    assert r.returncode != 0
+    assert ("expert parallelism (2 ranks per expert group of the data-parallel ranks, tensor "
+            "parallel 2) needs a world size that is a multiple of 4, not 2 ranks") in (
+        r.stdout + r.stderr), r.stdout[-2000:] + r.stderr[-2000:]
+    r = torchrun(4, tp_ep, "--batches", os.path.join(prepared["tmp"], "batches.pt"),
+                 "--steps", 1, "--checkpoint-dir", tmp_path / "ck", timeout=parallel_matrix.TIMEOUT_S)
+    assert r.returncode != 0
+    lines = set(error_lines(r.stdout + r.stderr))
+    assert len(lines) == 1 and ("checkpoints of expert weights split over the expert group with "
+                                "tensor parallelism (2 ranks per TP group) are not supported yet "
+                                "(recompile with --split-expert-weights=false to save and "
+                                "resume them)") in next(iter(lines)), r.stderr[-2000:]
     # What split experts cannot do yet, each naming the flag that avoids it.
     for flags, message in (
             (["--offload-optimizer"], "--offload-optimizer with expert parameters split over "
