@@ -5,7 +5,8 @@ every loss and the final parameters within numerics.py's bounds; where
 bmt-opt refuses T = 2 (REFUSED: its one error line is checked) or T = 2 is
 wrong today (KNOWN_BROKEN), ZeRO-3 on 2 ranks as well. Mixtures of experts
 also train with expert parallelism (EXPERT_CELLS: groups of E ranks with
-ZeRO-3 over all of them; test_expert_parallel.py has Qwen3-MoE's cells).
+ZeRO-3 over all of them, and T = 2 with groups of E = 2 data-parallel ranks;
+test_expert_parallel.py has Qwen3-MoE's other cells).
 scripts/parallel_matrix.py, whose full matrix of modes is
 docs/architectures.md's table, does the work: one export and one eager
 reference per architecture, shared by its cells.
@@ -69,7 +70,9 @@ KNOWN_BROKEN = {
 # Mixture of experts: its expert-parallel cells (parallel_matrix.MODES). Where
 # T = 2 is refused, "ep2-n2" keeps ZeRO-3 on 2 ranks checked in ZERO_MODE's place.
 EXPERT_CELLS = {
-    "mixtral": ["ep4-n4"],
+    # (E = 4 on 4 ranks stays checked by deepseek_v3's ep4-n4)
+    "mixtral": ["tp2-ep2-n4"],
+    "qwen3_moe": ["tp2-ep2-n4-no-recompute"],
     "qwen2_moe": ["ep2-n2", "ep2-n4-no-recompute"],
     "gpt_oss": ["ep2-n2"],
     "deepseek_v3": ["ep2-n4-no-recompute", "ep4-n4"],
