@@ -563,9 +563,9 @@ struct MoeLayersPass : bmt::impl::MoeLayersBase<MoeLayersPass> {
     }
     if (ep > 1 && bmt::tensorParallelOf(module) > 1) {
       emitError(module.getLoc()) << "bmt-moe-layers: expert-parallel " << ep
-                                 << " under tensor parallelism (" << bmt::tensorParallelOf(module)
-                                 << " ranks): expert and tensor parallelism together are not "
-                                    "supported";
+                                 << " after bmt-tensor-parallel (" << bmt::tensorParallelOf(module)
+                                 << " ranks): run bmt-moe-layers before it, as the default "
+                                    "pipeline does";
       return signalPassFailure();
     }
     SymbolTable symbols(module);

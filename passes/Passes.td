@@ -194,7 +194,8 @@ def MoeLayers : Pass<"bmt-moe-layers", "::mlir::ModuleOp"> {
     layer indexed by the permutation) and gives them in the rows' order,
     the module records `bmt.expert_parallel = E`, and it is an error when a
     layer's expert count is not a multiple of E, when no layer is lowered,
-    or under tensor parallelism.
+    or after bmt-tensor-parallel (run it before, as the default pipeline
+    does).
   }];
   let options = [
     Option<"expertParallel", "expert-parallel", "int64_t", "1",
