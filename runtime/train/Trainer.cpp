@@ -256,7 +256,7 @@ TrainOutcome Trainer::train(MicroBatchSource &source, const TokenFile *evalData,
     }
     done = std::max(done, lastReport);
     const double *v = p.values.const_data_ptr<double>();
-    const int64_t m = config_.gradAccum;
+    const int64_t m = microBatchesPerStep();
     double loss = 0;
     for (int64_t micro = 0; micro < m; ++micro) {
       if (!std::isfinite(v[micro]))
