@@ -147,6 +147,11 @@ void checkPipeline(const std::string &archiveName, const plan::Plan &p,
     refuse("tensor parallelism (compile with --pipeline-parallel or --tensor-parallel)");
   if (p.expertParallel > 1)
     refuse("expert parallelism (compile with --pipeline-parallel or --expert-parallel)");
+  for (const plan::Function &f : p.functions)
+    for (const plan::Instruction &inst : f.body)
+      if (inst.kind == plan::Instruction::Kind::MoeDispatch)
+        refuse("mixture-of-experts layers (their token counts are not gathered over the stages "
+               "yet)");
   if (r.worldSize % stages != 0)
     throw ConfigError(what + "which need a world size that is a multiple of " +
                       std::to_string(stages) + ", not " + std::to_string(r.worldSize));

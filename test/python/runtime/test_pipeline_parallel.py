@@ -109,7 +109,6 @@ def test_sizes_the_model_cannot_take_are_refused(tmp_path):
 STEPS = 5
 ROWS = 8  # global rows of a step's micro-batch
 SEQ = 8
-M = 2     # --micro-batches
 TRAIN = ["--steps", STEPS, "--lr", "1e-3", "--schedule", "cosine", "--warmup", 2,
          "--clip-grad", 0.5, "--weight-decay", 0.01]
 
@@ -122,23 +121,37 @@ def torchrun(n, *args):
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
-def pieces(batches, d):
+def pieces(batches, d, m):
     """The micro-batches a pipeline runs, as gradient accumulation's: piece k
-    of a step is every data-parallel rank's k-th M-th of its rows."""
+    of a step is every data-parallel rank's k-th m-th of its rows."""
     r = ROWS // d
     out = []
     for window in batches:
-        for k in range(M):
-            out.append(torch.cat([window[i * r + k * r // M: i * r + (k + 1) * r // M]
+        for k in range(m):
+            out.append(torch.cat([window[i * r + k * r // m: i * r + (k + 1) * r // m]
                                   for i in range(d)]))
     return torch.stack(out)
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def build_model(name):
+    """The fixture model; "gpt2-4" is GPT-2 with 4 blocks (for P = 4)."""
+    if name != "gpt2-4":
+        return build(name)
+    import transformers
+    import make_fixtures
+    cls, config = make_fixtures.MODELS["gpt2"](transformers)
+    config.n_layer = 4
+    torch.manual_seed(0)
+    model = cls(config)
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama", "gpt2-4"])
 def traced(request, tmp_path_factory):
     name = request.param
     tmp = tmp_path_factory.mktemp(name)
-    model = build(name)
+    model = build_model(name)
     compile_model(model, tmp, name)  # the trace, NAME.pt
     batches = torch.randint(0, model.config.vocab_size, (STEPS, ROWS, SEQ + 1),
                             generator=torch.Generator().manual_seed(3))
@@ -162,28 +175,28 @@ def train(traced, tag, ranks, flags, batches, *extra):
     return records, load_file(params), r.stdout
 
 
-@pytest.mark.parametrize("name, stages, ranks, flags", [
-    ("gpt2", 2, 2, []),
-    ("gpt2", 2, 4, []),
-    ("llama", 2, 2, ["--checkpoint", "none"]),
+@pytest.mark.parametrize("name, stages, ranks, m, flags", [
+    ("gpt2", 2, 2, 2, []),
+    ("gpt2", 2, 4, 2, []),
+    ("llama", 2, 2, 2, ["--checkpoint", "none"]),
+    ("gpt2-4", 4, 4, 4, ["--checkpoint", "none"]),
 ])
-def test_pipeline_trains_as_eager(traced, name, stages, ranks, flags):
+def test_pipeline_trains_as_eager(traced, name, stages, ranks, m, flags):
     if traced["name"] != name:
         pytest.skip("another model's cell")
     d = ranks // stages
     tag = f"p{stages}-n{ranks}"
     records, params, stdout = train(traced, tag, ranks,
                                     ["--pipeline-parallel", str(stages), *flags],
-                                    traced["batches"], "--micro-batches", M)
+                                    traced["batches"], "--micro-batches", m)
     assert [x["step"] for x in records] == list(range(1, STEPS + 1))
-    # Every rank printed the same loss lines (rank 0 prints; the loss is the last stage's).
     lrs = {x["step"]: x["lr"] for x in records}
     # The same plan without stages, M micro-batches accumulated on D ranks.
-    split = pieces(traced["batches"], d)
-    plain, plain_params, _ = train(traced, tag + "-plain", d, flags, split, "--grad-accum", M)
+    split = pieces(traced["batches"], d, m)
+    plain, plain_params, _ = train(traced, tag + "-plain", d, flags, split, "--grad-accum", m)
     # Eager transformers on the same micro-batches.
-    model = build(name)
-    want = eager_training(model, split, STEPS, M, lambda s: lrs[s], 0.5, 0.01, ranks=d)
+    model = build_model(name)
+    want = eager_training(model, split, STEPS, m, lambda s: lrs[s], 0.5, 0.01, ranks=d)
     eager_params = {n: p.detach().clone() for n, p in model.named_parameters()}
     for x, plain_x, loss in zip(records, plain, want):
         assert_loss_close(x["loss"], loss, what=f"{tag}: loss of step {x['step']}")
@@ -197,3 +210,48 @@ def test_pipeline_trains_as_eager(traced, name, stages, ranks, flags):
     assert loss_diff <= 1e-6 and param_diff <= 1e-6, (loss_diff, norm_diff, param_diff)
     print(f"{name} {tag}: eager parameters max {stats[0]:.2e}; against no stages: loss "
           f"{loss_diff:.1e}, grad norm {norm_diff:.1e}, parameters {param_diff:.1e}")
+
+
+def test_what_a_pipeline_does_not_run_is_refused(traced):
+    """One error line each, before any rank connects (rank 0 of 2 alone),
+    and --micro-batches M not dividing a rank's rows at the first step."""
+    if traced["name"] != "gpt2":
+        pytest.skip("one model is enough")
+    tmp = traced["tmp"] / "refused"
+    tmp.mkdir()
+    sharded, plain = tmp / "p2.sharded.pt", tmp / "plain.sharded.pt"
+    pt = traced["tmp"] / "gpt2.pt"
+    subprocess.run([binary("bmt-opt"), pt, "-o", sharded, "--pipeline-parallel", "2",
+                    "--world-size", "2"], check=True, capture_output=True)
+    subprocess.run([binary("bmt-opt"), pt, "-o", plain], check=True, capture_output=True)
+    batches = traced["tmp"] / "batches.pt"
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT="1", BMT_COMM_TIMEOUT_S="5")
+
+    def refused(plan, *flags):
+        r = subprocess.run([binary("bmt-run"), plan, "--batches", batches, "--steps", "1",
+                            "--device", "cpu", *map(str, flags)], capture_output=True, text=True,
+                           env=env, timeout=120)
+        assert r.returncode != 0, r.stdout + r.stderr
+        lines = error_lines(r.stderr)
+        assert len(lines) == 1, r.stderr
+        return lines[0]
+
+    cut = f"error: {sharded} is cut into 2 pipeline stages, which this bmt-run does not run with "
+    assert refused(sharded, "--micro-batches", 1) == (
+        f"error: --micro-batches 1 is fewer than the 2 pipeline stages of {sharded} (1F1B needs "
+        "at least one micro-batch per stage)")
+    assert refused(sharded, "--checkpoint-dir", tmp / "ck") == cut + "checkpoints (--checkpoint-dir / --resume)"
+    assert refused(sharded, "--inspect-every", 1, "--log-file", tmp / "log") == cut + "--inspect-every"
+    assert refused(sharded, "--offload-optimizer") == cut + "--offload-optimizer"
+    assert refused(sharded, "--optimizer", "adafactor") == cut + "--optimizer adafactor"
+    assert refused(sharded, "--eval-data", batches) == cut + "evaluation (--eval-data)"
+    assert refused(plain, "--micro-batches", 2) == (
+        f"error: --micro-batches splits micro-batches for a pipeline, and {plain} is not cut "
+        "into stages (bmt-opt --pipeline-parallel); use --grad-accum")
+    # 8 rows a rank (D = 1) in 3 micro-batches: at the first step, on every rank.
+    r = torchrun(2, sharded, "--batches", batches, "--steps", 1, "--micro-batches", 3)
+    assert r.returncode != 0
+    lines = error_lines(r.stderr)
+    assert lines and all("--micro-batches 3 does not divide this rank's 8 rows" in x
+                         for x in lines), r.stderr[-2000:]
