@@ -173,7 +173,7 @@ int64_t probeVocabulary(Model &model, const ProbeShape &s) {
              : "--seq-len is " + std::to_string(length)));
   }
   checkPositions(s.archive, s.hfFiles, length, s.shape);
-  if (s.checkMemory)
+  if (s.checkMemory && model.pipelineStages() == 1) // (a stage's forward alone cannot run)
     checkMemory(model, rows, length, target, s.shape, s.measureMemory);
   at::TensorOptions ids = at::TensorOptions().dtype(at::kLong).device(device);
   ModelInputs probe;
