@@ -135,6 +135,15 @@ int run(const tools::RunOptions &o) {
   runtime::TrainConfig config = o.train;
   if (!o.pipelineMicroBatchesGiven)
     config.pipelineMicroBatches = p.pipelineStages; // (the fewest 1F1B takes)
+  if (p.pipelineStages > 1 && !o.evalOnly) {
+    // (PipelineStep.cpp checks each batch as well.)
+    const int64_t rows = fixed.windows.defined() ? fixed.windows.size(1) / worldSize : o.microBatch;
+    if (rows % config.pipelineMicroBatches != 0)
+      throw tools::UsageError("--micro-batches " + std::to_string(config.pipelineMicroBatches) +
+                              " does not divide this rank's " + std::to_string(rows) +
+                              " rows of a micro-batch (" +
+                              (fixed.windows.defined() ? o.batchesFile : "--micro-batch") + ")");
+  }
   // Linear and cosine decay reach --min-lr one step after the last step, so
   // that the last step still learns (with the default --min-lr 0 it would
   // run at lr 0); with --steps 1 and no warmup the one step runs at --lr.

@@ -180,7 +180,7 @@ def train(traced, tag, ranks, flags, batches, *extra):
     ("gpt2", 2, 4, 2, []),
     ("llama", 2, 2, 2, ["--checkpoint", "none"]),
     ("gpt2-4", 4, 4, 4, ["--checkpoint", "none"]),
-])
+], ids=["gpt2-p2-n2", "gpt2-p2-n4", "llama-p2-n2-no-recompute", "gpt2-4blocks-p4-n4"])
 def test_pipeline_trains_as_eager(traced, name, stages, ranks, m, flags):
     if traced["name"] != name:
         pytest.skip("another model's cell")
@@ -249,7 +249,7 @@ def test_what_a_pipeline_does_not_run_is_refused(traced):
     assert refused(plain, "--micro-batches", 2) == (
         f"error: --micro-batches splits micro-batches for a pipeline, and {plain} is not cut "
         "into stages (bmt-opt --pipeline-parallel); use --grad-accum")
-    # 8 rows a rank (D = 1) in 3 micro-batches: at the first step, on every rank.
+    # 8 rows a rank (D = 1) in 3 micro-batches: before training, on every rank.
     r = torchrun(2, sharded, "--batches", batches, "--steps", 1, "--micro-batches", 3)
     assert r.returncode != 0
     lines = error_lines(r.stderr)
