@@ -18,6 +18,7 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -58,31 +59,42 @@ std::vector<bool> Model::setUpPipeline(const std::string &path, const ModelOptio
   stage_ = rank / d;
   stageComm_ = world_->split(stage_, rank, "stage");
   // The ranks of data-parallel rank r % D on the first and last stage
-  // share the groups outside the blocks.
+  // share the groups both read (a tied embedding and LM head).
   const bool ends = stage_ == 0 || stage_ == stages_ - 1;
   tieComm_ = world_->split(ends ? rank % d : d + rank, rank, "tied");
-  const std::vector<int64_t> &firsts = plan_.pipelineFirstBlocks;
-  const int64_t first = firsts.at(stage_);
-  const int64_t end = stage_ + 1 < stages_ ? firsts.at(stage_ + 1)
-                                            : std::numeric_limits<int64_t>::max();
+  // Each stage holds the groups its instructions read; a group no stage
+  // reads is held by stage 0 (it trains nowhere, and is saved).
+  const std::vector<std::vector<bool>> reads = Executor::stageGroups(plan_);
   std::vector<bool> held(plan_.groups.size(), false);
+  tied_.assign(plan_.groups.size(), false);
   for (size_t g = 0; g < plan_.groups.size(); ++g) {
-    const plan::StorageGroup &info = plan_.groups[g];
-    held[g] = info.blockList.empty() ? ends : info.blockIndex >= first && info.blockIndex < end;
+    std::vector<int64_t> holders;
+    for (int64_t s = 0; s < stages_; ++s)
+      if (reads[s][g])
+        holders.push_back(s);
+    if (holders.empty())
+      holders.push_back(0);
+    if (holders.size() > 2 || (holders.size() == 2 && (holders[0] != 0 || holders[1] != stages_ - 1)))
+      throw ExecutionError(what + ": the storage group " + plan_.groups[g].name +
+                           " is read by stages " + std::to_string(holders.front()) + " and " +
+                           std::to_string(holders.back()) + "; only the first and the last "
+                           "stage may share parameters");
+    tied_[g] = holders.size() == 2;
+    held[g] = std::find(holders.begin(), holders.end(), stage_) != holders.end();
   }
   held_ = held;
   return held;
 }
 
 void Model::sumTiedGradients() {
-  // Stage 0 and P - 1 hold the same shards of the groups outside the
-  // blocks (the same D); each has the gradient of its own uses (GPT-2's
-  // wte: the embedding on stage 0, the LM head on stage P - 1).
+  // Stage 0 and P - 1 hold the same shards of the groups both read (the
+  // same D); each has the gradient of its own uses (GPT-2's wte: the
+  // embedding on stage 0, the LM head on stage P - 1).
   if (stage_ != 0 && stage_ != stages_ - 1)
     return;
   c10::NoGradGuard noGrad;
   for (size_t i = 0; i < zero_->shards().size(); ++i) {
-    if (!plan_.groups[shardGroup(i)].blockList.empty())
+    if (!tied_[shardGroup(i)])
       continue;
     at::Tensor p = zero_->shards()[i];
     if (!p.grad().defined())
@@ -95,11 +107,11 @@ void Model::sumTiedGradients() {
 at::Tensor Model::pipelineGradNorm() {
   c10::NoGradGuard noGrad;
   // Every shard once over the world: the D ranks of a stage hold distinct
-  // shards, and the groups outside the blocks count on stage 0 only.
+  // shards, and the groups of stage 0 and P - 1 count on stage 0 only.
   at::Tensor sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
   std::vector<at::Tensor> grads;
   for (size_t i = 0; i < zero_->shards().size(); ++i) {
-    if (stage_ != 0 && plan_.groups[shardGroup(i)].blockList.empty())
+    if (stage_ != 0 && tied_[shardGroup(i)])
       continue;
     const at::Tensor &g = zero_->shards()[i].grad();
     if (g.defined())

@@ -187,4 +187,40 @@ std::unique_ptr<Executor::StagePlan> planStage(const plan::Plan &plan, int64_t s
   return plan_;
 }
 
+std::vector<std::vector<bool>> Executor::stageGroups(const plan::Plan &plan) {
+  std::vector<std::vector<bool>> out;
+  for (int64_t stage = 0; stage < plan.pipelineStages; ++stage) {
+    std::unique_ptr<StagePlan> sp =
+        planStage(plan, stage, std::vector<bool>(plan.groups.size(), false));
+    std::vector<bool> reads(plan.groups.size(), false);
+    std::vector<char> seen(plan.functions.size(), 0);
+    std::function<void(const Instruction &)> visit;
+    std::function<void(size_t)> callee = [&](size_t fi) {
+      if (seen[fi])
+        return;
+      seen[fi] = 1;
+      for (const Instruction &inst : plan.functions[fi].body)
+        visit(inst);
+    };
+    visit = [&](const Instruction &inst) {
+      if (inst.kind == Instruction::Kind::Global && inst.target >= 0) {
+        const int64_t g = plan.tensors.at(inst.target).group;
+        if (g >= 0)
+          reads[g] = true;
+      } else if ((inst.kind == Instruction::Kind::Call || inst.kind == Instruction::Kind::Fused) &&
+                 inst.target >= 0) {
+        callee(static_cast<size_t>(inst.target));
+      }
+    };
+    for (size_t d = 0; d < sp->chain.size(); ++d) {
+      const plan::Function &f = plan.functions[sp->chain[d]];
+      for (size_t n = 0; n < f.body.size(); ++n)
+        if (sp->runs[d][n] && !(d + 1 < sp->chain.size() && n == sp->chainCall[d]))
+          visit(f.body[n]);
+    }
+    out.push_back(std::move(reads));
+  }
+  return out;
+}
+
 } // namespace bmt::runtime

@@ -162,6 +162,11 @@ public:
   /// whose block list is not found in one function on the entry's call
   /// chain, naming it.
   void setPipelineStage(int64_t stage, std::vector<bool> heldGroups);
+  /// The storage groups (by plan group) whose members each stage of
+  /// `plan`'s pipeline reads: through the Global instructions it runs, in
+  /// the functions those run call. [stage][group]. Throws as
+  /// setPipelineStage.
+  static std::vector<std::vector<bool>> stageGroups(const plan::Plan &plan);
   std::vector<c10::IValue> stageInputs, stageOutputs;
   struct StagePlan; ///< (runtime/exec/Stage.h)
 

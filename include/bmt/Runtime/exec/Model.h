@@ -311,9 +311,11 @@ public:
   /// Pipeline parallelism (plan pipelineStages P > 1; docs/runtime/
   /// pipeline.md): rank r of N runs stage r / D (D = N / P) and is its
   /// data-parallel rank r % D (dataParallel() is the stage's D ranks).
-  /// The stage holds its blocks' storage groups, stage 0 and P - 1 also
-  /// the groups outside the blocks (whose gradients synchronizeGradients
-  /// sums between the two); the forward runs the stage's part of the
+  /// The stage holds the storage groups its part of the program reads
+  /// (Executor::stageGroups): its blocks', stage 0 the embeddings', stage
+  /// P - 1 the final norm's and head's; a group both read (a tied
+  /// embedding) is held by both, and synchronizeGradients sums its
+  /// gradient between them. The forward runs the stage's part of the
   /// program (Executor::setPipelineStage): set the values entering it
   /// (from stage - 1) before each forward, take those leaving it after.
   /// gradNorm() is over all stages (the outside groups once);
@@ -367,6 +369,7 @@ private:
   int64_t stages_ = 1, stage_ = 0;
   std::unique_ptr<Comm> stageComm_, tieComm_;
   std::vector<bool> held_; ///< by plan group
+  std::vector<bool> tied_; ///< by plan group: held by stages 0 and P - 1
   /// Checks the plan and the options, splits the world; returns held_.
   std::vector<bool> setUpPipeline(const std::string &path, const ModelOptions &options);
   void sumTiedGradients();
