@@ -62,6 +62,30 @@ void saveParameters(Model &model, const std::string &path) {
   const plan::Plan &p = model.plan();
   const bool rank0 = model.world().rank() == 0;
   std::vector<SafetensorsEntry> entries = savedParameterEntries(model);
+  // A pipeline: each stage holds its own parameters; rank 0 collects them
+  // all (Model::fullParameters) and writes them in plan order.
+  std::vector<std::pair<int64_t, at::Tensor>> collected;
+  if (model.pipelineStages() > 1) {
+    std::map<int64_t, at::Tensor> byIndex;
+    for (auto &[name, value] : model.fullParameters()) // collective
+      byIndex.emplace(p.findTensor(name), value);
+    entries.clear();
+    for (const auto &[index, value] : byIndex) {
+      const plan::TensorInfo &t = p.tensors.at(index);
+      entries.push_back({t.name, t.dtype, t.shape});
+      for (const std::string &alias : t.aliases)
+        entries.push_back({alias, t.dtype, t.shape});
+      collected.emplace_back(index, value);
+    }
+    for (int64_t index : model.frozenParameterOrder()) {
+      const plan::TensorInfo &t = p.tensors.at(index);
+      entries.push_back({t.name, t.dtype, t.shape});
+      for (const std::string &alias : t.aliases)
+        entries.push_back({alias, t.dtype, t.shape});
+    }
+    for (const auto &[name, buffer] : model.routerBiases())
+      entries.push_back({name, buffer.scalar_type(), buffer.sizes().vec()});
+  }
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   std::unique_ptr<SafetensorsWriter> writer;
   std::string failure;
@@ -89,7 +113,12 @@ void saveParameters(Model &model, const std::string &path) {
       fail(e);
     }
   };
-  model.forEachFullParameter(write); // collective
+  if (model.pipelineStages() > 1) {
+    for (const auto &[index, value] : collected)
+      write(index, value);
+  } else {
+    model.forEachFullParameter(write); // collective
+  }
   for (int64_t index : model.frozenParameterOrder())
     write(index, model.frozenParameter(index));
   if (writer) {

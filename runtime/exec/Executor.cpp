@@ -8,6 +8,7 @@
 #include "exec/Linear.h"
 #include "exec/Moe.h"
 #include "exec/Recompute.h"
+#include "exec/Stage.h"
 #include "bmt/Support/ErrorText.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -376,11 +377,25 @@ at::Tensor ExecutorHooks::givenGradientSlot(const at::Tensor &) { return {}; }
 ExecutorObserver::~ExecutorObserver() = default;
 
 std::vector<IValue> Executor::run(const std::vector<IValue> &inputs) {
-  return call(static_cast<size_t>(plan_.entry), inputs);
+  if (!stage_)
+    return call(static_cast<size_t>(plan_.entry), inputs);
+  if (stage_->stage > 0 && stageInputs.size() != stage_->in.size())
+    throw ExecutionError("pipeline stage " + std::to_string(stage_->stage) + " expects " +
+                         std::to_string(stage_->in.size()) + " values from the stage before, got " +
+                         std::to_string(stageInputs.size()));
+  stageOutputs.clear();
+  std::vector<IValue> results = call(static_cast<size_t>(plan_.entry), inputs, nullptr, 0);
+  stageInputs.clear();
+  std::fill(stage_->frames.begin(), stage_->frames.end(), nullptr);
+  return results;
+}
+
+void Executor::setPipelineStage(int64_t stage, std::vector<bool> heldGroups) {
+  stage_ = planStage(plan_, stage, heldGroups);
 }
 
 std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
-                                   const RecomputePlan *graphOnly) {
+                                   const RecomputePlan *graphOnly, int chainDepth) {
   const plan::Function &f = plan_.functions[index];
   if (args.size() != f.params.size())
     throw ExecutionError(f.name + " takes " + std::to_string(f.params.size()) +
@@ -412,9 +427,27 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
     return IValue();
   };
 
+  // A pipeline stage's frame (Stage.h): only its instructions run; the
+  // deepest frame takes the values entering the stage and leaves those
+  // leaving it.
+  const std::vector<char> *stageRuns = nullptr;
+  bool deepest = false;
+  if (stage_ && chainDepth >= 0) {
+    stageRuns = &stage_->runs.at(chainDepth);
+    stage_->frames.at(chainDepth) = &regs;
+    deepest = static_cast<size_t>(chainDepth) + 1 == stage_->chain.size();
+  }
   for (size_t n = 0; n < f.body.size(); ++n) {
     const plan::Instruction &inst = f.body[n];
     Prepared &p = *prepared_[index][n];
+    if (deepest && stage_->stage > 0 && n == stage_->inPos)
+      for (size_t k = 0; k < stage_->in.size(); ++k)
+        (*stage_->frames.at(stage_->in[k].first))[stage_->in[k].second] = stageInputs.at(k);
+    if (deepest && n == stage_->outPos)
+      for (const auto &[d, r] : stage_->out)
+        stageOutputs.push_back((*stage_->frames.at(d))[r]);
+    if (stageRuns && !(*stageRuns)[n])
+      continue;
     try {
       switch (inst.kind) {
       case plan::Instruction::Kind::Global:
@@ -575,8 +608,11 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
               },
               std::move(callArgs));
         } else {
+          const bool chain = stageRuns && static_cast<size_t>(chainDepth) + 1 <
+                                              stage_->chain.size() &&
+                             n == stage_->chainCall[chainDepth];
           results = call(inst.target, std::move(callArgs),
-                         graphOnly ? graphOnly->callee[n] : nullptr);
+                         graphOnly ? graphOnly->callee[n] : nullptr, chain ? chainDepth + 1 : -1);
         }
         if (observer_ && !inst.blockList.empty())
           observer_->blockReturned(inst, results);

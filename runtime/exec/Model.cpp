@@ -51,11 +51,6 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
     throw ExecutionError(archive.path() + ": offloading the optimizer needs ZeRO storage "
                          "groups, and the plan has none (compile with bmt-opt's default "
                          "pipeline or --bmt-zero)");
-  if (plan_.pipelineStages > 1)
-    throw ExecutionError(archive.path() + " is cut into " +
-                         std::to_string(plan_.pipelineStages) +
-                         " pipeline stages, which this runtime cannot run yet; compile it "
-                         "without --pipeline-parallel");
   if (!world_) {
     ownWorld_ = createLocalComm();
     world_ = ownWorld_.get();
@@ -114,6 +109,9 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
     const int64_t rank = data.rank();
     expertComm_ = data.split(rank / ep, rank, "expert");
   }
+  std::vector<bool> held;
+  if (plan_.pipelineStages > 1)
+    held = setUpPipeline(archive.path(), options);
   int64_t total = 0, done = 0;
   for (const plan::TensorInfo &t : plan_.tensors)
     if (t.group < 0)
@@ -127,8 +125,11 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
           if (progress)
             progress(d, t + total);
         },
-        options.offloadOptimizer, tensorComm_.get(), dataComm_.get());
+        options.offloadOptimizer, tensorComm_.get(),
+        dataComm_ ? dataComm_.get() : stageComm_.get(), held.empty() ? nullptr : &held);
     zero_ = zero.get();
+    if (!held.empty())
+      zero_->setGradientSlots(false); // (1F1B interleaves micro-batches)
     storage_ = std::move(zero);
     done = groupBytes;
     total += groupBytes;
@@ -163,6 +164,8 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
     executor_->setHooks(zero_);
   executor_->setTensorParallel(tensorComm_.get());
   executor_->setExpertParallel(expertComm_.get());
+  if (!held.empty())
+    executor_->setPipelineStage(stage_, held);
   const plan::Function &entry = plan_.functions[plan_.entry];
   for (size_t i = 0; i < entry.resultNames.size(); ++i)
     if (entry.resultNames[i] == "logits") {
@@ -228,9 +231,13 @@ std::vector<c10::IValue> Model::run(const ModelInputs &given) {
   return results;
 }
 
-void Model::synchronizeGradients() { storage_->synchronizeGradients(); }
+void Model::synchronizeGradients() {
+  storage_->synchronizeGradients();
+  if (stages_ > 1)
+    sumTiedGradients();
+}
 
-at::Tensor Model::gradNorm() { return storage_->gradNorm(); }
+at::Tensor Model::gradNorm() { return stages_ > 1 ? pipelineGradNorm() : storage_->gradNorm(); }
 
 void Model::afterOptimizerStep() { storage_->afterOptimizerStep(); }
 
@@ -291,7 +298,7 @@ std::unique_ptr<Optimizer> Model::makeOptimizer(const OptimizerConfig &config,
 }
 
 bool Model::letOptimizerWriteShards(Optimizer &optimizer) {
-  if (!zero_ || zero_->offloadsOptimizer())
+  if (!zero_ || zero_->offloadsOptimizer() || stages_ > 1)
     return false;
   // (parameters() begin with the shards, in shards() order.)
   std::vector<LowPrecisionCopy> copies = zero_->lowPrecisionCopies();
@@ -331,7 +338,7 @@ std::vector<ParameterSpace> Model::parameterSpaces() const {
     ParameterSpace s;
     s.parameter = i;
     if (i < numShards) {
-      const plan::StorageGroup &g = plan_.groups[zeroGroupIndex(plan_, i)];
+      const plan::StorageGroup &g = plan_.groups[shardGroup(i)];
       ZeroStorage::ShardPlace place = zero_->shardPlace(static_cast<int64_t>(i));
       s.name = g.name;
       s.dtype = g.dtype;
@@ -374,9 +381,11 @@ void Model::setReduceDtype(std::optional<at::ScalarType> dtype) {
 std::vector<int64_t> Model::fullParameterOrder() const {
   std::vector<int64_t> order;
   if (zero_)
-    for (const plan::StorageGroup &g : plan_.groups)
-      if (g.tpRank <= 0 && g.epRank <= 0 && !g.frozen)
+    for (size_t i = 0; i < plan_.groups.size(); ++i) {
+      const plan::StorageGroup &g = plan_.groups[i];
+      if (g.tpRank <= 0 && g.epRank <= 0 && !g.frozen && (held_.empty() || held_[i]))
         order.insert(order.end(), g.members.begin(), g.members.end());
+    }
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const plan::TensorInfo &info = plan_.tensors[i];
     if (info.isParameter && info.requiresGrad && (info.group < 0 || !zero_))
@@ -411,7 +420,7 @@ void Model::forEachFullParameter(
   const int64_t tp = plan_.tensorParallel;
   if (zero_)
     for (size_t g = 0; g < zero_->shards().size(); ++g) {
-      const plan::StorageGroup &group = plan_.groups[zeroGroupIndex(plan_, g)];
+      const plan::StorageGroup &group = plan_.groups[shardGroup(g)];
       at::Tensor full = zero_->gatherGroup(static_cast<int64_t>(g), gradients); // collective
       for (size_t m = 0; m < group.members.size(); ++m) {
         const plan::TensorInfo &info = plan_.tensors[group.members[m]];
@@ -463,6 +472,8 @@ std::vector<std::pair<std::string, at::Tensor>> Model::fullParameters(bool gradi
         out.emplace_back(plan_.tensors[index].name, value.cpu().clone());
       },
       gradients);
+  if (stages_ > 1)
+    collectStageParameters(out);
   return out;
 }
 
@@ -576,6 +587,15 @@ at::Tensor languageModelLoss(const at::Tensor &logits, const at::Tensor &labels,
     y = y.slice(1, 1, y.size(1));
   }
   return crossEntropy(l.reshape({-1, l.size(-1)}), y.reshape({-1}), /*ignoreIndex=*/-100);
+}
+
+} // namespace bmt::runtime
+
+namespace bmt::runtime {
+
+size_t Model::shardGroup(size_t shard) const {
+  return stages_ > 1 ? static_cast<size_t>(zero_->planGroupOf(shard))
+                     : zeroGroupIndex(plan_, shard);
 }
 
 } // namespace bmt::runtime

@@ -66,11 +66,12 @@ GroupLayout groupLayout(const plan::Plan &plan, int64_t index, int64_t planGroup
 std::unique_ptr<ZeroStorage>
 ZeroStorage::load(plan::Archive &archive, at::Device device, Comm &world,
                   const std::function<void(int64_t, int64_t)> &progress, bool offloadOptimizer,
-                  Comm *tensorComm, Comm *dataComm) {
+                  Comm *tensorComm, Comm *dataComm, const std::vector<bool> *heldGroups) {
   if (archive.plan().zeroStage != 2 && archive.plan().zeroStage != 3)
     throw plan::PlanError(archive.path() + ": the plan has no ZeRO storage groups");
   std::unique_ptr<ZeroStorage> zero(new ZeroStorage(archive.plan(), device, world,
-                                                    offloadOptimizer, tensorComm, dataComm));
+                                                    offloadOptimizer, tensorComm, dataComm,
+                                                    heldGroups));
   int64_t total = 0, done = 0;
   auto bytes = [&](const Group &g) {
     return (g.layout.end - g.layout.begin) *
@@ -112,7 +113,8 @@ void ZeroStorage::setShard(Group &g, at::Tensor shard) {
 }
 
 ZeroStorage::ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world,
-                         bool offloadOptimizer, Comm *tensorComm, Comm *dataComm)
+                         bool offloadOptimizer, Comm *tensorComm, Comm *dataComm,
+                         const std::vector<bool> *heldGroups)
     : plan_(plan), device_(device), world_(world),
       data_(dataComm ? *dataComm : world), tensor_(tensorComm), offload_(offloadOptimizer) {
   const int64_t tp = plan_.tensorParallel, tpRank = tensor_ ? tensor_->rank() : 0;
@@ -152,7 +154,8 @@ ZeroStorage::ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world,
   // Trainable groups are groups_[k] (shards_[k]), frozen ones frozen_[k].
   std::vector<std::pair<int64_t, int64_t>> copies; // (plan group, its tp/ep_rank 0 copy)
   for (size_t i = 0; i < plan_.groups.size(); ++i)
-    if (plan_.groups[i].tpRank <= 0 && plan_.groups[i].epRank <= 0)
+    if (plan_.groups[i].tpRank <= 0 && plan_.groups[i].epRank <= 0 &&
+        (!heldGroups || heldGroups->at(i)))
       copies.emplace_back(plan_.epGroup(plan_.tpGroup(static_cast<int64_t>(i), tpRank), epRank),
                           static_cast<int64_t>(i));
   byPlan_.assign(plan_.groups.size(), nullptr);
@@ -372,7 +375,13 @@ at::Tensor ZeroStorage::global(int64_t index) {
   return g.views[member];
 }
 
-at::Tensor ZeroStorage::gradientSlot(const at::Tensor &param) { return slotOf(param, false); }
+at::Tensor ZeroStorage::gradientSlot(const at::Tensor &param) {
+  return gradientSlots_ ? slotOf(param, false) : at::Tensor();
+}
+
+int64_t ZeroStorage::planGroupOf(size_t shard) const {
+  return groups_.at(shard)->layout.planGroup;
+}
 
 at::Tensor ZeroStorage::givenGradientSlot(const at::Tensor &param) { return slotOf(param, true); }
 

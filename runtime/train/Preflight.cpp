@@ -1,6 +1,7 @@
 //===- Preflight.cpp - a run's checks before step 1 -----------------------===//
 
 #include "bmt/Runtime/train/Preflight.h"
+#include <ATen/ops/tensor.h>
 
 #include "bmt/Runtime/exec/Executor.h"
 #include "bmt/Runtime/exec/Model.h"
@@ -110,6 +111,41 @@ void checkMemory(Model &model, int64_t rows, int64_t length, int64_t target,
       "--no-memory-check");
 }
 
+namespace {
+
+/// probeVocabulary's forward through a pipeline's stages (each receives
+/// what enters it, runs its part, sends what leaves it); the vocabulary
+/// the last stage finds, agreed by every rank (collective).
+int64_t probePipelineVocabulary(Model &model, const ModelInputs &probe) {
+  Comm &world = model.world();
+  const int64_t d = model.dataParallel().size(), rank = world.rank();
+  if (model.pipelineStage() > 0)
+    model.setStageInputs(recvValues(world, rank - d, model.device()));
+  std::vector<std::pair<std::string, c10::IValue>> results = model.forwardAll(probe);
+  int64_t vocab = 0;
+  if (!model.isLastStage()) {
+    sendValues(world, model.takeStageOutputs(), rank + d);
+  } else if (model.takesLabels()) {
+    ModelLoss loss = model.lossOf(results);
+    vocab = loss.logits.defined() ? loss.logits.size(-1) : std::numeric_limits<int64_t>::max();
+  } else {
+    const c10::IValue *logits = &results.at(0).second;
+    for (const auto &[name, value] : results)
+      if (name == "logits")
+        logits = &value;
+    if (!logits->isTensor())
+      throw ExecutionError("the model's logits result is not a tensor");
+    vocab = logits->toTensor().size(-1);
+  }
+  at::Tensor v = at::tensor({vocab}, at::kLong);
+  if (world.backend() != "local")
+    v = v.to(world.device());
+  world.allReduce(v, ReduceOp::Max)->wait();
+  return v.cpu().item<int64_t>();
+}
+
+} // namespace
+
 int64_t probeVocabulary(Model &model, const ProbeShape &s) {
   const bool encoderDecoder = model.isEncoderDecoder();
   const at::Device device = model.device();
@@ -137,7 +173,7 @@ int64_t probeVocabulary(Model &model, const ProbeShape &s) {
              : "--seq-len is " + std::to_string(length)));
   }
   checkPositions(s.archive, s.hfFiles, length, s.shape);
-  if (s.checkMemory)
+  if (s.checkMemory && model.pipelineStages() == 1) // (a stage's forward alone cannot run)
     checkMemory(model, rows, length, target, s.shape, s.measureMemory);
   at::TensorOptions ids = at::TensorOptions().dtype(at::kLong).device(device);
   ModelInputs probe;
@@ -156,6 +192,8 @@ int64_t probeVocabulary(Model &model, const ProbeShape &s) {
   if (model.takesLabels())
     probe.labels = at::zeros({rows, encoderDecoder ? target : length}, ids);
   try {
+    if (model.pipelineStages() > 1)
+      return probePipelineVocabulary(model, probe);
     if (model.takesLabels())
       results = model.forwardAll(probe);
     else {

@@ -128,15 +128,51 @@ void checkOffload(const std::string &archiveName, const plan::Plan &p, bool offl
                       "or --bmt-zero)");
 }
 
-std::string pipelineRefusal(const std::string &archiveName, const plan::Plan &p) {
-  return archiveName + " is cut into " + std::to_string(p.pipelineStages) +
-         " pipeline stages (bmt-opt --pipeline-parallel " + std::to_string(p.pipelineStages) +
-         "), which this bmt-run cannot run yet; compile it without --pipeline-parallel";
-}
-
-void checkPipeline(const std::string &archiveName, const plan::Plan &p) {
-  if (p.pipelineStages > 1)
-    throw ConfigError(pipelineRefusal(archiveName, p));
+void checkPipeline(const std::string &archiveName, const plan::Plan &p,
+                   const PipelineRequest &r) {
+  const int64_t stages = p.pipelineStages;
+  if (stages <= 1) {
+    if (r.microBatches > 0)
+      throw ConfigError("--micro-batches splits micro-batches for a pipeline, and " +
+                        archiveName + " is not cut into stages (bmt-opt --pipeline-parallel); "
+                        "use --grad-accum");
+    return;
+  }
+  const std::string what = archiveName + " is cut into " + std::to_string(stages) +
+                           " pipeline stages, ";
+  auto refuse = [&](const std::string &option) {
+    throw ConfigError(what + "which this bmt-run does not run with " + option);
+  };
+  if (p.tensorParallel > 1)
+    refuse("tensor parallelism (compile with --pipeline-parallel or --tensor-parallel)");
+  if (p.expertParallel > 1)
+    refuse("expert parallelism (compile with --pipeline-parallel or --expert-parallel)");
+  for (const plan::Function &f : p.functions)
+    for (const plan::Instruction &inst : f.body)
+      if (inst.kind == plan::Instruction::Kind::MoeDispatch)
+        refuse("mixture-of-experts layers (their token counts are not gathered over the stages "
+               "yet)");
+  if (r.worldSize % stages != 0)
+    throw ConfigError(what + "which need a world size that is a multiple of " +
+                      std::to_string(stages) + ", not " + std::to_string(r.worldSize));
+  if (r.microBatches > 0 && r.microBatches < stages)
+    throw ConfigError("--micro-batches " + std::to_string(r.microBatches) + " is fewer than the " +
+                      std::to_string(stages) + " pipeline stages of " + archiveName +
+                      " (1F1B needs at least one micro-batch per stage)");
+  if (r.checkpoints)
+    refuse("checkpoints (--checkpoint-dir / --resume)");
+  if (r.dump)
+    refuse("--dump");
+  if (r.inspect)
+    refuse("--inspect-every");
+  if (r.offload)
+    refuse("--offload-optimizer");
+  if (r.adafactor)
+    refuse("--optimizer adafactor");
+  if (r.evaluation)
+    refuse("evaluation (--eval-data)");
+  if (r.profile)
+    refuse("--profile");
 }
 
 void checkVocabularyKnown(const std::string &archiveName, int64_t vocab, Objective objective) {

@@ -202,6 +202,9 @@ TrainOutcome Trainer::train(MicroBatchSource &source, const TokenFile *evalData,
   // A step that ran into a non-finite value: replayed to name its source.
   auto stopAt = [&](const PendingStep &p, const std::string &what,
                     const std::string &stopping = "stopping") {
+    if (model_.pipelineStages() > 1) // (its stages cannot replay a step alone)
+      return TrainingError(what + " (a pipeline's step is not replayed to locate it); " +
+                           stopping);
     StepReplay replay{p.step, static_cast<int64_t>(p.batches.size()), p.rng,
                       [&](int64_t m, std::mt19937_64 &r) { return microBatchLoss(p.batches[m], r).loss; },
                       [&] { optimizer_->zeroGrad(); }};
@@ -256,7 +259,7 @@ TrainOutcome Trainer::train(MicroBatchSource &source, const TokenFile *evalData,
     }
     done = std::max(done, lastReport);
     const double *v = p.values.const_data_ptr<double>();
-    const int64_t m = config_.gradAccum;
+    const int64_t m = microBatchesPerStep();
     double loss = 0;
     for (int64_t micro = 0; micro < m; ++micro) {
       if (!std::isfinite(v[micro]))

@@ -167,6 +167,10 @@ Trainer::MicroBatchLoss Trainer::microBatchLoss(const MicroBatch &micro,
     inputs.positionIds = toDevice(own(positionIds), device);
   if (decoderInputIds.defined())
     inputs.decoderInputIds = toDevice(own(decoderInputIds), device);
+  if (model_.pipelineStages() > 1 && !model_.isLastStage()) {
+    model_.forwardAll(inputs); // (this stage's part; what leaves it is sent by the caller)
+    return result;
+  }
   if (config_.modelLoss)
     return modelMicroBatchLoss(std::move(inputs), own(modelLabels(config_.objective, labels)),
                                result);
@@ -297,7 +301,9 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
   optimizer.zeroGrad();
   current.rng = rng;
   inspector_->beginStep(step);
-  for (int64_t micro = 0; micro < config_.gradAccum; ++micro) {
+  if (model_.pipelineStages() > 1)
+    runPipelineMicroBatches(current, source, losses);
+  for (int64_t micro = 0; micro < config_.gradAccum && model_.pipelineStages() == 1; ++micro) {
     current.batches.push_back(source.next());
     MicroBatchLoss result = microBatchLoss(current.batches.back(), rng);
     at::Tensor loss = result.loss;
@@ -371,7 +377,7 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
   at::Tensor requests =
       at::tensor({signal == SIGTERM ? 1.0 : 0.0, signal == SIGINT ? 1.0 : 0.0, timedSave},
                  at::TensorOptions().dtype(at::kDouble));
-  const int64_t m = config_.gradAccum;
+  const int64_t m = microBatchesPerStep();
   // MoE layers: each layer's tokens per expert over the step's forward
   // passes (not the recomputes) and the mean aux_loss ride on the same
   // all-reduce.
@@ -380,7 +386,7 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
   current.expertLoad = load.defined();
   if (current.expertLoad)
     reduceParts.push_back(load.to(device));
-  current.auxLoss = auxLosses.size() == static_cast<size_t>(m);
+  current.auxLoss = auxLosses.size() == static_cast<size_t>(m) && model_.pipelineStages() == 1;
   if (current.auxLoss)
     reduceParts.push_back(at::cat(auxLosses).to(device).sum().div(static_cast<double>(m)).reshape({1}));
   at::Tensor reduced = at::cat(reduceParts);
@@ -392,8 +398,11 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
     reduced = t.to(device);
   }
   at::Tensor lossValues = reduced.slice(0, 0, m);
-  if (world.size() > 1)
-    lossValues = lossValues.div(static_cast<double>(world.size()));
+  // (A pipeline: only the last stage's D ranks have losses.)
+  const int64_t lossRanks =
+      model_.pipelineStages() > 1 ? model_.dataParallel().size() : world.size();
+  if (lossRanks > 1)
+    lossValues = lossValues.div(static_cast<double>(lossRanks));
   at::Tensor values = at::cat({lossValues, gradNorm.reshape({1}),
                                found ? found->to(at::kDouble).reshape({1}) : at::zeros({1}, doubles),
                                stepScale, scaler ? scaler->scale().reshape({1}) : at::zeros({1}, doubles),
@@ -433,7 +442,7 @@ Trainer::KernelPrewarm Trainer::prewarmFusedKernels(MicroBatchSource &source,
                                                     const fusion::PrewarmOptions &options) {
   KernelPrewarm result;
   std::vector<fusion::FusedRegion *> regions = model_.fusedRegions();
-  if (regions.empty())
+  if (regions.empty() || model_.pipelineStages() > 1) // (a pipeline compiles them at first use)
     return result;
   const auto start = std::chrono::steady_clock::now();
   // The step's own first micro-batch, read ahead and put back; the

@@ -133,6 +133,13 @@ const std::vector<Option> &optionTable() {
        [](RunOptions &o, auto &k, const Values &v) { o.seqLen = toInt(k, v[0], 2); }},
       {"--grad-accum", "N", "training", "micro-batches per step (default 1)",
        [](RunOptions &o, auto &k, const Values &v) { o.train.gradAccum = toInt(k, v[0], 1); }},
+      {"--micro-batches", "M", "training",
+       "a plan cut into P pipeline stages: split each micro-batch's rows\n"
+       "into M >= P pieces, run in the 1F1B order (default P)",
+       [](RunOptions &o, auto &k, const Values &v) {
+         o.train.pipelineMicroBatches = toInt(k, v[0], 1);
+         o.pipelineMicroBatchesGiven = true;
+       }},
       {"--lr", "F", "training", "peak learning rate (default 3e-4)",
        [](RunOptions &o, auto &k, const Values &v) {
          o.train.schedule.peakLR = toDouble(k, v[0], 0);

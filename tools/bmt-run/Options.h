@@ -55,6 +55,7 @@ struct RunOptions {
   int64_t decoderStartId = -1; ///< -1: the config.json's, else the data's pad_id, else 0
 
   bool evalOnly = false;
+  bool pipelineMicroBatchesGiven = false; ///< --micro-batches (else P)
   // Checkpoints
   runtime::CheckpointOptions checkpoints;
   std::string resume; ///< a checkpoint folder, "auto", or empty

@@ -51,7 +51,19 @@ int run(const tools::RunOptions &o) {
   runtime::RendezvousInfo rendezvous = runtime::rendezvousFromEnvironment();
   at::Device device = runtime::chooseDevice(o.device, rendezvous.localRank);
   plan::Archive archive(o.archive);
-  runtime::checkPipeline(o.archive, archive.plan());
+  {
+    runtime::PipelineRequest pipeline;
+    pipeline.worldSize = rendezvous.worldSize;
+    pipeline.microBatches = o.pipelineMicroBatchesGiven ? o.train.pipelineMicroBatches : 0;
+    pipeline.checkpoints = !o.checkpoints.dir.empty() || !o.resume.empty();
+    pipeline.dump = !o.dumpInputs.empty();
+    pipeline.inspect = o.train.inspectEvery > 0;
+    pipeline.offload = o.offloadOptimizer;
+    pipeline.adafactor = o.train.optimizer.kind == runtime::OptimizerKind::Adafactor;
+    pipeline.evaluation = !o.evalData.empty();
+    pipeline.profile = o.train.profileFrom > 0;
+    runtime::checkPipeline(o.archive, archive.plan(), pipeline);
+  }
   runtime::checkTensorParallel(o.archive, archive.plan(), rendezvous.worldSize,
                                !o.dumpInputs.empty(), o.train.inspectEvery > 0);
   archive.setInitSeed(o.train.seed); // weights-free plans: initial values by --seed
@@ -121,6 +133,17 @@ int run(const tools::RunOptions &o) {
 
   // The command line's settings, completed by what the model and the data say.
   runtime::TrainConfig config = o.train;
+  if (!o.pipelineMicroBatchesGiven)
+    config.pipelineMicroBatches = p.pipelineStages; // (the fewest 1F1B takes)
+  if (p.pipelineStages > 1 && !o.evalOnly) {
+    // (PipelineStep.cpp checks each batch as well.)
+    const int64_t rows = fixed.windows.defined() ? fixed.windows.size(1) / worldSize : o.microBatch;
+    if (rows % config.pipelineMicroBatches != 0)
+      throw tools::UsageError("--micro-batches " + std::to_string(config.pipelineMicroBatches) +
+                              " does not divide this rank's " + std::to_string(rows) +
+                              " rows of a micro-batch (" +
+                              (fixed.windows.defined() ? o.batchesFile : "--micro-batch") + ")");
+  }
   // Linear and cosine decay reach --min-lr one step after the last step, so
   // that the last step still learns (with the default --min-lr 0 it would
   // run at lr 0); with --steps 1 and no warmup the one step runs at --lr.

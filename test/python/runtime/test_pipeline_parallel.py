@@ -5,15 +5,27 @@ embedding on stage 0, the final norm and head on the last, GPT-2's tied
 wte on both), the head's FLOPs on the last stage (GPT-2 passes its tied
 weight to @lm_head.forward as an argument), the plan's format version, and one error line for what is
 refused: P larger than the blocks, P with tensor parallelism, and bmt-run
-given a pipelined plan (it does not run the stages yet)."""
+given a pipelined plan on a world size P does not divide.
+
+Then bmt-run trains the stages under torchrun on CPU ranks (1F1B over
+--micro-batches M, ZeRO over each stage's D ranks): 5 AdamW steps of GPT-2
+(tied wte) at P = 2 on N = 2 and 4 and LLaMA without recompute at P = 2,
+against eager transformers (numerics.py's bounds) and against the same plan
+compiled without stages at the same accumulation (M micro-batches); and
+what a pipeline does not run is one error line before training."""
+import json
+import os
 import re
 import subprocess
+import sys
 import zipfile
 
 import pytest
+import torch
 
 from bmt_paths import binary
-from eager import build, compile_model
+from eager import build, compile_model, eager_training
+from numerics import assert_loss_close, assert_trained_close
 
 
 def stage_lines(remarks):
@@ -62,13 +74,14 @@ def test_stages_hold_their_parameters(name, prefix, before, after, tmp_path):
     with zipfile.ZipFile(sharded) as z:
         version = [z.read(n) for n in z.namelist() if n.endswith("bmt/version")]
     assert version == [b"bmt-sharded 8\n"]
-    # bmt-run: one line, exit status 1, before any rank connects.
+    # bmt-run: one line, exit status 1, before any rank connects (4 ranks'
+    # plan on 1 rank).
     r = subprocess.run([binary("bmt-run"), sharded, "--data", tmp_path / "none.bin", "--steps", "1",
                         "--device", "cpu"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
     assert error_lines(r.stderr) == [
-        f"error: {sharded} is cut into 2 pipeline stages (bmt-opt --pipeline-parallel 2), "
-        "which this bmt-run cannot run yet; compile it without --pipeline-parallel"], r.stderr
+        f"error: {sharded} is cut into 2 pipeline stages, which need a world size that is a "
+        "multiple of 2, not 1"], r.stderr
 
 
 def test_sizes_the_model_cannot_take_are_refused(tmp_path):
@@ -91,3 +104,154 @@ def test_sizes_the_model_cannot_take_are_refused(tmp_path):
     assert refused(pt, "-o", out, "--pipeline-parallel", "2", "--tensor-parallel", "2",
                    "--world-size", "4") == (
         "error: --pipeline-parallel 2 with --tensor-parallel is not supported yet")
+
+
+STEPS = 5
+ROWS = 8  # global rows of a step's micro-batch
+SEQ = 8
+TRAIN = ["--steps", STEPS, "--lr", "1e-3", "--schedule", "cosine", "--warmup", 2,
+         "--clip-grad", 0.5, "--weight-decay", 0.01]
+
+
+def torchrun(n, *args):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+           "--no-python", binary("bmt-run"), *map(str, args), "--device", "cpu"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", BMT_COMM_TIMEOUT_S="120",
+               BMT_DEBUG_RECOMPUTE_NAN="1")
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+def pieces(batches, d, m):
+    """The micro-batches a pipeline runs, as gradient accumulation's: piece k
+    of a step is every data-parallel rank's k-th m-th of its rows."""
+    r = ROWS // d
+    out = []
+    for window in batches:
+        for k in range(m):
+            out.append(torch.cat([window[i * r + k * r // m: i * r + (k + 1) * r // m]
+                                  for i in range(d)]))
+    return torch.stack(out)
+
+
+def build_model(name):
+    """The fixture model; "gpt2-4" is GPT-2 with 4 blocks (for P = 4)."""
+    if name != "gpt2-4":
+        return build(name)
+    import transformers
+    import make_fixtures
+    cls, config = make_fixtures.MODELS["gpt2"](transformers)
+    config.n_layer = 4
+    torch.manual_seed(0)
+    model = cls(config)
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama", "gpt2-4"])
+def traced(request, tmp_path_factory):
+    name = request.param
+    tmp = tmp_path_factory.mktemp(name)
+    model = build_model(name)
+    compile_model(model, tmp, name)  # the trace, NAME.pt
+    batches = torch.randint(0, model.config.vocab_size, (STEPS, ROWS, SEQ + 1),
+                            generator=torch.Generator().manual_seed(3))
+    torch.save(batches, tmp / "batches.pt")
+    return {"name": name, "tmp": tmp, "batches": batches, "eager": {}}
+
+
+def train(traced, tag, ranks, flags, batches, *extra):
+    tmp = traced["tmp"] / tag
+    tmp.mkdir()
+    sharded = tmp / "sharded.pt"
+    subprocess.run([binary("bmt-opt"), traced["tmp"] / f"{traced['name']}.pt", "-o", sharded,
+                    "--world-size", str(ranks), *flags], check=True, capture_output=True)
+    torch.save(batches, tmp / "batches.pt")
+    log, params = tmp / "log.jsonl", tmp / "params.safetensors"
+    r = torchrun(ranks, sharded, "--batches", tmp / "batches.pt", *TRAIN, "--log-file", log,
+                 "--save-params", params, *extra)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    from safetensors.torch import load_file
+    records = [json.loads(x) for x in open(log) if '"train"' in x]
+    return records, load_file(params), r.stdout
+
+
+@pytest.mark.parametrize("name, stages, ranks, m, flags", [
+    ("gpt2", 2, 2, 2, []),
+    ("gpt2", 2, 4, 2, []),
+    ("llama", 2, 2, 2, ["--checkpoint", "none"]),
+    ("gpt2-4", 4, 4, 4, ["--checkpoint", "none"]),
+], ids=["gpt2-p2-n2", "gpt2-p2-n4", "llama-p2-n2-no-recompute", "gpt2-4blocks-p4-n4"])
+def test_pipeline_trains_as_eager(traced, name, stages, ranks, m, flags):
+    if traced["name"] != name:
+        pytest.skip("another model's cell")
+    d = ranks // stages
+    tag = f"p{stages}-n{ranks}"
+    records, params, stdout = train(traced, tag, ranks,
+                                    ["--pipeline-parallel", str(stages), *flags],
+                                    traced["batches"], "--micro-batches", m)
+    assert [x["step"] for x in records] == list(range(1, STEPS + 1))
+    lrs = {x["step"]: x["lr"] for x in records}
+    # The same plan without stages, M micro-batches accumulated on D ranks.
+    split = pieces(traced["batches"], d, m)
+    plain, plain_params, _ = train(traced, tag + "-plain", d, flags, split, "--grad-accum", m)
+    # Eager transformers on the same micro-batches.
+    model = build_model(name)
+    want = eager_training(model, split, STEPS, m, lambda s: lrs[s], 0.5, 0.01, ranks=d)
+    eager_params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for x, plain_x, loss in zip(records, plain, want):
+        assert_loss_close(x["loss"], loss, what=f"{tag}: loss of step {x['step']}")
+    stats = assert_trained_close(params, eager_params, sum(lrs.values()))
+    loss_diff = max(abs(x["loss"] - y["loss"]) for x, y in zip(records, plain))
+    norm_diff = max(abs(x["grad_norm"] - y["grad_norm"]) for x, y in zip(records, plain))
+    assert params.keys() == plain_params.keys()
+    param_diff = max((params[k] - plain_params[k]).abs().max().item() for k in params)
+    # Against the plan without stages: the same arithmetic but for the order
+    # of two sums (the tied embedding's two gradients, the norm's squares).
+    assert loss_diff <= 1e-6 and param_diff <= 1e-6, (loss_diff, norm_diff, param_diff)
+    print(f"{name} {tag}: eager parameters max {stats[0]:.2e}; against no stages: loss "
+          f"{loss_diff:.1e}, grad norm {norm_diff:.1e}, parameters {param_diff:.1e}")
+
+
+def test_what_a_pipeline_does_not_run_is_refused(traced):
+    """One error line each, before any rank connects (rank 0 of 2 alone),
+    and --micro-batches M not dividing a rank's rows at the first step."""
+    if traced["name"] != "gpt2":
+        pytest.skip("one model is enough")
+    tmp = traced["tmp"] / "refused"
+    tmp.mkdir()
+    sharded, plain = tmp / "p2.sharded.pt", tmp / "plain.sharded.pt"
+    pt = traced["tmp"] / "gpt2.pt"
+    subprocess.run([binary("bmt-opt"), pt, "-o", sharded, "--pipeline-parallel", "2",
+                    "--world-size", "2"], check=True, capture_output=True)
+    subprocess.run([binary("bmt-opt"), pt, "-o", plain], check=True, capture_output=True)
+    batches = traced["tmp"] / "batches.pt"
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT="1", BMT_COMM_TIMEOUT_S="5")
+
+    def refused(plan, *flags):
+        r = subprocess.run([binary("bmt-run"), plan, "--batches", batches, "--steps", "1",
+                            "--device", "cpu", *map(str, flags)], capture_output=True, text=True,
+                           env=env, timeout=120)
+        assert r.returncode != 0, r.stdout + r.stderr
+        lines = error_lines(r.stderr)
+        assert len(lines) == 1, r.stderr
+        return lines[0]
+
+    cut = f"error: {sharded} is cut into 2 pipeline stages, which this bmt-run does not run with "
+    assert refused(sharded, "--micro-batches", 1) == (
+        f"error: --micro-batches 1 is fewer than the 2 pipeline stages of {sharded} (1F1B needs "
+        "at least one micro-batch per stage)")
+    assert refused(sharded, "--checkpoint-dir", tmp / "ck") == cut + "checkpoints (--checkpoint-dir / --resume)"
+    assert refused(sharded, "--inspect-every", 1, "--log-file", tmp / "log") == cut + "--inspect-every"
+    assert refused(sharded, "--offload-optimizer") == cut + "--offload-optimizer"
+    assert refused(sharded, "--optimizer", "adafactor") == cut + "--optimizer adafactor"
+    assert refused(sharded, "--eval-data", batches) == cut + "evaluation (--eval-data)"
+    assert refused(plain, "--micro-batches", 2) == (
+        f"error: --micro-batches splits micro-batches for a pipeline, and {plain} is not cut "
+        "into stages (bmt-opt --pipeline-parallel); use --grad-accum")
+    # 8 rows a rank (D = 1) in 3 micro-batches: before training, on every rank.
+    r = torchrun(2, sharded, "--batches", batches, "--steps", 1, "--micro-batches", 3)
+    assert r.returncode != 0
+    lines = error_lines(r.stderr)
+    assert lines and all("--micro-batches 3 does not divide this rank's 8 rows" in x
+                         for x in lines), r.stderr[-2000:]

@@ -146,6 +146,30 @@ public:
   /// The fused regions of the plan's Fused instructions that the generator
   /// takes (one per instruction), in plan order.
   std::vector<fusion::FusedRegion *> fusedRegions() const;
+  /// Pipeline parallelism (docs/runtime/pipeline.md): from now on run()
+  /// runs only stage `stage` of the plan's pipeline: in the function that
+  /// calls the blocks of plan.pipelineBlockList and in each function on the
+  /// way down to it from the entry, stage 0 the instructions before the
+  /// cut after its last block, stage P - 1 those after the cut before its
+  /// first block, a middle stage its blocks only; Gather / Release of a
+  /// storage group run where `heldGroups[group]`, never elsewhere; a
+  /// parameter (Global) or constant a stage reads across a cut it loads
+  /// itself. The non-parameter values live across this stage's first cut
+  /// (stage > 0) are taken from stageInputs (set them before run(), in the
+  /// order of stageInputCount()); those live across its last cut (stage <
+  /// P - 1) are left in stageOutputs by run(). The entry's results are
+  /// meaningful on the last stage only. Throws ExecutionError for a plan
+  /// whose block list is not found in one function on the entry's call
+  /// chain, naming it.
+  void setPipelineStage(int64_t stage, std::vector<bool> heldGroups);
+  /// The storage groups (by plan group) whose members each stage of
+  /// `plan`'s pipeline reads: through the Global instructions it runs, in
+  /// the functions those run call. [stage][group]. Throws as
+  /// setPipelineStage.
+  static std::vector<std::vector<bool>> stageGroups(const plan::Plan &plan);
+  std::vector<c10::IValue> stageInputs, stageOutputs;
+  struct StagePlan; ///< (runtime/exec/Stage.h)
+
   /// Instructions run without computing their value in recomputes
   /// (ExecutorHooks::callBlock's `recompute`) since construction.
   int64_t recomputeSkips() const { return recomputeSkips_; }
@@ -158,8 +182,11 @@ private:
   void markTiedEmbeddings();
   /// `graphOnly`: the plan of a run whose results' values are unused
   /// (null: every instruction runs as usual).
+  /// `chainDepth`: the depth of a pipeline stage's call chain this call is
+  /// (the entry 0), -1 outside it.
   std::vector<c10::IValue> call(size_t function, std::vector<c10::IValue> args,
-                                const RecomputePlan *graphOnly = nullptr);
+                                const RecomputePlan *graphOnly = nullptr, int chainDepth = -1);
+  std::unique_ptr<StagePlan> stage_;
 
   const plan::Plan &plan_;
   std::vector<at::Tensor> tensors_;

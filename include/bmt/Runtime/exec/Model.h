@@ -305,7 +305,28 @@ public:
   /// The ranks that train on other rows of the batch and average their
   /// gradients: world() without tensor parallelism, else the N/T ranks of
   /// this rank's TP rank (data-parallel rank = world rank / T).
-  Comm &dataParallel() { return dataComm_ ? *dataComm_ : *world_; }
+  /// Pipeline parallelism: the D ranks of this rank's stage.
+  Comm &dataParallel() { return dataComm_ ? *dataComm_ : stageComm_ ? *stageComm_ : *world_; }
+
+  /// Pipeline parallelism (plan pipelineStages P > 1; docs/runtime/
+  /// pipeline.md): rank r of N runs stage r / D (D = N / P) and is its
+  /// data-parallel rank r % D (dataParallel() is the stage's D ranks).
+  /// The stage holds the storage groups its part of the program reads
+  /// (Executor::stageGroups): its blocks', stage 0 the embeddings', stage
+  /// P - 1 the final norm's and head's; a group both read (a tied
+  /// embedding) is held by both, and synchronizeGradients sums its
+  /// gradient between them. The forward runs the stage's part of the
+  /// program (Executor::setPipelineStage): set the values entering it
+  /// (from stage - 1) before each forward, take those leaving it after.
+  /// gradNorm() is over all stages (the outside groups once);
+  /// fullParameters() gives rank 0 every stage's parameters.
+  int64_t pipelineStages() const { return stages_; }
+  int64_t pipelineStage() const { return stage_; }
+  bool isLastStage() const { return stage_ == stages_ - 1; }
+  void setStageInputs(std::vector<c10::IValue> values) {
+    executor_->stageInputs = std::move(values);
+  }
+  std::vector<c10::IValue> takeStageOutputs() { return std::move(executor_->stageOutputs); }
   /// Seeds ATen's default generators (CPU, and the run device's), which
   /// the program's random operators (dropout) draw from and which ATen
   /// seeds nondeterministically, from `seed` and the data-parallel rank:
@@ -343,7 +364,32 @@ private:
   at::Tensor lastAuxLoss_;
   size_t lossIndex_ = 0; ///< the result named "loss", else 0
   std::vector<c10::IValue> run(const ModelInputs &inputs);
+
+  // Pipeline parallelism (ModelPipeline.cpp).
+  int64_t stages_ = 1, stage_ = 0;
+  std::unique_ptr<Comm> stageComm_, tieComm_;
+  std::vector<bool> held_; ///< by plan group
+  std::vector<bool> tied_; ///< by plan group: held by stages 0 and P - 1
+  /// Checks the plan and the options, splits the world; returns held_.
+  std::vector<bool> setUpPipeline(const std::string &path, const ModelOptions &options);
+  void sumTiedGradients();
+  at::Tensor pipelineGradNorm();
+  void collectStageParameters(std::vector<std::pair<std::string, at::Tensor>> &out);
+  /// The plan group of ZeRO shard `shard`.
+  size_t shardGroup(size_t shard) const;
 };
+
+/// Pipeline parallelism: sends `values` (tensors, each on its device, and
+/// plain values: ints, lists, None...) to rank `peer` of `comm`, which
+/// receives them with recvValues (the k-th send matching its k-th recv).
+/// Throws ExecutionError for a value that is neither a tensor nor
+/// picklable without tensors (a list of tensors), naming its position.
+void sendValues(Comm &comm, const std::vector<c10::IValue> &values, int64_t peer);
+/// Receives what sendValues sent from `peer`; tensors on `device`, with
+/// requiresGrad[i] whether value i required grad at the sender (they do
+/// not here).
+std::vector<c10::IValue> recvValues(Comm &comm, int64_t peer, at::Device device,
+                                    std::vector<bool> *requiresGrad = nullptr);
 
 /// The language-modelling loss, mean over positions whose label is not -100:
 /// cross-entropy of logits [batch, seq, vocab] against labels [batch, seq]

@@ -100,8 +100,17 @@ public:
   static std::unique_ptr<ZeroStorage>
   load(plan::Archive &archive, at::Device device, Comm &world,
        const std::function<void(int64_t, int64_t)> &progress = nullptr,
-       bool offloadOptimizer = false, Comm *tensorComm = nullptr, Comm *dataComm = nullptr);
+       bool offloadOptimizer = false, Comm *tensorComm = nullptr, Comm *dataComm = nullptr,
+       const std::vector<bool> *heldGroups = nullptr);
   ~ZeroStorage() override;
+  /// Pipeline parallelism: `heldGroups` (load's last argument; null: all)
+  /// says which plan groups this rank holds; the others have no shard and
+  /// no buffer here. The plan group of shards()[i].
+  int64_t planGroupOf(size_t shard) const;
+  /// Off: gradientSlot gives no slot, so every gradient is reduced from
+  /// its own tensor (needed when the forwards and backwards of several
+  /// micro-batches interleave, as in a pipeline's 1F1B schedule).
+  void setGradientSlots(bool on) { gradientSlots_ = on; }
 
   // ExecutorHooks.
   at::Tensor global(int64_t index) override;
@@ -250,7 +259,8 @@ private:
   /// The storage of `plan` (load's arguments) with every shard zero: the
   /// communicators split, the groups laid out, their buffers freed.
   ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world, bool offloadOptimizer,
-              Comm *tensorComm, Comm *dataComm);
+              Comm *tensorComm, Comm *dataComm, const std::vector<bool> *heldGroups);
+  bool gradientSlots_ = true;
   /// Makes `shard` group g's shard (an autograd leaf) and, for a bf16/fp16
   /// group not offloaded, its float32 master; shards() gets the trainable one.
   void setShard(Group &g, at::Tensor shard);

@@ -38,12 +38,21 @@ c10::Device chooseDevice(const std::string &name, int64_t localRank);
 void checkTensorParallel(const std::string &archiveName, const plan::Plan &p, int64_t worldSize,
                          bool dump, bool inspect);
 
-/// A plan cut into pipeline stages (bmt-opt --pipeline-parallel P > 1):
-/// a ConfigError, before any rank connects; this runtime does not run the
-/// stages yet (docs/runtime/pipeline.md).
-void checkPipeline(const std::string &archiveName, const plan::Plan &p);
-/// The one line of that refusal (also Model's, for callers other than bmt-run).
-std::string pipelineRefusal(const std::string &archiveName, const plan::Plan &p);
+/// What a run asks of a plan cut into pipeline stages.
+struct PipelineRequest {
+  int64_t worldSize = 1;
+  int64_t microBatches = 0; ///< --micro-batches M (0: not given)
+  bool checkpoints = false, dump = false, inspect = false, offload = false;
+  bool adafactor = false, evaluation = false, profile = false;
+};
+/// For a plan cut into P > 1 pipeline stages (bmt-opt --pipeline-parallel;
+/// docs/runtime/pipeline.md): a ConfigError, before any rank connects,
+/// for a world size P does not divide, M < P, tensor or expert
+/// parallelism, checkpoints, --dump, --inspect-every, --offload-optimizer,
+/// Adafactor, evaluation, --profile; for a plan without stages, a
+/// ConfigError when --micro-batches is given.
+void checkPipeline(const std::string &archiveName, const plan::Plan &p,
+                   const PipelineRequest &request);
 
 /// --offload-optimizer (`offload`) on a plan without ZeRO storage groups:
 /// ConfigError.

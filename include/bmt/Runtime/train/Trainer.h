@@ -70,6 +70,13 @@ Objective objectiveForModel(std::optional<Objective> requested, bool encoderDeco
 struct TrainConfig {
   int64_t steps = 1;
   int64_t gradAccum = 1;   ///< micro-batches per optimizer step
+  /// Pipeline parallelism (a plan cut into P > 1 stages; bmt-run
+  /// --micro-batches M): each of the gradAccum micro-batches is split into
+  /// M (its rows, M dividing them), and the step's gradAccum x M run in
+  /// the 1F1B order (PipelineSchedule.h); the loss is their mean, as
+  /// gradient accumulation over gradAccum x M micro-batches. Ignored
+  /// without stages.
+  int64_t pipelineMicroBatches = 1;
   LRScheduleConfig schedule;
   OptimizerConfig optimizer; ///< --optimizer and its hyperparameters (Optimizers.h)
   double clipGrad = 1.0;   ///< max global grad norm; 0 = no clipping
@@ -272,6 +279,15 @@ private:
     int64_t batchPredicted = 0, batchInputTokens = 0;
   };
   MicroBatchLoss microBatchLoss(const MicroBatch &batch, std::mt19937_64 &rng);
+  /// Pipeline parallelism (PipelineStep.cpp): the step's micro-batches of
+  /// this stage in the 1F1B order, their values and gradients exchanged
+  /// with the neighbouring stages; the last stage's losses (zeros on the
+  /// other stages) are appended to `losses`.
+  void runPipelineMicroBatches(PendingStep &current, MicroBatchSource &source,
+                               std::vector<at::Tensor> &losses);
+  /// Micro-batches per step: gradAccum, times pipelineMicroBatches when
+  /// the model is cut into stages.
+  int64_t microBatchesPerStep() const;
   /// microBatchLoss of a model that computes its loss (config.modelLoss):
   /// `inputs` with this rank's labels (modelLabels); the loss as the model
   /// reduces it, not re-weighted across ranks; `counts`: the micro-batch's

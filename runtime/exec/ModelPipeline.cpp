@@ -1,0 +1,234 @@
+//===- ModelPipeline.cpp - a model's pipeline stage -----------------------===//
+//
+// Pipeline parallelism in Model (docs/runtime/pipeline.md): the stage's
+// communicators and groups, the tied gradients between the first and last
+// stage, the gradient norm over the stages, the parameters collected on
+// rank 0, and the values that cross a cut.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bmt/Runtime/exec/Model.h"
+#include "bmt/Runtime/parallel/Zero.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <set>
+
+namespace bmt::runtime {
+
+std::vector<bool> Model::setUpPipeline(const std::string &path, const ModelOptions &options) {
+  stages_ = plan_.pipelineStages;
+  const int64_t n = world_->size();
+  const std::string what = path + ": a pipeline of " + std::to_string(stages_) + " stages";
+  if (n % stages_ != 0)
+    throw ExecutionError(what + " needs a world size that is a multiple of " +
+                         std::to_string(stages_) + ", not " + std::to_string(n) +
+                         "; run on a multiple of " + std::to_string(stages_) +
+                         " ranks or recompile with another --pipeline-parallel");
+  if (plan_.zeroStage == 0)
+    throw ExecutionError(what + " needs ZeRO storage groups, and the plan has none");
+  if (plan_.shardGroupSize > 0)
+    throw ExecutionError(what + " with hybrid sharding (--shard-group-size) is not supported");
+  if (options.offloadOptimizer)
+    throw ExecutionError(what + " with --offload-optimizer is not supported");
+  for (const plan::TensorInfo &t : plan_.tensors)
+    if (t.isParameter && t.requiresGrad && t.group < 0)
+      throw ExecutionError(what + ": the trainable parameter " + t.name +
+                           " is outside the ZeRO storage groups, which a pipeline does not "
+                           "support");
+  for (const plan::StorageGroup &g : plan_.groups)
+    if (g.frozen)
+      throw ExecutionError(what + ": frozen parameters in ZeRO storage groups (" + g.name +
+                           ") are not supported in a pipeline yet");
+  for (const plan::StorageGroup &g : plan_.groups)
+    if (!g.blockList.empty() && g.blockList != plan_.pipelineBlockList)
+      throw ExecutionError(what + ": the storage group " + g.name + " belongs to the block list " +
+                           g.blockList + ", not the one cut into stages (" +
+                           plan_.pipelineBlockList + "); an encoder-decoder cannot be "
+                           "pipelined yet");
+  const int64_t d = n / stages_, rank = world_->rank();
+  stage_ = rank / d;
+  stageComm_ = world_->split(stage_, rank, "stage");
+  // The ranks of data-parallel rank r % D on the first and last stage
+  // share the groups both read (a tied embedding and LM head).
+  const bool ends = stage_ == 0 || stage_ == stages_ - 1;
+  tieComm_ = world_->split(ends ? rank % d : d + rank, rank, "tied");
+  // Each stage holds the groups its instructions read; a group no stage
+  // reads is held by stage 0 (it trains nowhere, and is saved).
+  const std::vector<std::vector<bool>> reads = Executor::stageGroups(plan_);
+  std::vector<bool> held(plan_.groups.size(), false);
+  tied_.assign(plan_.groups.size(), false);
+  for (size_t g = 0; g < plan_.groups.size(); ++g) {
+    std::vector<int64_t> holders;
+    for (int64_t s = 0; s < stages_; ++s)
+      if (reads[s][g])
+        holders.push_back(s);
+    if (holders.empty())
+      holders.push_back(0);
+    if (holders.size() > 2 || (holders.size() == 2 && (holders[0] != 0 || holders[1] != stages_ - 1)))
+      throw ExecutionError(what + ": the storage group " + plan_.groups[g].name +
+                           " is read by stages " + std::to_string(holders.front()) + " and " +
+                           std::to_string(holders.back()) + "; only the first and the last "
+                           "stage may share parameters");
+    tied_[g] = holders.size() == 2;
+    held[g] = std::find(holders.begin(), holders.end(), stage_) != holders.end();
+  }
+  held_ = held;
+  return held;
+}
+
+void Model::sumTiedGradients() {
+  // Stage 0 and P - 1 hold the same shards of the groups both read (the
+  // same D); each has the gradient of its own uses (GPT-2's wte: the
+  // embedding on stage 0, the LM head on stage P - 1).
+  if (stage_ != 0 && stage_ != stages_ - 1)
+    return;
+  c10::NoGradGuard noGrad;
+  for (size_t i = 0; i < zero_->shards().size(); ++i) {
+    if (!tied_[shardGroup(i)])
+      continue;
+    at::Tensor p = zero_->shards()[i];
+    if (!p.grad().defined())
+      p.mutable_grad() = at::zeros_like(p);
+    at::Tensor grad = p.grad();
+    tieComm_->allReduce(grad)->wait();
+  }
+}
+
+at::Tensor Model::pipelineGradNorm() {
+  c10::NoGradGuard noGrad;
+  // Every shard once over the world: the D ranks of a stage hold distinct
+  // shards, and the groups of stage 0 and P - 1 count on stage 0 only.
+  at::Tensor sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  std::vector<at::Tensor> grads;
+  for (size_t i = 0; i < zero_->shards().size(); ++i) {
+    if (stage_ != 0 && tied_[shardGroup(i)])
+      continue;
+    const at::Tensor &g = zero_->shards()[i].grad();
+    if (g.defined())
+      grads.push_back(g);
+  }
+  for (const at::Tensor &g : grads)
+    sum += g.to(at::kDouble).pow(2).sum();
+  at::Tensor t = sum;
+  if (t.device() != world_->device() && world_->backend() != "local")
+    t = t.to(world_->device());
+  world_->allReduce(t)->wait();
+  return t.to(device_).sqrt();
+}
+
+void Model::collectStageParameters(std::vector<std::pair<std::string, at::Tensor>> &out) {
+  // The first rank of each stage s > 0 sends its stage's parameters to
+  // rank 0, which adds those it lacks.
+  const int64_t d = world_->size() / stages_;
+  const bool sender = stage_ > 0 && stageComm_->rank() == 0;
+  if (sender) {
+    std::vector<c10::IValue> values;
+    for (const auto &[name, t] : out) {
+      values.emplace_back(name);
+      values.emplace_back(t);
+    }
+    sendValues(*world_, values, 0);
+  }
+  if (world_->rank() != 0)
+    return;
+  std::set<std::string> have;
+  for (const auto &p : out)
+    have.insert(p.first);
+  for (int64_t s = 1; s < stages_; ++s) {
+    std::vector<c10::IValue> values = recvValues(*world_, s * d, at::Device(at::kCPU));
+    for (size_t k = 0; k + 1 < values.size(); k += 2) {
+      std::string name = values[k].toStringRef();
+      if (have.insert(name).second)
+        out.emplace_back(name, values[k + 1].toTensor());
+    }
+  }
+}
+
+namespace {
+
+at::Device transferDevice(Comm &comm) {
+  return comm.backend() == "local" ? at::Device(at::kCPU) : comm.device();
+}
+
+} // namespace
+
+void sendValues(Comm &comm, const std::vector<c10::IValue> &values, int64_t peer) {
+  // A header (pickled: per value a tensor's dtype, shape and requires_grad,
+  // or the plain value), its length first; then each tensor's bytes.
+  c10::impl::GenericList header(c10::AnyType::get());
+  std::vector<at::Tensor> tensors;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const c10::IValue &v = values[i];
+    if (v.isTensor() && v.toTensor().defined()) {
+      const at::Tensor &t = v.toTensor();
+      header.push_back(c10::ivalue::Tuple::create(
+          {c10::IValue(std::string("t")), c10::IValue(static_cast<int64_t>(t.scalar_type())),
+           c10::IValue(t.sizes().vec()), c10::IValue(t.requires_grad())}));
+      tensors.push_back(t.detach().contiguous());
+      continue;
+    }
+    if (v.isTensor() || v.isTensorList() || (v.isList() && !v.toList().empty() &&
+                                             v.toList().get(0).isTensor()) ||
+        v.isTuple())
+      throw ExecutionError("pipeline: value " + std::to_string(i) +
+                           " crossing a stage cut is a " + v.tagKind() +
+                           " holding tensors, which cannot be sent yet");
+    header.push_back(c10::ivalue::Tuple::create({c10::IValue(std::string("v")), v}));
+  }
+  std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(header));
+  const at::Device device = transferDevice(comm);
+  at::Tensor length = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong).to(device);
+  comm.send(length, peer)->wait();
+  at::Tensor data = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+  comm.send(data.to(device), peer)->wait();
+  for (const at::Tensor &t : tensors)
+    comm.send(t.device().is_cpu() && !device.is_cpu() ? t.to(device) : t, peer)->wait();
+}
+
+std::vector<c10::IValue> recvValues(Comm &comm, int64_t peer, at::Device device,
+                                    std::vector<bool> *requiresGrad) {
+  const at::Device transfer = transferDevice(comm);
+  at::Tensor length = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(transfer));
+  comm.recv(length, peer)->wait();
+  const int64_t n = length.cpu().item<int64_t>();
+  at::Tensor data = at::empty({n}, at::TensorOptions().dtype(at::kByte).device(transfer));
+  comm.recv(data, peer)->wait();
+  data = data.cpu();
+  std::vector<char> bytes(static_cast<size_t>(n));
+  std::memcpy(bytes.data(), data.data_ptr(), bytes.size());
+  c10::IValue header = torch::jit::pickle_load(bytes);
+  std::vector<c10::IValue> values;
+  if (requiresGrad)
+    requiresGrad->clear();
+  for (const c10::IValue &entry : header.toListRef()) {
+    const auto &e = entry.toTupleRef().elements();
+    if (e.at(0).toStringRef() == "v") {
+      values.push_back(e.at(1));
+      if (requiresGrad)
+        requiresGrad->push_back(false);
+      continue;
+    }
+    at::Tensor t = at::empty(e.at(2).toIntVector(),
+                             at::TensorOptions()
+                                 .dtype(static_cast<at::ScalarType>(e.at(1).toInt()))
+                                 .device(device));
+    comm.recv(t, peer)->wait();
+    values.emplace_back(t);
+    if (requiresGrad)
+      requiresGrad->push_back(e.at(3).toBool());
+  }
+  return values;
+}
+
+} // namespace bmt::runtime
