@@ -31,15 +31,18 @@ std::vector<int64_t> savedParameterOrder(Model &model) {
 
 /// The entries of --save-params's file: every parameter under each of its
 /// names, then the buffers training moves (Model::routerBiases).
+/// A parameter's entries: its name, then each alias.
+void addEntries(std::vector<SafetensorsEntry> &entries, const plan::TensorInfo &t) {
+  entries.push_back({t.name, t.dtype, t.shape});
+  for (const std::string &alias : t.aliases)
+    entries.push_back({alias, t.dtype, t.shape});
+}
+
 std::vector<SafetensorsEntry> savedParameterEntries(Model &model) {
   const plan::Plan &p = model.plan();
   std::vector<SafetensorsEntry> entries;
-  for (int64_t index : savedParameterOrder(model)) {
-    const plan::TensorInfo &t = p.tensors.at(index);
-    entries.push_back({t.name, t.dtype, t.shape});
-    for (const std::string &alias : t.aliases)
-      entries.push_back({alias, t.dtype, t.shape});
-  }
+  for (int64_t index : savedParameterOrder(model))
+    addEntries(entries, p.tensors.at(index));
   for (const auto &[name, buffer] : model.routerBiases())
     entries.push_back({name, buffer.scalar_type(), buffer.sizes().vec()});
   return entries;
@@ -71,18 +74,11 @@ void saveParameters(Model &model, const std::string &path) {
       byIndex.emplace(p.findTensor(name), value);
     entries.clear();
     for (const auto &[index, value] : byIndex) {
-      const plan::TensorInfo &t = p.tensors.at(index);
-      entries.push_back({t.name, t.dtype, t.shape});
-      for (const std::string &alias : t.aliases)
-        entries.push_back({alias, t.dtype, t.shape});
+      addEntries(entries, p.tensors.at(index));
       collected.emplace_back(index, value);
     }
-    for (int64_t index : model.frozenParameterOrder()) {
-      const plan::TensorInfo &t = p.tensors.at(index);
-      entries.push_back({t.name, t.dtype, t.shape});
-      for (const std::string &alias : t.aliases)
-        entries.push_back({alias, t.dtype, t.shape});
-    }
+    for (int64_t index : model.frozenParameterOrder())
+      addEntries(entries, p.tensors.at(index));
     for (const auto &[name, buffer] : model.routerBiases())
       entries.push_back({name, buffer.scalar_type(), buffer.sizes().vec()});
   }
