@@ -545,6 +545,15 @@ LogicalResult splitExpertParameters(ModuleOp module, ArrayRef<bmt::MoeDispatchOp
   });
   if (walk.wasInterrupted())
     return failure();
+  // A frozen expert (--freeze, or --lora freezing the base) would be split
+  // over the group, but neither --save-params, bmt-to-hf nor a resume at
+  // another E can put frozen slices back together yet.
+  for (Operation *p : params)
+    if (auto param = cast<bmt::ParameterOp>(p); !param.getRequiresGrad())
+      return param.emitError() << "bmt-moe-layers: the expert parameter " << param.getSymName()
+                               << " is frozen (--freeze, or --lora's frozen base), and frozen "
+                                  "experts cannot be split over the expert group yet; compile "
+                                  "with --split-expert-weights=false";
   for (Operation *p : params)
     bmt::setParameterSplit(p, bmt::expertSplit());
   count = static_cast<int64_t>(params.size());
