@@ -33,6 +33,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -257,6 +258,9 @@ void printOnRank0(const std::string &line) {
 } // namespace
 
 int main(int argc, char **argv) {
+  // Each line reaches a redirected log as it is printed, so that a killed
+  // run's log still holds its start-up and last step lines.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   runtime::chooseThreads(argv);
   try {
     // SIGTERM / SIGINT: at once, or during the steps after the step in
