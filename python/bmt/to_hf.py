@@ -178,14 +178,16 @@ def model_class(config_text, where, meta, transformers, tmp):
 
 def hf_names(cls, config, torch):
     """The names save_pretrained writes for `cls(config)`, in state-dict
-    order: its state dict without the tied names it omits (transformers'
-    own remove_tied_weights_from_state_dict on a model on the meta device)."""
+    order (its state dict without the tied names it omits: transformers'
+    own remove_tied_weights_from_state_dict on a model on the meta device),
+    and each one's shape."""
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
     with torch.device("meta"):
         model = cls(config)
     state = model.state_dict()
     kept = remove_tied_weights_from_state_dict(dict(state), model)
-    return [n for n in state if n in kept]
+    names = [n for n in state if n in kept]
+    return names, {n: list(state[n].shape) for n in names}
 
 
 # --- writing -----------------------------------------------------------------
@@ -399,6 +401,7 @@ def convert(args):
         for name, content in files.items():
             with open(os.path.join(tmp, name), "wb") as f:
                 f.write(content)
+        shapes = {}  # name -> the shape the config's class gives it
         if adapter:  # peft's names of the adapters, which are all that trains
             cls = None
             names = ["base_model.model." + m["tensor"] for s in spaces if copy_of(s)[1] == 0
@@ -409,7 +412,7 @@ def convert(args):
                               "not a LoRA adapter (--adapter exports a bmt-opt --lora run)")
         else:
             cls, config = model_class(files["config.json"], where, meta, transformers, tmp)
-            names = hf_names(cls, config, torch)
+            names, shapes = hf_names(cls, config, torch)
         wanted = set(names)
 
         # The output tensors, in the checkpoint's layout order (so that every
@@ -475,6 +478,11 @@ def convert(args):
                           "run's --sharded sharded.pt for its frozen ones; buffers are not "
                           "exported)")
 
+        for t in tensors:  # a config of another size loads into no model
+            if t.name in shapes and shapes[t.name] != list(t.shape):
+                raise Failure(f"{t.name} is {list(t.shape)} in the checkpoint but "
+                              f"{shapes[t.name]} in {cls.__name__} of {where}: another model's "
+                              "config?")
         files_of = ({"adapter_model.safetensors": tensors} if adapter else
                     split_into_files(tensors, args.max_shard_size))
         if adapter:

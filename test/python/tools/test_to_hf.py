@@ -400,6 +400,14 @@ def test_bad_input(trained, tmp_path, capsys):
     assert_one_error(convert(capsys, ck, "-o", out, "--config", llama),
                      "is not a weight of LlamaForCausalLM")
     assert no_output_left(out)
+    # The same model's config of another size: its weights would not load.
+    wider = tmp_path / "wider.json"
+    cfg = json.load(open(ck / "hf" / "config.json"))
+    cfg["n_inner"] = 2 * (cfg["n_inner"] or 4 * cfg["n_embd"])  # the MLP twice as wide
+    wider.write_text(json.dumps(cfg))
+    assert_one_error(convert(capsys, ck, "-o", out, "--config", wider),
+                     "in the checkpoint but")
+    assert no_output_left(out)
     # No config anywhere.
     no_config = tmp_path / "no-config"
     shutil.copytree(ck, no_config)
