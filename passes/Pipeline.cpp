@@ -206,6 +206,9 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
     if (auto ep = module->getAttrOfType<IntegerAttr>("bmt.expert_parallel"); ep && ep.getInt() > 1)
       return fail("pipeline-parallel " + Twine(stages) + " with expert-parallel " +
                   Twine(ep.getInt()) + " is not supported yet");
+    if (module.walk([](bmt::MoeDispatchOp) { return WalkResult::interrupt(); }).wasInterrupted())
+      return fail("mixture-of-experts layers in a pipeline are not supported yet (bmt-run "
+                  "cannot run their dispatch in a stage)");
 
     auto lists = llvm::to_vector(module.getOps<bmt::BlockListOp>());
     if (lists.empty())

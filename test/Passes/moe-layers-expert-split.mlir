@@ -1,6 +1,8 @@
 // RUN: bmt-opt %s '--bmt-moe-layers=expert-parallel=2 split-expert-weights=true' 2>/dev/null | FileCheck %s
 // RUN: bmt-opt %s '--bmt-moe-layers=expert-parallel=2 split-expert-weights=true' -o /dev/null 2>&1 | FileCheck %s --check-prefix=REMARK
 // RUN: bmt-opt %s '--bmt-moe-layers=expert-parallel=2 split-expert-weights=false' 2>/dev/null | FileCheck %s --check-prefix=OFF
+// RUN: not bmt-opt %s --bmt-moe-layers --bmt-pipeline-parallel='pipeline-parallel=2' -o /dev/null 2>&1 | FileCheck %s --check-prefix=PIPE
+// PIPE: error: bmt-pipeline-parallel: mixture-of-experts layers in a pipeline are not supported yet
 
 // Expert parallelism that splits the experts' weights
 // (docs/passes/moe-layers.md): the Qwen3-MoE layer of
