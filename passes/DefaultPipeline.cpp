@@ -102,6 +102,11 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   else if (worldSize.hasValue() && worldSize % pipelineParallel != 0)
     os << name("world-size") << " " << worldSize.getValue() << " is not a multiple of "
        << name("pipeline-parallel") << " " << pipelineParallel.getValue();
+  else if (virtualStages <= 0)
+    os << name("virtual-stages") << " must be positive, got " << virtualStages.getValue();
+  else if (virtualStages > 1 && pipelineParallel == 1)
+    os << name("virtual-stages") << " " << virtualStages.getValue() << " needs "
+       << name("pipeline-parallel") << " P > 1 (it cuts each stage into chunks)";
   else if (pipelineParallel > 1 && (tensorParallel > 1 || expertParallel > 1))
     os << name("pipeline-parallel") << " " << pipelineParallel.getValue() << " with "
        << name(tensorParallel > 1 ? "tensor-parallel" : "expert-parallel")
@@ -221,6 +226,7 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
   if (options.pipelineParallel > 1) {
     PipelineParallelOptions pipeline;
     pipeline.pipelineParallel = options.pipelineParallel;
+    pipeline.virtualStages = options.virtualStages;
     pipeline.worldSize = options.worldSize.hasValue() ? int64_t(options.worldSize)
                                                       : int64_t(options.pipelineParallel);
     pipeline.microBatch = options.microBatch;

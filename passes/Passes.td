@@ -607,10 +607,19 @@ def PipelineParallel : Pass<"bmt-pipeline-parallel", "::mlir::ModuleOp"> {
     different stages, a
     world size P does not divide, tensor or expert parallelism. P = 1
     changes nothing.
+    With `virtual-stages=V` > 1 the blocks are cut into P x V chunks the
+    same way (chunk 0 with the ops before the blocks, chunk P V - 1 with
+    those after), stage s holding chunks s, s + P, ..., s + (V - 1) P for
+    interleaved 1F1B; block calls also get `bmt.pipeline_chunk`, and
+    `bmt.pipeline` gets `virtual_stages` and per-chunk first blocks, FLOPs,
+    bytes and parameters. Refused: V > 1 with P = 1, fewer blocks than
+    P x V.
   }];
   let options = [
     Option<"pipelineParallel", "pipeline-parallel", "int64_t", "1",
            "pipeline stages (1: none)">,
+    Option<"virtualStages", "virtual-stages", "int64_t", "1",
+           "chunks per stage for interleaved 1F1B (1: one contiguous part per stage)">,
     Option<"worldSize", "world-size", "int64_t", "0",
            "ranks of the job (a multiple of P; 0: P, one data-parallel rank per stage)">,
     Option<"microBatch", "micro-batch", "int64_t", "0",

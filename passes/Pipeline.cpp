@@ -6,7 +6,9 @@
 // last to stage P - 1; each block is costed by its matmul FLOPs and the cut
 // minimises the largest stage's FLOPs, then its memory estimate. See
 // passes/Passes.td for the contract and docs/passes/pipeline.md for the
-// cost model.
+// cost model. With virtual stages V > 1 the same cut makes P x V chunks
+// (chunk 0 with the ops before the blocks, the last with those after),
+// stage s holding chunks s, s + P, ... (interleaved 1F1B).
 //
 //===----------------------------------------------------------------------===//
 
@@ -194,8 +196,17 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
     };
     if (stages <= 0)
       return fail("pipeline-parallel must be positive, got " + Twine(stages));
+    int64_t virtualStages = this->virtualStages;
+    if (virtualStages <= 0)
+      return fail("virtual-stages must be positive, got " + Twine(virtualStages));
+    if (stages == 1 && virtualStages > 1)
+      return fail("virtual-stages " + Twine(virtualStages) + " needs pipeline-parallel > 1 "
+                  "(it cuts each stage into chunks)");
     if (stages == 1)
       return;
+    // The parts the blocks are cut into: P stages, or P x V chunks (chunk
+    // c on stage c % P).
+    const int64_t chunks = stages * virtualStages;
     int64_t world = worldSize > 0 ? int64_t(worldSize) : stages;
     if (world % stages != 0)
       return fail("world size " + Twine(world) + " is not a multiple of pipeline-parallel " +
@@ -226,6 +237,11 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
     if (stages > numBlocks)
       return fail("pipeline-parallel " + Twine(stages) + " exceeds the " + Twine(numBlocks) +
                   " blocks of " + list.getSymName() + "; each stage needs at least one block");
+    if (chunks > numBlocks)
+      return fail("pipeline-parallel " + Twine(stages) + " x virtual-stages " +
+                  Twine(virtualStages) + " = " + Twine(chunks) + " chunks exceed the " +
+                  Twine(numBlocks) + " blocks of " + list.getSymName() +
+                  "; each chunk needs at least one block");
     auto caller = module.lookupSymbol<func::FuncOp>(list.getCaller());
     if (!caller || caller.getBody().empty())
       return fail("the caller @" + list.getCaller() + " of " + list.getSymName() +
@@ -395,8 +411,19 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
     auto [postState, postGathered, postElements] = paramBytes(post.params, true);
     int64_t preFlops = pre.flopsPerToken * tokens * 3, postFlops = post.flopsPerToken * tokens * 3;
 
-    // The cost of stage s holding blocks [first, first + count).
-    auto stageCost = [&](int64_t s, int64_t first, int64_t count) {
+    // Micro-batches whose activations chunk c keeps at once: 1F1B keeps
+    // P - s on stage s; interleaved 1F1B keeps up to 2 (P - 1 - s) +
+    // (V - 1) P + 1 of the stage's chunks' (PipelineSchedule.h), a V-th
+    // of them each, rounded up.
+    auto inFlightOf = [&](int64_t c) -> int64_t {
+      const int64_t s = c % stages;
+      if (virtualStages == 1)
+        return stages - s;
+      const int64_t held = 2 * (stages - 1 - s) + (virtualStages - 1) * stages + 1;
+      return (held + virtualStages - 1) / virtualStages;
+    };
+    // The cost of chunk (stage) c holding blocks [first, first + count).
+    auto stageCost = [&](int64_t chunk, int64_t first, int64_t count) {
       StageCost c;
       c.first = first;
       c.count = count;
@@ -418,14 +445,14 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
                                           : std::min<int64_t>(config.prefetchDepth + 1, count);
       if (model.zeroStage != 0)
         c.bytes += (live + 1) * gatheredMax;
-      int64_t inFlight = stages - s; // 1F1B: micro-batches between forward and backward
+      int64_t inFlight = inFlightOf(chunk); // micro-batches between forward and backward
       int64_t outside = 0;
-      if (s == 0) {
+      if (chunk == 0) {
         c.flops += preFlops;
         c.bytes += preState + preGathered;
         c.parameters += preElements;
       }
-      if (s == stages - 1) {
+      if (chunk == chunks - 1) {
         c.flops += postFlops;
         c.bytes += postState + postGathered;
         c.parameters += postElements;
@@ -435,43 +462,48 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
       return c;
     };
 
-    SmallVector<int64_t> firsts = cheapestCut(stages, numBlocks, stageCost);
+    SmallVector<int64_t> firsts = cheapestCut(chunks, numBlocks, stageCost);
     SmallVector<StageCost> costs;
-    for (int64_t s = 0; s < stages; ++s) {
-      int64_t end = s + 1 < stages ? firsts[s + 1] : numBlocks;
-      costs.push_back(stageCost(s, firsts[s], end - firsts[s]));
+    for (int64_t c = 0; c < chunks; ++c) {
+      int64_t end = c + 1 < chunks ? firsts[c + 1] : numBlocks;
+      costs.push_back(stageCost(c, firsts[c], end - firsts[c]));
     }
 
-    // Parameters read on more than one stage.
-    auto stageOfBlock = [&](int64_t b) {
-      int64_t s = 0;
-      while (s + 1 < stages && firsts[s + 1] <= b)
-        ++s;
-      return s;
+    // Parameters read in more than one chunk (stage when V = 1).
+    auto chunkOfBlock = [&](int64_t b) {
+      int64_t c = 0;
+      while (c + 1 < chunks && firsts[c + 1] <= b)
+        ++c;
+      return c;
     };
+    const char *part = virtualStages > 1 ? "chunks" : "stages";
     SmallVector<std::string> tied;
     for (auto &[param, readerSet] : collector.readers) {
-      std::set<int64_t> stagesOf;
+      std::set<int64_t> chunksOf;
       for (int64_t b : readerSet)
         if (b >= 0)
-          stagesOf.insert(stageOfBlock(b));
+          chunksOf.insert(chunkOfBlock(b));
       if (pre.params.contains(param))
-        stagesOf.insert(0);
+        chunksOf.insert(0);
       if (post.params.contains(param))
-        stagesOf.insert(stages - 1);
-      if (stagesOf.size() <= 1)
+        chunksOf.insert(chunks - 1);
+      if (chunksOf.size() <= 1)
         continue;
       bool outsideOnly = llvm::all_of(readerSet, [](int64_t b) { return b < 0; });
       if (!outsideOnly)
-        return fail("parameter " + param.getSymName() + " is read by blocks of stages " +
-                    Twine(*stagesOf.begin()) + " and " + Twine(*stagesOf.rbegin()) +
+        return fail("parameter " + param.getSymName() + " is read by blocks of " + part + " " +
+                    Twine(*chunksOf.begin()) + " and " + Twine(*chunksOf.rbegin()) +
                     " (a weight shared across layers); such a model cannot be cut there");
       tied.push_back(param.getSymName().str());
     }
 
     OpBuilder builder(module.getContext());
-    for (int64_t b = 0; b < numBlocks; ++b)
-      calls[b]->setAttr("bmt.pipeline_stage", builder.getI64IntegerAttr(stageOfBlock(b)));
+    for (int64_t b = 0; b < numBlocks; ++b) {
+      calls[b]->setAttr("bmt.pipeline_stage",
+                        builder.getI64IntegerAttr(chunkOfBlock(b) % stages));
+      if (virtualStages > 1)
+        calls[b]->setAttr("bmt.pipeline_chunk", builder.getI64IntegerAttr(chunkOfBlock(b)));
+    }
     SmallVector<int64_t> flops, bytes, parameters;
     for (const StageCost &c : costs) {
       flops.push_back(c.flops);
@@ -481,27 +513,33 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
     SmallVector<Attribute> tiedAttrs;
     for (const std::string &t : tied)
       tiedAttrs.push_back(builder.getStringAttr(t));
-    module->setAttr(
-        "bmt.pipeline",
-        builder.getDictionaryAttr({
-            builder.getNamedAttr("stages", builder.getI64IntegerAttr(stages)),
-            builder.getNamedAttr("block_list", FlatSymbolRefAttr::get(list.getSymNameAttr())),
-            builder.getNamedAttr("first_blocks", builder.getDenseI64ArrayAttr(firsts)),
-            builder.getNamedAttr("flops", builder.getDenseI64ArrayAttr(flops)),
-            builder.getNamedAttr("bytes", builder.getDenseI64ArrayAttr(bytes)),
-            builder.getNamedAttr("parameters", builder.getDenseI64ArrayAttr(parameters)),
-            builder.getNamedAttr("tied", builder.getArrayAttr(tiedAttrs)),
-            builder.getNamedAttr("world_size", builder.getI64IntegerAttr(world)),
-        }));
+    SmallVector<NamedAttribute> fields{
+        builder.getNamedAttr("stages", builder.getI64IntegerAttr(stages)),
+        builder.getNamedAttr("block_list", FlatSymbolRefAttr::get(list.getSymNameAttr())),
+        builder.getNamedAttr("first_blocks", builder.getDenseI64ArrayAttr(firsts)),
+        builder.getNamedAttr("flops", builder.getDenseI64ArrayAttr(flops)),
+        builder.getNamedAttr("bytes", builder.getDenseI64ArrayAttr(bytes)),
+        builder.getNamedAttr("parameters", builder.getDenseI64ArrayAttr(parameters)),
+        builder.getNamedAttr("tied", builder.getArrayAttr(tiedAttrs)),
+        builder.getNamedAttr("world_size", builder.getI64IntegerAttr(world)),
+    };
+    if (virtualStages > 1)
+      fields.push_back(
+          builder.getNamedAttr("virtual_stages", builder.getI64IntegerAttr(virtualStages)));
+    module->setAttr("bmt.pipeline", builder.getDictionaryAttr(fields));
 
     InFlightDiagnostic remark = emitRemark(module.getLoc());
     remark << "bmt-pipeline-parallel: " << numBlocks << " blocks of " << list.getSymName()
-           << " in " << stages << " stages (blocks per stage:";
+           << " in " << stages << " stages";
+    if (virtualStages > 1)
+      remark << " x " << virtualStages << " virtual stages (blocks per chunk:";
+    else
+      remark << " (blocks per stage:";
     for (const StageCost &c : costs)
       remark << " " << c.count;
     remark << "), " << dp << " data-parallel rank" << (dp == 1 ? "" : "s") << " per stage";
     if (!tied.empty()) {
-      remark << "; tied across stages 0 and " << stages - 1 << " (gradient summed): ";
+      remark << "; tied across " << part << " 0 and " << chunks - 1 << " (gradient summed): ";
       llvm::interleaveComma(tied, remark);
     }
   }

@@ -31,7 +31,8 @@ int64_t elementBytes(Type type) {
 }
 
 /// The stages of bmt-pipeline-parallel (module attribute bmt.pipeline):
-/// each stage's blocks, parameters, FLOPs per micro-batch and bytes per rank.
+/// each stage's (with virtual stages each chunk's, then each stage's
+/// chunks) blocks, parameters, FLOPs per micro-batch and bytes per rank.
 void printPipeline(llvm::raw_ostream &os, ModuleOp module, DictionaryAttr pipeline) {
   auto stages = pipeline.getAs<IntegerAttr>("stages");
   auto list = pipeline.getAs<FlatSymbolRefAttr>("block_list");
@@ -42,28 +43,53 @@ void printPipeline(llvm::raw_ostream &os, ModuleOp module, DictionaryAttr pipeli
   auto world = pipeline.getAs<IntegerAttr>("world_size");
   if (!stages || !list || !firsts || !flops || !bytes || !params || !world)
     return;
+  int64_t v = 1;
+  if (auto virtualStages = pipeline.getAs<IntegerAttr>("virtual_stages"))
+    v = virtualStages.getInt();
   auto blockList = module.lookupSymbol<bmt::BlockListOp>(list.getValue());
   int64_t p = stages.getInt(), numBlocks = blockList ? blockList.getBlocks().size() : 0;
-  os << "  pipeline: " << p << " stages of " << list.getValue() << " over world size "
-     << world.getInt() << " (stage = rank / " << world.getInt() / p << "), 1F1B\n";
+  const int64_t parts = p * v;
+  if (static_cast<int64_t>(firsts.size()) != parts)
+    return;
+  os << "  pipeline: " << p << " stages";
+  if (v > 1)
+    os << " x " << v << " virtual stages";
+  os << " of " << list.getValue() << " over world size " << world.getInt() << " (stage = rank / "
+     << world.getInt() / p << "), " << (v > 1 ? "interleaved 1F1B" : "1F1B") << "\n";
   int64_t total = 0;
   for (int64_t f : flops.asArrayRef())
     total += f;
-  for (int64_t s = 0; s < p; ++s) {
-    int64_t first = firsts[s], end = s + 1 < p ? firsts[s + 1] : numBlocks;
-    os << "    stage " << s << ": blocks " << first << ".." << end - 1;
-    if (s == 0)
+  for (int64_t c = 0; c < parts; ++c) {
+    int64_t first = firsts[c], end = c + 1 < parts ? firsts[c + 1] : numBlocks;
+    if (v > 1)
+      os << "    chunk " << c << " (stage " << c % p << ")";
+    else
+      os << "    stage " << c;
+    os << ": blocks " << first << ".." << end - 1;
+    if (c == 0)
       os << " + before the blocks";
-    if (s == p - 1)
+    if (c == parts - 1)
       os << " + after the blocks";
-    os << ", " << params[s] << " parameters, "
-       << llvm::format("%.3g", static_cast<double>(flops[s]) * 1e-9)
+    os << ", " << params[c] << " parameters, "
+       << llvm::format("%.3g", static_cast<double>(flops[c]) * 1e-9)
        << " GFLOP per micro-batch ("
-       << llvm::format("%.0f", total ? 100.0 * flops[s] / total : 0.0) << " %), about "
-       << bmt::formatBytes(bytes[s]) << " per rank\n";
+       << llvm::format("%.0f", total ? 100.0 * flops[c] / total : 0.0) << " %), about "
+       << bmt::formatBytes(bytes[c]) << " per rank\n";
+  }
+  for (int64_t s = 0; v > 1 && s < p; ++s) {
+    int64_t stageFlops = 0, stageBytes = 0;
+    os << "    stage " << s << ": chunks";
+    for (int64_t c = s; c < parts; c += p) {
+      os << (c == s ? " " : ", ") << c;
+      stageFlops += flops[c];
+      stageBytes += bytes[c];
+    }
+    os << ", " << llvm::format("%.0f", total ? 100.0 * stageFlops / total : 0.0)
+       << " % of the FLOPs, at most about " << bmt::formatBytes(stageBytes) << " per rank\n";
   }
   if (auto tied = pipeline.getAs<ArrayAttr>("tied"); tied && !tied.empty()) {
-    os << "    tied across stages 0 and " << p - 1 << " (gradient summed): ";
+    os << "    tied across " << (v > 1 ? "chunks" : "stages") << " 0 and " << parts - 1
+       << " (gradient summed): ";
     llvm::interleaveComma(tied, os,
                           [&](Attribute a) { os << cast<StringAttr>(a).getValue(); });
     os << "\n";

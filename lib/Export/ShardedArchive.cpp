@@ -142,6 +142,8 @@ public:
       p.pipelineStages = stages.getInt();
       p.pipelineBlockList = list.getValue().str();
       p.pipelineFirstBlocks.assign(firsts.asArrayRef().begin(), firsts.asArrayRef().end());
+      if (auto virtualStages = pipeline.getAs<IntegerAttr>("virtual_stages"))
+        p.pipelineVirtualStages = virtualStages.getInt();
     }
     if (auto vocab = module->getAttrOfType<IntegerAttr>("bmt.vocab_size")) {
       p.vocabParallel = true;

@@ -4,7 +4,8 @@
 //   plan       dict  {version, source, model_type, objective, entry, tensors, functions,
 //                     zero_stage, shard_group_size, prefetch_depth, groups,
 //                     assumptions (version 3 on), tensor_parallel, vocab_parallel,
-//                     vocab_size (version 6 on)}
+//                     vocab_size (version 6 on), pipeline {stages, block_list, first_blocks,
+//                     virtual_stages (version 10, only when > 1)} (version 8 on)}
 //   tensor     dict  {name, aliases, is_parameter, requires_grad, dtype, shape, record,
 //                     offset, crc32, group, init,
 //                     split (version 6, only when not the default)}
@@ -342,6 +343,8 @@ bool Plan::splitsExperts() const {
 }
 
 int64_t formatVersionOf(const Plan &plan) {
+  if (plan.pipelineVirtualStages != 1)
+    return 10;
   for (const StorageGroup &g : plan.groups)
     if (g.frozen)
       return 9;
@@ -473,6 +476,8 @@ IValue toIValue(const Plan &plan) {
     pipeline.insert("stages", plan.pipelineStages);
     pipeline.insert("block_list", plan.pipelineBlockList);
     pipeline.insert("first_blocks", listOf(plan.pipelineFirstBlocks));
+    if (plan.pipelineVirtualStages != 1)
+      pipeline.insert("virtual_stages", plan.pipelineVirtualStages);
     root.insert("pipeline", pipeline);
   }
 
@@ -749,16 +754,27 @@ Plan fromIValue(const IValue &value) {
     plan.pipelineStages = asInt(field(pipeline, "stages"), "pipeline stages");
     plan.pipelineBlockList = asString(field(pipeline, "block_list"), "pipeline block_list");
     plan.pipelineFirstBlocks = asInts(field(pipeline, "first_blocks"), "pipeline first_blocks");
+    if (pipeline.contains("virtual_stages")) {
+      plan.pipelineVirtualStages =
+          asInt(field(pipeline, "virtual_stages"), "pipeline virtual_stages");
+      if (plan.version < 10 || plan.pipelineVirtualStages < 2)
+        throw PlanError("plan: pipeline virtual_stages " +
+                        std::to_string(plan.pipelineVirtualStages) +
+                        " needs a version 10 plan and at least 2");
+    }
     const std::vector<int64_t> &firsts = plan.pipelineFirstBlocks;
     bool ordered = !firsts.empty() && firsts[0] == 0;
     for (size_t s = 1; s < firsts.size(); ++s)
       ordered = ordered && firsts[s] > firsts[s - 1];
     if (plan.version < 8 || plan.pipelineStages < 2 ||
-        static_cast<int64_t>(firsts.size()) != plan.pipelineStages || !ordered ||
+        static_cast<int64_t>(firsts.size()) !=
+            plan.pipelineStages * plan.pipelineVirtualStages ||
+        !ordered ||
         plan.pipelineBlockList.empty() || plan.tensorParallel != 1 || plan.expertParallel != 1)
       throw PlanError("plan: pipeline of " + std::to_string(plan.pipelineStages) +
                       " stages needs a version 8 plan, at least 2 stages, one increasing "
-                      "first block per stage from 0, a block list, and no tensor or expert "
+                      "first block per stage (per chunk with virtual stages) from 0, a block "
+                      "list, and no tensor or expert "
                       "parallelism");
   }
 

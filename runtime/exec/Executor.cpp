@@ -391,7 +391,15 @@ std::vector<IValue> Executor::run(const std::vector<IValue> &inputs) {
 }
 
 void Executor::setPipelineStage(int64_t stage, std::vector<bool> heldGroups) {
-  stage_ = planStage(plan_, stage, heldGroups);
+  setPipelineChunks({stage}, {heldGroups});
+}
+
+void Executor::setPipelineChunks(const std::vector<int64_t> &chunks,
+                                 const std::vector<std::vector<bool>> &heldGroups) {
+  stagePlans_.clear();
+  for (size_t i = 0; i < chunks.size(); ++i)
+    stagePlans_.push_back(planStage(plan_, chunks[i], heldGroups.at(i)));
+  stage_ = stagePlans_.empty() ? nullptr : stagePlans_.front().get();
 }
 
 std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,

@@ -165,7 +165,7 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
   executor_->setTensorParallel(tensorComm_.get());
   executor_->setExpertParallel(expertComm_.get());
   if (!held.empty())
-    executor_->setPipelineStage(stage_, held);
+    executor_->setPipelineChunks(pipelineChunks(), chunkHeld_);
   const plan::Function &entry = plan_.functions[plan_.entry];
   for (size_t i = 0; i < entry.resultNames.size(); ++i)
     if (entry.resultNames[i] == "logits") {

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <limits>
 #include <set>
+#include <stdexcept>
 
 namespace bmt::runtime {
 
@@ -58,22 +59,34 @@ std::vector<bool> Model::setUpPipeline(const std::string &path, const ModelOptio
   const int64_t d = n / stages_, rank = world_->rank();
   stage_ = rank / d;
   stageComm_ = world_->split(stage_, rank, "stage");
+  virtualStages_ = plan_.pipelineVirtualStages;
+  if (virtualStages_ > 1)
+    gradComm_ = world_->split(0, rank, "pipeline-gradients");
   // The ranks of data-parallel rank r % D on the first and last stage
   // share the groups both read (a tied embedding and LM head).
   const bool ends = stage_ == 0 || stage_ == stages_ - 1;
   tieComm_ = world_->split(ends ? rank % d : d + rank, rank, "tied");
-  // Each stage holds the groups its instructions read; a group no stage
-  // reads is held by stage 0 (it trains nowhere, and is saved).
+  // Each stage holds the groups its instructions (its chunks') read; a
+  // group no stage reads is held by stage 0 (it trains nowhere, and is
+  // saved) and gathered by its first chunk.
   const std::vector<std::vector<bool>> reads = Executor::stageGroups(plan_);
   std::vector<bool> held(plan_.groups.size(), false);
   tied_.assign(plan_.groups.size(), false);
+  chunkHeld_.clear();
+  for (int64_t c : pipelineChunks())
+    chunkHeld_.push_back(reads.at(c));
   for (size_t g = 0; g < plan_.groups.size(); ++g) {
     std::vector<int64_t> holders;
-    for (int64_t s = 0; s < stages_; ++s)
-      if (reads[s][g])
-        holders.push_back(s);
-    if (holders.empty())
+    for (size_t c = 0; c < reads.size(); ++c)
+      if (reads[c][g] && std::find(holders.begin(), holders.end(),
+                                   static_cast<int64_t>(c) % stages_) == holders.end())
+        holders.push_back(static_cast<int64_t>(c) % stages_);
+    std::sort(holders.begin(), holders.end());
+    if (holders.empty()) {
       holders.push_back(0);
+      if (stage_ == 0)
+        chunkHeld_.front()[g] = true;
+    }
     if (holders.size() > 2 || (holders.size() == 2 && (holders[0] != 0 || holders[1] != stages_ - 1)))
       throw ExecutionError(what + ": the storage group " + plan_.groups[g].name +
                            " is read by stages " + std::to_string(holders.front()) + " and " +
@@ -84,6 +97,31 @@ std::vector<bool> Model::setUpPipeline(const std::string &path, const ModelOptio
   }
   held_ = held;
   return held;
+}
+
+std::vector<int64_t> Model::pipelineChunks() const {
+  std::vector<int64_t> chunks;
+  for (int64_t v = 0; v < virtualStages_; ++v)
+    chunks.push_back(v * stages_ + stage_);
+  return chunks;
+}
+
+void Model::selectPipelineChunk(int64_t v) {
+  if (v < 0 || v >= virtualStages_)
+    throw std::out_of_range("pipeline: local chunk " + std::to_string(v) + " of " +
+                            std::to_string(virtualStages_));
+  executor_->selectPipelineChunk(static_cast<size_t>(v));
+  chunk_ = v;
+}
+
+int64_t Model::pipelinePreviousRank() const {
+  const int64_t d = world_->size() / stages_;
+  return (stage_ + stages_ - 1) % stages_ * d + world_->rank() % d;
+}
+
+int64_t Model::pipelineNextRank() const {
+  const int64_t d = world_->size() / stages_;
+  return (stage_ + 1) % stages_ * d + world_->rank() % d;
 }
 
 void Model::sumTiedGradients() {

@@ -39,10 +39,12 @@ bool rematerialized(Instruction::Kind kind) {
 std::unique_ptr<Executor::StagePlan> planStage(const plan::Plan &plan, int64_t stage,
                                                const std::vector<bool> &heldGroups) {
   const std::string &list = plan.pipelineBlockList;
-  const int64_t stages = plan.pipelineStages;
+  // With virtual stages, `stage` is a chunk of P x V, cut alike.
+  const int64_t stages = plan.pipelineStages * plan.pipelineVirtualStages;
   auto fail = [&](const std::string &why) {
-    return ExecutionError("pipeline stage " + std::to_string(stage) + " of " +
-                          std::to_string(stages) + ": " + why);
+    return ExecutionError("pipeline " +
+                          std::string(plan.pipelineVirtualStages > 1 ? "chunk " : "stage ") +
+                          std::to_string(stage) + " of " + std::to_string(stages) + ": " + why);
   };
   // The function that calls the blocks, and their calls in it.
   int64_t blocksFn = -1;
@@ -189,7 +191,8 @@ std::unique_ptr<Executor::StagePlan> planStage(const plan::Plan &plan, int64_t s
 
 std::vector<std::vector<bool>> Executor::stageGroups(const plan::Plan &plan) {
   std::vector<std::vector<bool>> out;
-  for (int64_t stage = 0; stage < plan.pipelineStages; ++stage) {
+  const int64_t parts = plan.pipelineStages * plan.pipelineVirtualStages;
+  for (int64_t stage = 0; stage < parts; ++stage) {
     std::unique_ptr<StagePlan> sp =
         planStage(plan, stage, std::vector<bool>(plan.groups.size(), false));
     std::vector<bool> reads(plan.groups.size(), false);

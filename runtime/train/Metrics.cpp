@@ -86,6 +86,8 @@ void MetricsWriter::step(const StepMetrics &m) {
              << ", \"expert_tokens_max\": " << jsonNumber(m.expertTokensMax);
     if (!std::isnan(m.auxLoss))
       *json_ << ", \"aux_loss\": " << jsonNumber(m.auxLoss);
+    if (!m.pipeline.empty())
+      *json_ << ", \"pipeline\": " << m.pipeline;
     *json_ << "}\n";
     flushJson(m.step);
   }

@@ -113,19 +113,10 @@ void checkMemory(Model &model, int64_t rows, int64_t length, int64_t target,
 
 namespace {
 
-/// probeVocabulary's forward through a pipeline's stages (each receives
-/// what enters it, runs its part, sends what leaves it); the vocabulary
-/// the last stage finds, agreed by every rank (collective).
-int64_t probePipelineVocabulary(Model &model, const ModelInputs &probe) {
-  Comm &world = model.world();
-  const int64_t d = model.dataParallel().size(), rank = world.rank();
-  if (model.pipelineStage() > 0)
-    model.setStageInputs(recvValues(world, rank - d, model.device()));
-  std::vector<std::pair<std::string, c10::IValue>> results = model.forwardAll(probe);
+/// The vocabulary the last stage's results show.
+int64_t vocabularyOf(Model &model, std::vector<std::pair<std::string, c10::IValue>> &results) {
   int64_t vocab = 0;
-  if (!model.isLastStage()) {
-    sendValues(world, model.takeStageOutputs(), rank + d);
-  } else if (model.takesLabels()) {
+  if (model.takesLabels()) {
     ModelLoss loss = model.lossOf(results);
     vocab = loss.logits.defined() ? loss.logits.size(-1) : std::numeric_limits<int64_t>::max();
   } else {
@@ -137,6 +128,27 @@ int64_t probePipelineVocabulary(Model &model, const ModelInputs &probe) {
       throw ExecutionError("the model's logits result is not a tensor");
     vocab = logits->toTensor().size(-1);
   }
+  return vocab;
+}
+
+/// probeVocabulary's forward through a pipeline's stages (each receives
+/// what enters it, runs its part, sends what leaves it; a stage's chunks
+/// in turn); the vocabulary the last stage finds, agreed by every rank
+/// (collective).
+int64_t probePipelineVocabulary(Model &model, const ModelInputs &probe) {
+  Comm &world = model.world();
+  int64_t vocab = 0;
+  for (int64_t v = 0; v < model.pipelineVirtualStages(); ++v) {
+    model.selectPipelineChunk(v);
+    if (!model.isFirstChunk())
+      model.setStageInputs(recvValues(world, model.pipelinePreviousRank(), model.device()));
+    std::vector<std::pair<std::string, c10::IValue>> results = model.forwardAll(probe);
+    if (!model.isLastStage())
+      sendValues(world, model.takeStageOutputs(), model.pipelineNextRank());
+    else
+      vocab = vocabularyOf(model, results);
+  }
+  model.selectPipelineChunk(0);
   at::Tensor v = at::tensor({vocab}, at::kLong);
   if (world.backend() != "local")
     v = v.to(world.device());

@@ -159,6 +159,13 @@ void checkPipeline(const std::string &archiveName, const plan::Plan &p,
     throw ConfigError("--micro-batches " + std::to_string(r.microBatches) + " is fewer than the " +
                       std::to_string(stages) + " pipeline stages of " + archiveName +
                       " (1F1B needs at least one micro-batch per stage)");
+  if (p.pipelineVirtualStages > 1 && r.microBatches > 0 && r.microBatches % stages != 0)
+    throw ConfigError("--micro-batches " + std::to_string(r.microBatches) +
+                      " is not a multiple of the " + std::to_string(stages) +
+                      " pipeline stages of " + archiveName + ", which interleaved 1F1B (its " +
+                      std::to_string(p.pipelineVirtualStages) +
+                      " virtual stages) needs: micro-batches go through each chunk in rounds "
+                      "of one per stage");
   if (r.checkpoints)
     refuse("checkpoints (--checkpoint-dir / --resume)");
   if (r.dump)

@@ -325,6 +325,7 @@ TrainOutcome Trainer::train(MicroBatchSource &source, const TokenFile *evalData,
       }
       if (p.auxLoss)
         metrics.auxLoss = v[m + 7 + (p.expertLoad ? 2 : 0)];
+      metrics.pipeline = p.pipelineJson;
       metrics_.step(metrics);
     }
     inspector_->report(p.step, rank0 ? &metrics_ : nullptr);

@@ -43,6 +43,8 @@ struct Trainer::PendingStep {
   double hostSeconds = 0; ///< how long the host took to queue it (queueStep)
   std::vector<MicroBatch> batches; ///< and the generator before them: to replay a failed step
   std::mt19937_64 rng;
+  /// A pipeline, on rank 0: the step's `pipeline` metrics (PipelineStep.cpp).
+  std::string pipelineJson;
 };
 
 /// The environment's test and diagnostic hooks (Trainer.h), read once a run.

@@ -99,6 +99,12 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
                      "rank r runs stage r / (world-size / P) (1: none; bmt-pipeline-parallel, "
                      "docs/passes/pipeline.md)"),
       llvm::cl::init(1)};
+  Option<int64_t> virtualStages{
+      *this, "virtual-stages",
+      llvm::cl::desc("with pipeline-parallel P > 1: cut the blocks into P x V chunks, stage s "
+                     "holding chunks s, s + P, ... (interleaved 1F1B; 1: none; "
+                     "bmt-pipeline-parallel)"),
+      llvm::cl::init(1)};
   Option<bool> splitExpertWeights{
       *this, "split-expert-weights",
       llvm::cl::desc("with expert-parallel > 1 (on by default): each rank stores only its "
@@ -194,7 +200,7 @@ struct DefaultPipelineOptions : mlir::PassPipelineOptions<DefaultPipelineOptions
   /// The options that are also top-level flags of bmt-opt, in this order.
   llvm::SmallVector<llvm::cl::Option *> commandLineFlags() {
     return {&worldSize,       &tensorParallel, &expertParallel, &splitExpertWeights,
-            &pipelineParallel, &sequenceParallel, &zeroStage, &shardGroupSize,
+            &pipelineParallel, &virtualStages,  &sequenceParallel, &zeroStage, &shardGroupSize,
             &checkpoint,      &memoryBudgetGib, &microBatch, &seqLen,
             &prefetchDepth,   &assumeUnpadded, &fuseElementwise, &fuseSecondResults,
             &groupedQueryAttention, &freeze, &lora};

@@ -38,8 +38,9 @@ namespace bmt::plan {
 /// and MoeCombine instructions (bmt-opt --bmt-moe-layers); 8 adds pipeline
 /// stages (Plan::pipelineStages, pipelineBlockList, pipelineFirstBlocks)
 /// and splits over the expert group (TensorSplit::over, StorageGroup::epRank);
-/// 9 adds frozen storage groups (StorageGroup::frozen).
-constexpr int64_t kPlanFormatVersion = 9;
+/// 9 adds frozen storage groups (StorageGroup::frozen); 10 adds virtual
+/// pipeline stages (Plan::pipelineVirtualStages).
+constexpr int64_t kPlanFormatVersion = 10;
 /// The oldest version readers still take.
 constexpr int64_t kOldestPlanFormatVersion = 2;
 
@@ -326,6 +327,13 @@ struct Plan {
   int64_t pipelineStages = 1;
   std::string pipelineBlockList;
   std::vector<int64_t> pipelineFirstBlocks;
+  /// Version 10, `pipeline.virtual_stages` (written only when V > 1): V,
+  /// bmt-opt --virtual-stages. The blocks are then cut into P x V chunks
+  /// (pipelineFirstBlocks has P x V entries, chunk c's first block at c)
+  /// and stage s runs chunks s, s + P, ..., s + (V - 1) P (interleaved
+  /// 1F1B); chunk 0 also the ops before the first block, chunk P V - 1
+  /// those after the last.
+  int64_t pipelineVirtualStages = 1;
 
   /// The index of the tensor named `name` (or aliased so), or -1.
   int64_t findTensor(const std::string &name) const;

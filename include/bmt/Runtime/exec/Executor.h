@@ -162,10 +162,19 @@ public:
   /// whose block list is not found in one function on the entry's call
   /// chain, naming it.
   void setPipelineStage(int64_t stage, std::vector<bool> heldGroups);
-  /// The storage groups (by plan group) whose members each stage of
-  /// `plan`'s pipeline reads: through the Global instructions it runs, in
-  /// the functions those run call. [stage][group]. Throws as
-  /// setPipelineStage.
+  /// Virtual stages (plan.pipelineVirtualStages V > 1): this rank runs the
+  /// chunks `chunks` (global chunk indices; a chunk is cut as a stage of P x
+  /// V stages is above), chunk i's Gather / Release where heldGroups[i];
+  /// selectPipelineChunk(i) picks the one the next run() runs (0 at
+  /// first). Throws as setPipelineStage; std::out_of_range for an i not
+  /// given.
+  void setPipelineChunks(const std::vector<int64_t> &chunks,
+                         const std::vector<std::vector<bool>> &heldGroups);
+  void selectPipelineChunk(size_t i) { stage_ = stagePlans_.at(i).get(); }
+  /// The storage groups (by plan group) whose members each stage (each
+  /// chunk, with virtual stages) of `plan`'s pipeline reads: through the
+  /// Global instructions it runs, in the functions those run call.
+  /// [stage or chunk][group]. Throws as setPipelineStage.
   static std::vector<std::vector<bool>> stageGroups(const plan::Plan &plan);
   std::vector<c10::IValue> stageInputs, stageOutputs;
   struct StagePlan; ///< (runtime/exec/Stage.h)
@@ -186,7 +195,8 @@ private:
   /// (the entry 0), -1 outside it.
   std::vector<c10::IValue> call(size_t function, std::vector<c10::IValue> args,
                                 const RecomputePlan *graphOnly = nullptr, int chainDepth = -1);
-  std::unique_ptr<StagePlan> stage_;
+  std::vector<std::unique_ptr<StagePlan>> stagePlans_; ///< a stage's, or each chunk's
+  StagePlan *stage_ = nullptr;                        ///< the one run() runs
 
   const plan::Plan &plan_;
   std::vector<at::Tensor> tensors_;

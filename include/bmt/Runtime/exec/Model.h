@@ -322,7 +322,23 @@ public:
   /// fullParameters() gives rank 0 every stage's parameters.
   int64_t pipelineStages() const { return stages_; }
   int64_t pipelineStage() const { return stage_; }
-  bool isLastStage() const { return stage_ == stages_ - 1; }
+  /// Virtual stages (plan pipelineVirtualStages V > 1, interleaved 1F1B):
+  /// the stage runs chunks stage, stage + P, ..., its local chunks 0..V-1,
+  /// and holds the groups of all of them; selectPipelineChunk(v) picks the
+  /// one the next forward runs (0 at first; std::out_of_range unless
+  /// 0 <= v < V). isFirstChunk / isLastStage: the chunk selected is the
+  /// pipeline's first / last (with V = 1: stage 0 / P - 1). The ranks that
+  /// run the chunk before and after the selected one: the same
+  /// data-parallel rank of stage s - 1 and s + 1 (mod P). Gradients travel
+  /// on pipelineGradients(), a copy of the world when V > 1, so that the
+  /// values and the gradients two ranks exchange are matched apart.
+  int64_t pipelineVirtualStages() const { return virtualStages_; }
+  void selectPipelineChunk(int64_t v);
+  bool isFirstChunk() const { return stage_ == 0 && chunk_ == 0; }
+  bool isLastStage() const { return stage_ == stages_ - 1 && chunk_ == virtualStages_ - 1; }
+  int64_t pipelinePreviousRank() const;
+  int64_t pipelineNextRank() const;
+  Comm &pipelineGradients() { return gradComm_ ? *gradComm_ : *world_; }
   void setStageInputs(std::vector<c10::IValue> values) {
     executor_->stageInputs = std::move(values);
   }
@@ -367,8 +383,14 @@ private:
 
   // Pipeline parallelism (ModelPipeline.cpp).
   int64_t stages_ = 1, stage_ = 0;
+  int64_t virtualStages_ = 1, chunk_ = 0; ///< V, the local chunk selected
   std::unique_ptr<Comm> stageComm_, tieComm_;
+  std::unique_ptr<Comm> gradComm_; ///< V > 1 only
   std::vector<bool> held_; ///< by plan group
+  /// [local chunk][plan group]: the groups whose Gather / Release it runs.
+  std::vector<std::vector<bool>> chunkHeld_;
+  /// The global chunks this stage runs (V = 1: the stage).
+  std::vector<int64_t> pipelineChunks() const;
   std::vector<bool> tied_; ///< by plan group: held by stages 0 and P - 1
   /// Checks the plan and the options, splits the world; returns held_.
   std::vector<bool> setUpPipeline(const std::string &path, const ModelOptions &options);

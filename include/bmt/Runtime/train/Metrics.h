@@ -60,6 +60,10 @@ struct StepMetrics {
   double expertTokensMin = std::nan(""), expertTokensMax = std::nan("");
   /// The step's mean of the forward's aux_loss result; NaN: none.
   double auxLoss = std::nan("");
+  /// Pipeline parallelism: a JSON object of each rank's compute and idle
+  /// time in the step's schedule against the schedule's figures
+  /// (docs/runtime/pipeline.md, "Idle time"); empty: none.
+  std::string pipeline;
 };
 
 /// One block's (or the parameters outside blocks') statistics at an
