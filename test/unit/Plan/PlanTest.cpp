@@ -267,7 +267,7 @@ TEST(PlanFormat, MoeInstructionsRoundTripAtVersion7) {
   c10::IValue v = toIValue(moePlan());
   v.toGenericDict().insert_or_assign("version", int64_t(6));
   expectRefused(v, "version 6");
-  EXPECT_EQ(kPlanFormatVersion, 9);
+  EXPECT_EQ(kPlanFormatVersion, 10);
 }
 
 TEST(PlanFormat, PipelineStagesRoundTripAndAreChecked) {
@@ -310,6 +310,26 @@ TEST(PlanFormat, PipelineStagesRoundTripAndAreChecked) {
     ADD_FAILURE() << "accepted pipeline stages in a version 7 plan";
   } catch (const PlanError &e) {
     EXPECT_NE(std::string(e.what()).find("version 8"), std::string::npos) << e.what();
+  }
+  // Virtual stages (V = 2): one first block per chunk, a version 10 plan;
+  // P first blocks with V = 2 are refused, and so is V in a version 9 plan.
+  p.pipelineVirtualStages = 2;
+  p.pipelineFirstBlocks = {0, 1, 2, 3};
+  EXPECT_EQ(formatVersionOf(p), 10);
+  back = fromIValue(toIValue(p));
+  EXPECT_EQ(back.version, 10);
+  EXPECT_EQ(back.pipelineVirtualStages, 2);
+  EXPECT_EQ(back.pipelineFirstBlocks, (std::vector<int64_t>{0, 1, 2, 3}));
+  bad = p;
+  bad.pipelineFirstBlocks = {0, 3};
+  refused(bad);
+  v = toIValue(p);
+  v.toGenericDict().insert_or_assign("version", int64_t(9));
+  try {
+    fromIValue(v);
+    ADD_FAILURE() << "accepted virtual stages in a version 9 plan";
+  } catch (const PlanError &e) {
+    EXPECT_NE(std::string(e.what()).find("version 10"), std::string::npos) << e.what();
   }
 }
 
