@@ -167,8 +167,6 @@ void checkPipeline(const std::string &archiveName, const plan::Plan &p,
     refuse("--inspect-every");
   if (r.offload)
     refuse("--offload-optimizer");
-  if (r.adafactor)
-    refuse("--optimizer adafactor");
   if (r.evaluation)
     refuse("evaluation (--eval-data)");
   if (r.profile)

@@ -96,14 +96,16 @@ def decay_groups(params, wd):
 
 
 def eager_training(model, batches, steps, accum, lr_of_step, clip, wd, ranks=1,
-                   after_step=None):
+                   after_step=None, optimizer=None):
     """bmt-run's causal-LM training of `batches` (windows [rows, seq + 1]) in
     eager PyTorch: AdamW, `accum` micro-batches a step; with `ranks`, each
     rank's rows (a chunk of each window batch) give one loss and the step's
     objective is their mean, as bmt-run's data parallelism defines it.
-    `after_step(step)` runs after each optimizer step. Returns the losses."""
-    opt = torch.optim.AdamW(decay_groups(model.parameters(), wd), lr=1.0, betas=(0.9, 0.999),
-                            eps=1e-8)
+    `after_step(step)` runs after each optimizer step; `optimizer(groups)`
+    makes another optimizer than AdamW. Returns the losses."""
+    groups = decay_groups(model.parameters(), wd)
+    opt = optimizer(groups) if optimizer else torch.optim.AdamW(groups, lr=1.0,
+                                                                betas=(0.9, 0.999), eps=1e-8)
     losses, k = [], 0
     for step in range(1, steps + 1):
         opt.zero_grad()
