@@ -210,6 +210,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
     ap.add_argument("--reference", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.gpus, args.device = 1, "cuda"  # gpu_speed.run_bmt's launcher: one process
     if args.reference:
         return reference(args)
     os.makedirs(args.out, exist_ok=True)
