@@ -159,8 +159,6 @@ void checkPipeline(const std::string &archiveName, const plan::Plan &p,
     throw ConfigError("--micro-batches " + std::to_string(r.microBatches) + " is fewer than the " +
                       std::to_string(stages) + " pipeline stages of " + archiveName +
                       " (1F1B needs at least one micro-batch per stage)");
-  if (r.checkpoints)
-    refuse("checkpoints (--checkpoint-dir / --resume)");
   if (r.dump)
     refuse("--dump");
   if (r.inspect)

@@ -268,7 +268,6 @@ def test_what_a_pipeline_does_not_run_is_refused(traced):
     assert refused(sharded, "--micro-batches", 1) == (
         f"error: --micro-batches 1 is fewer than the 2 pipeline stages of {sharded} (1F1B needs "
         "at least one micro-batch per stage)")
-    assert refused(sharded, "--checkpoint-dir", tmp / "ck") == cut + "checkpoints (--checkpoint-dir / --resume)"
     assert refused(sharded, "--inspect-every", 1, "--log-file", tmp / "log") == cut + "--inspect-every"
     assert refused(sharded, "--offload-optimizer") == cut + "--offload-optimizer"
     assert refused(sharded, "--eval-data", batches) == cut + "evaluation (--eval-data)"

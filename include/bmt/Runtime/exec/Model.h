@@ -323,6 +323,10 @@ public:
   int64_t pipelineStages() const { return stages_; }
   int64_t pipelineStage() const { return stage_; }
   bool isLastStage() const { return stage_ == stages_ - 1; }
+  /// Checkpoints of a pipeline: by plan storage group, the stage whose
+  /// ranks save it, the first that holds it (stage 0 for a group stages 0
+  /// and P - 1 share, and for one no stage reads); empty without stages.
+  std::vector<int64_t> groupSavingStages() const;
   void setStageInputs(std::vector<c10::IValue> values) {
     executor_->stageInputs = std::move(values);
   }
