@@ -112,9 +112,6 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   else if (sequenceParallel && seqLen.hasValue() && seqLen > 0 && seqLen % tensorParallel != 0)
     os << name("sequence-parallel") << ": " << name("seq-len") << " " << seqLen.getValue()
        << " is not a multiple of " << name("tensor-parallel") << " " << tensorParallel.getValue();
-  else if (!llvm::StringRef(lora.getValue()).trim().empty() && sequenceParallel)
-    os << name("lora") << " with " << name("sequence-parallel")
-       << " is not supported yet (drop " << name("sequence-parallel") << ")";
   else if (!llvm::StringRef(lora.getValue()).trim().empty() && tensorParallel > 1 &&
            !llvm::StringRef(freeze.getValue()).trim().empty())
     os << name("freeze") << " with " << name("lora") << " and " << name("tensor-parallel")

@@ -191,9 +191,11 @@ AdapterSplits adapterSplits(const Site &site) {
     return out;
   }
   Value y = site.op->getResult(0);
-  if (!y.hasOneUse() || !isa<bmt::TpAllReduceOp>(*y.getUsers().begin())) {
-    out.error = "its row-parallel output is not all-reduced right after the matmul (sequence "
-                "parallelism is not supported with LoRA)";
+  // The row's collective: the all-reduce, or with sequence parallelism the
+  // reduce-scatter along the sequence (a sum too).
+  if (!y.hasOneUse() ||
+      !isa<bmt::TpAllReduceOp, bmt::TpReduceScatterOp>(*y.getUsers().begin())) {
+    out.error = "its row-parallel output is not summed over the group right after the matmul";
     return out;
   }
   out.a.dim = 1;

@@ -2,8 +2,9 @@
 tiny GPT-2 (Conv1D c_attn: peft's fan_in_fan_out), LLaMA, Qwen3, BERT
 (next-token objective) and T5 (source/target pairs) of
 scripts/architectures.py on 1 and 2 CPU ranks, GPT-2 and LLaMA also with
-tensor parallelism (T = 2 on 2 ranks, LLaMA T = 2 x D = 2 on 4: the
-adapters follow their base's column/row split), the adapters' initial A
+tensor parallelism (T = 2 on 2 ranks; LLaMA also T = 2 x D = 2 on 4 and T = 2
+with sequence parallelism: the adapters follow their base's column/row
+split), the adapters' initial A
 values copied into the peft model (bmt's exporter draws them reproducibly:
 docs/passes/lora.md); every loss and the trained adapters within
 numerics.py's bounds, the base bit-identical to the start. Dropout 0 there;
@@ -40,7 +41,8 @@ TARGETS = {"gpt2": (["c_attn"], True), "llama": (["q_proj", "v_proj", "down_proj
 # mode: (ranks, bmt-opt flags, the models it runs)
 MODES = {"n1": (1, [], set(TARGETS)), "n2": (2, [], set(TARGETS)),
          "tp2": (2, ["--tensor-parallel", "2"], {"gpt2", "llama"}),
-         "tp2-n4": (4, ["--tensor-parallel", "2"], {"llama"})}
+         "tp2-n4": (4, ["--tensor-parallel", "2"], {"llama"}),
+         "tp2-sp": (2, ["--tensor-parallel", "2", "--sequence-parallel"], {"llama"})}
 
 
 @pytest.fixture(scope="module", params=list(TARGETS))
@@ -311,8 +313,6 @@ def test_dropout_is_drawn_alike_by_the_recompute(prepared):
     ("", [], "--lora was given an empty value"),
     ("alpha=8,targets=q_proj", [], "r=N is required"),
     ("r=4,targets=q_proj,foo=1", [], "unknown key 'foo'"),
-    ("r=4,targets=q_proj", ["--tensor-parallel", "2", "--sequence-parallel"],
-     "--lora with --sequence-parallel is not supported yet"),
     ("r=4,dropout=0.1,targets=q_proj", ["--tensor-parallel", "2"],
      "dropout > 0 with tensor parallelism is not supported yet"),
     ("r=4,targets=q_proj", ["--tensor-parallel", "2", "--freeze", "model.norm.weight"],
