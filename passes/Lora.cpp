@@ -179,8 +179,8 @@ AdapterSplits adapterSplits(const Site &site) {
   }
   const int64_t outDim = bmt::isAten(site.op, {AtenOpId::linear}) ? 0 : 1;
   if (!w.isTensorSplit() || w.paddedSize != 0 || (w.dim != 0 && w.dim != 1)) {
-    out.error = "its weight is split in a way the adapters cannot follow (a vocab-parallel or "
-                "expert-split weight)";
+    out.error = "its weight is split in a way the adapters cannot follow (padded by the "
+                "vocab-parallel split, or split over the expert group)";
     return out;
   }
   if (w.dim == outDim) {
