@@ -150,11 +150,12 @@ def train_on_batches(prep, sharded, ranks, tag, *extra):
     return [x for x in map(json.loads, open(log)) if x["kind"] == "train"], saved
 
 
-def assert_frozen_sharded(stdout, sharded, ranks, tp=1):
+def assert_frozen_sharded(stdout, sharded, ranks, tp=1, tp_split=False):
     """The frozen parameters of `sharded`'s plan are ZeRO-sharded: in
     frozen storage groups, of which bmt-run's first line (`stdout`) says a
     rank holds ceil(size / R) elements each, R = ranks / tp the data-parallel
-    ranks, at most 1/R of the frozen bytes plus alignment padding; on
+    ranks, at most 1/R of the frozen bytes plus alignment padding (with
+    `tp_split`, the frozen base split over the TP group too: at least 1/N); on
     several ranks (tp 1) each rank read at most 1/N of the weights. Returns
     (frozen bytes per rank, the frozen parameters' bytes)."""
     import io
@@ -175,7 +176,10 @@ def assert_frozen_sharded(stdout, sharded, ranks, tp=1):
     per_rank = int(m.group(1))
     assert per_rank == sum(-(-g["size"] // r) * size[g["dtype"]] for g in groups), per_rank
     padding = 512 * len(frozen)  # bmt-zero's alignment, at most once per member
-    assert whole / r <= per_rank <= (whole + padding) / r + 8 * len(groups), (per_rank, whole, r)
+    lowest = whole / ranks if tp_split else whole / r
+    assert lowest <= per_rank <= (whole + padding) / r + 8 * len(groups), (per_rank, whole, r)
+    if tp_split:  # the split base: less than a whole copy over the data-parallel ranks
+        assert per_rank < whole / r, (per_rank, whole, r)
     if ranks > 1 and tp == 1:
         m = re.search(r"weights (\d+) bytes; bytes read per rank: ([\d ]+)", stdout)
         assert m, stdout

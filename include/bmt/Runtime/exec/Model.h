@@ -253,8 +253,10 @@ public:
   /// in a plan without them).
   std::vector<int64_t> frozenParameterOrder() const;
   /// Frozen parameter `index`'s value, whole (on the model's device; no
-  /// gradient). Collective for a member of a frozen storage group: every
-  /// rank asks for the same parameters in the same order.
+  /// gradient; a TP-split one put back together from the TP group's
+  /// slices). Collective for a member of a frozen storage group or a
+  /// TP-split one: every rank asks for the same parameters in the same
+  /// order. Throws ExecutionError for one split over the expert group.
   at::Tensor frozenParameter(int64_t index);
 
   /// The buffers parameters() hold, for checkpoints: one a parameter, in
