@@ -192,6 +192,24 @@ void Model::collectStageParameters(std::vector<std::pair<std::string, at::Tensor
   }
 }
 
+std::vector<int64_t> Model::groupSavingStages() const {
+  if (stages_ <= 1)
+    return {};
+  const std::vector<std::vector<bool>> reads = Executor::stageGroups(plan_);
+  std::vector<int64_t> out(plan_.groups.size(), 0);
+  // (With virtual stages `reads` is per chunk c, on stage c % P.)
+  for (size_t g = 0; g < out.size(); ++g) {
+    int64_t first = -1;
+    for (size_t c = 0; c < reads.size(); ++c)
+      if (reads[c][g]) {
+        const int64_t s = static_cast<int64_t>(c) % stages_;
+        first = first < 0 ? s : std::min(first, s);
+      }
+    out[g] = first < 0 ? 0 : first;
+  }
+  return out;
+}
+
 namespace {
 
 at::Device transferDevice(Comm &comm) {

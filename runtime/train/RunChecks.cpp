@@ -166,16 +166,14 @@ void checkPipeline(const std::string &archiveName, const plan::Plan &p,
                       std::to_string(p.pipelineVirtualStages) +
                       " virtual stages) needs: micro-batches go through each chunk in rounds "
                       "of one per stage");
-  if (r.checkpoints)
-    refuse("checkpoints (--checkpoint-dir / --resume)");
+  if (r.checkpoints && p.pipelineVirtualStages > 1)
+    refuse("checkpoints (--checkpoint-dir / --resume) of its virtual stages");
   if (r.dump)
     refuse("--dump");
   if (r.inspect)
     refuse("--inspect-every");
   if (r.offload)
     refuse("--offload-optimizer");
-  if (r.adafactor)
-    refuse("--optimizer adafactor");
   if (r.evaluation)
     refuse("evaluation (--eval-data)");
   if (r.profile)
