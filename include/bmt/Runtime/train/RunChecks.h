@@ -42,6 +42,7 @@ void checkTensorParallel(const std::string &archiveName, const plan::Plan &p, in
 struct PipelineRequest {
   int64_t worldSize = 1;
   int64_t microBatches = 0; ///< --micro-batches M (0: not given)
+  bool checkpoints = false; ///< --checkpoint-dir or --resume
   bool dump = false, inspect = false, offload = false;
   bool adafactor = false, evaluation = false, profile = false;
 };
