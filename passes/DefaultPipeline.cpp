@@ -102,10 +102,14 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   else if (worldSize.hasValue() && worldSize % pipelineParallel != 0)
     os << name("world-size") << " " << worldSize.getValue() << " is not a multiple of "
        << name("pipeline-parallel") << " " << pipelineParallel.getValue();
-  else if (pipelineParallel > 1 && (tensorParallel > 1 || expertParallel > 1))
+  else if (worldSize.hasValue() && tensorParallel > 1 &&
+           worldSize % (pipelineParallel * tensorParallel) != 0)
+    os << name("world-size") << " " << worldSize.getValue() << " is not a multiple of "
+       << name("pipeline-parallel") << " " << pipelineParallel.getValue() << " x "
+       << name("tensor-parallel") << " " << tensorParallel.getValue();
+  else if (pipelineParallel > 1 && expertParallel > 1)
     os << name("pipeline-parallel") << " " << pipelineParallel.getValue() << " with "
-       << name(tensorParallel > 1 ? "tensor-parallel" : "expert-parallel")
-       << " is not supported yet";
+       << name("expert-parallel") << " is not supported yet";
   else if (sequenceParallel && tensorParallel == 1)
     os << name("sequence-parallel") << " needs " << name("tensor-parallel")
        << " T > 1 (it splits the sequence over the T ranks of a tensor-parallel group)";
@@ -221,8 +225,9 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
   if (options.pipelineParallel > 1) {
     PipelineParallelOptions pipeline;
     pipeline.pipelineParallel = options.pipelineParallel;
-    pipeline.worldSize = options.worldSize.hasValue() ? int64_t(options.worldSize)
-                                                      : int64_t(options.pipelineParallel);
+    pipeline.worldSize = options.worldSize.hasValue()
+                             ? int64_t(options.worldSize)
+                             : int64_t(options.pipelineParallel) * options.tensorParallel;
     pipeline.microBatch = options.microBatch;
     pipeline.seqLen = options.seqLen;
     pm.addPass(createPipelineParallel(pipeline));

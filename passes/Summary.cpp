@@ -44,8 +44,13 @@ void printPipeline(llvm::raw_ostream &os, ModuleOp module, DictionaryAttr pipeli
     return;
   auto blockList = module.lookupSymbol<bmt::BlockListOp>(list.getValue());
   int64_t p = stages.getInt(), numBlocks = blockList ? blockList.getBlocks().size() : 0;
+  // Ranks: TP innermost, then data-parallel, stages outermost.
+  const int64_t tp = bmt::tensorParallelOf(module), d = world.getInt() / (p * tp);
   os << "  pipeline: " << p << " stages of " << list.getValue() << " over world size "
-     << world.getInt() << " (stage = rank / " << world.getInt() / p << "), 1F1B\n";
+     << world.getInt() << " (stage = rank / " << world.getInt() / p;
+  if (tp > 1)
+    os << "; " << d << " data-parallel x " << tp << " tensor-parallel ranks per stage";
+  os << "), 1F1B\n";
   int64_t total = 0;
   for (int64_t f : flops.asArrayRef())
     total += f;

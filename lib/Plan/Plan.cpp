@@ -755,10 +755,10 @@ Plan fromIValue(const IValue &value) {
       ordered = ordered && firsts[s] > firsts[s - 1];
     if (plan.version < 8 || plan.pipelineStages < 2 ||
         static_cast<int64_t>(firsts.size()) != plan.pipelineStages || !ordered ||
-        plan.pipelineBlockList.empty() || plan.tensorParallel != 1 || plan.expertParallel != 1)
+        plan.pipelineBlockList.empty() || plan.expertParallel != 1)
       throw PlanError("plan: pipeline of " + std::to_string(plan.pipelineStages) +
                       " stages needs a version 8 plan, at least 2 stages, one increasing "
-                      "first block per stage from 0, a block list, and no tensor or expert "
+                      "first block per stage from 0, a block list, and no expert "
                       "parallelism");
   }
 

@@ -74,7 +74,7 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
                              "support");
     const int64_t rank = world_->rank();
     tensorComm_ = world_->split(rank / tp, rank, "tensor");
-    dataComm_ = world_->split(rank % tp, rank, "data");
+    dataComm_ = world_->split(dataParallelColor(rank), rank, "data");
     tpRank = tensorComm_->rank();
   }
   if (const int64_t ep = plan_.expertParallel; ep > 1) {

@@ -88,7 +88,10 @@ void Trainer::runPipelineMicroBatches(PendingStep &current, MicroBatchSource &so
   const int64_t stages = model_.pipelineStages(), stage = model_.pipelineStage();
   Comm &world = model_.world();
   Comm &data = model_.dataParallel();
+  // The peers: the same TP and data-parallel rank on the stages before
+  // and after (a stage's ranks are consecutive).
   const int64_t d = data.size(), rank = world.rank();
+  const int64_t previous = rank - model_.stageRanks(), next = rank + model_.stageRanks();
   const at::Device device = model_.device();
   const int64_t pieces = config_.pipelineMicroBatches;
   const int64_t m = config_.gradAccum * pieces;
@@ -108,7 +111,7 @@ void Trainer::runPipelineMicroBatches(PendingStep &current, MicroBatchSource &so
     if (action.kind == PipelineAction::Kind::Forward) {
       if (stage > 0) {
         std::vector<bool> requiresGrad;
-        std::vector<c10::IValue> values = recvValues(world, rank - d, device, &requiresGrad);
+        std::vector<c10::IValue> values = recvValues(world, previous, device, &requiresGrad);
         for (size_t i = 0; i < values.size(); ++i)
           if (requiresGrad[i]) {
             at::Tensor t = values[i].toTensor();
@@ -132,7 +135,7 @@ void Trainer::runPipelineMicroBatches(PendingStep &current, MicroBatchSource &so
         for (const c10::IValue &v : out)
           if (v.isTensor() && v.toTensor().defined() && v.toTensor().requires_grad())
             sent[k].push_back(v.toTensor());
-        sendValues(world, out, rank + d);
+        sendValues(world, out, next);
       }
       continue;
     }
@@ -143,7 +146,7 @@ void Trainer::runPipelineMicroBatches(PendingStep &current, MicroBatchSource &so
       std::vector<at::Tensor> grads;
       for (const at::Tensor &t : sent[k]) {
         at::Tensor g = at::empty_like(t, at::MemoryFormat::Contiguous);
-        world.recv(g, rank + d)->wait();
+        world.recv(g, next)->wait();
         grads.push_back(g);
       }
       torch::autograd::backward(sent[k], grads);
@@ -151,7 +154,7 @@ void Trainer::runPipelineMicroBatches(PendingStep &current, MicroBatchSource &so
     }
     for (const at::Tensor &t : received[k]) {
       at::Tensor g = t.grad().defined() ? t.grad().contiguous() : at::zeros_like(t);
-      world.send(g, rank - d)->wait();
+      world.send(g, previous)->wait();
     }
     received[k].clear();
   }

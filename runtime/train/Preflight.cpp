@@ -118,7 +118,7 @@ namespace {
 /// the last stage finds, agreed by every rank (collective).
 int64_t probePipelineVocabulary(Model &model, const ModelInputs &probe) {
   Comm &world = model.world();
-  const int64_t d = model.dataParallel().size(), rank = world.rank();
+  const int64_t d = model.stageRanks(), rank = world.rank(); // (the next stage: rank + d)
   if (model.pipelineStage() > 0)
     model.setStageInputs(recvValues(world, rank - d, model.device()));
   std::vector<std::pair<std::string, c10::IValue>> results = model.forwardAll(probe);
@@ -135,7 +135,8 @@ int64_t probePipelineVocabulary(Model &model, const ModelInputs &probe) {
         logits = &value;
     if (!logits->isTensor())
       throw ExecutionError("the model's logits result is not a tensor");
-    vocab = logits->toTensor().size(-1);
+    // (vocab-parallel: this rank's part of them)
+    vocab = model.plan().vocabParallel ? model.plan().vocabSize : logits->toTensor().size(-1);
   }
   at::Tensor v = at::tensor({vocab}, at::kLong);
   if (world.backend() != "local")

@@ -102,8 +102,8 @@ def test_sizes_the_model_cannot_take_are_refused(tmp_path):
     assert refused(pt, "-o", out, "--pipeline-parallel", "2", "--world-size", "3") == (
         "error: --world-size 3 is not a multiple of --pipeline-parallel 2")
     assert refused(pt, "-o", out, "--pipeline-parallel", "2", "--tensor-parallel", "2",
-                   "--world-size", "4") == (
-        "error: --pipeline-parallel 2 with --tensor-parallel is not supported yet")
+                   "--world-size", "6") == (
+        "error: --world-size 6 is not a multiple of --pipeline-parallel 2 x --tensor-parallel 2")
 
 
 STEPS = 5
@@ -180,20 +180,26 @@ def train(traced, tag, ranks, flags, batches, *extra):
     ("gpt2", 2, 4, 2, []),
     ("llama", 2, 2, 2, ["--checkpoint", "none"]),
     ("gpt2-4", 4, 4, 4, ["--checkpoint", "none"]),
-], ids=["gpt2-p2-n2", "gpt2-p2-n4", "llama-p2-n2-no-recompute", "gpt2-4blocks-p4-n4"])
+    # P x T x D = 2 x 2 x 1: GPT-2's tied wte vocab-split on stages 0 and 1
+    ("gpt2", 2, 4, 2, ["--tensor-parallel", "2"]),
+    ("llama", 2, 4, 2, ["--tensor-parallel", "2", "--checkpoint", "none"]),
+], ids=["gpt2-p2-n2", "gpt2-p2-n4", "llama-p2-n2-no-recompute", "gpt2-4blocks-p4-n4",
+        "gpt2-p2-t2-n4", "llama-p2-t2-n4-no-recompute"])
 def test_pipeline_trains_as_eager(traced, name, stages, ranks, m, flags):
     if traced["name"] != name:
         pytest.skip("another model's cell")
-    d = ranks // stages
-    tag = f"p{stages}-n{ranks}"
+    tp = int(flags[flags.index("--tensor-parallel") + 1]) if "--tensor-parallel" in flags else 1
+    d = ranks // (stages * tp)  # data-parallel ranks of a stage (and TP rank)
+    tag = f"p{stages}-t{tp}-n{ranks}"
     records, params, stdout = train(traced, tag, ranks,
                                     ["--pipeline-parallel", str(stages), *flags],
                                     traced["batches"], "--micro-batches", m)
     assert [x["step"] for x in records] == list(range(1, STEPS + 1))
     lrs = {x["step"]: x["lr"] for x in records}
-    # The same plan without stages, M micro-batches accumulated on D ranks.
+    # The same plan without stages, M micro-batches accumulated on T x D ranks.
     split = pieces(traced["batches"], d, m)
-    plain, plain_params, _ = train(traced, tag + "-plain", d, flags, split, "--grad-accum", m)
+    plain, plain_params, _ = train(traced, tag + "-plain", d * tp, flags, split,
+                                   "--grad-accum", m)
     # Eager transformers on the same micro-batches.
     model = build_model(name)
     want = eager_training(model, split, STEPS, m, lambda s: lrs[s], 0.5, 0.01, ranks=d)

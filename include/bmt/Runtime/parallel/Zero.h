@@ -212,6 +212,12 @@ public:
   /// Global L2 norm of the gradients over all ranks (a float64 tensor of one
   /// element on the device), without a host synchronisation. Collective.
   at::Tensor gradNorm() override;
+  /// This rank's part of the squared norm behind gradNorm() (float64 [1]
+  /// on the device, before any collective): the shards for which
+  /// `counts(shard index)` holds (all without it), split members whole,
+  /// TP-replicated ones 1/T. Summed over the TP group and the shard group
+  /// (or a pipeline's world) it is the squared global norm.
+  at::Tensor gradSquares(const std::function<bool(size_t)> &counts = {});
   /// Storage group `group`'s (an index of shards(); the plan's group index
   /// when T == 1) whole flat buffer [shard size x shard ranks]
   /// (a new tensor on the device; members at the plan's offsets, padding
