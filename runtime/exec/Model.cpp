@@ -128,8 +128,10 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
         options.offloadOptimizer, tensorComm_.get(),
         dataComm_ ? dataComm_.get() : stageComm_.get(), held.empty() ? nullptr : &held);
     zero_ = zero.get();
-    if (!held.empty())
-      zero_->setGradientSlots(false); // (1F1B interleaves micro-batches)
+    if (!held.empty()) { // (1F1B interleaves micro-batches)
+      zero_->setGradientSlots(false);
+      zero_->setKeepOutsideGathered(true);
+    }
     storage_ = std::move(zero);
     done = groupBytes;
     total += groupBytes;

@@ -111,7 +111,8 @@ void ZeroStorage::reduceMemberGradients(int64_t group, const std::vector<at::Ten
   for (const auto &[begin, end] : g.layout.reduceGradRanges)
     tensor_->allReduce(flat.narrow(0, begin, end - begin))->wait();
   startReduceGradient(g, flat);
-  freeBuffer(g);
+  if (!keepOutsideGathered_ || !g.layout.info->blockList.empty())
+    freeBuffer(g);
   // The shard's gradient arrives in finishGradients(), so that this
   // reduce-scatter overlaps the backward of the blocks before this one.
 }
