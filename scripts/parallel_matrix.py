@@ -86,6 +86,8 @@ MODES = {
     "pp2-tp2-n4": (4, ["--pipeline-parallel", "2", "--tensor-parallel", "2"]),
     "pp2-tp2-n4-no-recompute": (4, ["--pipeline-parallel", "2", "--tensor-parallel", "2",
                                     "--checkpoint", "none"]),
+    "pp2-tp2-sp-n4": (4, ["--pipeline-parallel", "2", "--tensor-parallel", "2",
+                          "--sequence-parallel"]),
 }
 
 

@@ -3,7 +3,8 @@
 test_pipeline_parallel.py's GPT-2 and LLaMA: Qwen3 (q/k norms), BERT (an
 encoder, trained as a causal LM as scripts/parallel_matrix.py does) and
 LLaMA with tied embeddings (embed_tokens on stage 0 read by the LM head on
-stage 1), recompute on and off across them; 5 AdamW steps under torchrun on
+stage 1, vocab-split) with sequence parallelism (each TP rank sends its
+slice of the sequence to the next stage), recompute on and off across them; 5 AdamW steps under torchrun on
 CPU ranks against eager transformers (numerics.py's bounds), through
 parallel_matrix.run_cell. An encoder-decoder (T5: two block lists) is
 refused by bmt-opt in one line."""
@@ -20,7 +21,7 @@ import parallel_matrix  # noqa: E402
 CELLS = [
     ("qwen3", "pp2-tp2-n4"),
     ("bert (masked LM)", "pp2-tp2-n4-no-recompute"),
-    ("llama (tied)", "pp2-n2"),
+    ("llama (tied)", "pp2-tp2-sp-n4"),
 ]
 
 
