@@ -4,12 +4,13 @@ each stage's parameter count against the eager model's own parameters (the
 embedding on stage 0, the final norm and head on the last, GPT-2's tied
 wte on both), the head's FLOPs on the last stage (GPT-2 passes its tied
 weight to @lm_head.forward as an argument), the plan's format version, and one error line for what is
-refused: P larger than the blocks, P with tensor parallelism, and bmt-run
-given a pipelined plan on a world size P does not divide.
+refused: P larger than the blocks, a world size P x T does not divide,
+and bmt-run given a pipelined plan on a world size P does not divide.
 
 Then bmt-run trains the stages under torchrun on CPU ranks (1F1B over
 --micro-batches M, ZeRO over each stage's D ranks): 5 AdamW steps of GPT-2
-(tied wte) at P = 2 on N = 2 and 4 and LLaMA without recompute at P = 2,
+(tied wte) at P = 2 on N = 2 and 4, LLaMA without recompute at P = 2, GPT-2
+(recompute) and LLaMA (without) at P = 2 x T = 2 on N = 4 (TP innermost),
 against eager transformers (numerics.py's bounds) and against the same plan
 compiled without stages at the same accumulation (M micro-batches); and
 what a pipeline does not run is one error line before training."""
