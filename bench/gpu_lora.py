@@ -161,7 +161,8 @@ def run_reference(args, name):
 
 def archive_path(folder, args):
     r, _, _ = parse_lora(args.lora)
-    return os.path.join(folder, f"llama-8b-{args.layers}l-lora-r{r}.sharded.pt")
+    recompute = "all" if args.checkpoint == "all" else f"auto{args.budget_gib:g}"
+    return os.path.join(folder, f"llama-8b-{args.layers}l-lora-r{r}-{recompute}.sharded.pt")
 
 
 def make_archive(args):
@@ -171,18 +172,20 @@ def make_archive(args):
         raise SystemExit("no bmt-opt here: give --bmt-opt, or --archives DIR with a plan made "
                          "elsewhere by --make-archives-only")
     traced = os.path.join(args.out, f"llama-8b-{args.layers}l-bf16.pt")
-    subprocess.run([sys.executable, os.path.join(REPO, "bench", "make_llama_1b.py"), traced,
-                    "--config", "8b", "--layers", str(args.layers), "--dtype", "bfloat16",
-                    "--contiguous"], check=True)
+    if not os.path.exists(traced):
+        subprocess.run([sys.executable, os.path.join(REPO, "bench", "make_llama_1b.py"), traced,
+                        "--config", "8b", "--layers", str(args.layers), "--dtype", "bfloat16",
+                        "--contiguous"], check=True)
     import torch  # a portable bmt-opt (BMT_STATIC_LLVM) finds LibTorch by LD_LIBRARY_PATH
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
         [os.path.join(os.path.dirname(torch.__file__), "lib"), env.get("LD_LIBRARY_PATH", "")])
+    budget = ["--memory-budget-gib", str(args.budget_gib)] if args.checkpoint == "auto" else []
     # --random-init leaves out the trainable parameters' weights only: the
     # frozen base (random values) is written, 16 GB for the 8B shape.
     subprocess.run([bmt_opt, traced, "-o", out, "--random-init", "--world-size", "1",
                     "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ),
-                    "--checkpoint", "all", "--lora", args.lora + ",targets=all-linear"],
+                    "--checkpoint", args.checkpoint, *budget, "--lora", args.lora + ",targets=all-linear"],
                    check=True, env=env)
     return out
 
@@ -199,10 +202,15 @@ def main():
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--lora", default="r=16,alpha=32,dropout=0.05",
                     help="r, alpha, dropout (targets: all linear layers)")
+    ap.add_argument("--checkpoint", choices=["all", "auto"], default="all",
+                    help="bmt's recompute: every block, or bmt-opt's checkpoint=auto under --budget-gib")
+    ap.add_argument("--budget-gib", type=float, default=30.0,
+                    help="checkpoint=auto's per-rank memory budget")
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
     ap.add_argument("--reference", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.gpus, args.device = 1, "cuda"  # gpu_speed.run_bmt's launcher: one process
     if args.reference:
         return reference(args)
     os.makedirs(args.out, exist_ok=True)
@@ -220,7 +228,10 @@ def main():
         archive = archive_path(args.archives, args) if args.archives else make_archive(args)
         data = gpu_speed.write_tokens(os.path.join(args.out, "tokens"), 128256,
                                       (args.warmup + args.steps + 5) * MICRO_BATCH * (SEQ + 1) * 2)
-        results.append(gpu_speed.run_bmt(args, bmt_run, archive, data, "on", args.out))
+        run = gpu_speed.run_bmt(args, bmt_run, archive, data, "on", args.out)
+        if run and args.checkpoint == "auto":
+            run["name"] = "bmt-auto"
+        results.append(run)
         print("bmt: done", flush=True)
     for name in [n for n in args.only if n != "bmt"]:
         results.append(run_reference(args, name))
@@ -229,7 +240,7 @@ def main():
     path = os.path.join(args.out, "results.json")  # earlier calls' runs stay unless rerun
     mine = {r["name"] for r in results}
     earlier = json.load(open(path)) if os.path.exists(path) else []
-    order = ["bmt", "peft-compile", "peft-fsdp2-compile"]
+    order = ["bmt", "bmt-auto", "peft-compile", "peft-fsdp2-compile"]
     results = sorted([r for r in earlier if r["name"] not in mine] + results,
                      key=lambda r: order.index(r["name"]))
     with open(path, "w") as f:
@@ -242,12 +253,15 @@ def main():
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     print(f"\nLlama-3-8B shape, {args.layers} layers, {base:,} parameters frozen, LoRA r={r} "
           f"alpha={alpha:g} dropout={dropout:g} on all linear layers ({adapters:,} trained), "
-          f"every block recomputed, micro-batch {MICRO_BATCH} x {SEQ}, {gpu}, torch "
+          f"recompute: bmt every block, bmt-auto bmt-opt's checkpoint=auto under "
+          f"{args.budget_gib:g} GiB, the peers every block; micro-batch {MICRO_BATCH} x {SEQ}, {gpu}, torch "
           f"{torch.__version__}; {args.steps} timed steps after {args.warmup}")
-    print(f"{'run':<19} {'tokens/s':>9} {'TFLOP/s':>8} {'peak GiB':>8} {'loss 1 -> last':>16}  bmt / it")
+    print(f"{'run':<19} {'tokens/s':>9} {'TFLOP/s':>8} {'peak GiB':>8} {'loss 1 -> last':>16}  "
+          f"it / peft-compile")
     bmt = next((x for x in results if x["name"] == "bmt"), None)
+    peer = next((x for x in results if x["name"] == "peft-compile"), None)
     for x in results:
-        ratio = f"{bmt['tokens_per_s'] / x['tokens_per_s']:.2f}" if bmt else ""
+        ratio = f"{x['tokens_per_s'] / peer['tokens_per_s']:.2f}" if peer else ""
         print(f"{x['name']:<19} {x['tokens_per_s']:>9,.0f} {x['tokens_per_s'] * fpt / 1e12:>8.1f} "
               f"{x['peak_gib']:>8.1f} {x['loss_first']:>7.3f} -> {x['loss_last']:.3f}  {ratio}")
     if bmt:

@@ -3,7 +3,7 @@
 // What `bmt-opt model.pt -o sharded.pt` runs when no pass is named, and
 // `--bmt-default-pipeline` runs on request: moe-layers, causal-attention, fuse-gelu,
 // fuse-elementwise (unless fuse-elementwise=false), find-blocks,
-// tensor-parallel (with tensor-parallel > 1), zero, checkpoint, overlap, summary. Its options are checked
+// tensor-parallel (with tensor-parallel > 1; lora after it then), zero, checkpoint, overlap, summary. Its options are checked
 // here, for the top-level flags and the named pipeline alike. See
 // docs/passes/default-pipeline.md.
 //
@@ -116,9 +116,10 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   else if (sequenceParallel && seqLen.hasValue() && seqLen > 0 && seqLen % tensorParallel != 0)
     os << name("sequence-parallel") << ": " << name("seq-len") << " " << seqLen.getValue()
        << " is not a multiple of " << name("tensor-parallel") << " " << tensorParallel.getValue();
-  else if (!llvm::StringRef(lora.getValue()).trim().empty() && tensorParallel > 1)
-    os << name("lora") << " with " << name("tensor-parallel") << " > 1 is not supported yet "
-       << "(the adapters would need the base's column/row splits); use ZeRO alone";
+  else if (!llvm::StringRef(lora.getValue()).trim().empty() && tensorParallel > 1 &&
+           !llvm::StringRef(freeze.getValue()).trim().empty())
+    os << name("freeze") << " with " << name("lora") << " and " << name("tensor-parallel")
+       << " > 1 is not supported (" << name("lora") << " freezes the whole base already)";
   else if (fuseSecondResults && !fuseElementwise)
     os << name("fuse-second-results") << " needs the elementwise fusion (" << name("fuse-elementwise")
        << " is false)";
@@ -166,11 +167,17 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
     freeze.patterns = options.freeze.getValue();
     pm.addPass(createFreeze(freeze));
   }
-  if (!llvm::StringRef(options.lora.getValue()).trim().empty()) {
-    LoraOptions lora;
-    lora.spec = options.lora.getValue();
-    pm.addPass(createLora(lora));
-  }
+  // With tensor parallelism, after bmt-tensor-parallel: the base trains
+  // while the chains are found (only trainable weights are split), then
+  // the adapters follow the splits and the base is frozen.
+  const bool lora = !llvm::StringRef(options.lora.getValue()).trim().empty();
+  auto addLora = [&] {
+    LoraOptions loraOptions;
+    loraOptions.spec = options.lora.getValue();
+    pm.addPass(createLora(loraOptions));
+  };
+  if (lora && options.tensorParallel <= 1)
+    addLora();
   // Before everything: fusion would take the dispatch's casts and masks
   // into regions, and every MoE block's function changes alike, so
   // find-blocks still sees identical blocks (the experts' parameters stay
@@ -205,6 +212,8 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
     tp.tensorParallel = options.tensorParallel;
     tp.sequenceParallel = options.sequenceParallel;
     pm.addPass(createTensorParallel(tp));
+    if (lora)
+      addLora();
   }
   // After tensor-parallel: it splits the repeats' kv heads (or replicates
   // k/v and narrows after the repeat, which this pass then leaves alone).

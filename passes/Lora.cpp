@@ -7,14 +7,21 @@
 //   y' = y + (alpha / r) * linear(linear(dropout(x), A), B);
 // every other parameter is frozen. A is Kaiming-uniform (a = sqrt(5): bound
 // 1 / sqrt(in)), B zero, so step 0 is the base model exactly; the exporter
-// makes their values (bmt.generated_init). See passes/Passes.td and
-// docs/passes/lora.md.
+// makes their values (bmt.generated_init). After bmt-tensor-parallel (a
+// module with bmt.tensor_parallel = T > 1) the adapters follow their base's
+// split: a column-parallel W gives a whole A and a B split on its rows like
+// W's outputs; a row-parallel W (its matmul already without bias, before the
+// all-reduce) an A split on its columns like W's inputs and a whole B, the
+// adapter's partial output added before the all-reduce. The whole adapter
+// of a split base sees only its rank's part of the gradient: reduce_grad.
+// See passes/Passes.td and docs/passes/lora.md.
 //
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Dialect/AtenArgs.h"
 #include "bmt/Dialect/AtenRegistry.h"
 #include "bmt/Dialect/BmtDialect.h"
+#include "bmt/Dialect/TensorSplit.h"
 #include "bmt/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -107,14 +114,17 @@ struct Site {
 };
 
 /// The site of `op` when it is aten::linear(x, W, b) or aten::addmm(b, x, W,
-/// 1, 1) whose weight is a 2-D parameter read by bmt.get_global.
-std::optional<Site> siteOf(bmt::AtenOp op, SymbolTable &symbols) {
+/// 1, 1) whose weight is a 2-D parameter read by bmt.get_global; with
+/// `splitModule` also aten::mm(x, W), a row-parallel Conv1D's matmul that
+/// bmt-tensor-parallel took its bias from.
+std::optional<Site> siteOf(bmt::AtenOp op, SymbolTable &symbols, bool splitModule) {
   bool linear = bmt::isAten(op, {AtenOpId::linear});
   bool addmm = bmt::isAten(op, {AtenOpId::addmm});
-  if (!linear && !addmm)
+  bool mm = splitModule && bmt::isAten(op, {AtenOpId::mm});
+  if (!linear && !addmm && !mm)
     return std::nullopt;
-  auto x = bmt::getAtenArg(op, linear ? 0u : 1u);
-  auto w = bmt::getAtenArg(op, linear ? 1u : 2u);
+  auto x = bmt::getAtenArg(op, linear ? 0u : mm ? 0u : 1u);
+  auto w = bmt::getAtenArg(op, linear ? 1u : mm ? 1u : 2u);
   if (!x || !w || !x->isOperand() || !w->isOperand())
     return std::nullopt;
   if (addmm) {
@@ -137,6 +147,64 @@ std::optional<Site> siteOf(bmt::AtenOp op, SymbolTable &symbols) {
   return s;
 }
 
+/// The splits of a site's adapters over the TP group (replicated by
+/// default), or why the site cannot be adapted.
+struct AdapterSplits {
+  bmt::ParameterSplit a, b;
+  const char *layout = "whole";
+  std::string error;
+};
+
+/// Follows the base weight's split (bmt-tensor-parallel ran before):
+/// - W split on its output dim (column-parallel, y split): A whole, B
+///   split on dim 0 as W's outputs (chunks alike). Each rank's dA is the
+///   part of its output slice, so A's gradient is summed over the group.
+/// - W split on its input dim (row-parallel, y a partial sum before the
+///   all-reduce): A split on dim 1 as W's inputs, B whole; x A_t^T is each
+///   rank's partial of x A^T, and B of it a partial of the adapter's output,
+///   added to the partial base output before the all-reduce (linear, so
+///   the sum is right). dB = dy^T (x_t A_t^T) is a partial: summed.
+/// - W whole with reduce_grad (replicated k/v): dW's parts summed over the
+///   group; the adapters' gradients come from the same dy and x: summed.
+/// - W whole otherwise: gradients identical on every rank; nothing to do.
+AdapterSplits adapterSplits(const Site &site) {
+  AdapterSplits out;
+  bmt::ParameterSplit w = bmt::parameterSplitOf(site.weight);
+  if (!w.isSplit()) {
+    if (w.reduceGrad) {
+      out.a = out.b = bmt::reduceGradSplit();
+      out.layout = "whole, reduce_grad";
+    }
+    return out;
+  }
+  const int64_t outDim = bmt::isAten(site.op, {AtenOpId::linear}) ? 0 : 1;
+  if (!w.isTensorSplit() || w.paddedSize != 0 || (w.dim != 0 && w.dim != 1)) {
+    out.error = "its weight is split in a way the adapters cannot follow (padded by the "
+                "vocab-parallel split, or split over the expert group)";
+    return out;
+  }
+  if (w.dim == outDim) {
+    out.b.dim = 0;
+    out.b.chunks = w.chunks;
+    out.a = bmt::reduceGradSplit();
+    out.layout = "column";
+    return out;
+  }
+  Value y = site.op->getResult(0);
+  // The row's collective: the all-reduce, or with sequence parallelism the
+  // reduce-scatter along the sequence (a sum too).
+  if (!y.hasOneUse() ||
+      !isa<bmt::TpAllReduceOp, bmt::TpReduceScatterOp>(*y.getUsers().begin())) {
+    out.error = "its row-parallel output is not summed over the group right after the matmul";
+    return out;
+  }
+  out.a.dim = 1;
+  out.a.chunks = w.chunks;
+  out.b = bmt::reduceGradSplit();
+  out.layout = "row";
+  return out;
+}
+
 struct LoraPass : bmt::impl::LoraBase<LoraPass> {
   using LoraBase::LoraBase;
 
@@ -150,6 +218,13 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
       return signalPassFailure();
     }
     SymbolTable symbols(module);
+    const int64_t tensorParallel = bmt::tensorParallelOf(module);
+    if (tensorParallel > 1 && lora.dropout > 0) {
+      // Each TP rank would draw its own mask for its part of the outputs.
+      module.emitError("bmt-lora: dropout > 0 with tensor parallelism is not supported yet "
+                       "(give dropout=0)");
+      return signalPassFailure();
+    }
     // Weights an embedding reads (a tied output head): never adapted.
     llvm::StringSet<> embeddings;
     module.walk([&](bmt::AtenOp op) {
@@ -175,7 +250,7 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
     llvm::StringSet<> seen;
     std::string error;
     module.walk([&](bmt::AtenOp op) {
-      std::optional<Site> site = siteOf(op, symbols);
+      std::optional<Site> site = siteOf(op, symbols, tensorParallel > 1);
       std::string path;
       if (!site || !targeted(site->weight, path))
         return;
@@ -208,6 +283,21 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
           return signalPassFailure();
         }
 
+    // With tensor parallelism, the adapters follow their base's split.
+    SmallVector<AdapterSplits> splits;
+    int64_t columns = 0, rows = 0;
+    for (auto &[site, path] : sites) {
+      splits.push_back(tensorParallel > 1 ? adapterSplits(site) : AdapterSplits());
+      if (!splits.back().error.empty()) {
+        module.emitError("bmt-lora: cannot adapt ") << path << " at --tensor-parallel "
+                                                     << tensorParallel << ": "
+                                                     << splits.back().error;
+        return signalPassFailure();
+      }
+      columns += StringRef(splits.back().layout) == "column";
+      rows += StringRef(splits.back().layout) == "row";
+    }
+
     // Freeze the base first: only the adapters train.
     for (bmt::ParameterOp p : module.getOps<bmt::ParameterOp>())
       p.setRequiresGrad(false);
@@ -218,7 +308,8 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
     Type tensor = bmt::TensorType::get(ctx);
     double scale = lora.alpha / static_cast<double>(lora.rank);
     int64_t added = 0;
-    for (auto &[site, path] : sites) {
+    for (auto [i, entry] : llvm::enumerate(sites)) {
+      auto &[site, path] = entry;
       Type element = cast<RankedTensorType>(site.weight.getType()).getElementType();
       auto makeParam = [&](StringRef suffix, ArrayRef<int64_t> shape, StringRef rule) {
         builder.setInsertionPointAfter(site.weight);
@@ -236,6 +327,10 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
       std::snprintf(text, sizeof text, "uniform:%.17g", 1.0 / std::sqrt(double(site.in)));
       std::string bound = text;
       bmt::ParameterOp a = makeParam(".lora_A.weight", {lora.rank, site.in}, bound);
+      if (!splits[i].a.isDefault())
+        bmt::setParameterSplit(a, splits[i].a);
+      if (!splits[i].b.isDefault())
+        bmt::setParameterSplit(b, splits[i].b);
 
       Operation *op = site.op;
       builder.setInsertionPointAfter(op);
@@ -266,7 +361,7 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
     // What an adapter export needs (bmt-to-hf --adapter reads it from the
     // program text of sharded.pt): peft's LoraConfig fields.
     bool conv1d = llvm::any_of(sites, [](const auto &s) {
-      return bmt::isAten(s.first.op, {AtenOpId::addmm});
+      return bmt::isAten(s.first.op, {AtenOpId::addmm, AtenOpId::mm});
     });
     SmallVector<std::string> modules;
     for (auto &[site, path] : sites) {
@@ -288,6 +383,11 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
                                 << " linear layers (r=" << lora.rank << ", alpha=" << lora.alpha
                                 << ", dropout=" << lora.dropout << "), " << added
                                 << " trainable parameters; the base is frozen";
+    if (tensorParallel > 1)
+      emitRemark(module.getLoc()) << "bmt-lora: over --tensor-parallel " << tensorParallel << ": "
+                                  << columns << " adapters of column-parallel layers (B split), "
+                                  << rows << " of row-parallel ones (A split), "
+                                  << sites.size() - columns - rows << " whole";
   }
 };
 

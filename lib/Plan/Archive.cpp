@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <cstdio>
@@ -325,6 +326,9 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
     // the parts of that copy are filled).
     std::pair<int64_t, int64_t> slicedKey{-1, -1}; // (tensor, tp rank)
     at::Tensor sliced;
+    // A TP-split member's crc32 is the whole value's (the same at any T:
+    // checkpoints identify a frozen base by it), taken at its tp_rank 0 copy.
+    std::map<int64_t, uint32_t> wholeCrc;
     auto readMember = [&](const StorageGroup &group, int64_t index, int64_t begin, int64_t end,
                           at::Tensor &dst) {
       const TensorInfo &info = plan.tensors[index];
@@ -344,6 +348,8 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       if (slicedKey != std::make_pair(index, tpRank)) {
         at::Tensor whole = at::empty({info.numel()}, at::TensorOptions().dtype(info.dtype));
         read(static_cast<size_t>(index), 0, info.numel(), whole);
+        if (tpRank == 0 && info.split.isTensorSplit())
+          wholeCrc[index] = crc32_fast(whole.data_ptr(), whole.nbytes());
         sliced = tpSlice(whole.view(info.shape), info.split, plan.tensorParallel, tpRank)
                      .reshape({-1});
         slicedKey = {index, tpRank};
@@ -448,8 +454,11 @@ WriteStats writeArchive(const std::string &path, Plan &plan, const std::string &
       for (size_t m = 0; m < group.members.size(); ++m) {
         if (group.tpRank >= 0 && !weightsFree(plan, group))
           group.crc32s.push_back(crc[g][m]); // the copy's slice
-        if (group.tpRank <= 0 && group.epRank <= 0)
-          plan.tensors[group.members[m]].crc32 = crc[g][m]; // the tp/ep_rank 0 copy's slice
+        if (group.tpRank <= 0 && group.epRank <= 0) {
+          // The tp/ep_rank 0 copy's slice; a TP-split member's whole value.
+          auto whole = wholeCrc.find(group.members[m]);
+          plan.tensors[group.members[m]].crc32 = whole != wholeCrc.end() ? whole->second : crc[g][m];
+        }
       }
     }
     for (size_t i = 0; i < plan.tensors.size(); ++i) {

@@ -16,7 +16,9 @@ TP_VERSION = 2  # a checkpoint of tensor parallelism: its spaces hold TP slices
 # expert weights split over the expert group: their spaces hold each
 # expert-group position's experts ("ep_rank")
 EP_VERSION = 3
-VERSIONS = (CHECKPOINT_VERSION, TP_VERSION, EP_VERSION)
+# a pipelined run's: each space written by the ranks of one stage ("stage")
+PP_VERSION = 4
+VERSIONS = (CHECKPOINT_VERSION, TP_VERSION, EP_VERSION, PP_VERSION)
 
 # The checkpoint's dtype names (plan::dtypeName) -> safetensors dtype codes.
 SAFETENSORS_DTYPE = {
@@ -117,6 +119,11 @@ def read_checkpoint(folder):
             or any("ep_rank" in s and not 0 <= s["ep_rank"] < ep for s in meta["spaces"])):
         raise Failure(f"{path}: bad layout (version {meta['version']} with expert_parallel {ep}, "
                       f"world size {meta['world_size']})")
+    stages = meta.get("pipeline_stages", 1)
+    if ((meta["version"] == PP_VERSION) != (stages > 1) or meta["world_size"] % stages
+            or any(not 0 <= s.get("stage", 0) < stages for s in meta["spaces"])):
+        raise Failure(f"{path}: bad layout (version {meta['version']} with pipeline_stages "
+                      f"{stages}, world size {meta['world_size']})")
     if len(rank_bytes) != meta["world_size"]:
         raise Failure(f"{path}: bad layout (rank_bytes of {len(rank_bytes)} ranks, world size "
                       f"{meta['world_size']})")

@@ -147,34 +147,81 @@ def check_no_buffer_moved(rank0, plan, sharded):
                               "which a peft adapter cannot carry: export with --merge")
 
 
+def _member_segments(plan, top, g, index, nbytes):
+    """[(zip member, byte offset, bytes)] of tensor `index` in storage group
+    `g` (its record, or the parts it spans); None when the group has no bytes."""
+    size = ELEMENT_SIZE[SAFETENSORS_DTYPE[g["dtype"]]]
+    at = g["offsets"][g["members"].index(index)] * size
+    if g.get("record"):
+        return [(top + g["record"], at, nbytes)]
+    if not g.get("parts"):
+        return None
+    part_bytes = g["part_size"] * size
+    segments, end = [], at + nbytes
+    while at < end:
+        k = at // part_bytes
+        upto = min(end, (k + 1) * part_bytes)
+        segments.append((top + g["parts"][k], at - k * part_bytes, upto - at))
+        at = upto
+    return segments
+
+
+def tp_slices(plan, top, index, t):
+    """A frozen parameter split over the TP group: {"slices": [segments of
+    TP rank r's slice, r = 0..T-1], "local_shape", "ranges": [[local, global,
+    length] per rank]} (the plan's split rule, plan::tpRanges); None when it
+    has no bytes."""
+    split, tp = t["split"], plan["tensor_parallel"]
+    dim, size, chunks = split["dim"], t["shape"][split["dim"]], split["chunks"]
+    padded = split.get("padded_size") or size
+    local_shape = list(t["shape"])
+    local_shape[dim] = padded // tp
+    nbytes = ELEMENT_SIZE[SAFETENSORS_DTYPE[t["dtype"]]]
+    for d in local_shape:
+        nbytes *= d
+    name = plan["groups"][t["group"]]["name"]
+    copies = {g.get("tp_rank", -1): g for g in plan["groups"] if g["name"] == name}
+    slices, ranges = [], []
+    chunk = padded // chunks
+    piece = chunk // tp
+    for r in range(tp):
+        segments = _member_segments(plan, top, copies[r], index, nbytes)
+        if segments is None:
+            return None
+        slices.append(segments)
+        ranges.append([[c * piece, c * chunk + r * piece, min(piece, size - (c * chunk + r * piece))]
+                       for c in range(chunks) if size - (c * chunk + r * piece) > 0])
+    return {"slices": slices, "local_shape": local_shape, "ranges": ranges, "dim": dim}
+
+
 def frozen_parameters(sharded, torch):
     """{name (and each alias): (segments, 0, dtype code, shape)} of the frozen
     parameters (requires_grad false) of sharded.pt's plan that have bytes in
     it, segments being [(zip member, byte offset, bytes), ...]: one for a
     tensor of its own or a member of a frozen storage group in one record,
-    one per record it spans in a group split into parts (docs/sharded-format.md)."""
+    one per record it spans in a group split into parts (docs/sharded-format.md);
+    for one split over the TP group (a LoRA base at T > 1), tp_slices'
+    dict instead."""
     plan, top, _ = sharded_plan(sharded, torch)
     out = {}
     for index, t in enumerate(plan["tensors"]):
-        if not t["is_parameter"] or t["requires_grad"] or t.get("split"):
+        if not t["is_parameter"] or t["requires_grad"]:
+            continue
+        split = t.get("split")
+        if split and split.get("over") == "expert":
             continue
         nbytes = ELEMENT_SIZE[SAFETENSORS_DTYPE[t["dtype"]]]
         for d in t["shape"]:
             nbytes *= d
-        if t["record"]:
+        if split and split["dim"] >= 0 and t["group"] >= 0:
+            segments = tp_slices(plan, top, index, t)
+        elif t["record"]:
             segments = [(top + t["record"], t["offset"], nbytes)]
-        elif t["group"] >= 0 and plan["groups"][t["group"]].get("parts"):
-            g = plan["groups"][t["group"]]
-            size = ELEMENT_SIZE[SAFETENSORS_DTYPE[g["dtype"]]]
-            part_bytes = g["part_size"] * size
-            at = g["offsets"][g["members"].index(index)] * size
-            segments, end = [], at + nbytes
-            while at < end:
-                k = at // part_bytes
-                upto = min(end, (k + 1) * part_bytes)
-                segments.append((top + g["parts"][k], at - k * part_bytes, upto - at))
-                at = upto
+        elif t["group"] >= 0:
+            segments = _member_segments(plan, top, plan["groups"][t["group"]], index, nbytes)
         else:
+            segments = None
+        if segments is None:
             continue  # no bytes (an init rule)
         entry = (segments, 0, SAFETENSORS_DTYPE[t["dtype"]], list(t["shape"]))
         for n in [t["name"], *t["aliases"]]:
@@ -182,18 +229,37 @@ def frozen_parameters(sharded, torch):
     return out
 
 
+def _read_segments(z, sharded, name, segments):
+    for record, offset, nbytes in segments:
+        with z.open(record) as f:
+            f.seek(offset)
+            left = nbytes
+            while left > 0:
+                piece = f.read(min(CHUNK, left))
+                if not piece:
+                    raise Failure(f"{sharded}: {record} ends before {name}'s bytes")
+                left -= len(piece)
+                yield piece
+
+
 def frozen_bytes(sharded, t):
     """The bytes of frozen tensor `t` (frozen_parameters' segments in
-    t.record) in pieces of at most CHUNK bytes."""
+    t.record) in pieces of at most CHUNK bytes; a TP-split one put back
+    together from its slices (its padding dropped)."""
     import zipfile
     with zipfile.ZipFile(sharded) as z:
-        for record, offset, nbytes in t.record:
-            with z.open(record) as f:
-                f.seek(offset)
-                left = nbytes
-                while left > 0:
-                    piece = f.read(min(CHUNK, left))
-                    if not piece:
-                        raise Failure(f"{sharded}: {record} ends before {t.name}'s bytes")
-                    left -= len(piece)
-                    yield piece
+        if isinstance(t.record, dict):
+            import torch
+            r = t.record
+            dtype = getattr(torch, TORCH_DTYPE[t.dtype])
+            whole = torch.empty(t.shape, dtype=dtype)
+            for segments, ranges in zip(r["slices"], r["ranges"]):
+                data = bytearray(b"".join(_read_segments(z, sharded, t.name, segments)))
+                s = torch.frombuffer(data, dtype=dtype).view(r["local_shape"])
+                for local, start, length in ranges:
+                    whole.narrow(r["dim"], start, length).copy_(s.narrow(r["dim"], local, length))
+            data = whole.view(-1).view(torch.uint8).numpy().tobytes()
+            for at in range(0, len(data), CHUNK):
+                yield data[at:at + CHUNK]
+            return
+        yield from _read_segments(z, sharded, t.name, t.record)

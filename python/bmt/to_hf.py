@@ -364,11 +364,14 @@ def convert(args):
             return ep, s["ep_rank"]
         return tp, s.get("tp_rank", 0)
 
+    stage_ranks = world // meta.get("pipeline_stages", 1)
+
     def rank_of(k, q):
         """The rank whose file holds shard q of space k: q * T + its tp_rank,
-        q * E + its ep_rank (an expert-split group), else q."""
+        q * E + its ep_rank (an expert-split group), else q; from the first
+        rank of the pipeline stage that wrote it (its "stage" s: s * D)."""
         size, position = copy_of(spaces[k])
-        return q * size + position
+        return spaces[k].get("stage", 0) * stage_ranks + q * size + position
 
     needed = sorted({0} | {rank_of(k, q) for k, s in enumerate(spaces)
                            for q in range(s["shards"])})

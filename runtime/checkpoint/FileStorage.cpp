@@ -85,7 +85,7 @@ CompleteFile readComplete(const fs::path &folder) {
 int64_t completeStepOf(const fs::path &folder) {
   const CompleteFile c = readComplete(folder);
   return c.version == kFormatVersion || c.version == kTensorParallelVersion ||
-                 c.version == kExpertSplitVersion
+                 c.version == kExpertSplitVersion || c.version == kPipelineVersion
              ? c.step
              : -1;
 }

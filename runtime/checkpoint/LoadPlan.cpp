@@ -25,8 +25,18 @@ SavedLayout::SavedLayout(const std::string &folder, const json &meta) : folder_(
     if (ep_ < 1 || worldSize_ % ep_ != 0 || (ep_ > 1 && tp_ > 1))
       throw bad("expert_parallel " + std::to_string(ep_) + " with world_size " +
                 std::to_string(worldSize_) + ", tensor_parallel " + std::to_string(tp_));
+    stages_ = meta.value("pipeline_stages", int64_t(1));
+    if (stages_ < 1 || worldSize_ % stages_ != 0 || (stages_ > 1 && (tp_ > 1 || ep_ > 1)))
+      throw bad("pipeline_stages " + std::to_string(stages_) + " with world_size " +
+                std::to_string(worldSize_));
     for (const json &s : meta.at("spaces")) {
       SavedSpace space;
+      // A pipeline's space: shards over the D ranks of the stage that wrote it.
+      const int64_t stage = stages_ > 1 ? s.at("stage").get<int64_t>() : 0;
+      if (stage < 0 || stage >= stages_)
+        throw bad("space " + s.value("name", std::string("?")) + ": stage " +
+                  std::to_string(stage) + " of " + std::to_string(stages_));
+      space.firstRank = stage * (worldSize_ / stages_);
       space.name = s.at("name").get<std::string>();
       space.dtype = s.at("dtype").get<std::string>();
       space.master = s.at("master").get<bool>();
@@ -44,7 +54,8 @@ SavedLayout::SavedLayout(const std::string &folder, const json &meta) : folder_(
                                 : 0;
       if (space.position < 0 || space.position >= space.groupSize || space.shards < 1 ||
           space.shardSize * space.shards < space.size ||
-          (space.shards - 1) * space.groupSize + space.position >= worldSize_)
+          space.firstRank + (space.shards - 1) * space.groupSize + space.position >=
+              (stages_ > 1 ? space.firstRank + worldSize_ / stages_ : worldSize_))
         throw bad("space " + space.name +
                   ": tp_rank, ep_rank, shards or shard_size out of range");
       const std::string copyName = expert ? "expert-group position" : "TP rank";

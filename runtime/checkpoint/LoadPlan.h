@@ -120,6 +120,9 @@ struct SavedSpace {
   /// (an "ep_rank" space), or 1; `position` is the TP rank or expert-group
   /// position whose slices it holds.
   int64_t groupSize = 1, position = 0;
+  /// The first rank of the pipeline stage whose ranks wrote it (its
+  /// "stage" s times D = world size / P; 0 without stages).
+  int64_t firstRank = 0;
   std::vector<std::pair<int64_t, int64_t>> members; ///< (offset, elements)
   std::vector<std::string> names;                   ///< of the members
 };
@@ -127,8 +130,8 @@ struct SavedSpace {
 /// A checkpoint's layout, from its checkpoint.json.
 class SavedLayout {
 public:
-  /// Parses meta's "world_size", "tensor_parallel", "expert_parallel" and
-  /// "spaces". Throws CheckpointError naming `folder`/checkpoint.json for a
+  /// Parses meta's "world_size", "tensor_parallel", "expert_parallel",
+  /// "pipeline_stages" and "spaces". Throws CheckpointError naming `folder`/checkpoint.json for a
   /// layout that does not hold together (a member that does not fit its
   /// space, a TP rank's or position's copy missing or twice, a bad split).
   SavedLayout(const std::string &folder, const json &meta);
@@ -141,12 +144,16 @@ public:
   /// E of a checkpoint whose expert weights are split over the expert
   /// group (version 3), else 1.
   int64_t expertParallel() const { return ep_; }
+  /// P of a checkpoint of a pipelined run (version 4), else 1.
+  int64_t pipelineStages() const { return stages_; }
   /// The rank whose file holds shard `shard` of saved space `space`: shard
   /// q of TP rank t's space is written by data-parallel rank q of TP rank
   /// t, world rank q * T + t; shard q of position p's copy of an
-  /// expert-split group by world rank q * E + p; else by rank q.
+  /// expert-split group by world rank q * E + p; else by rank q; all of
+  /// them counted from the first rank of the stage that wrote the space.
   int64_t rankOf(size_t space, int64_t shard) const {
-    return shard * spaces_[space].groupSize + spaces_[space].position;
+    return spaces_[space].firstRank + shard * spaces_[space].groupSize +
+           spaces_[space].position;
   }
 
   /// One read from a rank file: bytes [offset, offset + nbytes) of shard
@@ -163,7 +170,7 @@ public:
 
 private:
   std::string folder_;
-  int64_t worldSize_ = 0, tp_ = 1, ep_ = 1;
+  int64_t worldSize_ = 0, tp_ = 1, ep_ = 1, stages_ = 1;
   std::vector<SavedSpace> spaces_;
   std::map<std::string, SavedMember> members_;
 };

@@ -199,6 +199,8 @@ void checkCheckpointLayout(const plan::Plan &p, const std::string &folder) {
 }
 
 int checkpointVersion(const plan::Plan &p) {
+  if (p.pipelineStages > 1)
+    return kPipelineVersion;
   if (p.tensorParallel > 1)
     return kTensorParallelVersion;
   return p.splitsExperts() ? kExpertSplitVersion : kFormatVersion;
@@ -257,6 +259,60 @@ json spacesJson(const plan::Plan &p, const std::vector<ParameterSpace> &spaces, 
       out.push_back(space);
     }
   }
+  return out;
+}
+
+namespace {
+
+/// The trainable storage groups of `p` as checkpoint.json lists them.
+std::vector<int64_t> trainableGroups(const plan::Plan &p) {
+  std::vector<int64_t> out;
+  for (size_t g = 0; g < p.groups.size(); ++g)
+    if (p.groups[g].tpRank <= 0 && p.groups[g].epRank <= 0 && !p.groups[g].frozen)
+      out.push_back(static_cast<int64_t>(g));
+  return out;
+}
+
+} // namespace
+
+std::vector<SpaceSlot> pipelineSpaceSlots(const plan::Plan &p,
+                                          const std::vector<ParameterSpace> &spaces) {
+  const std::vector<int64_t> groups = trainableGroups(p);
+  std::vector<SpaceSlot> slots(spaces.size());
+  for (size_t k = 0; k < spaces.size(); ++k) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](int64_t g) {
+      return p.groups[static_cast<size_t>(g)].name == spaces[k].name;
+    });
+    if (it == groups.end())
+      throw CheckpointError("the pipeline's parameter space " + spaces[k].name +
+                            " is not a trainable storage group of the plan");
+    slots[k].group = *it;
+    slots[k].first = it - groups.begin();
+  }
+  return slots;
+}
+
+json pipelineSpacesJson(const plan::Plan &p, const std::vector<int64_t> &savingStage,
+                        int64_t d) {
+  // Every group as a space of d shards (a stage's ZeRO layout), then the
+  // stage whose ranks write it.
+  const std::vector<int64_t> groups = trainableGroups(p);
+  std::vector<ParameterSpace> spaces;
+  for (int64_t g : groups) {
+    const plan::StorageGroup &group = p.groups[static_cast<size_t>(g)];
+    ParameterSpace s;
+    s.name = group.name;
+    s.dtype = group.dtype;
+    s.size = group.size;
+    s.members = group.members;
+    s.offsets = group.offsets;
+    s.numShards = d;
+    s.shardSize = plan::shardRange(group.size, 0, d).shardSize;
+    spaces.push_back(std::move(s));
+  }
+  json out = spacesJson(p, spaces, 1);
+  for (size_t k = 0; k < groups.size(); ++k)
+    out[k]["stage"] = savingStage.at(static_cast<size_t>(groups[k]));
   return out;
 }
 
@@ -346,11 +402,17 @@ json readCheckpointJson(const std::string &folder, const std::string &dir) {
                           std::to_string(complete.version) + ", step " +
                           std::to_string(complete.step) + ")");
   if (version != kFormatVersion && version != kTensorParallelVersion &&
-      version != kExpertSplitVersion)
+      version != kExpertSplitVersion && version != kPipelineVersion)
     throw CheckpointError(folder + ": checkpoint format version " + std::to_string(version) +
                           "; this bmt-run reads " + std::to_string(kFormatVersion) + ", " +
-                          std::to_string(kTensorParallelVersion) + " and " +
-                          std::to_string(kExpertSplitVersion));
+                          std::to_string(kTensorParallelVersion) + ", " +
+                          std::to_string(kExpertSplitVersion) + " and " +
+                          std::to_string(kPipelineVersion));
+  if ((version == kPipelineVersion) != (meta.value("pipeline_stages", 1) > 1))
+    throw CheckpointError(folder + "/checkpoint.json: version " + std::to_string(version) +
+                          " with pipeline_stages " +
+                          std::to_string(meta.value("pipeline_stages", 1)) +
+                          " (version 4 is the format of pipeline stages)");
   if ((version == kTensorParallelVersion) != (meta.value("tensor_parallel", 1) > 1))
     throw CheckpointError(folder + "/checkpoint.json: version " + std::to_string(version) +
                           " with tensor_parallel " +

@@ -64,6 +64,26 @@ void checkSameModel(const SavedLayout &layout, const plan::Plan &p,
                             name + " that this model has not");
 }
 
+/// A pipelined run's checkpoint: every rank file there, before anything
+/// is read (a rank reads only its stage's share, so a stage's missing files
+/// would otherwise stop only the ranks that read them). Throws
+/// CheckpointError naming the first missing file and its stage.
+void checkStageFiles(const Restore &r) {
+  const int64_t stages = r.layout->pipelineStages(), n = r.layout->worldSize();
+  if (stages <= 1)
+    return;
+  for (int64_t rank = 0; rank < n; ++rank) {
+    const fs::path file = fs::path(r.folder) / rankName(rank, ".safetensors");
+    std::error_code ec;
+    if (!fs::is_regular_file(file, ec))
+      throw CheckpointError(file.string() + ": missing (the checkpoint of " +
+                            std::to_string(stages) + " pipeline stages on " + std::to_string(n) +
+                            " ranks has no file of rank " + std::to_string(rank) + ", of stage " +
+                            std::to_string(rank / (n / stages)) +
+                            "): resume another checkpoint");
+  }
+}
+
 } // namespace
 
 void readMetadata(Restore &r, const OptimizerConfig *expected) {
@@ -108,6 +128,8 @@ void readMetadata(Restore &r, const OptimizerConfig *expected) {
   r.report.savedWorldSize = r.layout->worldSize();
   r.report.savedTensorParallel = r.layout->tensorParallel();
   r.report.savedExpertParallel = r.layout->expertParallel();
+  r.report.savedPipelineStages = r.layout->pipelineStages();
+  checkStageFiles(r);
   r.report.savedSchedule = savedSchedule(r.meta, r.folder);
   const json batch = r.meta.value("batch", json::object());
   r.report.savedSequencesPerStep = batch.value("sequences_per_step", int64_t{0});
@@ -227,7 +249,8 @@ void planReads(Restore &r) {
   r.fields.assign(r.spaces.size(), {});
   const auto needed = neededFields(r);
   r.report.resharded = r.layout->worldSize() != r.model.world().size() ||
-                       r.savedTp != r.tp || r.layout->expertParallel() != r.ep;
+                       r.savedTp != r.tp || r.layout->expertParallel() != r.ep ||
+                       r.layout->pipelineStages() != r.model.pipelineStages();
   for (size_t k = 0; k < r.spaces.size(); ++k)
     for (const auto &[field, dtype] : needed[k]) {
       at::Tensor buffer =
@@ -354,7 +377,8 @@ void applyBuffers(Restore &r) {
 }
 
 void applyGenerators(Restore &r) {
-  if (r.layout->worldSize() != r.model.world().size() || r.savedTp != r.tp)
+  if (r.layout->worldSize() != r.model.world().size() || r.savedTp != r.tp ||
+      r.layout->pipelineStages() != r.model.pipelineStages())
     return;
   const int64_t rank = r.model.world().rank();
   SafetensorsFile &mine = r.reader->file(rank);

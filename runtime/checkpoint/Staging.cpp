@@ -98,6 +98,11 @@ struct CheckpointSaver::Impl {
   int64_t ep = 1, epRank = 0;
   int version = kFormatVersion; ///< checkpointVersion(plan)
   std::vector<SpaceSlot> slots; ///< of this rank's spaces, in checkpoint.json
+  /// Pipeline parallelism: P, this rank's stage, and by plan group the
+  /// stage whose ranks write it (Model::groupSavingStages); 1, 0, empty
+  /// without stages.
+  int64_t stages = 1, stage = 0;
+  std::vector<int64_t> savingStage;
   std::string nonce;
   at::Device device = at::kCPU;
   std::optional<c10::Stream> copyStream;
@@ -147,6 +152,14 @@ struct CheckpointSaver::Impl {
     return slot.first + (slot.copies == 1 ? 0 : slot.expert ? epRank : tpRank);
   }
 
+  /// Whether this rank writes its space `k`: the first replica of its
+  /// shard, and in a pipeline on the stage that saves the group (a group
+  /// stages 0 and P - 1 share is written once, by stage 0).
+  bool writes(const ParameterSpace &s, size_t k) const {
+    return s.writer &&
+           (stages == 1 || savingStage.at(static_cast<size_t>(slots.at(k).group)) == stage);
+  }
+
   /// The items of this rank's file, their live tensors as of now.
   std::vector<Item *> collectItems() {
     std::vector<ParameterSpace> spaces = model.parameterSpaces();
@@ -163,7 +176,7 @@ struct CheckpointSaver::Impl {
       spaceOfParameter[spaces[k].parameter] = k;
     for (size_t k = 0; k < spaces.size(); ++k) {
       const ParameterSpace &s = spaces[k];
-      if (!s.writer)
+      if (!writes(s, k))
         continue;
       const at::Tensor &trainable = model.parameters().at(s.parameter);
       if (!derivedParams)
@@ -175,7 +188,7 @@ struct CheckpointSaver::Impl {
       auto [slot, i] = splitStateKey(key);
       const size_t k = spaceOfParameter.at(i);
       const ParameterSpace &s = spaces[k];
-      if (!s.writer)
+      if (!writes(s, k))
         continue;
       // Replicated over the shard group (Adafactor's factors): shard 0 saves it.
       if (state.replicatedSlots.count(slot) && s.shardIndex != 0)
@@ -319,7 +332,14 @@ CheckpointSaver::CheckpointSaver(Model &model, Optimizer &optimizer, const LossS
     s.epRank = s.rank % s.ep; // expert group g: ranks [g*E, (g+1)*E)
   }
   s.version = checkpointVersion(model.plan());
-  s.slots = spaceSlots(model.plan(), model.parameterSpaces().size(), s.tp);
+  if (model.pipelineStages() > 1) {
+    s.stages = model.pipelineStages();
+    s.stage = model.pipelineStage();
+    s.savingStage = model.groupSavingStages();
+    s.slots = pipelineSpaceSlots(model.plan(), model.parameterSpaces());
+  } else {
+    s.slots = spaceSlots(model.plan(), model.parameterSpaces().size(), s.tp);
+  }
   s.device = model.device();
   // The run's name for its save folders: rank 0's random number, so that
   // the folder of a save that died (in an earlier run) is never mistaken
@@ -407,9 +427,16 @@ double CheckpointSaver::save(const TrainingProgress &progress) {
   std::error_code ec;
   fs::create_directories(snap->folder, ec);
   snap->items = s.collectItems();
-  if (s.rank == 0)
+  if (s.rank == 0 && s.stages > 1) {
+    // Every stage's groups (rank 0 holds stage 0's only), and who wrote them.
+    snap->metadata = checkpointJson(
+        s.identity, s.version, s.worldSize, s.tp, s.ep, progress,
+        pipelineSpacesJson(s.model.plan(), s.savingStage, s.worldSize / s.stages));
+    snap->metadata["pipeline_stages"] = s.stages;
+  } else if (s.rank == 0) {
     snap->metadata = checkpointJson(s.identity, s.version, s.worldSize, s.tp, s.ep, progress,
                                     spacesJson(s.model.plan(), s.model.parameterSpaces(), s.tp));
+  }
   // Device tensors: copied on the side stream once the compute stream has
   // produced them.
   if (s.copyStream) {

@@ -408,13 +408,23 @@ at::Tensor Model::frozenParameter(int64_t index) {
   const plan::TensorInfo &info = plan_.tensors.at(index);
   if (!info.isParameter || info.requiresGrad)
     throw ExecutionError(info.name + " is not a frozen parameter");
-  if (info.split.isSplit())
-    throw ExecutionError("the frozen parameter " + info.name + " is split over the " +
-                         (info.split.isExpertSplit() ? "expert group's" : "tensor-parallel") +
-                         " ranks, which this runtime cannot put back together");
-  if (info.group >= 0 && zero_)
-    return zero_->frozenParameter(index); // gathered: collective
-  return executor_->tensors().at(index).detach();
+  if (info.split.isExpertSplit())
+    throw ExecutionError("the frozen parameter " + info.name + " is split over the expert "
+                         "group's ranks, which this runtime cannot put back together");
+  at::Tensor local = info.group >= 0 && zero_ ? zero_->frozenParameter(index) // collective
+                                              : executor_->tensors().at(index).detach();
+  if (!info.split.isTensorSplit())
+    return local;
+  if (!tensorComm_) // T == 1: only vocab padding to drop
+    return plan::tpUnslice({local}, info.split, info.shape);
+  // The TP ranks' slices, put back together (collective over the TP group).
+  const int64_t tp = plan_.tensorParallel;
+  at::Tensor slices = at::empty({tp * local.numel()}, local.options());
+  tensorComm_->allGather(slices, local.contiguous().view({-1}))->wait();
+  std::vector<at::Tensor> parts;
+  for (int64_t t = 0; t < tp; ++t)
+    parts.push_back(slices.narrow(0, t * local.numel(), local.numel()).view(local.sizes()));
+  return plan::tpUnslice(parts, info.split, info.shape);
 }
 
 void Model::forEachFullParameter(

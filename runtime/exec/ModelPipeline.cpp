@@ -173,6 +173,18 @@ void Model::collectStageParameters(std::vector<std::pair<std::string, at::Tensor
   }
 }
 
+std::vector<int64_t> Model::groupSavingStages() const {
+  if (stages_ <= 1)
+    return {};
+  const std::vector<std::vector<bool>> reads = Executor::stageGroups(plan_);
+  std::vector<int64_t> out(plan_.groups.size(), 0);
+  for (size_t g = 0; g < out.size(); ++g)
+    for (int64_t s = stages_ - 1; s >= 0; --s)
+      if (reads[s][g])
+        out[g] = s;
+  return out;
+}
+
 namespace {
 
 at::Device transferDevice(Comm &comm) {

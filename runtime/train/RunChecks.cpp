@@ -165,16 +165,14 @@ void checkPipeline(const std::string &archiveName, const plan::Plan &p,
     throw ConfigError("--micro-batches " + std::to_string(r.microBatches) + " is fewer than the " +
                       std::to_string(stages) + " pipeline stages of " + archiveName +
                       " (1F1B needs at least one micro-batch per stage)");
-  if (r.checkpoints)
-    refuse("checkpoints (--checkpoint-dir / --resume)");
+  if (r.checkpoints && p.tensorParallel > 1)
+    refuse("checkpoints (--checkpoint-dir / --resume) together with tensor parallelism yet");
   if (r.dump)
     refuse("--dump");
   if (r.inspect)
     refuse("--inspect-every");
   if (r.offload)
     refuse("--offload-optimizer");
-  if (r.adafactor)
-    refuse("--optimizer adafactor");
   if (r.evaluation)
     refuse("evaluation (--eval-data)");
   if (r.profile)

@@ -196,6 +196,9 @@ void printResume(const ResumeReport &r, const std::string &folder,
             << (r.savedTensorParallel > 1
                     ? ", tensor parallel " + std::to_string(r.savedTensorParallel)
                     : std::string())
+            << (r.savedPipelineStages > 1
+                    ? ", " + std::to_string(r.savedPipelineStages) + " pipeline stages"
+                    : std::string())
             << (r.savedExpertParallel > 1
                     ? ", expert weights split over " + std::to_string(r.savedExpertParallel) +
                           " ranks per expert group"

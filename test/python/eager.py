@@ -96,14 +96,16 @@ def decay_groups(params, wd):
 
 
 def eager_training(model, batches, steps, accum, lr_of_step, clip, wd, ranks=1,
-                   after_step=None):
+                   after_step=None, optimizer=None):
     """bmt-run's causal-LM training of `batches` (windows [rows, seq + 1]) in
     eager PyTorch: AdamW, `accum` micro-batches a step; with `ranks`, each
     rank's rows (a chunk of each window batch) give one loss and the step's
     objective is their mean, as bmt-run's data parallelism defines it.
-    `after_step(step)` runs after each optimizer step. Returns the losses."""
-    opt = torch.optim.AdamW(decay_groups(model.parameters(), wd), lr=1.0, betas=(0.9, 0.999),
-                            eps=1e-8)
+    `after_step(step)` runs after each optimizer step; `optimizer(groups)`
+    makes another optimizer than AdamW. Returns the losses."""
+    groups = decay_groups(model.parameters(), wd)
+    opt = optimizer(groups) if optimizer else torch.optim.AdamW(groups, lr=1.0,
+                                                                betas=(0.9, 0.999), eps=1e-8)
     losses, k = [], 0
     for step in range(1, steps + 1):
         opt.zero_grad()
@@ -148,11 +150,12 @@ def train_on_batches(prep, sharded, ranks, tag, *extra):
     return [x for x in map(json.loads, open(log)) if x["kind"] == "train"], saved
 
 
-def assert_frozen_sharded(stdout, sharded, ranks, tp=1):
+def assert_frozen_sharded(stdout, sharded, ranks, tp=1, tp_split=False):
     """The frozen parameters of `sharded`'s plan are ZeRO-sharded: in
     frozen storage groups, of which bmt-run's first line (`stdout`) says a
     rank holds ceil(size / R) elements each, R = ranks / tp the data-parallel
-    ranks, at most 1/R of the frozen bytes plus alignment padding; on
+    ranks, at most 1/R of the frozen bytes plus alignment padding (with
+    `tp_split`, the frozen base split over the TP group too: at least 1/N); on
     several ranks (tp 1) each rank read at most 1/N of the weights. Returns
     (frozen bytes per rank, the frozen parameters' bytes)."""
     import io
@@ -173,7 +176,10 @@ def assert_frozen_sharded(stdout, sharded, ranks, tp=1):
     per_rank = int(m.group(1))
     assert per_rank == sum(-(-g["size"] // r) * size[g["dtype"]] for g in groups), per_rank
     padding = 512 * len(frozen)  # bmt-zero's alignment, at most once per member
-    assert whole / r <= per_rank <= (whole + padding) / r + 8 * len(groups), (per_rank, whole, r)
+    lowest = whole / ranks if tp_split else whole / r
+    assert lowest <= per_rank <= (whole + padding) / r + 8 * len(groups), (per_rank, whole, r)
+    if tp_split:  # the split base: less than a whole copy over the data-parallel ranks
+        assert per_rank < whole / r, (per_rank, whole, r)
     if ranks > 1 and tp == 1:
         m = re.search(r"weights (\d+) bytes; bytes read per rank: ([\d ]+)", stdout)
         assert m, stdout

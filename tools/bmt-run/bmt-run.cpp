@@ -56,13 +56,13 @@ int run(const tools::RunOptions &o) {
     runtime::PipelineRequest pipeline;
     pipeline.worldSize = rendezvous.worldSize;
     pipeline.microBatches = o.pipelineMicroBatchesGiven ? o.train.pipelineMicroBatches : 0;
-    pipeline.checkpoints = !o.checkpoints.dir.empty() || !o.resume.empty();
     pipeline.dump = !o.dumpInputs.empty();
     pipeline.inspect = o.train.inspectEvery > 0;
     pipeline.offload = o.offloadOptimizer;
     pipeline.adafactor = o.train.optimizer.kind == runtime::OptimizerKind::Adafactor;
     pipeline.evaluation = !o.evalData.empty();
     pipeline.profile = o.train.profileFrom > 0;
+    pipeline.checkpoints = !o.checkpoints.dir.empty() || !o.resume.empty();
     runtime::checkPipeline(o.archive, archive.plan(), pipeline);
   }
   runtime::checkTensorParallel(o.archive, archive.plan(), rendezvous.worldSize,

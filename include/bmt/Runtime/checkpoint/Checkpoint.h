@@ -182,6 +182,7 @@ struct ResumeReport {
   int64_t savedWorldSize = 0;  ///< of the run that saved it
   int64_t savedTensorParallel = 1; ///< its tensor-parallel degree T
   int64_t savedExpertParallel = 1; ///< E of its expert-split weights (1: not split)
+  int64_t savedPipelineStages = 1; ///< P of a pipelined run (1: no stages)
   bool resharded = false;      ///< its layout differs from this run's
   /// The learning-rate schedule and batch shape it was trained with (the
   /// schedule's totalSteps is --steps + 1; RunIdentity's batch fields, 0

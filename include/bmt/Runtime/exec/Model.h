@@ -253,8 +253,10 @@ public:
   /// in a plan without them).
   std::vector<int64_t> frozenParameterOrder() const;
   /// Frozen parameter `index`'s value, whole (on the model's device; no
-  /// gradient). Collective for a member of a frozen storage group: every
-  /// rank asks for the same parameters in the same order.
+  /// gradient; a TP-split one put back together from the TP group's
+  /// slices). Collective for a member of a frozen storage group or a
+  /// TP-split one: every rank asks for the same parameters in the same
+  /// order. Throws ExecutionError for one split over the expert group.
   at::Tensor frozenParameter(int64_t index);
 
   /// The buffers parameters() hold, for checkpoints: one a parameter, in
@@ -328,6 +330,10 @@ public:
   /// peer on the next stage is r + stageRanks() (the same TP and
   /// data-parallel ranks).
   int64_t stageRanks() const { return world_->size() / stages_; }
+  /// Checkpoints of a pipeline: by plan storage group, the stage whose
+  /// ranks save it, the first that holds it (stage 0 for a group stages 0
+  /// and P - 1 share, and for one no stage reads); empty without stages.
+  std::vector<int64_t> groupSavingStages() const;
   void setStageInputs(std::vector<c10::IValue> values) {
     executor_->stageInputs = std::move(values);
   }

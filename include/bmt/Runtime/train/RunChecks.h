@@ -42,13 +42,14 @@ void checkTensorParallel(const std::string &archiveName, const plan::Plan &p, in
 struct PipelineRequest {
   int64_t worldSize = 1;
   int64_t microBatches = 0; ///< --micro-batches M (0: not given)
-  bool checkpoints = false, dump = false, inspect = false, offload = false;
+  bool dump = false, inspect = false, offload = false;
   bool adafactor = false, evaluation = false, profile = false;
+  bool checkpoints = false; ///< --checkpoint-dir or --resume (refused with T > 1)
 };
 /// For a plan cut into P > 1 pipeline stages (bmt-opt --pipeline-parallel;
 /// docs/runtime/pipeline.md): a ConfigError, before any rank connects,
 /// for a world size P does not divide, M < P, tensor or expert
-/// parallelism, checkpoints, --dump, --inspect-every, --offload-optimizer,
+/// parallelism, --dump, --inspect-every, --offload-optimizer,
 /// Adafactor, evaluation, --profile; for a plan without stages, a
 /// ConfigError when --micro-batches is given.
 void checkPipeline(const std::string &archiveName, const plan::Plan &p,

@@ -7,7 +7,9 @@
 // split T = 2 (a vocabulary of 127 padded to 128, a fused QKV of 3 chunks,
 // a replicated tensor) read at T = 1 and T = 2, and saved at T = 1 read at
 // T = 2; expert parameters split over expert groups of E = 1, 2 (version 3:
-// one space per expert-group position) read at E = 1, 2, 4.
+// one space per expert-group position) read at E = 1, 2, 4. Pipeline
+// stages (version 4): a space's shards in the files of the stage that wrote
+// it.
 
 #include "checkpoint/LoadPlan.h"
 
@@ -391,6 +393,61 @@ TEST(LoadPlan, BadLayoutIsRefused) {
               std::string::npos)
         << e.what();
   }
+}
+
+/// A pipelined run's checkpoint (version 4): P = 2 stages on N = 4 ranks,
+/// space 0 written by stage 0 (ranks 0, 1), space 1 by stage 1 (ranks 2, 3).
+json pipelineMeta() {
+  json spaces = json::array();
+  for (int64_t stage = 0; stage < 2; ++stage)
+    spaces.push_back({{"name", "g" + std::to_string(stage)}, {"dtype", "float32"},
+                      {"master", false}, {"size", 7}, {"shards", 2}, {"shard_size", 4},
+                      {"stage", stage},
+                      {"members", json::array({{{"tensor", "t" + std::to_string(stage)},
+                                                {"shape", {7}}, {"offset", 0},
+                                                {"aliases", json::array()}}})}});
+  return {{"world_size", 4}, {"pipeline_stages", 2}, {"spaces", spaces}};
+}
+
+TEST(LoadPlan, PipelineSpacesAreInTheirStagesFiles) {
+  const SavedLayout layout("ck", pipelineMeta());
+  EXPECT_EQ(layout.pipelineStages(), 2);
+  EXPECT_EQ(layout.rankOf(0, 0), 0);
+  EXPECT_EQ(layout.rankOf(0, 1), 1);
+  EXPECT_EQ(layout.rankOf(1, 0), 2);
+  EXPECT_EQ(layout.rankOf(1, 1), 3);
+  // Elements 2..6 of stage 1's space: shard 0's last two, shard 1's three.
+  const auto reads = layout.shardReads(1, 2, 5, 4);
+  ASSERT_EQ(reads.size(), 2u);
+  EXPECT_EQ(reads[0].rank, 2);
+  EXPECT_EQ(reads[0].offset, 8);
+  EXPECT_EQ(reads[0].nbytes, 8);
+  EXPECT_EQ(reads[1].rank, 3);
+  EXPECT_EQ(reads[1].offset, 0);
+  EXPECT_EQ(reads[1].dst, 8);
+}
+
+TEST(LoadPlan, BadPipelineLayoutIsRefused) {
+  auto refused = [](json meta, const std::string &why) {
+    try {
+      SavedLayout layout("ck", meta);
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const runtime::CheckpointError &e) {
+      EXPECT_NE(std::string(e.what()).find("ck/checkpoint.json: bad layout (" + why),
+                std::string::npos)
+          << e.what();
+    }
+  };
+  json meta = pipelineMeta();
+  meta["spaces"][1]["stage"] = 2;
+  refused(meta, "space g1: stage 2 of 2");
+  meta = pipelineMeta();
+  meta["spaces"][1]["shards"] = 3; // stage 1 has 2 ranks
+  meta["spaces"][1]["shard_size"] = 3;
+  refused(meta, "space g1: tp_rank, ep_rank, shards or shard_size out of range");
+  meta = pipelineMeta();
+  meta["world_size"] = 3;
+  refused(meta, "pipeline_stages 2 with world_size 3");
 }
 
 } // namespace
