@@ -107,10 +107,17 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   else if (virtualStages > 1 && pipelineParallel == 1)
     os << name("virtual-stages") << " " << virtualStages.getValue() << " needs "
        << name("pipeline-parallel") << " P > 1 (it cuts each stage into chunks)";
-  else if (pipelineParallel > 1 && (tensorParallel > 1 || expertParallel > 1))
-    os << name("pipeline-parallel") << " " << pipelineParallel.getValue() << " with "
-       << name(tensorParallel > 1 ? "tensor-parallel" : "expert-parallel")
+  else if (virtualStages > 1 && tensorParallel > 1)
+    os << name("virtual-stages") << " with " << name("tensor-parallel")
        << " is not supported yet";
+  else if (worldSize.hasValue() && tensorParallel > 1 &&
+           worldSize % (pipelineParallel * tensorParallel) != 0)
+    os << name("world-size") << " " << worldSize.getValue() << " is not a multiple of "
+       << name("pipeline-parallel") << " " << pipelineParallel.getValue() << " x "
+       << name("tensor-parallel") << " " << tensorParallel.getValue();
+  else if (pipelineParallel > 1 && expertParallel > 1)
+    os << name("pipeline-parallel") << " " << pipelineParallel.getValue() << " with "
+       << name("expert-parallel") << " is not supported yet";
   else if (sequenceParallel && tensorParallel == 1)
     os << name("sequence-parallel") << " needs " << name("tensor-parallel")
        << " T > 1 (it splits the sequence over the T ranks of a tensor-parallel group)";
@@ -236,8 +243,9 @@ void bmt::buildDefaultPipeline(OpPassManager &pm, const DefaultPipelineOptions &
     PipelineParallelOptions pipeline;
     pipeline.pipelineParallel = options.pipelineParallel;
     pipeline.virtualStages = options.virtualStages;
-    pipeline.worldSize = options.worldSize.hasValue() ? int64_t(options.worldSize)
-                                                      : int64_t(options.pipelineParallel);
+    pipeline.worldSize = options.worldSize.hasValue()
+                             ? int64_t(options.worldSize)
+                             : int64_t(options.pipelineParallel) * options.tensorParallel;
     pipeline.microBatch = options.microBatch;
     pipeline.seqLen = options.seqLen;
     pm.addPass(createPipelineParallel(pipeline));

@@ -605,7 +605,8 @@ def PipelineParallel : Pass<"bmt-pipeline-parallel", "::mlir::ModuleOp"> {
     way from `@forward` to the blocks called more than once, a parameter
     passed to a block or read between blocks or shared by blocks of
     different stages, a
-    world size P does not divide, tensor or expert parallelism. P = 1
+    world size P x T does not divide (T: `bmt.tensor_parallel`), expert
+    parallelism, mixture-of-experts layers. P = 1
     changes nothing.
     With `virtual-stages=V` > 1 the blocks are cut into P x V chunks the
     same way (chunk 0 with the ops before the blocks, chunk P V - 1 with
@@ -621,7 +622,7 @@ def PipelineParallel : Pass<"bmt-pipeline-parallel", "::mlir::ModuleOp"> {
     Option<"virtualStages", "virtual-stages", "int64_t", "1",
            "chunks per stage for interleaved 1F1B (1: one contiguous part per stage)">,
     Option<"worldSize", "world-size", "int64_t", "0",
-           "ranks of the job (a multiple of P; 0: P, one data-parallel rank per stage)">,
+           "ranks of the job (a multiple of P x T; 0: P x T, one data-parallel rank per stage)">,
     Option<"microBatch", "micro-batch", "int64_t", "0",
            "sequences per micro-batch (0: from bmt.checkpoint_plan, else 1)">,
     Option<"seqLen", "seq-len", "int64_t", "0",

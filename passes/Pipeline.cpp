@@ -48,6 +48,13 @@ bool isMatmul(bmt::AtenOp op) {
          name == "aten::matmul";
 }
 
+/// The elements of `p` one rank holds: a tensor-parallel split's 1/T of
+/// them (its matmul FLOPs too), else all.
+int64_t localElements(bmt::ParameterOp p, int64_t tp) {
+  int64_t n = cast<RankedTensorType>(p.getType()).getNumElements();
+  return bmt::parameterSplitOf(p).isTensorSplit() ? n / tp : n;
+}
+
 /// What one stage reads and costs, as it is being collected.
 struct StageUse {
   int64_t flopsPerToken = 0;                 ///< forward matmul FLOPs per token
@@ -58,7 +65,8 @@ struct StageUse {
 /// callees) into a stage's use, and who reads each parameter.
 class StageCollector {
 public:
-  explicit StageCollector(ModuleOp module) : symbols(module) {}
+  explicit StageCollector(ModuleOp module)
+      : symbols(module), tp(bmt::tensorParallelOf(module)) {}
 
   /// The FLOPs and parameters of `op` and of the functions it calls,
   /// added to `use`; `blockIndex` (-1 outside the blocks) is recorded as a
@@ -75,7 +83,7 @@ public:
           return;
         for (Value operand : aten.getOperands())
           if (bmt::ParameterOp p = parameterOf(operand))
-            use.flopsPerToken += 2 * cast<RankedTensorType>(p.getType()).getNumElements();
+            use.flopsPerToken += 2 * localElements(p, tp);
       } else if (auto call = dyn_cast<func::CallOp>(inner)) {
         auto callee = symbols.lookup<func::FuncOp>(call.getCallee());
         if (callee && !callee.getBody().empty() && active.insert(callee).second) {
@@ -105,6 +113,7 @@ private:
   }
 
   SymbolTable symbols;
+  int64_t tp; ///< T: a split parameter's FLOPs are 1/T per rank
   llvm::DenseSet<Operation *> active;
   llvm::DenseMap<Value, bmt::ParameterOp> bound; ///< callee arguments that are parameters
 };
@@ -205,15 +214,20 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
     if (stages == 1)
       return;
     // The parts the blocks are cut into: P stages, or P x V chunks (chunk
-    // c on stage c % P).
+    // c on stage c % P). Ranks: TP innermost, then data-parallel, stages
+    // outermost (docs/runtime/pipeline.md); a stage has T x D ranks.
     const int64_t chunks = stages * virtualStages;
-    int64_t world = worldSize > 0 ? int64_t(worldSize) : stages;
+    const int64_t tp = bmt::tensorParallelOf(module);
+    int64_t world = worldSize > 0 ? int64_t(worldSize) : stages * tp;
+    if (virtualStages > 1 && tp > 1)
+      return fail("virtual-stages " + Twine(virtualStages) + " with tensor-parallel " + Twine(tp) +
+                  " is not supported yet");
     if (world % stages != 0)
       return fail("world size " + Twine(world) + " is not a multiple of pipeline-parallel " +
                   Twine(stages));
-    if (int64_t tp = bmt::tensorParallelOf(module); tp > 1)
-      return fail("pipeline-parallel " + Twine(stages) + " with tensor-parallel " + Twine(tp) +
-                  " is not supported yet");
+    if (world % (stages * tp) != 0)
+      return fail("world size " + Twine(world) + " is not a multiple of pipeline-parallel " +
+                  Twine(stages) + " x tensor-parallel " + Twine(tp));
     if (auto ep = module->getAttrOfType<IntegerAttr>("bmt.expert_parallel"); ep && ep.getInt() > 1)
       return fail("pipeline-parallel " + Twine(stages) + " with expert-parallel " +
                   Twine(ep.getInt()) + " is not supported yet");
@@ -359,7 +373,7 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
     // (Checked after the cut, below.)
 
     bmt::MemoryConfig config;
-    config.worldSize = world / stages;
+    config.worldSize = world / stages; // (the estimate divides by T itself)
     config.microBatch = configValue(module, "micro_batch", microBatch, 1);
     config.seqLen = configValue(module, "seq_len", seqLen, 1024);
     if (auto overlap = module->getAttrOfType<DictionaryAttr>("bmt.overlap"))
@@ -376,7 +390,7 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
       return fail("the memory estimate does not cover every block of " + list.getSymName() +
                   "; cannot cost the stages");
     int64_t tokens = config.microBatch * config.seqLen;
-    int64_t dp = config.worldSize;
+    int64_t dp = config.worldSize / tp;
 
     // Per-block terms.
     SmallVector<int64_t> blockFlops(numBlocks), blockKept(numBlocks), blockPeak(numBlocks);
@@ -394,7 +408,7 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
       int64_t state = 0, gathered = 0, elements = 0;
       for (bmt::ParameterOp p : params) {
         auto type = cast<RankedTensorType>(p.getType());
-        int64_t n = type.getNumElements();
+        int64_t n = localElements(p, tp);
         int64_t eb = std::max<int64_t>(1, type.getElementType().getIntOrFloatBitWidth() / 8);
         elements += n;
         if (!p.getRequiresGrad()) {
@@ -537,7 +551,10 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
       remark << " (blocks per stage:";
     for (const StageCost &c : costs)
       remark << " " << c.count;
-    remark << "), " << dp << " data-parallel rank" << (dp == 1 ? "" : "s") << " per stage";
+    remark << "), " << dp << " data-parallel rank" << (dp == 1 ? "" : "s");
+    if (tp > 1)
+      remark << " x " << tp << " tensor-parallel";
+    remark << " per stage";
     if (!tied.empty()) {
       remark << "; tied across " << part << " 0 and " << chunks - 1 << " (gradient summed): ";
       llvm::interleaveComma(tied, remark);

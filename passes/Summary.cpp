@@ -51,11 +51,16 @@ void printPipeline(llvm::raw_ostream &os, ModuleOp module, DictionaryAttr pipeli
   const int64_t parts = p * v;
   if (static_cast<int64_t>(firsts.size()) != parts)
     return;
+  // Ranks: TP innermost, then data-parallel, stages outermost.
+  const int64_t tp = bmt::tensorParallelOf(module), d = world.getInt() / (p * tp);
   os << "  pipeline: " << p << " stages";
   if (v > 1)
     os << " x " << v << " virtual stages";
   os << " of " << list.getValue() << " over world size " << world.getInt() << " (stage = rank / "
-     << world.getInt() / p << "), " << (v > 1 ? "interleaved 1F1B" : "1F1B") << "\n";
+     << world.getInt() / p;
+  if (tp > 1)
+    os << "; " << d << " data-parallel x " << tp << " tensor-parallel ranks per stage";
+  os << "), " << (v > 1 ? "interleaved 1F1B" : "1F1B") << "\n";
   int64_t total = 0;
   for (int64_t f : flops.asArrayRef())
     total += f;

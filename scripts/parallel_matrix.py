@@ -81,6 +81,13 @@ MODES = {
     "tp2-ep2-n4": (4, ["--tensor-parallel", "2", "--expert-parallel", "2"]),
     "tp2-ep2-n4-no-recompute": (4, ["--tensor-parallel", "2", "--expert-parallel", "2",
                                     "--checkpoint", "none"]),
+    # pipeline stages (M = P micro-batches a step); with T = 2: P x T x D = 2 x 2 x 1
+    "pp2-n2": (2, ["--pipeline-parallel", "2"]),
+    "pp2-tp2-n4": (4, ["--pipeline-parallel", "2", "--tensor-parallel", "2"]),
+    "pp2-tp2-n4-no-recompute": (4, ["--pipeline-parallel", "2", "--tensor-parallel", "2",
+                                    "--checkpoint", "none"]),
+    "pp2-tp2-sp-n4": (4, ["--pipeline-parallel", "2", "--tensor-parallel", "2",
+                          "--sequence-parallel"]),
 }
 
 

@@ -770,11 +770,11 @@ Plan fromIValue(const IValue &value) {
         static_cast<int64_t>(firsts.size()) !=
             plan.pipelineStages * plan.pipelineVirtualStages ||
         !ordered ||
-        plan.pipelineBlockList.empty() || plan.tensorParallel != 1 || plan.expertParallel != 1)
+        plan.pipelineBlockList.empty() || plan.expertParallel != 1)
       throw PlanError("plan: pipeline of " + std::to_string(plan.pipelineStages) +
                       " stages needs a version 8 plan, at least 2 stages, one increasing "
                       "first block per stage (per chunk with virtual stages) from 0, a block "
-                      "list, and no tensor or expert "
+                      "list, and no expert "
                       "parallelism");
   }
 

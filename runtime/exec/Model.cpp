@@ -74,7 +74,7 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
                              "support");
     const int64_t rank = world_->rank();
     tensorComm_ = world_->split(rank / tp, rank, "tensor");
-    dataComm_ = world_->split(rank % tp, rank, "data");
+    dataComm_ = world_->split(dataParallelColor(rank), rank, "data");
     tpRank = tensorComm_->rank();
   }
   if (const int64_t ep = plan_.expertParallel; ep > 1) {
@@ -128,8 +128,10 @@ Model::Model(plan::Archive &archive, at::Device device, Comm *world,
         options.offloadOptimizer, tensorComm_.get(),
         dataComm_ ? dataComm_.get() : stageComm_.get(), held.empty() ? nullptr : &held);
     zero_ = zero.get();
-    if (!held.empty())
-      zero_->setGradientSlots(false); // (1F1B interleaves micro-batches)
+    if (!held.empty()) { // (1F1B interleaves micro-batches)
+      zero_->setGradientSlots(false);
+      zero_->setKeepOutsideGathered(true);
+    }
     storage_ = std::move(zero);
     done = groupBytes;
     total += groupBytes;

@@ -30,10 +30,15 @@ std::vector<bool> Model::setUpPipeline(const std::string &path, const ModelOptio
   stages_ = plan_.pipelineStages;
   const int64_t n = world_->size();
   const std::string what = path + ": a pipeline of " + std::to_string(stages_) + " stages";
-  if (n % stages_ != 0)
-    throw ExecutionError(what + " needs a world size that is a multiple of " +
-                         std::to_string(stages_) + ", not " + std::to_string(n) +
-                         "; run on a multiple of " + std::to_string(stages_) +
+  const int64_t per = stages_ * plan_.tensorParallel; // (P x T)
+  if (n % per != 0)
+    throw ExecutionError(what +
+                         (plan_.tensorParallel > 1
+                              ? " of " + std::to_string(plan_.tensorParallel) + " TP ranks each"
+                              : std::string()) +
+                         " needs a world size that is a multiple of " +
+                         std::to_string(per) + ", not " + std::to_string(n) +
+                         "; run on a multiple of " + std::to_string(per) +
                          " ranks or recompile with another --pipeline-parallel");
   if (plan_.zeroStage == 0)
     throw ExecutionError(what + " needs ZeRO storage groups, and the plan has none");
@@ -56,14 +61,16 @@ std::vector<bool> Model::setUpPipeline(const std::string &path, const ModelOptio
                            g.blockList + ", not the one cut into stages (" +
                            plan_.pipelineBlockList + "); an encoder-decoder cannot be "
                            "pipelined yet");
+  // A stage's d = T x D ranks are consecutive (TP rank innermost, then the
+  // data-parallel rank): rank r runs stage r / d.
   const int64_t d = n / stages_, rank = world_->rank();
   stage_ = rank / d;
   stageComm_ = world_->split(stage_, rank, "stage");
   virtualStages_ = plan_.pipelineVirtualStages;
   if (virtualStages_ > 1)
     gradComm_ = world_->split(0, rank, "pipeline-gradients");
-  // The ranks of data-parallel rank r % D on the first and last stage
-  // share the groups both read (a tied embedding and LM head).
+  // The ranks of the same (data-parallel, TP) rank r % d on the first and
+  // last stage share the groups both read (a tied embedding and LM head).
   const bool ends = stage_ == 0 || stage_ == stages_ - 1;
   tieComm_ = world_->split(ends ? rank % d : d + rank, rank, "tied");
   // Each stage holds the groups its instructions (its chunks') read; a
@@ -95,6 +102,8 @@ std::vector<bool> Model::setUpPipeline(const std::string &path, const ModelOptio
     tied_[g] = holders.size() == 2;
     held[g] = std::find(holders.begin(), holders.end(), stage_) != holders.end();
   }
+  sameAsFirstCopy(held);
+  sameAsFirstCopy(tied_);
   held_ = held;
   return held;
 }
@@ -122,6 +131,23 @@ int64_t Model::pipelinePreviousRank() const {
 int64_t Model::pipelineNextRank() const {
   const int64_t d = world_->size() / stages_;
   return (stage_ + 1) % stages_ * d + world_->rank() % d;
+void Model::sameAsFirstCopy(std::vector<bool> &byGroup) const {
+  // With T > 1 the plan has a copy of each group per TP rank; the stage's
+  // instructions name the first (tp_rank 0), and this rank holds its own.
+  if (plan_.tensorParallel <= 1)
+    return;
+  for (size_t g = 0; g < plan_.groups.size(); ++g)
+    if (plan_.groups[g].tpRank > 0)
+      for (size_t f = 0; f < plan_.groups.size(); ++f)
+        if (plan_.groups[f].tpRank == 0 && plan_.groups[f].name == plan_.groups[g].name)
+          byGroup[g] = byGroup[f];
+}
+
+int64_t Model::dataParallelColor(int64_t rank) const {
+  const int64_t tp = plan_.tensorParallel, stages = plan_.pipelineStages;
+  if (stages <= 1)
+    return rank % tp;
+  return rank / (world_->size() / stages) * tp + rank % tp;
 }
 
 void Model::sumTiedGradients() {
@@ -143,21 +169,12 @@ void Model::sumTiedGradients() {
 }
 
 at::Tensor Model::pipelineGradNorm() {
-  c10::NoGradGuard noGrad;
   // Every shard once over the world: the D ranks of a stage hold distinct
-  // shards, and the groups of stage 0 and P - 1 count on stage 0 only.
-  at::Tensor sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
-  std::vector<at::Tensor> grads;
-  for (size_t i = 0; i < zero_->shards().size(); ++i) {
-    if (stage_ != 0 && tied_[shardGroup(i)])
-      continue;
-    const at::Tensor &g = zero_->shards()[i].grad();
-    if (g.defined())
-      grads.push_back(g);
-  }
-  for (const at::Tensor &g : grads)
-    sum += g.to(at::kDouble).pow(2).sum();
-  at::Tensor t = sum;
+  // shards, the T ranks of a TP group count their split members whole and
+  // the replicated ones 1/T each (ZeroStorage::gradSquares), and the groups
+  // of stage 0 and P - 1 count on stage 0 only.
+  at::Tensor t = zero_->gradSquares(
+      [&](size_t shard) { return stage_ == 0 || !tied_[shardGroup(shard)]; });
   if (t.device() != world_->device() && world_->backend() != "local")
     t = t.to(world_->device());
   world_->allReduce(t)->wait();
@@ -165,9 +182,9 @@ at::Tensor Model::pipelineGradNorm() {
 }
 
 void Model::collectStageParameters(std::vector<std::pair<std::string, at::Tensor>> &out) {
-  // The first rank of each stage s > 0 sends its stage's parameters to
-  // rank 0, which adds those it lacks.
-  const int64_t d = world_->size() / stages_;
+  // The first rank of each stage s > 0 sends its stage's parameters (TP
+  // slices put together) to rank 0, which adds those it lacks.
+  const int64_t d = stageRanks();
   const bool sender = stage_ > 0 && stageComm_->rank() == 0;
   if (sender) {
     std::vector<c10::IValue> values;

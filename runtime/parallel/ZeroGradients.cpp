@@ -111,7 +111,8 @@ void ZeroStorage::reduceMemberGradients(int64_t group, const std::vector<at::Ten
   for (const auto &[begin, end] : g.layout.reduceGradRanges)
     tensor_->allReduce(flat.narrow(0, begin, end - begin))->wait();
   startReduceGradient(g, flat);
-  freeBuffer(g);
+  if (!keepOutsideGathered_ || !g.layout.info->blockList.empty())
+    freeBuffer(g);
   // The shard's gradient arrives in finishGradients(), so that this
   // reduce-scatter overlaps the backward of the blocks before this one.
 }
@@ -291,10 +292,10 @@ struct NormTerms {
 
 } // namespace
 
-at::Tensor ZeroStorage::gradNorm() {
+at::Tensor ZeroStorage::gradSquares(const std::function<bool(size_t)> &counts) {
   c10::NoGradGuard noGrad;
   // Sum of squares of this rank's shards (foreach norms, float64 across
-  // shards and ranks), all-reduced over the shard group; no host sync.
+  // shards and ranks); no host sync.
   // Gradients the optimizer divides itself (letOptimizerWriteShards) are
   // sums over the data-parallel ranks: their squares count 1 / ranks^2.
   // Tensor parallelism: split members count on every TP rank, replicated
@@ -302,7 +303,7 @@ at::Tensor ZeroStorage::gradNorm() {
   NormTerms averaged, summed, averagedReplicated, summedReplicated;
   for (const auto &g : groups_) {
     const at::Tensor &grad = shards_[g->layout.index].grad();
-    if (!grad.defined())
+    if (!grad.defined() || (counts && !counts(g->layout.index)))
       continue;
     const bool sum = optimizerWritesShards_ && g->master.defined();
     if (!tensor_) {
@@ -324,8 +325,15 @@ at::Tensor ZeroStorage::gradNorm() {
       sumSquares += averagedReplicated.sumSquares(device_) / t;
     if (!summedReplicated.full.empty() || !summedReplicated.reduced.empty())
       sumSquares += summedReplicated.sumSquares(device_) / (t * ranks * ranks);
-    tensor_->allReduce(sumSquares)->wait();
   }
+  return sumSquares;
+}
+
+at::Tensor ZeroStorage::gradNorm() {
+  // This rank's squares, all-reduced over the TP group and the shard group.
+  at::Tensor sumSquares = gradSquares();
+  if (tensor_)
+    tensor_->allReduce(sumSquares)->wait();
   shardComm_->allReduce(sumSquares)->wait();
   return sumSquares.sqrt();
 }

@@ -126,7 +126,8 @@ int64_t vocabularyOf(Model &model, std::vector<std::pair<std::string, c10::IValu
         logits = &value;
     if (!logits->isTensor())
       throw ExecutionError("the model's logits result is not a tensor");
-    vocab = logits->toTensor().size(-1);
+    // (vocab-parallel: this rank's part of them)
+    vocab = model.plan().vocabParallel ? model.plan().vocabSize : logits->toTensor().size(-1);
   }
   return vocab;
 }

@@ -8,6 +8,7 @@
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <limits>
 #include <stdexcept>
 
@@ -143,8 +144,6 @@ void checkPipeline(const std::string &archiveName, const plan::Plan &p,
   auto refuse = [&](const std::string &option) {
     throw ConfigError(what + "which this bmt-run does not run with " + option);
   };
-  if (p.tensorParallel > 1)
-    refuse("tensor parallelism (compile with --pipeline-parallel or --tensor-parallel)");
   if (p.expertParallel > 1)
     refuse("expert parallelism (compile with --pipeline-parallel or --expert-parallel)");
   for (const plan::Function &f : p.functions)
@@ -152,9 +151,16 @@ void checkPipeline(const std::string &archiveName, const plan::Plan &p,
       if (inst.kind == plan::Instruction::Kind::MoeDispatch)
         refuse("mixture-of-experts layers (their token counts are not gathered over the stages "
                "yet)");
-  if (r.worldSize % stages != 0)
+  // Ranks: T x D per stage (TP innermost, then data-parallel, stages
+  // outermost; docs/runtime/pipeline.md).
+  const int64_t per = stages * std::max<int64_t>(p.tensorParallel, 1);
+  if (r.worldSize % per != 0)
     throw ConfigError(what + "which need a world size that is a multiple of " +
-                      std::to_string(stages) + ", not " + std::to_string(r.worldSize));
+                      (per == stages ? std::to_string(stages)
+                                     : std::to_string(per) + " (" + std::to_string(stages) +
+                                           " x tensor-parallel " +
+                                           std::to_string(p.tensorParallel) + ")") +
+                      ", not " + std::to_string(r.worldSize));
   if (r.microBatches > 0 && r.microBatches < stages)
     throw ConfigError("--micro-batches " + std::to_string(r.microBatches) + " is fewer than the " +
                       std::to_string(stages) + " pipeline stages of " + archiveName +
@@ -168,6 +174,8 @@ void checkPipeline(const std::string &archiveName, const plan::Plan &p,
                       "of one per stage");
   if (r.checkpoints && p.pipelineVirtualStages > 1)
     refuse("checkpoints (--checkpoint-dir / --resume) of its virtual stages");
+  if (r.checkpoints && p.tensorParallel > 1)
+    refuse("checkpoints (--checkpoint-dir / --resume) together with tensor parallelism yet");
   if (r.dump)
     refuse("--dump");
   if (r.inspect)

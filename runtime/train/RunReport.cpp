@@ -10,6 +10,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iomanip>
@@ -69,9 +70,14 @@ void printLoadSummary(const std::string &archiveName, const plan::Archive &archi
     if (worldSize > 1) {
       std::cout << "bmt-run: " << worldSize << " ranks (" << world->backend() << "), ZeRO-"
                 << p.zeroStage;
+      const int64_t stages = std::max<int64_t>(p.pipelineStages, 1);
+      if (stages > 1)
+        std::cout << ", pipeline " << stages << " stages x";
       if (p.tensorParallel > 1)
-        std::cout << ", tensor parallel " << p.tensorParallel << " x data parallel "
-                  << worldSize / p.tensorParallel;
+        std::cout << (stages > 1 ? " " : ", ") << "tensor parallel " << p.tensorParallel
+                  << " x";
+      if (stages > 1 || p.tensorParallel > 1) // "pipeline 2 stages x tensor parallel 2 x data parallel 1"
+        std::cout << " data parallel " << worldSize / (stages * p.tensorParallel);
       if (p.expertParallel > 1)
         std::cout << ", expert parallel: " << worldSize / p.expertParallel
                   << " expert groups of " << p.expertParallel << " ranks";

@@ -398,9 +398,8 @@ Trainer::PendingStep Trainer::queueStep(int64_t step, MicroBatchSource &source,
     reduced = t.to(device);
   }
   at::Tensor lossValues = reduced.slice(0, 0, m);
-  // (A pipeline: only the last stage's D ranks have losses.)
-  const int64_t lossRanks =
-      model_.pipelineStages() > 1 ? model_.dataParallel().size() : world.size();
+  // (A pipeline: only the last stage's T x D ranks have losses.)
+  const int64_t lossRanks = model_.pipelineStages() > 1 ? model_.stageRanks() : world.size();
   if (lossRanks > 1)
     lossValues = lossValues.div(static_cast<double>(lossRanks));
   at::Tensor values = at::cat({lossValues, gradNorm.reshape({1}),

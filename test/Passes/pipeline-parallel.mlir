@@ -7,6 +7,8 @@
 // RUN: not bmt-opt %s --bmt-find-blocks --bmt-zero --bmt-checkpoint --bmt-pipeline-parallel='pipeline-parallel=2 world-size=3' -o /dev/null 2>&1 | FileCheck %s --check-prefix=WORLD
 // RUN: not bmt-opt %s --bmt-find-blocks --bmt-zero --bmt-checkpoint --bmt-pipeline-parallel='pipeline-parallel=0' -o /dev/null 2>&1 | FileCheck %s --check-prefix=ZERO
 // RUN: not bmt-opt %s --bmt-pipeline-parallel='pipeline-parallel=2' -o /dev/null 2>&1 | FileCheck %s --check-prefix=NOBLOCKS
+// RUN: bmt-opt %s --bmt-find-blocks --bmt-tensor-parallel='tensor-parallel=2' --bmt-zero --bmt-checkpoint --bmt-pipeline-parallel='pipeline-parallel=2 world-size=4' --bmt-summary -o /dev/null 2>&1 | FileCheck %s --check-prefix=TP
+// RUN: not bmt-opt %s --bmt-find-blocks --bmt-tensor-parallel='tensor-parallel=2' --bmt-zero --bmt-checkpoint --bmt-pipeline-parallel='pipeline-parallel=2 world-size=6' -o /dev/null 2>&1 | FileCheck %s --check-prefix=TPWORLD
 
 // Five blocks of two linears (64 -> 256 -> 64) after a 512 x 64 embedding
 // tied to the head. Forward matmul FLOPs per token: a block 2 x 32768 =
@@ -41,6 +43,15 @@
 // P4-NEXT: stage 1: blocks 1..1, 32768 parameters, 0.268 GFLOP
 // P4-NEXT: stage 2: blocks 2..3, 65536 parameters, 0.537 GFLOP
 // P4-NEXT: stage 3: blocks 4..4 + after the blocks, 65536 parameters, 0.47 GFLOP
+
+// With T = 2 (P x T x D = 2 x 2 x 1) the same cut; a split parameter's
+// elements and FLOPs count 1/T per rank (the blocks' and the vocab-split
+// embedding's), so every stage's FLOPs halve.
+// TP: remark: bmt-pipeline-parallel: 5 blocks of h in 2 stages (blocks per stage: 3 2), 1 data-parallel rank x 2 tensor-parallel per stage; tied across stages 0 and 1 (gradient summed): emb.w
+// TP:      pipeline: 2 stages of h over world size 4 (stage = rank / 2; 1 data-parallel x 2 tensor-parallel ranks per stage), 1F1B
+// TP-NEXT:   stage 0: blocks 0..2 + before the blocks, 65536 parameters, 0.403 GFLOP per micro-batch (52 %)
+// TP-NEXT:   stage 1: blocks 3..4 + after the blocks, 49152 parameters, 0.369 GFLOP per micro-batch (48 %)
+// TPWORLD: error: bmt-pipeline-parallel: world size 6 is not a multiple of pipeline-parallel 2 x tensor-parallel 2
 
 // ONE-NOT: bmt.pipeline
 // TOOMANY: error: bmt-pipeline-parallel: pipeline-parallel 6 exceeds the 5 blocks of h; each stage needs at least one block

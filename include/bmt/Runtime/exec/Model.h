@@ -307,12 +307,13 @@ public:
   /// The ranks that train on other rows of the batch and average their
   /// gradients: world() without tensor parallelism, else the N/T ranks of
   /// this rank's TP rank (data-parallel rank = world rank / T).
-  /// Pipeline parallelism: the D ranks of this rank's stage.
+  /// Pipeline parallelism: the D ranks of this rank's stage (and TP rank).
   Comm &dataParallel() { return dataComm_ ? *dataComm_ : stageComm_ ? *stageComm_ : *world_; }
 
   /// Pipeline parallelism (plan pipelineStages P > 1; docs/runtime/
-  /// pipeline.md): rank r of N runs stage r / D (D = N / P) and is its
-  /// data-parallel rank r % D (dataParallel() is the stage's D ranks).
+  /// pipeline.md): rank r of N runs stage r / (T x D) (D = N / (P x T)),
+  /// is its data-parallel rank (r / T) % D and TP rank r % T
+  /// (dataParallel() is the stage's D ranks of its TP rank).
   /// The stage holds the storage groups its part of the program reads
   /// (Executor::stageGroups): its blocks', stage 0 the embeddings', stage
   /// P - 1 the final norm's and head's; a group both read (a tied
@@ -341,6 +342,10 @@ public:
   int64_t pipelinePreviousRank() const;
   int64_t pipelineNextRank() const;
   Comm &pipelineGradients() { return gradComm_ ? *gradComm_ : *world_; }
+  /// The ranks of one stage, T x D (the world without stages): rank r's
+  /// peer on the next stage is r + stageRanks() (the same TP and
+  /// data-parallel ranks).
+  int64_t stageRanks() const { return world_->size() / stages_; }
   /// Checkpoints of a pipeline: by plan storage group, the stage whose
   /// ranks save it, the first that holds it (stage 0 for a group stages 0
   /// and P - 1 share, and for one no stage reads); empty without stages.
@@ -400,6 +405,12 @@ private:
   std::vector<bool> tied_; ///< by plan group: held by stages 0 and P - 1
   /// Checks the plan and the options, splits the world; returns held_.
   std::vector<bool> setUpPipeline(const std::string &path, const ModelOptions &options);
+  /// The data-parallel communicator's color of world rank `rank` with
+  /// T > 1: its TP rank, and with P > 1 its stage too (ranks: TP
+  /// innermost, then data-parallel, stages outermost).
+  int64_t dataParallelColor(int64_t rank) const;
+  /// Sets each group's TP copy (tp_rank > 0) to its first copy's entry.
+  void sameAsFirstCopy(std::vector<bool> &byGroup) const;
   void sumTiedGradients();
   at::Tensor pipelineGradNorm();
   void collectStageParameters(std::vector<std::pair<std::string, at::Tensor>> &out);

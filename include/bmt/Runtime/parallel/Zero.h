@@ -111,6 +111,11 @@ public:
   /// its own tensor (needed when the forwards and backwards of several
   /// micro-batches interleave, as in a pipeline's 1F1B schedule).
   void setGradientSlots(bool on) { gradientSlots_ = on; }
+  /// On: the groups outside the blocks stay gathered after their gradient
+  /// is reduced, until the step (a pipeline's 1F1B runs a micro-batch's
+  /// backward while later forwards' graphs still read them: BERT's
+  /// embedding LayerNorm; no hook gathers them again as it does a block's).
+  void setKeepOutsideGathered(bool on) { keepOutsideGathered_ = on; }
 
   // ExecutorHooks.
   at::Tensor global(int64_t index) override;
@@ -212,6 +217,12 @@ public:
   /// Global L2 norm of the gradients over all ranks (a float64 tensor of one
   /// element on the device), without a host synchronisation. Collective.
   at::Tensor gradNorm() override;
+  /// This rank's part of the squared norm behind gradNorm() (float64 [1]
+  /// on the device, before any collective): the shards for which
+  /// `counts(shard index)` holds (all without it), split members whole,
+  /// TP-replicated ones 1/T. Summed over the TP group and the shard group
+  /// (or a pipeline's world) it is the squared global norm.
+  at::Tensor gradSquares(const std::function<bool(size_t)> &counts = {});
   /// Storage group `group`'s (an index of shards(); the plan's group index
   /// when T == 1) whole flat buffer [shard size x shard ranks]
   /// (a new tensor on the device; members at the plan's offsets, padding
@@ -261,6 +272,7 @@ private:
   ZeroStorage(const plan::Plan &plan, at::Device device, Comm &world, bool offloadOptimizer,
               Comm *tensorComm, Comm *dataComm, const std::vector<bool> *heldGroups);
   bool gradientSlots_ = true;
+  bool keepOutsideGathered_ = false;
   /// Makes `shard` group g's shard (an autograd leaf) and, for a bf16/fp16
   /// group not offloaded, its float32 master; shards() gets the trainable one.
   void setShard(Group &g, at::Tensor shard);

@@ -45,6 +45,7 @@ struct PipelineRequest {
   bool checkpoints = false; ///< --checkpoint-dir or --resume
   bool dump = false, inspect = false, offload = false;
   bool adafactor = false, evaluation = false, profile = false;
+  bool checkpoints = false; ///< --checkpoint-dir or --resume (refused with T > 1)
 };
 /// For a plan cut into P > 1 pipeline stages (bmt-opt --pipeline-parallel;
 /// docs/runtime/pipeline.md): a ConfigError, before any rank connects,
