@@ -131,6 +131,8 @@ int64_t Model::pipelinePreviousRank() const {
 int64_t Model::pipelineNextRank() const {
   const int64_t d = world_->size() / stages_;
   return (stage_ + 1) % stages_ * d + world_->rank() % d;
+}
+
 void Model::sameAsFirstCopy(std::vector<bool> &byGroup) const {
   // With T > 1 the plan has a copy of each group per TP rank; the stage's
   // instructions name the first (tp_rank 0), and this rank holds its own.

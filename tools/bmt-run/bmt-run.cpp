@@ -63,7 +63,6 @@ int run(const tools::RunOptions &o) {
     pipeline.adafactor = o.train.optimizer.kind == runtime::OptimizerKind::Adafactor;
     pipeline.evaluation = !o.evalData.empty();
     pipeline.profile = o.train.profileFrom > 0;
-    pipeline.checkpoints = !o.checkpoints.dir.empty() || !o.resume.empty();
     runtime::checkPipeline(o.archive, archive.plan(), pipeline);
   }
   runtime::checkTensorParallel(o.archive, archive.plan(), rendezvous.worldSize,
