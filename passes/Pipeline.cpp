@@ -235,6 +235,11 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
       return fail("mixture-of-experts layers in a pipeline are not supported yet (bmt-run "
                   "cannot run their dispatch in a stage)");
 
+    for (auto param : module.getOps<bmt::ParameterOp>())
+      if (!param.getRequiresGrad())
+        return fail("frozen parameters (--freeze, --lora's base, or requires_grad=False in the "
+                    "model: " + param.getSymName() + ") in a pipeline are not supported yet");
+
     auto lists = llvm::to_vector(module.getOps<bmt::BlockListOp>());
     if (lists.empty())
       return fail("the model has no repeated layers to cut into stages (run --bmt-find-blocks "
