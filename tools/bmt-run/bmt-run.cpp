@@ -120,9 +120,30 @@ int run(const tools::RunOptions &o) {
   if (!o.batchesFile.empty() && !o.evalOnly)
     fixed = tools::loadBatches(o, encoderDecoder, p.modelType, worldSize);
 
-  const int64_t vocab = runtime::probeVocabulary(
-      model, tools::probeShape(o, fixed, spanCorruption ? &span : nullptr, spanLengths.targetLength,
-                               worldSize, archive.hfFiles()));
+  // A pipeline runs pieces of a micro-batch's rows / M (--micro-batches):
+  // the probe runs one piece, the shape a torch.export program must take.
+  const int64_t pieces = p.pipelineStages <= 1      ? 1
+                         : o.pipelineMicroBatchesGiven ? o.train.pipelineMicroBatches
+                                                       : p.pipelineStages; // (the fewest 1F1B takes)
+  if (p.pipelineStages > 1 && !o.evalOnly) {
+    // (PipelineStep.cpp checks each batch as well.)
+    const int64_t rows = fixed.windows.defined() ? fixed.windows.size(1) / worldSize : o.microBatch;
+    if (rows % pieces != 0)
+      throw tools::UsageError("--micro-batches " + std::to_string(pieces) +
+                              " does not divide this rank's " + std::to_string(rows) +
+                              " rows of a micro-batch (" +
+                              (fixed.windows.defined() ? o.batchesFile : "--micro-batch") + ")");
+  }
+  runtime::ProbeShape probe = tools::probeShape(o, fixed, spanCorruption ? &span : nullptr,
+                                                spanLengths.targetLength, worldSize,
+                                                archive.hfFiles());
+  if (pieces > 1 && probe.rows % pieces == 0) {
+    probe.rows /= pieces;
+    probe.runName += " in pieces of " + std::to_string(probe.rows) +
+                     (probe.rows == 1 ? " row" : " rows") + " (--micro-batches " +
+                     std::to_string(pieces) + ")";
+  }
+  const int64_t vocab = runtime::probeVocabulary(model, probe);
 
   runtime::checkVocabularyKnown(o.archive, vocab, objectiveKind);
   std::unique_ptr<runtime::TokenFile> train = tools::openTrainingData(o, vocab);
@@ -134,17 +155,7 @@ int run(const tools::RunOptions &o) {
 
   // The command line's settings, completed by what the model and the data say.
   runtime::TrainConfig config = o.train;
-  if (!o.pipelineMicroBatchesGiven)
-    config.pipelineMicroBatches = p.pipelineStages; // (the fewest 1F1B takes)
-  if (p.pipelineStages > 1 && !o.evalOnly) {
-    // (PipelineStep.cpp checks each batch as well.)
-    const int64_t rows = fixed.windows.defined() ? fixed.windows.size(1) / worldSize : o.microBatch;
-    if (rows % config.pipelineMicroBatches != 0)
-      throw tools::UsageError("--micro-batches " + std::to_string(config.pipelineMicroBatches) +
-                              " does not divide this rank's " + std::to_string(rows) +
-                              " rows of a micro-batch (" +
-                              (fixed.windows.defined() ? o.batchesFile : "--micro-batch") + ")");
-  }
+  config.pipelineMicroBatches = pieces;
   // Linear and cosine decay reach --min-lr one step after the last step, so
   // that the last step still learns (with the default --min-lr 0 it would
   // run at lr 0); with --steps 1 and no warmup the one step runs at --lr.

@@ -246,6 +246,37 @@ def test_pipeline_adafactor_matches_torch(traced):
     assert worst <= OPTIMIZER_PARAM_TOL and worst < 0.1 * moved, (worst, moved)
 
 
+def test_exported_program_runs_in_pieces_of_its_shape(traced):
+    """A torch.export program is fixed to its example's rows: a pipeline
+    runs pieces of a micro-batch's rows / M, so the probe runs one piece.
+    GPT-2 exported at 2 x 8, P = 2 on 2 ranks: 8 rows in M = 4 pieces of 2
+    train; in M = 8 pieces of 1 they are refused in one line before step 1
+    (not an aten::view error inside the step)."""
+    if traced["name"] != "gpt2":
+        pytest.skip("one model is enough")
+    tmp = traced["tmp"] / "pt2"
+    tmp.mkdir()
+    model = build_model("gpt2")
+    ids = torch.randint(0, model.config.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    program = torch.export.export(model, args=(), kwargs={"input_ids": ids,
+                                  "attention_mask": torch.ones_like(ids)}, strict=False)
+    torch.export.save(program, str(tmp / "gpt2.pt2"))
+    sharded = tmp / "sharded.pt"
+    subprocess.run([binary("bmt-opt"), tmp / "gpt2.pt2", "-o", sharded, "--pipeline-parallel", "2",
+                    "--world-size", "2"], check=True, capture_output=True)
+    batches = traced["tmp"] / "batches.pt"
+    r = torchrun(2, sharded, "--batches", batches, "--steps", 1, "--micro-batches", 4)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "step 1/1" in r.stdout, r.stdout
+    r = torchrun(2, sharded, "--batches", batches, "--steps", 1, "--micro-batches", 8)
+    assert r.returncode != 0
+    lines = set(error_lines(r.stderr))
+    assert len(lines) == 1, r.stderr
+    assert next(iter(lines)).startswith(
+        f"error: {batches} in pieces of 1 row (--micro-batches 8): the model cannot run a "
+        f"micro-batch of 1 x {SEQ} tokens"), lines
+
+
 def test_what_a_pipeline_does_not_run_is_refused(traced):
     """One error line each, before any rank connects (rank 0 of 2 alone),
     and --micro-batches M not dividing a rank's rows at the first step."""
