@@ -101,6 +101,25 @@ Arg decodeArg(const IValue &v) {
   throw PlanError("plan: unknown argument kind '" + kind + "'");
 }
 
+/// The copies of one storage group per TP or expert rank (`rankOf`): one
+/// for each of the n ranks, each laid out alike; a PlanError naming the
+/// field otherwise.
+void checkCopies(const std::string &name, const std::vector<const StorageGroup *> &list, int64_t n,
+                 const char *field, const char *size, int64_t StorageGroup::*rankOf) {
+  std::vector<bool> seen(n, false);
+  for (const StorageGroup *g : list) {
+    const int64_t rank = g->*rankOf;
+    if (seen[rank] || g->members != list[0]->members || g->offsets != list[0]->offsets ||
+        g->size != list[0]->size || g->dtype != list[0]->dtype)
+      throw PlanError("plan: storage group " + name + ": its " + field +
+                      " copies differ or repeat (" + field + " " + std::to_string(rank) + ")");
+    seen[rank] = true;
+  }
+  if (static_cast<int64_t>(list.size()) != n)
+    throw PlanError("plan: storage group " + name + " has " + std::to_string(list.size()) + " " +
+                    field + " copies, not " + size + " = " + std::to_string(n));
+}
+
 /// The version 8 fields against expert_parallel (E): an expert split is of
 /// a trainable parameter, fits E, and its tensor, if in a storage group,
 /// is in one of ep_rank copies, which hold only such tensors and come E
@@ -141,19 +160,8 @@ void checkExpertSplits(const Plan &plan) {
                         ") holds " + plan.tensors[m].name + ", which is not split over the expert group");
     copies[g.name].push_back(&g);
   }
-  for (const auto &[name, list] : copies) {
-    std::vector<bool> seen(ep, false);
-    for (const StorageGroup *g : list) {
-      if (seen[g->epRank] || g->members != list[0]->members || g->offsets != list[0]->offsets ||
-          g->size != list[0]->size || g->dtype != list[0]->dtype)
-        throw PlanError("plan: storage group " + name + ": its ep_rank copies differ or repeat (ep_rank " +
-                        std::to_string(g->epRank) + ")");
-      seen[g->epRank] = true;
-    }
-    if (static_cast<int64_t>(list.size()) != ep)
-      throw PlanError("plan: storage group " + name + " has " + std::to_string(list.size()) +
-                      " ep_rank copies, not expert_parallel = " + std::to_string(ep));
-  }
+  for (const auto &[name, list] : copies)
+    checkCopies(name, list, ep, "ep_rank", "expert_parallel", &StorageGroup::epRank);
   for (const TensorInfo &t : plan.tensors)
     if (t.group >= 0 && t.group < static_cast<int64_t>(plan.groups.size()) &&
         !t.split.isExpertSplit() && plan.groups[t.group].epRank != -1)
@@ -195,20 +203,8 @@ void checkTensorParallel(const Plan &plan) {
     copies[g.name].push_back(&g);
   }
   if (tp > 1)
-    for (const auto &[name, list] : copies) {
-      std::vector<bool> seen(tp, false);
-      for (const StorageGroup *g : list) {
-        if (seen[g->tpRank] || g->members != list[0]->members || g->offsets != list[0]->offsets ||
-            g->size != list[0]->size || g->dtype != list[0]->dtype)
-          throw PlanError("plan: storage group " + name +
-                          ": its tp_rank copies differ or repeat (tp_rank " +
-                          std::to_string(g->tpRank) + ")");
-        seen[g->tpRank] = true;
-      }
-      if (static_cast<int64_t>(list.size()) != tp)
-        throw PlanError("plan: storage group " + name + " has " + std::to_string(list.size()) +
-                        " tp_rank copies, not tensor_parallel = " + std::to_string(tp));
-    }
+    for (const auto &[name, list] : copies)
+      checkCopies(name, list, tp, "tp_rank", "tensor_parallel", &StorageGroup::tpRank);
   for (const TensorInfo &t : plan.tensors)
     if (t.group >= 0 && t.group < static_cast<int64_t>(plan.groups.size()) &&
         plan.groups[t.group].tpRank > 0)
