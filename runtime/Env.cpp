@@ -117,6 +117,13 @@ int64_t debugExitAfterStep() {
 
 bool debugSync() { return integerOr("BMT_DEBUG_SYNC", 0, 0, "0 or 1") != 0; }
 
+bool debugCommThroughHost() {
+  std::optional<std::string> v = read("BMT_DEBUG_COMM");
+  if (v && *v != "host")
+    bad("BMT_DEBUG_COMM", "host", *v);
+  return v.has_value();
+}
+
 std::optional<int64_t> debugCheckpointChunkBytes() {
   std::optional<std::string> v = read("BMT_DEBUG_CHECKPOINT_CHUNK_BYTES");
   if (!v)
@@ -140,6 +147,7 @@ void checkEnvironment() {
   debugInjectInf();
   debugExitAfterStep();
   debugSync();
+  debugCommThroughHost();
   debugCheckpointChunkBytes();
   debugCheckpointSlowMs();
 }

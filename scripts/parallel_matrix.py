@@ -25,6 +25,9 @@ docs/architectures.md between its parallel-matrix markers.
 --device cuda runs bmt-run's ranks on GPUs (rank r on GPU r: NCCL) and the
 eager reference on GPU 0, both in float32: the multi-GPU parity check (the
 GPU machine needs a bmt-opt: the portable build of docs/status.md).
+--device cuda-shared puts every rank on GPU 0, their collectives through
+host memory (BMT_DEBUG_COMM=host; NCCL refuses two ranks on one GPU): the
+GPU compute of every parallel mode checked on a one-GPU machine.
 
 test/python/models/test_architectures_parallel.py runs every architecture at
 tp2-n4 (T = 2 with ZeRO-3 over 2 data-parallel ranks), and at zero3-n2 where
@@ -95,6 +98,11 @@ def is_seq2seq(name):
     return architectures.ARCHS[name][1] in architectures.SEQ2SEQ
 
 
+def eager_device():
+    """Where the eager reference runs: GPU 0 for the cuda devices."""
+    return "cpu" if DEVICE == "cpu" else "cuda:0"
+
+
 def prepare(name, tmp):
     """Exports `name` once and draws its batches: a dict with the archive,
     the batches file and what eager_reference needs."""
@@ -135,12 +143,12 @@ def eager_reference(prep, lrs):
     if prep["eager"] is None:
         from test_runtime_parity import eager_training
         from test_seq2seq import eager_pairs_training
-        model = architectures.build(prep["name"]).to(DEVICE)  # fresh weights, same seed
+        model = architectures.build(prep["name"]).to(eager_device())  # fresh weights, same seed
         if is_seq2seq(prep["name"]):
-            losses = eager_pairs_training(model, prep["ids"].to(DEVICE),
-                                          prep["labels"].to(DEVICE), STEPS, 1, lrs, CLIP)
+            losses = eager_pairs_training(model, prep["ids"].to(eager_device()),
+                                          prep["labels"].to(eager_device()), STEPS, 1, lrs, CLIP)
         else:
-            losses = eager_training(model, prep["batches"].to(DEVICE), STEPS, 1,
+            losses = eager_training(model, prep["batches"].to(eager_device()), STEPS, 1,
                                     lambda s: lrs[s], CLIP, WEIGHT_DECAY)
         params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
         prep["eager"] = (losses, params)
@@ -190,7 +198,8 @@ def run_cell(prep, mode, bindir):
     try:
         r = torchrun(ranks, what, "--batches", os.path.join(prep["tmp"], "batches.pt"),
                      "--steps", STEPS, *objective, *TRAIN_FLAGS, "--log-file", log,
-                     "--save-params", saved, timeout=TIMEOUT_S, device=DEVICE)
+                     "--save-params", saved, timeout=TIMEOUT_S,
+                     device="cuda:0" if DEVICE == "cuda-shared" else DEVICE)
     except subprocess.TimeoutExpired:
         return "FAILURE", f"bmt-run hangs (past {TIMEOUT_S} s)"
     if r.returncode != 0:
@@ -274,13 +283,16 @@ def main():
     ap.add_argument("--write-docs", action="store_true",
                     help="put the table into docs/architectures.md")
     ap.add_argument("--results", help="append each cell to this file (JSON lines)")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                    help="cuda: bmt-run's rank r on GPU r, the eager reference on GPU 0")
+    ap.add_argument("--device", choices=["cpu", "cuda", "cuda-shared"], default="cpu",
+                    help="cuda: bmt-run's rank r on GPU r, the eager reference on GPU 0; "
+                         "cuda-shared: every rank on GPU 0, collectives through host memory")
     ap.add_argument("--table-from", nargs="*",
                     help="make the table from these --results files (later cells win), run nothing")
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
+    if DEVICE == "cuda-shared":
+        os.environ["BMT_DEBUG_COMM"] = "host"
     if args.table_from:
         return table_from(args.table_from, args.modes, args.write_docs)
     warnings.filterwarnings("ignore")

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Runtime/comm/Rendezvous.h"
+#include "bmt/Runtime/Env.h"
 
 #include "CommInternal.h"
 
@@ -159,6 +160,9 @@ std::unique_ptr<Comm> connect(const RendezvousInfo &info, at::Device device) {
   if (device.is_cuda()) {
     if (!device.has_index())
       device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(info.localRank));
+    if (env::debugCommThroughHost())
+      return createHostStagedComm(createCpuComm(store, info.rank, info.worldSize, options),
+                                  device);
     return createNcclComm(store, info.rank, info.worldSize, device, options);
   }
   return createCpuComm(store, info.rank, info.worldSize, options);

@@ -67,8 +67,12 @@ std::vector<bool> Model::setUpPipeline(const std::string &path, const ModelOptio
   stage_ = rank / d;
   stageComm_ = world_->split(stage_, rank, "stage");
   virtualStages_ = plan_.pipelineVirtualStages;
-  if (virtualStages_ > 1)
-    gradComm_ = world_->split(0, rank, "pipeline-gradients");
+  // pipelineChannel's copies of the world (every rank, in this order).
+  const char *names[2][2] = {{"pipeline-activations-up", "pipeline-activations-down"},
+                             {"pipeline-gradients-up", "pipeline-gradients-down"}};
+  for (int kind = 0; kind < 2; ++kind)
+    for (int way = 0; way < 2; ++way)
+      channels_[kind][way] = world_->split(0, rank, names[kind][way]);
   // The ranks of the same (data-parallel, TP) rank r % d on the first and
   // last stage share the groups both read (a tied embedding and LM head).
   const bool ends = stage_ == 0 || stage_ == stages_ - 1;
@@ -131,6 +135,14 @@ int64_t Model::pipelinePreviousRank() const {
 int64_t Model::pipelineNextRank() const {
   const int64_t d = world_->size() / stages_;
   return (stage_ + 1) % stages_ * d + world_->rank() % d;
+}
+
+Comm &Model::pipelineChannel(PipelineTransfer kind, int64_t from, int64_t to) {
+  if (stages_ <= 1 || from == to)
+    throw std::logic_error("pipelineChannel: no transfer from rank " + std::to_string(from) +
+                           " to " + std::to_string(to) + " in a model of " +
+                           std::to_string(stages_) + " stages");
+  return *channels_[static_cast<int>(kind)][from < to ? 0 : 1];
 }
 
 void Model::sameAsFirstCopy(std::vector<bool> &byGroup) const {
@@ -237,7 +249,8 @@ at::Device transferDevice(Comm &comm) {
 
 } // namespace
 
-void sendValues(Comm &comm, const std::vector<c10::IValue> &values, int64_t peer) {
+void sendValues(Comm &comm, const std::vector<c10::IValue> &values, int64_t peer,
+                std::vector<std::shared_ptr<Work>> *inFlight) {
   // A header (pickled: per value a tensor's dtype, shape and requires_grad,
   // or the plain value), its length first; then each tensor's bytes.
   c10::impl::GenericList header(c10::AnyType::get());
@@ -263,12 +276,19 @@ void sendValues(Comm &comm, const std::vector<c10::IValue> &values, int64_t peer
   std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(header));
   const at::Device device = transferDevice(comm);
   at::Tensor length = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong).to(device);
-  comm.send(length, peer)->wait();
+  auto send = [&](const at::Tensor &t) {
+    std::shared_ptr<Work> work = comm.send(t, peer);
+    if (inFlight)
+      inFlight->push_back(std::move(work));
+    else
+      work->wait();
+  };
+  send(length);
   at::Tensor data = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
   std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
-  comm.send(data.to(device), peer)->wait();
+  send(data.to(device));
   for (const at::Tensor &t : tensors)
-    comm.send(t.device().is_cpu() && !device.is_cpu() ? t.to(device) : t, peer)->wait();
+    send(t.device().is_cpu() && !device.is_cpu() ? t.to(device) : t);
 }
 
 std::vector<c10::IValue> recvValues(Comm &comm, int64_t peer, at::Device device,

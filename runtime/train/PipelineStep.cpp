@@ -218,8 +218,15 @@ void Trainer::runPipelineMicroBatches(PendingStep &current, MicroBatchSource &so
   const int64_t stages = model_.pipelineStages(), stage = model_.pipelineStage();
   const int64_t chunks = model_.pipelineVirtualStages();
   Comm &world = model_.world();
-  Comm &gradients = model_.pipelineGradients();
   Comm &data = model_.dataParallel();
+  const int64_t rank = world.rank();
+  auto channel = [&](PipelineTransfer kind, int64_t from, int64_t to) -> Comm & {
+    return model_.pipelineChannel(kind, from, to);
+  };
+  // The step's sends, waited for once every action is queued (see
+  // sendValues: on NCCL no send may hold up the compute stream before the
+  // receives after it are posted).
+  std::vector<std::shared_ptr<Work>> inFlight;
   const int64_t d = data.size();
   const at::Device device = model_.device();
   const int64_t pieces = config_.pipelineMicroBatches;
@@ -261,8 +268,9 @@ void Trainer::runPipelineMicroBatches(PendingStep &current, MicroBatchSource &so
       if (!model_.isFirstChunk()) {
         std::vector<bool> requiresGrad;
         const Clock::time_point r = Clock::now();
-        std::vector<c10::IValue> values =
-            recvValues(world, model_.pipelinePreviousRank(), device, &requiresGrad);
+        const int64_t from = model_.pipelinePreviousRank();
+        std::vector<c10::IValue> values = recvValues(
+            channel(PipelineTransfer::Activations, from, rank), from, device, &requiresGrad);
         waited += secondsSince(r);
         for (size_t i = 0; i < values.size(); ++i)
           if (requiresGrad[i]) {
@@ -294,7 +302,8 @@ void Trainer::runPipelineMicroBatches(PendingStep &current, MicroBatchSource &so
         for (const c10::IValue &value : out)
           if (value.isTensor() && value.toTensor().defined() && value.toTensor().requires_grad())
             sent[v][k].push_back(value.toTensor());
-        sendValues(world, out, model_.pipelineNextRank());
+        const int64_t to = model_.pipelineNextRank();
+        sendValues(channel(PipelineTransfer::Activations, rank, to), out, to, &inFlight);
       }
       held += 1;
       times.inFlight = std::max(times.inFlight, held);
@@ -309,9 +318,11 @@ void Trainer::runPipelineMicroBatches(PendingStep &current, MicroBatchSource &so
     } else if (!sent[v][k].empty()) {
       std::vector<at::Tensor> grads;
       const Clock::time_point r = Clock::now();
+      const int64_t from = model_.pipelineNextRank();
+      Comm &gradients = channel(PipelineTransfer::Gradients, from, rank);
       for (const at::Tensor &t : sent[v][k]) {
         at::Tensor g = at::empty_like(t, at::MemoryFormat::Contiguous);
-        gradients.recv(g, model_.pipelineNextRank())->wait();
+        gradients.recv(g, from)->wait();
         grads.push_back(g);
       }
       waited += secondsSince(r);
@@ -320,7 +331,8 @@ void Trainer::runPipelineMicroBatches(PendingStep &current, MicroBatchSource &so
     }
     for (const at::Tensor &t : received[v][k]) {
       at::Tensor g = t.grad().defined() ? t.grad().contiguous() : at::zeros_like(t);
-      gradients.send(g, model_.pipelinePreviousRank())->wait();
+      const int64_t to = model_.pipelinePreviousRank();
+      inFlight.push_back(channel(PipelineTransfer::Gradients, rank, to).send(g, to));
     }
     received[v][k].clear();
     held -= 1;
@@ -338,6 +350,8 @@ void Trainer::runPipelineMicroBatches(PendingStep &current, MicroBatchSource &so
   // every rank's times to rank 0.
   const double busy = secondsSince(begin) - times.idle;
   const Clock::time_point drain = Clock::now();
+  for (const std::shared_ptr<Work> &work : inFlight)
+    work->wait();
   at::Tensor token = at::zeros({1}, at::kDouble);
   if (world.backend() != "local")
     token = token.to(world.device());

@@ -141,11 +141,16 @@ int64_t probePipelineVocabulary(Model &model, const ModelInputs &probe) {
   int64_t vocab = 0;
   for (int64_t v = 0; v < model.pipelineVirtualStages(); ++v) {
     model.selectPipelineChunk(v);
+    const int64_t rank = world.rank(), previous = model.pipelinePreviousRank(),
+                  next = model.pipelineNextRank();
     if (!model.isFirstChunk())
-      model.setStageInputs(recvValues(world, model.pipelinePreviousRank(), model.device()));
+      model.setStageInputs(recvValues(
+          model.pipelineChannel(PipelineTransfer::Activations, previous, rank), previous,
+          model.device()));
     std::vector<std::pair<std::string, c10::IValue>> results = model.forwardAll(probe);
     if (!model.isLastStage())
-      sendValues(world, model.takeStageOutputs(), model.pipelineNextRank());
+      sendValues(model.pipelineChannel(PipelineTransfer::Activations, rank, next),
+                 model.takeStageOutputs(), next);
     else
       vocab = vocabularyOf(model, results);
   }

@@ -75,6 +75,9 @@ InjectInf debugInjectInf();
 int64_t debugExitAfterStep();
 /// BMT_DEBUG_SYNC: 1 synchronises the device after every step.
 bool debugSync();
+/// BMT_DEBUG_COMM=host: on a GPU, the CPU backend's collectives through
+/// host memory instead of NCCL (several ranks sharing one GPU, for tests).
+bool debugCommThroughHost();
 /// BMT_DEBUG_CHECKPOINT_CHUNK_BYTES: the bytes of a checkpoint's checksummed
 /// chunk (a positive integer; unset: the format's default).
 std::optional<int64_t> debugCheckpointChunkBytes();

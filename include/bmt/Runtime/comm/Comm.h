@@ -245,6 +245,16 @@ std::unique_ptr<Comm> createCpuComm(c10::intrusive_ptr<c10d::Store> store, int64
 /// backends.
 std::unique_ptr<Comm> createLocalComm(const CommOptions &options = {});
 
+/// The CPU backend for tensors on `device` (a GPU): each operation copies
+/// its tensors to host memory (after the current stream's work), runs
+/// `cpu`'s operation (createCpuComm's) on the copies, and its Work's
+/// wait() copies the results back on the current stream. backend() is
+/// "cpu-host-staged", device() `device`. For several ranks sharing one
+/// GPU, which NCCL refuses (BMT_DEBUG_COMM=host; tests of the GPU paths of
+/// the parallel modes on a one-GPU machine), slow by design. CommError for
+/// a `cpu` of another backend.
+std::unique_ptr<Comm> createHostStagedComm(std::unique_ptr<Comm> cpu, at::Device device);
+
 /// True when this build has the NCCL backend (LibTorch's CUDA build).
 bool ncclAvailable();
 

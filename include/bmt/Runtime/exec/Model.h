@@ -82,6 +82,9 @@ struct ParameterSpace {
   size_t parameter = 0;
 };
 
+/// What crosses between pipeline stages (Model::pipelineChannel).
+enum class PipelineTransfer { Activations = 0, Gradients = 1 };
+
 class Model {
 public:
   /// Loads `archive` onto `device` for this rank of `world` (null: a single
@@ -332,16 +335,23 @@ public:
   /// 0 <= v < V). isFirstChunk / isLastStage: the chunk selected is the
   /// pipeline's first / last (with V = 1: stage 0 / P - 1). The ranks that
   /// run the chunk before and after the selected one: the same
-  /// data-parallel rank of stage s - 1 and s + 1 (mod P). Gradients travel
-  /// on pipelineGradients(), a copy of the world when V > 1, so that the
-  /// values and the gradients two ranks exchange are matched apart.
+  /// data-parallel rank of stage s - 1 and s + 1 (mod P).
   int64_t pipelineVirtualStages() const { return virtualStages_; }
   void selectPipelineChunk(int64_t v);
   bool isFirstChunk() const { return stage_ == 0 && chunk_ == 0; }
   bool isLastStage() const { return stage_ == stages_ - 1 && chunk_ == virtualStages_ - 1; }
   int64_t pipelinePreviousRank() const;
   int64_t pipelineNextRank() const;
-  Comm &pipelineGradients() { return gradComm_ ? *gradComm_ : *world_; }
+  /// The communicator of what world rank `from` sends to world rank `to`
+  /// in a pipeline (PipelineTransfer: the values entering a chunk, or their
+  /// gradients going back): one copy of the world per kind and direction
+  /// (from < to, from > to). On NCCL a communicator queues the sends and
+  /// receives between two ranks on one stream, where two ranks sending to
+  /// each other at once (1F1B at P = 2, in every steady step) would each
+  /// wait for the other's receive; apart, each communicator carries one
+  /// kind one way, its k-th send of a pair matching the k-th receive.
+  /// std::logic_error when the model has no stages or from == to.
+  Comm &pipelineChannel(PipelineTransfer kind, int64_t from, int64_t to);
   /// The ranks of one stage, T x D (the world without stages): rank r's
   /// peer on the next stage is r + stageRanks() (the same TP and
   /// data-parallel ranks).
@@ -396,7 +406,8 @@ private:
   int64_t stages_ = 1, stage_ = 0;
   int64_t virtualStages_ = 1, chunk_ = 0; ///< V, the local chunk selected
   std::unique_ptr<Comm> stageComm_, tieComm_;
-  std::unique_ptr<Comm> gradComm_; ///< V > 1 only
+  /// pipelineChannel's: [kind][0: to a higher rank, 1: to a lower one].
+  std::unique_ptr<Comm> channels_[2][2];
   std::vector<bool> held_; ///< by plan group
   /// [local chunk][plan group]: the groups whose Gather / Release it runs.
   std::vector<std::vector<bool>> chunkHeld_;
@@ -421,9 +432,14 @@ private:
 /// Pipeline parallelism: sends `values` (tensors, each on its device, and
 /// plain values: ints, lists, None...) to rank `peer` of `comm`, which
 /// receives them with recvValues (the k-th send matching its k-th recv).
+/// With `inFlight` the sends are appended to it, not waited for (the
+/// caller waits before the step ends: on NCCL a wait makes the compute
+/// stream wait for the send, which must not come before the next receive
+/// is posted); without, each is waited for.
 /// Throws ExecutionError for a value that is neither a tensor nor
 /// picklable without tensors (a list of tensors), naming its position.
-void sendValues(Comm &comm, const std::vector<c10::IValue> &values, int64_t peer);
+void sendValues(Comm &comm, const std::vector<c10::IValue> &values, int64_t peer,
+                std::vector<std::shared_ptr<Work>> *inFlight = nullptr);
 /// Receives what sendValues sent from `peer`; tensors on `device`, with
 /// requiresGrad[i] whether value i required grad at the sender (they do
 /// not here).
