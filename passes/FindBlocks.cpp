@@ -130,8 +130,20 @@ private:
   llvm::DenseMap<Operation *, bool> usesParams;
 };
 
+/// Whether an op reads only its operands' shapes (aten::size, dim, numel).
+bool readsOnlyShape(Operation *op) {
+  auto aten = dyn_cast<bmt::AtenOp>(op);
+  if (!aten)
+    return false;
+  StringRef name = aten.getName();
+  return name.starts_with("aten::size") || name.starts_with("aten::sym_size") ||
+         name == "aten::dim" || name == "aten::numel";
+}
+
 /// Whether `later` reads, directly or through ops of the same block, a
-/// result of `earlier`.
+/// result of `earlier`'s values; not through a shape (GPT-2's position
+/// embedding reads arange(size(token embedding)): the two embeddings are
+/// no chain of layers).
 bool dependsOn(Operation *later, Operation *earlier) {
   SmallVector<Value> work(later->getOperands().begin(), later->getOperands().end());
   llvm::DenseSet<Operation *> seen;
@@ -141,7 +153,7 @@ bool dependsOn(Operation *later, Operation *earlier) {
       continue;
     if (def == earlier)
       return true;
-    if (def->isBeforeInBlock(earlier))
+    if (def->isBeforeInBlock(earlier) || readsOnlyShape(def))
       continue;
     work.append(def->getOperands().begin(), def->getOperands().end());
   }

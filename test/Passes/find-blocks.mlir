@@ -5,6 +5,8 @@
 // REMARK: remark: bmt-find-blocks: no repeated layers found; the model is one unit
 // REMARK: remark: bmt-find-blocks: 2 blocks in enc (enc.0 ... enc.1)
 // REMARK: remark: bmt-find-blocks: 2 blocks in dec (dec.0 ... dec.1)
+// REMARK-NOT: (wte ... wpe)
+// REMARK: remark: bmt-find-blocks: 2 blocks in h (h.0 ... h.1)
 
 // Three chained calls of structurally identical layers become a block list;
 // the embedding and the head around them do not.
@@ -164,6 +166,51 @@ func.func private @dec.0.f.forward(%x: !bmt.tensor) -> !bmt.tensor attributes {b
 }
 func.func private @dec.1.f.forward(%x: !bmt.tensor) -> !bmt.tensor attributes {bmt.module_path = "dec.1.f"} {
   %w = bmt.get_global @dec.1.f.w : !bmt.tensor
+  %0 = bmt.aten "aten::linear"(%x, %w, #bmt.none) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+  return %0 : !bmt.tensor
+}
+
+// -----
+
+// GPT-2 whose vocabulary is as large as its positions: the token and the
+// position embedding are identical layers, and the position ids are
+// arange(size(token embedding)); a dependence through a shape is no chain,
+// so the two embeddings are no block list (only h is).
+// CHECK-LABEL: {{^}}module {
+// CHECK-NOT: @wte.forward, @wpe.forward
+// CHECK: bmt.block_list @h in @forward : [@h.0.forward, @h.1.forward]
+// CHECK-NOT: bmt.block_list
+bmt.parameter @wte.weight : tensor<16x8xf32> {requires_grad}
+bmt.parameter @wpe.weight : tensor<16x8xf32> {requires_grad}
+bmt.parameter @h.0.w : tensor<8x8xf32> {requires_grad}
+bmt.parameter @h.1.w : tensor<8x8xf32> {requires_grad}
+func.func @forward(%ids: !bmt.tensor) -> !bmt.tensor {
+  %0 = call @wte.forward(%ids) : (!bmt.tensor) -> !bmt.tensor
+  %n = bmt.aten "aten::size.int"(%0, 1) : (!bmt.tensor) -> i64
+  %pos = bmt.aten "aten::arange"(%n, #bmt.none, #bmt.none, #bmt.device<"cpu">, false) : (i64) -> !bmt.tensor
+  %1 = call @wpe.forward(%pos) : (!bmt.tensor) -> !bmt.tensor
+  %2 = bmt.aten "aten::add.Tensor"(%0, %1, 1) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+  %3 = call @h.0.forward(%2) : (!bmt.tensor) -> !bmt.tensor
+  %4 = call @h.1.forward(%3) : (!bmt.tensor) -> !bmt.tensor
+  return %4 : !bmt.tensor
+}
+func.func private @wte.forward(%x: !bmt.tensor) -> !bmt.tensor attributes {bmt.module_path = "wte"} {
+  %w = bmt.get_global @wte.weight : !bmt.tensor
+  %0 = bmt.aten "aten::embedding"(%w, %x, -1, false, false) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+  return %0 : !bmt.tensor
+}
+func.func private @wpe.forward(%x: !bmt.tensor) -> !bmt.tensor attributes {bmt.module_path = "wpe"} {
+  %w = bmt.get_global @wpe.weight : !bmt.tensor
+  %0 = bmt.aten "aten::embedding"(%w, %x, -1, false, false) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+  return %0 : !bmt.tensor
+}
+func.func private @h.0.forward(%x: !bmt.tensor) -> !bmt.tensor attributes {bmt.module_path = "h.0"} {
+  %w = bmt.get_global @h.0.w : !bmt.tensor
+  %0 = bmt.aten "aten::linear"(%x, %w, #bmt.none) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
+  return %0 : !bmt.tensor
+}
+func.func private @h.1.forward(%x: !bmt.tensor) -> !bmt.tensor attributes {bmt.module_path = "h.1"} {
+  %w = bmt.get_global @h.1.w : !bmt.tensor
   %0 = bmt.aten "aten::linear"(%x, %w, #bmt.none) : (!bmt.tensor, !bmt.tensor) -> !bmt.tensor
   return %0 : !bmt.tensor
 }
