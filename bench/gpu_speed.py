@@ -326,8 +326,10 @@ def make_archives(args, out, configs=(BASE,)):
         make = ["make_gpt2_1p3b.py", "--layers", str(args.layers), "--hidden", str(args.hidden),
                 "--heads", str(args.heads), "--vocab", str(args.vocab)]
     elif args.arch == "llama-8b":
+        # --contiguous: zero-stride weights would trace the 8B shape through
+        # the CPU's naive GEMM (over half an hour); this file holds 1 GiB.
         make = ["make_llama_1b.py", "--config", "8b", "--layers", str(args.layers), "--hidden",
-                str(args.hidden), "--vocab", str(args.vocab)]
+                str(args.hidden), "--vocab", str(args.vocab), "--contiguous"]
     else:
         raise SystemExit("--arch llama: bmt's plans come from bench/make_llama_1b.py and "
                          "bench/gpu_fusion.sh (--archives DIR)")
