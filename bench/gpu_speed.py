@@ -6,6 +6,8 @@ usage: python3 bench/gpu_speed.py [--build] [--bmt-opt BIN] [--archives DIR] [--
            [--only bmt eager fsdp2 fsdp2-compile] [--recompute on off]
            [--steps 20] [--warmup 5] [--out DIR] [--layers 24 --hidden 2048 ...]
            [--gpus N [--expert-parallel E] [--experts X]] [--device cpu]
+           [--gpus N --pipeline-parallel P.. [--virtual-stages V..] [--tensor-parallel T..]
+            [--micro-batches M] [--arch gpt2|llama-8b]]
 
 The model: Hugging Face GPT-2 architecture, 24 layers, hidden 2048, 16
 heads, sequence 1024, vocab 50304 (1.31 B parameters), or with --arch
@@ -25,6 +27,30 @@ half; the peers shard the experts as every other parameter (no expert
 parallelism). --device cpu is a dry run of the whole script on CPU ranks
 (gloo; give a tiny model: --layers 2 --hidden 128 --vocab 512 --steps 2
 --warmup 1).
+
+--pipeline-parallel P [P ...] (with --gpus N) measures pipeline parallelism:
+bmt plans compiled with --pipeline-parallel P --virtual-stages V
+--tensor-parallel T --world-size N for every listed P, V (default 1; V > 1
+is interleaved 1F1B) and T (default 1), data-parallel ZeRO-3 over the
+rest, D = N / (P x T) (V > 1 with T > 1 is left out: bmt-run refuses it),
+beside the ZeRO-3-alone plan ("bmt") and, by default, FSDP2 + compile
+(--only). Every run trains the same global batch, micro-batch x N rows:
+the peers micro-batch rows on each rank; bmt micro-batch x P x T rows on
+each data-parallel rank (bmt-run --micro-batch; a TP group and the stages
+share them), split into M pieces (--micro-batches M; default 4 P, 2 P or
+P, the first that divides those rows; bmt-opt's --micro-batch is the
+piece). Prints tokens/s and model TFLOP/s per GPU, rank 0's peak GiB, the
+loss, each run's ratio to ZeRO-3 alone and to FSDP2 + compile, then per
+pipeline from bmt-run's metrics (`pipeline`, docs/runtime/pipeline.md)
+the measured idle share of each rank (mean over the timed steps) against
+the schedule's `bubble` (P - 1) / (V M + P - 1) and the simulated share;
+bmt-run's --profile is refused with stages, so pipelines get no profile.
+--arch llama-8b is bench/make_llama_1b.py --config 8b (--hidden and
+--vocab shrink it for a dry run). Launched processes get
+NCCL_NVLS_ENABLE=0 (NVLink multicast off). Dry run: --device cpu --gpus 4
+--layers 4 --hidden 128 --heads 4 --vocab 512 --micro-batch 2 --seq 64
+--steps 3 --warmup 1 --recompute on --pipeline-parallel 2
+--virtual-stages 1 2 --tensor-parallel 1 2.
 
 1. --build builds bmt-run here (runtime only: -DBMT_COMPILER=OFF) into
    build-gpu/; otherwise build-gpu/bin/bmt-run or build/bin/bmt-run is used.
@@ -69,6 +95,12 @@ def model_config(args):
         sys.path.insert(0, os.path.join(REPO, "bench"))
         import make_qwen3_moe
         return make_qwen3_moe.config(args.layers, args.vocab, args.experts, args.hidden)
+    if args.arch == "llama-8b":  # bench/make_llama_1b.py --config 8b (--hidden: dry runs)
+        return transformers.LlamaConfig(
+            num_hidden_layers=args.layers, hidden_size=args.hidden, num_attention_heads=32,
+            num_key_value_heads=8, intermediate_size=int(3.5 * args.hidden),
+            vocab_size=args.vocab, max_position_embeddings=SEQ, rope_theta=500000.0,
+            tie_word_embeddings=False, attention_dropout=0.0, use_cache=False)
     if args.arch == "llama":  # bench/make_llama_1b.py's model (Llama-3.2-1B shape)
         return transformers.LlamaConfig(
             num_hidden_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
@@ -87,7 +119,8 @@ def flops_per_token(num_params, args):
 
 def build_model(args):
     import transformers
-    cls = {"llama": transformers.LlamaForCausalLM, "gpt2": transformers.GPT2LMHeadModel,
+    cls = {"llama": transformers.LlamaForCausalLM, "llama-8b": transformers.LlamaForCausalLM,
+           "gpt2": transformers.GPT2LMHeadModel,
            "qwen3-moe": transformers.Qwen3MoeForCausalLM}[args.arch]
     return cls(model_config(args))
 
@@ -207,19 +240,84 @@ def build_runtime():
     print(f"built bmt-run in {time.time() - t0:.0f} s", flush=True)
 
 
-def make_archives(args, out):
+# --- pipeline configurations (--pipeline-parallel) ------------------------------
+# A configuration is (P, V, T): pipeline stages, virtual stages a stage,
+# tensor-parallel ranks; (1, 1, 1) is ZeRO-3 alone, the existing plans.
+
+BASE = (1, 1, 1)
+
+
+def config_name(cfg):
+    p, v, t = cfg
+    if cfg == BASE:
+        return "bmt"
+    return "bmt" + (f" pp{p}" if p > 1 else "") + (f" v{v}" if v > 1 else "") + \
+        (f" tp{t}" if t > 1 else "")
+
+
+def pipeline_configs(args):
+    """ZeRO-3 alone, then every (P, V, T) of the lists that N ranks can run
+    (P x T divides N; V > 1 needs P > 1 and, as bmt-run refuses virtual
+    stages with tensor parallelism, T = 1: such products are left out)."""
+    configs = [BASE]
+    for p in args.pipeline_parallel:
+        for v in args.virtual_stages:
+            for t in args.tensor_parallel:
+                cfg = (p, v, t)
+                if cfg in configs or (v > 1 and (p == 1 or t > 1)):
+                    continue
+                if args.gpus % (p * t):
+                    raise SystemExit(f"--pipeline-parallel {p} x --tensor-parallel {t} does not "
+                                     f"divide --gpus {args.gpus}")
+                configs.append(cfg)
+    return configs
+
+
+def rows_per_step(cfg):
+    """A data-parallel rank's rows a step: the global batch MICRO_BATCH x N
+    over the N / (P x T) data-parallel ranks (a TP group and a pipeline's
+    stages share their rows)."""
+    p, _, t = cfg
+    return MICRO_BATCH * p * t
+
+
+def micro_batches(args, cfg):
+    """M: the pieces a step's rows are split into (1 without stages);
+    --micro-batches, else 4 P, 2 P or P, the first that divides the rows."""
+    p, v, _ = cfg
+    if p == 1:
+        return 1
+    rows = rows_per_step(cfg)
+    m = args.micro_batches or next(k * p for k in (4, 2, 1) if rows % (k * p) == 0)
+    if m < p or rows % m or (v > 1 and m % p):
+        raise SystemExit(f"--micro-batches {m}: at P = {p}, V = {v} it must be >= P, divide the "
+                         f"{rows} rows a data-parallel rank trains a step (micro-batch "
+                         f"{MICRO_BATCH} x P x T){' and be a multiple of P' if v > 1 else ''}")
+    return m
+
+
+def make_archives(args, out, configs=(BASE,)):
+    """{config: {recompute: plan}}: compiled here, or (--archives) made
+    elsewhere by --make-archives-only with the same options."""
     plain = "-plain" if args.plain else ""
-    stem = {"gpt2": "gpt2-1p3b", "llama": "llama-1b", "qwen3-moe": "qwen3-moe"}[args.arch]
+    stem = {"gpt2": "gpt2-1p3b", "llama": "llama-1b", "llama-8b": "llama-8b",
+            "qwen3-moe": "qwen3-moe"}[args.arch]
     if args.gpus > 1:
         stem += f"-n{args.gpus}" + (f"-ep{args.expert_parallel}" if args.expert_parallel > 1 else "")
-    archives = {r: os.path.join(out, f"{stem}-recompute-{r}{plain}.sharded.pt")
-                for r in ("on", "off")}
+    archives = {}
+    for cfg in configs:
+        p, v, t = cfg
+        tag = "" if cfg == BASE else f"-pp{p}-v{v}-tp{t}-m{micro_batches(args, cfg)}"
+        # ZeRO-3 alone: both plans, as before; a pipeline's: --recompute's.
+        archives[cfg] = {r: os.path.join(out, f"{stem}{tag}-recompute-{r}{plain}.sharded.pt")
+                         for r in (("on", "off") if cfg == BASE else args.recompute)}
     bmt_opt = find_binary("bmt-opt", args.bmt_opt)
     if args.archives or not bmt_opt:
         if not args.archives:
             raise SystemExit("no bmt-opt here: give --bmt-opt or --archives DIR (plans made "
                              "elsewhere by this script)")
-        return {r: os.path.join(args.archives, os.path.basename(a)) for r, a in archives.items()}
+        return {cfg: {r: os.path.join(args.archives, os.path.basename(a)) for r, a in x.items()}
+                for cfg, x in archives.items()}
     traced = os.path.join(out, f"{stem}-bf16.pt")
     if args.arch == "qwen3-moe":
         make = ["make_qwen3_moe.py", "--layers", str(args.layers), "--vocab", str(args.vocab),
@@ -227,6 +325,11 @@ def make_archives(args, out):
     elif args.arch == "gpt2":
         make = ["make_gpt2_1p3b.py", "--layers", str(args.layers), "--hidden", str(args.hidden),
                 "--heads", str(args.heads), "--vocab", str(args.vocab)]
+    elif args.arch == "llama-8b":
+        # --contiguous: zero-stride weights would trace the 8B shape through
+        # the CPU's naive GEMM (over half an hour); this file holds 1 GiB.
+        make = ["make_llama_1b.py", "--config", "8b", "--layers", str(args.layers), "--hidden",
+                str(args.hidden), "--vocab", str(args.vocab), "--contiguous"]
     else:
         raise SystemExit("--arch llama: bmt's plans come from bench/make_llama_1b.py and "
                          "bench/gpu_fusion.sh (--archives DIR)")
@@ -236,13 +339,19 @@ def make_archives(args, out):
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
         [os.path.join(os.path.dirname(torch.__file__), "lib"), env.get("LD_LIBRARY_PATH", "")])
-    for r, path in archives.items():
-        subprocess.run([bmt_opt, traced, "-o", path, "--random-init", "--world-size",
-                        str(args.gpus), "--expert-parallel", str(args.expert_parallel),
-                        "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ),
-                        "--checkpoint", "all" if r == "on" else "none",
-                        f"--fuse-elementwise={'false' if args.plain else 'true'}"],
-                       check=True, env=env)
+    for cfg, plans in archives.items():
+        p, v, t = cfg
+        # bmt-opt's --micro-batch: the rows of one forward (a piece of a step's rows).
+        rows = rows_per_step(cfg) // micro_batches(args, cfg)
+        stages = [] if cfg == BASE else ["--pipeline-parallel", str(p), "--virtual-stages",
+                                         str(v), "--tensor-parallel", str(t)]
+        for r, path in plans.items():
+            subprocess.run([bmt_opt, traced, "-o", path, "--random-init", "--world-size",
+                            str(args.gpus), "--expert-parallel", str(args.expert_parallel),
+                            *stages, "--micro-batch", str(rows), "--seq-len", str(SEQ),
+                            "--checkpoint", "all" if r == "on" else "none",
+                            f"--fuse-elementwise={'false' if args.plain else 'true'}"],
+                           check=True, env=env)
     return archives
 
 
@@ -266,22 +375,55 @@ def launcher(args):
             f"--nproc_per_node={args.gpus}"]
 
 
-def run_bmt(args, bmt_run, archive, data, recompute, out):
+def pipeline_summary(timed):
+    """Means over the timed steps of the `pipeline` object of bmt-run's
+    metrics (docs/runtime/pipeline.md): per rank the measured idle share
+    and the simulated one, and the closed-form bubble."""
+    pipes = [s["pipeline"] for s in timed if "pipeline" in s]
+    if not pipes:
+        return None
+
+    def mean(key):
+        return [sum(x[key][i] for x in pipes) / len(pipes) for i in range(len(pipes[0][key]))]
+
+    first = pipes[0]
+    return {"schedule": first["schedule"], "stages": first["stages"],
+            "virtual_stages": first["virtual_stages"], "micro_batches": first["micro_batches"],
+            "bubble": first["bubble"], "idle_fraction": mean("idle_fraction"),
+            "simulated_idle_fraction": mean("simulated_idle_fraction"),
+            "in_flight": first["in_flight"], "steps": len(pipes)}
+
+
+def run_bmt(args, bmt_run, archive, data, recompute, out, cfg=BASE):
     total = args.warmup + args.steps
-    log = os.path.join(out, f"bmt-recompute-{recompute}.jsonl")
+    p, v, t = cfg
+    pipelined = getattr(args, "pipeline_parallel", None) is not None
+    tag = "" if cfg == BASE else f"-pp{p}-v{v}-tp{t}"
+    log = os.path.join(out, f"bmt{tag}-recompute-{recompute}.jsonl")
+    if os.path.exists(log):
+        os.remove(log)
+    rows, m = rows_per_step(cfg), micro_batches(args, cfg)
+    batch = ["--micro-batch", str(rows), "--seq-len", str(SEQ)] + \
+        (["--micro-batches", str(m)] if p > 1 else [])
     # Step total + 1 ends the queued run before the profile window (it also
     # counts the device's lag behind the host): not timed, as the steps of
-    # the window are not.
+    # the window are not. bmt-run refuses --profile with pipeline stages.
+    window = ["--steps", str(total + 4), "--profile", f"{total + 2}:{total + 4}"] if p == 1 \
+        else ["--steps", str(total + 1)]
     run = launcher(args) + (["--no-python"] if args.gpus > 1 else []) + [bmt_run]
-    cmd = run + [archive, "--data", data, "--steps", str(total + 4), "--micro-batch",
-                 str(MICRO_BATCH), "--seq-len", str(SEQ), "--lr", "1e-4", "--schedule",
-                 "constant", "--clip-grad", "1.0", "--device", args.device, "--log-file", log,
-                 "--log-every", "5", "--profile", f"{total + 2}:{total + 4}"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    cmd = run + [archive, "--data", data, *batch, "--lr", "1e-4", "--schedule", "constant",
+                 "--clip-grad", "1.0", "--device", args.device, "--log-file", log,
+                 "--log-every", "5", *window]
+    # Several GPUs, pipeline runs: NVLink multicast off (the lent machines').
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+               NVSHMEM_DISABLE_NVLS="1") if pipelined and args.gpus > 1 else None
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
+        print(f"{config_name(cfg)} (recompute {recompute}) failed:")
         print(r.stdout[-4000:], r.stderr[-4000:])
         return None
     steps = [json.loads(line) for line in open(log)]
+    steps = [s for s in steps if s.get("kind", "train") == "train"]
     timed = [s for s in steps if args.warmup < s["step"] <= total]
     seconds = sum(s["tokens"] / s["tokens_per_s"] for s in timed)  # tokens: all ranks' 
     profile = r.stdout[r.stdout.index("profile:"):] if "profile:" in r.stdout else ""
@@ -290,18 +432,28 @@ def run_bmt(args, bmt_run, archive, data, recompute, out):
     # synchronising CUDA call after step 1 is an error.
     syncs = "not checked (cpu)"
     if args.device == "cuda":
-        check = subprocess.run(cmd[:cmd.index("--steps")] + ["--steps", "4", "--micro-batch",
-                                                             str(MICRO_BATCH), "--seq-len",
-                                                             str(SEQ), "--device", "cuda"],
+        check = subprocess.run(cmd[:cmd.index("--micro-batch")] + batch +
+                               ["--steps", "4", "--device", "cuda"],
                                capture_output=True, text=True,
-                               env=dict(os.environ, BMT_DEBUG_SYNC="1"))
+                               env=dict(env or os.environ, BMT_DEBUG_SYNC="1"))
         syncs = "none" if check.returncode == 0 else \
             (check.stderr.strip().splitlines() or ["?"])[-1]
-    return {"name": "bmt", "recompute": recompute == "on",
-            "tokens_per_s": sum(s["tokens"] for s in timed) / seconds / args.gpus,
-            "peak_gib": max(s["peak_mem_gib"] for s in steps[:total]),
-            "loss_first": steps[0]["loss"], "loss_last": steps[total - 1]["loss"],
-            "profile": profile, "host_syncs": syncs}
+    if pipelined:
+        # The global batch's tokens (MICRO_BATCH x N rows) over the step
+        # times, per GPU: the same count for every configuration.
+        tokens_per_s = len(timed) * MICRO_BATCH * args.gpus * SEQ / seconds / args.gpus
+    else:
+        tokens_per_s = sum(s["tokens"] for s in timed) / seconds / args.gpus
+    result = {"name": config_name(cfg), "recompute": recompute == "on",
+              "tokens_per_s": tokens_per_s,
+              "peak_gib": max(s["peak_mem_gib"] for s in steps[:total]),
+              "loss_first": steps[0]["loss"], "loss_last": steps[total - 1]["loss"],
+              "profile": profile, "host_syncs": syncs}
+    if pipelined:
+        result.update({"pp": p, "vs": v, "tp": t, "dp": args.gpus // (p * t), "rows": rows,
+                       "micro_batches": m, "logged_tokens": timed[-1]["tokens"],
+                       "pipeline": pipeline_summary(timed)})
+    return result
 
 
 def run_reference(args, name, recompute):
@@ -323,6 +475,43 @@ def run_reference(args, name, recompute):
     return json.loads(lines[-1][len("RESULT "):])
 
 
+def print_pipeline(args, results, fpt):
+    """--pipeline-parallel: each run's speed against ZeRO-3 alone and FSDP2
+    + compile, then each pipeline's measured idle share per rank against
+    the schedule's bubble."""
+    print(f"global batch {MICRO_BATCH * args.gpus} x {SEQ} tokens a step in every run: FSDP2 "
+          f"{MICRO_BATCH} rows on each of {args.gpus} ranks; bmt rows = {MICRO_BATCH} x P x T on "
+          f"each of D = N / (P x T) data-parallel ranks, split into M pieces of rows / M; peak GiB: "
+          f"rank 0's")
+    print(f"{'run':<16} {'rec':<3} {'P':>2} {'V':>2} {'T':>2} {'D':>3} {'rows':>4} {'M':>3} "
+          f"{'tokens/s':>9} {'TFLOP/s':>8} {'peak GiB':>8} {'loss 1 -> last':>16}  "
+          f"{'/ZeRO-3':>7} {'/fsdp2c':>7}")
+    by = {(r["name"], r["recompute"]): r for r in results}
+    for r in results:
+        zero = by.get(("bmt", r["recompute"]))
+        ref = by.get(("fsdp2-compile", r["recompute"]))
+        ratios = [f"{r['tokens_per_s'] / x['tokens_per_s']:>7.2f}" if x else f"{'-':>7}"
+                  for x in (zero, ref)]
+        shape = [str(r.get(k, "-")) for k in ("pp", "vs", "tp", "dp", "rows", "micro_batches")]
+        print(f"{r['name']:<16} {'on' if r['recompute'] else 'off':<3} {shape[0]:>2} "
+              f"{shape[1]:>2} {shape[2]:>2} {shape[3]:>3} {shape[4]:>4} {shape[5]:>3} "
+              f"{r['tokens_per_s']:>9,.0f} {r['tokens_per_s'] * fpt / 1e12:>8.2f} "
+              f"{r['peak_gib']:>8.1f} {r['loss_first']:>7.3f} -> {r['loss_last']:.3f}  "
+              f"{' '.join(ratios)}")
+    print("\nbubble: the schedule's (P - 1) / (V M + P - 1); idle: measured share of each "
+          "rank's step spent waiting (mean of the timed steps); simulated: the schedule timed "
+          "with the measured forward/backward times, transfers free")
+    for r in results:
+        pipe = r.get("pipeline")
+        if not pipe:
+            continue
+        idle = " ".join(f"{x:.3f}" for x in pipe["idle_fraction"])
+        sim = " ".join(f"{x:.3f}" for x in pipe["simulated_idle_fraction"])
+        print(f"{r['name']:<16} {'on' if r['recompute'] else 'off':<3} {pipe['schedule']}, "
+              f"M = {pipe['micro_batches']}: bubble {pipe['bubble']:.3f} | idle per rank {idle} "
+              f"| simulated {sim} | in flight {pipe['in_flight']}")
+
+
 def main():
     global MICRO_BATCH, SEQ
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -332,14 +521,16 @@ def main():
     ap.add_argument("--plain", action="store_true",
                     help="bmt's plans without the elementwise fusion (--fuse-elementwise=false)")
     ap.add_argument("--out", default="/tmp/bmt-gpu-speed", help="work folder")
-    ap.add_argument("--only", nargs="+", default=["bmt", "eager", "fsdp2", "fsdp2-compile"],
-                    choices=["bmt", "eager", "fsdp2", "fsdp2-compile"])
+    ap.add_argument("--only", nargs="+", choices=["bmt", "eager", "fsdp2", "fsdp2-compile"],
+                    help="default: all four; with --pipeline-parallel bmt fsdp2-compile")
     ap.add_argument("--recompute", nargs="+", default=["on", "off"], choices=["on", "off"])
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
-    ap.add_argument("--arch", choices=["gpt2", "llama", "qwen3-moe"], default="gpt2",
+    ap.add_argument("--arch", choices=["gpt2", "llama", "llama-8b", "qwen3-moe"], default="gpt2",
                     help="llama: the references only (bmt's plans: bench/make_llama_1b.py, "
                          "bench/gpu_fusion.sh); its defaults 16 layers, 32 heads, vocab 128256; "
+                         "llama-8b: bench/make_llama_1b.py --config 8b (32 x 4096, FFN 3.5 x "
+                         "hidden, vocab 128256, untied); "
                          "qwen3-moe: bench/make_qwen3_moe.py's 16 layers, hidden 1536, 32 "
                          "experts top 4, vocab 151936")
     ap.add_argument("--layers", type=int, default=None)
@@ -362,11 +553,35 @@ def main():
                     help="cpu: a dry run on CPU ranks (gloo), tiny models only")
     ap.add_argument("--micro-batch", type=int, default=MICRO_BATCH, help="sequences a rank a step")
     ap.add_argument("--seq", type=int, default=SEQ, help="tokens a sequence")
+    ap.add_argument("--pipeline-parallel", type=int, nargs="+",
+                    help="P: bmt plans with P pipeline stages (each listed P), run beside ZeRO-3 "
+                         "alone at the same global batch; prints the bubble per rank")
+    ap.add_argument("--virtual-stages", type=int, nargs="+", default=[1],
+                    help="V (each listed): interleaved 1F1B with V > 1 (T = 1 only)")
+    ap.add_argument("--tensor-parallel", type=int, nargs="+", default=[1],
+                    help="T (each listed) with --pipeline-parallel: data-parallel ZeRO "
+                         "fills the rest, D = N / (P x T)")
+    ap.add_argument("--micro-batches", type=int,
+                    help="M: pieces of a step's rows through the stages (default 4 P, 2 P or P, "
+                         "the first that divides micro-batch x P x T)")
     ap.add_argument("--reference", help=argparse.SUPPRESS)
     ap.add_argument("--profile-reference", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     MICRO_BATCH, SEQ = args.micro_batch, args.seq
-    llama, moe = args.arch == "llama", args.arch == "qwen3-moe"
+    llama, moe = args.arch in ("llama", "llama-8b"), args.arch == "qwen3-moe"
+    big = args.arch == "llama-8b"
+    pipelined = args.pipeline_parallel is not None
+    args.only = args.only or (["bmt", "fsdp2-compile"] if pipelined else
+                              ["bmt", "eager", "fsdp2", "fsdp2-compile"])
+    if not pipelined and (args.virtual_stages != [1] or args.tensor_parallel != [1] or
+                          args.micro_batches):
+        raise SystemExit("--virtual-stages, --tensor-parallel and --micro-batches go with "
+                         "--pipeline-parallel")
+    if pipelined and (moe or args.arch == "llama"):
+        raise SystemExit("--pipeline-parallel: --arch gpt2 or llama-8b (bmt-run refuses "
+                         "mixture-of-experts layers in a pipeline)")
+    if pipelined and min(args.pipeline_parallel + args.virtual_stages + args.tensor_parallel) < 1:
+        raise SystemExit("--pipeline-parallel, --virtual-stages, --tensor-parallel must be >= 1")
     args.experts = args.experts or (32 if args.gpus == 1 else 16 * args.gpus)
     args.expert_parallel = args.expert_parallel or (args.gpus if moe else 1)
     if args.expert_parallel > 1 and not moe:
@@ -374,19 +589,24 @@ def main():
     if args.gpus % args.expert_parallel or args.experts % args.expert_parallel:
         raise SystemExit(f"--expert-parallel {args.expert_parallel} must divide --gpus "
                          f"{args.gpus} and --experts {args.experts}")
-    args.layers = args.layers or (16 if llama or moe else 24)
+    args.layers = args.layers or (32 if big else 16 if llama or moe else 24)
     args.heads = args.heads or (12 if moe else 32 if llama else 16)
     args.vocab = args.vocab or (151936 if moe else 128256 if llama else 50304)
     if moe and args.hidden == 2048:  # the default is GPT-2's
         args.hidden = 1536
+    if big and args.hidden == 2048:
+        args.hidden = 4096
     if args.reference:
         return reference(args)
 
     os.makedirs(args.out, exist_ok=True)
+    configs = pipeline_configs(args) if pipelined else [BASE]
     if args.make_archives_only:
         args.archives = None
-        for r, path in make_archives(args, args.out).items():
-            print(f"recompute {r}: {path} ({os.path.getsize(path):,} bytes)")
+        for cfg, plans in make_archives(args, args.out, configs).items():
+            for r, path in plans.items():
+                name = "" if cfg == BASE else config_name(cfg) + " "
+                print(f"{name}recompute {r}: {path} ({os.path.getsize(path):,} bytes)")
         return
     results = []
     if "bmt" in args.only:
@@ -395,23 +615,26 @@ def main():
         bmt_run = find_binary("bmt-run")
         if not bmt_run:
             raise SystemExit("no bmt-run: build it (--build) first")
-        archives = make_archives(args, args.out)
+        archives = make_archives(args, args.out, configs)
         data = write_tokens(os.path.join(args.out, "tokens"), args.vocab,
                             (args.warmup + args.steps + 3) * MICRO_BATCH * (SEQ + 1) * 2 * args.gpus)
-        for r in args.recompute:
-            results.append(run_bmt(args, bmt_run, archives[r], data, r, args.out))
-            print(f"bmt recompute {r}: done", flush=True)
+        for cfg in configs:
+            for r in args.recompute:
+                results.append(run_bmt(args, bmt_run, archives[cfg][r], data, r, args.out, cfg))
+                print(f"{config_name(cfg)} recompute {r}: done", flush=True)
     for name in [n for n in args.only if n != "bmt"]:
         for r in args.recompute:
             results.append(run_reference(args, name, r))
             print(f"{name} recompute {r}: done", flush=True)
     results = [r for r in results if r]
-    path = args.results or os.path.join(args.out, "results.json")
+    path = args.results or os.path.join(
+        args.out, f"results-pp-{args.arch}-n{args.gpus}.json" if pipelined else "results.json")
     earlier = json.load(open(path)) if os.path.exists(path) else []
     mine = {(r["name"], r["recompute"]) for r in results}
     order = ["bmt", "eager", "fsdp2", "fsdp2-compile"]
     results = sorted([r for r in earlier if (r["name"], r["recompute"]) not in mine] + results,
-                     key=lambda r: (not r["recompute"], order.index(r["name"])))
+                     key=lambda r: (not r["recompute"], order.index(r["name"].split()[0]),
+                                    r["name"]))
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
 
@@ -429,10 +652,13 @@ def main():
           f"token, micro-batch {MICRO_BATCH} x {SEQ} a rank, bf16 + fp32 master weights, {where}, "
           f"torch {torch.__version__}; {args.steps} timed steps after {args.warmup}; tokens/s "
           f"and TFLOP/s per GPU")
-    print(f"{'run':<15} {'recompute':<9} {'tokens/s':>9} {'TFLOP/s':>8} {'peak GiB':>8} "
-          f"{'loss 1 -> last':>16}  bmt / it")
+    if pipelined:
+        print_pipeline(args, results, fpt)
     bmt = {r["recompute"]: r for r in results if r["name"] == "bmt"}
-    for r in results:
+    if not pipelined:
+        print(f"{'run':<15} {'recompute':<9} {'tokens/s':>9} {'TFLOP/s':>8} {'peak GiB':>8} "
+              f"{'loss 1 -> last':>16}  bmt / it")
+    for r in results if not pipelined else []:
         tflops = r["tokens_per_s"] * fpt / 1e12
         ratio = ""
         if r["recompute"] in bmt:
@@ -442,7 +668,8 @@ def main():
               f"{r['loss_first']:>7.3f} -> {r['loss_last']:.3f}  {ratio}")
     for r in results:
         if "host_syncs" in r and (r["name"], r["recompute"]) in mine:
-            print(f"bmt (recompute {'on' if r['recompute'] else 'off'}): host synchronisations "
+            print(f"{r['name']} (recompute {'on' if r['recompute'] else 'off'}): host "
+                  f"synchronisations "
                   f"inside steps 2-4 (BMT_DEBUG_SYNC=1): {r['host_syncs']}")
     for r in results:
         if r.get("profile") and (r["name"], r["recompute"]) in mine:

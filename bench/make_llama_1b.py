@@ -19,8 +19,11 @@ matrix products then run at full speed (a zero-stride weight takes the CPU's
 naive GEMM, seconds per product: over half an hour for the 8B shape), and
 the file holds that buffer (1 GiB for the 8B shape's embedding).
 
+`--hidden H --vocab V` shrink the shape for CPU dry runs (bench/gpu_speed.py
+--device cpu): the FFN keeps the config's ratio to the hidden size (4 or 3.5).
+
 usage: python3 bench/make_llama_1b.py OUT.pt [--config 1b|8b] [--layers N] [--dtype bfloat16]
-           [--contiguous]
+           [--contiguous] [--hidden H] [--vocab V]
 """
 import argparse
 import warnings
@@ -33,6 +36,8 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--config", choices=["1b", "8b"], default="1b")
     ap.add_argument("--layers", type=int, help="default: the config's (16 or 32)")
+    ap.add_argument("--hidden", type=int, help="default: the config's (2048 or 4096)")
+    ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
     ap.add_argument("--contiguous", action="store_true",
                     help="contiguous views into one shared buffer (fast to trace, larger file)")
@@ -46,8 +51,11 @@ def main():
                         tie_word_embeddings=False)}[args.config]
     if args.layers is not None:
         shape["num_hidden_layers"] = args.layers
+    if args.hidden is not None:  # dry runs: the FFN keeps its ratio (4 or 3.5)
+        ratio = shape["intermediate_size"] / shape["hidden_size"]
+        shape["hidden_size"], shape["intermediate_size"] = args.hidden, int(ratio * args.hidden)
     config = transformers.LlamaConfig(
-        **shape, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+        **shape, num_attention_heads=32, num_key_value_heads=8, vocab_size=args.vocab,
         max_position_embeddings=1024, rope_theta=500000.0, attention_dropout=0.0,
         use_cache=False)
     with torch.device("meta"):
