@@ -29,6 +29,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <limits>
+#include <map>
 #include <set>
 
 namespace bmt {
@@ -125,6 +126,57 @@ struct StageCost {
   int64_t bytes = 0;            ///< per rank
   int64_t parameters = 0;       ///< parameter elements it holds
 };
+
+/// Splits each storage group outside the blocks whose members are read by
+/// different sets of stages (`stagesOf`) into one group per set, laid out
+/// as bmt-zero lays a group out and named after the set
+/// ("outside_blocks.stage0.f32", "outside_blocks.stage0_3.f32" for a
+/// tied weight), so that a stage holds, gathers and keeps optimizer state
+/// for only the outside parameters it reads: the embedding on stage 0, the
+/// final norm and the head on the last. A group something refers to
+/// already is left whole. Returns the number of groups made.
+int64_t splitOutsideGroups(ModuleOp module,
+                           llvm::function_ref<std::set<int64_t>(bmt::ParameterOp)> stagesOf) {
+  SymbolTable symbols(module);
+  int64_t made = 0;
+  SmallVector<bmt::StorageGroupOp> groups(module.getOps<bmt::StorageGroupOp>());
+  for (bmt::StorageGroupOp g : groups) {
+    if (g.getBlockAttr() || !SymbolTable::symbolKnownUseEmpty(g, module))
+      continue;
+    std::map<std::set<int64_t>, SmallVector<bmt::ParameterOp>> parts;
+    for (Attribute ref : g.getParams()) {
+      auto p = symbols.lookup<bmt::ParameterOp>(cast<FlatSymbolRefAttr>(ref).getValue());
+      if (!p)
+        return made;
+      parts[stagesOf(p)].push_back(p);
+    }
+    if (parts.size() <= 1)
+      continue;
+    StringRef name = g.getSymName();
+    OpBuilder builder(g);
+    for (const auto &[stages, members] : parts) {
+      std::string key = "stage";
+      for (auto [i, s] : llvm::enumerate(stages))
+        key += (i ? "_" : "") + std::to_string(s);
+      StringRef rest = name;
+      std::string partName = rest.consume_front("outside_blocks.")
+                                 ? "outside_blocks." + key + "." + rest.str()
+                                 : name.str() + "." + key;
+      SmallVector<Attribute> refs;
+      for (bmt::ParameterOp p : members)
+        refs.push_back(FlatSymbolRefAttr::get(p.getSymNameAttr()));
+      const bmt::StorageLayout layout = bmt::storageLayout(members, g.getAlignment());
+      bmt::StorageGroupOp::create(builder, g.getLoc(), builder.getStringAttr(partName),
+                                  g.getElementTypeAttr(), builder.getArrayAttr(refs),
+                                  builder.getDenseI64ArrayAttr(layout.offsets),
+                                  builder.getI64IntegerAttr(layout.size), g.getAlignmentAttr(),
+                                  FlatSymbolRefAttr(), IntegerAttr(), g.getFrozenAttr());
+      ++made;
+    }
+    g.erase();
+  }
+  return made;
+}
 
 /// The first block of each of `stages` stages of `blocks` blocks (every
 /// stage at least one, contiguous) that minimises the largest stage's
@@ -516,6 +568,24 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
       tied.push_back(param.getSymName().str());
     }
 
+    // The stages that read each parameter; one read nowhere is held by
+    // stage 0 (as bmt-run places a group no stage reads).
+    auto stagesOf = [&](bmt::ParameterOp p) {
+      std::set<int64_t> s;
+      if (auto it = collector.readers.find(p); it != collector.readers.end())
+        for (int64_t b : it->second)
+          if (b >= 0)
+            s.insert(chunkOfBlock(b) % stages);
+      if (pre.params.contains(p))
+        s.insert(0);
+      if (post.params.contains(p))
+        s.insert((chunks - 1) % stages);
+      if (s.empty())
+        s.insert(0);
+      return s;
+    };
+    const int64_t outsideGroups = splitOutsideGroups(module, stagesOf);
+
     OpBuilder builder(module.getContext());
     for (int64_t b = 0; b < numBlocks; ++b) {
       calls[b]->setAttr("bmt.pipeline_stage",
@@ -564,6 +634,9 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
       remark << "; tied across " << part << " 0 and " << chunks - 1 << " (gradient summed): ";
       llvm::interleaveComma(tied, remark);
     }
+    if (outsideGroups > 0)
+      remark << "; the parameters outside the blocks in " << outsideGroups
+             << " storage groups by the stages that read them";
   }
 };
 

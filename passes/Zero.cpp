@@ -147,17 +147,13 @@ struct ZeroPass : bmt::impl::ZeroBase<ZeroPass> {
       SmallVector<bmt::ParameterOp> &members = groups[key];
       const bool frozen = !members.front().getRequiresGrad();
       Type element = cast<RankedTensorType>(members.front().getType()).getElementType();
-      int64_t alignElements = alignment / elementBytes(element);
       SmallVector<Attribute> refs;
-      SmallVector<int64_t> offsets;
-      int64_t end = 0;
-      for (bmt::ParameterOp p : members) {
-        int64_t offset = (end + alignElements - 1) / alignElements * alignElements;
+      for (bmt::ParameterOp p : members)
         refs.push_back(FlatSymbolRefAttr::get(p.getSymNameAttr()));
-        offsets.push_back(offset);
-        end = offset + bmt::localNumElements(p); // a TP rank's slice with T > 1
-      }
-      int64_t size = (end + alignElements - 1) / alignElements * alignElements;
+      // (A TP rank's slices with T > 1.)
+      const bmt::StorageLayout layout = bmt::storageLayout(members, alignment);
+      const SmallVector<int64_t> &offsets = layout.offsets;
+      const int64_t size = layout.size;
       std::string name;
       if (list) {
         auto blockList = cast<bmt::BlockListOp>(list);

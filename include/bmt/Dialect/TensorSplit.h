@@ -23,6 +23,7 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace bmt {
@@ -94,6 +95,32 @@ inline int64_t localNumElements(ParameterOp p) {
   const ParameterSplit split = parameterSplitOf(p);
   return localNumElements(mlir::cast<mlir::RankedTensorType>(p.getType()).getShape(), split,
                           splitRanksOf(module, split));
+}
+
+/// bmt-zero's layout of a storage group of `members` (parameters of one
+/// element type, in this order): each member's offset at the next multiple
+/// of `alignmentBytes` after the one before, and the group's size rounded
+/// up to it, in elements of a rank's slices (localNumElements).
+struct StorageLayout {
+  llvm::SmallVector<int64_t> offsets;
+  int64_t size = 0;
+};
+inline StorageLayout storageLayout(llvm::ArrayRef<ParameterOp> members, int64_t alignmentBytes) {
+  StorageLayout layout;
+  if (members.empty())
+    return layout;
+  ParameterOp first = members.front(); // (an op handle's accessors are not const)
+  mlir::Type element = mlir::cast<mlir::RankedTensorType>(first.getType()).getElementType();
+  const int64_t elementBytes = std::max<int64_t>(1, element.getIntOrFloatBitWidth() / 8);
+  const int64_t align = std::max<int64_t>(1, alignmentBytes / elementBytes);
+  int64_t end = 0;
+  for (ParameterOp p : members) { // (a copy: the handle's accessors are not const)
+    const int64_t offset = (end + align - 1) / align * align;
+    layout.offsets.push_back(offset);
+    end = offset + localNumElements(p);
+  }
+  layout.size = (end + align - 1) / align * align;
+  return layout;
 }
 
 } // namespace bmt

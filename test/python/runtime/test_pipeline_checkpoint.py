@@ -93,9 +93,11 @@ def test_each_stage_writes_its_own_groups(work):
         assert s["shards"] == 2, s["name"]  # over a stage's D = 2 ranks
         for m in s["members"]:
             stage_of[m["tensor"]] = s["stage"]
-    # Blocks 0, 1 on stage 0, blocks 2, 3 on stage 1; the group outside the
-    # blocks (the tied wte, read by both ends) written by stage 0 only.
-    assert stage_of[TIED] == 0 and stage_of["transformer.ln_f.weight"] == 0
+    # Blocks 0, 1 on stage 0, blocks 2, 3 on stage 1; outside the blocks,
+    # wpe on stage 0, ln_f on stage 1, and the tied wte, read by both ends,
+    # written by stage 0 only.
+    assert stage_of[TIED] == 0 and stage_of["transformer.wpe.weight"] == 0
+    assert stage_of["transformer.ln_f.weight"] == 1
     assert {stage_of[f"transformer.h.{b}.attn.c_attn.weight"] for b in (0, 1)} == {0}
     assert {stage_of[f"transformer.h.{b}.attn.c_attn.weight"] for b in (2, 3)} == {1}
     for rank in range(4):
