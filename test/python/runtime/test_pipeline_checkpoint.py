@@ -172,15 +172,25 @@ def stage_needs(meta, rank):
     return total
 
 
+def ranks(n, plan, *args):
+    """bmt-run on n CPU ranks: under torchrun, or alone for one (torchrun's
+    start costs seconds)."""
+    if n > 1:
+        return torchrun(n, plan, *args, env=ENV)
+    return subprocess.run([binary("bmt-run"), plan, *map(str, args), "--device", "cpu"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **ENV, "OMP_NUM_THREADS": "1"})
+
+
 def resume(work, p, n, folder, out, *flags):
     """Resumes `folder` with plan work["plans"][p, n] (or the plan `p`) on
     n ranks to step 10."""
     from safetensors.torch import load_file
     out.mkdir()
     plan = work["plans"][p, n] if isinstance(p, int) else p
-    r = torchrun(n, plan, *work["common"], "--resume", folder, "--checkpoint-dir",
-                 out / "ck", "--checkpoint-every", 3, "--log-file", out / "log.jsonl",
-                 "--save-params", out / "params.safetensors", *flags, env=ENV)
+    r = ranks(n, plan, *work["common"], "--resume", folder, "--checkpoint-dir",
+              out / "ck", "--checkpoint-every", 3, "--log-file", out / "log.jsonl",
+              "--save-params", out / "params.safetensors", *flags)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "resharded to this run's layout" in r.stdout, r.stdout
     meta = json.load(open(step_folder(out / "ck", STEPS) / "checkpoint.json"))
