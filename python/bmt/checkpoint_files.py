@@ -18,7 +18,10 @@ TP_VERSION = 2  # a checkpoint of tensor parallelism: its spaces hold TP slices
 EP_VERSION = 3
 # a pipelined run's: each space written by the ranks of one stage ("stage")
 PP_VERSION = 4
-VERSIONS = (CHECKPOINT_VERSION, TP_VERSION, EP_VERSION, PP_VERSION)
+# a pipelined run's with tensor parallelism or virtual stages: version 4's
+# spaces, each once per TP rank ("tp_rank") as in version 2
+PP_TP_VERSION = 5
+VERSIONS = (CHECKPOINT_VERSION, TP_VERSION, EP_VERSION, PP_VERSION, PP_TP_VERSION)
 
 # The checkpoint's dtype names (plan::dtypeName) -> safetensors dtype codes.
 SAFETENSORS_DTYPE = {
@@ -102,7 +105,7 @@ def read_checkpoint(folder):
                     m["split"]["dim"], m["split"]["local_shape"]  # noqa: B018
                     for local, start, length in m["split"]["ranges"]:
                         int(local), int(start), int(length)
-            if meta["version"] == TP_VERSION:
+            if meta.get("tensor_parallel", 1) > 1:
                 int(space["tp_rank"])
             if "ep_rank" in space:
                 int(space["ep_rank"])
@@ -111,7 +114,9 @@ def read_checkpoint(folder):
     except (KeyError, TypeError) as e:
         raise Failure(f"{path}: bad layout (no {e})") from None
     tp = meta.get("tensor_parallel", 1)
-    if (meta["version"] == TP_VERSION) != (tp > 1) or meta["world_size"] % tp:
+    if ((meta["version"] == TP_VERSION and tp <= 1)
+            or (tp > 1 and meta["version"] not in (TP_VERSION, PP_TP_VERSION))
+            or meta["world_size"] % tp):
         raise Failure(f"{path}: bad layout (version {meta['version']} with tensor_parallel {tp}, "
                       f"world size {meta['world_size']})")
     ep = meta.get("expert_parallel", 1)
@@ -120,7 +125,8 @@ def read_checkpoint(folder):
         raise Failure(f"{path}: bad layout (version {meta['version']} with expert_parallel {ep}, "
                       f"world size {meta['world_size']})")
     stages = meta.get("pipeline_stages", 1)
-    if ((meta["version"] == PP_VERSION) != (stages > 1) or meta["world_size"] % stages
+    if ((meta["version"] in (PP_VERSION, PP_TP_VERSION)) != (stages > 1)
+            or meta["world_size"] % (stages * tp)
             or any(not 0 <= s.get("stage", 0) < stages for s in meta["spaces"])):
         raise Failure(f"{path}: bad layout (version {meta['version']} with pipeline_stages "
                       f"{stages}, world size {meta['world_size']})")

@@ -84,10 +84,7 @@ CompleteFile readComplete(const fs::path &folder) {
 /// file, or -1.
 int64_t completeStepOf(const fs::path &folder) {
   const CompleteFile c = readComplete(folder);
-  return c.version == kFormatVersion || c.version == kTensorParallelVersion ||
-                 c.version == kExpertSplitVersion || c.version == kPipelineVersion
-             ? c.step
-             : -1;
+  return readableVersion(c.version) ? c.step : -1;
 }
 
 /// The step of a checkpoint that a save of this run manages in its

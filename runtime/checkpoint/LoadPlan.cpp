@@ -26,12 +26,18 @@ SavedLayout::SavedLayout(const std::string &folder, const json &meta) : folder_(
       throw bad("expert_parallel " + std::to_string(ep_) + " with world_size " +
                 std::to_string(worldSize_) + ", tensor_parallel " + std::to_string(tp_));
     stages_ = meta.value("pipeline_stages", int64_t(1));
-    if (stages_ < 1 || worldSize_ % stages_ != 0 || (stages_ > 1 && (tp_ > 1 || ep_ > 1)))
+    if (stages_ < 1 || worldSize_ % (stages_ * tp_) != 0 || (stages_ > 1 && ep_ > 1))
       throw bad("pipeline_stages " + std::to_string(stages_) + " with world_size " +
-                std::to_string(worldSize_));
+                std::to_string(worldSize_) +
+                (tp_ > 1 ? ", tensor_parallel " + std::to_string(tp_) : std::string()));
+    virtualStages_ = meta.value("virtual_stages", int64_t(1));
+    if (virtualStages_ < 1 || (virtualStages_ > 1 && stages_ == 1))
+      throw bad("virtual_stages " + std::to_string(virtualStages_) + " with pipeline_stages " +
+                std::to_string(stages_));
     for (const json &s : meta.at("spaces")) {
       SavedSpace space;
-      // A pipeline's space: shards over the D ranks of the stage that wrote it.
+      // A pipeline's space: shards over the D ranks of the stage that wrote
+      // it (of its TP rank: the stage's T x D ranks, TP innermost).
       const int64_t stage = stages_ > 1 ? s.at("stage").get<int64_t>() : 0;
       if (stage < 0 || stage >= stages_)
         throw bad("space " + s.value("name", std::string("?")) + ": stage " +

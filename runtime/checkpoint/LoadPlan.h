@@ -144,13 +144,16 @@ public:
   /// E of a checkpoint whose expert weights are split over the expert
   /// group (version 3), else 1.
   int64_t expertParallel() const { return ep_; }
-  /// P of a checkpoint of a pipelined run (version 4), else 1.
+  /// P of a checkpoint of a pipelined run (versions 4 and 5), else 1.
   int64_t pipelineStages() const { return stages_; }
+  /// V of a checkpoint of an interleaved pipeline (version 5), else 1.
+  int64_t virtualStages() const { return virtualStages_; }
   /// The rank whose file holds shard `shard` of saved space `space`: shard
   /// q of TP rank t's space is written by data-parallel rank q of TP rank
   /// t, world rank q * T + t; shard q of position p's copy of an
   /// expert-split group by world rank q * E + p; else by rank q; all of
-  /// them counted from the first rank of the stage that wrote the space.
+  /// them counted from the first rank of the stage that wrote the space
+  /// (stage s's T x D ranks begin at s * T * D).
   int64_t rankOf(size_t space, int64_t shard) const {
     return spaces_[space].firstRank + shard * spaces_[space].groupSize +
            spaces_[space].position;
@@ -170,7 +173,7 @@ public:
 
 private:
   std::string folder_;
-  int64_t worldSize_ = 0, tp_ = 1, ep_ = 1, stages_ = 1;
+  int64_t worldSize_ = 0, tp_ = 1, ep_ = 1, stages_ = 1, virtualStages_ = 1;
   std::vector<SavedSpace> spaces_;
   std::map<std::string, SavedMember> members_;
 };

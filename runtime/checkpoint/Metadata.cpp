@@ -10,6 +10,7 @@
 #include "FileStorage.h"
 
 #include "bmt/Plan/Plan.h"
+#include "bmt/Runtime/exec/Executor.h"
 #include "bmt/Runtime/exec/Model.h"
 
 #include <algorithm>
@@ -25,6 +26,10 @@ std::string crcHex(uint32_t crc) {
   char hex[9];
   std::snprintf(hex, sizeof hex, "%08x", crc);
   return hex;
+}
+
+bool readableVersion(int version) {
+  return version >= kFormatVersion && version <= kPipelineTpVersion;
 }
 
 std::string stepName(int64_t step) {
@@ -200,7 +205,8 @@ void checkCheckpointLayout(const plan::Plan &p, const std::string &folder) {
 
 int checkpointVersion(const plan::Plan &p) {
   if (p.pipelineStages > 1)
-    return kPipelineVersion;
+    return p.tensorParallel > 1 || p.pipelineVirtualStages > 1 ? kPipelineTpVersion
+                                                                : kPipelineVersion;
   if (p.tensorParallel > 1)
     return kTensorParallelVersion;
   return p.splitsExperts() ? kExpertSplitVersion : kFormatVersion;
@@ -276,7 +282,8 @@ std::vector<int64_t> trainableGroups(const plan::Plan &p) {
 } // namespace
 
 std::vector<SpaceSlot> pipelineSpaceSlots(const plan::Plan &p,
-                                          const std::vector<ParameterSpace> &spaces) {
+                                          const std::vector<ParameterSpace> &spaces,
+                                          int64_t tp) {
   const std::vector<int64_t> groups = trainableGroups(p);
   std::vector<SpaceSlot> slots(spaces.size());
   for (size_t k = 0; k < spaces.size(); ++k) {
@@ -287,15 +294,33 @@ std::vector<SpaceSlot> pipelineSpaceSlots(const plan::Plan &p,
       throw CheckpointError("the pipeline's parameter space " + spaces[k].name +
                             " is not a trainable storage group of the plan");
     slots[k].group = *it;
-    slots[k].first = it - groups.begin();
+    slots[k].copies = tp;
+    slots[k].first = (it - groups.begin()) * tp;
   }
   return slots;
 }
 
+namespace {
+
+/// By plan group, the chunk of `savingStage`'s stage that reads it first
+/// (chunk c runs on stage c % P; a group no chunk reads: chunk 0).
+std::vector<int64_t> savingChunks(const plan::Plan &p, const std::vector<int64_t> &savingStage) {
+  const std::vector<std::vector<bool>> reads = Executor::stageGroups(p);
+  std::vector<int64_t> out(p.groups.size(), 0);
+  for (size_t g = 0; g < out.size(); ++g)
+    for (size_t c = reads.size(); c-- > 0;)
+      if (reads[c][g] && static_cast<int64_t>(c) % p.pipelineStages == savingStage.at(g))
+        out[g] = static_cast<int64_t>(c);
+  return out;
+}
+
+} // namespace
+
 json pipelineSpacesJson(const plan::Plan &p, const std::vector<int64_t> &savingStage,
-                        int64_t d) {
-  // Every group as a space of d shards (a stage's ZeRO layout), then the
-  // stage whose ranks write it.
+                        int64_t d, int64_t tp) {
+  // Every group as a space of d shards (a stage's ZeRO layout of one TP
+  // rank), T copies with tensor parallelism, then the stage (and with
+  // virtual stages the chunk) whose ranks write it.
   const std::vector<int64_t> groups = trainableGroups(p);
   std::vector<ParameterSpace> spaces;
   for (int64_t g : groups) {
@@ -310,9 +335,16 @@ json pipelineSpacesJson(const plan::Plan &p, const std::vector<int64_t> &savingS
     s.shardSize = plan::shardRange(group.size, 0, d).shardSize;
     spaces.push_back(std::move(s));
   }
-  json out = spacesJson(p, spaces, 1);
+  json out = spacesJson(p, spaces, tp);
+  const std::vector<int64_t> chunks =
+      p.pipelineVirtualStages > 1 ? savingChunks(p, savingStage) : std::vector<int64_t>();
   for (size_t k = 0; k < groups.size(); ++k)
-    out[k]["stage"] = savingStage.at(static_cast<size_t>(groups[k]));
+    for (int64_t t = 0; t < tp; ++t) {
+      json &space = out[k * static_cast<size_t>(tp) + static_cast<size_t>(t)];
+      space["stage"] = savingStage.at(static_cast<size_t>(groups[k]));
+      if (!chunks.empty())
+        space["chunk"] = chunks.at(static_cast<size_t>(groups[k]));
+    }
   return out;
 }
 
@@ -401,23 +433,26 @@ json readCheckpointJson(const std::string &folder, const std::string &dir) {
                           " do not match the COMPLETE file's (" +
                           std::to_string(complete.version) + ", step " +
                           std::to_string(complete.step) + ")");
-  if (version != kFormatVersion && version != kTensorParallelVersion &&
-      version != kExpertSplitVersion && version != kPipelineVersion)
+  if (!readableVersion(version))
     throw CheckpointError(folder + ": checkpoint format version " + std::to_string(version) +
-                          "; this bmt-run reads " + std::to_string(kFormatVersion) + ", " +
-                          std::to_string(kTensorParallelVersion) + ", " +
-                          std::to_string(kExpertSplitVersion) + " and " +
-                          std::to_string(kPipelineVersion));
-  if ((version == kPipelineVersion) != (meta.value("pipeline_stages", 1) > 1))
+                          "; this bmt-run reads " + std::to_string(kFormatVersion) + " to " +
+                          std::to_string(kPipelineTpVersion));
+  const bool pipelined = version == kPipelineVersion || version == kPipelineTpVersion;
+  if (pipelined != (meta.value("pipeline_stages", 1) > 1))
     throw CheckpointError(folder + "/checkpoint.json: version " + std::to_string(version) +
                           " with pipeline_stages " +
                           std::to_string(meta.value("pipeline_stages", 1)) +
-                          " (version 4 is the format of pipeline stages)");
-  if ((version == kTensorParallelVersion) != (meta.value("tensor_parallel", 1) > 1))
+                          " (versions 4 and 5 are the formats of pipeline stages)");
+  const int64_t tp = meta.value("tensor_parallel", 1);
+  if ((version == kTensorParallelVersion && tp <= 1) ||
+      (tp > 1 && version != kTensorParallelVersion && version != kPipelineTpVersion))
     throw CheckpointError(folder + "/checkpoint.json: version " + std::to_string(version) +
-                          " with tensor_parallel " +
-                          std::to_string(meta.value("tensor_parallel", 1)) +
-                          " (version 2 is the format of tensor parallelism)");
+                          " with tensor_parallel " + std::to_string(tp) +
+                          " (versions 2 and 5 are the formats of tensor parallelism)");
+  if (version == kPipelineTpVersion && tp <= 1 && meta.value("virtual_stages", 1) <= 1)
+    throw CheckpointError(folder + "/checkpoint.json: version 5 without tensor_parallel or "
+                                   "virtual_stages (version 5 is the format of pipeline stages "
+                                   "with either)");
   if ((version == kExpertSplitVersion) != (meta.value("expert_parallel", 1) > 1))
     throw CheckpointError(folder + "/checkpoint.json: version " + std::to_string(version) +
                           " with expert_parallel " +

@@ -33,12 +33,17 @@ using json = nlohmann::json;
 /// are TP slices; version 3: the storage groups of expert parameters split
 /// over the expert group are listed once per expert-group position, with
 /// those positions' slices (docs/checkpoint-format.md). This bmt-run reads
-/// all three; version 4: a pipelined plan's, each space written by the
-/// ranks of one stage ("stage", "pipeline_stages").
+/// all five; version 4: a pipelined plan's, each space written by the
+/// ranks of one stage ("stage", "pipeline_stages"); version 5: a pipelined
+/// plan's with tensor parallelism or virtual stages (version 4's fields
+/// with version 2's TP copies, "virtual_stages" and each space's "chunk").
 inline constexpr int kFormatVersion = 1;
 inline constexpr int kTensorParallelVersion = 2;
 inline constexpr int kExpertSplitVersion = 3;
 inline constexpr int kPipelineVersion = 4;
+inline constexpr int kPipelineTpVersion = 5;
+/// Whether this bmt-run reads checkpoints of format `version`.
+bool readableVersion(int version);
 inline constexpr const char *kFormat = "bmt-checkpoint";
 /// Every tensor of a rank file has a CRC-32 per chunk of this many bytes
 /// (the last chunk the rest), so that a reader of a slice checks what it
@@ -107,8 +112,9 @@ struct SpaceSlot {
 /// every space has T copies; with expert splits each expert group has E
 /// (position p of space k at first + p), every other space one.
 std::vector<SpaceSlot> spaceSlots(const plan::Plan &plan, size_t numSpaces, int64_t tp);
-/// The format version a save of `plan` writes: kPipelineVersion for a plan
-/// cut into stages, kTensorParallelVersion with T > 1, kExpertSplitVersion
+/// The format version a save of `plan` writes: kPipelineTpVersion for a
+/// plan cut into stages with T > 1 or V > 1, kPipelineVersion for another
+/// plan cut into stages, kTensorParallelVersion with T > 1, kExpertSplitVersion
 /// when it splits experts, else 1.
 int checkpointVersion(const plan::Plan &plan);
 
@@ -125,16 +131,20 @@ void checkCheckpointLayout(const plan::Plan &plan, const std::string &folder);
 json spacesJson(const plan::Plan &plan, const std::vector<ParameterSpace> &spaces, int64_t tp);
 /// Pipeline parallelism (plan pipelineStages P > 1): the slots of this
 /// rank's `spaces` (its stage's storage groups) in the checkpoint's list of
-/// every trainable storage group, in plan order (one copy each).
+/// every trainable storage group, in plan order (T copies each, TP rank t's
+/// at first + t, as spaceSlots).
 std::vector<SpaceSlot> pipelineSpaceSlots(const plan::Plan &plan,
-                                          const std::vector<ParameterSpace> &spaces);
+                                          const std::vector<ParameterSpace> &spaces,
+                                          int64_t tp);
 /// checkpoint.json's "spaces" of a pipelined run: every trainable storage
-/// group of `plan`, sharded over the `d` ranks of a stage, each with the
-/// stage whose ranks write it (`savingStage`, by plan group: the first
-/// stage that holds it, so a group stages 0 and P - 1 share is written by
-/// stage 0 only).
+/// group of `plan` (T copies with tensor parallelism, as spacesJson),
+/// sharded over the `d` data-parallel ranks of a stage and TP rank, each
+/// with the stage whose ranks write it (`savingStage`, by plan group: the
+/// first stage that holds it, so a group stages 0 and P - 1 share is
+/// written by stage 0 only) and, with virtual stages, the chunk of that
+/// stage that reads it first (stage = chunk % P).
 json pipelineSpacesJson(const plan::Plan &plan, const std::vector<int64_t> &savingStage,
-                        int64_t d);
+                        int64_t d, int64_t tp);
 
 /// checkpoint.json as rank 0 snapshots it (without "rank_bytes"; its
 /// "loss_scale" null): the run, its progress and `spaces` (spacesJson);

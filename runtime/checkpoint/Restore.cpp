@@ -129,6 +129,7 @@ void readMetadata(Restore &r, const OptimizerConfig *expected) {
   r.report.savedTensorParallel = r.layout->tensorParallel();
   r.report.savedExpertParallel = r.layout->expertParallel();
   r.report.savedPipelineStages = r.layout->pipelineStages();
+  r.report.savedVirtualStages = r.layout->virtualStages();
   checkStageFiles(r);
   r.report.savedSchedule = savedSchedule(r.meta, r.folder);
   const json batch = r.meta.value("batch", json::object());
@@ -250,7 +251,8 @@ void planReads(Restore &r) {
   const auto needed = neededFields(r);
   r.report.resharded = r.layout->worldSize() != r.model.world().size() ||
                        r.savedTp != r.tp || r.layout->expertParallel() != r.ep ||
-                       r.layout->pipelineStages() != r.model.pipelineStages();
+                       r.layout->pipelineStages() != r.model.pipelineStages() ||
+                       r.layout->virtualStages() != r.model.pipelineVirtualStages();
   for (size_t k = 0; k < r.spaces.size(); ++k)
     for (const auto &[field, dtype] : needed[k]) {
       at::Tensor buffer =

@@ -336,7 +336,7 @@ CheckpointSaver::CheckpointSaver(Model &model, Optimizer &optimizer, const LossS
     s.stages = model.pipelineStages();
     s.stage = model.pipelineStage();
     s.savingStage = model.groupSavingStages();
-    s.slots = pipelineSpaceSlots(model.plan(), model.parameterSpaces());
+    s.slots = pipelineSpaceSlots(model.plan(), model.parameterSpaces(), s.tp);
   } else {
     s.slots = spaceSlots(model.plan(), model.parameterSpaces().size(), s.tp);
   }
@@ -428,11 +428,15 @@ double CheckpointSaver::save(const TrainingProgress &progress) {
   fs::create_directories(snap->folder, ec);
   snap->items = s.collectItems();
   if (s.rank == 0 && s.stages > 1) {
-    // Every stage's groups (rank 0 holds stage 0's only), and who wrote them.
+    // Every stage's groups (rank 0 holds stage 0's only), and who wrote
+    // them: each TP rank's copy sharded over the stage's D = N / (P x T).
     snap->metadata = checkpointJson(
         s.identity, s.version, s.worldSize, s.tp, s.ep, progress,
-        pipelineSpacesJson(s.model.plan(), s.savingStage, s.worldSize / s.stages));
+        pipelineSpacesJson(s.model.plan(), s.savingStage, s.worldSize / (s.stages * s.tp),
+                           s.tp));
     snap->metadata["pipeline_stages"] = s.stages;
+    if (s.model.pipelineVirtualStages() > 1)
+      snap->metadata["virtual_stages"] = s.model.pipelineVirtualStages();
   } else if (s.rank == 0) {
     snap->metadata = checkpointJson(s.identity, s.version, s.worldSize, s.tp, s.ep, progress,
                                     spacesJson(s.model.plan(), s.model.parameterSpaces(), s.tp));

@@ -172,10 +172,6 @@ void checkPipeline(const std::string &archiveName, const plan::Plan &p,
                       std::to_string(p.pipelineVirtualStages) +
                       " virtual stages) needs: micro-batches go through each chunk in rounds "
                       "of one per stage");
-  if (r.checkpoints && p.pipelineVirtualStages > 1)
-    refuse("checkpoints (--checkpoint-dir / --resume) of its virtual stages");
-  if (r.checkpoints && p.tensorParallel > 1)
-    refuse("checkpoints (--checkpoint-dir / --resume) together with tensor parallelism yet");
   if (r.dump)
     refuse("--dump");
   if (r.inspect)

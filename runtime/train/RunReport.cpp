@@ -199,6 +199,9 @@ void printResume(const ResumeReport &r, const std::string &folder,
             << (r.savedPipelineStages > 1
                     ? ", " + std::to_string(r.savedPipelineStages) + " pipeline stages"
                     : std::string())
+            << (r.savedVirtualStages > 1
+                    ? ", " + std::to_string(r.savedVirtualStages) + " virtual stages"
+                    : std::string())
             << (r.savedExpertParallel > 1
                     ? ", expert weights split over " + std::to_string(r.savedExpertParallel) +
                           " ranks per expert group"

@@ -56,7 +56,6 @@ int run(const tools::RunOptions &o) {
     runtime::PipelineRequest pipeline;
     pipeline.worldSize = rendezvous.worldSize;
     pipeline.microBatches = o.pipelineMicroBatchesGiven ? o.train.pipelineMicroBatches : 0;
-    pipeline.checkpoints = !o.checkpoints.dir.empty() || !o.resume.empty();
     pipeline.dump = !o.dumpInputs.empty();
     pipeline.inspect = o.train.inspectEvery > 0;
     pipeline.offload = o.offloadOptimizer;

@@ -312,7 +312,7 @@ def test_what_a_pipeline_does_not_run_is_refused(traced):
     assert refused(plain, "--micro-batches", 2) == (
         f"error: --micro-batches splits micro-batches for a pipeline, and {plain} is not cut "
         "into stages (bmt-opt --pipeline-parallel); use --grad-accum")
-    # P x T = 2 x 2: checkpoints not yet (rank 0 of 4 alone); 2 ranks are too few.
+    # P x T = 2 x 2: 2 ranks are too few.
     tp = tmp / "p2t2.sharded.pt"
     subprocess.run([binary("bmt-opt"), pt, "-o", tp, "--pipeline-parallel", "2",
                     "--tensor-parallel", "2", "--world-size", "4"], check=True,
@@ -320,10 +320,6 @@ def test_what_a_pipeline_does_not_run_is_refused(traced):
     assert refused(tp) == (
         f"error: {tp} is cut into 2 pipeline stages, which need a world size that is a "
         "multiple of 4 (2 x tensor-parallel 2), not 2")
-    env.update(WORLD_SIZE="4", LOCAL_WORLD_SIZE="4")
-    assert refused(tp, "--checkpoint-dir", tmp / "ck") == (
-        f"error: {tp} is cut into 2 pipeline stages, which this bmt-run does not run with "
-        "checkpoints (--checkpoint-dir / --resume) together with tensor parallelism yet")
     # 8 rows a rank (D = 1) in 3 micro-batches: before training, on every rank.
     r = torchrun(2, sharded, "--batches", batches, "--steps", 1, "--micro-batches", 3)
     assert r.returncode != 0

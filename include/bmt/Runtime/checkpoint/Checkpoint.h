@@ -183,6 +183,7 @@ struct ResumeReport {
   int64_t savedTensorParallel = 1; ///< its tensor-parallel degree T
   int64_t savedExpertParallel = 1; ///< E of its expert-split weights (1: not split)
   int64_t savedPipelineStages = 1; ///< P of a pipelined run (1: no stages)
+  int64_t savedVirtualStages = 1;  ///< its V (1: none)
   bool resharded = false;      ///< its layout differs from this run's
   /// The learning-rate schedule and batch shape it was trained with (the
   /// schedule's totalSteps is --steps + 1; RunIdentity's batch fields, 0

@@ -44,7 +44,6 @@ struct PipelineRequest {
   int64_t microBatches = 0; ///< --micro-batches M (0: not given)
   bool dump = false, inspect = false, offload = false;
   bool adafactor = false, evaluation = false, profile = false;
-  bool checkpoints = false; ///< --checkpoint-dir or --resume (refused with T > 1 or V > 1)
 };
 /// For a plan cut into P > 1 pipeline stages (bmt-opt --pipeline-parallel;
 /// docs/runtime/pipeline.md): a ConfigError, before any rank connects,

@@ -9,7 +9,7 @@
 // T = 2; expert parameters split over expert groups of E = 1, 2 (version 3:
 // one space per expert-group position) read at E = 1, 2, 4. Pipeline
 // stages (version 4): a space's shards in the files of the stage that wrote
-// it.
+// it; with T = 2 (version 5) in those of the stage's ranks of its TP rank.
 
 #include "checkpoint/LoadPlan.h"
 
@@ -448,6 +448,46 @@ TEST(LoadPlan, BadPipelineLayoutIsRefused) {
   meta = pipelineMeta();
   meta["world_size"] = 3;
   refused(meta, "pipeline_stages 2 with world_size 3");
+  meta = pipelineMeta();
+  meta["virtual_stages"] = 2;
+  meta["pipeline_stages"] = 1;
+  meta["world_size"] = 4;
+  refused(meta, "virtual_stages 2 with pipeline_stages 1");
+}
+
+/// P = 2 x T = 2 on N = 8 (D = 2, version 5): each group once per TP rank;
+/// shard q of stage s's copy of TP rank t in rank s * 4 + q * 2 + t's file.
+TEST(LoadPlan, PipelineTpSpacesAreInTheirStagesAndTpRanksFiles) {
+  json spaces = json::array();
+  for (int64_t stage = 0; stage < 2; ++stage)
+    for (int64_t t = 0; t < 2; ++t)
+      spaces.push_back(
+          {{"name", "g" + std::to_string(stage)}, {"dtype", "float32"}, {"master", false},
+           {"size", 8}, {"shards", 2}, {"shard_size", 4}, {"stage", stage}, {"tp_rank", t},
+           {"members",
+            json::array({{{"tensor", "t" + std::to_string(stage)}, {"shape", {4, 4}},
+                          {"offset", 0}, {"aliases", json::array()},
+                          {"split", {{"dim", 0}, {"chunks", 1}, {"padded_size", 0}}}}})}});
+  const json meta = {{"world_size", 8}, {"pipeline_stages", 2}, {"tensor_parallel", 2},
+                     {"virtual_stages", 2}, {"spaces", spaces}};
+  const SavedLayout layout("ck", meta);
+  EXPECT_EQ(layout.tensorParallel(), 2);
+  EXPECT_EQ(layout.virtualStages(), 2);
+  EXPECT_EQ(layout.rankOf(0, 0), 0); // stage 0, TP rank 0
+  EXPECT_EQ(layout.rankOf(1, 1), 3); // stage 0, TP rank 1, shard 1
+  EXPECT_EQ(layout.rankOf(2, 0), 4); // stage 1, TP rank 0
+  EXPECT_EQ(layout.rankOf(3, 1), 7);
+  json bad = meta;
+  bad["world_size"] = 6;
+  try {
+    SavedLayout refused("ck", bad);
+    ADD_FAILURE() << "accepted a world size P x T does not divide";
+  } catch (const runtime::CheckpointError &e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "bad layout (pipeline_stages 2 with world_size 6, tensor_parallel 2)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 } // namespace
