@@ -18,19 +18,54 @@ from bmt_paths import REPO, binary
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import parallel_matrix  # noqa: E402
 
+# (architecture, blocks, mode): the fixtures' 2 layers, or 4 where the
+# mode cuts 4 parts (P = 4, or P x V = 2 x 2). With test_pipeline_parallel.py
+# (GPT-2 at P = 2 on N = 2 and 4, P = 4, P = 2 x T = 2; LLaMA at P = 2 and
+# P = 2 x T = 2) and test_pipeline_interleaved.py (GPT-2 and LLaMA at P = 2,
+# V = 2), every architecture trains at P = 2 x T = 2, at P = 4 and at P = 2
+# with ZeRO over each stage's D = 2 ranks, both schedules and recompute on
+# and off spread across them.
 CELLS = [
-    ("qwen3", "pp2-tp2-n4"),
-    ("bert (masked LM)", "pp2-tp2-n4-no-recompute"),
-    ("llama (tied)", "pp2-tp2-sp-n4"),
+    ("qwen3", 2, "pp2-tp2-n4"),
+    ("bert (masked LM)", 2, "pp2-tp2-n4-no-recompute"),
+    # interleaved 1F1B with TP: the tied embedding (vocab-split, chunks 0
+    # and 3) with sequence parallelism; LLaMA untied without recompute
+    ("llama (tied)", 4, "pp2-v2-tp2-sp-n4"),
+    ("llama", 4, "pp2-v2-tp2-n4-no-recompute"),
+    # P = 4
+    ("llama", 4, "pp4-n4"),
+    ("llama (tied)", 4, "pp4-n4-no-recompute"),
+    ("qwen3", 4, "pp4-n4-no-recompute"),
+    ("bert (masked LM)", 4, "pp4-n4"),
+    # P = 2 with ZeRO over D = 2 (interleaved for two of them)
+    ("llama", 4, "pp2-v2-n4"),
+    ("llama (tied)", 4, "pp2-n4-no-recompute"),
+    ("qwen3", 4, "pp2-n4"),
+    ("bert (masked LM)", 4, "pp2-v2-n4-no-recompute"),
 ]
 
 
-@pytest.mark.parametrize("name, mode", CELLS, ids=[f"{n.split()[0]}{'-tied' if 'tied' in n else ''}-{m}"
-                                                   for n, m in CELLS])
-def test_pipeline_trains_as_eager(name, mode, tmp_path):
-    prep = parallel_matrix.prepare(name, tmp_path)
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """Each (architecture, blocks) traced once for the cells that use it."""
+    cache = {}
+
+    def get(name, blocks):
+        if (name, blocks) not in cache:
+            stem = f"{name.split()[0]}{'-tied' if 'tied' in name else ''}-{blocks}"
+            cache[name, blocks] = parallel_matrix.prepare(
+                name, tmp_path_factory.mktemp(stem), None if blocks == 2 else blocks)
+        return cache[name, blocks]
+    return get
+
+
+@pytest.mark.parametrize("name, blocks, mode", CELLS,
+                         ids=[f"{n.split()[0]}{'-tied' if 'tied' in n else ''}-{b}-{m}"
+                              for n, b, m in CELLS])
+def test_pipeline_trains_as_eager(name, blocks, mode, prepared):
+    prep = prepared(name, blocks)
     status, text = parallel_matrix.run_cell(prep, mode, os.path.dirname(binary("bmt-opt")))
-    print(f"{name} {mode}: {status} {text}")
+    print(f"{name} ({blocks} blocks) {mode}: {status} {text}")
     assert status == "ok", text
 
 
