@@ -40,10 +40,10 @@ CELLS = [
     ("llama (tied)", 4, "pp4-n4-no-recompute"),
     ("qwen3", 4, "pp4-n4-no-recompute"),
     ("bert (masked LM)", 4, "pp4-n4"),
-    # P = 2 with ZeRO over D = 2 (interleaved for two of them)
+    # P = 2 with ZeRO over D = 2 (interleaved for three of them)
     ("llama", 4, "pp2-v2-n4"),
     ("llama (tied)", 4, "pp2-n4-no-recompute"),
-    ("qwen3", 4, "pp2-n4"),
+    ("qwen3", 4, "pp2-v2-n4"),
     ("bert (masked LM)", 4, "pp2-v2-n4-no-recompute"),
 ]
 
