@@ -107,9 +107,6 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   else if (virtualStages > 1 && pipelineParallel == 1)
     os << name("virtual-stages") << " " << virtualStages.getValue() << " needs "
        << name("pipeline-parallel") << " P > 1 (it cuts each stage into chunks)";
-  else if (virtualStages > 1 && tensorParallel > 1)
-    os << name("virtual-stages") << " with " << name("tensor-parallel")
-       << " is not supported yet";
   else if (worldSize.hasValue() && tensorParallel > 1 &&
            worldSize % (pipelineParallel * tensorParallel) != 0)
     os << name("world-size") << " " << worldSize.getValue() << " is not a multiple of "

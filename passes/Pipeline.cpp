@@ -271,9 +271,6 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
     const int64_t chunks = stages * virtualStages;
     const int64_t tp = bmt::tensorParallelOf(module);
     int64_t world = worldSize > 0 ? int64_t(worldSize) : stages * tp;
-    if (virtualStages > 1 && tp > 1)
-      return fail("virtual-stages " + Twine(virtualStages) + " with tensor-parallel " + Twine(tp) +
-                  " is not supported yet");
     if (world % stages != 0)
       return fail("world size " + Twine(world) + " is not a multiple of pipeline-parallel " +
                   Twine(stages));

@@ -167,10 +167,15 @@ def first_line(text):
     return (lines[-1].strip() if lines else "?")[:240]
 
 
-def build(name):
+def build(name, blocks=None):
+    """The tiny model `name` (seed 0, eval mode); `blocks` layers instead of
+    its config's (pipelines of more stages than the fixtures' 2 layers)."""
     import torch
     import transformers
     cls_name, model_type, fields = ARCHS[name]
+    if blocks is not None:
+        key = "n_layer" if "n_layer" in fields else "num_hidden_layers"
+        fields = dict(fields, **{key: blocks})
     config = transformers.AutoConfig.for_model(model_type, **fields)
     if hasattr(config, "use_cache"):
         config.use_cache = False

@@ -2,7 +2,8 @@
 """Every architecture of scripts/architectures.py in every parallel mode.
 
 usage: scripts/parallel_matrix.py [--bin build/bin] [--only NAME ...]
-                                  [--modes MODE ...] [--write-docs] [--device cuda]
+                                  [--modes MODE ...] [--blocks B] [--write-docs]
+                                  [--device cuda]
 
 For each architecture (its tiny config, seed 0): trace it once (BLOOM, which
 torch.jit.trace cannot record, is exported once with a dynamic batch and
@@ -91,6 +92,22 @@ MODES = {
                                     "--checkpoint", "none"]),
     "pp2-tp2-sp-n4": (4, ["--pipeline-parallel", "2", "--tensor-parallel", "2",
                           "--sequence-parallel"]),
+    # ZeRO-3 over each stage's D = 2 ranks
+    "pp2-n4": (4, ["--pipeline-parallel", "2"]),
+    "pp2-n4-no-recompute": (4, ["--pipeline-parallel", "2", "--checkpoint", "none"]),
+    # the modes below cut into 4 parts: prepare(..., blocks=4) for the 2-layer configs
+    "pp4-n4": (4, ["--pipeline-parallel", "4"]),
+    "pp4-n4-no-recompute": (4, ["--pipeline-parallel", "4", "--checkpoint", "none"]),
+    # interleaved 1F1B: V = 2 chunks a stage (M = P micro-batches, a multiple of P)
+    "pp2-v2-n4": (4, ["--pipeline-parallel", "2", "--virtual-stages", "2"]),
+    "pp2-v2-n4-no-recompute": (4, ["--pipeline-parallel", "2", "--virtual-stages", "2",
+                                   "--checkpoint", "none"]),
+    "pp2-v2-tp2-n4": (4, ["--pipeline-parallel", "2", "--virtual-stages", "2",
+                          "--tensor-parallel", "2"]),
+    "pp2-v2-tp2-n4-no-recompute": (4, ["--pipeline-parallel", "2", "--virtual-stages", "2",
+                                       "--tensor-parallel", "2", "--checkpoint", "none"]),
+    "pp2-v2-tp2-sp-n4": (4, ["--pipeline-parallel", "2", "--virtual-stages", "2",
+                             "--tensor-parallel", "2", "--sequence-parallel"]),
 }
 
 
@@ -103,17 +120,18 @@ def eager_device():
     return "cpu" if DEVICE == "cpu" else "cuda:0"
 
 
-def prepare(name, tmp):
-    """Exports `name` once and draws its batches: a dict with the archive,
-    the batches file and what eager_reference needs."""
+def prepare(name, tmp, blocks=None):
+    """Exports `name` once (with `blocks` layers instead of its config's,
+    for P x V > 2) and draws its batches: a dict with the archive, the
+    batches file and what eager_reference needs."""
     import torch
     tmp = str(tmp)
-    model = architectures.build(name)
+    model = architectures.build(name, blocks)
     g = torch.Generator().manual_seed(1)
     inputs = {"input_ids": torch.randint(0, architectures.VOCAB, (2, SEQ), generator=g),
               "attention_mask": torch.ones(2, SEQ, dtype=torch.long)}
     g = torch.Generator().manual_seed(3)
-    prep = {"name": name, "tmp": tmp, "eager": None}
+    prep = {"name": name, "tmp": tmp, "eager": None, "blocks": blocks}
     if is_seq2seq(name):
         inputs["decoder_input_ids"] = torch.randint(0, architectures.VOCAB, (2, TARGET), generator=g)
         ids = torch.randint(0, architectures.VOCAB, (STEPS, GLOBAL_BATCH, SEQ), generator=g)
@@ -143,7 +161,7 @@ def eager_reference(prep, lrs):
     if prep["eager"] is None:
         from test_runtime_parity import eager_training
         from test_seq2seq import eager_pairs_training
-        model = architectures.build(prep["name"]).to(eager_device())  # fresh weights, same seed
+        model = architectures.build(prep["name"], prep.get("blocks")).to(eager_device())  # fresh
         if is_seq2seq(prep["name"]):
             losses = eager_pairs_training(model, prep["ids"].to(eager_device()),
                                           prep["labels"].to(eager_device()), STEPS, 1, lrs, CLIP)
@@ -282,6 +300,8 @@ def main():
     ap.add_argument("--modes", nargs="*", choices=list(MODES))
     ap.add_argument("--write-docs", action="store_true",
                     help="put the table into docs/architectures.md")
+    ap.add_argument("--blocks", type=int,
+                    help="layers of each model instead of its config's (4 for the pp4 and v2 modes)")
     ap.add_argument("--results", help="append each cell to this file (JSON lines)")
     ap.add_argument("--device", choices=["cpu", "cuda", "cuda-shared"], default="cpu",
                     help="cuda: bmt-run's rank r on GPU r, the eager reference on GPU 0; "
@@ -304,7 +324,7 @@ def main():
     rows, failures = [], 0
     for name in args.only or architectures.ARCHS:
         tmp = tempfile.mkdtemp(prefix="bmt-matrix-")
-        prep = prepare(name, tmp)
+        prep = prepare(name, tmp, args.blocks)
         cells = {}
         for mode in modes:
             start = time.time()

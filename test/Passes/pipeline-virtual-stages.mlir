@@ -1,5 +1,6 @@
 // RUN: bmt-opt %s --bmt-find-blocks --bmt-zero --bmt-checkpoint --bmt-pipeline-parallel='pipeline-parallel=2 virtual-stages=2' 2>/dev/null | FileCheck %s --check-prefix=IR
 // RUN: bmt-opt %s --bmt-find-blocks --bmt-zero --bmt-checkpoint --bmt-pipeline-parallel='pipeline-parallel=2 virtual-stages=2 world-size=4' --bmt-summary -o /dev/null 2>&1 | FileCheck %s --check-prefix=V2
+// RUN: bmt-opt %s --bmt-find-blocks --bmt-tensor-parallel='tensor-parallel=2' --bmt-zero --bmt-checkpoint --bmt-pipeline-parallel='pipeline-parallel=2 virtual-stages=2 world-size=4' --bmt-summary -o /dev/null 2>&1 | FileCheck %s --check-prefix=TP
 // RUN: not bmt-opt %s --bmt-find-blocks --bmt-zero --bmt-checkpoint --bmt-pipeline-parallel='pipeline-parallel=2 virtual-stages=3' -o /dev/null 2>&1 | FileCheck %s --check-prefix=TOOMANY
 // RUN: not bmt-opt %s --bmt-find-blocks --bmt-zero --bmt-checkpoint --bmt-pipeline-parallel='pipeline-parallel=1 virtual-stages=2' -o /dev/null 2>&1 | FileCheck %s --check-prefix=NOSTAGES
 // RUN: not bmt-opt %s --bmt-find-blocks --bmt-zero --bmt-checkpoint --bmt-pipeline-parallel='pipeline-parallel=2 virtual-stages=0' -o /dev/null 2>&1 | FileCheck %s --check-prefix=ZERO
@@ -28,6 +29,12 @@
 // V2-NEXT:   stage 0: chunks 0, 2, 52 % of the FLOPs, at most about {{.*}} per rank
 // V2-NEXT:   stage 1: chunks 1, 3, 48 % of the FLOPs, at most about {{.*}} per rank
 // V2-NEXT:   tied across chunks 0 and 3 (gradient summed): emb.w
+
+// With T = 2 (N = P x T x D = 2 x 2 x 1) the same cut: each rank's FLOPs
+// and parameters are half the split blocks' and the vocab-split embedding's.
+// TP: remark: bmt-pipeline-parallel: 5 blocks of h in 2 stages x 2 virtual stages (blocks per chunk: 1 1 2 1), 1 data-parallel rank x 2 tensor-parallel per stage; tied across chunks 0 and 3 (gradient summed): emb.w
+// TP:      pipeline: 2 stages x 2 virtual stages of h over world size 4 (stage = rank / 2; 1 data-parallel x 2 tensor-parallel ranks per stage), interleaved 1F1B
+// TP-NEXT:   chunk 0 (stage 0): blocks 0..0 + before the blocks, 32768 parameters, 0.134 GFLOP per micro-batch (17 %)
 
 // TOOMANY: error: bmt-pipeline-parallel: pipeline-parallel 2 x virtual-stages 3 = 6 chunks exceed the 5 blocks of h; each chunk needs at least one block
 // NOSTAGES: error: bmt-pipeline-parallel: virtual-stages 2 needs pipeline-parallel > 1 (it cuts each stage into chunks)
