@@ -137,7 +137,7 @@ def test_lora_training_matches_peft(prepared, mode):
     r = compile_lora(prepared, sharded, ranks, "--lora", spec(prepared["name"]), *flags)
     assert r.returncode == 0, r.stderr
     extra = []
-    if mode in ("n2", "tp2"):  # checkpoints for the resume and adapter export tests
+    if mode in ("n2", "tp2", "p2"):  # checkpoints for the resume and adapter export tests
         extra = ["--checkpoint-dir", os.path.join(prepared["tmp"], f"ck-{mode}"),
                  "--checkpoint-every", 3]
     log, saved = train_lora(prepared, sharded, ranks, f"lora-{mode}", *extra)
@@ -208,6 +208,24 @@ def test_tensor_parallel_checkpoint_resumes_on_one_rank(prepared, tmp_path):
     print(f"llama tp2 -> n1 resume: loss max |d| "
           f"{max(abs(x['loss'] - log_tp[x['step'] - 1]['loss']) for x in log):.2g}, "
           f"adapters max |d| {stats[0]:.2g}")
+
+
+def test_pipeline_checkpoint_holds_the_adapters_and_resumes(prepared, tmp_path):
+    """P = 2 (GPT-2: the frozen tied wte on both stages): the checkpoint of
+    step 3 holds the adapters only, and resumed on the same layout ends bit
+    for bit as the uninterrupted run."""
+    from safetensors.torch import load_file
+    if prepared["name"] != "gpt2":
+        pytest.skip("one model is enough")
+    sharded, saved, log = run_of(prepared, "p2")
+    ck = os.path.join(prepared["tmp"], "ck-p2", "step-00000003")
+    with open(os.path.join(ck, "checkpoint.json")) as f:
+        spaces = json.load(f)["spaces"]
+    members = [m["tensor"] for s in spaces for m in s["members"]]
+    assert members and all(".lora_" in n for n in members), members
+    resumed, resumed_saved = train_lora(prepared, sharded, 2, "lora-p2-resumed", "--resume", ck)
+    assert [x["loss"] for x in resumed if x["step"] > 3] == [x["loss"] for x in log[3:]]
+    assert_identical(load_file(resumed_saved), load_file(saved))
 
 
 def test_adapter_export_loads_in_peft(prepared, tmp_path, capsys):
