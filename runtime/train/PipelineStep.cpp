@@ -367,8 +367,10 @@ std::pair<double, double> Trainer::pipelineEvaluation(const MicroBatch &batch,
   // Each piece through the chunks in order (every rank's order agrees with
   // the global one, piece by piece, chunk by chunk: no deadlock); the
   // objective's draws as in a step: every chunk of a piece from the state
-  // its first chunk started from.
-  Comm &world = model_.world();
+  // its first chunk started from. Sends are waited for at once (a serial
+  // order: no two ranks send to each other at the same time).
+  const int64_t rank = model_.world().rank();
+  const PipelineTransfer activations = PipelineTransfer::Activations;
   const int64_t pieces = config_.pipelineMicroBatches;
   const bool counts = !model_.tensorParallel() || model_.tensorParallel()->rank() == 0;
   double sum = 0, tokens = 0;
@@ -377,12 +379,16 @@ std::pair<double, double> Trainer::pipelineEvaluation(const MicroBatch &batch,
     const std::mt19937_64 start = rng;
     for (int64_t v = 0; v < model_.pipelineVirtualStages(); ++v) {
       model_.selectPipelineChunk(v);
-      if (!model_.isFirstChunk())
-        model_.setStageInputs(recvValues(world, model_.pipelinePreviousRank(), model_.device()));
+      if (!model_.isFirstChunk()) {
+        const int64_t from = model_.pipelinePreviousRank();
+        model_.setStageInputs(recvValues(model_.pipelineChannel(activations, from, rank), from,
+                                         model_.device()));
+      }
       std::mt19937_64 copy = start;
       MicroBatchLoss result = microBatchLoss(piece, v == 0 ? rng : copy);
       if (!model_.isLastStage()) {
-        sendValues(world, model_.takeStageOutputs(), model_.pipelineNextRank());
+        const int64_t to = model_.pipelineNextRank();
+        sendValues(model_.pipelineChannel(activations, rank, to), model_.takeStageOutputs(), to);
         continue;
       }
       if (counts) {
