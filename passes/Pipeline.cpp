@@ -284,11 +284,6 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
       return fail("mixture-of-experts layers in a pipeline are not supported yet (bmt-run "
                   "cannot run their dispatch in a stage)");
 
-    for (auto param : module.getOps<bmt::ParameterOp>())
-      if (!param.getRequiresGrad())
-        return fail("frozen parameters (--freeze, --lora's base, or requires_grad=False in the "
-                    "model: " + param.getSymName() + ") in a pipeline are not supported yet");
-
     auto lists = llvm::to_vector(module.getOps<bmt::BlockListOp>());
     if (lists.empty())
       return fail("the model has no repeated layers to cut into stages (run --bmt-find-blocks "
@@ -562,7 +557,8 @@ struct PipelinePass : bmt::impl::PipelineParallelBase<PipelinePass> {
         return fail("parameter " + param.getSymName() + " is read by blocks of " + part + " " +
                     Twine(*chunksOf.begin()) + " and " + Twine(*chunksOf.rbegin()) +
                     " (a weight shared across layers); such a model cannot be cut there");
-      tied.push_back(param.getSymName().str());
+      if (param.getRequiresGrad()) // (a frozen one is read on both, with no gradient)
+        tied.push_back(param.getSymName().str());
     }
 
     // The stages that read each parameter; one read nowhere is held by

@@ -68,6 +68,7 @@ void saveParameters(Model &model, const std::string &path) {
   // A pipeline: each stage holds its own parameters; rank 0 collects them
   // all (Model::fullParameters) and writes them in plan order.
   std::vector<std::pair<int64_t, at::Tensor>> collected;
+  std::map<int64_t, at::Tensor> frozen; // (a pipeline's, on rank 0)
   if (model.pipelineStages() > 1) {
     std::map<int64_t, at::Tensor> byIndex;
     for (auto &[name, value] : model.fullParameters()) // collective
@@ -77,6 +78,8 @@ void saveParameters(Model &model, const std::string &path) {
       addEntries(entries, p.tensors.at(index));
       collected.emplace_back(index, value);
     }
+    for (auto &[name, value] : model.frozenStageParameters()) // collective
+      frozen.emplace(p.findTensor(name), value);
     for (int64_t index : model.frozenParameterOrder())
       addEntries(entries, p.tensors.at(index));
     for (const auto &[name, buffer] : model.routerBiases())
@@ -116,7 +119,7 @@ void saveParameters(Model &model, const std::string &path) {
     model.forEachFullParameter(write); // collective
   }
   for (int64_t index : model.frozenParameterOrder())
-    write(index, model.frozenParameter(index));
+    write(index, model.pipelineStages() > 1 ? frozen[index] : model.frozenParameter(index));
   if (writer) {
     try {
       for (const auto &[name, buffer] : model.routerBiases()) {

@@ -52,10 +52,6 @@ std::vector<bool> Model::setUpPipeline(const std::string &path, const ModelOptio
                            " is outside the ZeRO storage groups, which a pipeline does not "
                            "support");
   for (const plan::StorageGroup &g : plan_.groups)
-    if (g.frozen)
-      throw ExecutionError(what + ": frozen parameters in ZeRO storage groups (" + g.name +
-                           ") are not supported in a pipeline yet");
-  for (const plan::StorageGroup &g : plan_.groups)
     if (!g.blockList.empty() && g.blockList != plan_.pipelineBlockList)
       throw ExecutionError(what + ": the storage group " + g.name + " belongs to the block list " +
                            g.blockList + ", not the one cut into stages (" +
@@ -221,6 +217,20 @@ void Model::collectStageParameters(std::vector<std::pair<std::string, at::Tensor
         out.emplace_back(name, values[k + 1].toTensor());
     }
   }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Model::frozenStageParameters() {
+  // Those in a frozen group the stage holds (gathered over its ranks), and
+  // those outside the groups (on every rank).
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (int64_t index : frozenParameterOrder()) {
+    const plan::TensorInfo &info = plan_.tensors[index];
+    if (info.group >= 0 && zero_ && !held_.at(info.group))
+      continue;
+    out.emplace_back(info.name, frozenParameter(index).cpu().clone()); // collective
+  }
+  collectStageParameters(out);
+  return out;
 }
 
 std::vector<int64_t> Model::groupSavingStages() const {

@@ -313,7 +313,8 @@ void Trainer::runPipelineMicroBatches(PendingStep &current, MicroBatchSource &so
       continue;
     }
     if (model_.isLastStage()) {
-      objectives[v][k].backward();
+      if (objectives[v][k].requires_grad()) // (not when every parameter it reads is frozen)
+        objectives[v][k].backward();
       objectives[v][k] = at::Tensor();
     } else if (!sent[v][k].empty()) {
       std::vector<at::Tensor> grads;
@@ -359,6 +360,45 @@ void Trainer::runPipelineMicroBatches(PendingStep &current, MicroBatchSource &so
   times.idle += secondsSince(drain);
   times.compute = busy;
   current.pipelineJson = reportPipelineTimes(model_, times, order, m);
+}
+
+std::pair<double, double> Trainer::pipelineEvaluation(const MicroBatch &batch,
+                                                      std::mt19937_64 &rng) {
+  // Each piece through the chunks in order (every rank's order agrees with
+  // the global one, piece by piece, chunk by chunk: no deadlock); the
+  // objective's draws as in a step: every chunk of a piece from the state
+  // its first chunk started from. Sends are waited for at once (a serial
+  // order: no two ranks send to each other at the same time).
+  const int64_t rank = model_.world().rank();
+  const PipelineTransfer activations = PipelineTransfer::Activations;
+  const int64_t pieces = config_.pipelineMicroBatches;
+  const bool counts = !model_.tensorParallel() || model_.tensorParallel()->rank() == 0;
+  double sum = 0, tokens = 0;
+  for (int64_t k = 0; k < pieces; ++k) {
+    const MicroBatch piece = pieceOf(batch, k, pieces, 1);
+    const std::mt19937_64 start = rng;
+    for (int64_t v = 0; v < model_.pipelineVirtualStages(); ++v) {
+      model_.selectPipelineChunk(v);
+      if (!model_.isFirstChunk()) {
+        const int64_t from = model_.pipelinePreviousRank();
+        model_.setStageInputs(recvValues(model_.pipelineChannel(activations, from, rank), from,
+                                         model_.device()));
+      }
+      std::mt19937_64 copy = start;
+      MicroBatchLoss result = microBatchLoss(piece, v == 0 ? rng : copy);
+      if (!model_.isLastStage()) {
+        const int64_t to = model_.pipelineNextRank();
+        sendValues(model_.pipelineChannel(activations, rank, to), model_.takeStageOutputs(), to);
+        continue;
+      }
+      if (counts) {
+        sum += result.loss.item<double>() * static_cast<double>(result.predicted);
+        tokens += static_cast<double>(result.predicted);
+      }
+    }
+  }
+  model_.selectPipelineChunk(0);
+  return {sum, tokens};
 }
 
 } // namespace bmt::runtime

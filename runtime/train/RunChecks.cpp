@@ -165,6 +165,11 @@ void checkPipeline(const std::string &archiveName, const plan::Plan &p,
     throw ConfigError("--micro-batches " + std::to_string(r.microBatches) + " is fewer than the " +
                       std::to_string(stages) + " pipeline stages of " + archiveName +
                       " (1F1B needs at least one micro-batch per stage)");
+  const int64_t pieces = r.microBatches > 0 ? r.microBatches : stages;
+  if (r.evalRows > 0 && r.evalRows % pieces != 0)
+    throw ConfigError("--micro-batches " + std::to_string(pieces) + " does not divide the " +
+                      std::to_string(r.evalRows) + " rows of an evaluation micro-batch "
+                      "(--micro-batch), which a pipeline evaluates in pieces as it trains");
   if (p.pipelineVirtualStages > 1 && r.microBatches > 0 && r.microBatches % stages != 0)
     throw ConfigError("--micro-batches " + std::to_string(r.microBatches) +
                       " is not a multiple of the " + std::to_string(stages) +
@@ -178,8 +183,6 @@ void checkPipeline(const std::string &archiveName, const plan::Plan &p,
     refuse("--inspect-every");
   if (r.offload)
     refuse("--offload-optimizer");
-  if (r.evaluation)
-    refuse("evaluation (--eval-data)");
   if (r.profile)
     refuse("--profile");
 }

@@ -54,7 +54,12 @@ Trainer::Trainer(Model &model, TrainConfig config, std::ostream &out,
   // (--offload-optimizer), Adam/AdamW with its masters and moments in host
   // memory, fed by the gradient copies the ZeRO storage makes during the
   // backward (OffloadAdam.h).
-  if (model_.parameters().empty())
+  // (A pipeline stage may train nothing: every parameter it reads frozen.)
+  const std::vector<plan::TensorInfo> &tensors = model_.plan().tensors;
+  const bool trains = std::any_of(tensors.begin(), tensors.end(), [](const plan::TensorInfo &t) {
+    return t.isParameter && t.requiresGrad;
+  });
+  if (model_.parameters().empty() && (model_.pipelineStages() <= 1 || !trains))
     throw TrainingError(
         "the model has no trainable parameter (every one is frozen: requires_grad false in the "
         "trace or bmt-opt --freeze), so there is nothing to train");

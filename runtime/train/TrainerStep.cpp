@@ -246,21 +246,34 @@ EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t micr
   // forwards (they are collective under ZeRO): a rank without a batch of
   // its own in the last round runs batch 0 and does not count it. (Tensor
   // parallelism: W counts data-parallel ranks; a TP group shares a batch.)
-  Comm &world = model_.dataParallel();
-  int64_t ranks = world.size(), rank = world.rank();
+  // (A pipeline: the data-parallel ranks of a stage; the batch goes
+  // through the stages, and its sums, counted on the last stage, are
+  // all-reduced over the world.)
+  const bool pipeline = model_.pipelineStages() > 1;
+  Comm &dataRanks = model_.dataParallel();
+  Comm &world = pipeline ? model_.world() : dataRanks;
+  int64_t ranks = dataRanks.size(), rank = dataRanks.rank();
   double sum = 0;
   double tokens = 0;
   for (int64_t round = 0; round * ranks < n; ++round) {
     int64_t i = round * ranks + rank;
     bool counted = i < n;
     std::mt19937_64 rng(config_.seed + 1 + static_cast<uint64_t>(counted ? i : 0)); // masked-LM masks
+    if (pipeline) {
+      const std::pair<double, double> piece = pipelineEvaluation(batch(counted ? i : 0), rng);
+      if (counted) {
+        sum += piece.first;
+        tokens += piece.second;
+      }
+      continue;
+    }
     MicroBatchLoss result = microBatchLoss(batch(counted ? i : 0), rng);
     if (counted) {
       sum += result.loss.item<double>() * static_cast<double>(result.predicted);
       tokens += static_cast<double>(result.predicted);
     }
   }
-  if (ranks > 1) {
+  if (world.size() > 1) {
     at::Tensor totals = at::tensor({sum, tokens}, at::TensorOptions().dtype(at::kDouble));
     if (world.backend() != "local")
       totals = totals.to(world.device());

@@ -60,7 +60,7 @@ int run(const tools::RunOptions &o) {
     pipeline.inspect = o.train.inspectEvery > 0;
     pipeline.offload = o.offloadOptimizer;
     pipeline.adafactor = o.train.optimizer.kind == runtime::OptimizerKind::Adafactor;
-    pipeline.evaluation = !o.evalData.empty();
+    pipeline.evalRows = o.evalData.empty() ? 0 : o.microBatch;
     pipeline.profile = o.train.profileFrom > 0;
     runtime::checkPipeline(o.archive, archive.plan(), pipeline);
   }

@@ -111,6 +111,9 @@ def test_sizes_the_model_cannot_take_are_refused(tmp_path):
 STEPS = 5
 ROWS = 8  # global rows of a step's micro-batch
 SEQ = 8
+# Evaluation on a held-out token file after steps 2, 4 and 5: 4 windows of
+# 4 x (SEQ + 1) tokens (a pipeline's in pieces of 4 / M rows).
+EVAL_TOKENS = 4 * 4 * (SEQ + 1)
 TRAIN = ["--steps", STEPS, "--lr", "1e-3", "--schedule", "cosine", "--warmup", 2,
          "--clip-grad", 0.5, "--weight-decay", 0.01]
 
@@ -158,7 +161,20 @@ def traced(request, tmp_path_factory):
     batches = torch.randint(0, model.config.vocab_size, (STEPS, ROWS, SEQ + 1),
                             generator=torch.Generator().manual_seed(3))
     torch.save(batches, tmp / "batches.pt")
+    write_tokens(tmp / "val", torch.randint(0, model.config.vocab_size, (EVAL_TOKENS,),
+                                            generator=torch.Generator().manual_seed(4)),
+                 model.config.vocab_size)
     return {"name": name, "tmp": tmp, "batches": batches, "eager": {}}
+
+
+def write_tokens(prefix, tokens, vocab):
+    """A token file as bmt-prepare-data writes it (uint16, one document)."""
+    tokens.to(torch.int16).numpy().tofile(f"{prefix}.bin")
+    meta = {"format": "bmt-tokens", "version": 1, "dtype": "uint16", "num_tokens": len(tokens),
+            "num_documents": 1, "vocab_size": vocab, "eos_id": 0, "mask_id": None,
+            "pad_id": None, "tokenizer": "synthetic", "source": []}
+    with open(f"{prefix}.json", "w") as f:
+        json.dump(meta, f)
 
 
 def train(traced, tag, ranks, flags, batches, *extra):
@@ -174,6 +190,7 @@ def train(traced, tag, ranks, flags, batches, *extra):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     from safetensors.torch import load_file
     records = [json.loads(x) for x in open(log) if '"train"' in x]
+    traced.setdefault("evals", {})[tag] = [json.loads(x) for x in open(log) if '"eval"' in x]
     return records, load_file(params), r.stdout
 
 
@@ -193,15 +210,17 @@ def test_pipeline_trains_as_eager(traced, name, stages, ranks, m, flags):
     tp = int(flags[flags.index("--tensor-parallel") + 1]) if "--tensor-parallel" in flags else 1
     d = ranks // (stages * tp)  # data-parallel ranks of a stage (and TP rank)
     tag = f"p{stages}-t{tp}-n{ranks}"
+    evaluation = ["--eval-data", traced["tmp"] / "val.bin", "--eval-every", 2, "--micro-batch", 4,
+                  "--seq-len", SEQ]
     records, params, stdout = train(traced, tag, ranks,
                                     ["--pipeline-parallel", str(stages), *flags],
-                                    traced["batches"], "--micro-batches", m)
+                                    traced["batches"], "--micro-batches", m, *evaluation)
     assert [x["step"] for x in records] == list(range(1, STEPS + 1))
     lrs = {x["step"]: x["lr"] for x in records}
     # The same plan without stages, M micro-batches accumulated on T x D ranks.
     split = pieces(traced["batches"], d, m)
     plain, plain_params, _ = train(traced, tag + "-plain", d * tp, flags, split,
-                                   "--grad-accum", m)
+                                   "--grad-accum", m, *evaluation)
     # Eager transformers on the same micro-batches.
     model = build_model(name)
     want = eager_training(model, split, STEPS, m, lambda s: lrs[s], 0.5, 0.01, ranks=d)
@@ -216,8 +235,17 @@ def test_pipeline_trains_as_eager(traced, name, stages, ranks, m, flags):
     # Against the plan without stages: the same arithmetic but for the order
     # of two sums (the tied embedding's two gradients, the norm's squares).
     assert loss_diff <= 1e-6 and param_diff <= 1e-6, (loss_diff, norm_diff, param_diff)
+    # Evaluation: the windows' forward through the stages, the loss agreed
+    # on every rank, as the plan without stages evaluates them.
+    evals, plain_evals = traced["evals"][tag], traced["evals"][tag + "-plain"]
+    assert [x["step"] for x in evals] == [2, 4, 5] == [x["step"] for x in plain_evals]
+    for x, y in zip(evals, plain_evals):
+        assert x["tokens"] == y["tokens"] == 4 * 4 * SEQ
+        assert_loss_close(x["val_loss"], y["val_loss"], what=f"{tag}: val loss of step {x['step']}")
+    val_diff = max(abs(x["val_loss"] - y["val_loss"]) for x, y in zip(evals, plain_evals))
     print(f"{name} {tag}: eager parameters max {stats[0]:.2e}; against no stages: loss "
-          f"{loss_diff:.1e}, grad norm {norm_diff:.1e}, parameters {param_diff:.1e}")
+          f"{loss_diff:.1e}, grad norm {norm_diff:.1e}, parameters {param_diff:.1e}, "
+          f"val loss {val_diff:.1e}")
 
 
 def test_pipeline_adafactor_matches_torch(traced):
@@ -308,7 +336,9 @@ def test_what_a_pipeline_does_not_run_is_refused(traced):
         "at least one micro-batch per stage)")
     assert refused(sharded, "--inspect-every", 1, "--log-file", tmp / "log") == cut + "--inspect-every"
     assert refused(sharded, "--offload-optimizer") == cut + "--offload-optimizer"
-    assert refused(sharded, "--eval-data", batches) == cut + "evaluation (--eval-data)"
+    assert refused(sharded, "--eval-data", traced["tmp"] / "val.bin", "--micro-batch", 3) == (
+        "error: --micro-batches 2 does not divide the 3 rows of an evaluation micro-batch "
+        "(--micro-batch), which a pipeline evaluates in pieces as it trains")
     assert refused(plain, "--micro-batches", 2) == (
         f"error: --micro-batches splits micro-batches for a pipeline, and {plain} is not cut "
         "into stages (bmt-opt --pipeline-parallel); use --grad-accum")

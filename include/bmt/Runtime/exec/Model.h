@@ -261,6 +261,10 @@ public:
   /// TP-split one: every rank asks for the same parameters in the same
   /// order. Throws ExecutionError for one split over the expert group.
   at::Tensor frozenParameter(int64_t index);
+  /// A pipeline: every frozen parameter's whole value by plan name, CPU
+  /// copies collected on rank 0 from the stages that hold them (empty
+  /// elsewhere but for this stage's). Collective.
+  std::vector<std::pair<std::string, at::Tensor>> frozenStageParameters();
 
   /// The buffers parameters() hold, for checkpoints: one a parameter, in
   /// the same order.

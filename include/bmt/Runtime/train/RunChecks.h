@@ -42,14 +42,16 @@ void checkTensorParallel(const std::string &archiveName, const plan::Plan &p, in
 struct PipelineRequest {
   int64_t worldSize = 1;
   int64_t microBatches = 0; ///< --micro-batches M (0: not given)
+  int64_t evalRows = 0;     ///< --micro-batch with --eval-data (0: no evaluation)
   bool dump = false, inspect = false, offload = false;
-  bool adafactor = false, evaluation = false, profile = false;
+  bool adafactor = false, profile = false;
 };
 /// For a plan cut into P > 1 pipeline stages (bmt-opt --pipeline-parallel;
 /// docs/runtime/pipeline.md): a ConfigError, before any rank connects,
-/// for a world size P does not divide, M < P, tensor or expert
+/// for a world size P does not divide, M < P, evaluation rows M does not
+/// divide, tensor or expert
 /// parallelism, --dump, --inspect-every, --offload-optimizer,
-/// Adafactor, evaluation, --profile; for a plan without stages, a
+/// --profile; for a plan without stages, a
 /// ConfigError when --micro-batches is given.
 void checkPipeline(const std::string &archiveName, const plan::Plan &p,
                    const PipelineRequest &request);

@@ -24,6 +24,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace bmt::runtime {
 
@@ -285,6 +286,11 @@ private:
   /// other stages) are appended to `losses`.
   void runPipelineMicroBatches(PendingStep &current, MicroBatchSource &source,
                                std::vector<at::Tensor> &losses);
+  /// Pipeline parallelism (PipelineStep.cpp): `batch`'s forward through
+  /// the stages in pieces of rows / pipelineMicroBatches, without
+  /// gradients; the sum of its losses over its predicted tokens and their
+  /// number, counted on the last stage's first TP rank (zeros elsewhere).
+  std::pair<double, double> pipelineEvaluation(const MicroBatch &batch, std::mt19937_64 &rng);
   /// Micro-batches per step: gradAccum, times pipelineMicroBatches when
   /// the model is cut into stages.
   int64_t microBatchesPerStep() const;
