@@ -32,7 +32,7 @@ parallelism). --device cpu is a dry run of the whole script on CPU ranks
 bmt plans compiled with --pipeline-parallel P --virtual-stages V
 --tensor-parallel T --world-size N for every listed P, V (default 1; V > 1
 is interleaved 1F1B) and T (default 1), data-parallel ZeRO-3 over the
-rest, D = N / (P x T) (V > 1 with T > 1 is left out: bmt-run refuses it),
+rest, D = N / (P x T),
 beside the ZeRO-3-alone plan ("bmt") and, by default, FSDP2 + compile
 (--only). Every run trains the same global batch, micro-batch x N rows:
 the peers micro-batch rows on each rank; bmt micro-batch x P x T rows on
@@ -257,14 +257,13 @@ def config_name(cfg):
 
 def pipeline_configs(args):
     """ZeRO-3 alone, then every (P, V, T) of the lists that N ranks can run
-    (P x T divides N; V > 1 needs P > 1 and, as bmt-run refuses virtual
-    stages with tensor parallelism, T = 1: such products are left out)."""
+    (P x T divides N; V > 1 needs P > 1: such products are left out)."""
     configs = [BASE]
     for p in args.pipeline_parallel:
         for v in args.virtual_stages:
             for t in args.tensor_parallel:
                 cfg = (p, v, t)
-                if cfg in configs or (v > 1 and (p == 1 or t > 1)):
+                if cfg in configs or (v > 1 and p == 1):
                     continue
                 if args.gpus % (p * t):
                     raise SystemExit(f"--pipeline-parallel {p} x --tensor-parallel {t} does not "
