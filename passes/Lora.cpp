@@ -382,7 +382,7 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
     emitRemark(module.getLoc()) << "bmt-lora: adapted " << sites.size()
                                 << " linear layers (r=" << lora.rank << ", alpha=" << lora.alpha
                                 << ", dropout=" << lora.dropout << "), " << added
-                                << " trainable parameters; the base is frozen";
+                                << " trainable tensors; the base is frozen";
     if (tensorParallel > 1)
       emitRemark(module.getLoc()) << "bmt-lora: over --tensor-parallel " << tensorParallel << ": "
                                   << columns << " adapters of column-parallel layers (B split), "

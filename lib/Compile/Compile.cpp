@@ -315,6 +315,14 @@ LogicalResult bmt::CompileFlags::check(llvm::StringRef output, bool namedPasses)
                 " sets an option of the default pipeline, which runs only for `-o NAME.pt` "
                 "without pass flags; pass the option to the pass (e.g. "
                 "--bmt-default-pipeline='world-size=8') instead");
+  // A flag given twice keeps only its last value (MLIR's pass options
+  // allow repeats): `--freeze A --freeze B` would freeze B alone.
+  for (llvm::cl::Option *flag : flags)
+    if (flag->getNumOccurrences() > 1 && !(flag->getMiscFlags() & llvm::cl::CommaSeparated))
+      return fail("--" + flag->ArgStr.str() + " was given " +
+                  std::to_string(flag->getNumOccurrences()) +
+                  " times; give it once" +
+                  (flag->ArgStr == "freeze" ? " (one comma-separated list of patterns)" : ""));
   if (std::string problem = pipeline.verify("--"); !problem.empty())
     return fail(problem);
   // An empty value (a shell variable that was empty) would silently freeze

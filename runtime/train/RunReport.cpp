@@ -72,7 +72,11 @@ void printLoadSummary(const std::string &archiveName, const plan::Archive &archi
                 << p.zeroStage;
       const int64_t stages = std::max<int64_t>(p.pipelineStages, 1);
       if (stages > 1)
-        std::cout << ", pipeline " << stages << " stages x";
+        std::cout << ", pipeline " << stages << " stages"
+                  << (p.pipelineVirtualStages > 1
+                          ? " (" + std::to_string(p.pipelineVirtualStages) + " virtual stages each)"
+                          : std::string())
+                  << " x";
       if (p.tensorParallel > 1)
         std::cout << (stages > 1 ? " " : ", ") << "tensor parallel " << p.tensorParallel
                   << " x";
