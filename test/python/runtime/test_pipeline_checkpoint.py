@@ -300,26 +300,31 @@ def test_missing_stage_files_are_an_error(work, tmp_path):
 
 # --- tensor parallelism: P = 2 x T = 2 on N = 4 ------------------------------------------------
 
+def straight_run(work, plan, ranks, folder, what):
+    """The uninterrupted run of `plan` on `ranks` ranks (saves after steps
+    3, 6, 9, 10), checked within numerics.py's bounds of P = 2 N = 4."""
+    from safetensors.torch import load_file
+    out = work["tmp"] / folder
+    out.mkdir()
+    r = torchrun(ranks, plan, *work["common"], "--checkpoint-dir", out / "ck",
+                 "--checkpoint-every", 3, "--log-file", out / "log.jsonl", "--save-params",
+                 out / "params.safetensors", env=ENV)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    records, params = train_log(out / "log.jsonl"), load_file(out / "params.safetensors")
+    assert_continues(work, records, params, 0, what + " against P = 2 N = 4")
+    return {"plan": plan, "ck": out / "ck", "records": records, "params": params}
+
 
 @pytest.fixture(scope="module")
 def tp_work(work):
     """The plans of P = 2 x T = 2 (N = 4) and of T = 2 without stages
     (N = 2), and the uninterrupted P = 2 x T = 2 run (saves after steps 3,
     6, 9, 10), which stays within numerics.py's bounds of P = 2 N = 4."""
-    from safetensors.torch import load_file
     tmp = work["tmp"]
     plan = compile(tmp / "gpt2.pt", tmp / "p2t2n4.pt", "--pipeline-parallel", "2",
                    "--tensor-parallel", "2", "--world-size", "4")
     t2 = compile(tmp / "gpt2.pt", tmp / "t2n2.pt", "--tensor-parallel", "2", "--world-size", "2")
-    out = tmp / "straight-tp"
-    out.mkdir()
-    r = torchrun(4, plan, *work["common"], "--checkpoint-dir", out / "ck", "--checkpoint-every",
-                 3, "--log-file", out / "log.jsonl", "--save-params", out / "params.safetensors",
-                 env=ENV)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    records, params = train_log(out / "log.jsonl"), load_file(out / "params.safetensors")
-    assert_continues(work, records, params, 0, "P = 2 x T = 2 against P = 2 N = 4")
-    return {"plan": plan, "t2": t2, "ck": out / "ck", "records": records, "params": params}
+    return dict(straight_run(work, plan, 4, "straight-tp", "P = 2 x T = 2"), t2=t2)
 
 
 def test_tp_stage_files_hold_their_tp_ranks_slices(tp_work):
@@ -399,19 +404,10 @@ def v_work(work):
     """The P = 2 x V = 2 plan (chunk c = block c, on stage c % 2) and its
     uninterrupted run on N = 2 (saves after steps 3, 6, 9, 10), within
     numerics.py's bounds of P = 2 N = 4."""
-    from safetensors.torch import load_file
     tmp = work["tmp"]
     plan = compile(tmp / "gpt2.pt", tmp / "p2v2n2.pt", "--pipeline-parallel", "2",
                    "--virtual-stages", "2", "--world-size", "2")
-    out = tmp / "straight-v"
-    out.mkdir()
-    r = torchrun(2, plan, *work["common"], "--checkpoint-dir", out / "ck", "--checkpoint-every",
-                 3, "--log-file", out / "log.jsonl", "--save-params", out / "params.safetensors",
-                 env=ENV)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    records, params = train_log(out / "log.jsonl"), load_file(out / "params.safetensors")
-    assert_continues(work, records, params, 0, "P = 2 x V = 2 against P = 2 N = 4")
-    return {"plan": plan, "ck": out / "ck", "records": records, "params": params}
+    return straight_run(work, plan, 2, "straight-v", "P = 2 x V = 2")
 
 
 @pytest.mark.parametrize("p, n", [(2, 2), (1, 1)], ids=["to-p2v1", "to-no-stages"])
