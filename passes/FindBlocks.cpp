@@ -136,8 +136,8 @@ bool readsOnlyShape(Operation *op) {
   if (!aten)
     return false;
   StringRef name = aten.getName();
-  return name.starts_with("aten::size") || name.starts_with("aten::sym_size") ||
-         name == "aten::dim" || name == "aten::numel";
+  // (torch.export's sym_size is imported as aten::size.)
+  return name.starts_with("aten::size") || name == "aten::dim" || name == "aten::numel";
 }
 
 /// Whether `later` reads, directly or through ops of the same block, a
