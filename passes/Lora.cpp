@@ -4,8 +4,9 @@
 // y = linear(x, W, b) (or GPT-2's Conv1D, addmm(b, x, W) with W [in, out])
 // two new trainable parameters <module>.lora_A.weight [r, in] and
 // <module>.lora_B.weight [out, r], and
-//   y' = y + (alpha / r) * linear(linear(dropout(x), A), B);
-// every other parameter is frozen. A is Kaiming-uniform (a = sqrt(5): bound
+//   y' = y + (alpha / r) * linear(linear(dropout(x), A), B),
+// one bmt.lora_adapter op (the runtime's exec/LoraAdapter.h); every other
+// parameter is frozen. A is Kaiming-uniform (a = sqrt(5): bound
 // 1 / sqrt(in)), B zero, so step 0 is the base model exactly; the exporter
 // makes their values (bmt.generated_init). After bmt-tensor-parallel (a
 // module with bmt.tensor_parallel = T > 1) the adapters follow their base's
@@ -304,7 +305,6 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
 
     MLIRContext *ctx = module.getContext();
     OpBuilder builder(ctx);
-    Attribute operand = bmt::OperandAttr::get(ctx);
     Type tensor = bmt::TensorType::get(ctx);
     double scale = lora.alpha / static_cast<double>(lora.rank);
     int64_t added = 0;
@@ -335,27 +335,14 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
       Operation *op = site.op;
       builder.setInsertionPointAfter(op);
       Location loc = op->getLoc();
-      auto aten = [&](AtenOpId id, ArrayRef<Attribute> args, ValueRange operands) -> Value {
-        return bmt::AtenOp::create(builder, loc, TypeRange{tensor},
-                                   builder.getStringAttr(bmt::atenOpName(id)),
-                                   builder.getArrayAttr(args), operands)
-            ->getResult(0);
-      };
-      Value x = site.input;
-      if (lora.dropout > 0)
-        x = aten(AtenOpId::dropout,
-                 {operand, builder.getF64FloatAttr(lora.dropout), builder.getBoolAttr(true)}, {x});
       Value aw = bmt::GetGlobalOp::create(builder, loc, tensor,
                                           FlatSymbolRefAttr::get(ctx, a.getSymName()));
       Value bw = bmt::GetGlobalOp::create(builder, loc, tensor,
                                           FlatSymbolRefAttr::get(ctx, b.getSymName()));
-      Attribute none = bmt::NoneAttr::get(ctx);
-      Value h = aten(AtenOpId::linear, {operand, operand, none}, {x, aw});
-      Value d = aten(AtenOpId::linear, {operand, operand, none}, {h, bw});
-      Value scaled = aten(AtenOpId::mul_Scalar, {operand, builder.getF64FloatAttr(scale)}, {d});
       Value y = op->getResult(0);
-      Value sum = aten(AtenOpId::add_Tensor, {operand, operand, builder.getI64IntegerAttr(1)},
-                       {y, scaled});
+      Value sum = bmt::LoraAdapterOp::create(builder, loc, tensor, y, site.input, aw, bw,
+                                             builder.getF64FloatAttr(scale),
+                                             builder.getF64FloatAttr(lora.dropout));
       y.replaceAllUsesExcept(sum, sum.getDefiningOp());
     }
     // What an adapter export needs (bmt-to-hf --adapter reads it from the

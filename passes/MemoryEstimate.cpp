@@ -155,6 +155,10 @@ public:
         v.param = nullptr;
         info[combine.getResult()] = v;
         acc += bytesOf(v);
+      } else if (auto adapter = dyn_cast<LoraAdapterOp>(op)) {
+        // Saves its input (counted where it was made) and a rank-r
+        // projection; its result is base, added into in place.
+        info[adapter.getResult()] = get(adapter.getBase());
       } else if (isa<TpCopyOp>(op)) {
         info[op.getResult(0)] = get(op.getOperand(0)); // the input itself (a view)
       } else if (isa<TpAllReduceOp, TpAllGatherOp, TpReduceScatterOp>(op)) {

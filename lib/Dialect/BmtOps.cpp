@@ -397,6 +397,15 @@ LogicalResult MoeDispatchOp::verify() {
   return success();
 }
 
+LogicalResult LoraAdapterOp::verify() {
+  double scale = getScale().convertToDouble(), p = getDropout().convertToDouble();
+  if (!std::isfinite(scale))
+    return emitOpError("needs a finite scale, got ") << scale;
+  if (!(p >= 0 && p < 1))
+    return emitOpError("needs a dropout in [0, 1), got ") << p;
+  return success();
+}
+
 LogicalResult ConstantOp::verify() {
   Type type = typeOfConstant(getValue());
   if (!type || type != getType())

@@ -421,6 +421,13 @@ private:
         inst.args.push_back(plan::Arg::ofRegister(reg(combine.getRows())));
         inst.args.push_back(plan::Arg::ofRegister(reg(combine.getPermutation())));
         inst.args.push_back(plan::Arg::ofRegister(reg(combine.getTopK())));
+      } else if (auto adapter = dyn_cast<bmt::LoraAdapterOp>(op)) {
+        inst.kind = plan::Instruction::Kind::LoraAdapter;
+        for (Value v : {adapter.getBase(), adapter.getInput(), adapter.getLoraA(),
+                        adapter.getLoraB()})
+          inst.args.push_back(plan::Arg::ofRegister(reg(v)));
+        inst.args.push_back(plan::Arg::ofConstant(adapter.getScale().convertToDouble()));
+        inst.args.push_back(plan::Arg::ofConstant(adapter.getDropout().convertToDouble()));
       } else if (isa<bmt::TpRankOp>(op)) {
         inst.kind = plan::Instruction::Kind::TpRank;
       } else if (auto sum = dyn_cast<bmt::TpAllReduceOp>(op)) {

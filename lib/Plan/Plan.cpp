@@ -116,6 +116,7 @@ const char *kindName(Instruction::Kind kind) {
   case Instruction::Kind::TpReduceScatter: return "tp_reduce_scatter";
   case Instruction::Kind::MoeDispatch: return "moe_dispatch";
   case Instruction::Kind::MoeCombine: return "moe_combine";
+  case Instruction::Kind::LoraAdapter: return "lora_adapter";
   }
   return "?";
 }
@@ -128,7 +129,7 @@ Instruction::Kind kindFromName(const std::string &name) {
                     Instruction::Kind::TpAllReduce, Instruction::Kind::TpCopy,
                     Instruction::Kind::TpRank, Instruction::Kind::TpAllGather,
                     Instruction::Kind::TpReduceScatter, Instruction::Kind::MoeDispatch,
-                    Instruction::Kind::MoeCombine})
+                    Instruction::Kind::MoeCombine, Instruction::Kind::LoraAdapter})
     if (name == kindName(kind))
       return kind;
   throw PlanError("plan: unknown instruction kind '" + name + "'");
@@ -272,6 +273,10 @@ bool Plan::splitsExperts() const {
 }
 
 int64_t formatVersionOf(const Plan &plan) {
+  for (const Function &f : plan.functions)
+    for (const Instruction &inst : f.body)
+      if (inst.kind == Instruction::Kind::LoraAdapter)
+        return 11;
   if (plan.pipelineVirtualStages != 1)
     return 10;
   for (const StorageGroup &g : plan.groups)

@@ -15,6 +15,7 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -494,6 +495,24 @@ Plan fromIValue(const IValue &value) {
         throw PlanError("plan: a gather or release in " + f.name +
                         " names a storage group copy of tp_rank " +
                         std::to_string(plan.groups[inst.target].tpRank) + " (it must name tp_rank 0)");
+      if (inst.kind == Instruction::Kind::LoraAdapter) {
+        if (plan.version < 11)
+          throw PlanError("plan: a lora_adapter instruction in a version " +
+                          std::to_string(plan.version) + " plan (" + f.name + ")");
+        bool wellFormed = inst.results.size() == 1u && inst.args.size() == 6u;
+        for (size_t i = 0; wellFormed && i < 6; ++i)
+          wellFormed = i < 4 ? inst.args[i].kind == Arg::Kind::Register
+                             : inst.args[i].kind == Arg::Kind::Constant &&
+                                   inst.args[i].constant.isDouble();
+        if (wellFormed) {
+          const double p = inst.args[5].constant.toDouble();
+          wellFormed = std::isfinite(inst.args[4].constant.toDouble()) && p >= 0 && p < 1;
+        }
+        if (!wellFormed)
+          throw PlanError("plan: malformed lora_adapter instruction in " + f.name +
+                          " (it takes base, input, A and B, a finite scale and a dropout in "
+                          "[0, 1), gives one result)");
+      }
       if (isMoeKind(inst.kind)) {
         if (plan.version < 7)
           throw PlanError("plan: a " + std::string(kindName(inst.kind)) + " instruction in a version " +

@@ -6,6 +6,7 @@
 #include "bmt/Runtime/fusion/Fused.h"
 #include "exec/Embedding.h"
 #include "exec/Linear.h"
+#include "exec/LoraAdapter.h"
 #include "exec/Moe.h"
 #include "exec/Recompute.h"
 #include "exec/Stage.h"
@@ -497,6 +498,25 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
         const bool computeValue = !graphOnly || graphOnly->skip[n] != Skip::Collective;
         regs[inst.results[0]] = applyTpInstruction(inst.kind, x, *tensorComm_, dim, computeValue);
         recomputeSkips_ += computeValue ? 0 : 1;
+        break;
+      }
+      case plan::Instruction::Kind::LoraAdapter: {
+        std::vector<at::Tensor> t;
+        for (size_t i = 0; i < 4; ++i) {
+          const IValue &v = regs[inst.args[i].reg];
+          if (!v.isTensor())
+            throw ExecutionError("lora_adapter in " + f.name +
+                                 (inst.location.empty() ? "" : " (" + inst.location + ")") +
+                                 " takes tensors, not a " + v.tagKind());
+          t.push_back(v.toTensor());
+        }
+        const bool computeValue = !graphOnly || graphOnly->skip[n] != Skip::LoraAdapter;
+        regs[inst.results[0]] =
+            loraAdapter(hooks_, t[0], t[1], t[2], t[3], inst.args[4].constant.toDouble(),
+                        inst.args[5].constant.toDouble(), computeValue);
+        recomputeSkips_ += computeValue ? 0 : 1;
+        if (observer_ && observer_->checkInstructions)
+          observer_->instructionDone(index, n, regs);
         break;
       }
       case plan::Instruction::Kind::MoeDispatch:

@@ -39,7 +39,9 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
       shape.back() = weight.size(inOut ? 1 : 0);
       y = placeholder(shape, x.options());
     }
-    ctx->save_for_backward({x, weight});
+    // A frozen weight's backward reads only the weight (and x's shape).
+    ctx->save_for_backward({weight.requires_grad() ? x : at::Tensor(), weight});
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["layout"] = layout;
     savePointer(ctx, "hooks", hooks);
     if (bias.defined())
@@ -61,12 +63,13 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     // a bias through addmm, without one through matmul's fold), so the
     // matmuls see g as [tokens, out].
     const at::Tensor g2 = g.dim() == 2 ? g : g.reshape({-1, g.size(-1)});
-    const at::Tensor x2 = x.dim() == 2 ? x : x.view({-1, x.size(-1)});
     if (ctx->needs_input_grad(0)) {
       // mm_mat1_backward: g . mat2^T, mat2 = W (addmm) or W^T (linear).
       at::Tensor dx = at::mm(g2, inOut ? weight.t() : weight);
-      out[0] = x.dim() == 2 ? dx : dx.view(x.sizes());
+      const std::vector<int64_t> xSizes = ctx->saved_data["x_sizes"].toIntVector();
+      out[0] = xSizes.size() == 2 ? dx : dx.view(xSizes);
     }
+    const at::Tensor x2 = !x.defined() || x.dim() == 2 ? x : x.view({-1, x.size(-1)});
     if (ctx->needs_input_grad(1)) {
       // mm_mat2_backward: mat1^T . g for a row-major mat2 (addmm's W),
       // (g^T . mat1)^T for a column-major one (linear's W^T): either way
@@ -113,7 +116,9 @@ std::optional<at::Tensor> linearWithGradientSlot(ExecutorHooks &hooks, LinearLay
     return std::nullopt;
   const at::Tensor &x = xv.toTensor(), &weight = wv.toTensor();
   const at::Tensor bias = bv.isTensor() ? bv.toTensor() : at::Tensor();
-  if (!weight.requires_grad() || weight.dim() != 2 || !weight.is_contiguous() ||
+  // A frozen weight: only where the matmul is not run (else ATen's
+  // operator, which saves no input for it, is as good).
+  if ((!weight.requires_grad() && computeValue) || weight.dim() != 2 || !weight.is_contiguous() ||
       !x.is_contiguous() || x.dim() < 2 || x.dim() > 3 || (inOut && x.dim() != 2) ||
       x.is_complex() || (inOut && !mm && !bias.defined()))
     return std::nullopt;

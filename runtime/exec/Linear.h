@@ -32,7 +32,7 @@ enum class LinearLayout { OutIn, InOut };
 /// addmm: self = bias, mat1, mat2, beta, alpha; mm: mat1, mat2). Returns the result with
 /// autograd as the ATen operator's, or std::nullopt where the function does
 /// not take them (then the caller runs the operator): grad mode off, no
-/// weight gradient wanted, addmm with beta or alpha not 1, a None bias or
+/// weight gradient wanted (a frozen weight) while computeValue is true, addmm with beta or alpha not 1, a None bias or
 /// a mat1 that is not 2-D, an input that is not contiguous, complex, or of
 /// fewer than 2 or more than 3 dimensions (ATen reduces the bias gradient
 /// otherwise there), or a weight that is not 2-D and contiguous. `hooks` (not owned) must outlive the

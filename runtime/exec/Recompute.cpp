@@ -114,6 +114,13 @@ const RecomputePlan &RecomputePlans::forResults(size_t function,
       } // else the identity: its input's value is needed only where its own is
       continue;
     }
+    if (inst.kind == plan::Instruction::Kind::LoraAdapter && !resultNeeded) {
+      out->skip[n] = Skip::LoraAdapter; // its backward reads its input, A and B, not base
+      ++out->skipped;
+      for (size_t i = 1; i < inst.args.size(); ++i)
+        need(inst.args[i]);
+      continue;
+    }
     if (inst.kind != plan::Instruction::Kind::Aten || resultNeeded || inst.results.size() != 1) {
       needAll(inst);
       continue;

@@ -41,6 +41,9 @@ enum class Skip : uint8_t {
   /// A tensor-parallel all-reduce, all-gather or reduce-scatter: nothing is
   /// communicated, the result uninitialised, the backward the collective's.
   Collective,
+  /// A LoRA adapter (exec/LoraAdapter.h): B's matmul and the add are not
+  /// run; the rank-r projection its backward reads is.
+  LoraAdapter,
 };
 
 /// One function's instructions for a run whose results' values are unused.

@@ -8,6 +8,9 @@
 #include "bmt/Runtime/fusion/Prewarm.h"
 #include "bmt/Runtime/train/MemoryCheck.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 
@@ -16,7 +19,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <optional>
+#include <utility>
+#include <vector>
 
 namespace bmt::runtime {
 
@@ -162,6 +168,31 @@ int64_t probePipelineVocabulary(Model &model, const ModelInputs &probe) {
   return v.cpu().item<int64_t>();
 }
 
+/// Puts the default generators (the CPU's and the run device's) back as they
+/// were: the probes' forwards draw dropout masks, and step 1 must draw the
+/// first numbers of --seed's stream.
+class GeneratorStatesGuard {
+public:
+  explicit GeneratorStatesGuard(at::Device device) {
+    save(at::detail::getDefaultCPUGenerator());
+    if (!device.is_cpu())
+      save(at::globalContext().defaultGenerator(device));
+  }
+  ~GeneratorStatesGuard() {
+    for (auto &[generator, state] : saved_) {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(state);
+    }
+  }
+
+private:
+  void save(at::Generator generator) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    saved_.emplace_back(generator, generator.get_state());
+  }
+  std::vector<std::pair<at::Generator, at::Tensor>> saved_;
+};
+
 } // namespace
 
 int64_t probeVocabulary(Model &model, const ProbeShape &s) {
@@ -169,6 +200,7 @@ int64_t probeVocabulary(Model &model, const ProbeShape &s) {
   const at::Device device = model.device();
   int64_t vocab = 0;
   c10::NoGradGuard noGrad;
+  GeneratorStatesGuard generators(device);
   const int64_t rows = s.rows, length = s.length, target = s.target;
   // A --sequence-parallel plan (its tp_reduce_scatter instructions) splits
   // the sequence over the T ranks of a TP group.

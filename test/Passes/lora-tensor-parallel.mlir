@@ -18,18 +18,12 @@
 // CHECK: %[[Y:.+]] = bmt.aten "aten::linear"(%[[X]], %{{.+}}, #bmt.none)
 // CHECK-NEXT: %[[A:.+]] = bmt.get_global @h.0.fc.lora_A.weight
 // CHECK-NEXT: %[[B:.+]] = bmt.get_global @h.0.fc.lora_B.weight
-// CHECK-NEXT: %[[H:.+]] = bmt.aten "aten::linear"(%[[X]], %[[A]], #bmt.none)
-// CHECK-NEXT: %[[L:.+]] = bmt.aten "aten::linear"(%[[H]], %[[B]], #bmt.none)
-// CHECK-NEXT: %[[S:.+]] = bmt.aten "aten::mul.Scalar"(%[[L]], 2.000000e+00)
-// CHECK-NEXT: %[[C:.+]] = bmt.aten "aten::add.Tensor"(%[[Y]], %[[S]], 1)
+// CHECK-NEXT: %[[C:.+]] = bmt.lora_adapter %[[Y]], %[[X]], %[[A]], %[[B]] scale 2.000000e+00 dropout 0.000000e+00
 // CHECK-NEXT: %[[R:.+]] = bmt.aten "aten::relu"(%[[C]])
 // CHECK-NEXT: %[[P:.+]] = bmt.aten "aten::linear"(%[[R]], %{{.+}}, #bmt.none)
 // CHECK-NEXT: %[[A2:.+]] = bmt.get_global @h.0.proj.lora_A.weight
 // CHECK-NEXT: %[[B2:.+]] = bmt.get_global @h.0.proj.lora_B.weight
-// CHECK-NEXT: %[[H2:.+]] = bmt.aten "aten::linear"(%[[R]], %[[A2]], #bmt.none)
-// CHECK-NEXT: %[[L2:.+]] = bmt.aten "aten::linear"(%[[H2]], %[[B2]], #bmt.none)
-// CHECK-NEXT: %[[S2:.+]] = bmt.aten "aten::mul.Scalar"(%[[L2]], 2.000000e+00)
-// CHECK-NEXT: %[[SUM:.+]] = bmt.aten "aten::add.Tensor"(%[[P]], %[[S2]], 1)
+// CHECK-NEXT: %[[SUM:.+]] = bmt.lora_adapter %[[P]], %[[R]], %[[A2]], %[[B2]] scale 2.000000e+00 dropout 0.000000e+00
 // CHECK-NEXT: %[[ALL:.+]] = bmt.tp_all_reduce %[[SUM]] over @tp
 // CHECK-NEXT: return %[[ALL]]
 

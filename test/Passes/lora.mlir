@@ -5,7 +5,8 @@
 // RUN: not bmt-opt %s --bmt-lora='spec=r=2,targets=q,all-linear' -o /dev/null 2>&1 | FileCheck %s --check-prefix=MIXED
 
 // A [r, in] and B [out, r] after the base weight, with their initial-value
-// rules; the base frozen; y + (alpha / r) * B(A(dropout(x))).
+// rules; the base frozen; y + (alpha / r) * B(A(dropout(x))) as one
+// bmt.lora_adapter.
 // CHECK: remark: bmt-lora: adapted 1 linear layers
 // CHECK: bmt.parameter @emb.w : tensor<16x8xf32> {aliases = ["head.w"]}
 // CHECK-NEXT: bmt.parameter @h.q.weight : tensor<4x8xf32>{{$}}
@@ -17,18 +18,15 @@
 // CHECK-NEXT: %[[W:.+]] = bmt.get_global @h.q.weight
 // CHECK-NEXT: %[[B:.+]] = bmt.get_global @h.q.bias
 // CHECK-NEXT: %[[Y:.+]] = bmt.aten "aten::linear"(%arg0, %[[W]], %[[B]])
-// CHECK-NEXT: %[[D:.+]] = bmt.aten "aten::dropout"(%arg0, 1.000000e-01, true)
 // CHECK-NEXT: %[[A:.+]] = bmt.get_global @h.q.lora_A.weight
 // CHECK-NEXT: %[[BW:.+]] = bmt.get_global @h.q.lora_B.weight
-// CHECK-NEXT: %[[H:.+]] = bmt.aten "aten::linear"(%[[D]], %[[A]], #bmt.none)
-// CHECK-NEXT: %[[L:.+]] = bmt.aten "aten::linear"(%[[H]], %[[BW]], #bmt.none)
-// CHECK-NEXT: %[[S:.+]] = bmt.aten "aten::mul.Scalar"(%[[L]], 2.000000e+00)
-// CHECK-NEXT: %[[SUM:.+]] = bmt.aten "aten::add.Tensor"(%[[Y]], %[[S]], 1)
+// CHECK-NEXT: %[[SUM:.+]] = bmt.lora_adapter %[[Y]], %arg0, %[[A]], %[[BW]] scale 2.000000e+00 dropout 1.000000e-01
 // CHECK-NEXT: return %[[SUM]]
 
-// all-linear: q and o, not the tied head; no dropout op at dropout 0.
+// all-linear: q and o, not the tied head.
 // ALL: remark: bmt-lora: adapted 2 linear layers (r=2, alpha=2
-// ALL-NOT: aten::dropout
+// ALL: bmt.lora_adapter {{.*}} dropout 0.000000e+00
+// ALL: bmt.lora_adapter {{.*}} dropout 0.000000e+00
 // ALL-NOT: @head.w.lora_A
 
 // NOMATCH: error: bmt-lora: no linear layer matches targets 'nothing'

@@ -310,6 +310,36 @@ def Bmt_MoeCombineOp : Bmt_Op<"moe_combine"> {
 }
 
 //===----------------------------------------------------------------------===//
+// Low-rank adapters (added by --bmt-lora)
+//===----------------------------------------------------------------------===//
+
+def Bmt_LoraAdapterOp : Bmt_Op<"lora_adapter"> {
+  let summary = "a LoRA adapter's output added to its base layer's (peft's LoRA Linear)";
+  let description = [{
+    Made by `--bmt-lora` (docs/passes/lora.md). With `base` [..., out] the
+    frozen layer's output for `input` [..., in], `lora_A` [r, in] and
+    `lora_B` [out, r], the result is
+
+      base + scale * linear(linear(dropout(input, p = dropout), lora_A), lora_B)
+
+    (dropout as `aten::native_dropout` in training, from the default
+    generator). The runtime runs it as one autograd function: it keeps no
+    dropout mask (it draws it again from the saved generator state in
+    backward), adds the adapter into `base` in place inside its last matmul,
+    and with tensor parallelism `base` may be a row-parallel partial sum.
+
+    ```mlir
+    %y = bmt.lora_adapter %base, %x, %a, %b scale 2.0 dropout 0.05 : !bmt.tensor
+    ```
+  }];
+  let arguments = (ins Bmt_TensorType:$base, Bmt_TensorType:$input, Bmt_TensorType:$lora_a,
+                       Bmt_TensorType:$lora_b, F64Attr:$scale, F64Attr:$dropout);
+  let results = (outs Bmt_TensorType:$result);
+  let assemblyFormat = "$base `,` $input `,` $lora_a `,` $lora_b `scale` $scale `dropout` $dropout attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
 // Computation
 //===----------------------------------------------------------------------===//
 

@@ -39,8 +39,9 @@ namespace bmt::plan {
 /// stages (Plan::pipelineStages, pipelineBlockList, pipelineFirstBlocks)
 /// and splits over the expert group (TensorSplit::over, StorageGroup::epRank);
 /// 9 adds frozen storage groups (StorageGroup::frozen); 10 adds virtual
-/// pipeline stages (Plan::pipelineVirtualStages).
-constexpr int64_t kPlanFormatVersion = 10;
+/// pipeline stages (Plan::pipelineVirtualStages); 11 adds the LoraAdapter
+/// instruction.
+constexpr int64_t kPlanFormatVersion = 11;
 /// The oldest version readers still take.
 constexpr int64_t kOldestPlanFormatVersion = 2;
 
@@ -157,6 +158,11 @@ struct Instruction {
     /// in sorted order, the permutation, K (an int)]; results[0] = [T, H],
     /// each token's K rows back in token order, summed.
     MoeCombine,
+    /// Version 11 (bmt.lora_adapter; runtime/exec/LoraAdapter.h): args =
+    /// registers [base [..., out], input [..., in], A [r, in], B [out, r]]
+    /// and constants [scale, dropout] (floats); results[0] = base + scale *
+    /// linear(linear(dropout(input), A), B).
+    LoraAdapter,
   };
   Kind kind = Kind::Aten;
   std::string op;               ///< Aten: "aten::softmax.int"
@@ -356,7 +362,8 @@ struct Plan {
 /// (T > 1, a TensorSplit, a tpRank, vocabParallel, a Tp* instruction); 7
 /// when a function has a MoeDispatch or MoeCombine instruction; 8 when
 /// pipelineStages > 1, a tensor is split over the expert group or a group
-/// has an epRank; 9 when a group is frozen. An
+/// has an epRank; 9 when a group is frozen; 10 with virtual stages; 11
+/// when a function has a LoraAdapter instruction. An
 /// older reader must refuse such a plan rather than ignore what it does not
 /// know; a plan with T == 1 and nothing else new is written as before.
 int64_t formatVersionOf(const Plan &plan);

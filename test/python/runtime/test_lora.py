@@ -67,16 +67,29 @@ def initial_a(name, shape):
     return torch.empty(shape).uniform_(-bound, bound, generator=g)
 
 
-def peft_reference(prep, lrs):
+def bmt_seed(seed=0, rank=0):
+    """The seed bmt-run gives the default generators of data-parallel rank
+    `rank` for --seed `seed` (Model::seedGenerators: SplitMix64)."""
+    mask = (1 << 64) - 1
+    z = (seed + 0x9E3779B97F4A7C15 * (rank + 1) + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+def peft_reference(prep, lrs, dropout=0.0):
     """peft's LoRA model on the same base, A copied from bmt's rule, trained
-    by eager_training; (losses, base start, trained adapters by bmt name)."""
-    if prep["reference"] is None:
+    by eager_training; (losses, base start, trained adapters by bmt name).
+    With dropout > 0 the default generator starts where bmt-run's rank 0
+    starts, so that peft's dropout layers draw bmt's masks."""
+    key = "reference" if dropout == 0 else f"reference-dropout-{dropout}"
+    if prep.get(key) is None:
         from architectures import build
         from eager import eager_training
         targets, fan_in_fan_out = TARGETS[prep["name"]]
         base = build(prep["name"])
         start = {n: p.detach().clone() for n, p in base.named_parameters()}
-        config = peft.LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=targets,
+        config = peft.LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=dropout, target_modules=targets,
                                  fan_in_fan_out=fan_in_fan_out)
         model = peft.get_peft_model(base, config)
         adapters = {}
@@ -90,6 +103,8 @@ def peft_reference(prep, lrs):
                 else:
                     assert torch.count_nonzero(p) == 0
             adapters[bmt_name] = p
+        model.train()
+        torch.manual_seed(bmt_seed())
         if parallel_matrix.is_seq2seq(prep["name"]):  # teacher forcing on the pairs
             from test_seq2seq import eager_pairs_training
             losses = eager_pairs_training(model, prep["ids"], prep["labels"], STEPS, 1, lrs, CLIP)
@@ -100,9 +115,9 @@ def peft_reference(prep, lrs):
                                     WEIGHT_DECAY, after_step=lambda step: norms.append(
                                         torch.cat([p.grad.flatten() for p in adapters.values()])
                                         .norm().item()))
-        prep["reference"] = (losses, start, {n: p.detach().clone() for n, p in adapters.items()})
-        prep["norms"] = norms
-    return prep["reference"]
+        prep[key] = (losses, start, {n: p.detach().clone() for n, p in adapters.items()})
+        prep["norms" if dropout == 0 else key + "-norms"] = norms
+    return prep[key]
 
 
 def compile_lora(prep, out, ranks, *flags):
@@ -311,23 +326,37 @@ def test_adapter_export_loads_in_peft(prepared, tmp_path, capsys):
 def test_dropout_is_drawn_alike_by_the_recompute(prepared):
     """Dropout 0.1 with every block recomputed in backward (the default)
     trains bit for bit as without recompute (--checkpoint none): the
-    recompute restores the generator and draws the same masks; and the
-    losses differ from dropout 0's (the masks are drawn at all)."""
+    recompute restores the generator and draws the same masks, and each
+    adapter's backward draws its mask again from the state it saved. On one
+    rank it matches peft with lora_dropout=0.1 from the generator state
+    bmt-run starts from (the same masks: each step's loss, the adapters and
+    their gradient norms), so the masks are drawn, applied and scaled as
+    torch.nn.Dropout does."""
     from safetensors.torch import load_file
     if prepared["name"] != "llama":
         pytest.skip("one model is enough")
     runs = {}
-    for mode in ["all", "none"]:
-        sharded = os.path.join(prepared["tmp"], f"lora-dropout-{mode}.sharded.pt")
-        r = compile_lora(prepared, sharded, 2, "--lora", spec("llama", 0.1), "--checkpoint", mode)
+    for mode, ranks in [("all", 2), ("none", 2), ("all", 1)]:
+        tag = f"lora-dropout-{mode}-n{ranks}"
+        sharded = os.path.join(prepared["tmp"], f"{tag}.sharded.pt")
+        r = compile_lora(prepared, sharded, ranks, "--lora", spec("llama", 0.1),
+                         "--checkpoint", mode)
         assert r.returncode == 0, r.stderr
-        runs[mode] = train(prepared, sharded, 2, f"lora-dropout-{mode}")
-    (log, saved), (log_none, saved_none) = runs["all"], runs["none"]
+        runs[mode, ranks] = train(prepared, sharded, ranks, tag)
+    (log, saved), (log_none, saved_none) = runs["all", 2], runs["none", 2]
     assert [x["loss"] for x in log] == [x["loss"] for x in log_none]
     assert_identical(load_file(saved), load_file(saved_none))
-    if "n2" in prepared.get("runs", {}):
-        no_dropout = prepared["runs"]["n2"][2]
-        assert [x["loss"] for x in log] != [x["loss"] for x in no_dropout]
+
+    log, saved = runs["all", 1]
+    lrs = {x["step"]: x["lr"] for x in log}
+    losses, _, adapters = peft_reference(prepared, lrs, dropout=0.1)
+    no_dropout, _, _ = peft_reference(prepared, lrs)
+    assert losses[1:] != no_dropout[1:]  # the masks change the steps after the first
+    for x, want in zip(log, losses):
+        assert_loss_close(x["loss"], want, what=f"loss of step {x['step']}")
+    for x, want in zip(log, prepared["reference-dropout-0.1-norms"]):
+        assert_close(x["grad_norm"], want, what=f"grad norm of step {x['step']}")
+    assert_trained_close(load_file(saved), adapters, sum(lrs.values()))
 
 
 @pytest.mark.parametrize("value,flags,message", [

@@ -14,6 +14,7 @@
 #include "bmt/Plan/Plan.h"
 
 #include <ATen/ops/arange.h>
+#include <cmath>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/from_blob.h>
@@ -267,7 +268,48 @@ TEST(PlanFormat, MoeInstructionsRoundTripAtVersion7) {
   c10::IValue v = toIValue(moePlan());
   v.toGenericDict().insert_or_assign("version", int64_t(6));
   expectRefused(v, "version 6");
-  EXPECT_EQ(kPlanFormatVersion, 10);
+  EXPECT_EQ(kPlanFormatVersion, 11);
+}
+
+/// base = register 0, x = 1, A = 2, B = 3; result 4.
+Plan loraPlan(double scale = 2.0, double dropout = 0.05) {
+  Plan p = twoParameterPlan();
+  Function &f = p.functions[0];
+  f.numRegisters = 5;
+  Instruction adapter;
+  adapter.kind = Instruction::Kind::LoraAdapter;
+  adapter.args = {Arg::ofRegister(0), Arg::ofRegister(1), Arg::ofRegister(2), Arg::ofRegister(3),
+                  Arg::ofConstant(scale), Arg::ofConstant(dropout)};
+  adapter.results = {4};
+  f.body.push_back(adapter);
+  return p;
+}
+
+TEST(PlanFormat, LoraAdapterRoundTripsAtVersion11AndIsChecked) {
+  Plan p = fromIValue(toIValue(loraPlan()));
+  EXPECT_EQ(p.version, 11);
+  const Instruction &adapter = p.functions[0].body.back();
+  EXPECT_EQ(adapter.kind, Instruction::Kind::LoraAdapter);
+  ASSERT_EQ(adapter.args.size(), 6u);
+  EXPECT_EQ(adapter.args[3].reg, 3);
+  EXPECT_EQ(adapter.args[4].constant.toDouble(), 2.0);
+  EXPECT_EQ(adapter.args[5].constant.toDouble(), 0.05);
+  auto expectRefused = [](const c10::IValue &v, const std::string &what) {
+    try {
+      fromIValue(v);
+      ADD_FAILURE() << "accepted a plan that should name " << what;
+    } catch (const PlanError &e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expectRefused(toIValue(loraPlan(2.0, 1.0)), "malformed lora_adapter");
+  expectRefused(toIValue(loraPlan(std::nan(""), 0.0)), "malformed lora_adapter");
+  Plan bad = loraPlan();
+  bad.functions[0].body.back().args.pop_back();
+  expectRefused(toIValue(bad), "malformed lora_adapter");
+  c10::IValue v = toIValue(loraPlan());
+  v.toGenericDict().insert_or_assign("version", int64_t(10));
+  expectRefused(v, "lora_adapter instruction in a version 10 plan");
 }
 
 TEST(PlanFormat, PipelineStagesRoundTripAndAreChecked) {
