@@ -220,12 +220,7 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
     }
     SymbolTable symbols(module);
     const int64_t tensorParallel = bmt::tensorParallelOf(module);
-    if (tensorParallel > 1 && lora.dropout > 0) {
-      // Each TP rank would draw its own mask for its part of the outputs.
-      module.emitError("bmt-lora: dropout > 0 with tensor parallelism is not supported yet "
-                       "(give dropout=0)");
-      return signalPassFailure();
-    }
+    const bool sequenceParallel = module->hasAttr("bmt.sequence_parallel");
     // Weights an embedding reads (a tied output head): never adapted.
     llvm::StringSet<> embeddings;
     module.walk([&](bmt::AtenOp op) {
@@ -297,6 +292,15 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
       }
       columns += StringRef(splits.back().layout) == "column";
       rows += StringRef(splits.back().layout) == "row";
+      // A column or row layer reads the whole sequence; a replicated one
+      // may read this rank's part of it, whose mask no rank of T = 1 draws.
+      if (sequenceParallel && lora.dropout > 0 && StringRef(splits.back().layout).starts_with("whole")) {
+        module.emitError("bmt-lora: cannot adapt ")
+            << path << " with dropout > 0 and --sequence-parallel: it is not split over the "
+            << "tensor-parallel group, and its input may be this rank's part of the sequence "
+            << "(give dropout=0, or targets without it)";
+        return signalPassFailure();
+      }
     }
 
     // Freeze the base first: only the adapters train.
@@ -340,9 +344,12 @@ struct LoraPass : bmt::impl::LoraBase<LoraPass> {
       Value bw = bmt::GetGlobalOp::create(builder, loc, tensor,
                                           FlatSymbolRefAttr::get(ctx, b.getSymName()));
       Value y = op->getResult(0);
+      // A row-parallel layer's input is this rank's part of its features.
+      const int64_t inputParts = StringRef(splits[i].layout) == "row" ? tensorParallel : 1;
       Value sum = bmt::LoraAdapterOp::create(builder, loc, tensor, y, site.input, aw, bw,
                                              builder.getF64FloatAttr(scale),
-                                             builder.getF64FloatAttr(lora.dropout));
+                                             builder.getF64FloatAttr(lora.dropout),
+                                             builder.getI64IntegerAttr(inputParts));
       y.replaceAllUsesExcept(sum, sum.getDefiningOp());
     }
     // What an adapter export needs (bmt-to-hf --adapter reads it from the

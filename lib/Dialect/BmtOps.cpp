@@ -403,6 +403,8 @@ LogicalResult LoraAdapterOp::verify() {
     return emitOpError("needs a finite scale, got ") << scale;
   if (!(p >= 0 && p < 1))
     return emitOpError("needs a dropout in [0, 1), got ") << p;
+  if (getInputParts() < 1)
+    return emitOpError("needs input_parts >= 1, got ") << getInputParts();
   return success();
 }
 

@@ -428,6 +428,7 @@ private:
           inst.args.push_back(plan::Arg::ofRegister(reg(v)));
         inst.args.push_back(plan::Arg::ofConstant(adapter.getScale().convertToDouble()));
         inst.args.push_back(plan::Arg::ofConstant(adapter.getDropout().convertToDouble()));
+        inst.args.push_back(plan::Arg::ofConstant(static_cast<int64_t>(adapter.getInputParts())));
       } else if (isa<bmt::TpRankOp>(op)) {
         inst.kind = plan::Instruction::Kind::TpRank;
       } else if (auto sum = dyn_cast<bmt::TpAllReduceOp>(op)) {

@@ -499,19 +499,22 @@ Plan fromIValue(const IValue &value) {
         if (plan.version < 11)
           throw PlanError("plan: a lora_adapter instruction in a version " +
                           std::to_string(plan.version) + " plan (" + f.name + ")");
-        bool wellFormed = inst.results.size() == 1u && inst.args.size() == 6u;
-        for (size_t i = 0; wellFormed && i < 6; ++i)
+        bool wellFormed = inst.results.size() == 1u && inst.args.size() == 7u;
+        for (size_t i = 0; wellFormed && i < 7; ++i)
           wellFormed = i < 4 ? inst.args[i].kind == Arg::Kind::Register
                              : inst.args[i].kind == Arg::Kind::Constant &&
-                                   inst.args[i].constant.isDouble();
+                                   (i < 6 ? inst.args[i].constant.isDouble()
+                                          : inst.args[i].constant.isInt());
         if (wellFormed) {
           const double p = inst.args[5].constant.toDouble();
-          wellFormed = std::isfinite(inst.args[4].constant.toDouble()) && p >= 0 && p < 1;
+          wellFormed = std::isfinite(inst.args[4].constant.toDouble()) && p >= 0 && p < 1 &&
+                       inst.args[6].constant.toInt() >= 1 &&
+                       inst.args[6].constant.toInt() <= std::max<int64_t>(plan.tensorParallel, 1);
         }
         if (!wellFormed)
           throw PlanError("plan: malformed lora_adapter instruction in " + f.name +
-                          " (it takes base, input, A and B, a finite scale and a dropout in "
-                          "[0, 1), gives one result)");
+                          " (it takes base, input, A and B, a finite scale, a dropout in "
+                          "[0, 1) and its input's parts, 1 or tensor_parallel; gives one result)");
       }
       if (isMoeKind(inst.kind)) {
         if (plan.version < 7)

@@ -510,10 +510,17 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
                                  " takes tensors, not a " + v.tagKind());
           t.push_back(v.toTensor());
         }
+        // A row-parallel layer's input: this TP rank's part of it.
+        const int64_t parts = inst.args[6].constant.toInt();
+        if (parts > 1 && (!tensorComm_ || tensorComm_->size() != parts))
+          throw ExecutionError("lora_adapter in " + f.name + " reads an input split over " +
+                               std::to_string(parts) + " TP ranks, but this run's TP group has " +
+                               std::to_string(tensorComm_ ? tensorComm_->size() : 1));
         const bool computeValue = !graphOnly || graphOnly->skip[n] != Skip::LoraAdapter;
         regs[inst.results[0]] =
             loraAdapter(hooks_, t[0], t[1], t[2], t[3], inst.args[4].constant.toDouble(),
-                        inst.args[5].constant.toDouble(), computeValue);
+                        inst.args[5].constant.toDouble(), parts,
+                        parts > 1 ? tensorComm_->rank() : 0, computeValue);
         recomputeSkips_ += computeValue ? 0 : 1;
         if (observer_ && observer_->checkInstructions)
           observer_->instructionDone(index, n, regs);

@@ -5,6 +5,7 @@
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 #include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/native_dropout.h>
 #include <ATen/ops/native_dropout_backward.h>
@@ -22,11 +23,29 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-/// aten::native_dropout of `x2` under generator state `state` (the
-/// generator's own state is put back after): the same (output, mask) as
-/// the call that started from `state`.
+/// Which part of its input's last dim a rank holds: `part` of `parts`.
+struct InputPart {
+  int64_t parts = 1, part = 0;
+};
+
+/// dropout(x2) of x2 [tokens, in] and its mask, as aten::native_dropout
+/// draws them. With `split.parts` > 1, x2 is part `split.part` of an input
+/// [tokens, in * parts] split along its last dim: the mask is that part of
+/// the mask drawn for the whole input (so the generator moves as for it).
+std::tuple<at::Tensor, at::Tensor> drawDropout(const at::Tensor &x2, double p, InputPart split) {
+  if (split.parts == 1)
+    return at::native_dropout(x2, p, true);
+  const int64_t in = x2.size(1);
+  at::Tensor whole =
+      std::get<1>(at::native_dropout(at::empty({x2.size(0), in * split.parts}, x2.options()), p, true));
+  at::Tensor mask = whole.narrow(1, split.part * in, in).contiguous();
+  return {at::native_dropout_backward(x2, mask, 1.0 / (1.0 - p)), mask};
+}
+
+/// drawDropout under generator state `state` (the generator's own state is
+/// put back after): the same (output, mask) as the draw that started there.
 std::tuple<at::Tensor, at::Tensor> dropoutFrom(const at::Tensor &state, const at::Tensor &x2,
-                                               double p) {
+                                               double p, InputPart split) {
   at::Generator generator = at::globalContext().defaultGenerator(x2.device());
   at::Tensor current;
   {
@@ -34,7 +53,7 @@ std::tuple<at::Tensor, at::Tensor> dropoutFrom(const at::Tensor &state, const at
     current = generator.get_state();
     generator.set_state(state);
   }
-  auto result = at::native_dropout(x2, p, true);
+  auto result = drawDropout(x2, p, split);
   {
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(current);
@@ -53,7 +72,7 @@ at::Tensor weightGradient(ExecutorHooks *hooks, const at::Tensor &weight, const 
 struct LoraAdapterFunction : torch::autograd::Function<LoraAdapterFunction> {
   static at::Tensor forward(AutogradContext *ctx, at::Tensor base, const at::Tensor &x,
                             const at::Tensor &a, const at::Tensor &b, double scale, double p,
-                            ExecutorHooks *hooks, bool computeValue) {
+                            int64_t parts, int64_t part, ExecutorHooks *hooks, bool computeValue) {
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     at::Tensor dropped = x2;
     if (p > 0) {
@@ -62,13 +81,15 @@ struct LoraAdapterFunction : torch::autograd::Function<LoraAdapterFunction> {
         std::lock_guard<std::mutex> lock(generator.mutex());
         ctx->saved_data["rng"] = generator.get_state();
       }
-      dropped = std::get<0>(at::native_dropout(x2, p, true));
+      dropped = std::get<0>(drawDropout(x2, p, {parts, part}));
     }
     at::Tensor h = at::mm(dropped, a.t()); // [tokens, r]
     dropped = at::Tensor();
     ctx->save_for_backward({x, a, b, h});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["p"] = p;
+    ctx->saved_data["parts"] = parts;
+    ctx->saved_data["part"] = part;
     savePointer(ctx, "hooks", hooks);
     if (!computeValue)
       return base;
@@ -82,7 +103,7 @@ struct LoraAdapterFunction : torch::autograd::Function<LoraAdapterFunction> {
   }
 
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
-    variable_list out(8); // base, x, A, B, scale, p, hooks, computeValue
+    variable_list out(10); // base, x, A, B, scale, p, parts, part, hooks, computeValue
     const at::Tensor &g = grads[0];
     if (!g.defined())
       return out;
@@ -102,7 +123,9 @@ struct LoraAdapterFunction : torch::autograd::Function<LoraAdapterFunction> {
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     at::Tensor dropped = x2, mask;
     if (p > 0)
-      std::tie(dropped, mask) = dropoutFrom(ctx->saved_data["rng"].toTensor(), x2, p);
+      std::tie(dropped, mask) =
+          dropoutFrom(ctx->saved_data["rng"].toTensor(), x2, p,
+                      {ctx->saved_data["parts"].toInt(), ctx->saved_data["part"].toInt()});
     if (ctx->needs_input_grad(2)) // dA = dh^T dropout(x)
       out[2] = weightGradient(hooks, a, dh, dropped);
     dropped = at::Tensor();
@@ -120,8 +143,9 @@ struct LoraAdapterFunction : torch::autograd::Function<LoraAdapterFunction> {
 
 at::Tensor loraAdapter(ExecutorHooks *hooks, const at::Tensor &base, const at::Tensor &x,
                        const at::Tensor &a, const at::Tensor &b, double scale, double p,
-                       bool computeValue) {
-  return LoraAdapterFunction::apply(base, x, a, b, scale, p, hooks, computeValue);
+                       int64_t inputParts, int64_t inputPart, bool computeValue) {
+  return LoraAdapterFunction::apply(base, x, a, b, scale, p, inputParts, inputPart, hooks,
+                                    computeValue);
 }
 
 } // namespace bmt::runtime

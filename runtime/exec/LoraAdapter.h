@@ -25,8 +25,10 @@ namespace bmt::runtime {
 /// `base` [..., out]: the frozen layer's output for `x` [..., in]; `a`
 /// [r, in] and `b` [out, r] the adapter (one dtype with x and base); `p` in
 /// [0, 1) the dropout probability, drawn from the default generator of x's
-/// device; `hooks` (may be null) gives A's and B's gradient slots and
-/// must outlive the backward. Returns `base` with the adapter added (the
+/// device; `inputParts` > 1: x is part `inputPart` of an input split that
+/// many ways along its last dim (a row-parallel layer's on a TP rank), and
+/// its mask that part of the whole input's mask; `hooks` (may be null)
+/// gives A's and B's gradient slots and must outlive the backward. Returns `base` with the adapter added (the
 /// same tensor, changed in place, where it is a contiguous non-view tensor;
 /// else a new one), with autograd to base, x, A and B. `computeValue` false
 /// (a recomputed block's result only for its graph, exec/Recompute.h):
@@ -35,7 +37,7 @@ namespace bmt::runtime {
 /// dtypes (ATen's message).
 at::Tensor loraAdapter(ExecutorHooks *hooks, const at::Tensor &base, const at::Tensor &x,
                        const at::Tensor &a, const at::Tensor &b, double scale, double p,
-                       bool computeValue = true);
+                       int64_t inputParts = 1, int64_t inputPart = 0, bool computeValue = true);
 
 } // namespace bmt::runtime
 

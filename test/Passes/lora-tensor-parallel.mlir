@@ -1,5 +1,5 @@
 // RUN: bmt-opt %s --bmt-find-blocks --bmt-tensor-parallel='tensor-parallel=2' --bmt-lora='spec=r=2,alpha=4,targets=fc,proj' 2>&1 | FileCheck %s
-// RUN: not bmt-opt %s --bmt-find-blocks --bmt-tensor-parallel='tensor-parallel=2' --bmt-lora='spec=r=2,dropout=0.1,targets=fc' -o /dev/null 2>&1 | FileCheck %s --check-prefix=DROPOUT
+// RUN: bmt-opt %s --bmt-find-blocks --bmt-tensor-parallel='tensor-parallel=2' --bmt-lora='spec=r=2,dropout=0.1,targets=fc,proj' 2>&1 | FileCheck %s --check-prefix=DROPOUT
 
 // After bmt-tensor-parallel the adapters follow their base's split: fc is
 // column-parallel (W split on its outputs): A whole with its gradient
@@ -23,11 +23,14 @@
 // CHECK-NEXT: %[[P:.+]] = bmt.aten "aten::linear"(%[[R]], %{{.+}}, #bmt.none)
 // CHECK-NEXT: %[[A2:.+]] = bmt.get_global @h.0.proj.lora_A.weight
 // CHECK-NEXT: %[[B2:.+]] = bmt.get_global @h.0.proj.lora_B.weight
-// CHECK-NEXT: %[[SUM:.+]] = bmt.lora_adapter %[[P]], %[[R]], %[[A2]], %[[B2]] scale 2.000000e+00 dropout 0.000000e+00
+// CHECK-NEXT: %[[SUM:.+]] = bmt.lora_adapter %[[P]], %[[R]], %[[A2]], %[[B2]] scale 2.000000e+00 dropout 0.000000e+00 input_parts 2
 // CHECK-NEXT: %[[ALL:.+]] = bmt.tp_all_reduce %[[SUM]] over @tp
 // CHECK-NEXT: return %[[ALL]]
 
-// DROPOUT: error: bmt-lora: dropout > 0 with tensor parallelism is not supported yet
+// With dropout, the row-parallel adapter's input is this rank's part of
+// proj's input: its mask is that part of the whole input's (input_parts).
+// DROPOUT: bmt.lora_adapter {{.*}} dropout 1.000000e-01 : !bmt.tensor
+// DROPOUT: bmt.lora_adapter {{.*}} dropout 1.000000e-01 input_parts 2 : !bmt.tensor
 
 bmt.parameter @h.0.fc.weight : tensor<16x8xf32> {requires_grad}
 bmt.parameter @h.0.proj.weight : tensor<8x16xf32> {requires_grad}

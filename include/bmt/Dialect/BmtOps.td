@@ -325,17 +325,23 @@ def Bmt_LoraAdapterOp : Bmt_Op<"lora_adapter"> {
     (dropout as `aten::native_dropout` in training, from the default
     generator). The runtime runs it as one autograd function: it keeps no
     dropout mask (it draws it again from the saved generator state in
-    backward), adds the adapter into `base` in place inside its last matmul,
-    and with tensor parallelism `base` may be a row-parallel partial sum.
+    backward) and adds the adapter into `base` in place inside its last
+    matmul. With tensor parallelism `base` may be a row-parallel partial
+    sum; `input_parts` = T > 1 says that `input` is this TP rank's part of
+    an input split T ways along its last dim (a row-parallel layer's), and
+    its dropout mask is then that part of the mask drawn for the whole
+    input, so that every T draws the masks of one rank.
 
     ```mlir
     %y = bmt.lora_adapter %base, %x, %a, %b scale 2.0 dropout 0.05 : !bmt.tensor
+    %z = bmt.lora_adapter %base, %x, %a, %b scale 2.0 dropout 0.05 input_parts 2 : !bmt.tensor
     ```
   }];
   let arguments = (ins Bmt_TensorType:$base, Bmt_TensorType:$input, Bmt_TensorType:$lora_a,
-                       Bmt_TensorType:$lora_b, F64Attr:$scale, F64Attr:$dropout);
+                       Bmt_TensorType:$lora_b, F64Attr:$scale, F64Attr:$dropout,
+                       DefaultValuedAttr<I64Attr, "1">:$input_parts);
   let results = (outs Bmt_TensorType:$result);
-  let assemblyFormat = "$base `,` $input `,` $lora_a `,` $lora_b `scale` $scale `dropout` $dropout attr-dict `:` type($result)";
+  let assemblyFormat = "$base `,` $input `,` $lora_a `,` $lora_b `scale` $scale `dropout` $dropout (`input_parts` $input_parts^)? attr-dict `:` type($result)";
   let hasVerifier = 1;
 }
 

@@ -160,8 +160,10 @@ struct Instruction {
     MoeCombine,
     /// Version 11 (bmt.lora_adapter; runtime/exec/LoraAdapter.h): args =
     /// registers [base [..., out], input [..., in], A [r, in], B [out, r]]
-    /// and constants [scale, dropout] (floats); results[0] = base + scale *
-    /// linear(linear(dropout(input), A), B).
+    /// and constants [scale, dropout] (floats) and input parts (an int: T
+    /// where input is the TP rank's part of an input split along its last
+    /// dim, else 1); results[0] = base + scale * linear(linear(dropout(input),
+    /// A), B).
     LoraAdapter,
   };
   Kind kind = Kind::Aten;

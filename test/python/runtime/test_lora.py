@@ -331,32 +331,35 @@ def test_dropout_is_drawn_alike_by_the_recompute(prepared):
     rank it matches peft with lora_dropout=0.1 from the generator state
     bmt-run starts from (the same masks: each step's loss, the adapters and
     their gradient norms), so the masks are drawn, applied and scaled as
-    torch.nn.Dropout does."""
+    torch.nn.Dropout does; and at T = 2 too, where down_proj's row-parallel
+    adapter takes its rank's part of the mask drawn for the whole input."""
     from safetensors.torch import load_file
     if prepared["name"] != "llama":
         pytest.skip("one model is enough")
     runs = {}
-    for mode, ranks in [("all", 2), ("none", 2), ("all", 1)]:
-        tag = f"lora-dropout-{mode}-n{ranks}"
+    for mode, ranks, flags in [("all", 2, []), ("none", 2, []), ("all", 1, []),
+                               ("all", 2, ["--tensor-parallel", "2"])]:
+        tag = f"lora-dropout-{mode}-n{ranks}{'-tp2' if flags else ''}"
         sharded = os.path.join(prepared["tmp"], f"{tag}.sharded.pt")
         r = compile_lora(prepared, sharded, ranks, "--lora", spec("llama", 0.1),
-                         "--checkpoint", mode)
+                         "--checkpoint", mode, *flags)
         assert r.returncode == 0, r.stderr
-        runs[mode, ranks] = train(prepared, sharded, ranks, tag)
-    (log, saved), (log_none, saved_none) = runs["all", 2], runs["none", 2]
+        runs[mode, ranks, bool(flags)] = train(prepared, sharded, ranks, tag)
+    (log, saved), (log_none, saved_none) = runs["all", 2, False], runs["none", 2, False]
     assert [x["loss"] for x in log] == [x["loss"] for x in log_none]
     assert_identical(load_file(saved), load_file(saved_none))
 
-    log, saved = runs["all", 1]
-    lrs = {x["step"]: x["lr"] for x in log}
-    losses, _, adapters = peft_reference(prepared, lrs, dropout=0.1)
-    no_dropout, _, _ = peft_reference(prepared, lrs)
-    assert losses[1:] != no_dropout[1:]  # the masks change the steps after the first
-    for x, want in zip(log, losses):
-        assert_loss_close(x["loss"], want, what=f"loss of step {x['step']}")
-    for x, want in zip(log, prepared["reference-dropout-0.1-norms"]):
-        assert_close(x["grad_norm"], want, what=f"grad norm of step {x['step']}")
-    assert_trained_close(load_file(saved), adapters, sum(lrs.values()))
+    for key in [("all", 1, False), ("all", 2, True)]:
+        log, saved = runs[key]
+        lrs = {x["step"]: x["lr"] for x in log}
+        losses, _, adapters = peft_reference(prepared, lrs, dropout=0.1)
+        no_dropout, _, _ = peft_reference(prepared, lrs)
+        assert losses[1:] != no_dropout[1:]  # the masks change the steps after the first
+        for x, want in zip(log, losses):
+            assert_loss_close(x["loss"], want, what=f"{key}: loss of step {x['step']}")
+        for x, want in zip(log, prepared["reference-dropout-0.1-norms"]):
+            assert_close(x["grad_norm"], want, what=f"{key}: grad norm of step {x['step']}")
+        assert_trained_close(load_file(saved), adapters, sum(lrs.values()))
 
 
 @pytest.mark.parametrize("value,flags,message", [
@@ -365,8 +368,9 @@ def test_dropout_is_drawn_alike_by_the_recompute(prepared):
     ("", [], "--lora was given an empty value"),
     ("alpha=8,targets=q_proj", [], "r=N is required"),
     ("r=4,targets=q_proj,foo=1", [], "unknown key 'foo'"),
-    ("r=4,dropout=0.1,targets=q_proj", ["--tensor-parallel", "2"],
-     "dropout > 0 with tensor parallelism is not supported yet"),
+    # T = 4 > 2 kv heads: k_proj replicated, its input maybe a sequence part
+    ("r=4,dropout=0.1,targets=k_proj", ["--tensor-parallel", "4", "--sequence-parallel"],
+     "with dropout > 0 and --sequence-parallel"),
     ("r=4,targets=q_proj", ["--tensor-parallel", "2", "--freeze", "model.norm.weight"],
      "--freeze with --lora and --tensor-parallel > 1 is not supported"),
 ])
@@ -375,7 +379,8 @@ def test_lora_errors(prepared, tmp_path, value, flags, message):
     if prepared["name"] != "llama":
         pytest.skip("one model is enough")
     out = tmp_path / "x.pt"
-    r = compile_lora(prepared, str(out), 2, "--lora", value, *flags)
+    ranks = 4 if "4" in flags else 2  # a multiple of --tensor-parallel
+    r = compile_lora(prepared, str(out), ranks, "--lora", value, *flags)
     errors = [l for l in r.stderr.splitlines() if "error:" in l]
     assert r.returncode == 1 and len(errors) == 1 and message in errors[0], r.stderr
     assert not out.exists()

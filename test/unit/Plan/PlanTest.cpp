@@ -279,7 +279,7 @@ Plan loraPlan(double scale = 2.0, double dropout = 0.05) {
   Instruction adapter;
   adapter.kind = Instruction::Kind::LoraAdapter;
   adapter.args = {Arg::ofRegister(0), Arg::ofRegister(1), Arg::ofRegister(2), Arg::ofRegister(3),
-                  Arg::ofConstant(scale), Arg::ofConstant(dropout)};
+                  Arg::ofConstant(scale), Arg::ofConstant(dropout), Arg::ofConstant(int64_t(1))};
   adapter.results = {4};
   f.body.push_back(adapter);
   return p;
@@ -290,7 +290,8 @@ TEST(PlanFormat, LoraAdapterRoundTripsAtVersion11AndIsChecked) {
   EXPECT_EQ(p.version, 11);
   const Instruction &adapter = p.functions[0].body.back();
   EXPECT_EQ(adapter.kind, Instruction::Kind::LoraAdapter);
-  ASSERT_EQ(adapter.args.size(), 6u);
+  ASSERT_EQ(adapter.args.size(), 7u);
+  EXPECT_EQ(adapter.args[6].constant.toInt(), 1);
   EXPECT_EQ(adapter.args[3].reg, 3);
   EXPECT_EQ(adapter.args[4].constant.toDouble(), 2.0);
   EXPECT_EQ(adapter.args[5].constant.toDouble(), 0.05);
@@ -306,6 +307,9 @@ TEST(PlanFormat, LoraAdapterRoundTripsAtVersion11AndIsChecked) {
   expectRefused(toIValue(loraPlan(std::nan(""), 0.0)), "malformed lora_adapter");
   Plan bad = loraPlan();
   bad.functions[0].body.back().args.pop_back();
+  expectRefused(toIValue(bad), "malformed lora_adapter");
+  bad = loraPlan();
+  bad.functions[0].body.back().args[6] = Arg::ofConstant(int64_t(2)); // T = 1
   expectRefused(toIValue(bad), "malformed lora_adapter");
   c10::IValue v = toIValue(loraPlan());
   v.toGenericDict().insert_or_assign("version", int64_t(10));
