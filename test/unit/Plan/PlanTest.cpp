@@ -233,6 +233,16 @@ Plan moePlan() {
   return p;
 }
 
+/// fromIValue(v) throws a PlanError whose message holds `what`.
+void expectRefused(const c10::IValue &v, const std::string &what) {
+  try {
+    fromIValue(v);
+    ADD_FAILURE() << "accepted a plan that should name " << what;
+  } catch (const PlanError &e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
 TEST(PlanFormat, MoeInstructionsRoundTripAtVersion7) {
   EXPECT_EQ(formatVersionOf(twoParameterPlan()), 2);
   Plan p = fromIValue(toIValue(moePlan()));
@@ -246,14 +256,6 @@ TEST(PlanFormat, MoeInstructionsRoundTripAtVersion7) {
   EXPECT_EQ(body[3].args.size(), 3u);
   EXPECT_EQ(body[3].args[2].reg, 3);
 
-  auto expectRefused = [](const c10::IValue &v, const std::string &what) {
-    try {
-      fromIValue(v);
-      ADD_FAILURE() << "accepted a plan that should name " << what;
-    } catch (const PlanError &e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-  };
   Plan bad = moePlan();
   bad.functions[0].body[2].op = "0";
   expectRefused(toIValue(bad), "moe_dispatch");
@@ -295,14 +297,6 @@ TEST(PlanFormat, LoraAdapterRoundTripsAtVersion11AndIsChecked) {
   EXPECT_EQ(adapter.args[3].reg, 3);
   EXPECT_EQ(adapter.args[4].constant.toDouble(), 2.0);
   EXPECT_EQ(adapter.args[5].constant.toDouble(), 0.05);
-  auto expectRefused = [](const c10::IValue &v, const std::string &what) {
-    try {
-      fromIValue(v);
-      ADD_FAILURE() << "accepted a plan that should name " << what;
-    } catch (const PlanError &e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-  };
   expectRefused(toIValue(loraPlan(2.0, 1.0)), "malformed lora_adapter");
   expectRefused(toIValue(loraPlan(std::nan(""), 0.0)), "malformed lora_adapter");
   Plan bad = loraPlan();
