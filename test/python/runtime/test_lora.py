@@ -103,7 +103,9 @@ def peft_reference(prep, lrs, dropout=0.0):
                 else:
                     assert torch.count_nonzero(p) == 0
             adapters[bmt_name] = p
-        model.train()
+        for name, module in model.named_modules():  # the base stays as traced (eval)
+            if name.endswith("lora_dropout"):
+                module.train()
         torch.manual_seed(bmt_seed())
         if parallel_matrix.is_seq2seq(prep["name"]):  # teacher forcing on the pairs
             from test_seq2seq import eager_pairs_training
