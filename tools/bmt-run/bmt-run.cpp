@@ -230,7 +230,10 @@ int run(const tools::RunOptions &o) {
     trainer.setCheckpoints(o.checkpoints, identity);
   }
   if (!resumeFrom.empty() && !o.evalOnly) {
-    runtime::ResumeReport report = trainer.resume(resumeFrom);
+    // Every refusal (other data, a checkpoint folder this run cannot save
+    // into) before the line that says the run resumed.
+    runtime::ResumeReport report = trainer.resume(resumeFrom, batches.get());
+    trainer.openCheckpoints();
     std::vector<std::string> changes = runtime::changedSettings(
         report, config.schedule, sequencesPerStep, o.seqLen, !o.batchesFile.empty());
     // The routers' biases move only with the rate the run gives now.

@@ -1018,7 +1018,7 @@ def test_a_checkpoint_is_known_by_its_files_and_later_ones_are_kept(gpt2_run, sa
     its COMPLETE file and checkpoint.json); a run that would save into a
     --checkpoint-dir holding checkpoints of later steps than it starts from
     (a resume of step 2, or a new run) is refused before training, naming
-    them, and leaves them as they were."""
+    them, and leaves them as they were; no line says the run resumed."""
     args = ["--batches", gpt2_run["common"][1], "--lr", "1e-3", "--steps", 5]
     copy = tmp_path / "kept-copy"
     shutil.copytree(saved / "step-00000004", copy)
@@ -1037,6 +1037,7 @@ def test_a_checkpoint_is_known_by_its_files_and_later_ones_are_kept(gpt2_run, sa
         assert e and f"{ck} holds checkpoints of steps after step {2 if resume else 0}" in e[0] \
             and "step-00000004" in e[0] and "--resume auto" in e[0], r.stderr[-3000:]
         assert (not resume) == ("step-00000002" in e[0]), e[0]
+        assert "resumed from" not in r.stdout, r.stdout  # (the refusal first)
         assert not steps_logged(tmp_path / "b.jsonl")
         assert {p.name: p.stat().st_mtime_ns for p in ck.rglob("*")} == before
 
