@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Runtime/train/Trainer.h"
+#include "bmt/Runtime/train/Generators.h"
 #include "train/TrainerSteps.h"
 #include "exec/Moe.h"
 #include "bmt/Runtime/Env.h"
@@ -94,6 +95,11 @@ ResumeReport Trainer::resume(const std::string &folder, MicroBatchSource *source
                                        &config_.optimizer);
   startStep_ = report.progress.step;
   resumePosition_ = report.progress.data;
+  // Saved generator states of other ranks (another N, T or P): a stream of
+  // this step's own, not the one the run started with (whose masks the
+  // steps after the resume would repeat).
+  if (!report.generatorsRestored)
+    seedGeneratorsAt(model_.device(), config_.seed, model_.dataParallel().rank(), startStep_);
   if (source)
     seekResumePosition(*source);
   std::istringstream in(report.progress.objectiveGenerator);

@@ -293,6 +293,50 @@ def test_resume_with_the_optimizer_offloaded(models):
     assert worst <= 1e-5, (worst, la, lb)
 
 
+def test_a_resharded_resume_draws_new_dropout_masks(tmp_path):
+    """GPT-2 traced in training mode (dropout 0.1) at --lr 0 on one batch
+    repeated: a step's loss depends on its dropout masks alone. A checkpoint
+    of 2 ranks after step 3, resumed on 1 rank (the saved generator states
+    are the 2 ranks'): the generators are reseeded from --seed, the
+    data-parallel rank and step 3, so steps 4-6 repeat bit for bit on a
+    second such resume and equal no step of a 1-rank run from the start
+    (the stream --seed starts with, whose masks they repeated when each rank
+    was reseeded from --seed alone)."""
+    from test_bmt_run import bmt_run
+    model = build("gpt2").train()
+    ids = torch.randint(0, 100, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    pt = tmp_path / "gpt2-dropout.pt"
+    with torch.no_grad():
+        torch.jit.trace(model, example_kwarg_inputs={"input_ids": ids,
+                                                     "attention_mask": torch.ones_like(ids)},
+                        strict=False, check_trace=False).save(str(pt))
+    sharded = compile(pt, tmp_path / "sharded.pt")
+    torch.save(torch.randint(0, 100, (1, 2, SEQ + 1), generator=torch.Generator().manual_seed(3)),
+               tmp_path / "batch.pt")
+    common = ["--batches", tmp_path / "batch.pt", "--lr", 0, "--schedule", "constant",
+              "--seed", 7]
+
+    def losses(r, log):
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        return [x["loss"] for x in train_log(log)]
+
+    start = losses(bmt_run(sharded, *common, "--steps", 6, "--log-file", tmp_path / "a.jsonl"),
+                   tmp_path / "a.jsonl")
+    assert len(set(start)) == 6, start  # (a new mask every step)
+    ck = tmp_path / "ck"
+    r = torchrun(2, sharded, *common, "--steps", 3, "--checkpoint-dir", ck)
+    assert r.returncode == 0, r.stderr[-3000:]
+    resumed = []
+    for i in range(2):
+        log = tmp_path / f"b{i}.jsonl"
+        r = bmt_run(sharded, *common, "--steps", 6, "--resume", ck / "step-00000003",
+                    "--log-file", log)
+        assert "resharded to this run's layout" in r.stdout, r.stdout
+        resumed.append(losses(r, log))
+    assert resumed[0] == resumed[1], resumed
+    assert len(set(resumed[0])) == 3 and not set(resumed[0]) & set(start), (resumed[0], start)
+
+
 # --- failures -------------------------------------------------------------
 
 
