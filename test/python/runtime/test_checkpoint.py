@@ -601,6 +601,33 @@ def test_a_stopped_rank_times_out_naming_the_collective(gpt2_run, tmp_path):
     assert "tensor-parallel" not in e[0], e[0]
 
 
+def test_a_rank_whose_peer_died_stops_at_torchruns_sigterm(gpt2_run, tmp_path):
+    """Rank 1 killed with SIGKILL mid-run: torchrun sends rank 0, which waits
+    for rank 1 in a collective, SIGTERM (and SIGKILL 30 s later). Rank 0
+    waits BMT_STOP_WAIT_S (1 s) more for its collective, then exits at once
+    with one line naming it, instead of waiting for the SIGKILL silently."""
+    log = tmp_path / "log.jsonl"
+    proc, tag = launch(2, gpt2_run["sharded"], "--batches", gpt2_run["common"][1], "--steps", 5000,
+                       "--log-file", log, env={"BMT_STOP_WAIT_S": "1"})
+    try:
+        assert wait_for(lambda: len(steps_logged(log)) >= 3), steps_logged(log)
+        os.kill(workers_of(tag)[1], signal.SIGKILL)
+        killed = time.time()
+        out, err = proc.communicate(timeout=60)
+        took = time.time() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    stop = [x for x in err.splitlines() if x.startswith("bmt-run: ")]
+    assert len(stop) == 1 and re.fullmatch(
+        r"bmt-run: rank 0 of 2 \((shard|world)\): (all_gather|reduce_scatter|all_reduce) #[0-9]+: "
+        r"stopped by SIGTERM while waiting for this collective \(a peer may have died\); no "
+        r"checkpoint written \(--resume auto takes the newest complete one\)", stop[0]), err[-3000:]
+    assert not errors(subprocess.CompletedProcess([], 0, out, err)), err[-3000:]
+    assert took < 20, took  # (torchrun's SIGKILL comes after 30 s)
+
+
 @pytest.fixture(scope="module")
 def saved(gpt2_run):
     """A checkpoint of steps 2 and 4 of GPT-2 on 2 ranks, to be copied and damaged."""
