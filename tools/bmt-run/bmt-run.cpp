@@ -82,7 +82,8 @@ int run(const tools::RunOptions &o) {
   // the data is split over the data-parallel ranks.
   const int64_t worldSize = model.dataParallel().size(), rank = model.dataParallel().rank();
   // Dropout repeats run to run and agrees over a TP group; a resume
-  // restores each rank's saved generator states after this.
+  // restores each rank's saved generator states after this, or on another
+  // layout reseeds them from the step it resumes at (Generators.h).
   model.seedGenerators(o.train.seed);
   const bool encoderDecoder = model.isEncoderDecoder();
   const runtime::ObjectiveChoice choice =
