@@ -66,6 +66,10 @@ std::chrono::milliseconds commTimeout() {
   return v ? parseCommTimeout(*v) : std::chrono::milliseconds(300 * 1000);
 }
 
+int64_t stopWaitSeconds() {
+  return integerOr("BMT_STOP_WAIT_S", 10, 1, "a positive whole number of seconds");
+}
+
 bool fusedAdam() { return flag("BMT_FUSED_ADAM", true); }
 
 bool fusedCrossEntropy() { return flag("BMT_FUSED_CROSS_ENTROPY", true); }
@@ -138,6 +142,7 @@ int64_t debugCheckpointSlowMs() {
 
 void checkEnvironment() {
   commTimeout();
+  stopWaitSeconds();
   fusedAdam();
   fusedCrossEntropy();
   rowPrefetch();

@@ -386,14 +386,17 @@ void applyGenerators(Restore &r) {
   SafetensorsFile &mine = r.reader->file(rank);
   auto restore = [&](at::Generator g, const char *name) {
     if (!mine.find(name))
-      return;
+      return false;
     at::Tensor state = r.reader->readChecked(rank, name);
     std::lock_guard<std::mutex> lock(g.mutex());
     g.set_state(state);
+    return true;
   };
-  restore(at::detail::getDefaultCPUGenerator(), "rng.cpu");
+  bool restored = restore(at::detail::getDefaultCPUGenerator(), "rng.cpu");
   if (r.model.device().is_cuda())
-    restore(at::globalContext().defaultGenerator(r.model.device()), "rng.cuda");
+    restored = restore(at::globalContext().defaultGenerator(r.model.device()), "rng.cuda") &&
+               restored;
+  r.report.generatorsRestored = restored;
 }
 
 } // namespace bmt::runtime::checkpoint

@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -132,22 +133,37 @@ void reduceInto(const at::Tensor &out, const std::vector<at::Tensor> &parts, Red
   out.copy_(sum);
 }
 
+std::atomic<WaitCheck> waitCheck{nullptr};
+
 class CpuWork : public Work {
 public:
+  /// `what`: the collective, for the wait check ("rank 0 of 2 (world):
+  /// all_reduce #57").
+  explicit CpuWork(std::string what) : what_(std::move(what)) {}
+
   void finish(std::exception_ptr error) {
     std::lock_guard<std::mutex> lock(mutex_);
     error_ = std::move(error);
     done_ = true;
     cv_.notify_all();
   }
+  /// Polls the wait check (setWaitCheck) once a second while not done: a
+  /// rank whose peer died would otherwise wait here until the timeout.
   void wait() override {
     std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return done_; });
+    const Clock::time_point start = Clock::now();
+    while (!cv_.wait_for(lock, std::chrono::seconds(1), [&] { return done_; }))
+      if (WaitCheck check = waitCheck.load()) {
+        lock.unlock();
+        check(what_, start);
+        lock.lock();
+      }
     if (error_)
       std::rethrow_exception(error_);
   }
 
 private:
+  std::string what_;
   std::mutex mutex_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -311,9 +327,10 @@ private:
   /// (every rank alike); a point-to-point op passes its own per-peer
   /// number `p2p` (> 0) and leaves seq_ alone.
   std::shared_ptr<Work> enqueue(Op op, std::function<void(const Ctx &)> fn, int64_t p2p = 0) {
-    auto work = std::make_shared<CpuWork>();
     std::lock_guard<std::mutex> lock(mutex_);
     int64_t seq = p2p > 0 ? p2p : ++seq_;
+    auto work = std::make_shared<CpuWork>(who(*this) + ": " + opName(op) + " #" +
+                                          std::to_string(seq));
     queue_.push_back([this, op, seq, fn = std::move(fn), work] {
       if (!broken_.empty()) {
         work->finish(std::make_exception_ptr(
@@ -674,6 +691,8 @@ private:
 };
 
 } // namespace
+
+void setWaitCheck(WaitCheck check) { waitCheck.store(check); }
 
 std::unique_ptr<Comm> createCpuComm(c10::intrusive_ptr<c10d::Store> store, int64_t rank,
                                     int64_t size, const CommOptions &options) {

@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "bmt/Runtime/train/Trainer.h"
+#include "bmt/Runtime/train/Generators.h"
 #include "train/TrainerSteps.h"
 #include "exec/Moe.h"
 #include "bmt/Runtime/Env.h"
@@ -89,11 +90,18 @@ void Trainer::setCheckpoints(CheckpointOptions options, RunIdentity identity) {
   checkpoints_.emplace(std::move(options), std::move(identity));
 }
 
-ResumeReport Trainer::resume(const std::string &folder) {
+ResumeReport Trainer::resume(const std::string &folder, MicroBatchSource *source) {
   ResumeReport report = loadCheckpoint(folder, model_, *optimizer_, scaler_ ? &*scaler_ : nullptr,
                                        &config_.optimizer);
   startStep_ = report.progress.step;
   resumePosition_ = report.progress.data;
+  // Saved generator states of other ranks (another N, T or P): a stream of
+  // this step's own, not the one the run started with (whose masks the
+  // steps after the resume would repeat).
+  if (!report.generatorsRestored)
+    seedGeneratorsAt(model_.device(), config_.seed, model_.dataParallel().rank(), startStep_);
+  if (source)
+    seekResumePosition(*source);
   std::istringstream in(report.progress.objectiveGenerator);
   std::mt19937_64 rng;
   in >> rng;
@@ -103,6 +111,30 @@ ResumeReport Trainer::resume(const std::string &folder) {
   if (scaler_ && report.progress.lossScale)
     lossScale_ = *report.progress.lossScale;
   return report;
+}
+
+void Trainer::seekResumePosition(MicroBatchSource &source) {
+  if (!resumePosition_)
+    return;
+  try {
+    source.seek(*resumePosition_);
+  } catch (const std::invalid_argument &e) {
+    throw CheckpointError(std::string("resuming: ") + e.what());
+  }
+  resumePosition_.reset(); // (sought)
+}
+
+void Trainer::openCheckpoints() {
+  // Nothing to train (resumed at or past config.steps): no saver, so no host
+  // buffers and no line promising checkpoints.
+  if (!checkpoints_ || saver_ || startStep_ >= config_.steps)
+    return;
+  const auto t0 = std::chrono::steady_clock::now();
+  CheckpointOptions options = checkpoints_->first;
+  options.startStep = startStep_; // no checkpoint of a later step in options.dir
+  saver_ = std::make_unique<CheckpointSaver>(model_, *optimizer_, scaler_ ? &*scaler_ : nullptr,
+                                             options, checkpoints_->second);
+  saverSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void Trainer::reportCheckpoint(const CheckpointResult &r) {
@@ -145,22 +177,10 @@ TrainOutcome Trainer::train(MicroBatchSource &source, const TokenFile *evalData,
                     int64_t microBatch) {
   const bool rank0 = model_.world().rank() == 0;
   const at::Device device = model_.device();
-  if (resumePosition_) {
-    try {
-      source.seek(*resumePosition_);
-    } catch (const std::invalid_argument &e) {
-      throw CheckpointError(std::string("resuming: ") + e.what());
-    }
-  }
+  seekResumePosition(source);
   using Clock = std::chrono::steady_clock;
-  // Nothing to train (resumed at or past config.steps): no saver, so no host
-  // buffers and no line promising checkpoints.
-  if (checkpoints_ && !saver_ && startStep_ < config_.steps) {
-    const auto t0 = Clock::now();
-    CheckpointOptions options = checkpoints_->first;
-    options.startStep = startStep_; // no checkpoint of a later step in options.dir
-    saver_ = std::make_unique<CheckpointSaver>(model_, *optimizer_, scaler_ ? &*scaler_ : nullptr,
-                                               options, checkpoints_->second);
+  openCheckpoints();
+  if (saver_) {
     if (rank0) {
       const CheckpointOptions &c = checkpoints_->first;
       out_ << "bmt-run: checkpoints in " << c.dir << " after "
@@ -171,7 +191,7 @@ TrainOutcome Trainer::train(MicroBatchSource &source, const TokenFile *evalData,
            << "the last step" << (c.keep > 0 ? ", keeping " + std::to_string(c.keep) : "")
            << "; host buffers of " << saver_->hostBytes() << " bytes on rank 0 ("
            << std::fixed << std::setprecision(1)
-           << std::chrono::duration<double>(Clock::now() - t0).count() << " s)"
+           << saverSeconds_ << " s)"
            << std::defaultfloat << "\n";
       const std::vector<std::string> &dead = saver_->removedDeadSaves();
       if (!dead.empty()) {

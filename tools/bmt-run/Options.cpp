@@ -519,6 +519,17 @@ RunOptions parseRunOptions(int argc, char **argv) {
   std::map<std::string, const Option *> byFlag;
   for (const Option &option : optionTable())
     byFlag[option.flag] = &option;
+  // The command line as (option, flag, values), read whole before any
+  // option is applied: an option given twice would keep its last value
+  // (`--lr 1e-3 ... --lr 2e-3`), so it is refused first, whatever the
+  // values. No option of the table is repeatable.
+  struct Given {
+    const Option *option;
+    std::string key;
+    std::vector<std::string> values;
+  };
+  std::vector<Given> given;
+  std::map<std::string, int> times;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h")
@@ -552,10 +563,19 @@ RunOptions parseRunOptions(int argc, char **argv) {
       for (unsigned n = 0; n < count; ++n)
         values.push_back(argv[++i]);
     }
-    option.set(o, key, values);
-    if (o.help)
+    if (key == "--help") { // (what follows is not read)
+      o.help = true;
       return o;
+    }
+    ++times[key];
+    given.push_back({&option, key, std::move(values)});
   }
+  for (const Given &g : given)
+    if (times[g.key] > 1)
+      throw UsageError(g.key + " was given " + std::to_string(times[g.key]) +
+                       " times; give it once");
+  for (const Given &g : given)
+    g.option->set(o, g.key, g.values);
   if (o.archive.empty())
     throw UsageError("no archive given (usage: bmt-run SHARDED.pt [options])");
   checkCombination(o);

@@ -82,7 +82,8 @@ int run(const tools::RunOptions &o) {
   // the data is split over the data-parallel ranks.
   const int64_t worldSize = model.dataParallel().size(), rank = model.dataParallel().rank();
   // Dropout repeats run to run and agrees over a TP group; a resume
-  // restores each rank's saved generator states after this.
+  // restores each rank's saved generator states after this, or on another
+  // layout reseeds them from the step it resumes at (Generators.h).
   model.seedGenerators(o.train.seed);
   const bool encoderDecoder = model.isEncoderDecoder();
   const runtime::ObjectiveChoice choice =
@@ -230,7 +231,10 @@ int run(const tools::RunOptions &o) {
     trainer.setCheckpoints(o.checkpoints, identity);
   }
   if (!resumeFrom.empty() && !o.evalOnly) {
-    runtime::ResumeReport report = trainer.resume(resumeFrom);
+    // Every refusal (other data, a checkpoint folder this run cannot save
+    // into) before the line that says the run resumed.
+    runtime::ResumeReport report = trainer.resume(resumeFrom, batches.get());
+    trainer.openCheckpoints();
     std::vector<std::string> changes = runtime::changedSettings(
         report, config.schedule, sequencesPerStep, o.seqLen, !o.batchesFile.empty());
     // The routers' biases move only with the rate the run gives now.

@@ -37,6 +37,12 @@ std::chrono::milliseconds commTimeout();
 /// its own lookup).
 std::chrono::milliseconds parseCommTimeout(const std::string &value);
 
+/// BMT_STOP_WAIT_S: seconds a rank stopped by SIGTERM/SIGINT during the
+/// steps goes on waiting in one collective of the CPU backend before it
+/// gives up (a peer may have died; a positive whole number, default 10:
+/// within torchrun's 30 s before its SIGKILL).
+int64_t stopWaitSeconds();
+
 /// BMT_FUSED_ADAM: 0 turns off the runtime's CUDA Adam kernel (ATen's
 /// fused Adam instead); 1 or unset keeps it.
 bool fusedAdam();

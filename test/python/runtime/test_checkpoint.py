@@ -293,6 +293,50 @@ def test_resume_with_the_optimizer_offloaded(models):
     assert worst <= 1e-5, (worst, la, lb)
 
 
+def test_a_resharded_resume_draws_new_dropout_masks(tmp_path):
+    """GPT-2 traced in training mode (dropout 0.1) at --lr 0 on one batch
+    repeated: a step's loss depends on its dropout masks alone. A checkpoint
+    of 2 ranks after step 3, resumed on 1 rank (the saved generator states
+    are the 2 ranks'): the generators are reseeded from --seed, the
+    data-parallel rank and step 3, so steps 4-6 repeat bit for bit on a
+    second such resume and equal no step of a 1-rank run from the start
+    (the stream --seed starts with, whose masks they repeated when each rank
+    was reseeded from --seed alone)."""
+    from test_bmt_run import bmt_run
+    model = build("gpt2").train()
+    ids = torch.randint(0, 100, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    pt = tmp_path / "gpt2-dropout.pt"
+    with torch.no_grad():
+        torch.jit.trace(model, example_kwarg_inputs={"input_ids": ids,
+                                                     "attention_mask": torch.ones_like(ids)},
+                        strict=False, check_trace=False).save(str(pt))
+    sharded = compile(pt, tmp_path / "sharded.pt")
+    torch.save(torch.randint(0, 100, (1, 2, SEQ + 1), generator=torch.Generator().manual_seed(3)),
+               tmp_path / "batch.pt")
+    common = ["--batches", tmp_path / "batch.pt", "--lr", 0, "--schedule", "constant",
+              "--seed", 7]
+
+    def losses(r, log):
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        return [x["loss"] for x in train_log(log)]
+
+    start = losses(bmt_run(sharded, *common, "--steps", 6, "--log-file", tmp_path / "a.jsonl"),
+                   tmp_path / "a.jsonl")
+    assert len(set(start)) == 6, start  # (a new mask every step)
+    ck = tmp_path / "ck"
+    r = torchrun(2, sharded, *common, "--steps", 3, "--checkpoint-dir", ck)
+    assert r.returncode == 0, r.stderr[-3000:]
+    resumed = []
+    for i in range(2):
+        log = tmp_path / f"b{i}.jsonl"
+        r = bmt_run(sharded, *common, "--steps", 6, "--resume", ck / "step-00000003",
+                    "--log-file", log)
+        assert "resharded to this run's layout" in r.stdout, r.stdout
+        resumed.append(losses(r, log))
+    assert resumed[0] == resumed[1], resumed
+    assert len(set(resumed[0])) == 3 and not set(resumed[0]) & set(start), (resumed[0], start)
+
+
 # --- failures -------------------------------------------------------------
 
 
@@ -555,6 +599,33 @@ def test_a_stopped_rank_times_out_naming_the_collective(gpt2_run, tmp_path):
     assert re.search(r"rank 0 of 2 \((shard|world)\): (all_gather|reduce_scatter|all_reduce) "
                      r"#[0-9]+ .*timed out after 3 s waiting for rank 1", e[0]), e[0]
     assert "tensor-parallel" not in e[0], e[0]
+
+
+def test_a_rank_whose_peer_died_stops_at_torchruns_sigterm(gpt2_run, tmp_path):
+    """Rank 1 killed with SIGKILL mid-run: torchrun sends rank 0, which waits
+    for rank 1 in a collective, SIGTERM (and SIGKILL 30 s later). Rank 0
+    waits BMT_STOP_WAIT_S (1 s) more for its collective, then exits at once
+    with one line naming it, instead of waiting for the SIGKILL silently."""
+    log = tmp_path / "log.jsonl"
+    proc, tag = launch(2, gpt2_run["sharded"], "--batches", gpt2_run["common"][1], "--steps", 5000,
+                       "--log-file", log, env={"BMT_STOP_WAIT_S": "1"})
+    try:
+        assert wait_for(lambda: len(steps_logged(log)) >= 3), steps_logged(log)
+        os.kill(workers_of(tag)[1], signal.SIGKILL)
+        killed = time.time()
+        out, err = proc.communicate(timeout=60)
+        took = time.time() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    stop = [x for x in err.splitlines() if x.startswith("bmt-run: ")]
+    assert len(stop) == 1 and re.fullmatch(
+        r"bmt-run: rank 0 of 2 \((shard|world)\): (all_gather|reduce_scatter|all_reduce) #[0-9]+: "
+        r"stopped by SIGTERM while waiting for this collective \(a peer may have died\); no "
+        r"checkpoint written \(--resume auto takes the newest complete one\)", stop[0]), err[-3000:]
+    assert not errors(subprocess.CompletedProcess([], 0, out, err)), err[-3000:]
+    assert took < 20, took  # (torchrun's SIGKILL comes after 30 s)
 
 
 @pytest.fixture(scope="module")
@@ -1018,7 +1089,7 @@ def test_a_checkpoint_is_known_by_its_files_and_later_ones_are_kept(gpt2_run, sa
     its COMPLETE file and checkpoint.json); a run that would save into a
     --checkpoint-dir holding checkpoints of later steps than it starts from
     (a resume of step 2, or a new run) is refused before training, naming
-    them, and leaves them as they were."""
+    them, and leaves them as they were; no line says the run resumed."""
     args = ["--batches", gpt2_run["common"][1], "--lr", "1e-3", "--steps", 5]
     copy = tmp_path / "kept-copy"
     shutil.copytree(saved / "step-00000004", copy)
@@ -1037,6 +1108,7 @@ def test_a_checkpoint_is_known_by_its_files_and_later_ones_are_kept(gpt2_run, sa
         assert e and f"{ck} holds checkpoints of steps after step {2 if resume else 0}" in e[0] \
             and "step-00000004" in e[0] and "--resume auto" in e[0], r.stderr[-3000:]
         assert (not resume) == ("step-00000002" in e[0]), e[0]
+        assert "resumed from" not in r.stdout, r.stdout  # (the refusal first)
         assert not steps_logged(tmp_path / "b.jsonl")
         assert {p.name: p.stat().st_mtime_ns for p in ck.rglob("*")} == before
 

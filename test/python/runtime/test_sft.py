@@ -483,13 +483,15 @@ def test_resume_continues_with_the_next_documents(model, data):
     check_against_eager("llama", tmp, data["docs"], data["masks"], batches)
 
     # Resuming with other data is refused: a count of documents means
-    # nothing in another file.
+    # nothing in another file. The refusal comes before any line that says
+    # the run resumed.
     docs, masks = chat_documents(len(data["docs"]), seed=11)
     other = write_v2(str(tmp / "other"), docs, masks)
     args[args.index("--data") + 1] = other
     r = bmt_run(*args, "--resume", tmp / "ckpt" / "step-00000003")
     assert_one_error(r, "the checkpoint's run read other data (" + fingerprint(data["train"]),
                      fingerprint(other), "resume with the --data it was trained on")
+    assert "resumed from" not in r.stdout and "checkpoints in" not in r.stdout, r.stdout
 
 
 def fingerprint(json_path):

@@ -45,6 +45,14 @@ COMMON = ["--lr", "1e-3", "--clip-grad", 0, "--weight-decay", 0.01, "--seed", 7,
           "--steps", STEPS]
 
 
+def common_with(flags):
+    """COMMON with `flags` (option, value pairs and switches) in place of
+    COMMON's values of the options they give: bmt-run takes an option once."""
+    given = {f for f in flags if isinstance(f, str) and f.startswith("--")}
+    pairs = [COMMON[i:i + 2] for i in range(0, len(COMMON), 2)]
+    return [x for pair in pairs if pair[0] not in given for x in pair] + list(flags)
+
+
 def trace(model, path):
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (2, SEQ), generator=torch.Generator().manual_seed(1))
@@ -136,7 +144,7 @@ def resume(work, name, tp, ranks, folder, out, *flags):
     from safetensors.torch import load_file
     out.mkdir()
     r = torchrun(ranks, work["plan"](name, tp, ranks), "--batches",
-                 work["tmp"] / f"{name}.batches.pt", *COMMON, *flags, "--resume", folder,
+                 work["tmp"] / f"{name}.batches.pt", *common_with(flags), "--resume", folder,
                  "--checkpoint-dir", out / "ck", "--checkpoint-every", HALF,
                  "--log-file", out / "log.jsonl", "--save-params", out / "params.safetensors")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -337,8 +345,8 @@ def test_adafactor_checkpoint_resumes_on_the_same_split(work):
     flags = ["--optimizer", "adafactor", "--lr", "1e-2"]
     out = work["tmp"] / "adafactor-straight"
     out.mkdir()
-    r = torchrun(2, work["plan"]("gpt2", 2, 2), "--batches", work["tmp"] / "gpt2.batches.pt", *COMMON,
-                 *flags, "--checkpoint-dir", out / "ck", "--checkpoint-every", HALF,
+    r = torchrun(2, work["plan"]("gpt2", 2, 2), "--batches", work["tmp"] / "gpt2.batches.pt",
+                 *common_with(flags), "--checkpoint-dir", out / "ck", "--checkpoint-every", HALF,
                  "--log-file", out / "log.jsonl", "--save-params", out / "params.safetensors")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     records, params = train_log(out / "log.jsonl"), load_file(out / "params.safetensors")
@@ -352,8 +360,8 @@ def test_adafactor_checkpoint_resumes_on_the_same_split(work):
         assert_loss_close(x["loss"], y["loss"], what=f"Adafactor on N = 4: loss of step {x['step']}")
     assert_trained_close(got, params, sum(x["lr"] for x in records))
     (work["tmp"] / "adafactor-t1").mkdir()
-    r = torchrun(1, work["plan"]("gpt2", 1, 1), "--batches", work["tmp"] / "gpt2.batches.pt", *COMMON,
-                 *flags, "--resume", folder, "--log-file", work["tmp"] / "adafactor-t1" / "log.jsonl")
+    r = torchrun(1, work["plan"]("gpt2", 1, 1), "--batches", work["tmp"] / "gpt2.batches.pt",
+                 *common_with(flags), "--resume", folder, "--log-file", work["tmp"] / "adafactor-t1" / "log.jsonl")
     assert r.returncode != 0
     assert len(errors(r)) == 1, r.stderr[-3000:]
     assert "kept per storage group" in errors(r)[0] and \

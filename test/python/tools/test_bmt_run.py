@@ -184,6 +184,22 @@ def test_usage_errors(gpt2):
     assert bmt_run("--help").returncode == 0
 
 
+@pytest.mark.parametrize("twice, flag", [
+    (["--steps", 5, "--steps", 10], "--steps"),
+    (["--lr", "1e-3", "--steps", 5, "--lr=2e-3"], "--lr"),
+    (["--steps", 5, "--seed", 1, "--seed", 1, "--seed", 2], "--seed"),
+])
+def test_an_option_given_twice_is_refused_before_anything_loads(gpt2, tmp_path, twice, flag):
+    """An option given again would keep its last value: one error naming it,
+    exit 1, before the archive or the data are read (no start line; the
+    data file does not exist)."""
+    _, sharded, _ = gpt2
+    r = bmt_run(sharded, "--data", tmp_path / "missing.bin", *twice)
+    times = sum(1 for a in map(str, twice) if a.split("=")[0] == flag)
+    assert r.stderr.strip() == f"error: {flag} was given {times} times; give it once", r.stderr
+    assert r.returncode == 1 and r.stdout == "", r.stdout
+
+
 def test_profile_prints_ops_and_writes_a_trace(gpt2, tmp_path):
     _, sharded, tmp = gpt2
     data = write_tokens(tmp_path / "train", list(range(128)) * 20, 128)

@@ -185,6 +185,10 @@ struct ResumeReport {
   int64_t savedPipelineStages = 1; ///< P of a pipelined run (1: no stages)
   int64_t savedVirtualStages = 1;  ///< its V (1: none)
   bool resharded = false;      ///< its layout differs from this run's
+  /// Whether this rank's generator states were restored (the same N, T and
+  /// P, and the checkpoint holds them for this run's device); otherwise the
+  /// caller reseeds them (Generators.h).
+  bool generatorsRestored = false;
   /// The learning-rate schedule and batch shape it was trained with (the
   /// schedule's totalSteps is --steps + 1; RunIdentity's batch fields, 0
   /// where not recorded).
@@ -196,8 +200,9 @@ struct ResumeReport {
 
 /// Loads the checkpoint in `folder` into `model`'s parameters, the
 /// `optimizer`'s state and `scaler` (when both have loss scaling), reading
-/// only this rank's slices; at the same world size and tensor-parallel
-/// degree it restores each rank's CPU and CUDA generator states. A
+/// only this rank's slices; at the same world size, tensor-parallel
+/// degree and pipeline stages it restores each rank's CPU and CUDA
+/// generator states (ResumeReport::generatorsRestored). A
 /// checkpoint saved with another tensor parallelism (format version 2, or
 /// 1 without it) is resharded: every element of this rank's slices is read
 /// from the saved slice that holds it (plan::tpSlice's rule, the padding

@@ -255,6 +255,14 @@ std::unique_ptr<Comm> createLocalComm(const CommOptions &options = {});
 /// a `cpu` of another backend.
 std::unique_ptr<Comm> createHostStagedComm(std::unique_ptr<Comm> cpu, at::Device device);
 
+/// A check the CPU backend's Work::wait() makes about once a second while
+/// the collective `what` ("rank 0 of 2 (world): all_reduce #57") is not
+/// done, the wait having begun at `waitStart`: it returns to go on
+/// waiting, or ends the process (a stop signal received while a peer does
+/// not answer: StopSignal.h installs one). Null: none (the default).
+using WaitCheck = void (*)(const std::string &what, std::chrono::steady_clock::time_point waitStart);
+void setWaitCheck(WaitCheck check);
+
 /// True when this build has the NCCL backend (LibTorch's CUDA build).
 bool ncclAvailable();
 

@@ -206,9 +206,18 @@ public:
   void setCheckpoints(CheckpointOptions options, RunIdentity identity);
   /// Loads the checkpoint in `folder` (Checkpoint.h loadCheckpoint): the
   /// parameters, the optimizer and loss scaler, the step, the generator of
-  /// the objective, and the data position that train() gives its source.
+  /// the objective, and the data position, which it gives `source` at once
+  /// (without one, train() gives it its source): a checkpoint of other data
+  /// is refused here, before anything says the run resumed.
   /// Throws CheckpointError.
-  ResumeReport resume(const std::string &folder);
+  ResumeReport resume(const std::string &folder, MicroBatchSource *source = nullptr);
+  /// Opens the checkpoint folder of setCheckpoints for this run's saves
+  /// (CheckpointSaver: the folder's lock, no checkpoint of a step after
+  /// the one the run starts at, a write probe, the host buffers), unless
+  /// there is none or nothing is left to train; train() does it when not
+  /// done. Call after resume() and before reporting the resume, so that
+  /// a refusal comes first. Collective; throws CheckpointError.
+  void openCheckpoints();
 
   /// Trains steps (the resumed step + 1) .. config.steps on micro-batches
   /// of `source` (none when resumed at or past config.steps: then no
@@ -269,6 +278,9 @@ private:
                               const std::function<void()> &finalEvaluation, bool fusedKernels);
   /// Reports (rank 0) a save that finished: its line and JSON record.
   void reportCheckpoint(const CheckpointResult &result);
+  /// Gives `source` the resumed data position, once; CheckpointError for a
+  /// position it refuses (another kind, other data).
+  void seekResumePosition(MicroBatchSource &source);
   /// Loss of one micro-batch window, forward only (grad mode decides
   /// autograd): the mean over its predicted tokens (a scalar on the
   /// device), their number, and the tokens the model read (the encoder's
@@ -314,6 +326,7 @@ private:
   std::optional<DataPosition> resumePosition_;
   std::optional<std::pair<CheckpointOptions, RunIdentity>> checkpoints_;
   std::unique_ptr<CheckpointSaver> saver_;
+  double saverSeconds_ = 0; ///< the time openCheckpoints took
   double saveHeldSeconds_ = 0; ///< host time the save in flight held training
   std::optional<CheckpointResult> lastSaveResult_; ///< the newest save reported
   int64_t lastSaveStep_ = -1; ///< the step of the run's last save (config.steps, or a stop's)
