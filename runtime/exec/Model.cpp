@@ -1,6 +1,7 @@
 //===- Model.cpp - a compiled model ready to run --------------------------===//
 
 #include "bmt/Runtime/exec/Model.h"
+#include "bmt/Runtime/train/Generators.h"
 #include "bmt/Runtime/objectives/CrossEntropy.h"
 #include "bmt/Runtime/fusion/Fused.h"
 
@@ -9,7 +10,6 @@
 #include "bmt/Runtime/optim/Optimizers.h"
 #include "bmt/Runtime/parallel/Storage.h"
 #include "bmt/Runtime/parallel/Zero.h"
-#include "data/Random.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -252,15 +252,7 @@ int64_t Model::gradientsWrittenInPlace() const {
 int64_t Model::recomputeSkips() const { return executor_->recomputeSkips(); }
 
 void Model::seedGenerators(uint64_t seed) {
-  const uint64_t s = splitMix64(seed + 0x9E3779B97F4A7C15ull *
-                                           static_cast<uint64_t>(dataParallel().rank() + 1));
-  auto seedOne = [s](at::Generator g) { // (a handle: the default generator itself)
-    std::lock_guard<std::mutex> lock(g.mutex());
-    g.set_current_seed(s);
-  };
-  seedOne(at::detail::getDefaultCPUGenerator());
-  if (device_.is_cuda())
-    seedOne(at::globalContext().defaultGenerator(device_));
+  seedGeneratorsAt(device_, seed, dataParallel().rank(), /*step=*/0);
 }
 
 bool Model::offloadsOptimizer() const { return zero_ && zero_->offloadsOptimizer(); }
