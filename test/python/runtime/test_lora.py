@@ -350,6 +350,10 @@ def test_dropout_is_drawn_alike_by_the_recompute(prepared):
     (log, saved), (log_none, saved_none) = runs["all", 2, False], runs["none", 2, False]
     assert [x["loss"] for x in log] == [x["loss"] for x in log_none]
     assert_identical(load_file(saved), load_file(saved_none))
+    # Each recompute of a block (2 a step) skips the residual add after the
+    # MLP, down_proj's adapter (B's matmul) and its frozen matmul, whose
+    # values only the graph needs (NaN-filled here: BMT_DEBUG_RECOMPUTE_NAN).
+    assert log[-1]["recompute_skipped"] == STEPS * 2 * 3, log[-1]
 
     for key in [("all", 1, False), ("all", 2, True)]:
         log, saved = runs[key]
