@@ -519,7 +519,7 @@ std::vector<IValue> Executor::call(size_t index, std::vector<IValue> args,
         const bool computeValue = !graphOnly || graphOnly->skip[n] != Skip::LoraAdapter;
         regs[inst.results[0]] =
             loraAdapter(hooks_, t[0], t[1], t[2], t[3], inst.args[4].constant.toDouble(),
-                        inst.args[5].constant.toDouble(), parts,
+                        adapterDropout_ ? inst.args[5].constant.toDouble() : 0.0, parts,
                         parts > 1 ? tensorComm_->rank() : 0, computeValue);
         recomputeSkips_ += computeValue ? 0 : 1;
         if (observer_ && observer_->checkInstructions)

@@ -215,6 +215,13 @@ Trainer::MicroBatchLoss Trainer::modelMicroBatchLoss(ModelInputs inputs,
 EvalResult Trainer::evaluate(const TokenFile &data, int64_t seqLen, int64_t microBatch,
                              int64_t maxBatches) {
   c10::NoGradGuard noGrad;
+  // LoRA dropout off, as peft's model.eval(): no masks drawn, so the
+  // training after an evaluation draws what it would without one.
+  struct AdapterDropoutOff {
+    Model &model;
+    explicit AdapterDropoutOff(Model &m) : model(m) { model.setAdapterDropout(false); }
+    ~AdapterDropoutOff() { model.setAdapterDropout(true); }
+  } adapterDropoutOff(model_);
   // Token windows in order, or (TrainConfig::evalDocuments) the documents in
   // file order, micro-batch after micro-batch (the positions where each
   // micro-batch starts, found by one pass).

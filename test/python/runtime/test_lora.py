@@ -334,19 +334,29 @@ def test_dropout_is_drawn_alike_by_the_recompute(prepared):
     bmt-run starts from (the same masks: each step's loss, the adapters and
     their gradient norms), so the masks are drawn, applied and scaled as
     torch.nn.Dropout does; and at T = 2 too, where down_proj's row-parallel
-    adapter takes its rank's part of the mask drawn for the whole input."""
+    adapter takes its rank's part of the mask drawn for the whole input.
+    Both evaluate every 2 steps: evaluation applies no adapter dropout (as
+    peft's model.eval()), so it draws nothing (the training still matches
+    peft) and 1 rank and T = 2 give one validation loss."""
     from safetensors.torch import load_file
     if prepared["name"] != "llama":
         pytest.skip("one model is enough")
+    from test_pipeline_parallel import write_tokens
+    val = os.path.join(prepared["tmp"], "lora-val")
+    write_tokens(val, torch.randint(0, 128, (200,), generator=torch.Generator().manual_seed(5)), 128)
+    evaluation = ["--eval-data", val + ".bin", "--eval-every", 2, "--micro-batch", 4, "--seq-len", 8]
     runs = {}
-    for mode, ranks, flags in [("all", 2, []), ("none", 2, []), ("all", 1, []),
-                               ("all", 2, ["--tensor-parallel", "2"])]:
+    # (recompute, ranks, bmt-opt flags, evaluated and compared with peft)
+    for mode, ranks, flags, peft_run in [("all", 2, [], False), ("none", 2, [], False),
+                                         ("all", 1, [], True),
+                                         ("all", 2, ["--tensor-parallel", "2"], True)]:
         tag = f"lora-dropout-{mode}-n{ranks}{'-tp2' if flags else ''}"
         sharded = os.path.join(prepared["tmp"], f"{tag}.sharded.pt")
         r = compile_lora(prepared, sharded, ranks, "--lora", spec("llama", 0.1),
                          "--checkpoint", mode, *flags)
         assert r.returncode == 0, r.stderr
-        runs[mode, ranks, bool(flags)] = train(prepared, sharded, ranks, tag)
+        runs[mode, ranks, bool(flags)] = train(prepared, sharded, ranks, tag,
+                                               *(evaluation if peft_run else []))
     (log, saved), (log_none, saved_none) = runs["all", 2, False], runs["none", 2, False]
     assert [x["loss"] for x in log] == [x["loss"] for x in log_none]
     assert_identical(load_file(saved), load_file(saved_none))
@@ -366,6 +376,11 @@ def test_dropout_is_drawn_alike_by_the_recompute(prepared):
         for x, want in zip(log, prepared["reference-dropout-0.1-norms"]):
             assert_close(x["grad_norm"], want, what=f"{key}: grad norm of step {x['step']}")
         assert_trained_close(load_file(saved), adapters, sum(lrs.values()))
+    evals = [[x["val_loss"] for x in map(json.loads, open(os.path.join(prepared["tmp"], tag + ".jsonl")))
+              if x["kind"] == "eval"] for tag in ["lora-dropout-all-n1", "lora-dropout-all-n2-tp2"]]
+    assert len(evals[0]) == 3, evals  # steps 2, 4 and the last
+    for one, tp2 in zip(*evals):
+        assert_loss_close(tp2, one, what="validation loss at T = 2")
 
 
 @pytest.mark.parametrize("value,flags,message", [

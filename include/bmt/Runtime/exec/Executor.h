@@ -138,6 +138,10 @@ public:
   /// Expert parallelism: runs MoeDispatch / MoeCombine over `expertComm`,
   /// the expert group (not owned; null, the default: every expert local).
   void setExpertParallel(Comm *expertComm) { expertComm_ = expertComm; }
+  /// Whether LoRA adapters (lora_adapter instructions) apply their dropout:
+  /// on in training (the default), off for evaluation as peft's model.eval()
+  /// (no mask drawn). The program's own dropouts run as traced.
+  void setAdapterDropout(bool on) { adapterDropout_ = on; }
 
   /// The parameters and buffers, by plan index (undefined for members of
   /// storage groups, which the hooks provide).
@@ -206,6 +210,7 @@ private:
   Comm *tensorComm_ = nullptr;
   moe::ExpertLoad *expertLoad_ = nullptr;
   Comm *expertComm_ = nullptr;
+  bool adapterDropout_ = true;
   int recomputing_ = 0; ///< depth of ExecutorHooks::callBlock recomputes running
   std::vector<std::vector<std::unique_ptr<Prepared>>> prepared_; // [function][instruction]
   std::unique_ptr<RecomputePlans> recomputePlans_;

@@ -280,6 +280,8 @@ public:
   /// Counts the MoE layers' tokens per expert into `load` (Executor::
   /// setExpertLoad; not owned, null: none).
   void setExpertLoad(moe::ExpertLoad *load) { executor_->setExpertLoad(load); }
+  /// LoRA dropout on (training) or off (evaluation): Executor::setAdapterDropout.
+  void setAdapterDropout(bool on) { executor_->setAdapterDropout(on); }
   /// Whether the forward has a result named "aux_loss" (a mixture of
   /// experts' router load-balancing loss, as transformers names it).
   bool hasAuxLoss() const { return auxLossIndex_ >= 0; }
