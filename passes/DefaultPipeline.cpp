@@ -121,10 +121,10 @@ std::string bmt::DefaultPipelineOptions::verify(llvm::StringRef prefix) const {
   else if (sequenceParallel && seqLen.hasValue() && seqLen > 0 && seqLen % tensorParallel != 0)
     os << name("sequence-parallel") << ": " << name("seq-len") << " " << seqLen.getValue()
        << " is not a multiple of " << name("tensor-parallel") << " " << tensorParallel.getValue();
-  else if (!llvm::StringRef(lora.getValue()).trim().empty() && tensorParallel > 1 &&
+  else if (!llvm::StringRef(lora.getValue()).trim().empty() &&
            !llvm::StringRef(freeze.getValue()).trim().empty())
-    os << name("freeze") << " with " << name("lora") << " and " << name("tensor-parallel")
-       << " > 1 is not supported (" << name("lora") << " freezes the whole base already)";
+    os << name("freeze") << " with " << name("lora") << " is not supported (" << name("lora")
+       << " freezes the whole base already; its targets choose the adapted layers)";
   else if (fuseSecondResults && !fuseElementwise)
     os << name("fuse-second-results") << " needs the elementwise fusion (" << name("fuse-elementwise")
        << " is false)";

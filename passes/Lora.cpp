@@ -57,6 +57,7 @@ struct LoraSpec {
 /// item without '=' continues the targets list.
 std::string parseSpec(StringRef text, LoraSpec &spec) {
   bool alphaGiven = false, inTargets = false;
+  llvm::StringSet<> seenKeys;
   SmallVector<StringRef> items;
   text.split(items, ',');
   for (StringRef raw : items) {
@@ -73,6 +74,8 @@ std::string parseSpec(StringRef text, LoraSpec &spec) {
     inTargets = false;
     key = key.trim();
     value = value.trim();
+    if (!seenKeys.insert(key).second)
+      return "'" + key.str() + "' is given twice";
     if (key == "r") {
       if (value.getAsInteger(10, spec.rank) || spec.rank <= 0)
         return "r must be a positive integer, got '" + value.str() + "'";

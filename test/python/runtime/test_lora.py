@@ -389,11 +389,13 @@ def test_dropout_is_drawn_alike_by_the_recompute(prepared):
     ("", [], "--lora was given an empty value"),
     ("alpha=8,targets=q_proj", [], "r=N is required"),
     ("r=4,targets=q_proj,foo=1", [], "unknown key 'foo'"),
+    ("r=4,r=8,targets=q_proj", [], "'r' is given twice"),
     # T = 4 > 2 kv heads: k_proj replicated, its input maybe a sequence part
     ("r=4,dropout=0.1,targets=k_proj", ["--tensor-parallel", "4", "--sequence-parallel"],
      "with dropout > 0 and --sequence-parallel"),
+    ("r=4,targets=q_proj", ["--freeze", "model.norm.weight"], "--freeze with --lora is not supported"),
     ("r=4,targets=q_proj", ["--tensor-parallel", "2", "--freeze", "model.norm.weight"],
-     "--freeze with --lora and --tensor-parallel > 1 is not supported"),
+     "--freeze with --lora is not supported"),
 ])
 def test_lora_errors(prepared, tmp_path, value, flags, message):
     """One error line, no output."""
